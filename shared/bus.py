@@ -1,0 +1,274 @@
+"""A small typed layer over nats-py: requests with typed replies, error replies, services, events.
+
+A `Service` listens on its subject prefix through one subscription: its requests are handled one at
+a time, in arrival order, which keeps each service's state a simple sequential state machine and makes
+simulations deterministic. Handlers must not call (directly or through others) back into their own
+service, or the chain deadlocks; the call graph is admission -> scheduler -> placement -> node agents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+import msgspec
+import nats
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from . import __version__
+from .contract import (
+    CONTRACT_VERSION,
+    STATUS_HEADER,
+    VERSION_HEADER,
+    ErrorReply,
+    Event,
+    Ping,
+    Pong,
+    Subjects,
+)
+
+T = TypeVar("T")
+
+_encoder = msgspec.json.Encoder()
+_error_decoder = msgspec.json.Decoder(ErrorReply)
+_HEADERS = {VERSION_HEADER: str(CONTRACT_VERSION)}
+_ERROR_HEADERS = {VERSION_HEADER: str(CONTRACT_VERSION), STATUS_HEADER: "error"}
+
+
+def encode(msg: Any) -> bytes:
+    return _encoder.encode(msg)
+
+
+class RemoteError(Exception):
+    """The other side answered with an ErrorReply."""
+
+    def __init__(self, reply: ErrorReply) -> None:
+        where = f" (field {reply.field})" if reply.field else ""
+        super().__init__(f"{reply.subject}: {reply.error}{where}")
+        self.reply = reply
+
+
+class BadRequest(Exception):
+    """Raised by a handler: the request is wrong. Becomes an ErrorReply naming `field`."""
+
+    def __init__(self, error: str, field: str | None = None) -> None:
+        super().__init__(error)
+        self.error = error
+        self.field = field
+
+
+_AT = re.compile(r"^(?P<msg>.*) - at `(?P<path>\$[^`]*)`$", re.S)
+_MISSING = re.compile(r"(?:missing required field|unknown field) `(?P<name>[^`]+)`")
+_POST_INIT = re.compile(r"^(?P<name>[a-z_][a-z0-9_]*) \(")
+
+
+def error_from_validation(exc: msgspec.ValidationError | msgspec.DecodeError) -> BadRequest:
+    """Turn msgspec's message (`... - at `$.jobs[0].num_gpus``) into an error with a field path."""
+    text = str(exc)
+    m = _AT.match(text)
+    if not m:
+        return BadRequest(text)
+    msg, path = m["msg"], m["path"]
+    named = _MISSING.search(msg) or _POST_INIT.match(msg)
+    if named:
+        path = f"{path}.{named['name']}"
+    return BadRequest(msg, field=path)
+
+
+async def connect(url: str, *, name: str, **options: Any) -> Client:
+    """Connect with reconnects that never give up (a restarted server is picked up again)."""
+    return await nats.connect(
+        url,
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        allow_reconnect=True,
+        **options,
+    )
+
+
+class Bus:
+    """One NATS connection of one service in one cluster."""
+
+    def __init__(self, nc: Client, subjects: Subjects, *, request_timeout: float = 120.0) -> None:
+        self.nc = nc
+        self.subjects = subjects
+        self.request_timeout = request_timeout
+        self._decoders: dict[type, msgspec.json.Decoder] = {}
+        self.request_stats: dict[str, list[float]] = {}
+        """Per request subject (cluster prefix dropped): [count, seconds waited], for benchmarks."""
+
+    def decoder(self, typ: type[T]) -> msgspec.json.Decoder[T]:
+        dec = self._decoders.get(typ)
+        if dec is None:
+            dec = self._decoders[typ] = msgspec.json.Decoder(typ)
+        return dec
+
+    async def request(
+        self, subject: str, msg: Any, reply_type: type[T], *, timeout: float | None = None
+    ) -> T:
+        """Send a request and decode the reply; raise RemoteError on an error reply."""
+        started = time.perf_counter()
+        try:
+            reply = await self.nc.request(
+                subject, encode(msg), timeout=timeout or self.request_timeout, headers=_HEADERS
+            )
+        except NoRespondersError:
+            raise RemoteError(ErrorReply(error="no service is listening", subject=subject)) from None
+        except NatsTimeoutError:
+            raise RemoteError(ErrorReply(error="timed out", subject=subject)) from None
+        key = subject[len(self.subjects.root) + 1 :]
+        stat = self.request_stats.get(key)
+        if stat is None:
+            stat = self.request_stats[key] = [0, 0.0]
+        stat[0] += 1
+        stat[1] += time.perf_counter() - started
+        if reply.headers and reply.headers.get(STATUS_HEADER) == "error":
+            raise RemoteError(_error_decoder.decode(reply.data))
+        return self.decoder(reply_type).decode(reply.data)
+
+    async def emit(self, event: Event) -> None:
+        await self.nc.publish(self.subjects.event(event.type), encode(event))
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            await self.nc.drain()
+
+
+@dataclass(frozen=True)
+class Route:
+    handler: Callable[[Any], Awaitable[Any]]
+    request_type: type
+
+
+class Service:
+    """Base of every service: one ordered subscription on its prefix, typed routes, error replies."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.log = structlog.get_logger().bind(service=self.name, cluster=bus.subjects.cluster)
+        self._subs: list[Any] = []
+        self._stopped = asyncio.Event()
+
+    # Subclasses: the routes under their prefix, and optional extra listeners.
+    def routes(self) -> dict[str, Route]:
+        return {}
+
+    @property
+    def prefix(self) -> str:
+        return self.bus.subjects.service(self.name)
+
+    def describe_policy(self) -> str | None:
+        return None
+
+    async def ping(self, _: Ping) -> Pong:
+        return Pong(
+            service=self.name,
+            cluster=self.bus.subjects.cluster,
+            version=__version__,
+            policy=self.describe_policy(),
+        )
+
+    async def start(self) -> None:
+        routes = {"ping": Route(self.ping, Ping), **self.routes()}
+        await self.listen(f"{self.prefix}.>", routes, prefix=self.prefix)
+        self.log.info("service.started", prefix=self.prefix)
+
+    async def listen(self, pattern: str, routes: dict[str, Route], *, prefix: str) -> None:
+        """Serve `routes` (by subject suffix after `prefix`, or by the last token) on one subscription."""
+
+        async def dispatch(msg: Msg) -> None:
+            await self._dispatch(msg, routes, prefix)
+
+        self._subs.append(await self.bus.nc.subscribe(pattern, queue=self.name, cb=dispatch))
+
+    async def _dispatch(self, msg: Msg, routes: dict[str, Route], prefix: str) -> None:
+        suffix = msg.subject[len(prefix) + 1 :] if msg.subject.startswith(prefix + ".") else ""
+        route = routes.get(suffix) or routes.get(msg.subject.rsplit(".", 1)[-1])
+        try:
+            if route is None:
+                raise BadRequest(
+                    f"unknown request {suffix or msg.subject!r}; known: {', '.join(sorted(routes))}"
+                )
+            version = msg.headers.get(VERSION_HEADER) if msg.headers else None
+            if version is not None and version != str(CONTRACT_VERSION):
+                raise BadRequest(
+                    f"contract version {version} is not supported (this service speaks "
+                    f"{CONTRACT_VERSION})"
+                )
+            try:
+                request = self.bus.decoder(route.request_type).decode(msg.data or b"{}")
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                raise error_from_validation(exc) from None
+            now = getattr(request, "now", None)
+            if now is not None:
+                structlog.contextvars.bind_contextvars(now=now)
+            reply = await route.handler(request)
+        except BadRequest as exc:
+            self.log.warning("request.rejected", subject=msg.subject, error=exc.error, field=exc.field)
+            await self._respond(msg, ErrorReply(error=exc.error, field=exc.field, subject=msg.subject))
+            return
+        except Exception as exc:  # a bug or a failed downstream call: answer, log, keep serving
+            self.log.exception("request.failed", subject=msg.subject)
+            error = str(exc) if isinstance(exc, RemoteError) else f"{type(exc).__name__}: {exc}"
+            await self._respond(msg, ErrorReply(error=error, subject=msg.subject))
+            return
+        if msg.reply:
+            await self.bus.nc.publish(msg.reply, encode(reply), headers=_HEADERS)
+
+    async def _respond(self, msg: Msg, error: ErrorReply) -> None:
+        if msg.reply:
+            await self.bus.nc.publish(msg.reply, encode(error), headers=_ERROR_HEADERS)
+
+    async def stop(self) -> None:
+        """Stop taking new messages, finish those in hand, and close the connection."""
+        self._stopped.set()
+        await self.bus.close()
+        self.log.info("service.stopped")
+
+
+def run_service(service_cls: type[Service], config_cls: type[Any], argv: list[str] | None = None) -> None:
+    """The entry point of a service run on its own: `--nats URL --cluster NAME --config FILE.json`."""
+    import argparse
+    import signal
+
+    from .logs import configure_logging
+
+    parser = argparse.ArgumentParser(prog=f"gpuyard-{service_cls.name}")
+    parser.add_argument("--nats", default="nats://127.0.0.1:4222", help="NATS server URL")
+    parser.add_argument("--cluster", default="default", help="cluster namespace")
+    parser.add_argument("--config", help="JSON file with the service's configuration")
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        raw = open(args.config, "rb").read() if args.config else b"{}"
+        config = msgspec.json.decode(raw, type=config_cls)
+        subjects = Subjects(args.cluster)
+    except (OSError, ValueError, msgspec.ValidationError) as exc:
+        parser.error(f"bad configuration: {exc}")
+
+    async def main() -> None:
+        nc = await connect(args.nats, name=f"gpuyard-{service_cls.name}-{args.cluster}")
+        service = service_cls(Bus(nc, subjects), config)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await service.start()
+        await stop.wait()
+        await service.stop()
+
+    import uvloop
+
+    uvloop.run(main())

@@ -1,0 +1,373 @@
+"""The wire contract: every message that crosses NATS, and the subjects they travel on.
+
+Messages are JSON-encoded msgspec Structs. The contract is versioned (`CONTRACT_VERSION`, sent in the
+`Gpuyard-Contract` header); its JSON Schema is exported to `shared/schema/contract-v<N>.json` by
+`gpuyard schema` and a test fails when the file and the code drift apart.
+
+Requests are answered either with their reply type or, when the request was bad or failed, with an
+`ErrorReply` and the header `Gpuyard-Status: error`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+from msgspec import Struct
+
+from .model import Allocation, GpuRef, JobSpec, Name, NodeSpec
+
+CONTRACT_VERSION = 1
+VERSION_HEADER = "Gpuyard-Contract"
+STATUS_HEADER = "Gpuyard-Status"
+
+
+class Subjects:
+    """Every subject of one cluster, all under `gpuyard.<cluster>.`.
+
+    Each service listens on one prefix (`<prefix>.>`) through one subscription, so the messages it
+    receives are handled one at a time in the order they arrived.
+    """
+
+    def __init__(self, cluster: str) -> None:
+        msgspec.convert(cluster, Name)  # raises ValidationError for names unusable in a subject
+        if "." in cluster:
+            raise ValueError(f"cluster name {cluster!r} must not contain '.'")
+        self.cluster = cluster
+        self.root = f"gpuyard.{cluster}"
+        self.admission = f"{self.root}.adm"
+        self.scheduler = f"{self.root}.sched"
+        self.placement = f"{self.root}.place"
+        self.clock = f"{self.root}.clock"
+        self.events = f"{self.root}.evt"
+        self.progress = f"{self.root}.progress"
+        """Where the simclock publishes its progress (not a stored event)."""
+
+    def service(self, name: str) -> str:
+        return {
+            "admission": self.admission,
+            "scheduler": self.scheduler,
+            "placement": self.placement,
+            "simclock": self.clock,
+        }[name]
+
+    def node(self, node_id: str) -> str:
+        """Commands to one node agent."""
+        return f"{self.root}.node.{node_id}"
+
+    @property
+    def all_nodes(self) -> str:
+        """Every node agent's commands (the simclock impersonates them all)."""
+        return f"{self.root}.node.*.cmd"
+
+    def event(self, kind: str) -> str:
+        return f"{self.events}.{kind}"
+
+    @property
+    def stream_name(self) -> str:
+        return f"GPUYARD_{self.cluster.replace('.', '_').replace('-', '_')}_EVENTS"
+
+
+# --------------------------------------------------------------------------- generic replies
+
+
+class ErrorReply(Struct, kw_only=True):
+    """The request could not be served. `field` is the JSON path of the bad field, when one is to blame."""
+
+    error: str
+    field: str | None = None
+    subject: str = ""
+
+
+class Ack(Struct, kw_only=True):
+    ok: bool = True
+
+
+class Ping(Struct, kw_only=True):
+    pass
+
+
+class Pong(Struct, kw_only=True):
+    service: str
+    cluster: str
+    version: str
+    contract: int = CONTRACT_VERSION
+    policy: str | None = None
+
+
+class Empty(Struct, kw_only=True, forbid_unknown_fields=True):
+    """A request with no arguments."""
+
+
+class PageQuery(Struct, kw_only=True, forbid_unknown_fields=True):
+    offset: int = 0
+    limit: int = 2000
+
+
+# --------------------------------------------------------------------------- admission
+
+
+class SubmitRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`adm.submit`: one or more jobs. `now` is the client's clock (virtual time in a simulation)."""
+
+    jobs: list[JobSpec]
+    now: float | None = None
+    tick: bool = False
+    """Simulation clocks: after enqueueing, run the scheduling round if one is due (saves a tick)."""
+
+
+class SubmitResult(Struct, kw_only=True):
+    job_id: str
+    verdict: Literal["admit", "hold", "reject"]
+    reason: str = ""
+
+
+class SubmitReply(Struct, kw_only=True):
+    results: list[SubmitResult]
+    scheduler: SchedulerStatus | None = None
+    """The scheduler's answer to the enqueue, passed back up the chain to the clock."""
+
+
+# --------------------------------------------------------------------------- scheduler
+
+
+class EnqueueRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`sched.enqueue`: admitted jobs (admission -> scheduler). Specs have ids and submit times."""
+
+    now: float
+    jobs: list[JobSpec]
+    tick: bool = False
+    """After enqueueing, run the scheduling round if one is due (the clock's tick, passed on)."""
+
+
+class SchedulerStatus(Struct, kw_only=True):
+    """The scheduler's reply to clock-driven requests: when it next needs a tick, and its counts."""
+
+    wake_at: float | None = None
+    busy_gpus: int = 0
+    queued: int = 0
+    running: int = 0
+    finished: int = 0
+    ran_round: bool = False
+    rejected: dict[str, str] = {}
+    """Jobs of an enqueue that were refused (duplicate ids), with the reason."""
+
+
+class ClusterChanged(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`sched.cluster_changed`: nodes came or went; decide again."""
+
+    now: float
+
+
+class TickRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`sched.tick`: time is `now`; run a round if one is due."""
+
+    now: float
+
+
+class JobExit(Struct, kw_only=True, forbid_unknown_fields=True):
+    job_id: str
+    node_id: str = ""
+    status: Literal["completed", "failed"]
+    exit_code: int = 0
+    steps_done: float | None = None
+    reason: str = ""
+
+
+class ExitReport(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`sched.exited`: jobs that ended on their own (node agents -> scheduler)."""
+
+    now: float
+    exits: list[JobExit]
+    tick: bool = False
+    """After recording the exits, run the scheduling round if one is due."""
+
+
+class JobRecord(Struct, kw_only=True):
+    """One job's history, as the scheduler keeps it."""
+
+    job_id: str
+    seq: int
+    state: Literal["queued", "running", "completed", "failed"]
+    spec: JobSpec
+    submit_time: float
+    admit_time: float
+    first_start: float | None = None
+    end_time: float | None = None
+    preemptions: int = 0
+    gpu_seconds: float = 0.0
+    executed_time: float = 0.0
+    rounds_run: int = 0
+
+
+class JobsPage(Struct, kw_only=True):
+    jobs: list[JobRecord]
+    total: int
+
+
+# --------------------------------------------------------------------------- placement
+
+
+class RegisterNode(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`place.register`: a node agent announces itself (again after a restart)."""
+
+    now: float
+    node: NodeSpec
+
+
+class NodeGone(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`place.node_gone`: a node left (drained, lost, or taken back)."""
+
+    now: float
+    node_id: str
+    reason: str = ""
+
+
+class NodeGoneReply(Struct, kw_only=True):
+    lost_jobs: list[str]
+    """Jobs that ran on the node and were stopped everywhere; they must be requeued."""
+
+
+class ApplyRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`place.apply`: make the cluster run exactly `allocations` (scheduler -> placement).
+
+    `specs` carries the spec of every allocated job not running now (the node agents need it to
+    launch). `released` lists jobs that ended on their own since the last apply.
+    """
+
+    now: float
+    allocations: list[Allocation]
+    specs: dict[str, JobSpec] = {}
+    released: list[str] = []
+
+
+class ApplyReply(Struct, kw_only=True):
+    placed: dict[str, list[GpuRef]]
+    """Every running job's GPUs after the change."""
+    started: dict[str, str]
+    """Jobs launched by this apply, with the GPU type they got."""
+    stopped: list[str]
+    unplaced: list[str]
+    lost: list[str]
+    """Jobs stopped since the last apply because a node they ran on went away."""
+    capacity: dict[str, int]
+    """Usable GPUs per type now."""
+
+
+class ClusterInfo(Struct, kw_only=True):
+    nodes: list[NodeSpec]
+    capacity: dict[str, int]
+    busy: dict[str, list[GpuRef]]
+
+
+# --------------------------------------------------------------------------- node agents
+
+
+class Launch(Struct, kw_only=True):
+    """Start this node's part of a job."""
+
+    job_id: str
+    spec: JobSpec
+    gpus: list[int]
+    world_size: int
+    rank_offset: int
+    node_rank: int
+    num_nodes: int
+    master_addr: str
+    master_port: int
+
+
+class NodeCommand(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`node.<id>.cmd`: stop these jobs (preempt: checkpoint and exit), then launch those."""
+
+    now: float
+    node_id: str
+    preempt: list[str] = []
+    launch: list[Launch] = []
+
+
+class NodeCommandReply(Struct, kw_only=True):
+    preempted: list[str] = []
+    launched: list[str] = []
+
+
+# --------------------------------------------------------------------------- simclock
+
+
+class RunRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`clock.run`: start the simulation; the end is the event `clock.done`."""
+
+
+class Progress(Struct, kw_only=True):
+    now: float
+    submitted: int
+    finished: int
+    total: int
+    instants: int
+    done: bool = False
+    error: str | None = None
+
+
+class TimelinePoint(Struct, array_like=True):
+    time: float
+    busy_gpus: int
+    queued: int
+    running: int
+
+
+class TimelinePage(Struct, kw_only=True):
+    points: list[TimelinePoint]
+    total: int
+
+
+# --------------------------------------------------------------------------- events
+
+
+EventType = Literal[
+    "job.submitted",
+    "job.admitted",
+    "job.held",
+    "job.rejected",
+    "job.queued",
+    "job.started",
+    "job.preempted",
+    "job.resized",
+    "job.completed",
+    "job.failed",
+    "node.up",
+    "node.lost",
+    "node.drained",
+    "policy.changed",
+]
+
+
+class Event(Struct, kw_only=True, omit_defaults=True):
+    """A fact, published on `evt.<type>` (e.g. `gpuyard.c1.evt.job.started`)."""
+
+    type: EventType
+    now: float
+    job_id: str | None = None
+    node_id: str | None = None
+    gpus: list[GpuRef] = []
+    reason: str = ""
+    service: str = ""
+
+
+MESSAGES: tuple[type[Struct], ...] = (
+    ErrorReply, Ack, Ping, Pong, Empty, PageQuery, SubmitRequest, SubmitResult, SubmitReply,
+    EnqueueRequest, SchedulerStatus, ClusterChanged, TickRequest, JobExit, ExitReport, JobRecord, JobsPage,
+    RegisterNode, NodeGone, NodeGoneReply, ApplyRequest, ApplyReply, ClusterInfo, Launch,
+    NodeCommand, NodeCommandReply, RunRequest, Progress, TimelinePoint, TimelinePage, Event,
+)  # fmt: skip
+
+
+def json_schema() -> dict:
+    """The JSON Schema of every message, for other languages and for drift checks."""
+    schemas, components = msgspec.json.schema_components(MESSAGES)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"gpuyard wire contract v{CONTRACT_VERSION}",
+        "version": CONTRACT_VERSION,
+        "messages": {s["$ref"].rsplit("/", 1)[1]: s for s in schemas},
+        "$defs": components,
+    }

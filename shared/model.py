@@ -1,0 +1,150 @@
+"""The domain model: jobs, GPUs, nodes and clusters.
+
+These Structs travel on the wire (see `contract.py`) and are what policies see. They carry, from the
+start, what later policies need: several GPU types in one cluster, elastic min/max GPU demand,
+priority and weight, deadlines and a best-effort flag, users and tenants, nodes that join and leave.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+Name = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$")]
+"""An identifier safe to use inside a NATS subject token (no spaces, `*`, `>`; dots allowed)."""
+
+GpuCount = Annotated[int, Meta(ge=1, le=1_000_000)]
+Seconds = Annotated[float, Meta(ge=0)]
+
+ANY_GPU = "any"
+"""GPU type meaning 'no constraint'."""
+
+
+class JobSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """What a user submits.
+
+    Work is given either as `total_steps` (in the throughput model's steps) or as `duration`
+    (seconds the job runs at `num_gpus` GPUs of the throughput model's reference type); with both
+    absent the job runs until it exits (real clusters) and simulations reject it.
+    Priority: larger is more important.
+    """
+
+    num_gpus: GpuCount
+    job_id: Name | None = None
+    name: str = ""
+    job_type: str = "default"
+    min_gpus: GpuCount | None = None
+    max_gpus: GpuCount | None = None
+    gpu_type: str = ANY_GPU
+    duration: Annotated[float, Meta(gt=0)] | None = None
+    total_steps: Annotated[float, Meta(gt=0)] | None = None
+    priority: int = 0
+    weight: Annotated[float, Meta(gt=0)] = 1.0
+    deadline: Seconds | None = None
+    best_effort: bool = False
+    user: str = ""
+    tenant: str = ""
+    submit_time: Seconds | None = None
+    command: list[str] = []
+    env: dict[str, str] = {}
+    processes: Literal["per_gpu", "per_node"] = "per_gpu"
+
+    def __post_init__(self) -> None:
+        # msgspec reports these as ValidationErrors naming the struct; name the field ourselves.
+        if self.min_gpus is not None and self.min_gpus > self.num_gpus:
+            raise ValueError(f"min_gpus ({self.min_gpus}) must be <= num_gpus ({self.num_gpus})")
+        if self.max_gpus is not None and self.max_gpus < self.num_gpus:
+            raise ValueError(f"max_gpus ({self.max_gpus}) must be >= num_gpus ({self.num_gpus})")
+
+    @property
+    def gpu_range(self) -> tuple[int, int]:
+        """(min, max) GPUs; a rigid job has min == max == num_gpus."""
+        return (self.min_gpus or self.num_gpus, self.max_gpus or self.num_gpus)
+
+    @property
+    def elastic(self) -> bool:
+        low, high = self.gpu_range
+        return low != high
+
+
+class GpuRef(Struct, array_like=True, frozen=True, order=True):
+    """One GPU: the node it is on and its index there."""
+
+    node_id: str
+    index: int
+
+
+class Allocation(Struct, array_like=True):
+    """Run `job_id` on `num_gpus` GPUs of `gpu_type` (ANY_GPU: wherever they fit)."""
+
+    job_id: str
+    num_gpus: int
+    gpu_type: str = ANY_GPU
+
+
+class NodeSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A machine: its GPUs (all of one type) and where to reach its processes."""
+
+    node_id: Name
+    num_gpus: Annotated[int, Meta(ge=0)]
+    gpu_type: Name = "gpu"
+    address: str = ""
+    gpu_memory_mib: int = 0
+    gpu_uuids: list[str] = []
+    labels: dict[str, str] = {}
+
+
+class NodeGroup(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`count` identical nodes."""
+
+    count: Annotated[int, Meta(ge=1)]
+    gpus_per_node: Annotated[int, Meta(ge=1)]
+    gpu_type: Name = "gpu"
+
+
+class ClusterSpec(Struct, kw_only=True, forbid_unknown_fields=True):
+    """A simulated (or expected) cluster: groups of identical nodes."""
+
+    groups: list[NodeGroup]
+
+    def nodes(self) -> list[NodeSpec]:
+        """The nodes, named `<type>-<n>` in order, each group's numbering continuing the last."""
+        nodes: list[NodeSpec] = []
+        for group in self.groups:
+            for _ in range(group.count):
+                nodes.append(
+                    NodeSpec(
+                        node_id=f"{group.gpu_type}-{len(nodes):04d}",
+                        num_gpus=group.gpus_per_node,
+                        gpu_type=group.gpu_type,
+                    )
+                )
+        return nodes
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(g.count * g.gpus_per_node for g in self.groups)
+
+    def gpus_by_type(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for g in self.groups:
+            totals[g.gpu_type] = totals.get(g.gpu_type, 0) + g.count * g.gpus_per_node
+        return totals
+
+    @classmethod
+    def parse(cls, text: str) -> ClusterSpec:
+        """Parse `32x4`, `32x4:v100` or `36x4:v100,36x4:p100,36x4:k80` (nodes x GPUs per node[:type])."""
+        groups = []
+        for part in text.split(","):
+            m = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*(?::\s*([A-Za-z0-9_.-]+))?\s*", part)
+            if not m:
+                raise ValueError(
+                    f"cluster spec {text!r}: part {part!r} is not NODESxGPUS[:TYPE] (e.g. 32x4:v100)"
+                )
+            groups.append(
+                {"count": int(m[1]), "gpus_per_node": int(m[2]), "gpu_type": m[3] or "gpu"}
+            )
+        return msgspec.convert({"groups": groups}, cls)
