@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -23,73 +24,181 @@ def parse_demand(text: str) -> dict[int, float]:
         try:
             demand[int(gpus)] = float(weight) if sep else 1.0
         except ValueError:
-            raise argparse.ArgumentTypeError(f"GPU demand part {part!r} is not GPUS:WEIGHT") from None
+            raise argparse.ArgumentTypeError(
+                f"GPU demand part {part!r} is not GPUS:WEIGHT"
+            ) from None
     return demand
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    """Where the jobs come from: a trace file, or one of the seeded generators."""
+    g = p.add_argument_group("workload")
+    g.add_argument("--trace", type=Path, help="a trace file (format detected, or --trace-format)")
+    g.add_argument(
+        "--trace-format",
+        default="auto",
+        help="gavel, elasticflow, itp, bftrainer, "
+        "blox, philly, gpuyard, csv, parquet (default: detect)",
+    )
+    g.add_argument("--skip-bad", action="store_true", help="skip and count broken trace lines")
+    g.add_argument(
+        "--generator",
+        choices=["blox", "gavel", "elasticflow"],
+        default="blox",
+        help="the generator when no --trace is given (default blox)",
+    )
+    g.add_argument("--jobs", type=int, default=400, help="number of generated jobs")
+    g.add_argument("--load", type=float, default=20.0, help="generated arrivals per hour")
+    g.add_argument(
+        "--gpu-demand",
+        type=parse_demand,
+        default=None,
+        help="blox: GPUS:WEIGHT,... (default 1:0.7,2:0.1,4:0.15,8:0.05)",
+    )
+    g.add_argument("--multi-gpu", action="store_true", help="gavel: scale factors 1/2/4/8")
+    g.add_argument("--seed", type=int, default=0)  # fmt: skip
+
+
+def workload_from_args(args: argparse.Namespace, throughputs: Any = None) -> Any:
+    from gpuyard.workloads import blox, elasticflow, gavel, load_workload
+
+    if args.trace is not None:
+        options = (
+            {"throughputs": throughputs}
+            if throughputs is not None
+            and args.trace_format in ("auto", "gavel")
+            and str(args.trace).endswith(".trace")
+            else {}
+        )
+        return load_workload(args.trace, args.trace_format, args.skip_bad, **options)
+    if args.generator == "gavel":
+        return gavel(args.jobs, args.load, args.seed, args.multi_gpu, throughputs=throughputs)
+    if args.generator == "elasticflow":
+        return elasticflow(args.jobs, 3600.0 / args.load, args.seed, throughputs=throughputs)
+    demand = args.gpu_demand or {1: 0.7, 2: 0.1, 4: 0.15, 8: 0.05}
+    return blox(args.jobs, args.load, args.seed, demand)
 
 
 def add_sim_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sim", help="run a simulation", description="Run a complete simulation.")
     p.add_argument("--nats", help="join this NATS server (default: start a private one)")
     p.add_argument("--cluster", default="sim", help="namespace of this run's subjects")
-    p.add_argument("--cluster-spec", default="32x4", help="NODESxGPUS[:TYPE],... (default 32x4)")
+    p.add_argument(
+        "--cluster-spec",
+        default="32x4",
+        help="NODESxGPUS[:TYPE],..., a TOML/JSON file, an ElasticFlow cluster CSV, or "
+        "'none' (only nodes from --node-events)",
+    )
+    p.add_argument(
+        "--throughputs",
+        default="default",
+        help="Gavel JSON, ElasticFlow table (file or folder), BFTrainer JNPs CSV",
+    )
+    p.add_argument(
+        "--node-events",
+        type=Path,
+        help="node churn: BFTrainer node_events.csv(.gz) or a time,node,up CSV",
+    )
+    p.add_argument(
+        "--churn-node-gpus", type=int, default=1, help="GPUs of a node from --node-events"
+    )
     p.add_argument("--policy", default="fifo", help="scheduling policy")
     p.add_argument("--param", action="append", default=[], help="scheduling policy KEY=VALUE")
     p.add_argument("--admission", default="accept-all")
+    p.add_argument("--admission-param", action="append", default=[], help="KEY=VALUE")
     p.add_argument("--placement", default="consolidated")
+    p.add_argument("--placement-param", action="append", default=[], help="KEY=VALUE")
     p.add_argument("--round", type=float, default=300.0, dest="round_s", help="round length (s)")
-    p.add_argument("--mode", choices=["rounds", "events"], default="events",
-                   help="decide at round ends only, or also at every arrival and completion")
-    p.add_argument("--blox", action="store_true",
-                   help="Blox semantics: rounds mode, completions seen at round ends")
-    p.add_argument("--jobs", type=int, default=400, help="number of generated jobs")
-    p.add_argument("--load", type=float, default=20.0, help="generated arrivals per hour")
-    p.add_argument("--gpu-demand", type=parse_demand, default={1: 0.7, 2: 0.1, 4: 0.15, 8: 0.05},
-                   help="GPUS:WEIGHT,... for generated jobs (default Gavel's 1/2/4/8)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--mode",
+        choices=["rounds", "events"],
+        default="events",
+        help="decide at round ends only, or also at every arrival and completion",
+    )
+    p.add_argument(
+        "--blox",
+        action="store_true",
+        help="Blox semantics: rounds mode, jobs admitted and seen finished at round starts",
+    )
+    add_workload_args(p)
     p.add_argument("--processes", action="store_true", help="one OS process per service")
+    p.add_argument(
+        "--external",
+        default="",
+        metavar="SERVICES",
+        help="comma-separated services already running on --nats (e.g. in containers)",
+    )
     p.add_argument("--out", type=Path, default=Path("results"), help="output directory")
     p.add_argument("--log-level", default="info")
     p.set_defaults(run=cmd_sim)  # fmt: skip
+
+
+def fail(command: str, exc: BaseException) -> int:
+    print(f"gpuyard {command}: {exc}", file=sys.stderr)
+    return 2
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
     import uvloop
 
     from gpuyard.shared.logs import configure_logging
-    from gpuyard.sim import ProgressBar, SimOptions, poisson_workload, simulate
+    from gpuyard.shared.policy import admission_policies, placement_policies, scheduling_policies
+    from gpuyard.sim import ProgressBar, SimOptions, simulate
+    from gpuyard.throughputs import load_throughputs
+    from gpuyard.workloads import WorkloadError, load_cluster, load_node_events, save_node_events
 
+    args.out.mkdir(parents=True, exist_ok=True)
     try:
+        cluster = (
+            ClusterSpec(groups=[])
+            if args.cluster_spec == "none"
+            else load_cluster(args.cluster_spec)
+        )
+        model = load_throughputs(args.throughputs)
         options = SimOptions(
-            cluster=ClusterSpec.parse(args.cluster_spec),
+            cluster=cluster,
+            throughputs=args.throughputs,
             policy=args.policy,
             policy_params=parse_params(args.param),
             admission=args.admission,
+            admission_params=parse_params(args.admission_param),
             placement=args.placement,
+            placement_params=parse_params(args.placement_param),
             round_s=args.round_s,
             mode="rounds" if args.blox else args.mode,
             blox=args.blox,
+            churn_node_gpus=args.churn_node_gpus,
         )
-        from gpuyard.shared.policy import (
-            admission_policies,
-            placement_policies,
-            scheduling_policies,
-        )
-
         scheduling_policies.create(options.policy, options.policy_params)
-        admission_policies.create(options.admission)
-        placement_policies.create(options.placement)
-    except (ValueError, msgspec.ValidationError) as exc:
-        print(f"gpuyard sim: {exc}", file=sys.stderr)
-        return 2
-    jobs = poisson_workload(args.jobs, args.load, args.seed, args.gpu_demand)
-    args.out.mkdir(parents=True, exist_ok=True)
+        admission_policies.create(options.admission, options.admission_params)
+        placement_policies.create(options.placement, options.placement_params)
+        workload = workload_from_args(args, model)
+        if workload.skipped:
+            print(f"gpuyard sim: skipped {workload.skipped} broken trace lines", file=sys.stderr)
+        if args.node_events is not None:
+            origin = None
+            if "Tsub" in workload.extras.columns:  # BFTrainer: line node and job times up
+                import pandas as pd
+
+                origin = pd.to_datetime(workload.extras["Tsub"]).min().to_pydatetime()
+            events_path = args.out / "node_events.csv"
+            save_node_events(load_node_events(args.node_events, origin=origin), events_path)
+            options.node_events = str(events_path.resolve())
+    except (ValueError, OSError, msgspec.ValidationError, WorkloadError) as exc:
+        return fail("sim", exc)
     log = open(args.out / "services.log", "a")  # noqa: SIM115 (open for the whole run)
     configure_logging(args.log_level, log)
     try:
         result = uvloop.run(
             simulate(
-                options, jobs, args.out, nats_url=args.nats, cluster_name=args.cluster,
-                processes=args.processes, on_progress=ProgressBar(args.cluster),
+                options,
+                workload.jobs,
+                args.out,
+                nats_url=args.nats,
+                cluster_name=args.cluster,
+                processes=args.processes,
+                on_progress=ProgressBar(args.cluster),
+                external=frozenset(filter(None, args.external.split(","))),
                 log_level=args.log_level,
             )  # fmt: skip
         )
@@ -103,6 +212,73 @@ def cmd_sim(args: argparse.Namespace) -> int:
         log.close()
     print(json.dumps(result.summary, indent=2))
     print(f"results in {args.out}/", file=sys.stderr)
+    return 0
+
+
+def add_trace_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("trace", help="generate, convert and describe workloads")
+    tsub = p.add_subparsers(required=True, metavar="ACTION")
+    g = tsub.add_parser("generate", help="write a generated workload")
+    add_workload_args(g)
+    g.add_argument("--throughputs", help="fill in total_steps from this throughput model")
+    g.add_argument("out", type=Path, help="output .csv or .parquet")
+    g.set_defaults(run=cmd_trace_generate)
+    c = tsub.add_parser("convert", help="convert any supported trace to gpuyard's CSV/Parquet")
+    c.add_argument("--trace-format", default="auto")
+    c.add_argument("--skip-bad", action="store_true")
+    c.add_argument("trace", type=Path)
+    c.add_argument("out", type=Path)
+    c.set_defaults(run=cmd_trace_convert)
+    d = tsub.add_parser("describe", help="print counts and quantiles, write plots")
+    d.add_argument("--trace-format", default="auto")
+    d.add_argument("--skip-bad", action="store_true")
+    d.add_argument("--plots", type=Path, help="folder for the plots (default: beside the trace)")
+    d.add_argument("trace", type=Path)
+    d.set_defaults(run=cmd_trace_describe)
+
+
+def cmd_trace_generate(args: argparse.Namespace) -> int:
+    from gpuyard.throughputs import load_throughputs
+    from gpuyard.workloads import save_workload
+
+    try:
+        model = load_throughputs(args.throughputs) if args.throughputs else None
+        args.trace = None
+        path = save_workload(workload_from_args(args, model), args.out)
+    except (ValueError, OSError) as exc:
+        return fail("trace generate", exc)
+    print(path)
+    return 0
+
+
+def cmd_trace_convert(args: argparse.Namespace) -> int:
+    from gpuyard.workloads import WorkloadError, load_workload, save_workload
+
+    try:
+        workload = load_workload(args.trace, args.trace_format, args.skip_bad)
+        path = save_workload(workload, args.out)
+    except (ValueError, OSError, WorkloadError) as exc:
+        return fail("trace convert", exc)
+    if workload.skipped:
+        print(f"skipped {workload.skipped} broken lines", file=sys.stderr)
+    print(f"{len(workload)} jobs -> {path}")
+    return 0
+
+
+def cmd_trace_describe(args: argparse.Namespace) -> int:
+    from gpuyard.report import plot_workload
+    from gpuyard.workloads import WorkloadError, load_workload
+
+    try:
+        workload = load_workload(args.trace, args.trace_format, args.skip_bad)
+    except (ValueError, OSError, WorkloadError) as exc:
+        return fail("trace describe", exc)
+    folder = args.plots or args.trace.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = plot_workload(workload.to_frame(with_extras=False), folder, args.trace.stem)
+    print(json.dumps(workload.describe(), indent=2, default=str))
+    for path in paths:
+        print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
@@ -136,10 +312,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpuyard", description=__doc__)
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
     add_sim_parser(sub)
+    add_trace_parser(sub)
     p = sub.add_parser("schema", help="print (or --write) the wire contract's JSON Schema")
     p.add_argument("--write", action="store_true", help=f"write it to {SCHEMA_PATH}/")
     p.set_defaults(run=cmd_schema)
-    p = sub.add_parser("service", help="run one service (admission, scheduler, placement, simclock)")
+    p = sub.add_parser(
+        "service", help="run one service (admission, scheduler, placement, simclock)"
+    )
     p.add_argument("name", choices=["admission", "scheduler", "placement", "simclock"])
     p.add_argument("rest", nargs=argparse.REMAINDER, help="--nats URL --cluster NAME --config FILE")
     p.set_defaults(run=cmd_service)

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from gpuyard.shared.bus import Bus, RemoteError, Service, connect
-from gpuyard.shared.contract import Ping, Pong, Subjects
+from gpuyard.shared.contract import CONTRACT_VERSION, Ping, Pong, Subjects
 
 SERVICE_CLASSES = {
     "admission": ("gpuyard.services.admission.service", "Admission"),
@@ -35,7 +35,7 @@ class ServiceSet:
 
     def __init__(
         self, url: str, cluster: str, configs: dict[str, Any], *, processes: bool = False,
-        log_file: Path | None = None, log_level: str = "info",
+        log_file: Path | None = None, log_level: str = "info", expect: frozenset[str] = frozenset(),
     ) -> None:  # fmt: skip
         self.url = url
         self.subjects = Subjects(cluster)
@@ -43,6 +43,7 @@ class ServiceSet:
         self.processes = processes
         self.log_file = log_file
         self.log_level = log_level
+        self.expect = expect  # services started elsewhere that must answer too
         self._services: list[Service] = []
         self._procs: list[asyncio.subprocess.Process] = []
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -60,7 +61,8 @@ class ServiceSet:
 
     async def _start_processes(self) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="gpuyard-svc-")
-        log = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115 (children own it)
+        # The children write their logs straight into the run's log file.
+        log = self.log_file.open("ab") if self.log_file else None
         for name, config in self.configs.items():
             path = Path(self._tmp.name) / f"{name}.json"
             path.write_bytes(msgspec.json.encode(config))
@@ -74,18 +76,23 @@ class ServiceSet:
         if log:
             log.close()
 
-    async def wait_ready(self, timeout: float = 30.0) -> None:
+    async def wait_ready(self, within_s: float = 30.0) -> None:
         """Until every service answers a ping."""
         nc = await connect(self.url, name="gpuyard-launcher")
         bus = Bus(nc, self.subjects)
         try:
-            async with asyncio.timeout(timeout):
-                for name in self.configs:
+            async with asyncio.timeout(within_s):
+                for name in [*self.configs, *sorted(self.expect)]:
                     while True:
                         with contextlib.suppress(RemoteError):
-                            await bus.request(
-                                f"{self.subjects.service(name)}.ping", Ping(), Pong, timeout=1.0
+                            pong = await bus.request(
+                                f"{self.subjects.service(name)}.ping", Ping(), Pong, within_s=1.0
                             )
+                            if pong.contract != CONTRACT_VERSION:
+                                raise RuntimeError(
+                                    f"{name} speaks contract v{pong.contract}, we speak "
+                                    f"v{CONTRACT_VERSION}"
+                                )
                             break
                         for proc in self._procs:
                             if proc.returncode is not None:

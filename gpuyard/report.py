@@ -14,7 +14,7 @@ import pandas as pd
 from gpuyard.shared.contract import JobRecord, TimelinePoint
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
+import matplotlib.pyplot as plt
 
 JOB_COLUMNS = [
     "job_id", "state", "num_gpus", "gpu_type", "priority", "user", "arrival", "start", "end",
@@ -77,8 +77,8 @@ def summarize(jobs: pd.DataFrame, timeline: pd.DataFrame, total_gpus: int) -> di
     # Jain's fairness of JCT itself as a coarse spread measure.
     jain = float(jct.sum() ** 2 / (len(jct) * (jct**2).sum())) if len(jct) else None
     return {
-        "jobs": int(len(jobs)),
-        "completed": int(len(done)),
+        "jobs": len(jobs),
+        "completed": len(done),
         "failed": int((jobs["state"] == "failed").sum()),
         "mean_jct": float(jct.mean()) if len(jct) else None,
         "p50_jct": q(50),
@@ -88,7 +88,7 @@ def summarize(jobs: pd.DataFrame, timeline: pd.DataFrame, total_gpus: int) -> di
         "makespan": makespan,
         "utilization": busy_gpu_seconds / (total_gpus * makespan) if makespan > 0 else 0.0,
         "preemptions": int(jobs["preemptions"].sum()),
-        "deadline_jobs": int(len(with_deadline)),
+        "deadline_jobs": len(with_deadline),
         "deadline_satisfaction": (
             float(with_deadline["deadline_met"].astype(bool).mean()) if len(with_deadline) else None
         ),
@@ -143,3 +143,32 @@ def write_results(
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot(jobs, timeline, total_gpus, out)
     return summary
+
+
+def plot_workload(jobs: pd.DataFrame, out: Path, stem: str) -> list[Path]:
+    """Arrivals over time, the duration CDF and the GPU-demand histogram of a workload."""
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    arrivals = np.sort(jobs["submit_time"].to_numpy(dtype=float)) / 3600
+    axes[0].plot(arrivals, np.arange(1, len(arrivals) + 1))
+    axes[0].set_xlabel("time (hours)")
+    axes[0].set_ylabel("jobs arrived")
+    axes[0].set_title("arrivals")
+    durations = np.sort(jobs["duration"].dropna().to_numpy(dtype=float))
+    if len(durations):
+        axes[1].plot(durations / 3600, np.arange(1, len(durations) + 1) / len(durations))
+        axes[1].set_xscale("log")
+    axes[1].set_xlabel("duration (hours)")
+    axes[1].set_ylabel("fraction of jobs")
+    axes[1].set_title("duration CDF" if len(durations) else "duration CDF (no durations)")
+    counts = jobs["num_gpus"].value_counts().sort_index()
+    axes[2].bar([str(k) for k in counts.index], counts.to_numpy())
+    axes[2].set_xlabel("GPUs requested")
+    axes[2].set_ylabel("jobs")
+    axes[2].set_title("GPU demand")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    path = out / f"{stem}_workload.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]

@@ -21,11 +21,13 @@ from gpuyard.services.simclock.service import SimClockConfig, write_workload
 from gpuyard.shared.bus import Bus, connect
 from gpuyard.shared.contract import (
     Ack,
+    Empty,
     JobRecord,
     JobsPage,
     PageQuery,
     Progress,
     RunRequest,
+    ServiceStats,
     Subjects,
     TimelinePage,
     TimelinePoint,
@@ -47,7 +49,14 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     mode: Literal["rounds", "events"] = "events"
     blox: bool = False
     """Blox's simulator semantics: jobs are admitted and seen finished only at round starts."""
-    gpu_speed: dict[str, float] = {}
+    throughputs: str = "default"
+    """Throughput model file (Gavel JSON, ElasticFlow table or folder, BFTrainer JNPs CSV)."""
+    node_events: str | None = None
+    """Normalised node events CSV `time,node,up` (see gpuyard.workloads.churn)."""
+    churn_node_gpus: int = 1
+    churn_node_type: str = "gpu"
+    event_storage: Literal["file", "memory"] = "memory"
+    """Where the run's event stream is kept (a simulation's events are usually read right away)."""
 
 
 class SimResult(Struct, kw_only=True):
@@ -55,6 +64,7 @@ class SimResult(Struct, kw_only=True):
     jobs: list[JobRecord]
     timeline: list[TimelinePoint]
     wall_s: float
+    stats: list[ServiceStats]
 
 
 def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
@@ -66,16 +76,33 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
     return {
         "placement": PlacementConfig(policy=options.placement, params=options.placement_params),
         "scheduler": SchedulerConfig(
-            policy=options.policy, params=options.policy_params, round_s=options.round_s,
+            policy=options.policy,
+            params=options.policy_params,
+            round_s=options.round_s,
             mode=options.mode,
-        ),  # fmt: skip
+            event_storage=options.event_storage,
+        ),
         "admission": AdmissionConfig(policy=options.admission, params=options.admission_params),
         "simclock": SimClockConfig(
-            workload=str(workload_path), cluster=options.cluster, gpu_speed=options.gpu_speed,
+            workload=str(workload_path),
+            cluster=options.cluster,
+            throughputs=options.throughputs,
+            node_events=options.node_events,
+            churn_node_gpus=options.churn_node_gpus,
+            churn_node_type=options.churn_node_type,
             completion_quantum=options.round_s if options.blox else None,
             arrival_quantum=options.round_s if options.blox else None,
-        ),  # fmt: skip
+        ),
     }
+
+
+def prepare_run(options: SimOptions, jobs: list[JobSpec], out: Path) -> Path:
+    """The output folder with the exact workload and options of the run; the workload's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    workload_path = out / "workload.jsonl"
+    write_workload(jobs, workload_path)
+    (out / "options.json").write_bytes(msgspec.json.format(msgspec.json.encode(options)))
+    return workload_path
 
 
 async def fetch_pages(bus: Bus, subject: str, reply_type: type[Any], field: str) -> list[Any]:
@@ -96,21 +123,25 @@ async def simulate(
     nats_url: str | None = None,
     cluster_name: str = "sim",
     processes: bool = False,
+    external: frozenset[str] = frozenset(),
     on_progress: Callable[[Progress], None] | None = None,
     log_level: str = "warning",
 ) -> SimResult:
-    """Run one simulation and write its results into `out`. Without `nats_url`, on a private server."""
-    out.mkdir(parents=True, exist_ok=True)
-    workload_path = out / "workload.jsonl"
-    write_workload(jobs, workload_path)
-    (out / "options.json").write_bytes(msgspec.json.format(msgspec.json.encode(options)))
+    """Run one simulation and write its results into `out`. Without `nats_url`, on a private server.
+
+    `external` names services already running on the server (e.g. in their own containers) for
+    this cluster namespace: they are used as they are, with their own policies.
+    """
+    workload_path = await asyncio.to_thread(prepare_run, options, jobs, out)
     started = time.perf_counter()
     async with contextlib.AsyncExitStack() as stack:
         url = nats_url or await stack.enter_async_context(EmbeddedNats())
         subjects = Subjects(cluster_name)
+        configs = service_configs(options, workload_path)
         services = ServiceSet(
-            url, cluster_name, service_configs(options, workload_path), processes=processes,
-            log_file=out / "services.log", log_level=log_level,
+            url, cluster_name, {k: v for k, v in configs.items() if k not in external},
+            processes=processes, log_file=out / "services.log", log_level=log_level,
+            expect=external,
         )  # fmt: skip
         await stack.enter_async_context(services)
         nc = await connect(url, name=f"gpuyard-sim-{cluster_name}")
@@ -133,13 +164,17 @@ async def simulate(
             raise RuntimeError(f"simulation {cluster_name!r} failed: {final.error}")
         records = await fetch_pages(bus, f"{subjects.scheduler}.jobs", JobsPage, "jobs")
         points = await fetch_pages(bus, f"{subjects.clock}.timeline", TimelinePage, "points")
+        stats = [
+            await bus.request(f"{subjects.service(name)}.stats", Empty(), ServiceStats)
+            for name in ("simclock", "admission", "scheduler", "placement")
+        ]
     wall = time.perf_counter() - started
     summary = write_results(
         records, points, options.cluster.total_gpus, out,
         extra={"policy": options.policy, "simulated_s": final.now, "instants": final.instants,
                "wall_s": round(wall, 3)},
     )  # fmt: skip
-    return SimResult(summary=summary, jobs=records, timeline=points, wall_s=wall)
+    return SimResult(summary=summary, jobs=records, timeline=points, wall_s=wall, stats=stats)
 
 
 class ProgressBar:
@@ -164,29 +199,3 @@ class ProgressBar:
         )
         end = "\n" if p.done or not self.tty else "\r"
         print(line, end=end, file=self.stream, flush=True)
-
-
-def poisson_workload(
-    n_jobs: int, jobs_per_hour: float, seed: int, gpu_demand: dict[int, float] | None = None
-) -> list[JobSpec]:
-    """The Blox/Gavel synthetic workload: Poisson arrivals at `jobs_per_hour`; durations 80%
-    60·10^U(1.5,3) s and 20% 60·10^U(3,4) s; GPU demand drawn from `gpu_demand` ({gpus: weight})."""
-    import numpy as np
-
-    demand = gpu_demand or {1: 1.0}
-    rng = np.random.default_rng(seed)
-    gaps = rng.exponential(3600.0 / jobs_per_hour, n_jobs)
-    arrivals = np.cumsum(gaps) - gaps[0]
-    long = rng.random(n_jobs) < 0.2
-    exponent = np.where(long, rng.uniform(3, 4, n_jobs), rng.uniform(1.5, 3, n_jobs))
-    durations = 60 * 10**exponent
-    sizes = list(demand)
-    weights = np.array([demand[s] for s in sizes], dtype=float)
-    gpus = rng.choice(sizes, size=n_jobs, p=weights / weights.sum())
-    return [
-        JobSpec(
-            job_id=f"j{i}", num_gpus=int(gpus[i]), duration=float(durations[i]),
-            submit_time=float(arrivals[i]),
-        )  # fmt: skip
-        for i in range(n_jobs)
-    ]

@@ -13,6 +13,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import msgspec
@@ -28,10 +29,12 @@ from .contract import (
     CONTRACT_VERSION,
     STATUS_HEADER,
     VERSION_HEADER,
+    Empty,
     ErrorReply,
     Event,
     Ping,
     Pong,
+    ServiceStats,
     Subjects,
 )
 
@@ -39,7 +42,9 @@ T = TypeVar("T")
 
 _encoder = msgspec.json.Encoder()
 _error_decoder = msgspec.json.Decoder(ErrorReply)
-_HEADERS = {VERSION_HEADER: str(CONTRACT_VERSION)}
+# Normal traffic carries no headers (they cost ~10% per message); only error replies are marked.
+# A client may still send `Gpuyard-Contract`, and services refuse a version they do not speak;
+# our own clients check the version once, in the services' ping replies.
 _ERROR_HEADERS = {VERSION_HEADER: str(CONTRACT_VERSION), STATUS_HEADER: "error"}
 
 
@@ -113,16 +118,18 @@ class Bus:
         return dec
 
     async def request(
-        self, subject: str, msg: Any, reply_type: type[T], *, timeout: float | None = None
+        self, subject: str, msg: Any, reply_type: type[T], *, within_s: float | None = None
     ) -> T:
         """Send a request and decode the reply; raise RemoteError on an error reply."""
         started = time.perf_counter()
         try:
             reply = await self.nc.request(
-                subject, encode(msg), timeout=timeout or self.request_timeout, headers=_HEADERS
+                subject, encode(msg), timeout=within_s or self.request_timeout
             )
         except NoRespondersError:
-            raise RemoteError(ErrorReply(error="no service is listening", subject=subject)) from None
+            raise RemoteError(
+                ErrorReply(error="no service is listening", subject=subject)
+            ) from None
         except NatsTimeoutError:
             raise RemoteError(ErrorReply(error="timed out", subject=subject)) from None
         key = subject[len(self.subjects.root) + 1 :]
@@ -143,6 +150,34 @@ class Bus:
             await self.nc.drain()
 
 
+async def ensure_event_stream(
+    nc: Client, subjects: Subjects, *, max_age_s: float, storage: str = "file"
+) -> bool:
+    """Create (or update) the cluster's JetStream stream capturing `gpuyard.<cluster>.evt.>`.
+
+    Returns False when the server has no JetStream: events are then published but not stored.
+    """
+    from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+    from nats.js.errors import Error as JetStreamError
+
+    config = StreamConfig(
+        name=subjects.stream_name,
+        subjects=[f"{subjects.events}.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType(storage),
+        max_age=max_age_s,
+    )
+    js = nc.jetstream()
+    try:
+        try:
+            await js.update_stream(config)
+        except nats.js.errors.NotFoundError:
+            await js.add_stream(config)
+    except (JetStreamError, NatsTimeoutError, NoRespondersError):
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class Route:
     handler: Callable[[Any], Awaitable[Any]]
@@ -159,6 +194,10 @@ class Service:
         self.log = structlog.get_logger().bind(service=self.name, cluster=bus.subjects.cluster)
         self._subs: list[Any] = []
         self._stopped = asyncio.Event()
+        self.handled = 0
+        self.handler_s = 0.0
+        self.policy_s = 0.0
+        """Subclasses add the time their policy takes here."""
 
     # Subclasses: the routes under their prefix, and optional extra listeners.
     def routes(self) -> dict[str, Route]:
@@ -179,8 +218,18 @@ class Service:
             policy=self.describe_policy(),
         )
 
+    async def stats(self, _: Empty) -> ServiceStats:
+        return ServiceStats(
+            service=self.name, handled=self.handled, handler_s=self.handler_s,
+            policy_s=self.policy_s, requests=self.bus.request_stats,
+        )  # fmt: skip
+
     async def start(self) -> None:
-        routes = {"ping": Route(self.ping, Ping), **self.routes()}
+        routes = {
+            "ping": Route(self.ping, Ping),
+            "stats": Route(self.stats, Empty),
+            **self.routes(),
+        }
         await self.listen(f"{self.prefix}.>", routes, prefix=self.prefix)
         self.log.info("service.started", prefix=self.prefix)
 
@@ -193,6 +242,14 @@ class Service:
         self._subs.append(await self.bus.nc.subscribe(pattern, queue=self.name, cb=dispatch))
 
     async def _dispatch(self, msg: Msg, routes: dict[str, Route], prefix: str) -> None:
+        started = time.perf_counter()
+        try:
+            await self._handle(msg, routes, prefix)
+        finally:
+            self.handled += 1
+            self.handler_s += time.perf_counter() - started
+
+    async def _handle(self, msg: Msg, routes: dict[str, Route], prefix: str) -> None:
         suffix = msg.subject[len(prefix) + 1 :] if msg.subject.startswith(prefix + ".") else ""
         route = routes.get(suffix) or routes.get(msg.subject.rsplit(".", 1)[-1])
         try:
@@ -215,8 +272,12 @@ class Service:
                 structlog.contextvars.bind_contextvars(now=now)
             reply = await route.handler(request)
         except BadRequest as exc:
-            self.log.warning("request.rejected", subject=msg.subject, error=exc.error, field=exc.field)
-            await self._respond(msg, ErrorReply(error=exc.error, field=exc.field, subject=msg.subject))
+            self.log.warning(
+                "request.rejected", subject=msg.subject, error=exc.error, field=exc.field
+            )
+            await self._respond(
+                msg, ErrorReply(error=exc.error, field=exc.field, subject=msg.subject)
+            )
             return
         except Exception as exc:  # a bug or a failed downstream call: answer, log, keep serving
             self.log.exception("request.failed", subject=msg.subject)
@@ -224,7 +285,7 @@ class Service:
             await self._respond(msg, ErrorReply(error=error, subject=msg.subject))
             return
         if msg.reply:
-            await self.bus.nc.publish(msg.reply, encode(reply), headers=_HEADERS)
+            await self.bus.nc.publish(msg.reply, encode(reply))
 
     async def _respond(self, msg: Msg, error: ErrorReply) -> None:
         if msg.reply:
@@ -237,7 +298,9 @@ class Service:
         self.log.info("service.stopped")
 
 
-def run_service(service_cls: type[Service], config_cls: type[Any], argv: list[str] | None = None) -> None:
+def run_service(
+    service_cls: type[Service], config_cls: type[Any], argv: list[str] | None = None
+) -> None:
     """The entry point of a service run on its own: `--nats URL --cluster NAME --config FILE.json`."""
     import argparse
     import signal
@@ -252,7 +315,7 @@ def run_service(service_cls: type[Service], config_cls: type[Any], argv: list[st
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
     try:
-        raw = open(args.config, "rb").read() if args.config else b"{}"
+        raw = Path(args.config).read_bytes() if args.config else b"{}"
         config = msgspec.json.decode(raw, type=config_cls)
         subjects = Subjects(args.cluster)
     except (OSError, ValueError, msgspec.ValidationError) as exc:

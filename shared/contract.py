@@ -95,6 +95,19 @@ class Pong(Struct, kw_only=True):
     policy: str | None = None
 
 
+class ServiceStats(Struct, kw_only=True):
+    """`<service>.stats`: where a service's time went, for benchmarks."""
+
+    service: str
+    handled: int
+    handler_s: float
+    """Seconds spent in request handlers, nested requests included."""
+    policy_s: float
+    """Seconds spent in policy code."""
+    requests: dict[str, list[float]]
+    """Requests this service made, per subject: [count, seconds waited for the reply]."""
+
+
 class Empty(Struct, kw_only=True, forbid_unknown_fields=True):
     """A request with no arguments."""
 
@@ -215,17 +228,22 @@ class RegisterNode(Struct, kw_only=True, forbid_unknown_fields=True):
     node: NodeSpec
 
 
-class NodeGone(Struct, kw_only=True, forbid_unknown_fields=True):
-    """`place.node_gone`: a node left (drained, lost, or taken back)."""
+class NodesChanged(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`place.nodes`: nodes joined (`up`) or left (`gone`: drained, failed, taken back).
+
+    Used by the simclock to replay node churn, many nodes at a time.
+    """
 
     now: float
-    node_id: str
+    up: list[NodeSpec] = []
+    gone: list[str] = []
     reason: str = ""
 
 
-class NodeGoneReply(Struct, kw_only=True):
+class NodesChangedReply(Struct, kw_only=True):
     lost_jobs: list[str]
-    """Jobs that ran on the node and were stopped everywhere; they must be requeued."""
+    """Jobs that ran on a departed node and were stopped everywhere; the scheduler requeues them."""
+    capacity: dict[str, int]
 
 
 class ApplyRequest(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -243,7 +261,7 @@ class ApplyRequest(Struct, kw_only=True, forbid_unknown_fields=True):
 
 class ApplyReply(Struct, kw_only=True):
     placed: dict[str, list[GpuRef]]
-    """Every running job's GPUs after the change."""
+    """The GPUs of each job started by this apply."""
     started: dict[str, str]
     """Jobs launched by this apply, with the GPU type they got."""
     stopped: list[str]
@@ -354,9 +372,9 @@ class Event(Struct, kw_only=True, omit_defaults=True):
 
 
 MESSAGES: tuple[type[Struct], ...] = (
-    ErrorReply, Ack, Ping, Pong, Empty, PageQuery, SubmitRequest, SubmitResult, SubmitReply,
+    ErrorReply, Ack, Ping, Pong, ServiceStats, Empty, PageQuery, SubmitRequest, SubmitResult, SubmitReply,
     EnqueueRequest, SchedulerStatus, ClusterChanged, TickRequest, JobExit, ExitReport, JobRecord, JobsPage,
-    RegisterNode, NodeGone, NodeGoneReply, ApplyRequest, ApplyReply, ClusterInfo, Launch,
+    RegisterNode, NodesChanged, NodesChangedReply, ApplyRequest, ApplyReply, ClusterInfo, Launch,
     NodeCommand, NodeCommandReply, RunRequest, Progress, TimelinePoint, TimelinePage, Event,
 )  # fmt: skip
 

@@ -88,15 +88,23 @@ class NodeView(Struct, kw_only=True):
     node_id: str
     gpu_type: str
     usable: list[int]
-    """GPU indices that can be given out (all of the node's healthy GPUs)."""
+    """GPU indices this decision may give out (see PlacementInput)."""
 
 
 class PlacementInput(Struct, kw_only=True):
+    """What to place and where it can go.
+
+    Normally (`PlacementPolicy.rearranges` False) the service keeps every running job whose
+    allocation did not change on its GPUs, and the policy sees only the other allocations and
+    the GPUs they may use: the free ones plus those of jobs being stopped or resized (nodes with
+    none are left out). A policy that rearranges sees every allocation and every healthy GPU.
+    """
+
     now: float
     allocations: list[Allocation]
-    """What the scheduler decided, most important first."""
+    """What to place, most important first."""
     current: dict[str, list[GpuRef]]
-    """Where jobs run now (only jobs that are also in `allocations`)."""
+    """Where the jobs among `allocations` run now, if they run."""
     nodes: list[NodeView]
 
 
@@ -138,6 +146,11 @@ class AdmissionPolicy(Policy):
 
 class PlacementPolicy(Policy):
     kind = "placement"
+
+    @property
+    def rearranges(self) -> bool:
+        """True if the policy may move jobs whose allocation did not change (see PlacementInput)."""
+        return False
 
     def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
         """GPUs for each allocation it can place; an allocation left out stays queued."""

@@ -1,0 +1,47 @@
+"""Workloads: load the reference systems' traces, generate synthetic ones, describe clusters.
+
+Entry points: `load_workload(path, format=None, skip_bad=False)`, the generators `blox`, `gavel`,
+`elasticflow`, `save_workload`, `to_frame`/`from_frame`, and `load_cluster`.
+"""
+
+from .churn import load_node_events, save_node_events
+from .clusters import load_cluster
+from .core import JOB_FIELDS, Workload, WorkloadError, describe, to_frame
+from .formats import (
+    from_frame,
+    load_bftrainer,
+    load_blox_jobs,
+    load_elasticflow,
+    load_gavel_trace,
+    load_native,
+    load_philly,
+    save_workload,
+)
+from .generators import blox, elasticflow, gavel, poisson_arrivals
+from .loader import LOADERS, detect_format, load_workload
+
+__all__ = [
+    "JOB_FIELDS",
+    "LOADERS",
+    "Workload",
+    "WorkloadError",
+    "blox",
+    "describe",
+    "detect_format",
+    "elasticflow",
+    "from_frame",
+    "gavel",
+    "load_bftrainer",
+    "load_blox_jobs",
+    "load_cluster",
+    "load_elasticflow",
+    "load_gavel_trace",
+    "load_native",
+    "load_node_events",
+    "load_philly",
+    "load_workload",
+    "poisson_arrivals",
+    "save_node_events",
+    "save_workload",
+    "to_frame",
+]

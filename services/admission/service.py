@@ -7,8 +7,6 @@ import time
 from typing import Any
 
 import msgspec
-from msgspec import Struct
-
 from gpuyard.shared.bus import Bus, Route, Service
 from gpuyard.shared.contract import (
     ClusterInfo,
@@ -27,6 +25,7 @@ from gpuyard.shared.policy import (
     ClusterView,
     admission_policies,
 )
+from msgspec import Struct
 
 
 class AdmissionConfig(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -103,11 +102,15 @@ class Admission(Service):
                 if r.job_id in status.rejected:
                     r.verdict, r.reason = "reject", status.rejected[r.job_id]
         for r in results:
-            await self._event("job.admitted" if r.verdict == "admit" else "job.rejected", now, r.job_id, r.reason)
+            await self._event(
+                "job.admitted" if r.verdict == "admit" else "job.rejected", now, r.job_id, r.reason
+            )
         return SubmitReply(results=results, scheduler=status)
 
     async def _refresh_capacity(self) -> None:
-        info = await self.bus.request(f"{self.bus.subjects.placement}.cluster", Empty(), ClusterInfo)
+        info = await self.bus.request(
+            f"{self.bus.subjects.placement}.cluster", Empty(), ClusterInfo
+        )
         self.capacity = info.capacity
 
     def _new_id(self) -> str:
@@ -126,8 +129,12 @@ class Admission(Service):
         elif spec.gpu_type not in self.capacity:
             return f"GPU type {spec.gpu_type!r} is not in the cluster ({', '.join(sorted(self.capacity))})"
         elif low > self.capacity[spec.gpu_type]:
-            return f"needs {low} {spec.gpu_type} GPUs; the cluster has {self.capacity[spec.gpu_type]}"
+            return (
+                f"needs {low} {spec.gpu_type} GPUs; the cluster has {self.capacity[spec.gpu_type]}"
+            )
         return ""
 
     async def _event(self, kind: Any, now: float, job_id: str, reason: str = "") -> None:
-        await self.bus.emit(Event(type=kind, now=now, job_id=job_id, reason=reason, service=self.name))
+        await self.bus.emit(
+            Event(type=kind, now=now, job_id=job_id, reason=reason, service=self.name)
+        )

@@ -5,10 +5,9 @@ that lost their GPUs, launch the ones that gained some."""
 from __future__ import annotations
 
 import asyncio
+import time
 import zlib
 from typing import Any
-
-from msgspec import Struct
 
 from gpuyard.shared.bus import BadRequest, Bus, RemoteError, Route, Service
 from gpuyard.shared.contract import (
@@ -20,12 +19,13 @@ from gpuyard.shared.contract import (
     Launch,
     NodeCommand,
     NodeCommandReply,
-    NodeGone,
-    NodeGoneReply,
+    NodesChanged,
+    NodesChangedReply,
     RegisterNode,
 )
-from gpuyard.shared.model import ANY_GPU, GpuRef, JobSpec, NodeSpec
+from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobSpec, NodeSpec
 from gpuyard.shared.policy import NodeView, PlacementInput, PlacementPolicy, placement_policies
+from msgspec import Struct
 
 
 class PlacementConfig(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -47,7 +47,10 @@ class Placement(Service):
         self.policy: PlacementPolicy = placement_policies.create(config.policy, config.params)
         self.nodes: dict[str, NodeSpec] = {}
         self.running: dict[str, list[GpuRef]] = {}
-        self.lost: list[str] = []  # jobs stopped by a node's departure, not yet told to the scheduler
+        self.free: dict[str, set[int]] = {}  # free GPU indices per node
+        self.lost: list[
+            str
+        ] = []  # jobs stopped by a node's departure, not yet told to the scheduler
 
     def describe_policy(self) -> str:
         return self.config.policy
@@ -55,10 +58,18 @@ class Placement(Service):
     def routes(self) -> dict[str, Route]:
         return {
             "register": Route(self.register, RegisterNode),
-            "node_gone": Route(self.node_gone, NodeGone),
+            "nodes": Route(self.nodes_changed, NodesChanged),
             "apply": Route(self.apply, ApplyRequest),
             "cluster": Route(self.cluster, Empty),
         }
+
+    def _add_node(self, node: NodeSpec) -> None:
+        """A node joins, or registers again (after an agent restart: what runs there stays)."""
+        self.nodes[node.node_id] = node
+        busy = {
+            g.index for gpus in self.running.values() for g in gpus if g.node_id == node.node_id
+        }
+        self.free[node.node_id] = set(range(node.num_gpus)) - busy
 
     def capacity(self) -> dict[str, int]:
         totals: dict[str, int] = {}
@@ -72,78 +83,161 @@ class Placement(Service):
         )
 
     async def register(self, req: RegisterNode) -> ClusterInfo:
-        self.nodes[req.node.node_id] = req.node
+        self._add_node(req.node)
         await self.bus.emit(
             Event(type="node.up", now=req.now, node_id=req.node.node_id, service=self.name)
         )
         return await self.cluster(Empty())
 
-    async def node_gone(self, req: NodeGone) -> NodeGoneReply:
-        if self.nodes.pop(req.node_id, None) is None:
-            raise BadRequest(f"unknown node {req.node_id!r}", field="$.node_id")
-        hit = sorted(j for j, gpus in self.running.items() if any(g.node_id == req.node_id for g in gpus))
-        # The job's processes on the other nodes cannot go on without their peers: stop them.
-        await self._command(req.now, {j: self.running.pop(j) for j in hit}, {}, {})
+    async def nodes_changed(self, req: NodesChanged) -> NodesChangedReply:
+        unknown = [n for n in req.gone if n not in self.nodes]
+        if unknown:
+            raise BadRequest(f"unknown nodes {unknown[:5]}", field="$.gone")
+        gone = set(req.gone)
+        for node_id in req.gone:
+            del self.nodes[node_id]
+            del self.free[node_id]
+        hit = sorted(j for j, gpus in self.running.items() if any(g.node_id in gone for g in gpus))
+        stopped = {j: self.running[j] for j in hit}
+        for job_id in hit:
+            self._free(job_id)
+        # A job's processes elsewhere cannot go on without their peers: stop them too.
+        await self._command(req.now, stopped, {}, {})
         self.lost += hit
-        await self.bus.emit(
-            Event(type="node.lost", now=req.now, node_id=req.node_id, reason=req.reason,
-                  service=self.name)
-        )  # fmt: skip
-        return NodeGoneReply(lost_jobs=hit)
+        for node in req.up:
+            self._add_node(node)
+        for node_id in req.gone:
+            await self.bus.emit(
+                Event(type="node.lost", now=req.now, node_id=node_id, reason=req.reason,
+                      service=self.name)
+            )  # fmt: skip
+        for node in req.up:
+            await self.bus.emit(
+                Event(type="node.up", now=req.now, node_id=node.node_id, service=self.name)
+            )
+        return NodesChangedReply(lost_jobs=hit, capacity=self.capacity())
+
+    def _views(self, extra: dict[str, list[int]] | None = None) -> list[NodeView]:
+        """Nodes with GPUs this decision may give out: the free ones plus `extra`."""
+        views = []
+        for node in self.nodes.values():
+            usable = self.free[node.node_id]
+            more = extra.get(node.node_id) if extra else None
+            if more:
+                usable = usable | set(more)
+            if usable:
+                views.append(
+                    NodeView(node_id=node.node_id, gpu_type=node.gpu_type, usable=sorted(usable))
+                )
+        return views
+
+    def _all_views(self) -> list[NodeView]:
+        return [
+            NodeView(node_id=n.node_id, gpu_type=n.gpu_type, usable=list(range(n.num_gpus)))
+            for n in self.nodes.values()
+        ]
 
     async def apply(self, req: ApplyRequest) -> ApplyReply:
         for job_id in req.released:
-            self.running.pop(job_id, None)
+            self._free(job_id)
+        running = self.running
         for a in req.allocations:
-            if a.job_id not in self.running and a.job_id not in req.specs:
-                raise BadRequest(f"job {a.job_id!r} is not running and has no spec", field="$.specs")
+            if a.job_id not in running and a.job_id not in req.specs:
+                raise BadRequest(
+                    f"job {a.job_id!r} is not running and has no spec", field="$.specs"
+                )
+        if self.policy.rearranges:
+            keep: dict[str, list[GpuRef]] = {}
+            to_place = req.allocations
+            nodes = self._all_views()
+        else:
+            keep, to_place = self._split(req)
+            movable: dict[str, list[int]] = {}
+            for job_id, gpus in running.items():
+                if job_id not in keep:
+                    for g in gpus:
+                        movable.setdefault(g.node_id, []).append(g.index)
+            nodes = self._views(movable)
         inp = PlacementInput(
             now=req.now,
-            allocations=req.allocations,
-            current={a.job_id: self.running[a.job_id] for a in req.allocations if a.job_id in self.running},
-            nodes=[
-                NodeView(node_id=n.node_id, gpu_type=n.gpu_type, usable=list(range(n.num_gpus)))
-                for n in self.nodes.values()
-            ],
+            allocations=to_place,
+            current={a.job_id: running[a.job_id] for a in to_place if a.job_id in running},
+            nodes=nodes,
         )
+        started_at = time.perf_counter()
         placed = self.policy.place(inp)
-        self._check(req, placed)
-        stopped = {j: gpus for j, gpus in self.running.items() if placed.get(j) != gpus}
-        started = {j: gpus for j, gpus in placed.items() if self.running.get(j) != gpus}
-        failed = await self._command(req.now, stopped, started, req.specs)
+        self.policy_s += time.perf_counter() - started_at
+        placed.update(keep)
+        started = {j: gpus for j, gpus in placed.items() if running.get(j) != gpus}
+        stopped = {j: running[j] for j in running if j not in placed or j in started}
         for job_id in stopped:
-            del self.running[job_id]
-        for job_id, gpus in started.items():
-            if job_id not in failed:
-                self.running[job_id] = gpus
+            self._free(job_id)
+        self._check(req, started)
+        failed = await self._command(req.now, stopped, started, req.specs)
+        launched = {j: g for j, g in started.items() if j not in failed}
+        for job_id, gpus in launched.items():
+            self.running[job_id] = gpus
+            for g in gpus:
+                self.free[g.node_id].discard(g.index)
         lost, self.lost = self.lost, []
         return ApplyReply(
-            placed=dict(self.running),
-            started={j: self.nodes[g[0].node_id].gpu_type for j, g in started.items() if j not in failed},
+            placed=launched,
+            started={j: self.nodes[g[0].node_id].gpu_type for j, g in launched.items()},
             stopped=sorted(stopped),
             unplaced=[a.job_id for a in req.allocations if a.job_id not in self.running],
             lost=lost,
             capacity=self.capacity(),
         )
 
-    def _check(self, req: ApplyRequest, placed: dict[str, list[GpuRef]]) -> None:
-        """The policy's answer must use existing GPUs once each, of the allocated count and type."""
+    def _split(self, req: ApplyRequest) -> tuple[dict[str, list[GpuRef]], list[Allocation]]:
+        """Running jobs whose allocation did not change (they stay put), and the rest to place."""
+        keep: dict[str, list[GpuRef]] = {}
+        to_place: list[Allocation] = []
+        for a in req.allocations:
+            gpus = self.running.get(a.job_id)
+            if (
+                gpus is not None
+                and len(gpus) == a.num_gpus
+                and a.gpu_type in (ANY_GPU, self.nodes[gpus[0].node_id].gpu_type)
+            ):
+                keep[a.job_id] = gpus
+            else:
+                to_place.append(a)
+        return keep, to_place
+
+    def _free(self, job_id: str) -> None:
+        for gpu in self.running.pop(job_id, ()):
+            if gpu.node_id in self.free:
+                self.free[gpu.node_id].add(gpu.index)
+
+    def _check(self, req: ApplyRequest, started: dict[str, list[GpuRef]]) -> None:
+        """Newly placed jobs must get free, existing GPUs, once each, of the allocated count and type.
+
+        Jobs that keep their GPUs need no check: they hold exactly the GPUs missing from `free`.
+        """
         wanted = {a.job_id: a for a in req.allocations}
         used: set[GpuRef] = set()
-        for job_id, gpus in placed.items():
+        for job_id, gpus in started.items():
             a = wanted.get(job_id)
-            types = {self.nodes[g.node_id].gpu_type for g in gpus if g.node_id in self.nodes}
+            nodes = [self.nodes.get(g.node_id) for g in gpus]
+            types = {n.gpu_type for n in nodes if n is not None}
             ok = (
                 a is not None
                 and len(gpus) == a.num_gpus
-                and all(g.node_id in self.nodes and 0 <= g.index < self.nodes[g.node_id].num_gpus for g in gpus)
+                and all(
+                    n is not None and 0 <= g.index < n.num_gpus
+                    for g, n in zip(gpus, nodes, strict=True)
+                )
                 and len(types) == 1
                 and (a.gpu_type == ANY_GPU or types == {a.gpu_type})
                 and used.isdisjoint(gpus)
                 and len(set(gpus)) == len(gpus)
+                and all(g.index in self.free[g.node_id] for g in gpus)
             )
             if not ok:
-                raise RuntimeError(f"placement policy {self.config.policy!r} placed {job_id!r} wrongly: {gpus}")
+                raise RuntimeError(
+                    f"placement policy {self.config.policy!r} placed {job_id!r} wrongly: {gpus}"
+                )
             used.update(gpus)
 
     async def _command(

@@ -15,9 +15,7 @@ import time
 from typing import Any, Literal
 
 import msgspec
-from msgspec import Struct
-
-from gpuyard.shared.bus import BadRequest, Bus, Route, Service
+from gpuyard.shared.bus import BadRequest, Bus, Route, Service, ensure_event_stream
 from gpuyard.shared.contract import (
     ApplyReply,
     ApplyRequest,
@@ -41,6 +39,7 @@ from gpuyard.shared.policy import (
     SchedulingPolicy,
     scheduling_policies,
 )
+from msgspec import Struct
 
 
 class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -51,6 +50,9 @@ class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     """rounds: decide only at multiples of round_s; events: also at every arrival and completion."""
     clock: Literal["external", "wall"] = "external"
     """external: a clock (the simclock) sends ticks; wall: the scheduler ticks itself on real time."""
+    event_retention_s: float = 7 * 24 * 3600.0
+    """How long the cluster's event stream keeps events."""
+    event_storage: Literal["file", "memory"] = "file"
     max_policy_ms_inline: float = 5.0
     """A policy that took longer than this once runs in a worker thread from then on."""
 
@@ -65,7 +67,7 @@ class Job:
     __slots__ = (
         "admit_time", "end_time", "executed", "first_start", "gpu_seconds", "gpu_type", "gpus",
         "job_id", "last_start", "preemptions", "queued_since", "rounds_run", "seq", "spec",
-        "state", "submit_time",
+        "state", "submit_time", "waiting_view",
     )  # fmt: skip
 
     def __init__(self, spec: JobSpec, seq: int, now: float) -> None:
@@ -86,8 +88,10 @@ class Job:
         self.gpu_seconds = 0.0
         self.rounds_run = 0
         self.preemptions = 0
+        self.waiting_view: JobView | None = None  # a queued job's view does not change: reuse it
 
     def start(self, now: float, gpus: int, gpu_type: str) -> None:
+        self.waiting_view = None
         self.state = "running"
         self.gpus, self.gpu_type, self.last_start, self.queued_since = gpus, gpu_type, now, None
         if self.first_start is None:
@@ -101,11 +105,13 @@ class Job:
         self.gpus, self.gpu_type = 0, None
 
     def view(self, now: float) -> JobView:
+        if self.waiting_view is not None:
+            return self.waiting_view
         running = self.state == "running"
         ran = now - self.last_start if running else 0.0
         executed = self.executed + ran
         duration = self.spec.duration
-        return JobView(
+        view = JobView(
             job_id=self.job_id,
             seq=self.seq,
             spec=self.spec,
@@ -121,6 +127,9 @@ class Job:
             first_start=self.first_start,
             preemptions=self.preemptions,
         )
+        if not running:
+            self.waiting_view = view
+        return view
 
     def record(self) -> JobRecord:
         return JobRecord(
@@ -174,6 +183,12 @@ class Scheduler(Service):
         }
 
     async def start(self) -> None:
+        stored = await ensure_event_stream(
+            self.bus.nc, self.bus.subjects, max_age_s=self.config.event_retention_s,
+            storage=self.config.event_storage,
+        )  # fmt: skip
+        if not stored:
+            self.log.warning("events.not_stored", reason="the NATS server has no JetStream")
         await super().start()
         if self.config.clock == "wall":
             self._ticker = asyncio.create_task(self._tick_on_wall_clock())
@@ -259,7 +274,9 @@ class Scheduler(Service):
 
     async def run_round(self, now: float) -> None:
         if self.capacity is None:
-            info = await self.bus.request(f"{self.bus.subjects.placement}.cluster", Empty(), ClusterInfo)
+            info = await self.bus.request(
+                f"{self.bus.subjects.placement}.cluster", Empty(), ClusterInfo
+            )
             self.capacity = info.capacity
         inp = SchedulingInput(
             now=now,
@@ -305,7 +322,9 @@ class Scheduler(Service):
             allocations = await loop.run_in_executor(None, self.policy.schedule, inp)
         else:
             allocations = self.policy.schedule(inp)
-        if (time.perf_counter() - started) * 1000 > self.config.max_policy_ms_inline:
+        took = time.perf_counter() - started
+        self.policy_s += took
+        if took * 1000 > self.config.max_policy_ms_inline:
             self.policy_slow = True
         self._check(allocations)
         return allocations

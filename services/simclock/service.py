@@ -19,18 +19,18 @@ import time
 from pathlib import Path
 
 import msgspec
-from msgspec import Struct
-
 from gpuyard.shared.bus import BadRequest, Bus, Route, Service
 from gpuyard.shared.contract import (
     Ack,
+    ClusterChanged,
     ExitReport,
     JobExit,
     NodeCommand,
     NodeCommandReply,
+    NodesChanged,
+    NodesChangedReply,
     PageQuery,
     Progress,
-    RegisterNode,
     RunRequest,
     SchedulerStatus,
     SubmitReply,
@@ -39,8 +39,11 @@ from gpuyard.shared.contract import (
     TimelinePage,
     TimelinePoint,
 )
-from gpuyard.shared.model import ClusterSpec, JobSpec
-from gpuyard.shared.throughput import LinearModel, ThroughputModel, total_steps
+from gpuyard.shared.model import ClusterSpec, JobSpec, NodeSpec
+from gpuyard.shared.throughput import ThroughputModel, total_steps
+from msgspec import Struct
+
+from gpuyard.throughputs import load_throughputs
 
 MAX_TICKS_PER_INSTANT = 3
 
@@ -49,8 +52,14 @@ class SimClockConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     workload: str
     """JSON-lines file of job specs (each with job_id and submit_time)."""
     cluster: ClusterSpec
-    gpu_speed: dict[str, float] = {}
-    """Relative speed per GPU type for the built-in linear throughput model (default 1)."""
+    """Nodes present from the start."""
+    throughputs: str = "default"
+    """Throughput model: a Gavel JSON, ElasticFlow table(s), BFTrainer JNPs CSV, or "default"."""
+    node_events: str | None = None
+    """CSV `time,node,up` (seconds): nodes that join and leave (see gpuyard.workloads.churn)."""
+    churn_node_gpus: int = 1
+    churn_node_type: str = "gpu"
+    """GPUs per node and their type, for nodes that only appear in `node_events`."""
     completion_quantum: float | None = None
     """If set, a job's exit is reported at the next multiple of this (Blox: the round length)."""
     arrival_quantum: float | None = None
@@ -107,8 +116,10 @@ class SimClock(Service):
     def __init__(self, bus: Bus, config: SimClockConfig) -> None:
         super().__init__(bus)
         self.config = config
-        self.model: ThroughputModel = LinearModel(config.gpu_speed)
+        self.model: ThroughputModel = load_throughputs(config.throughputs)
         self.node_types = {n.node_id: n.gpu_type for n in config.cluster.nodes()}
+        self.node_specs = {n.node_id: n for n in config.cluster.nodes()}
+        self.present: set[str] = set(self.node_specs)
         self.jobs: dict[str, SimJob] = {}
         self.changed: set[str] = set()
         self.heap: list[tuple[float, int, str, int]] = []
@@ -144,8 +155,9 @@ class SimClock(Service):
         if self.task is not None:
             raise BadRequest("the simulation has already been started")
         workload = load_workload(self.config.workload)
+        churn = self._load_churn()
         self.progress.total = len(workload)
-        self.task = asyncio.create_task(self._run(workload))
+        self.task = asyncio.create_task(self._run(workload, churn))
         return Ack()
 
     async def get_timeline(self, req: PageQuery) -> TimelinePage:
@@ -173,19 +185,50 @@ class SimClock(Service):
 
     # ------------------------------------------------------------------ the loop
 
-    async def _run(self, workload: list[JobSpec]) -> None:
+    def _load_churn(self) -> list[tuple[float, list[tuple[str, bool]]]]:
+        """Node events grouped by instant: [(time, [(node, up), ...]), ...]."""
+        if self.config.node_events is None:
+            return []
+        import pandas as pd
+
+        df = pd.read_csv(self.config.node_events, dtype={"node": str})
+        missing = {"time", "node", "up"} - set(df.columns)
+        if missing:
+            raise BadRequest(f"{self.config.node_events}: missing columns {sorted(missing)}")
+        groups: list[tuple[float, list[tuple[str, bool]]]] = []
+        for time_s, node, up in zip(
+            df["time"].tolist(), df["node"].tolist(), df["up"].tolist(), strict=True
+        ):
+            if not groups or groups[-1][0] != time_s:
+                groups.append((float(time_s), []))
+            groups[-1][1].append((node, bool(up)))
+            if node not in self.node_specs:
+                self.node_specs[node] = NodeSpec(
+                    node_id=node,
+                    num_gpus=self.config.churn_node_gpus,
+                    gpu_type=self.config.churn_node_type,
+                )
+                self.node_types[node] = self.config.churn_node_type
+        return groups
+
+    async def _run(
+        self, workload: list[JobSpec], churn: list[tuple[float, list[tuple[str, bool]]]]
+    ) -> None:
         subjects = self.bus.subjects
         try:
-            for node in self.config.cluster.nodes():
+            nodes = self.config.cluster.nodes()
+            if nodes:
                 await self.bus.request(
-                    f"{subjects.placement}.register", RegisterNode(now=0.0, node=node), msgspec.Raw
+                    f"{subjects.placement}.nodes",
+                    NodesChanged(now=0.0, up=nodes),
+                    NodesChangedReply,
                 )
             for spec in workload:
                 assert spec.job_id is not None
                 total = total_steps(spec, self.model)
                 assert total is not None
                 self.jobs[spec.job_id] = SimJob(spec, total)
-            await self._loop(workload)
+            await self._loop(workload, churn)
         except Exception as exc:  # report, never hang the caller
             self.log.exception("simulation.failed")
             self.progress.error = f"{type(exc).__name__}: {exc}"
@@ -193,9 +236,12 @@ class SimClock(Service):
         await self._publish_progress()
         self.log.info("simulation.done", **msgspec.structs.asdict(self.progress))
 
-    async def _loop(self, workload: list[JobSpec]) -> None:
+    async def _loop(
+        self, workload: list[JobSpec], churn: list[tuple[float, list[tuple[str, bool]]]]
+    ) -> None:
         subjects = self.bus.subjects
         progress = self.progress
+        next_churn = 0
         next_arrival = 0
         rejected = 0
         last_instant: float | None = None
@@ -208,6 +254,9 @@ class SimClock(Service):
             completion = self._next_completion()
             if completion is not None:
                 candidates.append(completion)
+            unfinished = progress.finished < progress.total
+            if next_churn < len(churn) and unfinished:
+                candidates.append(churn[next_churn][0])
             if self.sched_wake is not None:
                 candidates.append(max(self.sched_wake, last_instant or 0.0))
             if not candidates:
@@ -218,8 +267,11 @@ class SimClock(Service):
             progress.now = now
             progress.instants += 1
 
-            # Exits, then arrivals, then the round: the tick rides on the last request of the
-            # instant (the scheduler runs the round if one is due), or goes alone.
+            # Nodes, then exits, then arrivals, then the round: the tick rides on the last request
+            # of the instant (the scheduler runs the round if one is due), or goes alone.
+            if next_churn < len(churn) and churn[next_churn][0] == now:
+                await self._churn(now, churn[next_churn][1])
+                next_churn += 1
             exits = self._pop_exits(now)
             batch: list[JobSpec] = []
             while next_arrival < len(workload) and self._delivery(workload[next_arrival]) <= now:
@@ -266,6 +318,35 @@ class SimClock(Service):
                 f"{stuck} jobs never finished: nothing runs, nothing arrives, and the scheduler "
                 f"asks for no tick (do they need more GPUs than the policy will ever give?)"
             )
+
+    async def _churn(self, now: float, events: list[tuple[str, bool]]) -> None:
+        """Nodes join and leave; jobs on a departed node lose that part (placement stops the rest)."""
+        final: dict[str, bool] = {}
+        for node, up in events:
+            final[node] = up  # a node that flips twice in one instant ends in its last state
+        up = [self.node_specs[n] for n, is_up in final.items() if is_up and n not in self.present]
+        gone = [n for n, is_up in final.items() if not is_up and n in self.present]
+        if not up and not gone:
+            return
+        reply = await self.bus.request(
+            f"{self.bus.subjects.placement}.nodes",
+            NodesChanged(now=now, up=up, gone=gone, reason="node events"),
+            NodesChangedReply,
+        )
+        self.present.difference_update(gone)
+        self.present.update(n.node_id for n in up)
+        for job_id in reply.lost_jobs:
+            job = self.jobs[job_id]
+            job.settle(now)
+            for node in gone:
+                job.parts.pop(node, None)
+            self.changed.add(job_id)
+        status = await self.bus.request(
+            f"{self.bus.subjects.scheduler}.cluster_changed",
+            ClusterChanged(now=now),
+            SchedulerStatus,
+        )
+        self._note(now, status)
 
     def _delivery(self, spec: JobSpec) -> float:
         """When the job is submitted: its arrival, or the next arrival quantum."""
@@ -318,9 +399,7 @@ class SimClock(Service):
         return exits
 
     async def _publish_progress(self) -> None:
-        await self.bus.nc.publish(
-            self.bus.subjects.progress, msgspec.json.encode(self.progress)
-        )
+        await self.bus.nc.publish(self.bus.subjects.progress, msgspec.json.encode(self.progress))
 
 
 def write_workload(jobs: list[JobSpec], path: Path) -> None:

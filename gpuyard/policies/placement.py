@@ -1,0 +1,321 @@
+"""Built-in placement policies.
+
+Every policy returns, for each allocation it can place, exactly `num_gpus` distinct usable GPUs of
+one type (the allocation's type unless it is ANY_GPU), never a GPU twice across jobs. They share
+`FreeMap` (free GPUs while a placement is built), `keep_running` (no migration for jobs whose
+allocation did not change) and one picker per strategy.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from msgspec import Struct
+
+from gpuyard.shared.model import ANY_GPU, GpuRef
+from gpuyard.shared.policy import NodeView, PlacementInput, PlacementPolicy
+
+Picker = Callable[["FreeMap", int, str], "list[GpuRef] | None"]
+"""(free GPUs, count, GPU type) -> `count` GPUs of one type taken from the map, or None."""
+
+
+class FreeMap:
+    """Free GPUs per node while a placement is built (kept jobs' GPUs are taken out first)."""
+
+    def __init__(self, nodes: list[NodeView]) -> None:
+        self.order: list[str] = []
+        self.gpu_type: dict[str, str] = {}
+        self.free: dict[str, list[int]] = {}
+        for n in nodes:
+            if n.node_id in self.free:  # a node listed twice: merge (never hand a GPU out twice)
+                self.free[n.node_id] = sorted(set(self.free[n.node_id]) | set(n.usable))
+                continue
+            self.order.append(n.node_id)
+            self.gpu_type[n.node_id] = n.gpu_type
+            self.free[n.node_id] = sorted(set(n.usable))
+
+    def take(self, gpus: list[GpuRef]) -> bool:
+        """Reserve exactly these GPUs; False (nothing reserved) if any is not free or repeated."""
+        wanted: dict[str, set[int]] = {}
+        for g in gpus:
+            wanted.setdefault(g.node_id, set()).add(g.index)
+        if sum(len(v) for v in wanted.values()) != len(gpus):
+            return False
+        if any(not idx <= set(self.free.get(node, ())) for node, idx in wanted.items()):
+            return False
+        for node, idx in wanted.items():
+            self.free[node] = [i for i in self.free[node] if i not in idx]
+        return True
+
+    def nodes_of(self, gpu_type: str) -> list[str]:
+        """Nodes (in node order) of this type (any type for ANY_GPU) with free GPUs."""
+        return [n for n in self.order if gpu_type in (ANY_GPU, self.gpu_type[n]) and self.free[n]]
+
+    def types(self) -> list[str]:
+        return sorted(set(self.gpu_type.values()))
+
+    def types_for(self, gpu_type: str) -> list[str]:
+        """The concrete types an allocation of `gpu_type` may use, in a fixed order."""
+        return self.types() if gpu_type == ANY_GPU else [gpu_type]
+
+    def free_count(self, gpu_type: str) -> int:
+        return sum(len(self.free[n]) for n in self.nodes_of(gpu_type))
+
+    def grab(self, node: str, count: int) -> list[GpuRef]:
+        """The `count` lowest free GPUs of `node`."""
+        taken, self.free[node] = self.free[node][:count], self.free[node][count:]
+        return [GpuRef(node, i) for i in taken]
+
+
+def _type_of(gpus: list[GpuRef], free: FreeMap) -> str | None:
+    """The one GPU type of these GPUs (None if unknown nodes or mixed types)."""
+    found = {free.gpu_type.get(g.node_id) for g in gpus}
+    if len(found) != 1:
+        return None
+    return found.pop()
+
+
+def keep_running(inp: PlacementInput, free: FreeMap) -> dict[str, list[GpuRef]]:
+    """Jobs whose allocation did not change keep their GPUs (no migration)."""
+    kept: dict[str, list[GpuRef]] = {}
+    for alloc in inp.allocations:
+        gpus = inp.current.get(alloc.job_id)
+        if not gpus or len(gpus) != alloc.num_gpus or alloc.job_id in kept:
+            continue
+        t = _type_of(gpus, free)
+        if t is not None and alloc.gpu_type in (ANY_GPU, t) and free.take(gpus):
+            kept[alloc.job_id] = list(gpus)
+    return kept
+
+
+def consolidate(free: FreeMap, count: int, gpu_type: str) -> list[GpuRef] | None:
+    """`count` GPUs of one type on as few nodes as possible: the first node that fits them all,
+    else the emptiest nodes first. None if they do not fit."""
+    for t in free.types_for(gpu_type):
+        nodes = free.nodes_of(t)
+        if sum(len(free.free[n]) for n in nodes) < count:
+            continue
+        single = next((n for n in nodes if len(free.free[n]) >= count), None)
+        if single is not None:
+            return free.grab(single, count)
+        gpus: list[GpuRef] = []
+        for n in sorted(nodes, key=lambda n: -len(free.free[n])):  # stable: node order breaks ties
+            gpus += free.grab(n, min(count - len(gpus), len(free.free[n])))
+            if len(gpus) == count:
+                return gpus
+    return None
+
+
+def first_fit(free: FreeMap, count: int, gpu_type: str) -> list[GpuRef] | None:
+    """`count` GPUs of the first type that has them: nodes in order, lowest indices first,
+    spanning nodes as needed."""
+    for t in free.types_for(gpu_type):
+        nodes = free.nodes_of(t)
+        if sum(len(free.free[n]) for n in nodes) < count:
+            continue
+        gpus: list[GpuRef] = []
+        for n in nodes:
+            gpus += free.grab(n, min(count - len(gpus), len(free.free[n])))
+            if len(gpus) == count:
+                return gpus
+    return None
+
+
+def scatter(free: FreeMap, count: int, gpu_type: str) -> list[GpuRef] | None:
+    """`count` GPUs of one type spread over as many nodes as possible: one GPU per node in turn
+    (round-robin), nodes with the most free GPUs first (node order breaks ties)."""
+    for t in free.types_for(gpu_type):
+        nodes = sorted(free.nodes_of(t), key=lambda n: -len(free.free[n]))
+        if sum(len(free.free[n]) for n in nodes) < count:
+            continue
+        per_node = dict.fromkeys(nodes, 0)
+        left = count
+        while left:
+            for n in nodes:
+                if left and per_node[n] < len(free.free[n]):
+                    per_node[n] += 1
+                    left -= 1
+        gpus: list[GpuRef] = []
+        for n in nodes:
+            gpus += free.grab(n, per_node[n])
+        return gpus
+    return None
+
+
+def random_pick(rng: random.Random) -> Picker:
+    """A picker taking `count` GPUs uniformly at random among the free GPUs of a type (the types
+    that fit are tried in random order)."""
+
+    def pick(free: FreeMap, count: int, gpu_type: str) -> list[GpuRef] | None:
+        types = [t for t in free.types_for(gpu_type) if free.free_count(t) >= count]
+        if not types:
+            return None
+        t = rng.choice(types)
+        pool = [GpuRef(n, i) for n in free.nodes_of(t) for i in free.free[n]]
+        gpus = sorted(rng.sample(pool, count))
+        free.take(gpus)
+        return gpus
+
+    return pick
+
+
+def place_with(
+    inp: PlacementInput,
+    pick: Picker,
+    *,
+    keep: bool = True,
+    free: FreeMap | None = None,
+    placed: dict[str, list[GpuRef]] | None = None,
+) -> dict[str, list[GpuRef]]:
+    """Keep running jobs in place (if `keep`), then place the other allocations in order with
+    `pick`; an allocation that does not fit is left out (it stays queued). `free` and `placed`
+    carry over what an earlier step already decided."""
+    free = free if free is not None else FreeMap(inp.nodes)
+    placed = dict(placed or {})
+    if keep:
+        placed |= keep_running(inp, free)
+    for alloc in inp.allocations:
+        if alloc.job_id in placed or alloc.num_gpus <= 0:
+            continue
+        gpus = pick(free, alloc.num_gpus, alloc.gpu_type)
+        if gpus is not None:
+            placed[alloc.job_id] = gpus
+    return placed
+
+
+class KeepParams(Struct, forbid_unknown_fields=True):
+    keep_running: bool = True
+    """Jobs whose allocation did not change keep their GPUs (False: re-place every job)."""
+
+
+class MayRearrange(PlacementPolicy):
+    """A policy with a `keep_running` parameter: with it False, it sees and re-places every job."""
+
+    @property
+    def rearranges(self) -> bool:
+        return not self.params.keep_running
+
+
+class Consolidated(PlacementPolicy):
+    """Keep running jobs where they are; place the others on the fewest nodes, first fit.
+
+    Registry name `consolidated`. A multi-GPU job goes to the first node with enough free GPUs; if
+    none has, it spans the nodes with the most free GPUs. Correct on partly free nodes (unlike
+    Blox's consolidated placement, which fails there).
+    """
+
+    def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
+        return place_with(inp, consolidate)
+
+
+class FirstFit(MayRearrange):
+    """First fit: nodes in order, lowest GPU indices first, spanning nodes when needed.
+
+    Registry name `first-fit`. Like Tiresias's `yarn`-less "count then fill" placement; running
+    jobs keep their GPUs unless `keep_running` is False.
+    """
+
+    Params = KeepParams
+
+    def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
+        return place_with(inp, first_fit, keep=self.params.keep_running)
+
+
+class Scattered(MayRearrange):
+    """Spread each job over as many nodes as possible, round-robin, emptiest nodes first (Blox's
+    scattered placement). Registry name `scattered`."""
+
+    Params = KeepParams
+
+    def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
+        return place_with(inp, scatter, keep=self.params.keep_running)
+
+
+class RandomParams(Struct, forbid_unknown_fields=True):
+    seed: int = 0
+    """Seed; each decision draws from a generator seeded by (seed, now), so a decision depends
+    only on its input and results are reproducible."""
+    keep_running: bool = True
+    """Jobs whose allocation did not change keep their GPUs (False: re-place every job)."""
+
+
+class RandomPlacement(MayRearrange):
+    """Random GPUs of one type (Tiresias's `random` scheme, which ignores locality).
+
+    Registry name `random`. Deterministic: the generator is seeded from `seed` and `inp.now`.
+    """
+
+    Params = RandomParams
+
+    def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
+        rng = random.Random(f"gpuyard-random:{self.params.seed}:{inp.now!r}")
+        return place_with(inp, random_pick(rng), keep=self.params.keep_running)
+
+
+class Sticky(PlacementPolicy):
+    """Minimise migrations: running jobs keep their GPUs; a resized job keeps as many of its GPUs
+    as it can use (shrinking keeps those on the nodes where it has most; growing adds GPUs on its
+    own nodes first, then the fewest other nodes); new jobs are placed consolidated.
+
+    Registry name `sticky`. Order: unchanged jobs, then resized jobs (in allocation order), then new
+    ones, so a newly started job never takes a GPU a resized job already had. A job whose GPUs are
+    gone (node down) or whose type changed is placed afresh.
+    """
+
+    def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
+        free = FreeMap(inp.nodes)
+        placed = keep_running(inp, free)
+        for alloc in inp.allocations:
+            if alloc.job_id in placed:
+                continue
+            current = inp.current.get(alloc.job_id) or []
+            gpus = self._resize(free, current, alloc.num_gpus, alloc.gpu_type)
+            if gpus is not None:
+                placed[alloc.job_id] = gpus
+        return place_with(inp, consolidate, keep=False, free=free, placed=placed)
+
+    @staticmethod
+    def _resize(
+        free: FreeMap, current: list[GpuRef], count: int, gpu_type: str
+    ) -> list[GpuRef] | None:
+        """Keep what can be kept of `current` for a job now of `count` GPUs, or None."""
+        if not current or count <= 0:
+            return None
+        # Its GPUs that are still free, of one type compatible with the allocation.
+        mine: dict[str, list[int]] = {}
+        for g in sorted(set(current)):
+            t = free.gpu_type.get(g.node_id)
+            if t is not None and gpu_type in (ANY_GPU, t) and g.index in free.free[g.node_id]:
+                mine.setdefault(g.node_id, []).append(g.index)
+        if not mine:
+            return None
+        by_type: dict[str, list[str]] = {}
+        for n in mine:
+            by_type.setdefault(free.gpu_type[n], []).append(n)
+        t, nodes = max(by_type.items(), key=lambda kv: sum(len(mine[n]) for n in kv[1]))
+        nodes.sort(key=lambda n: -len(mine[n]))  # nodes where it has most first (stable)
+        keep: list[GpuRef] = []
+        for n in nodes:
+            keep += [GpuRef(n, i) for i in mine[n][: count - len(keep)]]
+            if len(keep) == count:
+                break
+        if len(keep) < count:  # growing: room on its own nodes, then elsewhere
+            missing = count - len(keep)
+            extra_free = sum(len(free.free[n]) for n in free.nodes_of(t)) - len(keep)
+            if extra_free < missing:
+                return None
+        if not free.take(keep):
+            return None
+        for n in nodes:
+            if len(keep) == count:
+                break
+            keep += free.grab(n, min(count - len(keep), len(free.free[n])))
+        if len(keep) < count:
+            more = consolidate(free, count - len(keep), t)
+            if more is None:  # cannot happen (counted above); undo to stay safe
+                for g in keep:
+                    free.free[g.node_id] = sorted([*free.free[g.node_id], g.index])
+                return None
+            keep += more
+        return keep

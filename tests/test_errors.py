@@ -1,0 +1,133 @@
+"""Bad input gets an error reply naming what is wrong, and the services keep running."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from gpuyard.services.admission.service import AdmissionConfig
+from gpuyard.services.placement.service import PlacementConfig
+from gpuyard.services.scheduler.service import SchedulerConfig
+from gpuyard.shared.bus import Bus, RemoteError, connect
+from gpuyard.shared.contract import (
+    STATUS_HEADER,
+    ErrorReply,
+    NodeSpec,
+    Ping,
+    Pong,
+    RegisterNode,
+    Subjects,
+    SubmitReply,
+    SubmitRequest,
+    TickRequest,
+)
+from gpuyard.shared.model import JobSpec
+
+from gpuyard.launcher import ServiceSet
+
+
+@pytest.fixture
+async def control_plane(nats_url: str):
+    configs = {
+        "placement": PlacementConfig(),
+        "scheduler": SchedulerConfig(),
+        "admission": AdmissionConfig(),
+    }
+    async with ServiceSet(nats_url, "errs", configs):
+        nc = await connect(nats_url, name="test")
+        bus = Bus(nc, Subjects("errs"))
+        await bus.request(
+            "gpuyard.errs.place.register",
+            RegisterNode(now=0.0, node=NodeSpec(node_id="n0", num_gpus=4)),
+            msgspec.Raw,
+        )
+        yield bus
+        await bus.close()
+
+
+async def raw_request(bus: Bus, subject: str, data: bytes, headers=None) -> ErrorReply:
+    reply = await bus.nc.request(subject, data, timeout=5, headers=headers)
+    assert reply.headers and reply.headers.get(STATUS_HEADER) == "error", reply.data
+    return msgspec.json.decode(reply.data, type=ErrorReply)
+
+
+@pytest.mark.parametrize(
+    ("payload", "field", "words"),
+    [
+        (b"{not json", None, "malformed"),
+        (b'{"jobs": [{"num_gpus": 0}]}', "$.jobs[0].num_gpus", ">= 1"),
+        (b'{"jobs": [{"duration": 5}]}', "$.jobs[0].num_gpus", "missing required field"),
+        (b'{"jobs": [{"num_gpus": 1, "gpus": 2}]}', "$.jobs[0].gpus", "unknown field"),
+        (b'{"jobs": [{"num_gpus": "two"}]}', "$.jobs[0].num_gpus", "Expected `int`"),
+        (b'{"jobs": [{"num_gpus": 2, "min_gpus": 4}]}', "$.jobs[0].min_gpus", "must be <="),
+        (b'{"jobs": [{"num_gpus": 1, "job_id": "a b"}]}', "$.jobs[0].job_id", "regex"),
+        (b'{"jobs": 3}', "$.jobs", "Expected `array`"),
+    ],
+)
+async def test_bad_submissions_name_the_field(control_plane: Bus, payload, field, words) -> None:
+    error = await raw_request(control_plane, "gpuyard.errs.adm.submit", payload)
+    assert field == error.field
+    assert words.lower() in error.error.lower()
+    assert error.subject == "gpuyard.errs.adm.submit"
+
+
+async def test_unknown_request_and_wrong_version(control_plane: Bus) -> None:
+    error = await raw_request(control_plane, "gpuyard.errs.sched.frobnicate", b"{}")
+    assert "unknown request 'frobnicate'" in error.error and "tick" in error.error
+    error = await raw_request(
+        control_plane, "gpuyard.errs.sched.tick", b'{"now": 1}', headers={"Gpuyard-Contract": "99"}
+    )
+    assert "contract version 99" in error.error
+
+
+async def test_services_keep_running_after_bad_input(control_plane: Bus) -> None:
+    for subject in ("adm.submit", "sched.tick", "sched.exited", "place.apply", "place.register"):
+        await raw_request(control_plane, f"gpuyard.errs.{subject}", b'{"bogus": true}')
+    for service in ("adm", "sched", "place"):
+        pong = await control_plane.request(f"gpuyard.errs.{service}.ping", Ping(), Pong)
+        assert pong.cluster == "errs"
+    reply = await control_plane.request(
+        "gpuyard.errs.adm.submit",
+        SubmitRequest(now=0.0, jobs=[JobSpec(num_gpus=2, duration=10.0)]),
+        SubmitReply,
+    )
+    assert [r.verdict for r in reply.results] == ["admit"]
+    assert reply.scheduler is not None and reply.scheduler.queued == 1
+
+
+async def test_typed_client_raises_remote_error(control_plane: Bus) -> None:
+    with pytest.raises(RemoteError) as info:
+        await control_plane.request(
+            "gpuyard.errs.adm.submit", {"jobs": [{"num_gpus": -1}]}, SubmitReply
+        )
+    assert info.value.reply.field == "$.jobs[0].num_gpus"
+    with pytest.raises(RemoteError, match="no service is listening"):
+        await control_plane.request("gpuyard.errs.nobody.here", TickRequest(now=0), Pong)
+
+
+async def test_duplicate_job_ids_are_rejected_not_lost(control_plane: Bus) -> None:
+    spec = JobSpec(job_id="dup", num_gpus=1, duration=10.0)
+    first = await control_plane.request(
+        "gpuyard.errs.adm.submit", SubmitRequest(now=0.0, jobs=[spec]), SubmitReply
+    )
+    second = await control_plane.request(
+        "gpuyard.errs.adm.submit", SubmitRequest(now=1.0, jobs=[spec]), SubmitReply
+    )
+    assert first.results[0].verdict == "admit"
+    assert second.results[0].verdict == "reject" and "already in use" in second.results[0].reason
+
+
+async def test_job_larger_than_cluster_is_rejected_with_reason(control_plane: Bus) -> None:
+    reply = await control_plane.request(
+        "gpuyard.errs.adm.submit",
+        SubmitRequest(
+            now=0.0,
+            jobs=[
+                JobSpec(num_gpus=64, duration=1.0),
+                JobSpec(num_gpus=1, gpu_type="tpu", duration=1.0),
+            ],
+        ),
+        SubmitReply,
+    )
+    assert [r.verdict for r in reply.results] == ["reject", "reject"]
+    assert "largest GPU type has 4" in reply.results[0].reason
+    assert "'tpu' is not in the cluster" in reply.results[1].reason

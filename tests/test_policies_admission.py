@@ -1,0 +1,93 @@
+"""Pure tests of the built-in admission policies (no services)."""
+
+from __future__ import annotations
+
+import pytest
+from gpuyard.shared.model import JobSpec
+from gpuyard.shared.policy import AdmissionInput, ClusterView, PolicyError, admission_policies
+
+from gpuyard.policies.admission import (
+    AcceptAll,
+    Load,
+    LoadParams,
+    QueueCap,
+    QueueCapParams,
+    TenantQuota,
+    TenantQuotaParams,
+)
+
+
+def ask(
+    gpus: int = 1,
+    *,
+    demand: int = 0,
+    active: int = 0,
+    tenant: str = "",
+    tenants: dict[str, int] | None = None,
+    cluster: int = 8,
+) -> AdmissionInput:
+    return AdmissionInput(
+        now=0.0,
+        job=JobSpec(num_gpus=gpus, tenant=tenant),
+        cluster=ClusterView(capacity={"gpu": cluster}, round_s=300.0),
+        active_gpu_demand=demand,
+        active_jobs=active,
+        tenant_gpu_demand=tenants or {},
+    )
+
+
+def test_accept_all():
+    assert AcceptAll().decide(ask(64, demand=1000, active=99)).verdict == "admit"
+
+
+@pytest.mark.parametrize(
+    ("threshold", "demand", "gpus", "verdict"),
+    [
+        (1.0, 7, 1, "admit"),  # 8 <= 8
+        (1.0, 8, 1, "hold"),  # 9 > 8
+        (1.2, 8, 1, "admit"),  # 9 <= 9.6
+        (1.2, 9, 1, "hold"),  # 10 > 9.6
+        (1.5, 10, 2, "admit"),  # 12 <= 12
+        (1.5, 11, 2, "hold"),
+    ],
+)
+def test_load_threshold(threshold: float, demand: int, gpus: int, verdict: str):
+    pol = Load(LoadParams(threshold=threshold))
+    assert pol.decide(ask(gpus, demand=demand, active=3)).verdict == verdict
+
+
+def test_load_admits_when_nothing_is_active():
+    pol = Load(LoadParams(threshold=0.5))
+    assert pol.decide(ask(8, demand=0, active=0)).verdict == "admit"
+    assert pol.decide(ask(8, demand=1, active=1)).verdict == "hold"
+
+
+@pytest.mark.parametrize("action", ["hold", "reject"])
+def test_queue_cap(action: str):
+    pol = QueueCap(QueueCapParams(cap=3, action=action))  # type: ignore[arg-type]
+    assert pol.decide(ask(active=2)).verdict == "admit"
+    d = pol.decide(ask(active=3))
+    assert d.verdict == action and "cap 3" in d.reason
+
+
+def test_tenant_quota():
+    pol = TenantQuota(TenantQuotaParams(quotas={"a": 4, "b": 2}, default_quota=1))
+    assert pol.decide(ask(2, tenant="a", tenants={"a": 2})).verdict == "admit"  # 4 <= 4
+    assert pol.decide(ask(2, tenant="a", tenants={"a": 3})).verdict == "hold"  # 5 > 4
+    assert pol.decide(ask(2, tenant="a", tenants={"b": 2})).verdict == "admit"  # b's use ignored
+    assert pol.decide(ask(3, tenant="b")).verdict == "reject"  # larger than the whole quota
+    assert pol.decide(ask(1, tenant="other")).verdict == "admit"
+    assert pol.decide(ask(1, tenant="other", tenants={"other": 1})).verdict == "hold"
+    unlimited = TenantQuota(TenantQuotaParams(quotas={"a": 1}))
+    assert unlimited.decide(ask(8, tenant="z", tenants={"z": 100})).verdict == "admit"
+    rejecting = TenantQuota(TenantQuotaParams(quotas={"a": 4}, action="reject"))
+    assert rejecting.decide(ask(2, tenant="a", tenants={"a": 3})).verdict == "reject"
+
+
+def test_registry():
+    assert {"accept-all", "load", "queue-cap", "tenant-quota"} <= set(admission_policies.names())
+    pol = admission_policies.create("tenant-quota", {"quotas": {"a": "3"}})
+    assert pol.params.quotas == {"a": 3}
+    assert admission_policies.create("load", {"threshold": "1.4"}).params.threshold == 1.4
+    with pytest.raises(PolicyError):
+        admission_policies.create("queue-cap", {"action": "drop"})

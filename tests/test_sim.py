@@ -1,0 +1,148 @@
+"""End-to-end simulations: every decision crosses a real NATS server between the services."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from gpuyard.shared.model import ClusterSpec, JobSpec
+
+from gpuyard.sim import SimOptions, simulate
+from gpuyard.workloads import blox
+
+
+def poisson_workload(n: int, load: float, seed: int, gpu_demand=None) -> list[JobSpec]:
+    return blox(n, load, seed, gpu_demand).jobs
+
+
+def job(job_id: str, gpus: int, duration: float, arrival: float, **kw) -> JobSpec:
+    return JobSpec(job_id=job_id, num_gpus=gpus, duration=duration, submit_time=arrival, **kw)
+
+
+# A 2-GPU job holds the whole 1x2 cluster; two 1-GPU jobs queue behind it.
+HAND_MADE = [job("a", 2, 100.0, 0.0), job("b", 1, 50.0, 10.0), job("c", 1, 30.0, 20.0)]
+
+
+async def test_fifo_exact_times(tmp_path: Path, nats_url: str) -> None:
+    options = SimOptions(cluster=ClusterSpec.parse("1x2"), mode="events")
+    result = await simulate(options, HAND_MADE, tmp_path, nats_url=nats_url)
+    by_id = {r.job_id: r for r in result.jobs}
+    assert (by_id["a"].first_start, by_id["a"].end_time) == (0.0, 100.0)
+    assert (by_id["b"].first_start, by_id["b"].end_time) == (100.0, 150.0)
+    assert (by_id["c"].first_start, by_id["c"].end_time) == (100.0, 130.0)
+    assert by_id["a"].gpu_seconds == 200.0
+    assert result.summary["mean_jct"] == pytest.approx((100 + 140 + 110) / 3)
+    assert result.summary["makespan"] == 150.0
+
+
+async def test_blox_round_semantics(tmp_path: Path, nats_url: str) -> None:
+    """Blox: jobs are admitted and seen finished only at round starts (here every 60 s)."""
+    options = SimOptions(cluster=ClusterSpec.parse("1x2"), mode="rounds", blox=True, round_s=60.0)
+    result = await simulate(options, HAND_MADE, tmp_path, nats_url=nats_url)
+    by_id = {r.job_id: r for r in result.jobs}
+    assert (by_id["a"].first_start, by_id["a"].end_time) == (0.0, 120.0)
+    # b and c arrive at 10 and 20, are admitted at 60, start when a's end is seen at 120.
+    assert (by_id["b"].first_start, by_id["b"].end_time) == (120.0, 180.0)
+    assert (by_id["c"].first_start, by_id["c"].end_time) == (120.0, 180.0)
+    assert by_id["b"].submit_time == 10.0  # JCT counts from the true arrival
+
+
+async def test_rounds_mode_decides_only_at_boundaries(tmp_path: Path, nats_url: str) -> None:
+    jobs = [job("x", 1, 10.0, 5.0), job("y", 1, 10.0, 7.0)]
+    options = SimOptions(cluster=ClusterSpec.parse("1x4"), mode="rounds", round_s=50.0)
+    result = await simulate(options, jobs, tmp_path, nats_url=nats_url)
+    starts = sorted(r.first_start for r in result.jobs)
+    ends = sorted(r.end_time for r in result.jobs)
+    assert starts == [50.0, 50.0]
+    assert ends == [60.0, 60.0]  # exact completions, between rounds
+
+
+async def test_multi_gpu_jobs_on_partly_free_nodes(tmp_path: Path, nats_url: str) -> None:
+    """Two 1-GPU jobs leave each 4-GPU node with 3 free; a 6-GPU job must span both nodes."""
+    jobs = [job("s1", 1, 1000.0, 0.0), job("s2", 1, 1000.0, 0.0), job("big", 6, 100.0, 1.0)]
+    options = SimOptions(cluster=ClusterSpec.parse("2x4"), mode="events", placement="consolidated")
+    result = await simulate(options, jobs, tmp_path, nats_url=nats_url)
+    by_id = {r.job_id: r for r in result.jobs}
+    assert by_id["big"].first_start == 1.0
+    assert by_id["big"].end_time == 101.0
+    timeline = pd.read_csv(tmp_path / "timeline.csv")
+    assert timeline["busy_gpus"].max() == 8
+
+
+async def test_result_files(tmp_path: Path, nats_url: str) -> None:
+    jobs = poisson_workload(60, 30.0, seed=3, gpu_demand={1: 0.5, 2: 0.3, 4: 0.2})
+    options = SimOptions(cluster=ClusterSpec.parse("4x4"))
+    result = await simulate(options, jobs, tmp_path, nats_url=nats_url)
+    table = pd.read_csv(tmp_path / "jobs.csv", dtype={"job_id": str})
+    assert len(table) == 60 and (table["state"] == "completed").all()
+    assert ((table["jct"] - (table["end"] - table["arrival"])).abs() < 1e-6).all()
+    assert (table["queueing_delay"] >= 0).all()
+    # Each job ran exactly its duration at its requested GPU count (FIFO never preempts here).
+    durations = {s.job_id: s.duration for s in jobs}
+    assert all(abs(row.executed_time - durations[row.job_id]) < 1e-6 for row in table.itertuples())
+    assert result.summary["completed"] == 60
+    assert 0 < result.summary["utilization"] <= 1
+    for name in ("timeline.csv", "summary.json", "jct_cdf.png", "timeline.png", "workload.jsonl"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+async def test_same_seed_same_results(tmp_path: Path, nats_url: str) -> None:
+    jobs = poisson_workload(80, 40.0, seed=7, gpu_demand={1: 0.6, 4: 0.4})
+    options = SimOptions(cluster=ClusterSpec.parse("3x4"), mode="rounds", round_s=120.0)
+    await simulate(options, jobs, tmp_path / "one", nats_url=nats_url, cluster_name="one")
+    await simulate(options, jobs, tmp_path / "two", nats_url=nats_url, cluster_name="two")
+    for name in ("jobs.csv", "timeline.csv"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+
+
+async def test_two_simulations_share_one_server(tmp_path: Path, nats_url: str) -> None:
+    """Run concurrently on one server under two namespaces: each gives what it gives alone."""
+    loads = {"low": poisson_workload(50, 10.0, seed=1), "high": poisson_workload(50, 60.0, seed=2)}
+    options = SimOptions(cluster=ClusterSpec.parse("2x4"), mode="events")
+    for name, jobs in loads.items():
+        await simulate(
+            options, jobs, tmp_path / f"alone-{name}", nats_url=nats_url, cluster_name=name
+        )
+    await asyncio.gather(
+        *(
+            simulate(
+                options, jobs, tmp_path / f"shared-{name}", nats_url=nats_url, cluster_name=name
+            )
+            for name, jobs in loads.items()
+        )
+    )
+    for name in loads:
+        alone = (tmp_path / f"alone-{name}" / "jobs.csv").read_bytes()
+        assert (tmp_path / f"shared-{name}" / "jobs.csv").read_bytes() == alone
+    low = pd.read_csv(tmp_path / "alone-low" / "jobs.csv")
+    high = pd.read_csv(tmp_path / "alone-high" / "jobs.csv")
+    assert low["queueing_delay"].mean() < high["queueing_delay"].mean()
+
+
+async def test_one_process_per_service_gives_the_same_results(
+    tmp_path: Path, nats_url: str
+) -> None:
+    jobs = poisson_workload(40, 30.0, seed=5, gpu_demand={1: 0.5, 2: 0.5})
+    options = SimOptions(cluster=ClusterSpec.parse("2x4"), mode="events")
+    await simulate(options, jobs, tmp_path / "inproc", nats_url=nats_url, cluster_name="inproc")
+    await simulate(
+        options, jobs, tmp_path / "procs", nats_url=nats_url, cluster_name="procs", processes=True
+    )
+    for name in ("jobs.csv", "timeline.csv"):
+        assert (tmp_path / "procs" / name).read_bytes() == (tmp_path / "inproc" / name).read_bytes()
+
+
+async def test_embedded_server_by_default(tmp_path: Path) -> None:
+    result = await simulate(SimOptions(cluster=ClusterSpec.parse("1x2")), HAND_MADE, tmp_path)
+    assert result.summary["completed"] == 3
+
+
+async def test_job_that_can_never_fit_is_rejected_not_lost(tmp_path: Path, nats_url: str) -> None:
+    jobs = [job("ok", 1, 10.0, 0.0), job("huge", 16, 10.0, 1.0)]
+    result = await simulate(
+        SimOptions(cluster=ClusterSpec.parse("2x4")), jobs, tmp_path, nats_url=nats_url
+    )
+    assert [r.job_id for r in result.jobs] == ["ok"]
+    assert result.summary["completed"] == 1

@@ -1,0 +1,117 @@
+"""Throughput models from Gavel, ElasticFlow and BFTrainer files, and the built-in default."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from gpuyard.shared.model import JobSpec
+from gpuyard.shared.throughput import LinearModel, total_steps
+
+from gpuyard.throughputs import (
+    DEFAULT_GPU_SPEEDS,
+    BFTrainerThroughputs,
+    Curve,
+    ElasticFlowThroughputs,
+    GavelThroughputs,
+    default_model,
+    load_throughputs,
+    parse_gavel_key,
+)
+from gpuyard.workloads.generators import GAVEL_TEMPLATES
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def data(rel: str) -> Path:
+    p = DATA / rel
+    if not p.exists():
+        pytest.skip(f"reference data {p} absent")
+    return p
+
+
+def test_curve_interpolation_rules() -> None:
+    c = Curve({1: 10.0, 2: 18.0, 4: 30.0, 8: 0.0})
+    assert c(1) == 10 and c(2) == 18 and c(3) == pytest.approx(24.0)
+    assert c(5) == 0.0  # between a supported and an unsupported point
+    assert c(8) == 0.0 and c(16) == 0.0  # last point unsupported
+    assert c(0) == 0.0
+    plateau = Curve({2: 5.0, 4: 9.0})
+    assert plateau(1) == 0.0 and plateau(64) == 9.0
+    assert Curve({1: float("nan"), 2: ""})(1) == 0.0  # type: ignore[dict-item]
+
+
+def test_parse_gavel_key() -> None:
+    assert parse_gavel_key("('ResNet-50 (batch size 64)', 4)") == ("ResNet-50 (batch size 64)", 4)
+    with pytest.raises(ValueError):
+        parse_gavel_key("ResNet-50")
+
+
+def test_gavel_model() -> None:
+    path = data("gavel/simulation_throughputs.json")
+    raw = json.loads(path.read_text())
+    m = load_throughputs(path)
+    assert isinstance(m, GavelThroughputs) and m.reference_gpu_type == "v100"
+    assert set(m.job_types) == set(GAVEL_TEMPLATES)
+    key = "('ResNet-50 (batch size 64)', 4)"
+    assert m.throughput("ResNet-50 (batch size 64)", "p100", 4) == raw["p100"][key]["null"]
+    assert m.throughput("ResNet-50 (batch size 64)", "any", 4) == raw["v100"][key]["null"]
+    assert m.throughput("No such model", "v100", 1) == 0.0
+    assert m.throughput("A3C", "h100", 1) == 0.0
+    pair = raw["k80"]["('A3C', 1)"]["('CycleGAN', 1)"]
+    assert m.colocated("A3C", "CycleGAN", "k80") == tuple(pair)
+    assert m.colocated("A3C", "nothing", "k80") == (0.0, 0.0)
+    # The job's work: duration on the reference type x its throughput.
+    job = JobSpec(num_gpus=2, job_type="LM (batch size 20)", duration=100.0)
+    assert total_steps(job, m) == pytest.approx(100 * m.throughput("LM (batch size 20)", "v100", 2))
+
+
+def test_elasticflow_model() -> None:
+    m = load_throughputs(data("elasticflow"))
+    assert isinstance(m, ElasticFlowThroughputs)
+    assert set(m.gpu_types) == {"a100", "t4"} and m.reference_gpu_type == "a100"
+    assert m.throughput("resnet50@256", "a100", 1) == pytest.approx(1.843374951404324)
+    assert m.throughput("resnet50", "a100", 1) == m.throughput("resnet50@64", "a100", 1)
+    assert m.throughput("resnet50_cifar10@64", "a100", 16) == 0.0  # table says 0
+    assert m.throughput("deepspeech2@32", "a100", 64) == 0.0  # empty cell
+    assert m.throughput("yolov3@64", "t4", 32) == 0.0  # nan
+    lo, hi = (m.throughput("vgg16@64", "a100", n) for n in (4, 8))
+    assert m.throughput("vgg16@64", "a100", 6) == pytest.approx((lo + hi) / 2)
+    assert m.throughput("vgg16@64", "a100", 128) == m.throughput("vgg16@64", "a100", 64)
+    assert m.throughput("bert@64", "t4", 1) == 0.0  # T4 measured bert at batch 384 only
+    single = load_throughputs(data("elasticflow/throughputs_T4/ncf.csv"))
+    assert single.gpu_types == ["t4"] and single.throughput("ncf", "any", 1) > 0
+
+
+def test_bftrainer_model() -> None:
+    m = load_throughputs(data("bftrainer/ImageNet-imgps-JNPs-1001J.csv"))
+    assert isinstance(m, BFTrainerThroughputs)
+    assert m.throughput("J00000-AlexNet", "node", 1) == 7115.3
+    assert m.throughput("J00000-AlexNet", "any", 3) == pytest.approx((13071.7 + 21066.1) / 2)
+    assert m.throughput("J00000-AlexNet", "node", 128) == 202135.4
+
+
+def test_default_model_and_errors(tmp_path: Path) -> None:
+    m = load_throughputs(None)
+    assert isinstance(m, LinearModel) and m is not default_model()
+    assert m.throughput("x", "k80", 4) == pytest.approx(4 * DEFAULT_GPU_SPEEDS["k80"])
+    assert m.throughput("x", "v100", 2) == 2.0
+    bad = tmp_path / "x.csv"
+    bad.write_text("a,b\n")
+    with pytest.raises(ValueError, match="unknown throughput format"):
+        load_throughputs(bad)
+    with pytest.raises(FileNotFoundError):
+        load_throughputs(tmp_path / "missing.json")
+
+
+def test_default_speeds_match_gavel_table() -> None:
+    import math
+
+    raw = json.loads(data("gavel/simulation_throughputs.json").read_text())
+    for gpu in ("p100", "k80"):
+        ratios = [
+            raw[gpu][k]["null"] / raw["v100"][k]["null"] for k in raw["v100"] if k.endswith(", 1)")
+        ]
+        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        assert geo == pytest.approx(DEFAULT_GPU_SPEEDS[gpu], abs=0.001)

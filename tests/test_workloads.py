@@ -1,0 +1,372 @@
+"""Workload loaders, generators and cluster specs (reference data: ../shared/data, if present)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gpuyard.shared.model import ClusterSpec
+
+from gpuyard.throughputs import ElasticFlowThroughputs, GavelThroughputs
+from gpuyard.workloads import (
+    Workload,
+    WorkloadError,
+    blox,
+    detect_format,
+    elasticflow,
+    from_frame,
+    gavel,
+    load_cluster,
+    load_philly,
+    load_workload,
+    poisson_arrivals,
+    save_workload,
+    to_frame,
+)
+from gpuyard.workloads.generators import GAVEL_DISTRIBUTED, GAVEL_TEMPLATES
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def data(rel: str) -> Path:
+    p = DATA / rel
+    if not p.exists():
+        pytest.skip(f"reference data {p} absent")
+    return p
+
+
+# ------------------------------------------------------------------ reference files
+
+
+def test_itp_all_ten_clusters() -> None:
+    files = sorted(data("itp").glob("cluster*.csv"))
+    assert len(files) == 10
+    total = 0
+    for f in files:
+        w = load_workload(f)
+        assert w.format == "itp" and w.skipped == 0
+        total += len(w)
+        ids = [j.job_id for j in w]
+        assert len(set(ids)) == len(ids)
+        j = w[0]
+        assert "@" in j.job_type and j.total_steps and j.deadline and j.submit_time is not None
+    assert total == 69_351
+
+
+def test_elasticflow_traces_and_header_variants() -> None:
+    w = load_workload(data("elasticflow/traces/fig10_100jobs.csv"))
+    assert w.format == "elasticflow" and len(w) == 100
+    assert w[0].job_type == "resnet50@256" and w[0].total_steps == 7246 and w[0].deadline == 5896
+    assert list(w.extras.columns) == ["model_name", "batch_size"]
+    philly = load_workload(data("elasticflow/traces/philly_103959.csv"))
+    assert len(philly) == 876 and "real_iteration" in philly.extras.columns
+    # ElasticFlow's generator: iterations = duration x A100 throughput at num_gpu.
+    model = ElasticFlowThroughputs.from_path(data("elasticflow/throughputs_A100"))
+    ratio = [
+        j.total_steps / (j.duration * model.throughput(j.job_type, "a100", j.num_gpus)) for j in w
+    ]
+    assert np.allclose(ratio, 1.0, atol=0.01)
+
+
+def test_elasticflow_elastic_option() -> None:
+    w = load_workload(data("itp/195job.csv"), elastic=True)
+    assert all(j.min_gpus == 1 and j.max_gpus >= j.num_gpus for j in w)
+
+
+def test_gavel_traces() -> None:
+    for f in sorted(data("gavel/traces").glob("*.trace")):
+        w = load_workload(f)
+        assert w.format == "gavel" and len(w) > 0
+        assert {j.job_type for j in w} <= set(GAVEL_TEMPLATES)
+        assert [j.job_id for j in w] == [str(i) for i in range(len(w))]
+    w = load_workload(data("gavel/traces/continuous_multi_gpu.trace"))
+    assert w[0].num_gpus == 8 and w[0].total_steps == 17484476 and w[1].submit_time == 570.700837
+    assert "command" in w.extras.columns and w.extras["SLO"].isna().all()
+
+
+def test_gavel_slo_deadline(tmp_path: Path) -> None:
+    model = GavelThroughputs.from_file(data("gavel/simulation_throughputs.json"))
+    line = "ResNet-50 (batch size 64)\tpython3 main.py\tdir\t--n\t1\t1000\t1\t1\t2.0\t10\n"
+    f = tmp_path / "slo.trace"
+    f.write_text(line)
+    job = load_workload(f, throughputs=model)[0]
+    rate = model.throughput("ResNet-50 (batch size 64)", "v100", 1)
+    assert job.deadline == pytest.approx(10 + 2.0 * 1000 / rate)
+    assert load_workload(f)[0].deadline is None
+
+
+def test_blox_and_bftrainer_files() -> None:
+    w = load_workload(data("blox/readme_load1_jobs.csv"))
+    assert (
+        w.format == "blox" and len(w) == 4170 and w[0].duration == pytest.approx(35424.3471980879)
+    )
+    b = load_workload(data("bftrainer/hps-shufflenet-Jbnd-10J.csv"))
+    assert b.format == "bftrainer" and len(b) == 10
+    assert b[0].min_gpus == 1 and b[0].max_gpus == 64 and b[0].total_steps == 1.3e8
+    assert b[0].submit_time == 0 and b[1].submit_time == 4000
+    assert {"Tcup", "Tcdw"} <= set(b.extras.columns)
+
+
+def test_detect_format_rejects_scalability_file() -> None:
+    with pytest.raises(WorkloadError, match="load_throughputs"):
+        detect_format(data("bftrainer/hps-shufflenet-JNPs-10J.csv"))
+
+
+# ------------------------------------------------------------------ errors
+
+
+def test_bad_field_names_file_line_field(tmp_path: Path) -> None:
+    f = tmp_path / "t.csv"
+    f.write_text("job_id,arrival_time_s,duration_s,num_gpus\n0,1,10,1\n1,2,abc,1\n2,3,10,0\n")
+    with pytest.raises(WorkloadError) as err:
+        load_workload(f)
+    assert err.value.line == 3 and err.value.field == "duration_s" and str(f) in str(err.value)
+    w = load_workload(f, skip_bad=True)
+    assert len(w) == 1 and w.skipped == 2
+    assert "line 4" in w.skip_reasons[1] and "num_gpus" in w.skip_reasons[1]
+
+
+def test_broken_line_and_duplicate_id(tmp_path: Path) -> None:
+    f = tmp_path / "t.csv"
+    f.write_text(
+        "job_id,arrival_time_s,duration_s,num_gpus\n0,1,10,1\n1,2,10,1,9\n\n0,3,5,1\n3,4,5,2\n"
+    )
+    with pytest.raises(WorkloadError) as err:
+        load_workload(f)
+    assert err.value.line == 3 and err.value.field is None
+    w = load_workload(f, skip_bad=True)
+    assert [j.job_id for j in w] == ["0", "3"] and w.skipped == 2
+    assert any("duplicate" in r and "line 5" in r for r in w.skip_reasons)
+
+
+def test_gavel_bad_fields(tmp_path: Path) -> None:
+    f = tmp_path / "bad.trace"
+    good = "A3C\tcmd\tdir\t--n\t1\t100\t1\t1\t-1\t0\n"
+    f.write_text(good + "A3C\tcmd\tdir\t--n\t1\t100\t1.5\t1\t-1\t0\n" + good)
+    with pytest.raises(WorkloadError) as err:
+        load_workload(f)
+    assert err.value.line == 2 and err.value.field == "scale_factor"
+    w = load_workload(f, skip_bad=True)
+    assert [j.job_id for j in w] == ["0", "2"]
+
+
+def test_unknown_format(tmp_path: Path) -> None:
+    f = tmp_path / "x.csv"
+    f.write_text("a,b\n1,2\n")
+    with pytest.raises(WorkloadError, match="unknown workload format"):
+        load_workload(f)
+
+
+# ------------------------------------------------------------------ Philly
+
+
+def _attempt(start: str, end: str, gpus: int) -> dict:
+    return {"start_time": start, "end_time": end, "detail": [{"ip": "m1", "gpus": ["gpu0"] * gpus}]}
+
+
+def test_philly_blox_semantics(tmp_path: Path) -> None:
+    log = [
+        {
+            "status": "Pass",
+            "vc": "vc1",
+            "jobid": "application_1",
+            "user": "u1",
+            "submitted_time": "2017-10-01 00:00:00",
+            "attempts": [
+                _attempt("2017-10-01 00:10:00", "2017-10-01 01:10:00", 4),
+                _attempt("2017-10-01 02:00:00", "2017-10-01 02:30:00", 8),
+            ],
+        },
+        {
+            "status": "Killed",
+            "vc": "vc1",
+            "jobid": "application_2",
+            "user": "u2",
+            "submitted_time": "2017-10-01 00:05:00",
+            "attempts": [],
+        },
+        {
+            "status": "Failed",
+            "vc": "vc2",
+            "jobid": "application_3",
+            "user": "u3",
+            "submitted_time": "2017-10-01 00:20:00",
+            "attempts": [_attempt("2017-10-01 00:20:00", "2017-10-01 00:21:00", 1)],
+        },  # too short
+        {
+            "status": "Pass",
+            "vc": "vc2",
+            "jobid": "application_4",
+            "user": "u4",
+            "submitted_time": "2017-10-01 00:30:00",
+            "attempts": [
+                _attempt("2017-10-01 00:30:00", "2017-10-01 03:30:00", 32),
+                _attempt("None", "None", 2),
+            ],
+        },  # last attempt invalid: dropped by Blox
+    ]
+    f = tmp_path / "cluster_job_log"
+    f.write_text(json.dumps(log))
+    w = load_workload(f, format="philly")
+    assert [j.job_id for j in w] == ["application_1"]
+    j = w[0]
+    assert j.duration == 5400 and j.num_gpus == 1 and j.submit_time == 0 and j.tenant == "vc1"
+    assert w.extras.loc["application_1", "queueing_delay"] == 600
+    assert load_philly(f, multigpu=True)[0].num_gpus == 8
+    plain = load_philly(f, semantics="plain")
+    assert [j.job_id for j in plain] == ["application_1", "application_3", "application_4"]
+    assert plain[2].num_gpus == 32
+    per_attempt = load_philly(f, sum_attempts=False)
+    assert [j.job_id for j in per_attempt] == ["application_1-attempt1", "application_4-attempt1"]
+
+
+# ------------------------------------------------------------------ our format
+
+
+def test_native_roundtrip(tmp_path: Path) -> None:
+    w = gavel(50, 20, seed=3, multi_gpu=True, multi_priority=True, slo=True)
+    path = save_workload(w, tmp_path / "w.csv")
+    back = load_workload(path)
+    assert back.format == "gpuyard"
+    assert back.jobs == w.jobs
+    assert np.allclose(back.extras["SLO"], w.extras["SLO"])
+    df = to_frame(w.jobs)
+    assert from_frame(df).jobs == w.jobs
+
+
+def test_native_command_env(tmp_path: Path) -> None:
+    f = tmp_path / "w.csv"
+    f.write_text(
+        "job_id,num_gpus,command,env,min_gpus,best_effort\n"
+        'a,2,"[""python"", ""t.py""]","{""X"": ""1""}",1,true\nb,1,,,,\n'
+    )
+    w = load_workload(f)
+    assert w[0].command == ["python", "t.py"] and w[0].env == {"X": "1"} and w[0].min_gpus == 1
+    assert w[0].best_effort and w[1].min_gpus is None
+
+
+def test_parquet_needs_pyarrow(tmp_path: Path) -> None:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        with pytest.raises(WorkloadError, match="pyarrow"):
+            save_workload(blox(5, 10), tmp_path / "w.parquet")
+    else:
+        w = blox(5, 10)
+        assert load_workload(save_workload(w, tmp_path / "w.parquet")).jobs == w.jobs
+
+
+# ------------------------------------------------------------------ generators
+
+
+def test_blox_generator_distribution() -> None:
+    w = blox(20_000, jobs_per_hour=6, seed=1)
+    assert w.jobs == blox(20_000, jobs_per_hour=6, seed=1).jobs
+    assert w.jobs != blox(20_000, jobs_per_hour=6, seed=2).jobs
+    dur = np.array([j.duration for j in w])
+    arr = np.array([j.submit_time for j in w])
+    assert abs((dur > 60_000).mean() - 0.2) < 0.015
+    assert dur.min() >= 60 * 10**1.5 and dur.max() <= 60 * 10**4
+    # log10(duration / 60) of short jobs is U(1.5, 3): a KS-like check on its CDF.
+    short = np.sort(np.log10(dur[dur < 60_000] / 60))
+    cdf = (short - 1.5) / 1.5
+    assert np.abs(cdf - np.arange(1, len(short) + 1) / len(short)).max() < 0.03
+    gaps = np.diff(np.concatenate([[0.0], arr]))
+    assert abs(gaps.mean() - 600) < 20 and arr[0] > 0
+    assert {j.num_gpus for j in w} == {1}
+    multi = blox(10_000, 6, seed=0, gpu_demand={1: 0.5, 4: 0.5})
+    assert abs(np.mean([j.num_gpus == 4 for j in multi]) - 0.5) < 0.03
+
+
+def test_gavel_generator_distribution() -> None:
+    w = gavel(40_000, jobs_per_hour=10, seed=7, multi_gpu=True, multi_priority=True, slo=True)
+    assert w.jobs == gavel(40_000, 10, seed=7, multi_gpu=True, multi_priority=True, slo=True).jobs
+    sf = np.array([j.num_gpus for j in w])
+    for size, share in {1: 0.70, 2: 0.10, 4: 0.15, 8: 0.05}.items():
+        assert abs((sf == size).mean() - share) < 0.01
+    types = np.array([j.job_type for j in w])
+    assert set(types[sf > 1]) == set(GAVEL_DISTRIBUTED)
+    assert len(set(types[sf == 1])) == 26
+    assert abs(np.mean([j.weight == 5.0 for j in w]) - 0.2) < 0.01
+    arr = np.array([j.submit_time for j in w])
+    assert arr[0] == 0 and abs(np.diff(arr).mean() - 360) < 10
+    slo = w.extras["SLO"].to_numpy()
+    assert abs((slo == 10.0).mean() - 0.33) < 0.015
+    j = w[5]
+    assert j.deadline == pytest.approx(j.submit_time + w.extras["SLO"].iloc[5] * j.duration)
+    static = gavel(100, None, seed=1)
+    assert all(j.submit_time == 0 and j.num_gpus == 1 for j in static)
+
+
+def test_gavel_generator_steps_from_throughputs() -> None:
+    model = GavelThroughputs.from_file(data("gavel/simulation_throughputs.json"))
+    w = gavel(500, 10, seed=1, multi_gpu=True, throughputs=model)
+    for j in w:
+        assert j.total_steps == pytest.approx(
+            j.duration * model.throughput(j.job_type, "v100", j.num_gpus)
+        )
+
+
+def test_elasticflow_generator_distribution() -> None:
+    w = elasticflow(
+        20_000, mean_gap_s=900, seed=0, deadline_factor=(0.5, 1.5), best_effort_share=0.3
+    )
+    assert (
+        w.jobs
+        == elasticflow(20_000, 900, seed=0, deadline_factor=(0.5, 1.5), best_effort_share=0.3).jobs
+    )
+    g = np.array([j.num_gpus for j in w])
+    for size, share in {1: 0.83, 2: 0.03, 4: 0.03, 8: 0.10, 16: 0.01}.items():
+        assert abs((g == size).mean() - share) < 0.01
+    dur = np.array([j.duration for j in w])
+    assert abs((dur >= 60 * 10**2.5).mean() - 0.2) < 0.015
+    factor = np.array([(j.deadline - j.submit_time) / j.duration for j in w])
+    assert factor.min() >= 0.49 and factor.max() <= 1.5 and abs(factor.mean() - 1.0) < 0.01
+    assert abs(np.mean([j.best_effort for j in w]) - 0.3) < 0.015
+    arr = np.array([j.submit_time for j in w])
+    assert arr[0] == 0 and abs(np.diff(arr).mean() - 900) < 25
+
+
+def test_elasticflow_generator_matches_reference_trace_shape() -> None:
+    ref = load_workload(data("elasticflow/traces/gen_200jobs_lam900.csv"))
+    assert {j.job_type for j in ref} <= {j.job_type for j in elasticflow(2000, 900, seed=0)}
+
+
+def test_describe() -> None:
+    d = gavel(2000, 10, seed=0, multi_gpu=True).describe()
+    assert d["jobs"] == 2000 and d["format"] == "gavel" and set(d["gpu_demand"]) == {1, 2, 4, 8}
+    assert d["first_arrival_s"] == 0 and 300 < d["mean_gap_s"] < 420
+    assert d["with_duration"] == 2000 and d["with_total_steps"] == 0
+
+
+def test_poisson_replay() -> None:
+    base = blox(10, 6, seed=0)
+    w = poisson_arrivals(base, 25, jobs_per_hour=6, seed=1)
+    assert len(w) == 25 and w[12].duration == base[2].duration and w[12].job_id == "12"
+    assert isinstance(w, Workload)
+
+
+# ------------------------------------------------------------------ clusters
+
+
+def test_load_cluster_variants(tmp_path: Path) -> None:
+    spec = load_cluster("36x4:v100,36x4:p100,36x4:k80")
+    assert spec.gpus_by_type() == {"v100": 144, "p100": 144, "k80": 144}
+    toml = tmp_path / "c.toml"
+    toml.write_text('[[groups]]\ncount = 2\ngpus_per_node = 8\ngpu_type = "a100"\n')
+    assert load_cluster(toml).total_gpus == 16
+    toml.write_text('[cluster]\nspec = "4x2:t4"\n')
+    assert load_cluster(str(toml)) == ClusterSpec.parse("4x2:t4")
+    with pytest.raises(ValueError):
+        toml.write_text("[[groups]]\ncount = 0\ngpus_per_node = 8\n")
+        load_cluster(toml)
+
+
+def test_load_elasticflow_cluster_specs() -> None:
+    for f in sorted(data("elasticflow/cluster_specs").glob("n*g*.csv")):
+        n, g = f.stem[1:].split("g")
+        spec = load_cluster(f)
+        assert spec.total_gpus == int(n) * int(g), f
+        assert spec.groups[0].gpu_type == "a100"
