@@ -10,6 +10,8 @@ from typing import Any
 
 import msgspec
 
+from gpuyard.cli_cluster import add_cluster_parsers
+from gpuyard.cli_ops import add_ops_parsers
 from gpuyard.shared.model import ClusterSpec
 from gpuyard.shared.policy import PolicyError, parse_params
 
@@ -313,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
     add_sim_parser(sub)
     add_trace_parser(sub)
+    add_cluster_parsers(sub)
+    add_ops_parsers(sub)
     p = sub.add_parser("schema", help="print (or --write) the wire contract's JSON Schema")
     p.add_argument("--write", action="store_true", help=f"write it to {SCHEMA_PATH}/")
     p.set_defaults(run=cmd_schema)

@@ -161,6 +161,8 @@ class SchedulerStatus(Struct, kw_only=True):
     queued: int = 0
     running: int = 0
     finished: int = 0
+    active_gpu_demand: int = 0
+    """GPUs requested by admitted jobs that have not finished (queued and running)."""
     ran_round: bool = False
     rejected: dict[str, str] = {}
     """Jobs of an enqueue that were refused (duplicate ids), with the reason."""

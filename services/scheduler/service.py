@@ -165,6 +165,7 @@ class Scheduler(Service):
         self.wake_at: float | None = None
         self.finished = 0
         self.busy_gpus = 0
+        self.active_gpu_demand = 0
         self.running = 0
         self.policy_slow = False
         self._ticker: asyncio.Task[None] | None = None
@@ -219,6 +220,7 @@ class Scheduler(Service):
                 continue
             job = Job(spec, len(self.jobs), req.now)
             self.jobs[job.job_id] = self.active[job.job_id] = job
+            self.active_gpu_demand += spec.num_gpus
             self.dirty = True
             await self.emit("job.queued", req.now, job.job_id)
         ran = await self._round_if_due(req.now, req.tick)
@@ -237,6 +239,7 @@ class Scheduler(Service):
             job.state = ex.status
             job.end_time = req.now
             del self.active[job.job_id]
+            self.active_gpu_demand -= job.spec.num_gpus
             self.released.append(job.job_id)
             self.finished += 1
             self.dirty = self.dirty or self.policy.elastic or self._any_queued()
@@ -398,6 +401,7 @@ class Scheduler(Service):
             queued=len(self.active) - self.running,
             running=self.running,
             finished=self.finished,
+            active_gpu_demand=self.active_gpu_demand,
             ran_round=ran_round,
             rejected=rejected or {},
         )
