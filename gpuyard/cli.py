@@ -145,7 +145,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
     from gpuyard.shared.logs import configure_logging
     from gpuyard.shared.policy import admission_policies, placement_policies, scheduling_policies
-    from gpuyard.sim import ProgressBar, SimOptions, simulate
+    from gpuyard.sim import PreemptionCost, ProgressBar, SimOptions, simulate
     from gpuyard.throughputs import load_throughputs
     from gpuyard.workloads import WorkloadError, load_cluster, load_node_events, save_node_events
 
@@ -170,6 +170,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
             mode="rounds" if args.blox else args.mode,
             blox=args.blox,
             churn_node_gpus=args.churn_node_gpus,
+            preemption_cost=PreemptionCost(checkpoint_s=args.checkpoint_s, restore_s=args.restore_s),
         )
         scheduling_policies.create(options.policy, options.policy_params)
         admission_policies.create(options.admission, options.admission_params)
@@ -202,7 +203,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
                 on_progress=ProgressBar(args.cluster),
                 external=frozenset(filter(None, args.external.split(","))),
                 log_level=args.log_level,
-            )  # fmt: skip
+            )
         )
     except KeyboardInterrupt:
         print("gpuyard sim: interrupted", file=sys.stderr)

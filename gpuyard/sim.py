@@ -17,7 +17,7 @@ from msgspec import Struct
 from gpuyard.embedded import EmbeddedNats
 from gpuyard.launcher import ServiceSet
 from gpuyard.report import write_results
-from gpuyard.services.simclock.service import SimClockConfig, write_workload
+from gpuyard.services.simclock.service import PreemptionCost, SimClockConfig, write_workload
 from gpuyard.shared.bus import Bus, connect
 from gpuyard.shared.contract import (
     Ack,
@@ -53,6 +53,7 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     """Throughput model file (Gavel JSON, ElasticFlow table or folder, BFTrainer JNPs CSV)."""
     node_events: str | None = None
     """Normalised node events CSV `time,node,up` (see gpuyard.workloads.churn)."""
+    preemption_cost: PreemptionCost = msgspec.field(default_factory=PreemptionCost)
     churn_node_gpus: int = 1
     churn_node_type: str = "gpu"
     event_storage: Literal["file", "memory"] = "memory"
@@ -90,6 +91,7 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
             node_events=options.node_events,
             churn_node_gpus=options.churn_node_gpus,
             churn_node_type=options.churn_node_type,
+            preemption_cost=options.preemption_cost,
             completion_quantum=options.round_s if options.blox else None,
             arrival_quantum=options.round_s if options.blox else None,
         ),

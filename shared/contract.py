@@ -121,7 +121,10 @@ class PageQuery(Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class SubmitRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    """`adm.submit`: one or more jobs. `now` is the client's clock (virtual time in a simulation)."""
+    """`adm.submit`: one or more jobs. `now` is the client's clock (virtual time in a simulation).
+
+    Held jobs are tried again first; an empty `jobs` list only does that.
+    """
 
     jobs: list[JobSpec]
     now: float | None = None
@@ -137,6 +140,8 @@ class SubmitResult(Struct, kw_only=True):
 
 class SubmitReply(Struct, kw_only=True):
     results: list[SubmitResult]
+    held: int = 0
+    """Jobs admission holds (from this and earlier submissions), waiting for the load to drop."""
     scheduler: SchedulerStatus | None = None
     """The scheduler's answer to the enqueue, passed back up the chain to the clock."""
 
@@ -163,6 +168,8 @@ class SchedulerStatus(Struct, kw_only=True):
     finished: int = 0
     active_gpu_demand: int = 0
     """GPUs requested by admitted jobs that have not finished (queued and running)."""
+    tenant_gpu_demand: dict[str, int] = {}
+    """The same, per tenant (jobs with a tenant only)."""
     ran_round: bool = False
     rejected: dict[str, str] = {}
     """Jobs of an enqueue that were refused (duplicate ids), with the reason."""

@@ -139,6 +139,11 @@ class SchedulingPolicy(Policy):
 
 class AdmissionPolicy(Policy):
     kind = "admission"
+    uses_load: ClassVar[bool] = True
+    """False if `decide` ignores the load figures (the service then need not fetch them)."""
+    in_order: ClassVar[bool] = True
+    """Held jobs are admitted strictly in arrival order (a FIFO overflow queue, as in Blox); with
+    False, any held job that the policy now admits goes ahead."""
 
     def decide(self, inp: AdmissionInput) -> AdmissionDecision:
         raise NotImplementedError

@@ -146,3 +146,34 @@ async def test_job_that_can_never_fit_is_rejected_not_lost(tmp_path: Path, nats_
     )
     assert [r.job_id for r in result.jobs] == ["ok"]
     assert result.summary["completed"] == 1
+
+
+async def test_load_admission_holds_then_admits_in_order(tmp_path: Path, nats_url: str) -> None:
+    """Blox's load-based admission: b and c wait in the overflow queue until a's GPUs free up."""
+    options = SimOptions(
+        cluster=ClusterSpec.parse("1x2"), admission="load", admission_params={"threshold": 1.0}
+    )
+    result = await simulate(options, HAND_MADE, tmp_path, nats_url=nats_url)
+    by_id = {r.job_id: r for r in result.jobs}
+    assert by_id["a"].admit_time == 0.0
+    assert (by_id["b"].admit_time, by_id["c"].admit_time) == (100.0, 100.0)
+    assert (by_id["b"].end_time, by_id["c"].end_time) == (150.0, 130.0)
+    assert by_id["c"].submit_time == 20.0
+
+
+async def test_preemption_cost_is_charged_as_lost_progress(tmp_path: Path, nats_url: str) -> None:
+    """A high-priority arrival preempts a running job at t=10; it resumes at 60."""
+    from gpuyard.services.simclock.service import PreemptionCost
+
+    jobs = [job("low", 1, 100.0, 0.0), job("high", 1, 50.0, 10.0, priority=5)]
+    free = SimOptions(cluster=ClusterSpec.parse("1x1"))
+    costly = SimOptions(
+        cluster=ClusterSpec.parse("1x1"),
+        preemption_cost=PreemptionCost(checkpoint_s=4.0, restore_s=6.0),
+    )
+    for name, options, low_end in (("free", free, 150.0), ("costly", costly, 160.0)):
+        result = await simulate(options, jobs, tmp_path / name, nats_url=nats_url, cluster_name=name)
+        by_id = {r.job_id: r for r in result.jobs}
+        assert (by_id["high"].first_start, by_id["high"].end_time) == (10.0, 60.0)
+        assert by_id["low"].preemptions == 1
+        assert by_id["low"].end_time == low_end  # 10 s done, -4 checkpoint, -6 restore

@@ -21,6 +21,8 @@ class AcceptAll(AdmissionPolicy):
     Registry name `accept-all`; Blox's accept-all.
     """
 
+    uses_load = False
+
     def decide(self, inp: AdmissionInput) -> AdmissionDecision:
         return AdmissionDecision("admit")
 

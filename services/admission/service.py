@@ -3,6 +3,7 @@ admitted jobs to the scheduler."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -33,6 +34,8 @@ class AdmissionConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     params: dict[str, Any] = {}
     id_prefix: str = "j"
     """Jobs submitted without a job_id are named `<id_prefix><n>`."""
+    retry_held_s: float | None = None
+    """Real clusters: try held jobs again this often (a simulation's clock does it on exits)."""
 
 
 class Admission(Service):
@@ -43,6 +46,8 @@ class Admission(Service):
         self.config = config
         self.policy: AdmissionPolicy = admission_policies.create(config.policy, config.params)
         self.counter = 0
+        self.held: list[JobSpec] = []  # the overflow queue, in arrival order
+        self._retry: asyncio.Task[None] | None = None
         self.capacity: dict[str, int] = {}
         self.active_gpu_demand = 0
         self.active_jobs = 0
@@ -53,46 +58,62 @@ class Admission(Service):
     def routes(self) -> dict[str, Route]:
         return {"submit": Route(self.submit, SubmitRequest)}
 
+    async def start(self) -> None:
+        await super().start()
+        if self.config.retry_held_s:
+            self._retry = asyncio.create_task(self._retry_held(self.config.retry_held_s))
+
+    async def stop(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
+        await super().stop()
+
+    async def _retry_held(self, every_s: float) -> None:
+        """Through our own subject, so a retry queues behind other requests like any submit."""
+        while True:
+            await asyncio.sleep(every_s)
+            if self.held:
+                await self.bus.nc.publish(f"{self.prefix}.submit", b'{"jobs": []}')
+
     async def submit(self, req: SubmitRequest) -> SubmitReply:
         now = req.now if req.now is not None else time.time()
         if not self.capacity:
             await self._refresh_capacity()
+        load = await self._load() if self.held or req.jobs else None
         results: list[SubmitResult] = []
         admitted: list[JobSpec] = []
-        for spec in req.jobs:
-            job_id = spec.job_id or self._new_id()
-            spec = msgspec.structs.replace(
-                spec,
-                job_id=job_id,
-                submit_time=spec.submit_time if spec.submit_time is not None else now,
-            )
-            await self._event("job.submitted", now, job_id)
-            reason = self._never_fits(spec)
-            if reason:  # nodes may have joined since we last looked
-                await self._refresh_capacity()
-                reason = self._never_fits(spec)
-            if reason:
-                verdict, why = "reject", reason
-            else:
-                decision = self.policy.decide(
-                    AdmissionInput(
-                        now=now,
-                        job=spec,
-                        cluster=ClusterView(capacity=self.capacity, round_s=0.0),
-                        active_gpu_demand=self.active_gpu_demand,
-                        active_jobs=self.active_jobs,
-                    )
-                )
-                verdict, why = decision.verdict, decision.reason
+        # Held jobs first, in order; then the new ones (behind any still held, if in order).
+        still_held: list[JobSpec] = []
+        for spec in self.held:
+            verdict, why = self._decide(now, spec, load, blocked=bool(still_held))
             if verdict == "hold":
-                # Holding needs re-evaluation as load drops; until a policy that holds exists,
-                # say so rather than forget the job.
-                verdict, why = "reject", f"held jobs are not supported yet ({why})"
-            results.append(SubmitResult(job_id=job_id, verdict=verdict, reason=why))
+                still_held.append(spec)
+                continue
+            results.append(SubmitResult(job_id=spec.job_id or "", verdict=verdict, reason=why))
             if verdict == "admit":
                 admitted.append(spec)
+                self._count(load, spec)
+        self.held = still_held
+        for spec in req.jobs:
+            spec = msgspec.structs.replace(
+                spec,
+                job_id=spec.job_id or self._new_id(),
+                submit_time=spec.submit_time if spec.submit_time is not None else now,
+            )
+            assert spec.job_id is not None
+            await self._event("job.submitted", now, spec.job_id)
+            verdict, why = self._decide(now, spec, load, blocked=bool(self.held))
+            if verdict == "reject" and self._never_fits(spec):
+                await self._refresh_capacity()  # nodes may have joined since we last looked
+                verdict, why = self._decide(now, spec, load, blocked=bool(self.held))
+            results.append(SubmitResult(job_id=spec.job_id, verdict=verdict, reason=why))
+            if verdict == "admit":
+                admitted.append(spec)
+                self._count(load, spec)
+            elif verdict == "hold":
+                self.held.append(spec)
         status: SchedulerStatus | None = None
-        if admitted:
+        if admitted or req.tick:
             status = await self.bus.request(
                 f"{self.bus.subjects.scheduler}.enqueue",
                 EnqueueRequest(now=now, jobs=admitted, tick=req.tick),
@@ -102,10 +123,46 @@ class Admission(Service):
                 if r.job_id in status.rejected:
                     r.verdict, r.reason = "reject", status.rejected[r.job_id]
         for r in results:
-            await self._event(
-                "job.admitted" if r.verdict == "admit" else "job.rejected", now, r.job_id, r.reason
+            kind = {"admit": "job.admitted", "hold": "job.held", "reject": "job.rejected"}[r.verdict]
+            await self._event(kind, now, r.job_id, r.reason)
+        return SubmitReply(results=results, held=len(self.held), scheduler=status)
+
+    def _decide(
+        self, now: float, spec: JobSpec, load: SchedulerStatus | None, *, blocked: bool
+    ) -> tuple[str, str]:
+        """(verdict, reason) for one job; `blocked`: an earlier job is held (FIFO overflow)."""
+        never = self._never_fits(spec)
+        if never:
+            return "reject", f"can never run here: {never}"
+        decision = self.policy.decide(
+            AdmissionInput(
+                now=now,
+                job=spec,
+                cluster=ClusterView(capacity=self.capacity, round_s=0.0),
+                active_gpu_demand=load.active_gpu_demand if load else 0,
+                active_jobs=(load.queued + load.running) if load else 0,
+                tenant_gpu_demand=load.tenant_gpu_demand if load else {},
             )
-        return SubmitReply(results=results, scheduler=status)
+        )
+        if decision.verdict == "admit" and blocked and self.policy.in_order:
+            return "hold", "behind earlier held jobs"
+        return decision.verdict, decision.reason
+
+    async def _load(self) -> SchedulerStatus | None:
+        """The scheduler's current load figures, when the policy looks at them."""
+        if not self.policy.uses_load:
+            return None
+        return await self.bus.request(f"{self.bus.subjects.scheduler}.status", Empty(), SchedulerStatus)
+
+    @staticmethod
+    def _count(load: SchedulerStatus | None, spec: JobSpec) -> None:
+        """Jobs admitted in this request count towards the load for the ones after them."""
+        if load is None:
+            return
+        load.active_gpu_demand += spec.num_gpus
+        load.queued += 1
+        if spec.tenant:
+            load.tenant_gpu_demand[spec.tenant] = load.tenant_gpu_demand.get(spec.tenant, 0) + spec.num_gpus
 
     async def _refresh_capacity(self) -> None:
         info = await self.bus.request(

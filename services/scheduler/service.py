@@ -166,6 +166,7 @@ class Scheduler(Service):
         self.finished = 0
         self.busy_gpus = 0
         self.active_gpu_demand = 0
+        self.tenant_gpu_demand: dict[str, int] = {}
         self.running = 0
         self.policy_slow = False
         self._ticker: asyncio.Task[None] | None = None
@@ -220,7 +221,7 @@ class Scheduler(Service):
                 continue
             job = Job(spec, len(self.jobs), req.now)
             self.jobs[job.job_id] = self.active[job.job_id] = job
-            self.active_gpu_demand += spec.num_gpus
+            self._add_demand(spec, +1)
             self.dirty = True
             await self.emit("job.queued", req.now, job.job_id)
         ran = await self._round_if_due(req.now, req.tick)
@@ -239,7 +240,7 @@ class Scheduler(Service):
             job.state = ex.status
             job.end_time = req.now
             del self.active[job.job_id]
-            self.active_gpu_demand -= job.spec.num_gpus
+            self._add_demand(job.spec, -1)
             self.released.append(job.job_id)
             self.finished += 1
             self.dirty = self.dirty or self.policy.elastic or self._any_queued()
@@ -271,7 +272,11 @@ class Scheduler(Service):
         return JobsPage(jobs=[j.record() for j in records], total=len(self.jobs))
 
     async def status_request(self, _: Empty) -> SchedulerStatus:
-        return self.status(self.last_round or 0.0)
+        """Counts and load now, without touching the wake-up time."""
+        wake = self.wake_at
+        status = self.status(self.last_round or 0.0)
+        self.wake_at = status.wake_at = wake
+        return status
 
     # ------------------------------------------------------------------ the round
 
@@ -370,6 +375,15 @@ class Scheduler(Service):
 
     # ------------------------------------------------------------------ helpers
 
+    def _add_demand(self, spec: JobSpec, sign: int) -> None:
+        self.active_gpu_demand += sign * spec.num_gpus
+        if spec.tenant:
+            left = self.tenant_gpu_demand.get(spec.tenant, 0) + sign * spec.num_gpus
+            if left:
+                self.tenant_gpu_demand[spec.tenant] = left
+            else:
+                self.tenant_gpu_demand.pop(spec.tenant, None)
+
     def _any_queued(self) -> bool:
         return len(self.active) > self.running
 
@@ -402,6 +416,7 @@ class Scheduler(Service):
             running=self.running,
             finished=self.finished,
             active_gpu_demand=self.active_gpu_demand,
+            tenant_gpu_demand=self.tenant_gpu_demand,
             ran_round=ran_round,
             rejected=rejected or {},
         )

@@ -48,6 +48,22 @@ from gpuyard.throughputs import load_throughputs
 MAX_TICKS_PER_INSTANT = 3
 
 
+class PreemptionCost(Struct, kw_only=True, forbid_unknown_fields=True):
+    """What a preemption costs, charged as lost progress (the references charge nothing).
+
+    A preempted job loses the work of its last `checkpoint_s` seconds (saving it), and a resumed
+    job runs `restore_s` seconds before it progresses again. `by_job_type` overrides both per
+    job type (model): {"resnet50": [checkpoint_s, restore_s]}.
+    """
+
+    checkpoint_s: float = 0.0
+    restore_s: float = 0.0
+    by_job_type: dict[str, tuple[float, float]] = {}
+
+    def of(self, job_type: str) -> tuple[float, float]:
+        return self.by_job_type.get(job_type, (self.checkpoint_s, self.restore_s))
+
+
 class SimClockConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     workload: str
     """JSON-lines file of job specs (each with job_id and submit_time)."""
@@ -65,13 +81,16 @@ class SimClockConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     arrival_quantum: float | None = None
     """If set, jobs are submitted at the next multiple of this (Blox admits at round starts);
     their submit_time, and so their JCT, stays the true arrival."""
+    preemption_cost: PreemptionCost = msgspec.field(default_factory=PreemptionCost)
     progress_interval_s: float = 0.25
 
 
 class SimJob:
     """A simulated job's processes: which nodes run its parts, and its progress."""
 
-    __slots__ = ("done", "gpu_type", "job_type", "parts", "rate", "since", "total", "version")
+    __slots__ = (
+        "done", "gpu_type", "job_type", "parts", "rate", "restoring", "since", "total", "version",
+    )  # fmt: skip
 
     def __init__(self, spec: JobSpec, total: float) -> None:
         self.job_type = spec.job_type
@@ -82,6 +101,7 @@ class SimJob:
         self.parts: dict[str, int] = {}
         self.gpu_type = ""
         self.version = 0
+        self.restoring = False  # resumed after a preemption: the restore time is still to pay
 
     def settle(self, now: float) -> None:
         if self.rate:
@@ -125,6 +145,7 @@ class SimClock(Service):
         self.heap: list[tuple[float, int, str, int]] = []
         self.launches = 0
         self.finished = 0
+        self.held = 0  # jobs admission holds, as it last said
         self.timeline: list[TimelinePoint] = []
         self.sched_wake: float | None = None
         self.task: asyncio.Task[None] | None = None
@@ -172,6 +193,10 @@ class SimClock(Service):
             job = self.jobs[job_id]
             job.settle(cmd.now)
             job.parts.pop(cmd.node_id, None)
+            if not job.parts:  # the whole job stopped: checkpoint now, restore when resumed
+                checkpoint_s, _ = self.config.preemption_cost.of(job.job_type)
+                job.done = max(job.done - job.rate * checkpoint_s, 0.0)
+                job.restoring = True
             self.changed.add(job_id)
         for launch in cmd.launch:
             job = self.jobs[launch.job_id]
@@ -277,24 +302,28 @@ class SimClock(Service):
             while next_arrival < len(workload) and self._delivery(workload[next_arrival]) <= now:
                 batch.append(workload[next_arrival])
                 next_arrival += 1
+            # Jobs held by admission get another chance when others have left.
+            retry_held = self.held > 0 and bool(exits)
             ticked = False
             if exits:
+                last = not batch and not retry_held
                 status = await self.bus.request(
                     f"{subjects.scheduler}.exited",
-                    ExitReport(now=now, exits=exits, tick=not batch),
+                    ExitReport(now=now, exits=exits, tick=last),
                     SchedulerStatus,
                 )
                 self._note(now, status)
-                ticked = not batch
-            if batch:
+                ticked = last
+            if batch or retry_held:
                 reply = await self.bus.request(
                     f"{subjects.admission}.submit",
                     SubmitRequest(now=now, jobs=batch, tick=True),
                     SubmitReply,
                 )
                 progress.submitted += len(batch)
+                self.held = reply.held
                 for r in reply.results:
-                    if r.verdict != "admit":
+                    if r.verdict == "reject":
                         rejected += 1
                         self.jobs.pop(r.job_id, None)
                 if reply.scheduler is not None:
@@ -315,8 +344,9 @@ class SimClock(Service):
         if progress.finished != progress.total:
             stuck = progress.total - progress.finished
             raise RuntimeError(
-                f"{stuck} jobs never finished: nothing runs, nothing arrives, and the scheduler "
-                f"asks for no tick (do they need more GPUs than the policy will ever give?)"
+                f"{stuck} jobs never finished ({self.held} held by admission): nothing runs, "
+                f"nothing arrives, and the scheduler asks for no tick (do they need more GPUs "
+                f"than the policy will ever give?)"
             )
 
     async def _churn(self, now: float, events: list[tuple[str, bool]]) -> None:
@@ -370,6 +400,10 @@ class SimClock(Service):
             gpus = sum(job.parts.values())
             job.rate = self.model.throughput(job.job_type, job.gpu_type, gpus) if gpus else 0.0
             job.since = now
+            if job.restoring and job.rate > 0:
+                _, restore_s = self.config.preemption_cost.of(job.job_type)
+                job.done -= job.rate * restore_s  # no progress while restoring
+                job.restoring = False
             if job.rate > 0:
                 finish = now + max(job.total - job.done, 0.0) / job.rate
                 quantum = self.config.completion_quantum
