@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 import uvloop
+
 from gpuyard.shared.logs import configure_logging
 from gpuyard.shared.model import ClusterSpec
-
 from gpuyard.sim import ProgressBar, SimOptions, SimResult, simulate
 from gpuyard.workloads import blox
 

@@ -50,7 +50,11 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
         help="the generator when no --trace is given (default blox)",
     )
     g.add_argument("--jobs", type=int, default=400, help="number of generated jobs")
-    g.add_argument("--load", type=float, default=20.0, help="generated arrivals per hour")
+    g.add_argument(
+        "--load",
+        default="20",
+        help="generated arrivals per hour (sim: a comma list compares loads)",
+    )
     g.add_argument(
         "--gpu-demand",
         type=parse_demand,
@@ -58,7 +62,7 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
         help="blox: GPUS:WEIGHT,... (default 1:0.7,2:0.1,4:0.15,8:0.05)",
     )
     g.add_argument("--multi-gpu", action="store_true", help="gavel: scale factors 1/2/4/8")
-    g.add_argument("--seed", type=int, default=0)  # fmt: skip
+    g.add_argument("--seed", default="0", help="generator seed (sim: a comma list compares seeds)")  # fmt: skip
 
 
 def workload_from_args(args: argparse.Namespace, throughputs: Any = None) -> Any:
@@ -73,12 +77,13 @@ def workload_from_args(args: argparse.Namespace, throughputs: Any = None) -> Any
             else {}
         )
         return load_workload(args.trace, args.trace_format, args.skip_bad, **options)
+    load, seed = float(args.load), int(args.seed)
     if args.generator == "gavel":
-        return gavel(args.jobs, args.load, args.seed, args.multi_gpu, throughputs=throughputs)
+        return gavel(args.jobs, load, seed, args.multi_gpu, throughputs=throughputs)
     if args.generator == "elasticflow":
-        return elasticflow(args.jobs, 3600.0 / args.load, args.seed, throughputs=throughputs)
+        return elasticflow(args.jobs, 3600.0 / load, seed, throughputs=throughputs)
     demand = args.gpu_demand or {1: 0.7, 2: 0.1, 4: 0.15, 8: 0.05}
-    return blox(args.jobs, args.load, args.seed, demand)
+    return blox(args.jobs, load, seed, demand)
 
 
 def add_sim_parser(sub: argparse._SubParsersAction) -> None:
@@ -104,8 +109,23 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--churn-node-gpus", type=int, default=1, help="GPUs of a node from --node-events"
     )
-    p.add_argument("--policy", default="fifo", help="scheduling policy")
-    p.add_argument("--param", action="append", default=[], help="scheduling policy KEY=VALUE")
+    p.add_argument(
+        "--policy",
+        default="fifo",
+        help="scheduling policy; a comma list (fifo,las,tiresias) compares them",
+    )
+    p.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        help="scheduling policy KEY=VALUE (POLICY.KEY=VALUE for one of several)",
+    )
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=None,
+        help="comparisons: runs at once (default: one per CPU)",
+    )
     p.add_argument("--admission", default="accept-all")
     p.add_argument("--admission-param", action="append", default=[], help="KEY=VALUE")
     p.add_argument("--placement", default="consolidated")
@@ -116,6 +136,18 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
         choices=["rounds", "events"],
         default="events",
         help="decide at round ends only, or also at every arrival and completion",
+    )
+    p.add_argument(
+        "--checkpoint-s",
+        type=float,
+        default=0.0,
+        help="preemption cost: progress lost to saving a checkpoint (s)",
+    )
+    p.add_argument(
+        "--restore-s",
+        type=float,
+        default=0.0,
+        help="preemption cost: time a resumed job needs before it progresses (s)",
     )
     p.add_argument(
         "--blox",
@@ -140,6 +172,61 @@ def fail(command: str, exc: BaseException) -> int:
     return 2
 
 
+def split_list(text: str, cast: type) -> list:
+    return [cast(part.strip()) for part in text.split(",") if part.strip()]
+
+
+def without_options(argv: list[str], names: set[str]) -> list[str]:
+    """`argv` without the options in `names` and their values (`--x v` and `--x=v`)."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in names:
+            skip = "=" not in arg
+            continue
+        kept.append(arg)
+    return kept
+
+
+def cmd_compare(
+    args: argparse.Namespace, policies: list[str], loads: list[float], seeds: list[int]
+) -> int:
+    """Several policies, loads or seeds: one `gpuyard sim` each, at once, on one server."""
+    import uvloop
+
+    from gpuyard.compare import default_parallel, run_all, write_comparison
+
+    base = without_options(
+        args.argv[2:],  # after "gpuyard sim"
+        {"--policy", "--param", "--load", "--seed", "--out", "--cluster", "--nats", "--parallel"},
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    table = uvloop.run(
+        run_all(
+            base,
+            policies,
+            loads,
+            seeds,
+            args.param,
+            args.out,
+            args.nats,
+            args.parallel or default_parallel(),
+        )
+    )
+    paths = write_comparison(table, args.out)
+    columns = ["policy", "load", "seed", "mean_jct", "p95_jct", "makespan", "utilization"]
+    if not table.empty:
+        print(table[columns].to_string(index=False))
+    for path in paths:
+        print(f"wrote {path}", file=sys.stderr)
+    runs = len(policies) * len(loads) * len(seeds)
+    return 0 if len(table) == runs else 1
+
+
 def cmd_sim(args: argparse.Namespace) -> int:
     import uvloop
 
@@ -149,6 +236,14 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from gpuyard.throughputs import load_throughputs
     from gpuyard.workloads import WorkloadError, load_cluster, load_node_events, save_node_events
 
+    try:
+        policies = split_list(args.policy, str)
+        loads = split_list(args.load, float)
+        seeds = split_list(args.seed, int)
+    except ValueError as exc:
+        return fail("sim", exc)
+    if len(policies) * len(loads) * len(seeds) > 1:
+        return cmd_compare(args, policies, loads, seeds)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
         cluster = (
@@ -170,7 +265,9 @@ def cmd_sim(args: argparse.Namespace) -> int:
             mode="rounds" if args.blox else args.mode,
             blox=args.blox,
             churn_node_gpus=args.churn_node_gpus,
-            preemption_cost=PreemptionCost(checkpoint_s=args.checkpoint_s, restore_s=args.restore_s),
+            preemption_cost=PreemptionCost(
+                checkpoint_s=args.checkpoint_s, restore_s=args.restore_s
+            ),
         )
         scheduling_policies.create(options.policy, options.policy_params)
         admission_policies.create(options.admission, options.admission_params)
@@ -327,7 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name", choices=["admission", "scheduler", "placement", "simclock"])
     p.add_argument("rest", nargs=argparse.REMAINDER, help="--nats URL --cluster NAME --config FILE")
     p.set_defaults(run=cmd_service)
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    args.argv = ["gpuyard", *argv]
     return args.run(args)
 
 

@@ -187,8 +187,8 @@ class Registry(Generic[P]):
             raise PolicyError(f"{self.kind} policy {name!r}: {cls!r} is not a {self.base.__name__}")
         self._classes[name] = cls
 
-    def _load_entry_points(self) -> None:
-        if self._loaded:
+    def _load_entry_points(self, *, again: bool = False) -> None:
+        if self._loaded and not again:
             return
         self._loaded = True
         for ep in entry_points(group=self.group):
@@ -201,6 +201,8 @@ class Registry(Generic[P]):
 
     def get(self, name: str) -> type[P]:
         self._load_entry_points()
+        if name not in self._classes:
+            self._load_entry_points(again=True)  # a package installed since we last looked
         try:
             return self._classes[name]
         except KeyError:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+
 from gpuyard.shared.contract import CONTRACT_VERSION, Subjects, json_schema
 from gpuyard.shared.model import ClusterSpec
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+
+from gpuyard.launcher import ServiceSet
 from gpuyard.services.admission.service import AdmissionConfig
 from gpuyard.services.placement.service import PlacementConfig
 from gpuyard.services.scheduler.service import SchedulerConfig
@@ -21,8 +23,6 @@ from gpuyard.shared.contract import (
     TickRequest,
 )
 from gpuyard.shared.model import JobSpec
-
-from gpuyard.launcher import ServiceSet
 
 
 @pytest.fixture

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from gpuyard.shared.model import JobSpec
-from gpuyard.shared.policy import AdmissionInput, ClusterView, PolicyError, admission_policies
 
 from gpuyard.policies.admission import (
     AcceptAll,
@@ -15,6 +13,8 @@ from gpuyard.policies.admission import (
     TenantQuota,
     TenantQuotaParams,
 )
+from gpuyard.shared.model import JobSpec
+from gpuyard.shared.policy import AdmissionInput, ClusterView, PolicyError, admission_policies
 
 
 def ask(

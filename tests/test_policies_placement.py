@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef
-from gpuyard.shared.policy import NodeView, PlacementInput, placement_policies
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +14,8 @@ from gpuyard.policies.placement import (
     Scattered,
     Sticky,
 )
+from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef
+from gpuyard.shared.policy import NodeView, PlacementInput, placement_policies
 
 NAMES = ["consolidated", "first-fit", "scattered", "random", "sticky"]
 

@@ -5,14 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from gpuyard.shared.model import ANY_GPU, Allocation, JobSpec
-from gpuyard.shared.policy import (
-    ClusterView,
-    JobView,
-    PolicyError,
-    SchedulingInput,
-    scheduling_policies,
-)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,6 +21,14 @@ from gpuyard.policies.scheduling import (
     TiresiasGittinsParams,
     TiresiasParams,
     fill_in_order,
+)
+from gpuyard.shared.model import ANY_GPU, Allocation, JobSpec
+from gpuyard.shared.policy import (
+    ClusterView,
+    JobView,
+    PolicyError,
+    SchedulingInput,
+    scheduling_policies,
 )
 
 _seq = iter(range(10**9))

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from gpuyard.shared.model import ClusterSpec, JobSpec
 
+from gpuyard.shared.model import ClusterSpec, JobSpec
 from gpuyard.sim import SimOptions, simulate
 from gpuyard.workloads import blox
 

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+
 from gpuyard.shared.model import JobSpec
 from gpuyard.shared.throughput import LinearModel, total_steps
-
 from gpuyard.throughputs import (
     DEFAULT_GPU_SPEEDS,
     BFTrainerThroughputs,

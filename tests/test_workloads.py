@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gpuyard.shared.model import ClusterSpec
 
+from gpuyard.shared.model import ClusterSpec
 from gpuyard.throughputs import ElasticFlowThroughputs, GavelThroughputs
 from gpuyard.workloads import (
     Workload,

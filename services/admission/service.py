@@ -8,6 +8,8 @@ import time
 from typing import Any
 
 import msgspec
+from msgspec import Struct
+
 from gpuyard.shared.bus import Bus, Route, Service
 from gpuyard.shared.contract import (
     ClusterInfo,
@@ -26,7 +28,6 @@ from gpuyard.shared.policy import (
     ClusterView,
     admission_policies,
 )
-from msgspec import Struct
 
 
 class AdmissionConfig(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -54,6 +55,13 @@ class Admission(Service):
 
     def describe_policy(self) -> str:
         return self.config.policy
+
+    def describe_policy_params(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self.policy.params)
+
+    def swap_policy(self, policy: str, params: dict[str, Any]) -> None:
+        self.policy = admission_policies.create(policy, params)
+        self.config = msgspec.structs.replace(self.config, policy=policy, params=params)
 
     def routes(self) -> dict[str, Route]:
         return {"submit": Route(self.submit, SubmitRequest)}

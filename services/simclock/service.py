@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 import msgspec
+from msgspec import Struct
+
 from gpuyard.shared.bus import BadRequest, Bus, Route, Service
 from gpuyard.shared.contract import (
     Ack,
@@ -41,8 +43,6 @@ from gpuyard.shared.contract import (
 )
 from gpuyard.shared.model import ClusterSpec, JobSpec, NodeSpec
 from gpuyard.shared.throughput import ThroughputModel, total_steps
-from msgspec import Struct
-
 from gpuyard.throughputs import load_throughputs
 
 MAX_TICKS_PER_INSTANT = 3
