@@ -5,7 +5,8 @@
 
 (a) the shape of Blox's README experiment: ~4,000 one-GPU jobs at 1 job/hour on 32 nodes x 4 GPUs
     with 300 s rounds and Blox's round semantics (about 48,800 rounds of simulated time);
-(b) 20,000 jobs on 1,024 GPUs (128 nodes x 8) at a load that queues, FIFO, decisions on events.
+(b) 20,000 jobs on 1,024 GPUs (128 nodes x 8) at a load that queues (~110% of capacity), FIFO,
+    decisions at 300 s round boundaries (completions at their exact times).
 
 Time split: "policy" is time inside scheduling and placement policy code; "handlers" is the rest of
 the services' own code (nested requests excluded); "messaging" is what is left of the wall time:
@@ -35,9 +36,9 @@ WORKLOADS = {
         options=dict(mode="rounds", blox=True),
     ),
     "b": dict(
-        title="(b) 20,000 jobs (1/2/4/8 GPUs), 1,024 GPUs (128x8), 36 jobs/h (~110% load), FIFO on events",
+        title="(b) 20,000 jobs (1/2/4/8 GPUs), 1,024 GPUs (128x8), 36 jobs/h (~110% load), FIFO, 300 s rounds",
         n_jobs=20000, jobs_per_hour=36.0, demand={1: 0.7, 2: 0.1, 4: 0.15, 8: 0.05},
-        cluster="128x8", options=dict(mode="events"),
+        cluster="128x8", options=dict(mode="rounds"),
     ),
 }  # fmt: skip
 

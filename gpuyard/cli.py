@@ -282,7 +282,10 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
                 origin = pd.to_datetime(workload.extras["Tsub"]).min().to_pydatetime()
             events_path = args.out / "node_events.csv"
-            save_node_events(load_node_events(args.node_events, origin=origin), events_path)
+            events = load_node_events(args.node_events, origin=origin)
+            # Events before the first job only set the nodes' state at the start.
+            events["time"] = events["time"].clip(lower=0.0)
+            save_node_events(events, events_path)
             options.node_events = str(events_path.resolve())
     except (ValueError, OSError, msgspec.ValidationError, WorkloadError) as exc:
         return fail("sim", exc)

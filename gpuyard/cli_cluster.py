@@ -1,9 +1,394 @@
-"""`gpuyard` commands for real clusters (node agents, control plane, jobs)."""
+"""`gpuyard` commands for real clusters: the control plane (`up`), node agents (`nodeagent`) and
+jobs (`submit`, `jobs`, `cancel`, `logs`, `nodes`)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import time
+import tomllib
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from gpuyard.shared.bus import Bus, RemoteError, connect
+from gpuyard.shared.contract import (
+    CancelReply,
+    CancelRequest,
+    ClusterInfo,
+    Empty,
+    HeartbeatsPage,
+    JobQuery,
+    JobRecord,
+    JobsPage,
+    LogLine,
+    LogsReply,
+    LogsRequest,
+    Subjects,
+    SubmitReply,
+)
+
+SLURM_STATES = {
+    "queued": "PENDING",
+    "running": "RUNNING",
+    "completed": "COMPLETED",
+    "failed": "FAILED",
+    "cancelled": "CANCELLED",
+}
+ENDED = {"completed", "failed", "cancelled"}
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nats", default="nats://127.0.0.1:4222", help="NATS server URL")
+    p.add_argument("--cluster", default="default", help="cluster namespace")
 
 
 def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
-    """Register the real-cluster subcommands (filled in by the real-cluster work)."""
+    """Register the real-cluster subcommands."""
+    from gpuyard.services.nodeagent.run import add_agent_args, run_from_args
+
+    p = sub.add_parser("up", help="run the control plane (admission, scheduler, placement)")
+    p.add_argument("--nats", help="NATS server URL (default: start an embedded one on loopback)")
+    p.add_argument("--cluster", default="default", help="cluster namespace")
+    p.add_argument("--policy", default="fifo", help="scheduling policy (default fifo)")
+    p.add_argument("--placement", default="consolidated", help="placement policy")
+    p.add_argument("--admission", default="accept-all", help="admission policy")
+    p.add_argument("--round", type=float, default=5.0, help="seconds between scheduling rounds")
+    p.add_argument(
+        "--heartbeat-timeout", type=float, default=5.0, help="seconds of silence: node lost"
+    )
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(run=cmd_up)
+
+    p = sub.add_parser("nodeagent", help="run this machine's node agent")
+    add_agent_args(p)
+    p.set_defaults(run=lambda args, p=p: run_from_args(args, p))
+
+    p = sub.add_parser(
+        "submit",
+        help="submit a job",
+        description="Submit a job: `gpuyard submit --gpus 2 -- python train.py`, or --file.",
+    )
+    _common(p)
+    p.add_argument("--file", type=Path, help="a job (or {jobs: [...]}) as JSON or TOML")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs (default 1)")
+    p.add_argument("--gpu-type", default=None, help="GPU type (default: any)")
+    p.add_argument("--min-gpus", type=int)
+    p.add_argument("--max-gpus", type=int)
+    p.add_argument("--priority", type=int)
+    p.add_argument("--deadline", type=float, help="seconds from submission")
+    p.add_argument("--name", default=None)
+    p.add_argument("--job-id", default=None)
+    p.add_argument("--per-node", action="store_true", help="one process per node, not per GPU")
+    p.add_argument("--env", action="append", default=[], help="KEY=VALUE for the job")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
+    p.set_defaults(run=cmd_submit)
+
+    p = sub.add_parser("jobs", help="list jobs (queue and history)")
+    _common(p)
+    p.add_argument("--state", action="append", default=[], choices=sorted(SLURM_STATES))
+    p.add_argument("--json", action="store_true")
+    p.add_argument("job_ids", nargs="*")
+    p.set_defaults(run=cmd_jobs)
+
+    p = sub.add_parser("cancel", help="cancel jobs")
+    _common(p)
+    p.add_argument("job_ids", nargs="+")
+    p.set_defaults(run=cmd_cancel)
+
+    p = sub.add_parser("logs", help="a job's output (all ranks)")
+    _common(p)
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    p.add_argument("--tail", type=int, default=65536, help="bytes per rank from the log files")
+    p.add_argument("job_id")
+    p.set_defaults(run=cmd_logs)
+
+    p = sub.add_parser("nodes", help="nodes, their GPUs and last heartbeats")
+    _common(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_nodes)
+
+
+# --------------------------------------------------------------------------- plumbing
+
+
+def _run(args: argparse.Namespace, body: Callable[[Bus], Awaitable[int]]) -> int:
+    """Connect, run `body`, and turn failures into one clear line on stderr."""
+    import uvloop
+
+    async def main() -> int:
+        nc = await connect(args.nats, name="gpuyard-cli", max_reconnect_attempts=0)
+        bus = Bus(nc, Subjects(args.cluster), request_timeout=15.0)
+        try:
+            return await body(bus)
+        finally:
+            await bus.close()
+
+    try:
+        return uvloop.run(main())
+    except RemoteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, TimeoutError) as exc:
+        print(f"error: cannot reach NATS at {args.nats}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+# --------------------------------------------------------------------------- up
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    import uvloop
+
+    from gpuyard.shared.logs import configure_logging
+
+    configure_logging(args.log_level)
+    try:
+        Subjects(args.cluster)
+    except (ValueError, msgspec.ValidationError) as exc:
+        print(f"error: --cluster: {exc}", file=sys.stderr)
+        return 2
+    with contextlib.suppress(KeyboardInterrupt):
+        uvloop.run(run_control_plane(args))
+    return 0
+
+
+def control_plane_configs(
+    policy: str = "fifo", placement: str = "consolidated", admission: str = "accept-all",
+    round_s: float = 5.0, heartbeat_timeout_s: float = 5.0,
+) -> dict[str, Any]:  # fmt: skip
+    """The services of a real cluster's control plane: the scheduler ticks on the wall clock."""
+    from gpuyard.services.admission.service import AdmissionConfig
+    from gpuyard.services.placement.service import PlacementConfig
+    from gpuyard.services.scheduler.service import SchedulerConfig
+
+    return {
+        "placement": PlacementConfig(policy=placement, heartbeat_timeout_s=heartbeat_timeout_s),
+        "scheduler": SchedulerConfig(policy=policy, clock="wall", round_s=round_s),
+        "admission": AdmissionConfig(policy=admission),
+    }
+
+
+async def run_control_plane(args: argparse.Namespace) -> None:
+    import signal
+
+    from gpuyard.embedded import EmbeddedNats
+    from gpuyard.launcher import ServiceSet
+
+    configs = control_plane_configs(
+        args.policy, args.placement, args.admission, args.round, args.heartbeat_timeout
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        url = args.nats or await stack.enter_async_context(EmbeddedNats())
+        services = ServiceSet(url, args.cluster, configs)
+        await services.start()
+        stack.push_async_callback(services.stop)
+        print(f"gpuyard control plane up: --nats {url} --cluster {args.cluster}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        print("stopping", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- submit
+
+
+def job_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The job(s) to submit, as plain dicts: admission validates them and names a bad field."""
+    if args.file is not None:
+        text = args.file.read_bytes()
+        data = tomllib.loads(text.decode()) if args.file.suffix == ".toml" else json.loads(text)
+        return data["jobs"] if isinstance(data, dict) and "jobs" in data else [data]
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise ValueError("give the job's command after `--` (or --file)")
+    job: dict[str, Any] = {"num_gpus": args.gpus, "command": command}
+    for key in ("gpu_type", "min_gpus", "max_gpus", "priority", "deadline", "name", "job_id"):
+        value = getattr(args, key)
+        if value is not None:
+            job[key] = value
+    if args.per_node:
+        job["processes"] = "per_node"
+    env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--env {item!r} is not KEY=VALUE")
+        env[key] = value
+    if env:
+        job["env"] = env
+    return [job]
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    try:
+        jobs = job_from_args(args)
+    except (OSError, ValueError, KeyError, tomllib.TOMLDecodeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    async def body(bus: Bus) -> int:
+        reply = await bus.request(f"{bus.subjects.admission}.submit", {"jobs": jobs}, SubmitReply)
+        bad = 0
+        for r in reply.results:
+            if r.verdict == "admit":
+                print(f"submitted {r.job_id}")
+            else:
+                bad += 1
+                print(f"rejected {r.job_id}: {r.reason}", file=sys.stderr)
+        return 1 if bad else 0
+
+    return _run(args, body)
+
+
+# --------------------------------------------------------------------------- jobs, cancel
+
+
+def _ago(t: float | None, now: float) -> str:
+    if t is None:
+        return "-"
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def format_jobs(records: list[JobRecord], now: float) -> str:
+    rows = [("JOBID", "NAME", "STATE", "GPUS", "SUBMIT", "START", "END", "PREEMPT", "REASON")]
+    for r in records:
+        reason = r.reason
+        if r.state == "queued" and not reason:
+            reason = "Resources"
+        rows.append(
+            (
+                r.job_id, (r.spec.name or " ".join(r.spec.command))[:24], SLURM_STATES[r.state],
+                str(r.spec.num_gpus), _ago(r.submit_time, now), _ago(r.first_start, now),
+                _ago(r.end_time, now), str(r.preemptions), reason,
+            )
+        )  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    )
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    async def body(bus: Bus) -> int:
+        page = await bus.request(
+            f"{bus.subjects.scheduler}.query",
+            JobQuery(job_ids=args.job_ids, states=args.state, limit=100_000),
+            JobsPage,
+        )
+        if args.json:
+            print(msgspec.json.encode(page).decode())
+        else:
+            print(format_jobs(page.jobs, time.time()))
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    async def body(bus: Bus) -> int:
+        reply = await bus.request(
+            f"{bus.subjects.scheduler}.cancel", CancelRequest(job_ids=args.job_ids), CancelReply
+        )
+        for job_id in reply.cancelled:
+            print(f"cancelled {job_id}")
+        for job_id, why in reply.refused.items():
+            print(f"not cancelled {job_id}: {why}", file=sys.stderr)
+        return 1 if reply.refused else 0
+
+    return _run(args, body)
+
+
+# --------------------------------------------------------------------------- logs, nodes
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    async def body(bus: Bus) -> int:
+        live: asyncio.Queue[LogLine] = asyncio.Queue()
+        decoder = msgspec.json.Decoder(LogLine)
+
+        async def on_line(msg: Any) -> None:
+            live.put_nowait(decoder.decode(msg.data))
+
+        if args.follow:  # subscribe first: no line falls between the files and the stream
+            await bus.nc.subscribe(f"{bus.subjects.logs}.{args.job_id}", cb=on_line)
+        info = await bus.request(f"{bus.subjects.placement}.cluster", Empty(), ClusterInfo)
+        replies = await asyncio.gather(
+            *(
+                bus.request(
+                    f"{bus.subjects.node(n.node_id)}.logs",
+                    LogsRequest(job_id=args.job_id, tail_bytes=args.tail),
+                    LogsReply,
+                    within_s=5.0,
+                )
+                for n in info.nodes
+            ),
+            return_exceptions=True,
+        )
+        for reply in replies:
+            if isinstance(reply, LogsReply):
+                for line in reply.lines:
+                    print(line)
+        sys.stdout.flush()
+        while args.follow:
+            try:
+                async with asyncio.timeout(1.0):
+                    line = await live.get()
+                print(f"[{line.node_id} rank{line.rank}] {line.line}", flush=True)
+            except TimeoutError:
+                page = await bus.request(
+                    f"{bus.subjects.scheduler}.query", JobQuery(job_ids=[args.job_id]), JobsPage
+                )
+                if not page.jobs or page.jobs[0].state in ENDED:
+                    return 0
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    async def body(bus: Bus) -> int:
+        info = await bus.request(f"{bus.subjects.placement}.cluster", Empty(), ClusterInfo)
+        beats = await bus.request(f"{bus.subjects.placement}.heartbeats", Empty(), HeartbeatsPage)
+        if args.json:
+            print(msgspec.json.encode({"cluster": info, "heartbeats": beats}).decode())
+            return 0
+        print(format_nodes(info, beats, time.time()))
+        return 0
+
+    return _run(args, body)
+
+
+def format_nodes(info: ClusterInfo, beats: HeartbeatsPage, now: float) -> str:
+    busy: dict[str, int] = {}
+    for gpus in info.busy.values():
+        for g in gpus:
+            busy[g.node_id] = busy.get(g.node_id, 0) + 1
+    last = {b.node_id: b for b in beats.beats}
+    rows = [("NODE", "TYPE", "GPUS", "BUSY", "SOURCE", "HEARTBEAT", "UTIL%", "MEM_MIB", "ADDRESS")]
+    for n in sorted(info.nodes, key=lambda n: n.node_id):
+        b = last.get(n.node_id)
+        seen = beats.received.get(n.node_id)
+        util = [g.utilization for g in b.gpus if g.utilization is not None] if b else []
+        mem = [g.memory_used_mib for g in b.gpus if g.memory_used_mib is not None] if b else []
+        rows.append(
+            (
+                n.node_id, n.gpu_type, str(n.num_gpus), str(busy.get(n.node_id, 0)),
+                n.labels.get("gpu_source", "-"), f"{now - seen:.1f}s ago" if seen else "-",
+                f"{sum(util) / len(util):.0f}" if util else "-", str(sum(mem)) if mem else "-",
+                n.address or "-",
+            )
+        )  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    )

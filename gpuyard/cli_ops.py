@@ -1,9 +1,233 @@
-"""`gpuyard` commands for operators: events, status, policies."""
+"""`gpuyard` commands for operators: events, status, policies.
+
+    gpuyard tail   [--job ID] [--node N] [--type T] [--since 10m | --all | --new] [--follow] [--json]
+    gpuyard policy show
+    gpuyard policy set SERVICE POLICY [--param K=V ...]
+    gpuyard status [--json]
+    gpuyard auth-config --cluster C --node N ... [--out FILE]
+
+Each takes `--nats URL --cluster NAME` and the `--nats-*` credential and TLS options (gpuyard.cliopts).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+import msgspec
+
+from gpuyard.cliopts import add_nats_options, open_bus
+from gpuyard.shared.bus import RemoteError
+from gpuyard.shared.policy import PolicyError, parse_params
 
 
 def add_ops_parsers(sub: argparse._SubParsersAction) -> None:
-    """Register the operations subcommands (filled in by the operations work)."""
+    """Register the operations subcommands."""
+    add_tail_parser(sub)
+    add_policy_parser(sub)
+    add_status_parser(sub)
+    add_auth_config_parser(sub)
+
+
+def _run(command: str, coro: Any) -> int:
+    """Run a command's coroutine; connection and remote errors become one line and exit code 1."""
+    try:
+        return asyncio.run(coro)
+    except KeyboardInterrupt:
+        return 130
+    except (RemoteError, PolicyError, ValueError, OSError, RuntimeError) as exc:
+        print(f"gpuyard {command}: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # e.g. nats' NoServersError, authorization violations
+        print(f"gpuyard {command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+# --------------------------------------------------------------------------- tail
+
+
+def add_tail_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tail", help="print a cluster's events (live or stored)",
+        description="Read the cluster's JetStream event stream; --follow keeps going until Ctrl-C.",
+    )  # fmt: skip
+    add_nats_options(p)
+    p.add_argument("--job", help="only this job's events")
+    p.add_argument("--node", help="only this node's events (node events, jobs' GPUs there)")
+    p.add_argument(
+        "--type", action="append", default=[], dest="types", metavar="TYPE",
+        help="event type, wildcards allowed: job.started, job.*, node.> (repeatable)",
+    )  # fmt: skip
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--since", help="from this long ago (10m, 2h, 1d) or an ISO time")
+    when.add_argument("--all", action="store_true", help="every stored event (the default)")
+    when.add_argument("--new", action="store_true", help="only events from now on")
+    p.add_argument("--follow", "-f", action="store_true", help="wait for new events until Ctrl-C")
+    p.add_argument("--json", action="store_true", help="JSON lines instead of text")
+    p.set_defaults(run=cmd_tail)
+
+
+async def _tail(args: argparse.Namespace) -> int:
+    from gpuyard.ops import format_event, matches, parse_since, read_events
+
+    start: Any = parse_since(args.since) if args.since else ("new" if args.new else "all")
+    bus = await open_bus(args, "gpuyard-tail")
+    try:
+        async for stored in read_events(
+            bus.nc, bus.subjects, types=args.types, start=start, follow=args.follow
+        ):
+            if not matches(stored, job=args.job, node=args.node):
+                continue
+            line = json.dumps(stored.to_builtins()) if args.json else format_event(stored)
+            print(line, flush=args.follow)
+    finally:
+        await bus.close()
+    return 0
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    try:
+        return _run("tail", _tail(args))
+    except BrokenPipeError:  # `gpuyard tail | head`
+        return 0
+
+
+# --------------------------------------------------------------------------- policy
+
+
+def add_policy_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("policy", help="show or swap the services' policies at runtime")
+    psub = p.add_subparsers(required=True, metavar="ACTION")
+    show = psub.add_parser("show", help="the active policies of admission, scheduler, placement")
+    add_nats_options(show)
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(run=cmd_policy_show)
+    s = psub.add_parser(
+        "set", help="swap a service's policy; it makes the next decision",
+        description="Swap a running service's policy. Bad names or parameters leave the old one.",
+    )  # fmt: skip
+    add_nats_options(s)
+    s.add_argument("service", choices=["admission", "scheduler", "placement"])
+    s.add_argument("policy", help="a registered policy name (see `policy show`)")
+    s.add_argument("--param", action="append", default=[], help="KEY=VALUE (repeatable)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=cmd_policy_set)
+
+
+def _policy_line(service: str, info: Any) -> str:
+    if isinstance(info, str):
+        return f"{service:<10} (no answer: {info})"
+    params = " ".join(f"{k}={v}" for k, v in info.params.items())
+    return f"{service:<10} {info.policy or '-'} {params}".rstrip()
+
+
+async def _policy_show(args: argparse.Namespace) -> int:
+    from gpuyard.ops import show_policies
+
+    bus = await open_bus(args, "gpuyard-policy")
+    try:
+        infos = await show_policies(bus)
+    finally:
+        await bus.close()
+    if args.json:
+        print(
+            json.dumps(
+                {s: i if isinstance(i, str) else msgspec.to_builtins(i) for s, i in infos.items()}
+            )
+        )
+    else:
+        for service, info in infos.items():
+            print(_policy_line(service, info))
+    return 0 if all(not isinstance(i, str) for i in infos.values()) else 1
+
+
+async def _policy_set(args: argparse.Namespace) -> int:
+    from gpuyard.ops import set_policy
+
+    params = parse_params(args.param)
+    bus = await open_bus(args, "gpuyard-policy")
+    try:
+        info = await set_policy(bus, args.service, args.policy, params)
+    finally:
+        await bus.close()
+    if args.json:
+        print(json.dumps(msgspec.to_builtins(info)))
+    else:
+        print(
+            f"{args.service}: {info.previous} -> {_policy_line(args.service, info).split(None, 1)[1]}"
+        )
+    return 0
+
+
+def cmd_policy_show(args: argparse.Namespace) -> int:
+    return _run("policy show", _policy_show(args))
+
+
+def cmd_policy_set(args: argparse.Namespace) -> int:
+    return _run("policy set", _policy_set(args))
+
+
+# --------------------------------------------------------------------------- status
+
+
+def add_status_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="services, versions, policies, queue and nodes of a cluster")
+    add_nats_options(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_status)
+
+
+async def _status(args: argparse.Namespace) -> int:
+    from gpuyard.ops import cluster_status, format_status
+
+    bus = await open_bus(args, "gpuyard-status")
+    try:
+        status = await cluster_status(bus)
+    finally:
+        await bus.close()
+    if args.json:
+        print(msgspec.json.encode(status).decode())
+    else:
+        print("\n".join(format_status(status)))
+    return 0 if any(s.up for s in status.services) else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    return _run("status", _status(args))
+
+
+# --------------------------------------------------------------------------- auth config
+
+
+def add_auth_config_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "auth-config", help="write nats-server users with gpuyard's per-role permissions",
+        description="One user per role (operator, submitter, admission, scheduler, placement, "
+        "simclock) and per node (node-<id>), with random passwords unless --password is given.",
+    )  # fmt: skip
+    p.add_argument("--cluster", required=True, help="cluster namespace the users may touch")
+    p.add_argument("--node", action="append", default=[], help="a node id (repeatable)")
+    p.add_argument("--password", help="one password for every user (examples and tests only)")
+    p.add_argument("--out", help="write here instead of stdout")
+    p.set_defaults(run=cmd_auth_config)
+
+
+def cmd_auth_config(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from gpuyard.natsauth import default_users, server_config
+
+    try:
+        text = server_config(args.cluster, default_users(args.node, password=args.password))
+    except (ValueError, msgspec.ValidationError) as exc:
+        print(f"gpuyard auth-config: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        Path(args.out).write_text(text)
+        Path(args.out).chmod(0o600)
+    else:
+        print(text, end="")
+    return 0

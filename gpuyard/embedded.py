@@ -24,8 +24,10 @@ def nats_server_binary() -> str:
 class EmbeddedNats:
     """`async with EmbeddedNats() as url:` a JetStream-enabled server that is gone afterwards."""
 
-    def __init__(self, *, max_payload_mb: int = 8) -> None:
+    def __init__(self, *, max_payload_mb: int = 8, extra_config: str = "") -> None:
         self.max_payload_mb = max_payload_mb
+        self.extra_config = extra_config
+        """Appended to the server's config file (e.g. an `authorization {}` or `tls {}` block)."""
         self.url = ""
         self._proc: asyncio.subprocess.Process | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
@@ -39,6 +41,7 @@ class EmbeddedNats:
             'listen: "127.0.0.1:-1"\n'
             f"max_payload: {self.max_payload_mb}MB\n"
             f'jetstream {{ store_dir: "{root / "js"}" }}\n'
+            f"{self.extra_config}\n"
         )
         self._proc = await asyncio.create_subprocess_exec(
             nats_server_binary(), "-c", str(conf),

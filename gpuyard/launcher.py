@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from gpuyard.shared.bus import Bus, RemoteError, Service, connect
+from gpuyard.shared.bus import Bus, NatsAuth, RemoteError, Service, connect
 from gpuyard.shared.contract import CONTRACT_VERSION, Ping, Pong, Subjects
 
 SERVICE_CLASSES = {
@@ -36,7 +37,9 @@ class ServiceSet:
     def __init__(
         self, url: str, cluster: str, configs: dict[str, Any], *, processes: bool = False,
         log_file: Path | None = None, log_level: str = "info", expect: frozenset[str] = frozenset(),
+        auth: NatsAuth | None = None,
     ) -> None:  # fmt: skip
+        self.auth = auth
         self.url = url
         self.subjects = Subjects(cluster)
         self.configs = configs
@@ -53,7 +56,9 @@ class ServiceSet:
             await self._start_processes()
         else:
             for name, config in self.configs.items():
-                nc = await connect(self.url, name=f"gpuyard-{name}-{self.subjects.cluster}")
+                nc = await connect(
+                    self.url, name=f"gpuyard-{name}-{self.subjects.cluster}", auth=self.auth
+                )
                 service = service_class(name)(Bus(nc, self.subjects), config)
                 await service.start()
                 self._services.append(service)
@@ -69,8 +74,9 @@ class ServiceSet:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", f"gpuyard.services.{name}", "--nats", self.url,
                 "--cluster", self.subjects.cluster, "--config", str(path),
-                "--log-level", self.log_level,
+                "--log-level", self.log_level, *(self.auth.argv() if self.auth else []),
                 stdout=log or asyncio.subprocess.DEVNULL, stderr=log or None,
+                env={**os.environ, **(self.auth.env() if self.auth else {})},
             )  # fmt: skip
             self._procs.append(proc)
         if log:
@@ -78,7 +84,7 @@ class ServiceSet:
 
     async def wait_ready(self, within_s: float = 30.0) -> None:
         """Until every service answers a ping."""
-        nc = await connect(self.url, name="gpuyard-launcher")
+        nc = await connect(self.url, name="gpuyard-launcher", auth=self.auth)
         bus = Bus(nc, self.subjects)
         try:
             async with asyncio.timeout(within_s):

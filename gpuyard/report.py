@@ -53,12 +53,12 @@ def jobs_frame(records: list[JobRecord]) -> pd.DataFrame:
 
 def timeline_frame(points: list[TimelinePoint]) -> pd.DataFrame:
     return pd.DataFrame(
-        [(p.time, p.busy_gpus, p.queued, p.running) for p in points],
-        columns=["time", "busy_gpus", "queued", "running"],
+        [(p.time, p.busy_gpus, p.queued, p.running, p.gpus) for p in points],
+        columns=["time", "busy_gpus", "queued", "running", "gpus"],
     )
 
 
-def summarize(jobs: pd.DataFrame, timeline: pd.DataFrame, total_gpus: int) -> dict[str, Any]:
+def summarize(jobs: pd.DataFrame, timeline: pd.DataFrame) -> dict[str, Any]:
     done = jobs[jobs["state"] == "completed"]
     jct = done["jct"].to_numpy(dtype=float)
     start = float(jobs["arrival"].min()) if len(jobs) else 0.0
@@ -67,7 +67,10 @@ def summarize(jobs: pd.DataFrame, timeline: pd.DataFrame, total_gpus: int) -> di
     # Busy GPU-seconds: the timeline is a step function, each point holding until the next.
     times = timeline["time"].to_numpy(dtype=float)
     busy = timeline["busy_gpus"].to_numpy(dtype=float)
+    gpus = timeline["gpus"].to_numpy(dtype=float)
     busy_gpu_seconds = float(np.sum(busy[:-1] * np.diff(times))) if len(times) > 1 else 0.0
+    # Against the GPUs actually present (nodes may come and go), over the same span.
+    gpu_seconds = float(np.sum(gpus[:-1] * np.diff(times))) if len(times) > 1 else 0.0
     with_deadline = jobs[jobs["deadline"].notna()]
 
     def q(p: float) -> float | None:
@@ -86,7 +89,7 @@ def summarize(jobs: pd.DataFrame, timeline: pd.DataFrame, total_gpus: int) -> di
         "p99_jct": q(99),
         "mean_queueing_delay": float(done["queueing_delay"].mean()) if len(done) else None,
         "makespan": makespan,
-        "utilization": busy_gpu_seconds / (total_gpus * makespan) if makespan > 0 else 0.0,
+        "utilization": busy_gpu_seconds / gpu_seconds if gpu_seconds > 0 else 0.0,
         "preemptions": int(jobs["preemptions"].sum()),
         "deadline_jobs": len(with_deadline),
         "deadline_satisfaction": (
@@ -96,7 +99,7 @@ def summarize(jobs: pd.DataFrame, timeline: pd.DataFrame, total_gpus: int) -> di
     }
 
 
-def plot(jobs: pd.DataFrame, timeline: pd.DataFrame, total_gpus: int, out: Path) -> list[Path]:
+def plot(jobs: pd.DataFrame, timeline: pd.DataFrame, out: Path) -> list[Path]:
     paths = []
     jct = np.sort(jobs.loc[jobs["state"] == "completed", "jct"].to_numpy(dtype=float))
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -114,7 +117,7 @@ def plot(jobs: pd.DataFrame, timeline: pd.DataFrame, total_gpus: int, out: Path)
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5), sharex=True)
     hours = timeline["time"].to_numpy(dtype=float) / 3600
-    top.step(hours, timeline["busy_gpus"] / max(total_gpus, 1), where="post")
+    top.step(hours, timeline["busy_gpus"] / timeline["gpus"].clip(lower=1), where="post")
     top.set_ylabel("GPU utilisation")
     top.set_ylim(0, 1.05)
     bottom.step(hours, timeline["queued"], where="post", color="tab:orange")
@@ -130,7 +133,7 @@ def plot(jobs: pd.DataFrame, timeline: pd.DataFrame, total_gpus: int, out: Path)
 
 
 def write_results(
-    records: list[JobRecord], points: list[TimelinePoint], total_gpus: int, out: Path,
+    records: list[JobRecord], points: list[TimelinePoint], out: Path,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Write every result file into `out` and return the summary."""
@@ -139,9 +142,9 @@ def write_results(
     timeline = timeline_frame(points)
     jobs.to_csv(out / "jobs.csv", index=False)
     timeline.to_csv(out / "timeline.csv", index=False)
-    summary = {**(extra or {}), **summarize(jobs, timeline, total_gpus)}
+    summary = {**(extra or {}), **summarize(jobs, timeline)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot(jobs, timeline, total_gpus, out)
+    plot(jobs, timeline, out)
     return summary
 
 

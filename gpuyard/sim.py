@@ -172,7 +172,7 @@ async def simulate(
         ]
     wall = time.perf_counter() - started
     summary = write_results(
-        records, points, options.cluster.total_gpus, out,
+        records, points, out,
         extra={"policy": options.policy, "simulated_s": final.now, "instants": final.instants,
                "wall_s": round(wall, 3)},
     )  # fmt: skip

@@ -8,11 +8,14 @@ service, or the chain deadlocks; the call graph is admission -> scheduler -> pla
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import os
 import re
+import ssl
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -33,10 +36,13 @@ from .contract import (
     ErrorReply,
     Event,
     Ping,
+    PolicyInfo,
     Pong,
     ServiceStats,
+    SetPolicy,
     Subjects,
 )
+from .policy import PolicyError
 
 T = TypeVar("T")
 
@@ -71,8 +77,24 @@ class BadRequest(Exception):
 
 
 _AT = re.compile(r"^(?P<msg>.*) - at `(?P<path>\$[^`]*)`$", re.S)
-_MISSING = re.compile(r"(?:missing required field|unknown field) `(?P<name>[^`]+)`")
+_MISSING = re.compile(r"(?:missing required field|unknown field) `(?P<name>[^`]*)`")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _child(path: str, name: str) -> str:
+    """`$.a` + `b` -> `$.a.b`; names that are not identifiers in brackets: `$.a[""]`."""
+    return f"{path}.{name}" if _IDENTIFIER.match(name) else f"{path}[{msgspec.json.encode(name).decode()}]"
 _POST_INIT = re.compile(r"^(?P<name>[a-z_][a-z0-9_]*) \(")
+
+
+def _policy_error_field(text: str) -> str:
+    """The field a PolicyError is about: `$.policy` (unknown name) or `$.params[.name]`."""
+    if text.startswith("unknown "):
+        return "$.policy"
+    at = re.search(r"- at `\$(?P<path>[^`]*)`", text)
+    named = _MISSING.search(text)
+    path = "$.params" + (at["path"] if at else "")
+    return _child(path, named["name"]) if named else path
 
 
 def error_from_validation(exc: msgspec.ValidationError | msgspec.DecodeError) -> BadRequest:
@@ -80,24 +102,139 @@ def error_from_validation(exc: msgspec.ValidationError | msgspec.DecodeError) ->
     text = str(exc)
     m = _AT.match(text)
     if not m:
-        return BadRequest(text)
+        top = _MISSING.search(text)  # a top-level field: msgspec gives no path
+        return BadRequest(text, field=_child("$", top["name"]) if top else None)
     msg, path = m["msg"], m["path"]
     named = _MISSING.search(msg) or _POST_INIT.match(msg)
     if named:
-        path = f"{path}.{named['name']}"
+        path = _child(path, named["name"])
     return BadRequest(msg, field=path)
 
 
-async def connect(url: str, *, name: str, **options: Any) -> Client:
-    """Connect with reconnects that never give up (a restarted server is picked up again)."""
-    return await nats.connect(
-        url,
-        name=name,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        allow_reconnect=True,
+@dataclass(frozen=True)
+class NatsAuth:
+    """Who we are to NATS and how the connection is protected; every field is optional.
+
+    `user`/`password` or `token` for servers with users in their config (deploy/nats/auth.conf),
+    `creds` for a `.creds` file (JWT and NKey seed, decentralised auth), `nkey_seed` for a seed
+    file; `tls_ca` to verify the server (with a `tls://` URL or a server that requires TLS), plus
+    `tls_cert`/`tls_key` for mutual TLS. `inbox_prefix` keeps replies under a subject the user
+    alone may read (default `_INBOX`).
+    """
+
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    creds: str | None = None
+    nkey_seed: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_hostname: str | None = None
+    inbox_prefix: str | None = None
+
+    SECRET_FIELDS: ClassVar[frozenset[str]] = frozenset({"password", "token"})
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if not (self.tls_ca or self.tls_cert):
+            return None
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.tls_ca)
+        if self.tls_cert:
+            context.load_cert_chain(self.tls_cert, self.tls_key)
+        return context
+
+    def options(self) -> dict[str, Any]:
+        """Keyword arguments for `nats.connect`."""
+        options: dict[str, Any] = {}
+        if self.user is not None:
+            options["user"] = self.user
+        if self.password is not None:
+            options["password"] = self.password
+        if self.token is not None:
+            options["token"] = self.token
+        if self.creds:
+            options["user_credentials"] = self.creds
+        if self.nkey_seed:
+            options["nkeys_seed"] = self.nkey_seed
+        context = self.ssl_context()
+        if context is not None:
+            options["tls"] = context
+        if self.tls_hostname:
+            options["tls_hostname"] = self.tls_hostname
+        if self.inbox_prefix:
+            options["inbox_prefix"] = self.inbox_prefix
+        return options
+
+    def argv(self) -> list[str]:
+        """The command-line options that give a child process this identity, secrets left out."""
+        args: list[str] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None and f.name not in self.SECRET_FIELDS:
+                args += [f"--nats-{f.name.replace('_', '-')}", str(value)]
+        return args
+
+    def env(self) -> dict[str, str]:
+        """The secrets, as the environment variables `add_nats_arguments` reads."""
+        return {
+            f"GPUYARD_NATS_{name.upper()}": value
+            for name in sorted(self.SECRET_FIELDS)
+            if (value := getattr(self, name)) is not None
+        }
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> NatsAuth:
+        """From the options added by `add_nats_arguments`."""
+        return cls(**{f.name: getattr(args, f"nats_{f.name}", None) for f in fields(cls)})
+
+
+def add_nats_arguments(parser: argparse.ArgumentParser, *, url_default: str | None) -> None:
+    """`--nats URL` and the `--nats-*` identity and TLS options, for services and the CLI alike.
+
+    Secrets may come from the environment (`GPUYARD_NATS_PASSWORD`, `GPUYARD_NATS_TOKEN`) so they
+    do not show in the process list; the others too (`GPUYARD_NATS_USER`, `GPUYARD_NATS_CREDS`, ...).
+    """
+    env = os.environ.get
+    g = parser.add_argument_group("NATS connection")
+    g.add_argument("--nats", default=env("GPUYARD_NATS", url_default), help="NATS server URL(s), comma-separated")
+    helps = {
+        "user": "user name (auth.conf users)",
+        "password": "password (better: $GPUYARD_NATS_PASSWORD)",
+        "token": "authorization token (better: $GPUYARD_NATS_TOKEN)",
+        "creds": "a .creds file (JWT + NKey seed)",
+        "nkey_seed": "an NKey seed file",
+        "tls_ca": "CA certificate(s) to verify the server (PEM)",
+        "tls_cert": "client certificate for mutual TLS (PEM)",
+        "tls_key": "the client certificate's private key (PEM)",
+        "tls_hostname": "the server name to verify, when it differs from the URL's host",
+        "inbox_prefix": "reply subjects' prefix (default _INBOX)",
+    }
+    for name, text in helps.items():
+        g.add_argument(
+            f"--nats-{name.replace('_', '-')}",
+            dest=f"nats_{name}",
+            default=env(f"GPUYARD_NATS_{name.upper()}"),
+            metavar=name.split("_")[-1].upper(),
+            help=text,
+        )
+
+
+async def connect(
+    url: str, *, name: str, auth: NatsAuth | None = None, **options: Any
+) -> Client:
+    """Connect with reconnects that never give up (a restarted server is picked up again).
+
+    `url` may list several servers, comma-separated; `options` override any default.
+    """
+    settings: dict[str, Any] = {
+        "name": name,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.5,
+        "allow_reconnect": True,
+        **(auth.options() if auth is not None else {}),
         **options,
-    )
+    }
+    return await nats.connect(url.split(",") if "," in url else url, **settings)
 
 
 class Bus:
@@ -210,6 +347,41 @@ class Service:
     def describe_policy(self) -> str | None:
         return None
 
+    def describe_policy_params(self) -> dict[str, Any]:
+        """The active policy's parameters, defaults included (services with a policy override)."""
+        return {}
+
+    def swap_policy(self, policy: str, params: dict[str, Any]) -> None:
+        """Install a new policy (services with a policy override): raise PolicyError when the name
+        or the parameters are bad, leaving the old one in place. Called between two requests, so
+        the new policy makes the next decision."""
+        raise BadRequest(f"the {self.name} service has no policy", field="$.policy")
+
+    def policy_info(self, previous: str | None = None) -> PolicyInfo:
+        return PolicyInfo(
+            service=self.name, policy=self.describe_policy(),
+            params=self.describe_policy_params(), previous=previous,
+        )  # fmt: skip
+
+    async def get_policy(self, _: Empty) -> PolicyInfo:
+        return self.policy_info()
+
+    async def set_policy(self, req: SetPolicy) -> PolicyInfo:
+        old = self.describe_policy()
+        try:
+            self.swap_policy(req.policy, dict(req.params))
+        except PolicyError as exc:
+            raise BadRequest(str(exc), field=_policy_error_field(str(exc))) from None
+        info = self.policy_info(previous=old)
+        self.log.info("policy.changed", old=old, new=info.policy, params=info.params)
+        await self.bus.emit(
+            Event(
+                type="policy.changed", now=req.now if req.now is not None else time.time(),
+                reason=f"{old} -> {info.policy} {encode(info.params).decode()}", service=self.name,
+            )
+        )  # fmt: skip
+        return info
+
     async def ping(self, _: Ping) -> Pong:
         return Pong(
             service=self.name,
@@ -228,6 +400,8 @@ class Service:
         routes = {
             "ping": Route(self.ping, Ping),
             "stats": Route(self.stats, Empty),
+            "policy": Route(self.get_policy, Empty),
+            "policy.set": Route(self.set_policy, SetPolicy),
             **self.routes(),
         }
         await self.listen(f"{self.prefix}.>", routes, prefix=self.prefix)
@@ -302,13 +476,12 @@ def run_service(
     service_cls: type[Service], config_cls: type[Any], argv: list[str] | None = None
 ) -> None:
     """The entry point of a service run on its own: `--nats URL --cluster NAME --config FILE.json`."""
-    import argparse
     import signal
 
     from .logs import configure_logging
 
     parser = argparse.ArgumentParser(prog=f"gpuyard-{service_cls.name}")
-    parser.add_argument("--nats", default="nats://127.0.0.1:4222", help="NATS server URL")
+    add_nats_arguments(parser, url_default="nats://127.0.0.1:4222")
     parser.add_argument("--cluster", default="default", help="cluster namespace")
     parser.add_argument("--config", help="JSON file with the service's configuration")
     parser.add_argument("--log-level", default="info")
@@ -322,7 +495,10 @@ def run_service(
         parser.error(f"bad configuration: {exc}")
 
     async def main() -> None:
-        nc = await connect(args.nats, name=f"gpuyard-{service_cls.name}-{args.cluster}")
+        nc = await connect(
+            args.nats, name=f"gpuyard-{service_cls.name}-{args.cluster}",
+            auth=NatsAuth.from_args(args),
+        )  # fmt: skip
         service = service_cls(Bus(nc, subjects), config)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -10,7 +10,7 @@ Requests are answered either with their reply type or, when the request was bad 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 from msgspec import Struct
@@ -42,6 +42,8 @@ class Subjects:
         self.events = f"{self.root}.evt"
         self.progress = f"{self.root}.progress"
         """Where the simclock publishes its progress (not a stored event)."""
+        self.logs = f"{self.root}.logs"
+        """Job log lines, published by node agents on `logs.<job_id>`."""
 
     def service(self, name: str) -> str:
         return {
@@ -54,6 +56,11 @@ class Subjects:
     def node(self, node_id: str) -> str:
         """Commands to one node agent."""
         return f"{self.root}.node.{node_id}"
+
+    @property
+    def all_heartbeats(self) -> str:
+        """Every node agent's heartbeats (placement listens)."""
+        return f"{self.root}.node.*.hb"
 
     @property
     def all_nodes(self) -> str:
@@ -106,6 +113,31 @@ class ServiceStats(Struct, kw_only=True):
     """Seconds spent in policy code."""
     requests: dict[str, list[float]]
     """Requests this service made, per subject: [count, seconds waited for the reply]."""
+
+
+class SetPolicy(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`<svc>.policy.set`: swap the service's policy at runtime; it decides from the next request on.
+
+    An unknown policy or bad parameters get an ErrorReply (`field` `$.policy` or `$.params.<name>`)
+    and the old policy stays. A swap is recorded as the event `policy.changed`.
+    """
+
+    policy: str
+    params: dict[str, Any] = {}
+    now: float | None = None
+    """The caller's clock, for the event (default: the service's wall clock)."""
+
+
+class PolicyInfo(Struct, kw_only=True):
+    """`<svc>.policy` (and the reply to `<svc>.policy.set`): the active policy and its parameters."""
+
+    service: str
+    policy: str | None = None
+    """None: this service has no policy."""
+    params: dict[str, Any] = {}
+    """Every parameter, defaults included."""
+    previous: str | None = None
+    """After a swap: the policy it replaced."""
 
 
 class Empty(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -210,7 +242,7 @@ class JobRecord(Struct, kw_only=True):
 
     job_id: str
     seq: int
-    state: Literal["queued", "running", "completed", "failed"]
+    state: Literal["queued", "running", "completed", "failed", "cancelled"]
     spec: JobSpec
     submit_time: float
     admit_time: float
@@ -220,11 +252,35 @@ class JobRecord(Struct, kw_only=True):
     gpu_seconds: float = 0.0
     executed_time: float = 0.0
     rounds_run: int = 0
+    reason: str = ""
+    """Why it waits or ended (the last preemption's, exit's or cancellation's reason); `sched.query`."""
 
 
 class JobsPage(Struct, kw_only=True):
     jobs: list[JobRecord]
     total: int
+
+
+class JobQuery(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`sched.query`: jobs by id and/or state (no filter: all), in admission order."""
+
+    job_ids: list[str] = []
+    states: list[Literal["queued", "running", "completed", "failed", "cancelled"]] = []
+    offset: int = 0
+    limit: int = 2000
+
+
+class CancelRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`sched.cancel`: stop these jobs for good (a running one is preempted by the next apply)."""
+
+    job_ids: list[str]
+    now: float | None = None
+
+
+class CancelReply(Struct, kw_only=True):
+    cancelled: list[str]
+    refused: dict[str, str] = {}
+    """Jobs that could not be cancelled (unknown, already ended), with the reason."""
 
 
 # --------------------------------------------------------------------------- placement
@@ -266,6 +322,8 @@ class ApplyRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     allocations: list[Allocation]
     specs: dict[str, JobSpec] = {}
     released: list[str] = []
+    attempts: dict[str, int] = {}
+    """For jobs in `specs`: how often each was stopped before (0: first run), told to the job."""
 
 
 class ApplyReply(Struct, kw_only=True):
@@ -302,6 +360,8 @@ class Launch(Struct, kw_only=True):
     num_nodes: int
     master_addr: str
     master_port: int
+    attempt: int = 0
+    """How often the job was stopped before (its restart count)."""
 
 
 class NodeCommand(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -316,6 +376,65 @@ class NodeCommand(Struct, kw_only=True, forbid_unknown_fields=True):
 class NodeCommandReply(Struct, kw_only=True):
     preempted: list[str] = []
     launched: list[str] = []
+
+
+class GpuMetrics(Struct, kw_only=True, omit_defaults=True):
+    index: int
+    utilization: float | None = None
+    """Percent of time a kernel ran over the last sample period (NVML)."""
+    memory_used_mib: int | None = None
+    memory_total_mib: int | None = None
+
+
+class JobProgress(Struct, kw_only=True, omit_defaults=True):
+    """What a job reported through `gpuyard.jobclient` (one entry per process)."""
+
+    job_id: str
+    rank: int = 0
+    iterations: int = 0
+    samples: int = 0
+    metrics: dict[str, float] = {}
+    attempt: int = 0
+    time: float = 0.0
+
+
+class Heartbeat(Struct, kw_only=True, omit_defaults=True):
+    """`node.<id>.hb` (publish, node agent -> placement): alive, with GPU metrics and job progress."""
+
+    now: float
+    node_id: str
+    boot_id: str = ""
+    nvml: bool = False
+    gpus: list[GpuMetrics] = []
+    jobs: list[JobProgress] = []
+
+
+class HeartbeatsPage(Struct, kw_only=True):
+    """`place.heartbeats`: the last heartbeat of every node that sent one, and when it arrived."""
+
+    beats: list[Heartbeat]
+    received: dict[str, float]
+
+
+class LogsRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`node.<id>.logs`: the tail of a job's log files on that node."""
+
+    job_id: str
+    tail_bytes: int = 65536
+
+
+class LogsReply(Struct, kw_only=True):
+    lines: list[str] = []
+
+
+class LogLine(Struct, kw_only=True):
+    """`logs.<job_id>` (publish, node agent -> anyone): one line a job process wrote."""
+
+    job_id: str
+    node_id: str
+    rank: int
+    line: str
+    time: float
 
 
 # --------------------------------------------------------------------------- simclock
@@ -340,6 +459,8 @@ class TimelinePoint(Struct, array_like=True):
     busy_gpus: int
     queued: int
     running: int
+    gpus: int
+    """Usable GPUs (nodes present) at that time."""
 
 
 class TimelinePage(Struct, kw_only=True):
@@ -361,6 +482,7 @@ EventType = Literal[
     "job.resized",
     "job.completed",
     "job.failed",
+    "job.cancelled",
     "node.up",
     "node.lost",
     "node.drained",
@@ -385,6 +507,9 @@ MESSAGES: tuple[type[Struct], ...] = (
     EnqueueRequest, SchedulerStatus, ClusterChanged, TickRequest, JobExit, ExitReport, JobRecord, JobsPage,
     RegisterNode, NodesChanged, NodesChangedReply, ApplyRequest, ApplyReply, ClusterInfo, Launch,
     NodeCommand, NodeCommandReply, RunRequest, Progress, TimelinePoint, TimelinePage, Event,
+    JobQuery, CancelRequest, CancelReply, GpuMetrics, JobProgress, Heartbeat, HeartbeatsPage,
+    LogsRequest, LogsReply, LogLine,
+    SetPolicy, PolicyInfo,
 )  # fmt: skip
 
 

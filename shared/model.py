@@ -89,7 +89,7 @@ class NodeSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=T
     """A machine: its GPUs (all of one type) and where to reach its processes."""
 
     node_id: Name
-    num_gpus: Annotated[int, Meta(ge=0)]
+    num_gpus: Annotated[int, Meta(ge=0, le=65_536)]
     gpu_type: Name = "gpu"
     address: str = ""
     gpu_memory_mib: int = 0

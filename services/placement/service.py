@@ -9,13 +9,16 @@ import time
 import zlib
 from typing import Any
 
-from gpuyard.shared.bus import BadRequest, Bus, RemoteError, Route, Service
+import msgspec
+from gpuyard.shared.bus import BadRequest, Bus, RemoteError, Route, Service, encode
 from gpuyard.shared.contract import (
     ApplyReply,
     ApplyRequest,
     ClusterInfo,
     Empty,
     Event,
+    Heartbeat,
+    HeartbeatsPage,
     Launch,
     NodeCommand,
     NodeCommandReply,
@@ -31,6 +34,11 @@ from msgspec import Struct
 class PlacementConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     policy: str = "consolidated"
     params: dict[str, Any] = {}
+    heartbeat_timeout_s: float = 5.0
+    """A node agent silent this long (its heartbeats come every second) is declared lost. Nodes
+    that never sent a heartbeat (simulated ones) are never declared lost."""
+    heartbeat_check_s: float = 0.5
+    """How often the heartbeat checker looks."""
 
 
 def master_port(job_id: str) -> int:
@@ -48,6 +56,10 @@ class Placement(Service):
         self.nodes: dict[str, NodeSpec] = {}
         self.running: dict[str, list[GpuRef]] = {}
         self.free: dict[str, set[int]] = {}  # free GPU indices per node
+        self.specs: dict[str, JobSpec] = {}  # of the jobs placed, for relaunching them
+        self.last_seen: dict[str, float] = {}  # node agents that heartbeat: when last heard of
+        self.beats: dict[str, Heartbeat] = {}
+        self._checker: asyncio.Task[None] | None = None
         self.lost: list[
             str
         ] = []  # jobs stopped by a node's departure, not yet told to the scheduler
@@ -55,12 +67,20 @@ class Placement(Service):
     def describe_policy(self) -> str:
         return self.config.policy
 
+    def describe_policy_params(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self.policy.params)
+
+    def swap_policy(self, policy: str, params: dict[str, Any]) -> None:
+        self.policy = placement_policies.create(policy, params)
+        self.config = msgspec.structs.replace(self.config, policy=policy, params=params)
+
     def routes(self) -> dict[str, Route]:
         return {
             "register": Route(self.register, RegisterNode),
             "nodes": Route(self.nodes_changed, NodesChanged),
             "apply": Route(self.apply, ApplyRequest),
             "cluster": Route(self.cluster, Empty),
+            "heartbeats": Route(self.heartbeats, Empty),
         }
 
     def _add_node(self, node: NodeSpec) -> None:
@@ -83,6 +103,19 @@ class Placement(Service):
         )
 
     async def register(self, req: RegisterNode) -> ClusterInfo:
+        old = self.nodes.get(req.node.node_id)
+        boot = req.node.labels.get("boot")
+        if old is not None and boot and old.labels.get("boot") != boot:
+            # The agent restarted: the job parts it ran died with it.
+            await self.nodes_changed(
+                NodesChanged(
+                    now=req.now, gone=[old.node_id], up=[req.node], reason="agent restarted"
+                )
+            )
+            self.last_seen[req.node.node_id] = time.time()
+            return await self.cluster(Empty())
+        if boot:
+            self.last_seen[req.node.node_id] = time.time()
         self._add_node(req.node)
         await self.bus.emit(
             Event(type="node.up", now=req.now, node_id=req.node.node_id, service=self.name)
@@ -117,6 +150,64 @@ class Placement(Service):
             )
         return NodesChangedReply(lost_jobs=hit, capacity=self.capacity())
 
+    # ------------------------------------------------------------------ real node agents
+
+    async def start(self) -> None:
+        await super().start()
+        await self.listen(
+            self.bus.subjects.all_heartbeats,
+            {"hb": Route(self._heartbeat, Heartbeat)},
+            prefix=self.bus.subjects.root,
+        )
+        self._checker = asyncio.create_task(self._check_heartbeats())
+
+    async def stop(self) -> None:
+        if self._checker is not None:
+            self._checker.cancel()
+        await super().stop()
+
+    async def heartbeats(self, _: Empty) -> HeartbeatsPage:
+        return HeartbeatsPage(beats=list(self.beats.values()), received=dict(self.last_seen))
+
+    async def _heartbeat(self, hb: Heartbeat) -> None:
+        """`node.<id>.hb`, on its own subscription: only records (no await before the record)."""
+        if hb.node_id not in self.nodes:
+            # Declared lost, or this placement started after the agent: have it register again.
+            await self.bus.nc.publish(f"{self.bus.subjects.node(hb.node_id)}.register", b"{}")
+            return
+        self.last_seen[hb.node_id] = time.time()
+        self.beats[hb.node_id] = hb
+
+    async def _check_heartbeats(self) -> None:
+        """Declare silent node agents lost, through our own subject (it queues behind applies)."""
+        timeout = self.config.heartbeat_timeout_s
+        while True:
+            await asyncio.sleep(self.config.heartbeat_check_s)
+            now = time.time()
+            silent = sorted(
+                n for n, seen in self.last_seen.items() if now - seen > timeout and n in self.nodes
+            )
+            if not silent:
+                continue
+            for node_id in silent:
+                del self.last_seen[node_id]
+            self.log.warning("node.silent", nodes=silent, timeout_s=timeout)
+            lost = NodesChanged(now=now, gone=silent, reason=f"no heartbeat for {timeout:g} s")
+            await self.bus.nc.publish(f"{self.prefix}.nodes", encode(lost))
+
+    def _stop_released(self, released: list[str]) -> dict[str, list[GpuRef]]:
+        """Jobs that ended on several real nodes: their other parts may still run (one part failed)."""
+        ended: dict[str, list[GpuRef]] = {}
+        for job_id in released:
+            gpus = self.running.get(job_id)
+            if (
+                gpus
+                and len({g.node_id for g in gpus}) > 1
+                and any(g.node_id in self.last_seen for g in gpus)
+            ):
+                ended[job_id] = gpus
+        return ended
+
     def _views(self, extra: dict[str, list[int]] | None = None) -> list[NodeView]:
         """Nodes with GPUs this decision may give out: the free ones plus `extra`."""
         views = []
@@ -138,9 +229,20 @@ class Placement(Service):
         ]
 
     async def apply(self, req: ApplyRequest) -> ApplyReply:
+        ended = self._stop_released(req.released)
         for job_id in req.released:
             self._free(job_id)
+            self.specs.pop(job_id, None)
         running = self.running
+        if self.lost:
+            # The scheduler decided before it learnt of these: they wait for the next round.
+            lost = set(self.lost)
+            allocations = [
+                a
+                for a in req.allocations
+                if a.job_id not in lost or a.job_id in running or a.job_id in req.specs
+            ]
+            req = msgspec.structs.replace(req, allocations=allocations)
         for a in req.allocations:
             if a.job_id not in running and a.job_id not in req.specs:
                 raise BadRequest(
@@ -173,7 +275,10 @@ class Placement(Service):
         for job_id in stopped:
             self._free(job_id)
         self._check(req, started)
-        failed = await self._command(req.now, stopped, started, req.specs)
+        self.specs.update(req.specs)  # a running job that is resized is launched again
+        failed = await self._command(
+            req.now, {**ended, **stopped}, started, self.specs, req.attempts
+        )
         launched = {j: g for j, g in started.items() if j not in failed}
         for job_id, gpus in launched.items():
             self.running[job_id] = gpus
@@ -246,6 +351,7 @@ class Placement(Service):
         stop: dict[str, list[GpuRef]],
         start: dict[str, list[GpuRef]],
         specs: dict[str, JobSpec],
+        attempts: dict[str, int] | None = None,
     ) -> set[str]:
         """Send each affected node one command (preempts, then launches). Returns jobs whose launch failed."""
         commands: dict[str, NodeCommand] = {}
@@ -271,6 +377,7 @@ class Placement(Service):
                         job_id=job_id, spec=specs[job_id], gpus=indices, world_size=len(gpus),
                         rank_offset=offset, node_rank=rank, num_nodes=len(by_node),
                         master_addr=master.address or master.node_id, master_port=master_port(job_id),
+                        attempt=(attempts or {}).get(job_id, 0),
                     )
                 )  # fmt: skip
                 offset += len(indices)

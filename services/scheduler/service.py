@@ -10,6 +10,7 @@ cost nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from typing import Any, Literal
@@ -19,12 +20,16 @@ from gpuyard.shared.bus import BadRequest, Bus, Route, Service, ensure_event_str
 from gpuyard.shared.contract import (
     ApplyReply,
     ApplyRequest,
+    CancelReply,
+    CancelRequest,
     ClusterChanged,
     ClusterInfo,
     Empty,
     EnqueueRequest,
     Event,
     ExitReport,
+    JobExit,
+    JobQuery,
     JobRecord,
     JobsPage,
     PageQuery,
@@ -75,7 +80,7 @@ class Job:
         self.job_id = spec.job_id
         self.spec = spec
         self.seq = seq
-        self.state: Literal["queued", "running", "completed", "failed"] = "queued"
+        self.state: Literal["queued", "running", "completed", "failed", "cancelled"] = "queued"
         self.submit_time = spec.submit_time if spec.submit_time is not None else now
         self.admit_time = now
         self.queued_since: float | None = now
@@ -170,9 +175,23 @@ class Scheduler(Service):
         self.running = 0
         self.policy_slow = False
         self._ticker: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()  # wall clock: tick now (jobs arrived or ended, nodes changed)
+        self.parts: dict[str, set[str]] = {}  # running job -> nodes whose part has not exited yet
+        self.reasons: dict[str, str] = {}  # why a job last stopped (real clusters' `sched.query`)
 
     def describe_policy(self) -> str:
         return self.config.policy
+
+    def describe_policy_params(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self.policy.params)
+
+    def swap_policy(self, policy: str, params: dict[str, Any]) -> None:
+        self.policy = scheduling_policies.create(policy, params)
+        self.config = msgspec.structs.replace(self.config, policy=policy, params=params)
+        # Decide again with the new policy at the next tick; its own wake-ups start afresh.
+        self.policy_slow = False
+        self.policy_wake = None
+        self.dirty = True
 
     def routes(self) -> dict[str, Route]:
         return {
@@ -182,6 +201,8 @@ class Scheduler(Service):
             "cluster_changed": Route(self.cluster_changed, ClusterChanged),
             "jobs": Route(self.list_jobs, PageQuery),
             "status": Route(self.status_request, Empty),
+            "cancel": Route(self.cancel, CancelRequest),
+            "query": Route(self.query, JobQuery),
         }
 
     async def start(self) -> None:
@@ -194,6 +215,7 @@ class Scheduler(Service):
         await super().start()
         if self.config.clock == "wall":
             self._ticker = asyncio.create_task(self._tick_on_wall_clock())
+            await self.bus.nc.subscribe(f"{self.bus.subjects.events}.node.>", cb=self._node_event)
 
     async def stop(self) -> None:
         if self._ticker is not None:
@@ -206,7 +228,11 @@ class Scheduler(Service):
         while True:
             now = time.time()
             due = self.wake_at if self.wake_at is not None else now + self.config.round_s
-            await asyncio.sleep(min(max(due - now, 0.05), self.config.round_s))
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._wake.wait(), min(max(due - now, 0.05), self.config.round_s)
+                )
             await self.bus.nc.publish(subject, msgspec.json.encode(TickRequest(now=time.time())))
 
     # ------------------------------------------------------------------ requests
@@ -224,6 +250,7 @@ class Scheduler(Service):
             self._add_demand(spec, +1)
             self.dirty = True
             await self.emit("job.queued", req.now, job.job_id)
+        self._poke()
         ran = await self._round_if_due(req.now, req.tick)
         return self.status(req.now, ran_round=ran, rejected=rejected)
 
@@ -233,6 +260,8 @@ class Scheduler(Service):
             if job is None or job.state != "running":
                 state = "unknown" if job is None else job.state
                 self.log.warning("exit.ignored", job_id=ex.job_id, state=state)
+                continue
+            if not self._part_ended(ex):
                 continue
             self.busy_gpus -= job.gpus
             self.running -= 1
@@ -245,6 +274,7 @@ class Scheduler(Service):
             self.finished += 1
             self.dirty = self.dirty or self.policy.elastic or self._any_queued()
             await self.emit(f"job.{ex.status}", req.now, job.job_id, reason=ex.reason)
+        self._poke()
         ran = await self._round_if_due(req.now, req.tick)
         return self.status(req.now, ran_round=ran)
 
@@ -278,6 +308,84 @@ class Scheduler(Service):
         self.wake_at = status.wake_at = wake
         return status
 
+    async def query(self, req: JobQuery) -> JobsPage:
+        """Jobs by id and/or state, in admission order."""
+        if req.job_ids:
+            found = [self.jobs[j] for j in req.job_ids if j in self.jobs]
+        else:
+            found = list(self.jobs.values())
+        if req.states:
+            states = set(req.states)
+            found = [j for j in found if j.state in states]
+        page = found[req.offset : req.offset + req.limit]
+        records = [j.record() for j in page]
+        for r in records:
+            r.reason = self.reasons.get(r.job_id, "")
+        return JobsPage(jobs=records, total=len(found))
+
+    async def cancel(self, req: CancelRequest) -> CancelReply:
+        """End jobs for good. A running one is left out of the next allocation: placement stops it."""
+        now = req.now if req.now is not None else time.time()
+        cancelled: list[str] = []
+        refused: dict[str, str] = {}
+        for job_id in req.job_ids:
+            job = self.jobs.get(job_id)
+            if job is None:
+                refused[job_id] = "no such job"
+                continue
+            if job.state not in ("queued", "running"):
+                refused[job_id] = f"the job has already ended ({job.state})"
+                continue
+            if job.state == "running":
+                self.busy_gpus -= job.gpus
+                self.running -= 1
+                job.settle(now)
+            job.state = "cancelled"
+            job.end_time = now
+            job.waiting_view = None
+            del self.active[job_id]
+            self.parts.pop(job_id, None)
+            self._add_demand(job.spec, -1)
+            self.finished += 1
+            self.dirty = True
+            cancelled.append(job_id)
+            self.reasons[job_id] = "cancelled by request"
+            await self.emit("job.cancelled", now, job_id, reason="cancelled by request")
+        self._poke()
+        return CancelReply(cancelled=cancelled, refused=refused)
+
+    # ------------------------------------------------------------------ real clusters
+
+    def _poke(self) -> None:
+        """Wall clock: something changed, tick now rather than at the next round."""
+        if self._ticker is not None:
+            self._wake.set()
+
+    async def _node_event(self, _: Any) -> None:
+        """Wall clock: a node came or went (`evt.node.*`): refresh capacity, decide again soon.
+
+        Jobs on a lost node come back in the next apply's `lost` and are requeued there.
+        """
+        self.capacity = None
+        self.dirty = True
+        self._poke()
+
+    def _part_ended(self, ex: JobExit) -> bool:
+        """Whether this exit ends the job: a job on several nodes ends when every part has exited
+        0, or at the first failure. Exits from nodes it does not run on now (an old run) are ignored."""
+        parts = self.parts.get(ex.job_id)
+        if ex.node_id and parts is not None:
+            if ex.node_id not in parts:
+                self.log.warning("exit.stale", job_id=ex.job_id, node_id=ex.node_id)
+                return False
+            parts.discard(ex.node_id)
+            if parts and ex.status == "completed":
+                return False
+        self.parts.pop(ex.job_id, None)
+        if ex.reason:
+            self.reasons[ex.job_id] = ex.reason
+        return True
+
     # ------------------------------------------------------------------ the round
 
     async def run_round(self, now: float) -> None:
@@ -297,24 +405,39 @@ class Scheduler(Service):
             for a in allocations
             if self.active[a.job_id].state != "running"
         }
+        attempts = {j: self.active[j].preemptions for j in specs if self.active[j].preemptions}
         reply = await self.bus.request(
             f"{self.bus.subjects.placement}.apply",
-            ApplyRequest(now=now, allocations=allocations, specs=specs, released=self.released),
+            ApplyRequest(
+                now=now,
+                allocations=allocations,
+                specs=specs,
+                released=self.released,
+                attempts=attempts,
+            ),
             ApplyReply,
         )
         self.released = []
         self.capacity = reply.capacity
         for job_id in reply.lost:
             await self._requeue(now, job_id, "node lost")
+        resized = set(reply.stopped) & reply.started.keys()  # stopped and relaunched at once
         for job_id in reply.stopped:
-            await self._requeue(now, job_id, "preempted")
+            if job_id not in resized:
+                await self._requeue(now, job_id, "preempted")
         for job_id, gpu_type in reply.started.items():
             job = self.active[job_id]
             gpus = reply.placed[job_id]
+            if job_id in resized:
+                self.busy_gpus -= job.gpus
+                job.settle(now)
+            else:
+                self.running += 1
             job.start(now, len(gpus), gpu_type)
+            self.parts[job_id] = {g.node_id for g in gpus}
             self.busy_gpus += len(gpus)
-            self.running += 1
-            await self.emit("job.started", now, job_id, gpus=gpus)
+            kind = "job.resized" if job_id in resized else "job.started"
+            await self.emit(kind, now, job_id, gpus=gpus)
         if self.config.mode == "rounds":
             for job in self.active.values():
                 if job.state == "running":
@@ -371,6 +494,8 @@ class Scheduler(Service):
         job.queued_since = now
         job.preemptions += 1
         self.dirty = True
+        if self._ticker is not None:
+            self.reasons[job_id] = reason
         await self.emit("job.preempted", now, job_id, reason=reason)
 
     # ------------------------------------------------------------------ helpers

@@ -89,7 +89,8 @@ class SimJob:
     """A simulated job's processes: which nodes run its parts, and its progress."""
 
     __slots__ = (
-        "done", "gpu_type", "job_type", "parts", "rate", "restoring", "since", "total", "version",
+        "done", "gpu_type", "job_type", "parts", "rate", "restarting", "restoring", "since",
+        "total", "version",
     )  # fmt: skip
 
     def __init__(self, spec: JobSpec, total: float) -> None:
@@ -101,6 +102,7 @@ class SimJob:
         self.parts: dict[str, int] = {}
         self.gpu_type = ""
         self.version = 0
+        self.restarting = False  # some part was stopped at this instant
         self.restoring = False  # resumed after a preemption: the restore time is still to pay
 
     def settle(self, now: float) -> None:
@@ -140,6 +142,7 @@ class SimClock(Service):
         self.node_types = {n.node_id: n.gpu_type for n in config.cluster.nodes()}
         self.node_specs = {n.node_id: n for n in config.cluster.nodes()}
         self.present: set[str] = set(self.node_specs)
+        self.gpus = config.cluster.total_gpus  # usable GPUs of the nodes present
         self.jobs: dict[str, SimJob] = {}
         self.changed: set[str] = set()
         self.heap: list[tuple[float, int, str, int]] = []
@@ -193,10 +196,7 @@ class SimClock(Service):
             job = self.jobs[job_id]
             job.settle(cmd.now)
             job.parts.pop(cmd.node_id, None)
-            if not job.parts:  # the whole job stopped: checkpoint now, restore when resumed
-                checkpoint_s, _ = self.config.preemption_cost.of(job.job_type)
-                job.done = max(job.done - job.rate * checkpoint_s, 0.0)
-                job.restoring = True
+            job.restarting = True  # a distributed job restarts as a whole
             self.changed.add(job_id)
         for launch in cmd.launch:
             job = self.jobs[launch.job_id]
@@ -365,11 +365,13 @@ class SimClock(Service):
         )
         self.present.difference_update(gone)
         self.present.update(n.node_id for n in up)
+        self.gpus = sum(self.node_specs[n].num_gpus for n in self.present)
         for job_id in reply.lost_jobs:
             job = self.jobs[job_id]
             job.settle(now)
             for node in gone:
                 job.parts.pop(node, None)
+            job.restarting = True
             self.changed.add(job_id)
         status = await self.bus.request(
             f"{self.bus.subjects.scheduler}.cluster_changed",
@@ -386,7 +388,7 @@ class SimClock(Service):
 
     def _note(self, now: float, status: SchedulerStatus) -> None:
         self.sched_wake = status.wake_at
-        point = TimelinePoint(now, status.busy_gpus, status.queued, status.running)
+        point = TimelinePoint(now, status.busy_gpus, status.queued, status.running, self.gpus)
         if self.timeline and self.timeline[-1].time == now:
             self.timeline[-1] = point
         else:
@@ -397,6 +399,10 @@ class SimClock(Service):
         for job_id in sorted(self.changed):
             job = self.jobs[job_id]
             job.version += 1
+            if job.restarting:  # preempted or resized: checkpoint now, restore when running again
+                checkpoint_s, _ = self.config.preemption_cost.of(job.job_type)
+                job.done = max(job.done - job.rate * checkpoint_s, 0.0)
+                job.restarting, job.restoring = False, True
             gpus = sum(job.parts.values())
             job.rate = self.model.throughput(job.job_type, job.gpu_type, gpus) if gpus else 0.0
             job.since = now

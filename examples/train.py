@@ -1,0 +1,54 @@
+"""An example training job for gpuyard real clusters: a pure-Python loop, no framework needed.
+
+    gpuyard submit --gpus 2 -- python examples/train.py --steps 200 --step-time 0.05
+
+Each rank "trains" (sleeps `--step-time` per step), reports progress, checkpoints every
+`--checkpoint-every` steps and when preempted (SIGTERM), and resumes from its checkpoint on restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from gpuyard.jobclient import JobClient
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--step-time", type=float, default=0.05)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--checkpoint-every", type=int, default=50)
+    p.add_argument("--fail-at", type=int, default=-1, help="exit 1 at this step (for tests)")
+    args = p.parse_args()
+
+    job = JobClient.from_env()
+    state = job.load_checkpoint() or {"step": 0, "loss": 1.0}
+    print(
+        f"job={job.job_id} rank={job.rank}/{job.world_size} attempt={job.attempt} "
+        f"resumed={job.resumed} start_step={state['step']}",
+        flush=True,
+    )
+    while state["step"] < args.steps:
+        time.sleep(args.step_time)  # one step of "training"
+        state["step"] += 1
+        state["loss"] *= 0.99
+        if state["step"] == args.fail_at:
+            print(f"rank {job.rank} failing at step {state['step']}", flush=True)
+            return 1
+        job.report(iterations=state["step"], samples=state["step"] * args.batch, loss=state["loss"])
+        if job.preempted:
+            job.save_checkpoint(state)
+            print(f"preempted at step {state['step']}: checkpointed", flush=True)
+            job.exit_preempted()
+        if state["step"] % args.checkpoint_every == 0:
+            job.save_checkpoint(state)
+    job.save_checkpoint(state)
+    job.report(iterations=state["step"], samples=state["step"] * args.batch, force=True)
+    print(f"done at step {state['step']} (attempt {job.attempt})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,134 @@
+"""The job side of gpuyard: a tiny client for training scripts (standard library only, no NATS).
+
+The node agent starts every process of a job with these environment variables:
+
+- `GPUYARD_JOB_ID`, `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT` (and Blox's
+  `job_id`, `dist_rank`, `world_size`, `master_ip_address`, `local_gpu_id`, `local_accessible_gpu`);
+- `GPUYARD_CHECKPOINT_DIR`: a folder keyed by job id under a root shared by all nodes, so a job
+  resumed on another node finds its checkpoint;
+- `GPUYARD_ATTEMPT`: how often the job was stopped before (0 on its first run);
+- `GPUYARD_PROGRESS_FILE`: where `report()` writes progress; the agent forwards it in heartbeats.
+
+Preemption: the agent sends SIGTERM, waits a grace period (30 s by default), then SIGKILL.
+`JobClient` turns SIGTERM into a flag; the loop checks it, checkpoints and exits::
+
+    job = JobClient.from_env()
+    state = job.load_checkpoint() or {"step": 0}
+    while state["step"] < total:
+        train_one_step()
+        state["step"] += 1
+        job.report(iterations=state["step"])
+        if job.preempted:
+            job.save_checkpoint(state)
+            job.exit_preempted()
+    job.save_checkpoint(state)
+
+Outside gpuyard (no variables) it works too: rank 0 of 1, checkpoints in `./checkpoints/<job>`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+class JobClient:
+    """One process of a job, as the node agent started it."""
+
+    def __init__(
+        self, job_id: str, rank: int, world_size: int, local_rank: int, attempt: int,
+        checkpoint_dir: Path, progress_file: Path | None, *, handle_sigterm: bool = True,
+        report_every_s: float = 0.5,
+    ) -> None:  # fmt: skip
+        self.job_id = job_id
+        self.rank = rank
+        self.world_size = world_size
+        self.local_rank = local_rank
+        self.attempt = attempt
+        """How often this job was stopped before (preemptions, lost nodes); 0 on its first run."""
+        self.checkpoint_dir = checkpoint_dir
+        self.progress_file = progress_file
+        self.report_every_s = report_every_s
+        self.preempted = False
+        """Set by SIGTERM: checkpoint and exit soon (before the grace period ends)."""
+        self._last_report = 0.0
+        if handle_sigterm:
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **options: Any) -> JobClient:
+        env = dict(os.environ) if env is None else env
+        job_id = env.get("GPUYARD_JOB_ID") or env.get("job_id") or "local"
+        progress = env.get("GPUYARD_PROGRESS_FILE")
+        return cls(
+            job_id=job_id,
+            rank=int(env.get("RANK") or env.get("dist_rank") or 0),
+            world_size=int(env.get("WORLD_SIZE") or env.get("world_size") or 1),
+            local_rank=int(env.get("LOCAL_RANK") or 0),
+            attempt=int(env.get("GPUYARD_ATTEMPT") or 0),
+            checkpoint_dir=Path(env.get("GPUYARD_CHECKPOINT_DIR") or Path("checkpoints") / job_id),
+            progress_file=Path(progress) if progress else None,
+            **options,
+        )
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.preempted = True
+
+    @property
+    def resumed(self) -> bool:
+        """A restart after a preemption or a lost node, or a checkpoint is there to resume from."""
+        return self.attempt > 0 or self.checkpoint_path().exists()
+
+    # ------------------------------------------------------------------ progress
+
+    def report(self, *, iterations: int = 0, samples: int = 0, force: bool = False,
+               **metrics: float) -> None:  # fmt: skip
+        """Record progress (cheap: written at most every `report_every_s`, atomically)."""
+        now = time.time()
+        if self.progress_file is None or (
+            not force and now - self._last_report < self.report_every_s
+        ):
+            return
+        self._last_report = now
+        record = {
+            "job_id": self.job_id, "rank": self.rank, "iterations": iterations, "samples": samples,
+            "metrics": {k: float(v) for k, v in metrics.items()}, "attempt": self.attempt,
+            "time": now,
+        }  # fmt: skip
+        _write_atomically(self.progress_file, json.dumps(record).encode())
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint_path(self, name: str = "state.json", *, rank: int | None = None) -> Path:
+        """`<checkpoint dir>/rank<r>/<name>` (each rank its own, so ranks never race)."""
+        return self.checkpoint_dir / f"rank{self.rank if rank is None else rank}" / name
+
+    def save_checkpoint(self, state: dict[str, Any], name: str = "state.json") -> Path:
+        """Write a JSON-able state atomically (a crash mid-write keeps the previous one)."""
+        path = self.checkpoint_path(name)
+        _write_atomically(path, json.dumps(state).encode())
+        return path
+
+    def load_checkpoint(self, name: str = "state.json") -> dict[str, Any] | None:
+        path = self.checkpoint_path(name)
+        try:
+            return json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+
+    def exit_preempted(self) -> None:
+        """Exit after a preemption's checkpoint (128 + SIGTERM, as if the signal had killed us)."""
+        sys.stdout.flush()
+        sys.exit(128 + signal.SIGTERM)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

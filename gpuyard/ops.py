@@ -1,0 +1,310 @@
+"""Operations over NATS: read the event stream, show and swap policies, gather a cluster's status.
+
+Plain async functions on a `Bus`, used by `gpuyard tail|policy|status` (gpuyard/cli_ops.py), tests
+and benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import re
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from gpuyard.shared.bus import Bus, RemoteError
+from gpuyard.shared.contract import (
+    ClusterInfo,
+    Empty,
+    Event,
+    Ping,
+    PolicyInfo,
+    Pong,
+    SchedulerStatus,
+    SetPolicy,
+    Subjects,
+)
+
+POLICY_SERVICES = ("admission", "scheduler", "placement")
+ALL_SERVICES = (*POLICY_SERVICES, "simclock")
+_event_decoder = msgspec.json.Decoder(Event)
+
+
+class NoEventStream(RuntimeError):
+    """The cluster has no event stream (no scheduler ever started, or no JetStream)."""
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    """One event as the stream keeps it: its sequence, when it was stored, and the event."""
+
+    seq: int
+    stored: dt.datetime
+    subject: str
+    event: Event | None
+    """None when the message on the stream is not a valid Event (`raw` holds it)."""
+    raw: bytes = b""
+
+    def to_builtins(self) -> dict[str, Any]:
+        body = (
+            msgspec.to_builtins(self.event)
+            if self.event is not None
+            else {"raw": self.raw.decode(errors="replace")}
+        )
+        return {"seq": self.seq, "stored": self.stored.isoformat(), "subject": self.subject, **body}
+
+
+_DURATION = re.compile(r"^\s*(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|h|d|w)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(text: str, *, now: dt.datetime | None = None) -> dt.datetime:
+    """`10m`, `2h`, `30s`, `1d`, or an ISO date/time (UTC unless it says otherwise)."""
+    m = _DURATION.match(text)
+    now = now or dt.datetime.now(dt.UTC)
+    if m:
+        return now - dt.timedelta(seconds=float(m["n"]) * _UNITS[m["unit"] or "s"])
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"--since {text!r} is neither a duration (10m, 2h) nor an ISO time"
+        ) from None
+    return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
+
+
+def event_filters(subjects: Subjects, types: Sequence[str]) -> list[str]:
+    """Stream filter subjects for event types (`job.started`, `job.*`, `node.>`); all by default."""
+    return [subjects.event(t) for t in types] or [f"{subjects.events}.>"]
+
+
+Start = Literal["all", "new"] | dt.datetime
+
+
+def consumer_config(filters: list[str], start: Start) -> ConsumerConfig:
+    config = ConsumerConfig()
+    if len(filters) > 1:
+        config.filter_subjects = filters
+    if start == "new":
+        config.deliver_policy = DeliverPolicy.NEW
+    elif isinstance(start, dt.datetime):
+        config.deliver_policy = DeliverPolicy.BY_START_TIME
+        config.opt_start_time = start
+    return config
+
+
+def _stored(msg: Msg) -> StoredEvent:
+    meta = msg.metadata
+    try:
+        event: Event | None = _event_decoder.decode(msg.data)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        event = None
+    return StoredEvent(
+        seq=meta.sequence.stream, stored=meta.timestamp, subject=msg.subject, event=event,
+        raw=msg.data if event is None else b"",
+    )  # fmt: skip
+
+
+async def read_events(
+    nc: Client, subjects: Subjects, *, types: Sequence[str] = (), start: Start = "all",
+    follow: bool = False, idle_s: float = 0.5,
+) -> AsyncIterator[StoredEvent]:  # fmt: skip
+    """The cluster's stored events through an ordered, ephemeral JetStream consumer.
+
+    Without `follow` it ends after the last event stored when it began; with it, it waits for more
+    until cancelled.
+    """
+    js = nc.jetstream()
+    from nats.js.errors import NotFoundError
+
+    try:
+        await js.stream_info(subjects.stream_name)
+    except NotFoundError:
+        raise NoEventStream(
+            f"cluster {subjects.cluster!r} has no event stream {subjects.stream_name} "
+            "(has its scheduler run on this server?)"
+        ) from None
+    filters = event_filters(subjects, types)
+    sub = await js.subscribe(
+        filters[0], stream=subjects.stream_name, ordered_consumer=True,
+        config=consumer_config(filters, start), idle_heartbeat=2.0,
+    )  # fmt: skip
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=idle_s if not follow else None)
+            except (NatsTimeoutError, TimeoutError):
+                if (await sub.consumer_info()).num_pending == 0:
+                    return
+                continue
+            yield _stored(msg)
+            if not follow and msg.metadata.num_pending == 0:
+                return
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
+def matches(stored: StoredEvent, *, job: str | None = None, node: str | None = None) -> bool:
+    """Client-side filters: a job's events; a node's events (node events and jobs' GPUs there)."""
+    e = stored.event
+    if e is None:
+        return job is None and node is None
+    if job is not None and e.job_id != job:
+        return False
+    return node is None or e.node_id == node or any(g.node_id == node for g in e.gpus)
+
+
+def format_time(now: float) -> str:
+    """Wall-clock times (epoch seconds) as UTC ISO; virtual times as seconds since the start."""
+    if now >= 1e9:
+        return dt.datetime.fromtimestamp(now, dt.UTC).isoformat(timespec="milliseconds")
+    return f"t={now:,.1f}s"
+
+
+def format_event(stored: StoredEvent) -> str:
+    """One readable line: time, type, job, node, GPUs, reason."""
+    e = stored.event
+    if e is None:
+        return f"#{stored.seq:<7} {stored.subject}  (not an event) {stored.raw[:200]!r}"
+    parts = [f"#{stored.seq:<7}", f"{format_time(e.now):>24}", f"{e.type:<15}"]
+    if e.job_id:
+        parts.append(f"job={e.job_id}")
+    if e.node_id:
+        parts.append(f"node={e.node_id}")
+    if e.gpus:
+        nodes: dict[str, list[int]] = {}
+        for g in e.gpus:
+            nodes.setdefault(g.node_id, []).append(g.index)
+        parts.append("gpus=" + ",".join(f"{n}:{'+'.join(map(str, ix))}" for n, ix in nodes.items()))
+    if e.reason:
+        parts.append(f"reason={e.reason!r}")
+    if e.service:
+        parts.append(f"[{e.service}]")
+    return " ".join(parts)
+
+
+# --------------------------------------------------------------------------- policies
+
+
+async def set_policy(
+    bus: Bus, service: str, policy: str, params: dict[str, Any], *, now: float | None = None
+) -> PolicyInfo:
+    """Swap `service`'s policy; RemoteError (naming the field) when the policy or a parameter is bad."""
+    return await bus.request(
+        f"{bus.subjects.service(service)}.policy.set",
+        SetPolicy(policy=policy, params=params, now=now),
+        PolicyInfo,
+    )
+
+
+async def show_policies(
+    bus: Bus, services: Sequence[str] = POLICY_SERVICES
+) -> dict[str, PolicyInfo | str]:
+    """Each service's active policy, or why it could not be asked."""
+    results = await asyncio.gather(
+        *(
+            bus.request(f"{bus.subjects.service(s)}.policy", Empty(), PolicyInfo, within_s=3.0)
+            for s in services
+        ),
+        return_exceptions=True,
+    )
+    return {
+        s: r if isinstance(r, PolicyInfo) else str(r)
+        for s, r in zip(services, results, strict=True)
+    }
+
+
+# --------------------------------------------------------------------------- status
+
+
+class ServiceStatus(msgspec.Struct, kw_only=True):
+    service: str
+    up: bool
+    version: str | None = None
+    contract: int | None = None
+    policy: str | None = None
+    params: dict[str, Any] = {}
+    error: str | None = None
+
+
+class ClusterStatus(msgspec.Struct, kw_only=True):
+    cluster: str
+    services: list[ServiceStatus]
+    scheduler: SchedulerStatus | None = None
+    nodes: ClusterInfo | None = None
+
+
+async def _service_status(bus: Bus, name: str) -> ServiceStatus:
+    prefix = bus.subjects.service(name)
+    try:
+        pong = await bus.request(f"{prefix}.ping", Ping(), Pong, within_s=2.0)
+    except RemoteError as exc:
+        return ServiceStatus(service=name, up=False, error=str(exc))
+    status = ServiceStatus(
+        service=name, up=True, version=pong.version, contract=pong.contract, policy=pong.policy
+    )
+    if pong.policy is not None:
+        with contextlib.suppress(RemoteError):  # an older service without the policy route
+            status.params = (
+                await bus.request(f"{prefix}.policy", Empty(), PolicyInfo, within_s=2.0)
+            ).params
+    return status
+
+
+async def cluster_status(bus: Bus) -> ClusterStatus:
+    """Services (version, policy), the scheduler's queue, placement's nodes; whatever answers."""
+    services = list(await asyncio.gather(*(_service_status(bus, s) for s in ALL_SERVICES)))
+    up = {s.service for s in services if s.up}
+    status = ClusterStatus(cluster=bus.subjects.cluster, services=services)
+    if "scheduler" in up:
+        with contextlib.suppress(RemoteError):
+            status.scheduler = await bus.request(
+                f"{bus.subjects.scheduler}.status", Empty(), SchedulerStatus, within_s=3.0
+            )
+    if "placement" in up:
+        with contextlib.suppress(RemoteError):
+            status.nodes = await bus.request(
+                f"{bus.subjects.placement}.cluster", Empty(), ClusterInfo, within_s=3.0
+            )
+    return status
+
+
+def format_status(status: ClusterStatus) -> list[str]:
+    lines = [f"cluster {status.cluster}", "", f"{'SERVICE':<11} {'STATE':<6} {'VERSION':<9} POLICY"]
+    for s in status.services:
+        params = " ".join(f"{k}={v}" for k, v in s.params.items())
+        policy = f"{s.policy} {params}".strip() if s.policy else "-"
+        lines.append(
+            f"{s.service:<11} {'up' if s.up else 'down':<6} {s.version or '-':<9} {policy}"
+        )
+    if status.scheduler is not None:
+        q = status.scheduler
+        lines += ["", f"jobs: {q.queued} queued, {q.running} running, {q.finished} finished; "
+                      f"{q.busy_gpus} GPUs busy, {q.active_gpu_demand} GPUs demanded"]  # fmt: skip
+    if status.nodes is not None:
+        info = status.nodes
+        busy_by_node: dict[str, int] = {}
+        for gpus in info.busy.values():
+            for g in gpus:
+                busy_by_node[g.node_id] = busy_by_node.get(g.node_id, 0) + 1
+        capacity = ", ".join(f"{n} {t}" for t, n in sorted(info.capacity.items())) or "no GPUs"
+        lines += ["", f"nodes: {len(info.nodes)} ({capacity})"]
+        for node in info.nodes[:50]:
+            lines.append(
+                f"  {node.node_id:<20} {node.gpu_type:<8} {busy_by_node.get(node.node_id, 0)}/{node.num_gpus} GPUs busy"
+            )
+        if len(info.nodes) > 50:
+            lines.append(f"  ... and {len(info.nodes) - 50} more")
+    return lines

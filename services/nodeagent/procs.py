@@ -1,0 +1,194 @@
+"""One job's part on this node: its processes (each its own process group), their environment,
+logs and progress files, and stopping them (SIGTERM, a grace period, SIGKILL)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from gpuyard.shared.contract import JobProgress, Launch
+
+LineSink = Callable[[str, int, str], Awaitable[None]]
+"""(job_id, rank, line) -> publish it."""
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_agent() -> None:
+    """In the child before exec (Linux): SIGKILL it when the agent dies, so a crashed agent leaves
+    no orphans running beside the job's next run elsewhere (systemd's cgroup kill does the same)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class Places:
+    """Where a job's files go on this node."""
+
+    log_dir: Path
+    checkpoint_root: Path
+
+    def job_logs(self, job_id: str) -> Path:
+        return self.log_dir / job_id
+
+    def checkpoint_dir(self, job_id: str) -> Path:
+        """Keyed by job id only, so a resumed job finds it on any node sharing the root."""
+        return self.checkpoint_root / job_id
+
+
+def process_envs(
+    launch: Launch, node_id: str, places: Places, base: dict[str, str]
+) -> list[dict[str, str]]:
+    """The environment of each process of this part: Blox's names, torchrun's, and gpuyard's."""
+    spec = launch.spec
+    gpus = [str(g) for g in launch.gpus]
+    per_gpu = spec.processes == "per_gpu"
+    count = len(launch.gpus) if per_gpu else 1
+    envs = []
+    for local in range(count):
+        rank = launch.rank_offset + local
+        visible = gpus[local] if per_gpu else ",".join(gpus)
+        logs = places.job_logs(launch.job_id)
+        env = {
+            **base,
+            **spec.env,
+            # Blox
+            "job_id": launch.job_id,
+            "local_gpu_id": visible,
+            "world_size": str(launch.world_size),
+            "dist_rank": str(rank),
+            "master_ip_address": launch.master_addr,
+            "local_accessible_gpu": ",".join(gpus),
+            # CUDA and torchrun
+            "CUDA_VISIBLE_DEVICES": visible,
+            "MASTER_ADDR": launch.master_addr,
+            "MASTER_PORT": str(launch.master_port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(launch.world_size),
+            "LOCAL_RANK": str(local),
+            "LOCAL_WORLD_SIZE": str(count),
+            "NODE_RANK": str(launch.node_rank),
+            "NNODES": str(launch.num_nodes),
+            # gpuyard.jobclient
+            "GPUYARD_JOB_ID": launch.job_id,
+            "GPUYARD_NODE_ID": node_id,
+            "GPUYARD_ATTEMPT": str(launch.attempt),
+            "GPUYARD_CHECKPOINT_DIR": str(places.checkpoint_dir(launch.job_id)),
+            "GPUYARD_PROGRESS_FILE": str(logs / f"progress.rank{rank}.json"),
+        }
+        envs.append(env)
+    return envs
+
+
+class JobPart:
+    """This node's processes of one job."""
+
+    def __init__(
+        self, launch: Launch, node_id: str, places: Places, on_line: LineSink, grace_s: float
+    ) -> None:
+        self.launch = launch
+        self.job_id = launch.job_id
+        self.node_id = node_id
+        self.places = places
+        self.on_line = on_line
+        self.grace_s = grace_s
+        self.created = time.monotonic()
+        self.stopping = False
+        """Preempted or cancelled: its exit is not the job's end and is not reported."""
+        self.procs: list[asyncio.subprocess.Process] = []
+        self.ranks: list[int] = []
+        self.progress_files: list[Path] = []
+        self.done = asyncio.Event()
+        """Set when every process has exited (its GPUs are free again)."""
+        self._stopper: asyncio.Task[None] | None = None
+
+    async def spawn(self, base_env: dict[str, str]) -> None:
+        command = self.launch.spec.command
+        if not command:
+            raise ValueError("the job has no command")
+        logs = self.places.job_logs(self.job_id)
+        logs.mkdir(parents=True, exist_ok=True)
+        self.places.checkpoint_dir(self.job_id).mkdir(parents=True, exist_ok=True)
+        for env in process_envs(self.launch, self.node_id, self.places, base_env):
+            rank = int(env["RANK"])
+            proc = await asyncio.create_subprocess_exec(
+                *command, env=env, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True, preexec_fn=_die_with_agent,
+            )  # fmt: skip
+            self.procs.append(proc)
+            self.ranks.append(rank)
+            self.progress_files.append(Path(env["GPUYARD_PROGRESS_FILE"]))
+
+    async def wait(self) -> tuple[int, int]:
+        """Until every process has exited: (rank, exit code) of the first failure, or (-1, 0).
+
+        A failing process takes the others of the part down with it (they cannot go on alone).
+        """
+        waits = {
+            asyncio.create_task(self._run_one(proc, rank)): rank
+            for proc, rank in zip(self.procs, self.ranks, strict=True)
+        }
+        failure = (-1, 0)
+        pending = set(waits)
+        while pending:
+            finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                code = task.result()
+                if code != 0 and failure[0] < 0:
+                    failure = (waits[task], code)
+                    if pending:
+                        self._terminate_soon()
+        self.done.set()
+        return failure
+
+    async def _run_one(self, proc: asyncio.subprocess.Process, rank: int) -> int:
+        assert proc.stdout is not None
+        path = self.places.job_logs(self.job_id) / f"rank{rank}.log"
+        with path.open("ab", buffering=0) as log:
+            while line := await proc.stdout.readline():
+                log.write(line)
+                await self.on_line(self.job_id, rank, line.decode(errors="replace").rstrip("\n"))
+        return await proc.wait()
+
+    def stop(self) -> None:
+        """Preempt: SIGTERM now, SIGKILL after the grace period (in the background)."""
+        self.stopping = True
+        self._terminate_soon()
+
+    def _terminate_soon(self) -> None:
+        if self._stopper is None:
+            self._stopper = asyncio.create_task(self._terminate())
+
+    async def _terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(self.grace_s):
+                await asyncio.gather(*(p.wait() for p in self.procs))
+        except TimeoutError:
+            self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        for proc in self.procs:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)  # the process group: the job's children too
+
+    def progress(self) -> list[JobProgress]:
+        """What the processes last wrote through gpuyard.jobclient."""
+        out = []
+        for path in self.progress_files:
+            with contextlib.suppress(OSError, msgspec.DecodeError, msgspec.ValidationError):
+                out.append(msgspec.json.decode(path.read_bytes(), type=JobProgress))
+        return out

@@ -1,0 +1,335 @@
+"""The node agent: one per machine. It registers the machine's GPUs with placement, heartbeats with
+GPU metrics and job progress, launches and preempts job parts as placement commands, streams their
+logs and reports their exits to the scheduler.
+
+Subjects (all under `gpuyard.<cluster>.`): it serves `node.<id>.cmd` (NodeCommand), `node.<id>.logs`
+(LogsRequest), `node.<id>.register` (placement asks it to register again), `node.<id>.ping`/`.stats`;
+it publishes `node.<id>.hb` (Heartbeat) and `logs.<job_id>` (LogLine); it requests `place.register`,
+`place.nodes` (when it stops) and `sched.exited`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+import uuid
+from pathlib import Path
+
+import msgspec
+from msgspec import Struct
+
+from gpuyard.shared.bus import Bus, RemoteError, Route, Service, encode
+from gpuyard.shared.contract import (
+    ClusterInfo,
+    Empty,
+    ExitReport,
+    Heartbeat,
+    JobExit,
+    Launch,
+    LogLine,
+    LogsReply,
+    LogsRequest,
+    NodeCommand,
+    NodeCommandReply,
+    NodesChanged,
+    NodesChangedReply,
+    Ping,
+    RegisterNode,
+    SchedulerStatus,
+)
+from gpuyard.shared.model import NodeSpec
+
+from .nvml import Nvml, gpu_type_name
+from .procs import JobPart, Places
+from .sdnotify import SystemdNotifier
+
+
+class NodeAgentConfig(Struct, kw_only=True, forbid_unknown_fields=True):
+    node_id: str
+    gpus: int | None = None
+    """GPUs to offer where NVML is absent (or to override it with `use_nvml=False`)."""
+    gpu_type: str | None = None
+    address: str = ""
+    """Where other nodes reach this one (the rendezvous address of jobs it is master of)."""
+    use_nvml: bool = True
+    heartbeat_s: float = 1.0
+    grace_s: float = 30.0
+    """Seconds between SIGTERM and SIGKILL when a job is preempted."""
+    log_dir: str = "/var/lib/gpuyard/logs"
+    checkpoint_root: str = "/var/lib/gpuyard/checkpoints"
+    """Shared by all nodes (NFS or similar) so a job resumes from its checkpoint anywhere."""
+    exit_retry_s: float = 0.5
+    labels: dict[str, str] = {}
+
+
+class NodeAgent(Service):
+    name = "nodeagent"
+
+    def __init__(self, bus: Bus, config: NodeAgentConfig) -> None:
+        super().__init__(bus)
+        self.config = config
+        self.node_id = config.node_id
+        self.boot_id = uuid.uuid4().hex[:12]
+        self.places = Places(Path(config.log_dir), Path(config.checkpoint_root))
+        self.nvml: Nvml | None = None
+        self.node = self._discover()
+        self.parts: dict[str, JobPart] = {}
+        self.holders: dict[int, JobPart] = {}  # GPU index -> the part whose processes hold it
+        self.pending_exits: list[JobExit] = []
+        self._exits_ready = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._register_lock = asyncio.Lock()
+        self.registered = asyncio.Event()
+        self.notifier = SystemdNotifier()
+        self.log = self.log.bind(node_id=self.node_id)
+
+    @property
+    def prefix(self) -> str:
+        return self.bus.subjects.node(self.node_id)
+
+    # ------------------------------------------------------------------ GPUs
+
+    def _discover(self) -> NodeSpec:
+        """The node's GPUs from NVML, or from the configuration where NVML is absent."""
+        cfg = self.config
+        labels = {**cfg.labels, "boot": self.boot_id}
+        nvml, why = Nvml.open() if cfg.use_nvml else (None, "disabled by configuration")
+        if nvml is not None and nvml.handles:
+            gpus = nvml.gpus()
+            self.nvml = nvml
+            labels |= {"gpu_source": "nvml", "gpu_model": gpus[0].name}
+            node = NodeSpec(
+                node_id=cfg.node_id, num_gpus=len(gpus),
+                gpu_type=cfg.gpu_type or gpu_type_name(gpus[0].name), address=cfg.address,
+                gpu_memory_mib=gpus[0].memory_mib, gpu_uuids=[g.uuid for g in gpus], labels=labels,
+            )  # fmt: skip
+            self.log.info("gpus.discovered", source="nvml", count=len(gpus), model=gpus[0].name)
+            return node
+        if nvml is not None:
+            nvml.close()
+            why = "NVML found no GPU"
+        if cfg.gpus is None:
+            raise ValueError(f"{why}: give the GPUs with --gpus N [--gpu-type T]")
+        labels["gpu_source"] = "flags"
+        self.log.warning("gpus.from_flags", reason=why, count=cfg.gpus, gpu_type=cfg.gpu_type)
+        return msgspec.convert(
+            {"node_id": cfg.node_id, "num_gpus": cfg.gpus, "gpu_type": cfg.gpu_type or "gpu",
+             "address": cfg.address, "labels": labels},
+            NodeSpec,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ life cycle
+
+    async def start(self) -> None:
+        p = self.prefix
+        await self.listen(f"{p}.cmd", {"cmd": Route(self.command, NodeCommand)}, prefix=p)
+        await self.listen(f"{p}.logs", {"logs": Route(self.logs, LogsRequest)}, prefix=p)
+        await self.listen(f"{p}.register", {"register": Route(self._reregister, Empty)}, prefix=p)
+        await self.listen(f"{p}.ping", {"ping": Route(self.ping, Ping)}, prefix=p)
+        await self.listen(f"{p}.stats", {"stats": Route(self.stats, Empty)}, prefix=p)
+        self.log.info("service.started", prefix=p, gpus=self.node.num_gpus)
+        self._tasks = [
+            asyncio.create_task(self._heartbeats()),
+            asyncio.create_task(self._report_exits()),
+            asyncio.create_task(self.register()),
+        ]
+
+    async def stop(self) -> None:
+        """Stop every job part (they checkpoint), tell placement the node is gone, disconnect."""
+        self.notifier.notify("STOPPING=1")
+        for part in list(self.parts.values()):
+            part.stop()
+        if self.parts:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.grace_s + 5):
+                    await asyncio.gather(*(part.done.wait() for part in self.parts.values()))
+        if self.registered.is_set():
+            with contextlib.suppress(RemoteError):
+                await self.bus.request(
+                    f"{self.bus.subjects.placement}.nodes",
+                    NodesChanged(now=time.time(), gone=[self.node_id], reason="agent stopped"),
+                    NodesChangedReply,
+                    within_s=5.0,
+                )
+        for task in self._tasks:
+            task.cancel()
+        if self.nvml is not None:
+            self.nvml.close()
+        await super().stop()
+
+    async def register(self) -> None:
+        """Announce the node until placement answers; then stop parts placement does not know of."""
+        async with self._register_lock:
+            while True:
+                sent = time.monotonic()
+                try:
+                    info = await self.bus.request(
+                        f"{self.bus.subjects.placement}.register",
+                        RegisterNode(now=time.time(), node=self.node), ClusterInfo, within_s=5.0,
+                    )  # fmt: skip
+                    break
+                except RemoteError as exc:
+                    self.log.warning("register.failed", error=str(exc))
+                    await asyncio.sleep(1.0)
+            self.registered.set()
+            self.notifier.notify("READY=1", f"STATUS=registered {self.node.num_gpus} GPUs")
+            self.log.info("node.registered", gpus=self.node.num_gpus, gpu_type=self.node.gpu_type)
+            placed_here = {
+                job
+                for job, gpus in info.busy.items()
+                if any(g.node_id == self.node_id for g in gpus)
+            }
+            for job_id, part in list(self.parts.items()):
+                if job_id not in placed_here and part.created < sent:
+                    self.log.warning("part.orphaned", job_id=job_id)
+                    self._stop_part(job_id)
+
+    async def _reregister(self, _: Empty) -> None:
+        if not self._register_lock.locked():
+            self._tasks.append(asyncio.create_task(self.register()))
+
+    async def on_reconnect(self) -> None:
+        """The NATS connection came back: placement may have restarted meanwhile."""
+        await self._reregister(Empty())
+
+    # ------------------------------------------------------------------ commands
+
+    async def command(self, cmd: NodeCommand) -> NodeCommandReply:
+        """Preempt, then launch. Returns at once: a launch waits in the background for its GPUs'
+        previous holders to exit, so the control plane never waits out a grace period."""
+        preempted = [job_id for job_id in cmd.preempt if self._stop_part(job_id)]
+        launched = []
+        for launch in cmd.launch:
+            if launch.job_id in self.parts:
+                self._stop_part(launch.job_id)  # moved within the node: a fresh start
+            self._start_part(launch)
+            launched.append(launch.job_id)
+        return NodeCommandReply(preempted=preempted, launched=launched)
+
+    def _stop_part(self, job_id: str) -> bool:
+        part = self.parts.pop(job_id, None)
+        if part is None:
+            return False
+        self.log.info("job.preempting", job_id=job_id, grace_s=self.config.grace_s)
+        part.stop()
+        return True
+
+    def _start_part(self, launch: Launch) -> None:
+        part = JobPart(launch, self.node_id, self.places, self._publish_line, self.config.grace_s)
+        before = [self.holders[g].done for g in launch.gpus if g in self.holders]
+        for g in launch.gpus:
+            self.holders[g] = part
+        self.parts[launch.job_id] = part
+        self._tasks.append(asyncio.create_task(self._run_part(part, before)))
+
+    async def _run_part(self, part: JobPart, before: list[asyncio.Event]) -> None:
+        job_id = part.job_id
+        failure: tuple[int, int] = (-1, 0)
+        reason = ""
+        try:
+            for event in before:
+                await event.wait()
+            if part.stopping:
+                return
+            try:
+                await part.spawn(dict(os.environ))
+            except (OSError, ValueError) as exc:
+                failure, reason = (part.launch.rank_offset, 127), f"launch failed: {exc}"
+                part.stop()  # whatever did start
+                self.log.error("job.launch_failed", job_id=job_id, error=str(exc))
+                await part.wait()
+            else:
+                self.log.info(
+                    "job.launched", job_id=job_id, gpus=part.launch.gpus, ranks=part.ranks,
+                    attempt=part.launch.attempt,
+                )  # fmt: skip
+                failure = await part.wait()
+                if failure[0] >= 0:
+                    reason = f"rank {failure[0]} exited with {failure[1]}"
+        finally:
+            part.done.set()
+            for g in part.launch.gpus:
+                if self.holders.get(g) is part:
+                    del self.holders[g]
+            if self.parts.get(job_id) is part:
+                del self.parts[job_id]
+        if part.stopping and not reason.startswith("launch failed"):
+            self.log.info("job.stopped", job_id=job_id)
+            return
+        status = "failed" if failure[0] >= 0 else "completed"
+        self.log.info("job.exited", job_id=job_id, status=status, exit_code=failure[1])
+        self.pending_exits.append(
+            JobExit(job_id=job_id, node_id=self.node_id, status=status, exit_code=failure[1],
+                    reason=reason)
+        )  # fmt: skip
+        self._exits_ready.set()
+
+    async def _report_exits(self) -> None:
+        """Tell the scheduler every exit, retrying until it answers: no exit is lost."""
+        while True:
+            await self._exits_ready.wait()
+            self._exits_ready.clear()
+            while self.pending_exits:
+                batch = list(self.pending_exits)
+                try:
+                    await self.bus.request(
+                        f"{self.bus.subjects.scheduler}.exited",
+                        ExitReport(now=time.time(), exits=batch), SchedulerStatus, within_s=10.0,
+                    )  # fmt: skip
+                except RemoteError as exc:
+                    self.log.warning("exit.report_failed", error=str(exc), jobs=len(batch))
+                    await asyncio.sleep(self.config.exit_retry_s)
+                    continue
+                del self.pending_exits[: len(batch)]
+
+    # ------------------------------------------------------------------ logs and heartbeats
+
+    async def _publish_line(self, job_id: str, rank: int, line: str) -> None:
+        msg = LogLine(job_id=job_id, node_id=self.node_id, rank=rank, line=line, time=time.time())
+        with contextlib.suppress(Exception):  # logs are best effort; the file keeps everything
+            await self.bus.nc.publish(f"{self.bus.subjects.logs}.{job_id}", encode(msg))
+
+    async def logs(self, req: LogsRequest) -> LogsReply:
+        folder = self.places.job_logs(req.job_id)
+        lines = await asyncio.to_thread(_tail_logs, folder, req.tail_bytes, self.node_id)
+        return LogsReply(lines=lines)
+
+    def heartbeat(self) -> Heartbeat:
+        return Heartbeat(
+            now=time.time(),
+            node_id=self.node_id,
+            boot_id=self.boot_id,
+            nvml=self.nvml is not None,
+            gpus=self.nvml.metrics() if self.nvml is not None else [],
+            jobs=[p for part in self.parts.values() for p in part.progress()],
+        )
+
+    async def _heartbeats(self) -> None:
+        subject = f"{self.prefix}.hb"
+        every = self.config.heartbeat_s
+        watchdog = self.notifier.watchdog_interval_s()
+        if watchdog is not None:
+            every = min(every, watchdog)
+        while True:
+            with contextlib.suppress(Exception):
+                await self.bus.nc.publish(subject, encode(self.heartbeat()))
+            self.notifier.notify("WATCHDOG=1")
+            await asyncio.sleep(every)
+
+
+def _tail_logs(folder: Path, tail_bytes: int, node_id: str) -> list[str]:
+    """The last `tail_bytes` of each rank's log, each line prefixed with where it came from."""
+    lines: list[str] = []
+    for path in sorted(folder.glob("rank*.log")):
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(size - tail_bytes, 0))
+            data = f.read()
+        text = data.decode(errors="replace").splitlines()
+        if size > tail_bytes and text:
+            text = text[1:]  # a partial first line
+        lines += [f"[{node_id} {path.stem}] {line}" for line in text]
+    return lines

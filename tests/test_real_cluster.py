@@ -1,0 +1,284 @@
+"""Real mode end to end: real NATS, the control plane on the wall clock, two node agents as real
+processes (GPUs from flags: this machine has none) running real Python jobs that use jobclient."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gpuyard.cli_cluster import control_plane_configs
+from gpuyard.launcher import ServiceSet
+from gpuyard.shared.bus import Bus, RemoteError, connect
+from gpuyard.shared.contract import (
+    CancelReply,
+    CancelRequest,
+    ClusterInfo,
+    Empty,
+    HeartbeatsPage,
+    JobQuery,
+    JobRecord,
+    JobsPage,
+    Subjects,
+    SubmitReply,
+)
+
+CLUSTER = "rc"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+ENV_DUMP = """
+import json, os, sys, time
+from pathlib import Path
+from gpuyard.jobclient import JobClient
+job = JobClient.from_env()
+keys = ["job_id", "local_gpu_id", "world_size", "dist_rank", "master_ip_address",
+        "local_accessible_gpu", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "RANK",
+        "WORLD_SIZE", "LOCAL_RANK", "GPUYARD_NODE_ID", "GPUYARD_ATTEMPT", "PATH", "EXTRA"]
+out = job.checkpoint_dir / f"env.rank{job.rank}.json"
+out.parent.mkdir(parents=True, exist_ok=True)
+out.write_text(json.dumps({k: os.environ.get(k) for k in keys}))
+job.report(iterations=1, force=True)
+time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0)
+"""
+
+
+class RealCluster:
+    """Control plane in this process, node agents as subprocesses."""
+
+    def __init__(self, url: str, root: Path) -> None:
+        self.url = url
+        self.root = root
+        self.checkpoints = root / "ckpt"
+        self.agents: dict[str, asyncio.subprocess.Process] = {}
+        configs = control_plane_configs(round_s=0.5, heartbeat_timeout_s=1.0)
+        configs["placement"].heartbeat_check_s = 0.1
+        configs["scheduler"].event_storage = "memory"
+        self.services = ServiceSet(url, CLUSTER, configs)
+        self.bus: Bus | None = None
+
+    async def start_agent(self, node_id: str, gpus: int = 2) -> None:
+        log = (self.root / f"{node_id}.log").open("ab")
+        self.agents[node_id] = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gpuyard.services.nodeagent", "--nats", self.url,
+            "--cluster", CLUSTER, "--node-id", node_id, "--gpus", str(gpus), "--gpu-type", "t4",
+            "--heartbeat", "0.2", "--grace", "5", "--address", "127.0.0.1",
+            "--state-dir", str(self.root / node_id), "--checkpoint-root", str(self.checkpoints),
+            stdout=log, stderr=log,
+        )  # fmt: skip
+        log.close()
+
+    async def __aenter__(self) -> RealCluster:
+        await self.services.start()
+        self.bus = Bus(await connect(self.url, name="test"), Subjects(CLUSTER), request_timeout=10)
+        await asyncio.gather(self.start_agent("a"), self.start_agent("b"))
+        await self.until(lambda: self.node_count(2), "two nodes registered")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for proc in self.agents.values():
+            if proc.returncode is None:
+                proc.terminate()
+        for proc in self.agents.values():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(10):
+                    await proc.wait()
+            if proc.returncode is None:
+                proc.kill()
+        assert self.bus is not None
+        await self.bus.close()
+        await self.services.stop()
+
+    # ------------------------------------------------------------------ helpers
+
+    async def request(self, service: str, suffix: str, msg: object, typ: type) -> object:
+        assert self.bus is not None
+        return await self.bus.request(f"{self.bus.subjects.service(service)}.{suffix}", msg, typ)
+
+    async def node_count(self, n: int) -> bool:
+        info = await self.request("placement", "cluster", Empty(), ClusterInfo)
+        return len(info.nodes) == n
+
+    async def submit(self, **job: object) -> str:
+        reply = await self.request("admission", "submit", {"jobs": [job]}, SubmitReply)
+        (result,) = reply.results
+        assert result.verdict == "admit", result.reason
+        return result.job_id
+
+    async def job(self, job_id: str) -> JobRecord:
+        page = await self.request("scheduler", "query", JobQuery(job_ids=[job_id]), JobsPage)
+        return page.jobs[0]
+
+    async def until_state(self, job_id: str, *states: str, within_s: float = 20) -> JobRecord:
+        record: list[JobRecord] = []
+
+        async def check() -> bool:
+            record[:] = [await self.job(job_id)]
+            return record[0].state in states
+
+        await self.until(check, f"{job_id} in {states}", within_s)
+        return record[0]
+
+    @staticmethod
+    async def until(check, what: str, within_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + within_s
+        while not await check():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            await asyncio.sleep(0.05)
+
+    def job_log(self, job_id: str, rank: int = 0) -> str:
+        return "".join(
+            p.read_text() for p in sorted(self.root.glob(f"*/logs/{job_id}/rank{rank}.log"))
+        )
+
+
+@pytest.fixture
+async def cluster(nats_url: str, tmp_path: Path) -> AsyncIterator[RealCluster]:
+    async with RealCluster(nats_url, tmp_path) as c:
+        yield c
+
+
+def _train(steps: int, step_time: float = 0.02, checkpoint_every: int = 1000) -> list[str]:
+    return [
+        sys.executable, str(EXAMPLE), "--steps", str(steps), "--step-time", str(step_time),
+        "--checkpoint-every", str(checkpoint_every),
+    ]  # fmt: skip
+
+
+async def test_four_gpu_job_across_two_nodes_gets_consistent_ranks(
+    cluster: RealCluster, tmp_path: Path
+) -> None:
+    script = tmp_path / "dump_env.py"
+    script.write_text(ENV_DUMP)
+    job_id = await cluster.submit(
+        num_gpus=4, command=[sys.executable, str(script), "0.3"], env={"EXTRA": "x"}
+    )
+    record = await cluster.until_state(job_id, "completed", "failed")
+    assert record.state == "completed", record.reason
+    envs = [
+        json.loads((cluster.checkpoints / job_id / f"env.rank{r}.json").read_text())
+        for r in range(4)
+    ]
+    assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
+    assert [e["dist_rank"] for e in envs] == ["0", "1", "2", "3"]
+    assert {e["WORLD_SIZE"] for e in envs} == {"4"} == {e["world_size"] for e in envs}
+    assert len({(e["MASTER_ADDR"], e["MASTER_PORT"], e["master_ip_address"]) for e in envs}) == 1
+    assert {e["job_id"] for e in envs} == {job_id}
+    assert {e["EXTRA"] for e in envs} == {"x"} and all(e["PATH"] for e in envs)
+    by_node: dict[str, list[dict[str, str]]] = {}
+    for e in envs:
+        by_node.setdefault(e["GPUYARD_NODE_ID"], []).append(e)
+    assert sorted(by_node) == ["a", "b"]
+    for part in by_node.values():
+        assert sorted(e["LOCAL_RANK"] for e in part) == ["0", "1"]
+        assert sorted(e["CUDA_VISIBLE_DEVICES"] for e in part) == ["0", "1"]
+        assert all(e["local_gpu_id"] == e["CUDA_VISIBLE_DEVICES"] for e in part)
+        assert {e["local_accessible_gpu"] for e in part} == {"0,1"}
+
+
+async def test_higher_priority_job_preempts_and_the_victim_resumes_from_its_checkpoint(
+    cluster: RealCluster,
+) -> None:
+    low = await cluster.submit(num_gpus=4, command=_train(150, 0.02), priority=0)
+    await cluster.until_state(low, "running")
+    await cluster.until(
+        lambda: _async(lambda: "start_step=0" in cluster.job_log(low)), "low started"
+    )
+    await asyncio.sleep(0.3)  # some progress to checkpoint
+    high = await cluster.submit(num_gpus=4, command=_train(10, 0.01), priority=10)
+    await cluster.until_state(high, "completed", within_s=20)
+    record = await cluster.until_state(low, "completed", "failed", within_s=30)
+    assert record.state == "completed", record.reason
+    assert record.preemptions >= 1
+    log = cluster.job_log(low)
+    assert "preempted at step" in log and "checkpointed" in log
+    stopped_at = int(log.split("preempted at step ")[1].split(":")[0])
+    assert stopped_at > 0
+    assert f"attempt=1 resumed=True start_step={stopped_at}" in log
+    assert "done at step 150 (attempt 1)" in log
+
+
+async def test_killed_node_agent_requeues_the_job_and_it_completes_elsewhere(
+    cluster: RealCluster,
+) -> None:
+    job_id = await cluster.submit(num_gpus=2, command=_train(60, 0.03, checkpoint_every=5))
+    await cluster.until_state(job_id, "running")
+    info = await cluster.request("placement", "cluster", Empty(), ClusterInfo)
+    node = info.busy[job_id][0].node_id
+    await cluster.until(
+        lambda: _async(lambda: "start_step=0" in cluster.job_log(job_id)), "job started"
+    )
+    await asyncio.sleep(0.3)
+    os.kill(cluster.agents[node].pid, signal.SIGKILL)
+    record = await cluster.until_state(job_id, "completed", "failed", within_s=30)
+    assert record.state == "completed", record.reason
+    assert record.preemptions == 1
+    other = "b" if node == "a" else "a"
+    resumed = (cluster.root / other / "logs" / job_id / "rank0.log").read_text()
+    assert "attempt=1 resumed=True" in resumed and "done at step 60 (attempt 1)" in resumed
+    assert await cluster.node_count(1)
+
+
+async def test_cancel_heartbeats_and_malformed_submissions(cluster: RealCluster) -> None:
+    job_id = await cluster.submit(num_gpus=1, command=_train(1000, 0.02))
+    await cluster.until_state(job_id, "running")
+
+    async def progress_reported() -> bool:
+        page = await cluster.request("placement", "heartbeats", Empty(), HeartbeatsPage)
+        return any(p.job_id == job_id and p.iterations > 0 for b in page.beats for p in b.jobs)
+
+    await cluster.until(progress_reported, "progress in heartbeats")
+    reply = await cluster.request(
+        "scheduler", "cancel", CancelRequest(job_ids=[job_id, "nope"]), CancelReply
+    )
+    assert reply.cancelled == [job_id] and "nope" in reply.refused
+    record = await cluster.until_state(job_id, "cancelled")
+    assert record.reason == "cancelled by request"
+    info = await cluster.request("placement", "cluster", Empty(), ClusterInfo)
+    assert job_id not in info.busy
+
+    for job, field in [
+        ({"num_gpus": 0, "command": ["x"]}, "$.jobs[0].num_gpus"),
+        ({"num_gpus": 1, "comand": ["x"]}, "$.jobs[0].comand"),
+        ({"command": ["x"]}, "$.jobs[0].num_gpus"),
+        ({"num_gpus": 1, "processes": "per_rack"}, "$.jobs[0].processes"),
+    ]:
+        with pytest.raises(RemoteError) as exc:
+            await cluster.request("admission", "submit", {"jobs": [job]}, SubmitReply)
+        assert exc.value.reply.field == field
+
+
+async def _async(fn):  # type: ignore[no-untyped-def]
+    return fn()
+
+
+async def test_a_failing_part_fails_a_multi_node_job_and_stops_its_other_parts(
+    cluster: RealCluster, tmp_path: Path
+) -> None:
+    script = tmp_path / "fail_rank3.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "from gpuyard.jobclient import JobClient\n"
+        "job = JobClient.from_env()\n"
+        "if job.rank == 3:\n    time.sleep(0.3); sys.exit(3)\n"
+        "while not job.preempted:\n    time.sleep(0.02)\n"
+        "print('stopped by the agent', flush=True)\n"
+        "job.exit_preempted()\n"
+    )
+    job_id = await cluster.submit(num_gpus=4, command=[sys.executable, str(script)])
+    record = await cluster.until_state(job_id, "completed", "failed")
+    assert record.state == "failed" and "exited with 3" in record.reason
+
+    async def all_stopped() -> bool:
+        return all("stopped by the agent" in cluster.job_log(job_id, r) for r in range(3))
+
+    await cluster.until(all_stopped, "the other ranks stopped")
+    after = await cluster.submit(num_gpus=4, command=_train(2, 0.01))
+    assert (await cluster.until_state(after, "completed", "failed")).state == "completed"

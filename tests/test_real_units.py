@@ -1,0 +1,145 @@
+"""Real-mode pieces without a cluster: NVML fallback, job environments, systemd notify, jobclient."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+from pathlib import Path
+
+import pytest
+
+from gpuyard.cli_cluster import job_from_args
+from gpuyard.jobclient import JobClient
+from gpuyard.services.nodeagent.nvml import Nvml, gpu_type_name
+from gpuyard.services.nodeagent.procs import Places, process_envs
+from gpuyard.services.nodeagent.run import add_agent_args, config_from_args
+from gpuyard.services.nodeagent.sdnotify import SystemdNotifier
+from gpuyard.services.nodeagent.service import NodeAgent, NodeAgentConfig
+from gpuyard.shared.bus import Bus
+from gpuyard.shared.contract import Launch, Subjects
+from gpuyard.shared.model import JobSpec
+
+
+class _NoNats:
+    """Enough of a NATS client to build a service object."""
+
+    is_closed = True
+
+
+def _agent(config: NodeAgentConfig) -> NodeAgent:
+    return NodeAgent(Bus(_NoNats(), Subjects("t")), config)  # type: ignore[arg-type]
+
+
+def test_without_nvml_the_agent_takes_its_gpus_from_flags_and_says_so(tmp_path: Path) -> None:
+    nvml, why = Nvml.open()
+    if nvml is not None:
+        pytest.skip("this machine has NVML")
+    assert why
+    agent = _agent(NodeAgentConfig(node_id="n1", gpus=3, gpu_type="v100", log_dir=str(tmp_path)))
+    assert agent.node.num_gpus == 3 and agent.node.gpu_type == "v100"
+    assert agent.node.labels["gpu_source"] == "flags" and agent.nvml is None
+    assert agent.heartbeat().gpus == [] and not agent.heartbeat().nvml
+    with pytest.raises(ValueError, match="--gpus"):
+        _agent(NodeAgentConfig(node_id="n1"))
+
+
+def test_gpu_type_names_from_nvml_models() -> None:
+    assert gpu_type_name("NVIDIA H100 80GB HBM3") == "h100"
+    assert gpu_type_name("Tesla V100-SXM2-16GB") == "v100"
+    assert gpu_type_name("NVIDIA A100-SXM4-80GB") == "a100"
+
+
+def test_agent_options_are_checked() -> None:
+    p = argparse.ArgumentParser()
+    add_agent_args(p)
+    for bad in (["--node-id", "a b"], ["--node-id", "a.b"], ["--label", "x"]):
+        with pytest.raises(ValueError):
+            config_from_args(p.parse_args(bad))
+    config = config_from_args(p.parse_args(["--node-id", "n1", "--gpus", "2", "--label", "r=1"]))
+    assert config.gpus == 2 and config.labels == {"r": "1"}
+
+
+def _launch(processes: str) -> Launch:
+    spec = JobSpec(num_gpus=4, command=["x"], processes=processes, env={"A": "1"})  # type: ignore[arg-type]
+    return Launch(
+        job_id="j1", spec=spec, gpus=[2, 3], world_size=4, rank_offset=2, node_rank=1,
+        num_nodes=2, master_addr="10.0.0.1", master_port=23456, attempt=2,
+    )  # fmt: skip
+
+
+def test_process_environments_per_gpu_and_per_node(tmp_path: Path) -> None:
+    places = Places(tmp_path / "logs", tmp_path / "ckpt")
+    envs = process_envs(_launch("per_gpu"), "n2", places, {"PATH": "/bin"})
+    assert [e["RANK"] for e in envs] == ["2", "3"] == [e["dist_rank"] for e in envs]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["2", "3"]
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1"]
+    e = envs[0]
+    assert e["WORLD_SIZE"] == e["world_size"] == "4" and e["MASTER_ADDR"] == "10.0.0.1"
+    assert e["local_accessible_gpu"] == "2,3" and e["PATH"] == "/bin" and e["A"] == "1"
+    assert e["GPUYARD_ATTEMPT"] == "2" and e["GPUYARD_CHECKPOINT_DIR"] == str(tmp_path / "ckpt/j1")
+    (one,) = process_envs(_launch("per_node"), "n2", places, {})
+    assert one["CUDA_VISIBLE_DEVICES"] == "2,3" and one["NODE_RANK"] == "1" and one["RANK"] == "2"
+
+
+def test_systemd_notify_sends_datagrams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = str(tmp_path / "notify")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(path)
+    notifier = SystemdNotifier(path)
+    assert notifier.notify("READY=1", "STATUS=ok") and notifier.notify("WATCHDOG=1")
+    assert server.recv(100) == b"READY=1\nSTATUS=ok" and server.recv(100) == b"WATCHDOG=1"
+    notifier.close()
+    server.close()
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    assert not SystemdNotifier().notify("READY=1")
+    monkeypatch.setenv("WATCHDOG_USEC", "10000000")
+    assert SystemdNotifier.watchdog_interval_s() == 5.0
+
+
+def test_jobclient_checkpoints_progress_and_sigterm(tmp_path: Path) -> None:
+    env = {
+        "GPUYARD_JOB_ID": "j9", "RANK": "1", "WORLD_SIZE": "2", "GPUYARD_ATTEMPT": "0",
+        "GPUYARD_CHECKPOINT_DIR": str(tmp_path / "ck"),
+        "GPUYARD_PROGRESS_FILE": str(tmp_path / "p.json"),
+    }  # fmt: skip
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        job = JobClient.from_env(env)
+        assert not job.resumed and job.load_checkpoint() is None
+        job.save_checkpoint({"step": 7})
+        assert job.resumed and job.load_checkpoint() == {"step": 7}
+        job.report(iterations=7, samples=70, loss=0.5)
+        assert b'"iterations": 7' in (tmp_path / "p.json").read_bytes()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert job.preempted
+        with pytest.raises(SystemExit) as exc:
+            job.exit_preempted()
+        assert exc.value.code == 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_submit_arguments_become_a_job(tmp_path: Path) -> None:
+    from gpuyard.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["submit", "--gpus", "two", "--", "x"])
+    ns = argparse.Namespace(
+        file=None, command=["--", "python", "t.py"], gpus=2, gpu_type="a100", min_gpus=None,
+        max_gpus=4, priority=3, deadline=None, name=None, job_id=None, per_node=True,
+        env=["K=V"],
+    )  # fmt: skip
+    (job,) = job_from_args(ns)
+    assert job == {
+        "num_gpus": 2, "command": ["python", "t.py"], "gpu_type": "a100", "max_gpus": 4,
+        "priority": 3, "processes": "per_node", "env": {"K": "V"},
+    }  # fmt: skip
+    ns.command = []
+    with pytest.raises(ValueError, match="command"):
+        job_from_args(ns)
+    toml = tmp_path / "job.toml"
+    toml.write_text('num_gpus = 1\ncommand = ["python", "t.py"]\n')
+    ns.file = toml
+    assert job_from_args(ns) == [{"num_gpus": 1, "command": ["python", "t.py"]}]
