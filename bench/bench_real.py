@@ -64,11 +64,28 @@ async def latency(url: str, agents: int, jobs: int, root: Path) -> dict[str, flo
     for i in range(agents):
         procs.append(
             await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gpuyard.services.nodeagent", "--nats", url,
-                "--cluster", CLUSTER, "--node-id", f"n{i}", "--gpus", "2", "--no-nvml",
-                "--address", "127.0.0.1", "--state-dir", str(root / f"n{i}"),
-                "--checkpoint-root", str(root / "ckpt"), "--log-level", "warning",
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+                sys.executable,
+                "-m",
+                "gpuyard.services.nodeagent",
+                "--nats",
+                url,
+                "--cluster",
+                CLUSTER,
+                "--node-id",
+                f"n{i}",
+                "--gpus",
+                "2",
+                "--no-nvml",
+                "--address",
+                "127.0.0.1",
+                "--state-dir",
+                str(root / f"n{i}"),
+                "--checkpoint-root",
+                str(root / "ckpt"),
+                "--log-level",
+                "warning",
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
             )
         )
     bus = Bus(await connect(url, name="bench"), Subjects(CLUSTER))
@@ -91,16 +108,19 @@ async def latency(url: str, agents: int, jobs: int, root: Path) -> dict[str, flo
             started[job_id] = loop.create_future()
             job = {"job_id": job_id, "num_gpus": 1 + i % 2, "command": ["sleep", "0.3"]}
             t0 = time.perf_counter()
-            reply = await bus.request(f"{bus.subjects.admission}.submit", {"jobs": [job]}, SubmitReply)
+            reply = await bus.request(
+                f"{bus.subjects.admission}.submit", {"jobs": [job]}, SubmitReply
+            )
             assert reply.results[0].verdict == "admit", reply.results[0].reason
             async with asyncio.timeout(10):
                 t1 = await started[job_id]
             samples.append((t1 - t0) * 1000)
             await asyncio.sleep(0.01)
-        while (
-            await bus.request(f"{bus.subjects.scheduler}.status", Empty(), SchedulerStatus)
-        ).finished < jobs:
-            await asyncio.sleep(0.1)  # all done before the agents leave
+        for _ in range(600):  # all done before the agents leave
+            status = await bus.request(f"{bus.subjects.scheduler}.status", Empty(), SchedulerStatus)
+            if status.finished >= jobs:
+                break
+            await asyncio.sleep(0.1)
         return {
             "jobs": jobs, "agents": agents, "p50_ms": statistics.median(samples),
             "p99_ms": pct(samples, 99), "max_ms": max(samples), "mean_ms": statistics.fmean(samples),

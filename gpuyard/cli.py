@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -14,6 +17,8 @@ from gpuyard.cli_cluster import add_cluster_parsers
 from gpuyard.cli_ops import add_ops_parsers
 from gpuyard.shared.model import ClusterSpec
 from gpuyard.shared.policy import PolicyError, parse_params
+
+T = TypeVar("T")
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "shared" / "schema"
 
@@ -227,6 +232,14 @@ def cmd_compare(
     return 0 if len(table) == runs else 1
 
 
+async def stop_on_sigterm(work: Coroutine[Any, Any, T]) -> T:
+    """`kill` stops a run like Ctrl-C does: the run is cancelled and shuts its services down."""
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return await work
+
+
 def cmd_sim(args: argparse.Namespace) -> int:
     import uvloop
 
@@ -293,19 +306,21 @@ def cmd_sim(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, log)
     try:
         result = uvloop.run(
-            simulate(
-                options,
-                workload.jobs,
-                args.out,
-                nats_url=args.nats,
-                cluster_name=args.cluster,
-                processes=args.processes,
-                on_progress=ProgressBar(args.cluster),
-                external=frozenset(filter(None, args.external.split(","))),
-                log_level=args.log_level,
+            stop_on_sigterm(
+                simulate(
+                    options,
+                    workload.jobs,
+                    args.out,
+                    nats_url=args.nats,
+                    cluster_name=args.cluster,
+                    processes=args.processes,
+                    on_progress=ProgressBar(args.cluster),
+                    external=frozenset(filter(None, args.external.split(","))),
+                    log_level=args.log_level,
+                )
             )
         )
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         print("gpuyard sim: interrupted", file=sys.stderr)
         return 130
     except (RuntimeError, OSError, PolicyError) as exc:
@@ -429,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(run=cmd_service)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    # A SIGCHLD blocked by whoever started us would hide our children's exits from the event loop.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
     args.argv = ["gpuyard", *argv]
     return args.run(args)
 

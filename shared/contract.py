@@ -211,6 +211,8 @@ class ClusterChanged(Struct, kw_only=True, forbid_unknown_fields=True):
     """`sched.cluster_changed`: nodes came or went; decide again."""
 
     now: float
+    lost_jobs: list[str] = []
+    """Jobs that were running on nodes that left (placement has stopped them): requeue them."""
 
 
 class TickRequest(Struct, kw_only=True, forbid_unknown_fields=True):

@@ -172,8 +172,29 @@ async def test_preemption_cost_is_charged_as_lost_progress(tmp_path: Path, nats_
         preemption_cost=PreemptionCost(checkpoint_s=4.0, restore_s=6.0),
     )
     for name, options, low_end in (("free", free, 150.0), ("costly", costly, 160.0)):
-        result = await simulate(options, jobs, tmp_path / name, nats_url=nats_url, cluster_name=name)
+        result = await simulate(
+            options, jobs, tmp_path / name, nats_url=nats_url, cluster_name=name
+        )
         by_id = {r.job_id: r for r in result.jobs}
         assert (by_id["high"].first_start, by_id["high"].end_time) == (10.0, 60.0)
         assert by_id["low"].preemptions == 1
         assert by_id["low"].end_time == low_end  # 10 s done, -4 checkpoint, -6 restore
+
+
+async def test_node_churn_preempts_and_jobs_resume(tmp_path: Path, nats_url: str) -> None:
+    """gpu-0000 leaves at 50 (taking job a's GPU) and returns at 80.
+
+    FIFO puts a (older) first: at 50 it takes b's GPU on gpu-0001 and finishes at 100 with its 50 s
+    of progress kept; b waits and resumes at 80 on the returning node: 50 + 150 s -> 230.
+    """
+    events = tmp_path / "node_events.csv"
+    events.write_text("time,node,up\n50,gpu-0000,0\n80,gpu-0000,1\n")
+    jobs = [job("a", 1, 100.0, 0.0), job("b", 1, 200.0, 0.0)]
+    options = SimOptions(cluster=ClusterSpec.parse("2x1"), node_events=str(events))
+    result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
+    by_id = {r.job_id: r for r in result.jobs}
+    assert (by_id["a"].end_time, by_id["a"].preemptions) == (100.0, 1)
+    assert (by_id["b"].end_time, by_id["b"].preemptions) == (230.0, 1)
+    timeline = pd.read_csv(tmp_path / "out" / "timeline.csv")
+    assert timeline.loc[timeline["time"] == 50.0, "gpus"].item() == 1
+    assert timeline.loc[timeline["time"] == 80.0, "gpus"].item() == 2

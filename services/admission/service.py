@@ -131,7 +131,9 @@ class Admission(Service):
                 if r.job_id in status.rejected:
                     r.verdict, r.reason = "reject", status.rejected[r.job_id]
         for r in results:
-            kind = {"admit": "job.admitted", "hold": "job.held", "reject": "job.rejected"}[r.verdict]
+            kind = {"admit": "job.admitted", "hold": "job.held", "reject": "job.rejected"}[
+                r.verdict
+            ]
             await self._event(kind, now, r.job_id, r.reason)
         return SubmitReply(results=results, held=len(self.held), scheduler=status)
 
@@ -160,7 +162,9 @@ class Admission(Service):
         """The scheduler's current load figures, when the policy looks at them."""
         if not self.policy.uses_load:
             return None
-        return await self.bus.request(f"{self.bus.subjects.scheduler}.status", Empty(), SchedulerStatus)
+        return await self.bus.request(
+            f"{self.bus.subjects.scheduler}.status", Empty(), SchedulerStatus
+        )
 
     @staticmethod
     def _count(load: SchedulerStatus | None, spec: JobSpec) -> None:
@@ -170,7 +174,9 @@ class Admission(Service):
         load.active_gpu_demand += spec.num_gpus
         load.queued += 1
         if spec.tenant:
-            load.tenant_gpu_demand[spec.tenant] = load.tenant_gpu_demand.get(spec.tenant, 0) + spec.num_gpus
+            load.tenant_gpu_demand[spec.tenant] = (
+                load.tenant_gpu_demand.get(spec.tenant, 0) + spec.num_gpus
+            )
 
     async def _refresh_capacity(self) -> None:
         info = await self.bus.request(

@@ -10,6 +10,8 @@ import zlib
 from typing import Any
 
 import msgspec
+from msgspec import Struct
+
 from gpuyard.shared.bus import BadRequest, Bus, RemoteError, Route, Service, encode
 from gpuyard.shared.contract import (
     ApplyReply,
@@ -28,7 +30,6 @@ from gpuyard.shared.contract import (
 )
 from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobSpec, NodeSpec
 from gpuyard.shared.policy import NodeView, PlacementInput, PlacementPolicy, placement_policies
-from msgspec import Struct
 
 
 class PlacementConfig(Struct, kw_only=True, forbid_unknown_fields=True):

@@ -16,6 +16,8 @@ import time
 from typing import Any, Literal
 
 import msgspec
+from msgspec import Struct
+
 from gpuyard.shared.bus import BadRequest, Bus, Route, Service, ensure_event_stream
 from gpuyard.shared.contract import (
     ApplyReply,
@@ -44,7 +46,6 @@ from gpuyard.shared.policy import (
     SchedulingPolicy,
     scheduling_policies,
 )
-from msgspec import Struct
 
 
 class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -281,6 +282,8 @@ class Scheduler(Service):
     async def cluster_changed(self, req: ClusterChanged) -> SchedulerStatus:
         self.capacity = None
         self.dirty = True
+        for job_id in req.lost_jobs:
+            await self._requeue(req.now, job_id, "node lost")
         return self.status(req.now)
 
     async def tick(self, req: TickRequest) -> SchedulerStatus:

@@ -375,7 +375,7 @@ class SimClock(Service):
             self.changed.add(job_id)
         status = await self.bus.request(
             f"{self.bus.subjects.scheduler}.cluster_changed",
-            ClusterChanged(now=now),
+            ClusterChanged(now=now, lost_jobs=reply.lost_jobs),
             SchedulerStatus,
         )
         self._note(now, status)
