@@ -62,6 +62,10 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--heartbeat-timeout", type=float, default=5.0, help="seconds of silence: node lost"
     )
+    p.add_argument(
+        "--no-durable", dest="durable", action="store_false",
+        help="keep the services' state in memory only (by default in JetStream key-value buckets)",
+    )  # fmt: skip
     p.add_argument("--log-level", default="info")
     p.set_defaults(run=cmd_up)
 
@@ -160,19 +164,38 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+RETRY_FOR_S = 60.0
+"""How long the control plane's services retry a call while its callee restarts."""
+
+
 def control_plane_configs(
     policy: str = "fifo", placement: str = "consolidated", admission: str = "accept-all",
-    round_s: float = 5.0, heartbeat_timeout_s: float = 5.0,
+    round_s: float = 5.0, heartbeat_timeout_s: float = 5.0, durable: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
-    """The services of a real cluster's control plane: the scheduler ticks on the wall clock."""
+    """The services of a real cluster's control plane: the scheduler ticks on the wall clock.
+
+    `durable`: their state lives in JetStream key-value buckets, so any of them can be killed and
+    started again (or replaced) mid-run; their calls to one another retry while the callee restarts.
+    """
     from gpuyard.services.admission.service import AdmissionConfig
     from gpuyard.services.placement.service import PlacementConfig
     from gpuyard.services.scheduler.service import SchedulerConfig
 
     return {
-        "placement": PlacementConfig(policy=placement, heartbeat_timeout_s=heartbeat_timeout_s),
-        "scheduler": SchedulerConfig(policy=policy, clock="wall", round_s=round_s),
-        "admission": AdmissionConfig(policy=admission),
+        "placement": PlacementConfig(
+            policy=placement, heartbeat_timeout_s=heartbeat_timeout_s, durable=durable
+        ),
+        "scheduler": SchedulerConfig(
+            policy=policy,
+            clock="wall",
+            round_s=round_s,
+            durable=durable,
+            call_timeout_s=10.0,
+            retry_for_s=RETRY_FOR_S,
+        ),
+        "admission": AdmissionConfig(
+            policy=admission, durable=durable, call_timeout_s=15.0, retry_for_s=RETRY_FOR_S
+        ),
     }
 
 
@@ -183,8 +206,9 @@ async def run_control_plane(args: argparse.Namespace) -> None:
     from gpuyard.launcher import ServiceSet
 
     configs = control_plane_configs(
-        args.policy, args.placement, args.admission, args.round, args.heartbeat_timeout
-    )
+        args.policy, args.placement, args.admission, args.round, args.heartbeat_timeout,
+        durable=args.durable,
+    )  # fmt: skip
     async with contextlib.AsyncExitStack() as stack:
         url = args.nats or await stack.enter_async_context(EmbeddedNats())
         services = ServiceSet(url, args.cluster, configs)

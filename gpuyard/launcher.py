@@ -50,6 +50,7 @@ class ServiceSet:
         self.expect = expect  # services started elsewhere that must answer too
         self._services: list[Service] = []
         self._procs: list[asyncio.subprocess.Process] = []
+        self.extra: list[str] = []  # services started again by `replace`, in order
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     async def start(self) -> None:
@@ -66,13 +67,20 @@ class ServiceSet:
         await self.wait_ready()
 
     async def _start_processes(self) -> None:
-        self._tmp = tempfile.TemporaryDirectory(prefix="gpuyard-svc-")
+        for name, config in self.configs.items():
+            self._procs.append(await self.spawn(name, config))
+
+    async def spawn(self, name: str, config: Any) -> asyncio.subprocess.Process:
+        """Start one service process (again, or a replacement with another config); a durable
+        service takes over from a running instance and loads the state it left."""
+        if self._tmp is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="gpuyard-svc-")
         # The children write their logs straight into the run's log file.
         log = self.log_file.open("ab") if self.log_file else None
-        for name, config in self.configs.items():
-            path = Path(self._tmp.name) / f"{name}.json"
-            path.write_bytes(msgspec.json.encode(config))
-            proc = await asyncio.create_subprocess_exec(
+        path = Path(self._tmp.name) / f"{name}-{len(self._procs)}.json"
+        path.write_bytes(msgspec.json.encode(config))
+        try:
+            return await asyncio.create_subprocess_exec(
                 sys.executable, "-m", f"gpuyard.services.{name}", "--nats", self.url,
                 "--cluster", self.subjects.cluster, "--config", str(path),
                 "--log-level", self.log_level, *(self.auth.argv() if self.auth else []),
@@ -80,9 +88,21 @@ class ServiceSet:
                 preexec_fn=die_with_parent,
                 env={**os.environ, **(self.auth.env() if self.auth else {})},
             )  # fmt: skip
-            self._procs.append(proc)
-        if log:
-            log.close()
+        finally:
+            if log:
+                log.close()
+
+    def process(self, name: str) -> asyncio.subprocess.Process:
+        """The newest process of service `name` (processes=True)."""
+        names = [*self.configs, *self.extra]
+        return [p for n, p in zip(names, self._procs, strict=True) if n == name][-1]
+
+    async def replace(self, name: str, config: Any | None = None) -> asyncio.subprocess.Process:
+        """Start service `name` again (after a crash, or to take over with another config)."""
+        proc = await self.spawn(name, config if config is not None else self.configs[name])
+        self._procs.append(proc)
+        self.extra.append(name)
+        return proc
 
     async def wait_ready(self, within_s: float = 30.0) -> None:
         """Until every service answers a ping."""
@@ -102,7 +122,7 @@ class ServiceSet:
                                     f"v{CONTRACT_VERSION}"
                                 )
                             break
-                        for proc in self._procs:
+                        for proc in self._procs[: len(self.configs)]:
                             if proc.returncode is not None:
                                 raise RuntimeError(f"a service process exited ({proc.returncode})")
                         await asyncio.sleep(0.05)

@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 JOB_COLUMNS = [
     "job_id", "state", "num_gpus", "gpu_type", "priority", "user", "arrival", "start", "end",
     "jct", "queueing_delay", "preemptions", "gpu_seconds", "executed_time", "deadline",
-    "deadline_met",
+    "deadline_met", "reason",
 ]  # fmt: skip
 
 
@@ -46,6 +46,7 @@ def jobs_frame(records: list[JobRecord]) -> pd.DataFrame:
                 "executed_time": r.executed_time,
                 "deadline": deadline,
                 "deadline_met": None if deadline is None else (end is not None and end <= deadline),
+                "reason": r.reason,
             }
         )
     return pd.DataFrame(rows, columns=JOB_COLUMNS)

@@ -58,6 +58,9 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     churn_node_type: str = "gpu"
     event_storage: Literal["file", "memory"] = "memory"
     """Where the run's event stream is kept (a simulation's events are usually read right away)."""
+    durable: bool = False
+    """Admission, scheduler and placement keep their state in JetStream key-value buckets, as on a
+    real cluster (slower; use a cluster name not used before on that server)."""
 
 
 class SimResult(Struct, kw_only=True):
@@ -75,15 +78,20 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
     from gpuyard.services.scheduler.service import SchedulerConfig
 
     return {
-        "placement": PlacementConfig(policy=options.placement, params=options.placement_params),
+        "placement": PlacementConfig(
+            policy=options.placement, params=options.placement_params, durable=options.durable
+        ),
         "scheduler": SchedulerConfig(
             policy=options.policy,
             params=options.policy_params,
             round_s=options.round_s,
             mode=options.mode,
             event_storage=options.event_storage,
+            durable=options.durable,
         ),
-        "admission": AdmissionConfig(policy=options.admission, params=options.admission_params),
+        "admission": AdmissionConfig(
+            policy=options.admission, params=options.admission_params, durable=options.durable
+        ),
         "simclock": SimClockConfig(
             workload=str(workload_path),
             cluster=options.cluster,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import ssl
@@ -43,6 +44,7 @@ from .contract import (
     Subjects,
 )
 from .policy import PolicyError
+from .store import NullStore, open_store
 
 T = TypeVar("T")
 
@@ -52,6 +54,7 @@ _error_decoder = msgspec.json.Decoder(ErrorReply)
 # A client may still send `Gpuyard-Contract`, and services refuse a version they do not speak;
 # our own clients check the version once, in the services' ping replies.
 _ERROR_HEADERS = {VERSION_HEADER: str(CONTRACT_VERSION), STATUS_HEADER: "error"}
+_TRANSIENT = frozenset({"no service is listening", "timed out"})
 
 
 def encode(msg: Any) -> bytes:
@@ -266,9 +269,33 @@ class Bus:
         return dec
 
     async def request(
-        self, subject: str, msg: Any, reply_type: type[T], *, within_s: float | None = None
+        self, subject: str, msg: Any, reply_type: type[T], *, within_s: float | None = None,
+        retry_for_s: float = 0.0,
+    ) -> T:  # fmt: skip
+        """Send a request and decode the reply; raise RemoteError on an error reply.
+
+        `retry_for_s`: for requests that are safe to repeat (idempotent), keep trying for this long
+        while nobody listens or a reply does not come (the service is restarting), with backoff.
+        """
+        if retry_for_s <= 0:
+            return await self._request_once(subject, msg, reply_type, within_s)
+        deadline = time.monotonic() + retry_for_s
+        pause = 0.05
+        while True:
+            try:
+                return await self._request_once(subject, msg, reply_type, within_s)
+            except RemoteError as exc:
+                if exc.reply.error not in _TRANSIENT or time.monotonic() + pause > deadline:
+                    raise
+                structlog.get_logger().warning(
+                    "request.retrying", subject=subject, error=exc.reply.error, pause_s=pause
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    async def _request_once(
+        self, subject: str, msg: Any, reply_type: type[T], within_s: float | None
     ) -> T:
-        """Send a request and decode the reply; raise RemoteError on an error reply."""
         started = time.perf_counter()
         try:
             reply = await self.nc.request(
@@ -346,6 +373,23 @@ class Service:
         self.handler_s = 0.0
         self.policy_s = 0.0
         """Subclasses add the time their policy takes here."""
+        self.store: NullStore = NullStore()
+        self.handed_over = asyncio.Event()
+        """Set when a replacement process took over: the process may exit."""
+
+    # Durable services (`durable` in their config) override these three.
+    @property
+    def durable(self) -> bool:
+        return bool(getattr(getattr(self, "config", None), "durable", False))
+
+    async def restore(self, values: dict[str, bytes]) -> None:
+        """Take up the state loaded from the store (called before the first request)."""
+
+    async def persist(self) -> None:
+        """Write what the last request changed to `self.store` (called before its reply)."""
+
+    async def hand_over(self) -> None:
+        """A replacement takes over: stop background tasks (subscriptions are drained after)."""
 
     # Subclasses: the routes under their prefix, and optional extra listeners.
     def routes(self) -> dict[str, Route]:
@@ -407,7 +451,44 @@ class Service:
             policy_s=self.policy_s, requests=self.bus.request_stats,
         )  # fmt: skip
 
+    @property
+    def takeover_subject(self) -> str:
+        return f"{self.bus.subjects.root}.ctl.{self.name}.takeover"
+
+    async def prepare(self) -> None:
+        """Durable services: have a running instance hand over, then load the state it left.
+
+        The old instance stops taking requests and finishes those in hand before it answers; a
+        request that arrives in between finds nobody listening and its caller retries.
+        """
+        if not self.durable:
+            return
+        try:
+            await self.bus.request(self.takeover_subject, Empty(), Empty, within_s=60.0)
+            self.log.info("service.took_over")
+        except RemoteError as exc:
+            if exc.reply.error != "no service is listening":
+                raise
+        self.store = await open_store(
+            self.bus.nc, self.bus.subjects.cluster, self.name, durable=True
+        )
+        started = time.perf_counter()
+        await self.restore(await self.store.load())
+        self.log.info("state.restored", took_s=round(time.perf_counter() - started, 4))
+        await self.bus.nc.subscribe(self.takeover_subject, cb=self._on_takeover)
+
+    async def _on_takeover(self, msg: Msg) -> None:
+        self.log.info("service.handing_over")
+        await self.hand_over()
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.drain()
+        self._subs.clear()
+        await msg.respond(b"{}")
+        self.handed_over.set()
+
     async def start(self) -> None:
+        await self.prepare()
         routes = {
             "ping": Route(self.ping, Ping),
             "stats": Route(self.stats, Empty),
@@ -455,7 +536,10 @@ class Service:
             now = getattr(request, "now", None)
             if now is not None:
                 structlog.contextvars.bind_contextvars(now=now)
-            reply = await route.handler(request)
+            try:
+                reply = await route.handler(request)
+            finally:
+                await self.persist()  # a reply means "durable"
         except BadRequest as exc:
             self.log.warning(
                 "request.rejected", subject=msg.subject, error=exc.error, field=exc.field
@@ -516,7 +600,10 @@ def run_service(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await service.start()
-        await stop.wait()
+        handed_over = asyncio.ensure_future(service.handed_over.wait())
+        await asyncio.wait(
+            [asyncio.ensure_future(stop.wait()), handed_over], return_when=asyncio.FIRST_COMPLETED
+        )
         await service.stop()
 
     import uvloop

@@ -198,3 +198,23 @@ async def test_node_churn_preempts_and_jobs_resume(tmp_path: Path, nats_url: str
     timeline = pd.read_csv(tmp_path / "out" / "timeline.csv")
     assert timeline.loc[timeline["time"] == 50.0, "gpus"].item() == 1
     assert timeline.loc[timeline["time"] == 80.0, "gpus"].item() == 2
+
+
+async def test_job_without_throughput_there_fails_with_a_reason(
+    tmp_path: Path, nats_url: str
+) -> None:
+    """An ElasticFlow-style table with no figure for 2 GPUs: that job fails, the others go on."""
+    table = tmp_path / "throughputs_A100"  # the GPU type comes from the folder name
+    table.mkdir()
+    (table / "toy.csv").write_text("global_batch_size,1,2,4\n64,10.0,,35.0\n")
+    jobs = [
+        JobSpec(job_id="ok", num_gpus=1, job_type="toy@64", total_steps=1000.0, submit_time=0.0),
+        JobSpec(job_id="bad", num_gpus=2, job_type="toy@64", total_steps=1000.0, submit_time=0.0),
+    ]
+    options = SimOptions(cluster=ClusterSpec.parse("1x4:a100"), throughputs=str(table))
+    result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
+    by_id = {r.job_id: r for r in result.jobs}
+    assert (by_id["ok"].state, by_id["ok"].end_time) == ("completed", 100.0)
+    assert (by_id["bad"].state, by_id["bad"].end_time) == ("failed", 0.0)
+    table_out = pd.read_csv(tmp_path / "out" / "jobs.csv")
+    assert "no throughput" in table_out.loc[table_out["job_id"] == "bad", "reason"].item()

@@ -37,6 +37,20 @@ class AdmissionConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     """Jobs submitted without a job_id are named `<id_prefix><n>`."""
     retry_held_s: float | None = None
     """Real clusters: try held jobs again this often (a simulation's clock does it on exits)."""
+    durable: bool = False
+    """Keep the id counter and the held jobs in a JetStream key-value bucket."""
+    call_timeout_s: float | None = None
+    """How long one request to the scheduler or placement may take (None: the default)."""
+    retry_for_s: float = 0.0
+    """Retry (idempotent) requests this long while the service called restarts."""
+
+
+class StoredAdmission(Struct, kw_only=True):
+    counter: int = 0
+    held: list[JobSpec] = []
+
+
+STATE_KEY = "state"
 
 
 class Admission(Service):
@@ -65,6 +79,28 @@ class Admission(Service):
 
     def routes(self) -> dict[str, Route]:
         return {"submit": Route(self.submit, SubmitRequest)}
+
+    async def persist(self) -> None:
+        await self.store.put_many(
+            {STATE_KEY: StoredAdmission(counter=self.counter, held=self.held)}
+        )
+
+    async def restore(self, values: dict[str, bytes]) -> None:
+        if STATE_KEY in values:
+            state = msgspec.json.decode(values[STATE_KEY], type=StoredAdmission)
+            self.counter, self.held = state.counter, list(state.held)
+            self.log.info("state.admission_restored", counter=self.counter, held=len(self.held))
+
+    async def hand_over(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+
+    async def _call(self, service: str, suffix: str, msg: Any, typ: type[Any]) -> Any:
+        return await self.bus.request(
+            f"{self.bus.subjects.service(service)}.{suffix}", msg, typ,
+            within_s=self.config.call_timeout_s, retry_for_s=self.config.retry_for_s,
+        )  # fmt: skip
 
     async def start(self) -> None:
         await super().start()
@@ -122,11 +158,12 @@ class Admission(Service):
                 self.held.append(spec)
         status: SchedulerStatus | None = None
         if admitted or req.tick:
-            status = await self.bus.request(
-                f"{self.bus.subjects.scheduler}.enqueue",
-                EnqueueRequest(now=now, jobs=admitted, tick=req.tick),
+            # The ids given out are stored before the scheduler hears of them: never reused.
+            await self.persist()
+            status = await self._call(
+                "scheduler", "enqueue", EnqueueRequest(now=now, jobs=admitted, tick=req.tick),
                 SchedulerStatus,
-            )
+            )  # fmt: skip
             for r in results:
                 if r.job_id in status.rejected:
                     r.verdict, r.reason = "reject", status.rejected[r.job_id]
@@ -162,9 +199,7 @@ class Admission(Service):
         """The scheduler's current load figures, when the policy looks at them."""
         if not self.policy.uses_load:
             return None
-        return await self.bus.request(
-            f"{self.bus.subjects.scheduler}.status", Empty(), SchedulerStatus
-        )
+        return await self._call("scheduler", "status", Empty(), SchedulerStatus)
 
     @staticmethod
     def _count(load: SchedulerStatus | None, spec: JobSpec) -> None:
@@ -179,9 +214,7 @@ class Admission(Service):
             )
 
     async def _refresh_capacity(self) -> None:
-        info = await self.bus.request(
-            f"{self.bus.subjects.placement}.cluster", Empty(), ClusterInfo
-        )
+        info = await self._call("placement", "cluster", Empty(), ClusterInfo)
         self.capacity = info.capacity
 
     def _new_id(self) -> str:

@@ -40,6 +40,20 @@ class PlacementConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     that never sent a heartbeat (simulated ones) are never declared lost."""
     heartbeat_check_s: float = 0.5
     """How often the heartbeat checker looks."""
+    durable: bool = False
+    """Keep the cluster map in a JetStream key-value bucket: a restarted placement goes on."""
+
+
+class StoredPlacement(Struct, kw_only=True):
+    """Placement's state in its bucket: small (bounded by the cluster), so one key."""
+
+    nodes: list[NodeSpec] = []
+    running: dict[str, list[GpuRef]] = {}
+    specs: dict[str, JobSpec] = {}
+    lost: list[str] = []
+
+
+STATE_KEY = "state"
 
 
 def master_port(job_id: str) -> int:
@@ -61,9 +75,8 @@ class Placement(Service):
         self.last_seen: dict[str, float] = {}  # node agents that heartbeat: when last heard of
         self.beats: dict[str, Heartbeat] = {}
         self._checker: asyncio.Task[None] | None = None
-        self.lost: list[
-            str
-        ] = []  # jobs stopped by a node's departure, not yet told to the scheduler
+        self.lost: list[str] = []  # stopped by a node's departure, not yet told to the scheduler
+        self.changed = False  # the request in hand changed the state to store
 
     def describe_policy(self) -> str:
         return self.config.policy
@@ -74,6 +87,39 @@ class Placement(Service):
     def swap_policy(self, policy: str, params: dict[str, Any]) -> None:
         self.policy = placement_policies.create(policy, params)
         self.config = msgspec.structs.replace(self.config, policy=policy, params=params)
+
+    async def persist(self) -> None:
+        if not self.changed:
+            return
+        state = StoredPlacement(
+            nodes=list(self.nodes.values()), running=self.running, specs=self.specs, lost=self.lost
+        )
+        await self.store.put_many({STATE_KEY: state})
+        self.changed = False  # (left set when the write failed: the next request writes)
+
+    async def restore(self, values: dict[str, bytes]) -> None:
+        """Take the map back; agents register again (stopping parts we do not know of)."""
+        if STATE_KEY not in values:
+            return
+        state = msgspec.json.decode(values[STATE_KEY], type=StoredPlacement)
+        self.running, self.specs, self.lost = (
+            dict(state.running),
+            dict(state.specs),
+            list(state.lost),
+        )
+        now = time.time()
+        for node in state.nodes:
+            self._add_node(node)
+            if node.labels.get("boot"):
+                self.last_seen[node.node_id] = now  # silent from now on: lost after the timeout
+        for node_id in self.nodes:
+            await self.bus.nc.publish(f"{self.bus.subjects.node(node_id)}.register", b"{}")
+        self.log.info("state.cluster_restored", nodes=len(self.nodes), running=len(self.running))
+
+    async def hand_over(self) -> None:
+        if self._checker is not None:
+            self._checker.cancel()
+            self._checker = None
 
     def routes(self) -> dict[str, Route]:
         return {
@@ -104,6 +150,7 @@ class Placement(Service):
         )
 
     async def register(self, req: RegisterNode) -> ClusterInfo:
+        self.changed = True
         old = self.nodes.get(req.node.node_id)
         boot = req.node.labels.get("boot")
         if old is not None and boot and old.labels.get("boot") != boot:
@@ -124,6 +171,7 @@ class Placement(Service):
         return await self.cluster(Empty())
 
     async def nodes_changed(self, req: NodesChanged) -> NodesChangedReply:
+        self.changed = True
         unknown = [n for n in req.gone if n not in self.nodes]
         if unknown:
             raise BadRequest(f"unknown nodes {unknown[:5]}", field="$.gone")
@@ -230,6 +278,7 @@ class Placement(Service):
         ]
 
     async def apply(self, req: ApplyRequest) -> ApplyReply:
+        self.changed = True
         ended = self._stop_released(req.released)
         for job_id in req.released:
             self._free(job_id)
@@ -286,6 +335,11 @@ class Placement(Service):
             for g in gpus:
                 self.free[g.node_id].discard(g.index)
         lost, self.lost = self.lost, []
+        # Jobs the scheduler thinks are not running but run here as allocated: it asked before
+        # (a retried apply, or it restarted before storing our reply). Report them started.
+        for job_id in req.specs:
+            if job_id in placed and job_id not in launched and job_id in self.running:
+                launched[job_id] = self.running[job_id]
         return ApplyReply(
             placed=launched,
             started={j: self.nodes[g[0].node_id].gpu_type for j, g in launched.items()},

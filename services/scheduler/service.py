@@ -46,6 +46,7 @@ from gpuyard.shared.policy import (
     SchedulingPolicy,
     scheduling_policies,
 )
+from gpuyard.shared.store import decode, name_of, store_key
 
 
 class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -61,10 +62,46 @@ class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     event_storage: Literal["file", "memory"] = "file"
     max_policy_ms_inline: float = 5.0
     """A policy that took longer than this once runs in a worker thread from then on."""
+    durable: bool = False
+    """Keep the jobs in a JetStream key-value bucket: a restarted scheduler goes on where it was."""
+    call_timeout_s: float | None = None
+    """How long one request to placement may take (None: the connection's default)."""
+    retry_for_s: float = 0.0
+    """Retry requests to placement this long while it restarts (real clusters)."""
 
     def __post_init__(self) -> None:
         if self.round_s <= 0:
             raise ValueError(f"round_s ({self.round_s}) must be > 0")
+
+
+class StoredJob(Struct, kw_only=True):
+    """One job as the scheduler keeps it in its bucket (key: the job id)."""
+
+    spec: JobSpec
+    seq: int
+    state: Literal["queued", "running", "completed", "failed", "cancelled"]
+    submit_time: float
+    admit_time: float
+    queued_since: float | None
+    first_start: float | None
+    end_time: float | None
+    last_start: float
+    gpus: int
+    gpu_type: str | None
+    executed: float
+    gpu_seconds: float
+    rounds_run: int
+    preemptions: int
+    parts: list[str] = []
+    reason: str = ""
+
+
+class StoredMeta(Struct, kw_only=True):
+    released: list[str] = []
+    last_round: float | None = None
+
+
+META_KEY = "meta"
 
 
 class Job:
@@ -137,6 +174,29 @@ class Job:
             self.waiting_view = view
         return view
 
+    def stored(self, parts: set[str] | None, reason: str) -> StoredJob:
+        return StoredJob(
+            spec=self.spec, seq=self.seq, state=self.state, submit_time=self.submit_time,
+            admit_time=self.admit_time, queued_since=self.queued_since,
+            first_start=self.first_start, end_time=self.end_time, last_start=self.last_start,
+            gpus=self.gpus, gpu_type=self.gpu_type, executed=self.executed,
+            gpu_seconds=self.gpu_seconds, rounds_run=self.rounds_run,
+            preemptions=self.preemptions, parts=sorted(parts or ()), reason=reason,
+        )  # fmt: skip
+
+    @classmethod
+    def from_stored(cls, job_id: str, s: StoredJob) -> Job:
+        job = cls(msgspec.structs.replace(s.spec, job_id=job_id), s.seq, s.admit_time)
+        job.state, job.submit_time, job.queued_since = s.state, s.submit_time, s.queued_since
+        job.first_start, job.end_time, job.last_start = s.first_start, s.end_time, s.last_start
+        job.gpus, job.gpu_type, job.executed = s.gpus, s.gpu_type, s.executed
+        job.gpu_seconds, job.rounds_run, job.preemptions = (
+            s.gpu_seconds,
+            s.rounds_run,
+            s.preemptions,
+        )
+        return job
+
     def record(self) -> JobRecord:
         return JobRecord(
             job_id=self.job_id,
@@ -179,6 +239,8 @@ class Scheduler(Service):
         self._wake = asyncio.Event()  # wall clock: tick now (jobs arrived or ended, nodes changed)
         self.parts: dict[str, set[str]] = {}  # running job -> nodes whose part has not exited yet
         self.reasons: dict[str, str] = {}  # why a job last stopped (real clusters' `sched.query`)
+        self.touched: set[str] = set()  # jobs changed by the request in hand (durable: to write)
+        self.stored_meta: StoredMeta | None = None  # as last written
 
     def describe_policy(self) -> str:
         return self.config.policy
@@ -236,6 +298,92 @@ class Scheduler(Service):
                 )
             await self.bus.nc.publish(subject, msgspec.json.encode(TickRequest(now=time.time())))
 
+    # ------------------------------------------------------------------ durable state
+
+    async def persist(self) -> None:
+        """Write the jobs the request changed, and the released list, before the reply."""
+        if not self.store.durable:
+            self.touched.clear()
+            return
+        touched, self.touched = self.touched, set()
+        items: dict[str, Any] = {
+            store_key(j): self.jobs[j].stored(self.parts.get(j), self.reasons.get(j, ""))
+            for j in touched
+            if j in self.jobs
+        }
+        meta = StoredMeta(released=self.released, last_round=self.last_round)
+        if meta != self.stored_meta:
+            items[META_KEY] = meta
+        try:
+            await self.store.put_many(items)
+        except Exception:
+            self.touched |= touched  # written with the next request
+            raise
+        self.stored_meta = msgspec.structs.replace(meta, released=list(meta.released))
+
+    async def restore(self, values: dict[str, bytes]) -> None:
+        meta = values.pop(META_KEY, None)
+        stored = {name_of(k): decode(v, StoredJob) for k, v in values.items()}
+        for job_id, s in sorted(stored.items(), key=lambda kv: kv[1].seq):
+            job = self.jobs[job_id] = Job.from_stored(job_id, s)
+            if s.reason:
+                self.reasons[job_id] = s.reason
+            if job.state in ("queued", "running"):
+                self.active[job_id] = job
+                self._add_demand(job.spec, +1)
+            else:
+                self.finished += 1
+            if job.state == "running":
+                self.running += 1
+                self.busy_gpus += job.gpus
+                self.parts[job_id] = set(s.parts)
+        if meta is not None:
+            m = decode(meta, StoredMeta)
+            self.released, self.last_round = list(m.released), m.last_round
+        self.dirty = True
+        if self.jobs:
+            await self._reconcile(time.time())
+        self.wake_at = self.next_wake(time.time())  # a wall clock's first round comes at once
+        self.log.info(
+            "state.jobs_restored", jobs=len(self.jobs), active=len(self.active),
+            running=self.running,
+        )  # fmt: skip
+
+    async def _reconcile(self, now: float) -> None:
+        """Agree with placement on what runs: we may have died between its apply and our write."""
+        info = await self._placement("cluster", Empty(), ClusterInfo)
+        types = {n.node_id: n.gpu_type for n in info.nodes}
+        for job_id, job in self.active.items():
+            gpus = info.busy.get(job_id)
+            if job.state == "running" and not gpus:
+                await self._requeue(now, job_id, "not running after a scheduler restart")
+            elif gpus and (job.state != "running" or job.gpus != len(gpus)):
+                if job.state == "running":
+                    self.busy_gpus -= job.gpus
+                    job.settle(now)
+                else:
+                    self.running += 1
+                job.start(now, len(gpus), types.get(gpus[0].node_id, ANY_GPU))
+                self.parts[job_id] = {g.node_id for g in gpus}
+                self.busy_gpus += len(gpus)
+                self.touched.add(job_id)
+        strays = [j for j in info.busy if j not in self.active and j not in self.released]
+        self.released += strays
+        if strays:
+            self.log.warning("state.stray_jobs_released", jobs=strays[:10], count=len(strays))
+        await self.persist()
+
+    async def _placement(self, suffix: str, msg: Any, typ: type[Any]) -> Any:
+        return await self.bus.request(
+            f"{self.bus.subjects.placement}.{suffix}", msg, typ,
+            within_s=self.config.call_timeout_s, retry_for_s=self.config.retry_for_s,
+        )  # fmt: skip
+
+    async def hand_over(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
+
     # ------------------------------------------------------------------ requests
 
     async def enqueue(self, req: EnqueueRequest) -> SchedulerStatus:
@@ -243,11 +391,15 @@ class Scheduler(Service):
         for spec in req.jobs:
             if spec.job_id is None:
                 raise BadRequest("admitted jobs must carry a job_id", field="$.jobs[].job_id")
-            if spec.job_id in self.jobs:
-                rejected[spec.job_id] = f"job id {spec.job_id!r} is already in use"
+            known = self.jobs.get(spec.job_id)
+            if known is not None:
+                # Durable (callers retry): the same job again is a retried request, already here.
+                if not (self.config.durable and _same_job(known.spec, spec)):
+                    rejected[spec.job_id] = f"job id {spec.job_id!r} is already in use"
                 continue
             job = Job(spec, len(self.jobs), req.now)
             self.jobs[job.job_id] = self.active[job.job_id] = job
+            self.touched.add(job.job_id)
             self._add_demand(spec, +1)
             self.dirty = True
             await self.emit("job.queued", req.now, job.job_id)
@@ -267,6 +419,7 @@ class Scheduler(Service):
             self.busy_gpus -= job.gpus
             self.running -= 1
             job.settle(req.now)
+            self.touched.add(job.job_id)
             job.state = ex.status
             job.end_time = req.now
             del self.active[job.job_id]
@@ -301,8 +454,8 @@ class Scheduler(Service):
         return False
 
     async def list_jobs(self, req: PageQuery) -> JobsPage:
-        records = list(self.jobs.values())[req.offset : req.offset + req.limit]
-        return JobsPage(jobs=[j.record() for j in records], total=len(self.jobs))
+        page = list(self.jobs.values())[req.offset : req.offset + req.limit]
+        return JobsPage(jobs=self._records(page), total=len(self.jobs))
 
     async def status_request(self, _: Empty) -> SchedulerStatus:
         """Counts and load now, without touching the wake-up time."""
@@ -321,10 +474,13 @@ class Scheduler(Service):
             states = set(req.states)
             found = [j for j in found if j.state in states]
         page = found[req.offset : req.offset + req.limit]
-        records = [j.record() for j in page]
+        return JobsPage(jobs=self._records(page), total=len(found))
+
+    def _records(self, jobs: list[Job]) -> list[JobRecord]:
+        records = [j.record() for j in jobs]
         for r in records:
             r.reason = self.reasons.get(r.job_id, "")
-        return JobsPage(jobs=records, total=len(found))
+        return records
 
     async def cancel(self, req: CancelRequest) -> CancelReply:
         """End jobs for good. A running one is left out of the next allocation: placement stops it."""
@@ -344,6 +500,7 @@ class Scheduler(Service):
                 self.running -= 1
                 job.settle(now)
             job.state = "cancelled"
+            self.touched.add(job_id)
             job.end_time = now
             job.waiting_view = None
             del self.active[job_id]
@@ -377,6 +534,7 @@ class Scheduler(Service):
         """Whether this exit ends the job: a job on several nodes ends when every part has exited
         0, or at the first failure. Exits from nodes it does not run on now (an old run) are ignored."""
         parts = self.parts.get(ex.job_id)
+        self.touched.add(ex.job_id)
         if ex.node_id and parts is not None:
             if ex.node_id not in parts:
                 self.log.warning("exit.stale", job_id=ex.job_id, node_id=ex.node_id)
@@ -393,9 +551,7 @@ class Scheduler(Service):
 
     async def run_round(self, now: float) -> None:
         if self.capacity is None:
-            info = await self.bus.request(
-                f"{self.bus.subjects.placement}.cluster", Empty(), ClusterInfo
-            )
+            info = await self._placement("cluster", Empty(), ClusterInfo)
             self.capacity = info.capacity
         inp = SchedulingInput(
             now=now,
@@ -409,8 +565,8 @@ class Scheduler(Service):
             if self.active[a.job_id].state != "running"
         }
         attempts = {j: self.active[j].preemptions for j in specs if self.active[j].preemptions}
-        reply = await self.bus.request(
-            f"{self.bus.subjects.placement}.apply",
+        reply = await self._placement(
+            "apply",
             ApplyRequest(
                 now=now,
                 allocations=allocations,
@@ -437,6 +593,7 @@ class Scheduler(Service):
             else:
                 self.running += 1
             job.start(now, len(gpus), gpu_type)
+            self.touched.add(job_id)
             self.parts[job_id] = {g.node_id for g in gpus}
             self.busy_gpus += len(gpus)
             kind = "job.resized" if job_id in resized else "job.started"
@@ -445,6 +602,7 @@ class Scheduler(Service):
             for job in self.active.values():
                 if job.state == "running":
                     job.rounds_run += 1
+                    self.touched.add(job.job_id)
         self.last_round = now
         self.dirty = False
         self.policy_wake = self.policy.next_decision_time(inp)
@@ -496,6 +654,7 @@ class Scheduler(Service):
         job.state = "queued"
         job.queued_since = now
         job.preemptions += 1
+        self.touched.add(job_id)
         self.dirty = True
         if self._ticker is not None:
             self.reasons[job_id] = reason
@@ -551,3 +710,8 @@ class Scheduler(Service):
 
     async def emit(self, kind: Any, now: float, job_id: str, **fields: Any) -> None:
         await self.bus.emit(Event(type=kind, now=now, job_id=job_id, service=self.name, **fields))
+
+
+def _same_job(known: JobSpec, new: JobSpec) -> bool:
+    """The same submission again (a retry), whatever submission time the retry was given."""
+    return msgspec.structs.replace(new, submit_time=known.submit_time) == known

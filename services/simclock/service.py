@@ -89,7 +89,7 @@ class SimJob:
     """A simulated job's processes: which nodes run its parts, and its progress."""
 
     __slots__ = (
-        "done", "gpu_type", "job_type", "parts", "rate", "restarting", "restoring", "since",
+        "done", "failure", "gpu_type", "job_type", "parts", "rate", "restarting", "restoring", "since",
         "total", "version",
     )  # fmt: skip
 
@@ -102,6 +102,7 @@ class SimJob:
         self.parts: dict[str, int] = {}
         self.gpu_type = ""
         self.version = 0
+        self.failure = ""  # why the job crashes as soon as it starts, if it does
         self.restarting = False  # some part was stopped at this instant
         self.restoring = False  # resumed after a preemption: the restore time is still to pay
 
@@ -410,7 +411,11 @@ class SimClock(Service):
                 _, restore_s = self.config.preemption_cost.of(job.job_type)
                 job.done -= job.rate * restore_s  # no progress while restoring
                 job.restoring = False
-            if job.rate > 0:
+            if gpus and job.rate <= 0:  # e.g. a batch that does not fit that GPU: it crashes
+                job.failure = f"no throughput for {job.job_type!r} on {gpus} x {job.gpu_type}"
+                self.launches += 1
+                heapq.heappush(self.heap, (now, self.launches, job_id, job.version))
+            elif job.rate > 0:
                 finish = now + max(job.total - job.done, 0.0) / job.rate
                 quantum = self.config.completion_quantum
                 if quantum:
@@ -434,7 +439,10 @@ class SimClock(Service):
         while (finish := self._next_completion()) is not None and finish <= now:
             _, _, job_id, _ = heapq.heappop(self.heap)
             job = self.jobs.pop(job_id)
-            exits.append(JobExit(job_id=job_id, status="completed", steps_done=job.total))
+            if job.failure:
+                exits.append(JobExit(job_id=job_id, status="failed", reason=job.failure))
+            else:
+                exits.append(JobExit(job_id=job_id, status="completed", steps_done=job.total))
             self.finished += 1
         return exits
 

@@ -1,0 +1,116 @@
+"""Durable service state: one JetStream key-value bucket per service and cluster.
+
+Why key-value rather than replaying the event stream: events say what happened, not everything a
+service needs to go on (a scheduler's preemption counters, placement's exact GPUs, admission's id
+counter and held queue); deriving all of that from events would duplicate each service's logic in
+a replay path that is rarely run. A bucket holds the state itself, one key per entity (a job, a
+node map), written after each request that changed it and before the reply, so a reply means
+"durable". Loading is a read of every key: a restart does not depend on how long the cluster ran.
+
+`NullStore` keeps nothing (simulations, by default): the same code runs either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any, TypeVar
+
+import msgspec
+import structlog
+from nats.aio.client import Client
+
+T = TypeVar("T")
+
+_encoder = msgspec.json.Encoder()
+
+
+def store_key(name: str) -> str:
+    """A key any job id can map to (NATS keys allow `[-/_=.A-Za-z0-9]`)."""
+    return base64.urlsafe_b64encode(name.encode()).decode()
+
+
+def name_of(key: str) -> str:
+    return base64.urlsafe_b64decode(key.encode()).decode()
+
+
+class NullStore:
+    """Keeps nothing: a service that is not durable."""
+
+    durable = False
+
+    async def put_many(self, items: dict[str, Any]) -> None:
+        return None
+
+    async def delete_many(self, keys: list[str]) -> None:
+        return None
+
+    async def load(self) -> dict[str, bytes]:
+        return {}
+
+
+class KvStore(NullStore):
+    """A service's bucket `gpuyard_<cluster>_<service>` (file storage: it outlives the server)."""
+
+    durable = True
+
+    def __init__(self, nc: Client, cluster: str, service: str, *, storage: str = "file") -> None:
+        self.nc = nc
+        self.bucket = f"gpuyard_{cluster}_{service}".replace(".", "_")
+        self.storage = storage
+        self._kv: Any = None
+        self.log = structlog.get_logger().bind(bucket=self.bucket)
+
+    async def open(self) -> None:
+        from nats.js.api import KeyValueConfig, StorageType
+
+        js = self.nc.jetstream()
+        config = KeyValueConfig(bucket=self.bucket, history=1, storage=StorageType(self.storage))
+        self._kv = await js.create_key_value(config)
+
+    async def put_many(self, items: dict[str, Any]) -> None:
+        """Write every item (concurrently); returns once the server has stored them all."""
+        if items:
+            await asyncio.gather(*(self._kv.put(k, _encoder.encode(v)) for k, v in items.items()))
+
+    async def delete_many(self, keys: list[str]) -> None:
+        if keys:
+            await asyncio.gather(*(self._kv.delete(k) for k in keys))
+
+    async def load(self) -> dict[str, bytes]:
+        """Every key with its latest value (deleted keys left out), in one pass over the bucket's
+        stream (an ordered consumer of the last value per key): ~10x faster than a get per key."""
+        values: dict[str, bytes] = {}
+        status = await self._kv.status()
+        if not status.values:
+            return values
+        # Read until the entry with nothing pending after it: the watcher's own "initial values
+        # done" marker can come first when the server pushed everything before it looked.
+        watcher = await self._kv.watchall()
+        try:
+            while True:
+                entry = await watcher.updates(timeout=30.0)
+                if entry is None:
+                    continue
+                if entry.operation is None and entry.value:
+                    values[entry.key] = entry.value
+                else:
+                    values.pop(entry.key, None)  # deleted or purged
+                if not entry.delta:
+                    break
+        finally:
+            await watcher.stop()
+        self.log.info("state.loaded", keys=len(values))
+        return values
+
+
+async def open_store(nc: Client, cluster: str, service: str, *, durable: bool) -> NullStore:
+    if not durable:
+        return NullStore()
+    store = KvStore(nc, cluster, service)
+    await store.open()
+    return store
+
+
+def decode(data: bytes, typ: type[T]) -> T:
+    return msgspec.json.decode(data, type=typ)
