@@ -15,6 +15,7 @@ import msgspec
 
 from gpuyard.cli_cluster import add_cluster_parsers
 from gpuyard.cli_ops import add_ops_parsers
+from gpuyard.shared.bus import NatsAuth, add_nats_arguments
 from gpuyard.shared.model import ClusterSpec
 from gpuyard.shared.policy import PolicyError, parse_params
 
@@ -93,7 +94,7 @@ def workload_from_args(args: argparse.Namespace, throughputs: Any = None) -> Any
 
 def add_sim_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sim", help="run a simulation", description="Run a complete simulation.")
-    p.add_argument("--nats", help="join this NATS server (default: start a private one)")
+    add_nats_arguments(p, url_default=None)  # no --nats: a private server for the run
     p.add_argument("--cluster", default="sim", help="namespace of this run's subjects")
     p.add_argument(
         "--cluster-spec",
@@ -317,6 +318,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
                     on_progress=ProgressBar(args.cluster),
                     external=frozenset(filter(None, args.external.split(","))),
                     log_level=args.log_level,
+                    auth=NatsAuth.from_args(args),
                 )
             )
         )

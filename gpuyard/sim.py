@@ -18,7 +18,7 @@ from gpuyard.embedded import EmbeddedNats
 from gpuyard.launcher import ServiceSet
 from gpuyard.report import write_results
 from gpuyard.services.simclock.service import PreemptionCost, SimClockConfig, write_workload
-from gpuyard.shared.bus import Bus, connect
+from gpuyard.shared.bus import Bus, NatsAuth, connect
 from gpuyard.shared.contract import (
     Ack,
     Empty,
@@ -136,11 +136,13 @@ async def simulate(
     external: frozenset[str] = frozenset(),
     on_progress: Callable[[Progress], None] | None = None,
     log_level: str = "warning",
+    auth: NatsAuth | None = None,
 ) -> SimResult:
     """Run one simulation and write its results into `out`. Without `nats_url`, on a private server.
 
     `external` names services already running on the server (e.g. in their own containers) for
-    this cluster namespace: they are used as they are, with their own policies.
+    this cluster namespace: they are used as they are, with their own policies. `auth`: who we
+    and the services started here are to `nats_url`'s server.
     """
     workload_path = await asyncio.to_thread(prepare_run, options, jobs, out)
     started = time.perf_counter()
@@ -151,10 +153,10 @@ async def simulate(
         services = ServiceSet(
             url, cluster_name, {k: v for k, v in configs.items() if k not in external},
             processes=processes, log_file=out / "services.log", log_level=log_level,
-            expect=external,
+            expect=external, auth=auth if nats_url else None,
         )  # fmt: skip
         await stack.enter_async_context(services)
-        nc = await connect(url, name=f"gpuyard-sim-{cluster_name}")
+        nc = await connect(url, name=f"gpuyard-sim-{cluster_name}", auth=auth if nats_url else None)
         bus = Bus(nc, subjects)
         stack.push_async_callback(bus.close)
         finished: asyncio.Future[Progress] = asyncio.get_running_loop().create_future()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,19 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 async def nats_url() -> AsyncIterator[str]:
     async with EmbeddedNats() as url:
         yield url
+
+
+@pytest.fixture
+def data() -> Callable[[str], Path]:
+    """`data("itp/cluster01.csv")`: a file of `../shared/data`; the test skips cleanly without it."""
+
+    def find(rel: str) -> Path:
+        path = SHARED_DATA / rel
+        if not path.exists():
+            pytest.skip(f"reference data {path} absent")
+        return path
+
+    return find
 
 
 @pytest.fixture

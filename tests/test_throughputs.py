@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,15 +21,6 @@ from gpuyard.throughputs import (
     parse_gavel_key,
 )
 from gpuyard.workloads.generators import GAVEL_TEMPLATES
-
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-def data(rel: str) -> Path:
-    p = DATA / rel
-    if not p.exists():
-        pytest.skip(f"reference data {p} absent")
-    return p
 
 
 def test_curve_interpolation_rules() -> None:
@@ -48,7 +40,7 @@ def test_parse_gavel_key() -> None:
         parse_gavel_key("ResNet-50")
 
 
-def test_gavel_model() -> None:
+def test_gavel_model(data: Callable[[str], Path]) -> None:
     path = data("gavel/simulation_throughputs.json")
     raw = json.loads(path.read_text())
     m = load_throughputs(path)
@@ -67,7 +59,7 @@ def test_gavel_model() -> None:
     assert total_steps(job, m) == pytest.approx(100 * m.throughput("LM (batch size 20)", "v100", 2))
 
 
-def test_elasticflow_model() -> None:
+def test_elasticflow_model(data: Callable[[str], Path]) -> None:
     m = load_throughputs(data("elasticflow"))
     assert isinstance(m, ElasticFlowThroughputs)
     assert set(m.gpu_types) == {"a100", "t4"} and m.reference_gpu_type == "a100"
@@ -84,7 +76,7 @@ def test_elasticflow_model() -> None:
     assert single.gpu_types == ["t4"] and single.throughput("ncf", "any", 1) > 0
 
 
-def test_bftrainer_model() -> None:
+def test_bftrainer_model(data: Callable[[str], Path]) -> None:
     m = load_throughputs(data("bftrainer/ImageNet-imgps-JNPs-1001J.csv"))
     assert isinstance(m, BFTrainerThroughputs)
     assert m.throughput("J00000-AlexNet", "node", 1) == 7115.3
@@ -105,7 +97,7 @@ def test_default_model_and_errors(tmp_path: Path) -> None:
         load_throughputs(tmp_path / "missing.json")
 
 
-def test_default_speeds_match_gavel_table() -> None:
+def test_default_speeds_match_gavel_table(data: Callable[[str], Path]) -> None:
     import math
 
     raw = json.loads(data("gavel/simulation_throughputs.json").read_text())

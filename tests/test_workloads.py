@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,20 +28,10 @@ from gpuyard.workloads import (
 )
 from gpuyard.workloads.generators import GAVEL_DISTRIBUTED, GAVEL_TEMPLATES
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-def data(rel: str) -> Path:
-    p = DATA / rel
-    if not p.exists():
-        pytest.skip(f"reference data {p} absent")
-    return p
-
-
 # ------------------------------------------------------------------ reference files
 
 
-def test_itp_all_ten_clusters() -> None:
+def test_itp_all_ten_clusters(data: Callable[[str], Path]) -> None:
     files = sorted(data("itp").glob("cluster*.csv"))
     assert len(files) == 10
     total = 0
@@ -55,7 +46,7 @@ def test_itp_all_ten_clusters() -> None:
     assert total == 69_351
 
 
-def test_elasticflow_traces_and_header_variants() -> None:
+def test_elasticflow_traces_and_header_variants(data: Callable[[str], Path]) -> None:
     w = load_workload(data("elasticflow/traces/fig10_100jobs.csv"))
     assert w.format == "elasticflow" and len(w) == 100
     assert w[0].job_type == "resnet50@256" and w[0].total_steps == 7246 and w[0].deadline == 5896
@@ -70,12 +61,12 @@ def test_elasticflow_traces_and_header_variants() -> None:
     assert np.allclose(ratio, 1.0, atol=0.01)
 
 
-def test_elasticflow_elastic_option() -> None:
+def test_elasticflow_elastic_option(data: Callable[[str], Path]) -> None:
     w = load_workload(data("itp/195job.csv"), elastic=True)
     assert all(j.min_gpus == 1 and j.max_gpus >= j.num_gpus for j in w)
 
 
-def test_gavel_traces() -> None:
+def test_gavel_traces(data: Callable[[str], Path]) -> None:
     for f in sorted(data("gavel/traces").glob("*.trace")):
         w = load_workload(f)
         assert w.format == "gavel" and len(w) > 0
@@ -86,7 +77,7 @@ def test_gavel_traces() -> None:
     assert "command" in w.extras.columns and w.extras["SLO"].isna().all()
 
 
-def test_gavel_slo_deadline(tmp_path: Path) -> None:
+def test_gavel_slo_deadline(data: Callable[[str], Path], tmp_path: Path) -> None:
     model = GavelThroughputs.from_file(data("gavel/simulation_throughputs.json"))
     line = "ResNet-50 (batch size 64)\tpython3 main.py\tdir\t--n\t1\t1000\t1\t1\t2.0\t10\n"
     f = tmp_path / "slo.trace"
@@ -97,7 +88,7 @@ def test_gavel_slo_deadline(tmp_path: Path) -> None:
     assert load_workload(f)[0].deadline is None
 
 
-def test_blox_and_bftrainer_files() -> None:
+def test_blox_and_bftrainer_files(data: Callable[[str], Path]) -> None:
     w = load_workload(data("blox/readme_load1_jobs.csv"))
     assert (
         w.format == "blox" and len(w) == 4170 and w[0].duration == pytest.approx(35424.3471980879)
@@ -109,7 +100,7 @@ def test_blox_and_bftrainer_files() -> None:
     assert {"Tcup", "Tcdw"} <= set(b.extras.columns)
 
 
-def test_detect_format_rejects_scalability_file() -> None:
+def test_detect_format_rejects_scalability_file(data: Callable[[str], Path]) -> None:
     with pytest.raises(WorkloadError, match="load_throughputs"):
         detect_format(data("bftrainer/hps-shufflenet-JNPs-10J.csv"))
 
@@ -300,7 +291,7 @@ def test_gavel_generator_distribution() -> None:
     assert all(j.submit_time == 0 and j.num_gpus == 1 for j in static)
 
 
-def test_gavel_generator_steps_from_throughputs() -> None:
+def test_gavel_generator_steps_from_throughputs(data: Callable[[str], Path]) -> None:
     model = GavelThroughputs.from_file(data("gavel/simulation_throughputs.json"))
     w = gavel(500, 10, seed=1, multi_gpu=True, throughputs=model)
     for j in w:
@@ -329,7 +320,7 @@ def test_elasticflow_generator_distribution() -> None:
     assert arr[0] == 0 and abs(np.diff(arr).mean() - 900) < 25
 
 
-def test_elasticflow_generator_matches_reference_trace_shape() -> None:
+def test_elasticflow_generator_matches_reference_trace_shape(data: Callable[[str], Path]) -> None:
     ref = load_workload(data("elasticflow/traces/gen_200jobs_lam900.csv"))
     assert {j.job_type for j in ref} <= {j.job_type for j in elasticflow(2000, 900, seed=0)}
 
@@ -364,7 +355,7 @@ def test_load_cluster_variants(tmp_path: Path) -> None:
         load_cluster(toml)
 
 
-def test_load_elasticflow_cluster_specs() -> None:
+def test_load_elasticflow_cluster_specs(data: Callable[[str], Path]) -> None:
     for f in sorted(data("elasticflow/cluster_specs").glob("n*g*.csv")):
         n, g = f.stem[1:].split("g")
         spec = load_cluster(f)
