@@ -34,6 +34,9 @@ from gpuyard.shared.contract import (
 )
 from gpuyard.shared.model import ClusterSpec, JobSpec
 
+RETRY_FOR_S = 60.0
+"""Durable runs: how long a call is sent again while its callee restarts."""
+
 
 class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     """Everything that determines a simulation's results (plus where to write them)."""
@@ -60,7 +63,13 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     """Where the run's event stream is kept (a simulation's events are usually read right away)."""
     durable: bool = False
     """Admission, scheduler and placement keep their state in JetStream key-value buckets, as on a
-    real cluster (slower; use a cluster name not used before on that server)."""
+    real cluster (slower; use a cluster name not used before on that server). The services' calls
+    to each other are then sent again while the callee restarts: kill -9 one of them mid-run (with
+    `simulate(processes=True)`), start it again, and the run goes on (tests/test_recovery_sim.py)."""
+    call_timeout_s: float = 10.0
+    """Durable runs: how long the scheduler waits for placement before it sends the request again
+    (its callee may have been killed); admission waits twice that for the scheduler, and the clock
+    four times that for any service, so that an inner retry ends before an outer one starts."""
 
 
 class SimResult(Struct, kw_only=True):
@@ -77,6 +86,10 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
     from gpuyard.services.placement.service import PlacementConfig
     from gpuyard.services.scheduler.service import SchedulerConfig
 
+    # Durable: calls are sent again while their callee restarts, inner calls first (see
+    # SimOptions.call_timeout_s); the retried requests are idempotent.
+    timeout = options.call_timeout_s if options.durable else None
+    retry = RETRY_FOR_S if options.durable else 0.0
     return {
         "placement": PlacementConfig(
             policy=options.placement, params=options.placement_params, durable=options.durable
@@ -88,9 +101,15 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
             mode=options.mode,
             event_storage=options.event_storage,
             durable=options.durable,
+            call_timeout_s=timeout,
+            retry_for_s=retry,
         ),
         "admission": AdmissionConfig(
-            policy=options.admission, params=options.admission_params, durable=options.durable
+            policy=options.admission,
+            params=options.admission_params,
+            durable=options.durable,
+            call_timeout_s=timeout and 2 * timeout,
+            retry_for_s=retry,
         ),
         "simclock": SimClockConfig(
             workload=str(workload_path),
@@ -102,6 +121,8 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
             preemption_cost=options.preemption_cost,
             completion_quantum=options.round_s if options.blox else None,
             arrival_quantum=options.round_s if options.blox else None,
+            call_timeout_s=timeout and 4 * timeout,
+            retry_for_s=retry,
         ),
     }
 
@@ -137,12 +158,15 @@ async def simulate(
     on_progress: Callable[[Progress], None] | None = None,
     log_level: str = "warning",
     auth: NatsAuth | None = None,
+    on_services: Callable[[ServiceSet], object] | None = None,
 ) -> SimResult:
     """Run one simulation and write its results into `out`. Without `nats_url`, on a private server.
 
     `external` names services already running on the server (e.g. in their own containers) for
     this cluster namespace: they are used as they are, with their own policies. `auth`: who we
-    and the services started here are to `nats_url`'s server.
+    and the services started here are to `nats_url`'s server. `on_services` is called with the
+    services once they answer, before the run starts (tests: to kill one mid-run and start it again
+    with `ServiceSet.replace`, in a durable run with `processes=True`).
     """
     workload_path = await asyncio.to_thread(prepare_run, options, jobs, out)
     started = time.perf_counter()
@@ -156,6 +180,8 @@ async def simulate(
             expect=external, auth=auth if nats_url else None,
         )  # fmt: skip
         await stack.enter_async_context(services)
+        if on_services is not None:
+            on_services(services)
         nc = await connect(url, name=f"gpuyard-sim-{cluster_name}", auth=auth if nats_url else None)
         bus = Bus(nc, subjects)
         stack.push_async_callback(bus.close)

@@ -128,6 +128,7 @@ class Admission(Service):
         admitted: list[JobSpec] = []
         # Held jobs first, in order; then the new ones (behind any still held, if in order).
         still_held: list[JobSpec] = []
+        held_ids = {s.job_id for s in self.held} if self.durable else set()
         for spec in self.held:
             verdict, why = self._decide(now, spec, load, blocked=bool(still_held))
             if verdict == "hold":
@@ -139,6 +140,8 @@ class Admission(Service):
                 self._count(load, spec)
         self.held = still_held
         for spec in req.jobs:
+            if spec.job_id is not None and spec.job_id in held_ids:
+                continue  # durable: a retried submit whose first attempt held this job
             spec = msgspec.structs.replace(
                 spec,
                 job_id=spec.job_id or self._new_id(),

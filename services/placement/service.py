@@ -5,6 +5,7 @@ that lost their GPUs, launch the ones that gained some."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 import zlib
 from typing import Any
@@ -51,6 +52,10 @@ class StoredPlacement(Struct, kw_only=True):
     running: dict[str, list[GpuRef]] = {}
     specs: dict[str, JobSpec] = {}
     lost: list[str] = []
+    last_request: str = ""
+    """`<route>:<sha256 of the request>` of the last apply or nodes change, and its reply (JSON):
+    the same request again is a retry whose first attempt was stored but not answered."""
+    last_reply: str = ""
 
 
 STATE_KEY = "state"
@@ -77,6 +82,8 @@ class Placement(Service):
         self._checker: asyncio.Task[None] | None = None
         self.lost: list[str] = []  # stopped by a node's departure, not yet told to the scheduler
         self.changed = False  # the request in hand changed the state to store
+        self.last_request = ""
+        self.last_reply = ""
 
     def describe_policy(self) -> str:
         return self.config.policy
@@ -92,8 +99,9 @@ class Placement(Service):
         if not self.changed:
             return
         state = StoredPlacement(
-            nodes=list(self.nodes.values()), running=self.running, specs=self.specs, lost=self.lost
-        )
+            nodes=list(self.nodes.values()), running=self.running, specs=self.specs, lost=self.lost,
+            last_request=self.last_request, last_reply=self.last_reply,
+        )  # fmt: skip
         await self.store.put_many({STATE_KEY: state})
         self.changed = False  # (left set when the write failed: the next request writes)
 
@@ -107,6 +115,7 @@ class Placement(Service):
             dict(state.specs),
             list(state.lost),
         )
+        self.last_request, self.last_reply = state.last_request, state.last_reply
         now = time.time()
         for node in state.nodes:
             self._add_node(node)
@@ -124,11 +133,30 @@ class Placement(Service):
     def routes(self) -> dict[str, Route]:
         return {
             "register": Route(self.register, RegisterNode),
-            "nodes": Route(self.nodes_changed, NodesChanged),
-            "apply": Route(self.apply, ApplyRequest),
+            "nodes": Route(self.nodes_request, NodesChanged),
+            "apply": Route(self.apply_request, ApplyRequest),
             "cluster": Route(self.cluster, Empty),
             "heartbeats": Route(self.heartbeats, Empty),
         }
+
+    async def apply_request(self, req: ApplyRequest) -> ApplyReply:
+        return await self._once("apply", req, self.apply, ApplyReply)
+
+    async def nodes_request(self, req: NodesChanged) -> NodesChangedReply:
+        return await self._once("nodes", req, self.nodes_changed, NodesChangedReply)
+
+    async def _once(self, route: str, req: Any, handler: Any, reply_type: type[Any]) -> Any:
+        """Durable: the last request again (a caller's retry after we stored its effect but died
+        before the reply) gets the same reply, without applying it a second time."""
+        if not self.durable:
+            return await handler(req)
+        key = f"{route}:{hashlib.sha256(encode(req)).hexdigest()}"
+        if key == self.last_request and self.last_reply:
+            self.log.info("request.repeated", route=route)
+            return msgspec.json.decode(self.last_reply, type=reply_type)
+        reply = await handler(req)
+        self.last_request, self.last_reply = key, encode(reply).decode()
+        return reply
 
     def _add_node(self, node: NodeSpec) -> None:
         """A node joins, or registers again (after an agent restart: what runs there stays)."""

@@ -99,6 +99,10 @@ class StoredJob(Struct, kw_only=True):
 class StoredMeta(Struct, kw_only=True):
     released: list[str] = []
     last_round: float | None = None
+    dirty: bool = True
+    policy_wake: float | None = None
+    """Whether a round is due and when the policy asked to decide again: a restarted scheduler on
+    an external clock (a durable simulation) decides exactly when the old one would have."""
 
 
 META_KEY = "meta"
@@ -241,6 +245,7 @@ class Scheduler(Service):
         self.reasons: dict[str, str] = {}  # why a job last stopped (real clusters' `sched.query`)
         self.touched: set[str] = set()  # jobs changed by the request in hand (durable: to write)
         self.stored_meta: StoredMeta | None = None  # as last written
+        self.reconcile_pending = False  # external clock, restored: reconcile at the first `now`
 
     def describe_policy(self) -> str:
         return self.config.policy
@@ -311,7 +316,10 @@ class Scheduler(Service):
             for j in touched
             if j in self.jobs
         }
-        meta = StoredMeta(released=self.released, last_round=self.last_round)
+        meta = StoredMeta(
+            released=self.released, last_round=self.last_round, dirty=self.dirty,
+            policy_wake=self.policy_wake,
+        )  # fmt: skip
         if meta != self.stored_meta:
             items[META_KEY] = meta
         try:
@@ -337,13 +345,20 @@ class Scheduler(Service):
                 self.running += 1
                 self.busy_gpus += job.gpus
                 self.parts[job_id] = set(s.parts)
+        self.dirty = True
         if meta is not None:
             m = decode(meta, StoredMeta)
             self.released, self.last_round = list(m.released), m.last_round
-        self.dirty = True
-        if self.jobs:
-            await self._reconcile(time.time())
-        self.wake_at = self.next_wake(time.time())  # a wall clock's first round comes at once
+            if self.config.clock == "external":
+                # Virtual time: go on as the old one would have; the clock's next request (perhaps
+                # the one it was handling, sent again) brings the time to reconcile at.
+                self.dirty, self.policy_wake = m.dirty, m.policy_wake
+        if self.config.clock == "external":
+            self.reconcile_pending = bool(self.jobs)
+        else:
+            if self.jobs:
+                await self._reconcile(time.time())
+            self.wake_at = self.next_wake(time.time())  # a wall clock's first round comes at once
         self.log.info(
             "state.jobs_restored", jobs=len(self.jobs), active=len(self.active),
             running=self.running,
@@ -373,6 +388,12 @@ class Scheduler(Service):
             self.log.warning("state.stray_jobs_released", jobs=strays[:10], count=len(strays))
         await self.persist()
 
+    async def _catch_up(self, now: float) -> None:
+        """External clock, just restored: reconcile with placement at the clock's time."""
+        if self.reconcile_pending:
+            self.reconcile_pending = False
+            await self._reconcile(now)
+
     async def _placement(self, suffix: str, msg: Any, typ: type[Any]) -> Any:
         return await self.bus.request(
             f"{self.bus.subjects.placement}.{suffix}", msg, typ,
@@ -387,6 +408,7 @@ class Scheduler(Service):
     # ------------------------------------------------------------------ requests
 
     async def enqueue(self, req: EnqueueRequest) -> SchedulerStatus:
+        await self._catch_up(req.now)
         rejected: dict[str, str] = {}
         for spec in req.jobs:
             if spec.job_id is None:
@@ -408,6 +430,7 @@ class Scheduler(Service):
         return self.status(req.now, ran_round=ran, rejected=rejected)
 
     async def exited(self, req: ExitReport) -> SchedulerStatus:
+        await self._catch_up(req.now)
         for ex in req.exits:
             job = self.jobs.get(ex.job_id)
             if job is None or job.state != "running":
@@ -433,6 +456,7 @@ class Scheduler(Service):
         return self.status(req.now, ran_round=ran)
 
     async def cluster_changed(self, req: ClusterChanged) -> SchedulerStatus:
+        await self._catch_up(req.now)
         self.capacity = None
         self.dirty = True
         for job_id in req.lost_jobs:
@@ -440,6 +464,7 @@ class Scheduler(Service):
         return self.status(req.now)
 
     async def tick(self, req: TickRequest) -> SchedulerStatus:
+        await self._catch_up(req.now)
         ran = await self._round_if_due(req.now, True)
         return self.status(req.now, ran_round=ran)
 
@@ -565,6 +590,10 @@ class Scheduler(Service):
             if self.active[a.job_id].state != "running"
         }
         attempts = {j: self.active[j].preemptions for j in specs if self.active[j].preemptions}
+        # Durable: what the request changed so far (exits, the released list) is written before
+        # placement acts on it; a restart between the apply and our next write then reconciles
+        # only what the apply itself did (started and stopped jobs), never a job that ended.
+        await self.persist()
         reply = await self._placement(
             "apply",
             ApplyRequest(

@@ -17,6 +17,7 @@ import heapq
 import math
 import time
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 from msgspec import Struct
@@ -46,6 +47,8 @@ from gpuyard.shared.throughput import ThroughputModel, total_steps
 from gpuyard.throughputs import load_throughputs
 
 MAX_TICKS_PER_INSTANT = 3
+
+T = TypeVar("T")
 
 
 class PreemptionCost(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -83,6 +86,10 @@ class SimClockConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     their submit_time, and so their JCT, stays the true arrival."""
     preemption_cost: PreemptionCost = msgspec.field(default_factory=PreemptionCost)
     progress_interval_s: float = 0.25
+    call_timeout_s: float | None = None
+    """How long one request to the services may go unanswered (None: the connection's default)."""
+    retry_for_s: float = 0.0
+    """Durable runs: send a request again while its service restarts (it was killed), this long."""
 
 
 class SimJob:
@@ -179,8 +186,9 @@ class SimClock(Service):
     async def run(self, _: RunRequest) -> Ack:
         if self.task is not None:
             raise BadRequest("the simulation has already been started")
-        workload = load_workload(self.config.workload)
-        churn = self._load_churn()
+        # Reading the files (node events can be a million lines) stays off the event loop.
+        workload = await asyncio.to_thread(load_workload, self.config.workload)
+        churn = await asyncio.to_thread(self._load_churn)
         self.progress.total = len(workload)
         self.task = asyncio.create_task(self._run(workload, churn))
         return Ack()
@@ -210,6 +218,12 @@ class SimClock(Service):
         )
 
     # ------------------------------------------------------------------ the loop
+
+    async def _call(self, subject: str, msg: object, reply_type: type[T]) -> T:
+        return await self.bus.request(
+            subject, msg, reply_type, within_s=self.config.call_timeout_s,
+            retry_for_s=self.config.retry_for_s,
+        )  # fmt: skip
 
     def _load_churn(self) -> list[tuple[float, list[tuple[str, bool]]]]:
         """Node events grouped by instant: [(time, [(node, up), ...]), ...]."""
@@ -244,7 +258,7 @@ class SimClock(Service):
         try:
             nodes = self.config.cluster.nodes()
             if nodes:
-                await self.bus.request(
+                await self._call(
                     f"{subjects.placement}.nodes",
                     NodesChanged(now=0.0, up=nodes),
                     NodesChangedReply,
@@ -308,7 +322,7 @@ class SimClock(Service):
             ticked = False
             if exits:
                 last = not batch and not retry_held
-                status = await self.bus.request(
+                status = await self._call(
                     f"{subjects.scheduler}.exited",
                     ExitReport(now=now, exits=exits, tick=last),
                     SchedulerStatus,
@@ -316,7 +330,7 @@ class SimClock(Service):
                 self._note(now, status)
                 ticked = last
             if batch or retry_held:
-                reply = await self.bus.request(
+                reply = await self._call(
                     f"{subjects.admission}.submit",
                     SubmitRequest(now=now, jobs=batch, tick=True),
                     SubmitReply,
@@ -333,7 +347,7 @@ class SimClock(Service):
             if not ticked and self.sched_wake is not None and self.sched_wake <= now:
                 if ticks_here >= MAX_TICKS_PER_INSTANT:
                     raise RuntimeError(f"the scheduler keeps asking for a tick at t={now}")
-                status = await self.bus.request(
+                status = await self._call(
                     f"{subjects.scheduler}.tick", TickRequest(now=now), SchedulerStatus
                 )
                 self._note(now, status)
@@ -359,7 +373,7 @@ class SimClock(Service):
         gone = [n for n, is_up in final.items() if not is_up and n in self.present]
         if not up and not gone:
             return
-        reply = await self.bus.request(
+        reply = await self._call(
             f"{self.bus.subjects.placement}.nodes",
             NodesChanged(now=now, up=up, gone=gone, reason="node events"),
             NodesChangedReply,
@@ -374,7 +388,7 @@ class SimClock(Service):
                 job.parts.pop(node, None)
             job.restarting = True
             self.changed.add(job_id)
-        status = await self.bus.request(
+        status = await self._call(
             f"{self.bus.subjects.scheduler}.cluster_changed",
             ClusterChanged(now=now, lost_jobs=reply.lost_jobs),
             SchedulerStatus,
