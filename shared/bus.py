@@ -368,7 +368,6 @@ class Service:
         self.bus = bus
         self.log = structlog.get_logger().bind(service=self.name, cluster=bus.subjects.cluster)
         self._subs: list[Any] = []
-        self._stopped = asyncio.Event()
         self.handled = 0
         self.handler_s = 0.0
         self.policy_s = 0.0
@@ -562,7 +561,6 @@ class Service:
 
     async def stop(self) -> None:
         """Stop taking new messages, finish those in hand, and close the connection."""
-        self._stopped.set()
         await self.bus.close()
         self.log.info("service.stopped")
 
