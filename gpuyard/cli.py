@@ -15,7 +15,7 @@ import msgspec
 
 from gpuyard.cli_cluster import add_cluster_parsers
 from gpuyard.cli_ops import add_ops_parsers
-from gpuyard.shared.bus import NatsAuth, add_nats_arguments
+from gpuyard.shared.connection import NatsAuth, add_nats_arguments
 from gpuyard.shared.model import ClusterSpec
 from gpuyard.shared.policy import PolicyError, parse_params
 
@@ -246,8 +246,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
     from gpuyard.shared.logs import configure_logging
     from gpuyard.shared.policy import admission_policies, placement_policies, scheduling_policies
+    from gpuyard.shared.throughput import load_throughputs
     from gpuyard.sim import PreemptionCost, ProgressBar, SimOptions, simulate
-    from gpuyard.throughputs import load_throughputs
     from gpuyard.workloads import WorkloadError, load_cluster, load_node_events, save_node_events
 
     try:
@@ -358,7 +358,7 @@ def add_trace_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_trace_generate(args: argparse.Namespace) -> int:
-    from gpuyard.throughputs import load_throughputs
+    from gpuyard.shared.throughput import load_throughputs
     from gpuyard.workloads import save_workload
 
     try:
@@ -422,7 +422,7 @@ def cmd_service(args: argparse.Namespace) -> int:
     module = importlib.import_module(f"gpuyard.services.{args.name}.service")
     cls = getattr(module, SERVICE_CLASSES[args.name][1])
     config_cls = getattr(module, f"{cls.__name__}Config")
-    from gpuyard.shared.bus import run_service
+    from gpuyard.shared.service import run_service
 
     run_service(cls, config_cls, args.rest)
     return 0

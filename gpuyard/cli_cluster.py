@@ -16,22 +16,30 @@ from typing import Any
 
 import msgspec
 
-from gpuyard.shared.bus import Bus, RemoteError, connect
+from gpuyard.shared.connection import Bus, connect
 from gpuyard.shared.contract import (
-    CancelReply,
     CancelRequest,
     ClusterInfo,
     Empty,
     HeartbeatsPage,
     JobQuery,
-    JobRecord,
-    JobsPage,
     LogLine,
     LogsReply,
     LogsRequest,
-    Subjects,
-    SubmitReply,
+    SubmitRequest,
 )
+from gpuyard.shared.endpoints import (
+    CANCEL,
+    CLUSTER,
+    HEARTBEATS,
+    LOG_LINE,
+    NODE_LOGS,
+    QUERY,
+    SUBMIT,
+    Subjects,
+)
+from gpuyard.shared.errors import RemoteError
+from gpuyard.shared.model import JobRecord
 
 SLURM_STATES = {
     "queued": "PENDING",
@@ -261,7 +269,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 2
 
     async def body(bus: Bus) -> int:
-        reply = await bus.request(f"{bus.subjects.admission}.submit", {"jobs": jobs}, SubmitReply)
+        reply = await bus.call(SUBMIT, msgspec.convert({"jobs": jobs}, SubmitRequest))
         bad = 0
         for r in reply.results:
             if r.verdict == "admit":
@@ -304,10 +312,8 @@ def format_jobs(records: list[JobRecord], now: float) -> str:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     async def body(bus: Bus) -> int:
-        page = await bus.request(
-            f"{bus.subjects.scheduler}.query",
-            JobQuery(job_ids=args.job_ids, states=args.state, limit=100_000),
-            JobsPage,
+        page = await bus.call(
+            QUERY, JobQuery(job_ids=args.job_ids, states=args.state, limit=100_000)
         )
         if args.json:
             print(msgspec.json.encode(page).decode())
@@ -320,9 +326,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     async def body(bus: Bus) -> int:
-        reply = await bus.request(
-            f"{bus.subjects.scheduler}.cancel", CancelRequest(job_ids=args.job_ids), CancelReply
-        )
+        reply = await bus.call(CANCEL, CancelRequest(job_ids=args.job_ids))
         for job_id in reply.cancelled:
             print(f"cancelled {job_id}")
         for job_id, why in reply.refused.items():
@@ -344,15 +348,15 @@ def cmd_logs(args: argparse.Namespace) -> int:
             live.put_nowait(decoder.decode(msg.data))
 
         if args.follow:  # subscribe first: no line falls between the files and the stream
-            await bus.nc.subscribe(f"{bus.subjects.logs}.{args.job_id}", cb=on_line)
-        info = await bus.request(f"{bus.subjects.placement}.cluster", Empty(), ClusterInfo)
+            await bus.nc.subscribe(bus.subjects.of(LOG_LINE, job=args.job_id), cb=on_line)
+        info = await bus.call(CLUSTER, Empty())
         replies = await asyncio.gather(
             *(
-                bus.request(
-                    f"{bus.subjects.node(n.node_id)}.logs",
+                bus.call(
+                    NODE_LOGS,
                     LogsRequest(job_id=args.job_id, tail_bytes=args.tail),
-                    LogsReply,
                     within_s=5.0,
+                    node=n.node_id,
                 )
                 for n in info.nodes
             ),
@@ -369,9 +373,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
                     line = await live.get()
                 print(f"[{line.node_id} rank{line.rank}] {line.line}", flush=True)
             except TimeoutError:
-                page = await bus.request(
-                    f"{bus.subjects.scheduler}.query", JobQuery(job_ids=[args.job_id]), JobsPage
-                )
+                page = await bus.call(QUERY, JobQuery(job_ids=[args.job_id]))
                 if not page.jobs or page.jobs[0].state in ENDED:
                     return 0
         return 0
@@ -381,8 +383,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def cmd_nodes(args: argparse.Namespace) -> int:
     async def body(bus: Bus) -> int:
-        info = await bus.request(f"{bus.subjects.placement}.cluster", Empty(), ClusterInfo)
-        beats = await bus.request(f"{bus.subjects.placement}.heartbeats", Empty(), HeartbeatsPage)
+        info = await bus.call(CLUSTER, Empty())
+        beats = await bus.call(HEARTBEATS, Empty())
         if args.json:
             print(msgspec.json.encode({"cluster": info, "heartbeats": beats}).decode())
             return 0

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from gpuyard.cliopts import add_nats_options, open_bus
-from gpuyard.shared.bus import RemoteError
+from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.policy import PolicyError, parse_params
 
 

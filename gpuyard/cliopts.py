@@ -2,7 +2,7 @@
 
 `add_nats_options(parser)` adds `--nats URL`, `--cluster NAME` and the `--nats-*` identity and TLS
 options (user/password, token, creds file, NKey seed, CA/cert/key); `open_bus(args, name)` connects
-with them. The options themselves are defined once in `gpuyard.shared.bus.add_nats_arguments`, which
+with them. The options themselves are defined once in `gpuyard.shared.connection.add_nats_arguments`, which
 the services' own entry points use too.
 """
 
@@ -12,8 +12,8 @@ import argparse
 import os
 import sys
 
-from gpuyard.shared.bus import Bus, NatsAuth, add_nats_arguments, connect
-from gpuyard.shared.contract import Subjects
+from gpuyard.shared.connection import Bus, NatsAuth, add_nats_arguments, connect
+from gpuyard.shared.endpoints import Subjects
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 

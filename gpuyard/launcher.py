@@ -14,8 +14,11 @@ from typing import Any
 import msgspec
 
 from gpuyard.embedded import die_with_parent
-from gpuyard.shared.bus import Bus, NatsAuth, RemoteError, Service, connect
-from gpuyard.shared.contract import CONTRACT_VERSION, Ping, Pong, Subjects
+from gpuyard.shared.connection import Bus, NatsAuth, connect
+from gpuyard.shared.contract import CONTRACT_VERSION, Ping
+from gpuyard.shared.endpoints import PING, SERVICE_TOKENS, Subjects
+from gpuyard.shared.errors import RemoteError
+from gpuyard.shared.service import Service
 
 SERVICE_CLASSES = {
     "admission": ("gpuyard.services.admission.service", "Admission"),
@@ -113,8 +116,8 @@ class ServiceSet:
                 for name in [*self.configs, *sorted(self.expect)]:
                     while True:
                         with contextlib.suppress(RemoteError):
-                            pong = await bus.request(
-                                f"{self.subjects.service(name)}.ping", Ping(), Pong, within_s=1.0
+                            pong = await bus.call(
+                                PING, Ping(), within_s=1.0, svc=SERVICE_TOKENS[name]
                             )
                             if pong.contract != CONTRACT_VERSION:
                                 raise RuntimeError(

@@ -22,7 +22,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from gpuyard.shared.contract import Subjects
+from gpuyard.shared.endpoints import Subjects
 
 ROLES = ("operator", "submitter", "node", "admission", "scheduler", "placement", "simclock")
 INBOX = "_INBOX.>"
@@ -35,6 +35,10 @@ class User:
     role: str
     node: str | None = None
     """The node id, for role `node`."""
+
+
+DISCOVERY = "$SRV.>"
+"""The NATS micro discovery subjects every service answers (`nats micro ls`)."""
 
 
 def _allow(publish: list[str], subscribe: list[str], *, responds: bool) -> dict[str, Any]:
@@ -50,39 +54,38 @@ def _allow(publish: list[str], subscribe: list[str], *, responds: bool) -> dict[
 def permissions(role: str, cluster: str, node: str | None = None) -> dict[str, Any] | None:
     """The `permissions` block of a user with `role` in `cluster` (None: everything)."""
     s = Subjects(cluster)
+    adm, sched, place, clock = (
+        s.service(name) for name in ("admission", "scheduler", "placement", "simclock")
+    )
     stream_api = [f"$JS.API.STREAM.{op}.{s.stream_name}" for op in ("INFO", "CREATE", "UPDATE")]
     if role == "operator":
         return None
     if role == "submitter":
-        reads = [f"{s.scheduler}.jobs", f"{s.scheduler}.status", f"{s.root}.*.ping"]
-        return _allow([f"{s.admission}.submit", *reads], [], responds=False)
+        reads = [f"{sched}.jobs", f"{sched}.status", f"{s.root}.*.ping"]
+        return _allow([f"{adm}.submit", *reads], [], responds=False)
     if role == "node":
         if not node:
             raise ValueError("a node user needs its node id")
         own = s.node(node)
-        publish = [
-            f"{own}.hb",
-            f"{s.scheduler}.exited",
-            f"{s.placement}.register",
-            f"{s.root}.logs.>",
-        ]
-        return _allow(publish, [f"{own}.>"], responds=True)
+        publish = [f"{own}.hb", f"{sched}.exited", f"{place}.register", f"{s.root}.logs.>"]
+        return _allow(publish, [f"{own}.>", DISCOVERY], responds=True)
     if role == "admission":
-        calls = [f"{s.scheduler}.enqueue", f"{s.placement}.cluster"]
+        calls = [f"{sched}.enqueue", f"{sched}.query", f"{place}.cluster"]
         return _allow(
-            [f"{s.admission}.>", *calls, f"{s.events}.>"], [f"{s.admission}.>"], responds=True
+            [f"{adm}.>", *calls, f"{s.events}.>"], [f"{adm}.>", DISCOVERY], responds=True
         )
     if role == "scheduler":
-        calls = [f"{s.placement}.>", *stream_api]
+        calls = [f"{place}.>", *stream_api]
         return _allow(
-            [f"{s.scheduler}.>", *calls, f"{s.events}.>"], [f"{s.scheduler}.>"], responds=True
+            [f"{sched}.>", *calls, f"{s.events}.>"], [f"{sched}.>", DISCOVERY], responds=True
         )
     if role == "placement":
         calls = [f"{s.root}.node.*.cmd", f"{s.root}.node.*.register", f"{s.root}.node.*.logs"]
-        subscribe = [f"{s.placement}.>", f"{s.root}.node.*.hb"]
-        return _allow([f"{s.placement}.>", *calls, f"{s.events}.>"], subscribe, responds=True)
+        subscribe = [f"{place}.>", f"{s.root}.node.*.hb", DISCOVERY]
+        return _allow([f"{place}.>", *calls, f"{s.events}.>"], subscribe, responds=True)
     if role == "simclock":  # drives a simulation: talks to every service and impersonates the nodes
-        return _allow([f"{s.root}.>"], [f"{s.clock}.>", f"{s.root}.node.*.cmd"], responds=True)
+        subscribe = [f"{clock}.>", f"{s.root}.node.*.cmd", DISCOVERY]
+        return _allow([f"{s.root}.>"], subscribe, responds=True)
     raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
 
 

@@ -20,18 +20,27 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from gpuyard.shared.bus import Bus, RemoteError
+from gpuyard.shared.connection import Bus
 from gpuyard.shared.contract import (
     ClusterInfo,
     Empty,
     Event,
     Ping,
     PolicyInfo,
-    Pong,
     SchedulerStatus,
     SetPolicy,
+)
+from gpuyard.shared.endpoints import (
+    CLUSTER,
+    EVENT,
+    PING,
+    POLICY,
+    POLICY_SET,
+    SERVICE_TOKENS,
+    STATUS,
     Subjects,
 )
+from gpuyard.shared.errors import RemoteError
 
 POLICY_SERVICES = ("admission", "scheduler", "placement")
 ALL_SERVICES = (*POLICY_SERVICES, "simclock")
@@ -86,7 +95,7 @@ def parse_since(text: str, *, now: dt.datetime | None = None) -> dt.datetime:
 
 def event_filters(subjects: Subjects, types: Sequence[str]) -> list[str]:
     """Stream filter subjects for event types (`job.started`, `job.*`, `node.>`); all by default."""
-    return [subjects.event(t) for t in types] or [f"{subjects.events}.>"]
+    return [subjects.of(EVENT, type=t) for t in types] or [f"{subjects.events}.>"]
 
 
 Start = Literal["all", "new"] | dt.datetime
@@ -202,10 +211,8 @@ async def set_policy(
     bus: Bus, service: str, policy: str, params: dict[str, Any], *, now: float | None = None
 ) -> PolicyInfo:
     """Swap `service`'s policy; RemoteError (naming the field) when the policy or a parameter is bad."""
-    return await bus.request(
-        f"{bus.subjects.service(service)}.policy.set",
-        SetPolicy(policy=policy, params=params, now=now),
-        PolicyInfo,
+    return await bus.call(
+        POLICY_SET, SetPolicy(policy=policy, params=params, now=now), svc=SERVICE_TOKENS[service]
     )
 
 
@@ -215,7 +222,7 @@ async def show_policies(
     """Each service's active policy, or why it could not be asked."""
     results = await asyncio.gather(
         *(
-            bus.request(f"{bus.subjects.service(s)}.policy", Empty(), PolicyInfo, within_s=3.0)
+            bus.call(POLICY, Empty(), within_s=3.0, svc=SERVICE_TOKENS[s])
             for s in services
         ),
         return_exceptions=True,
@@ -247,9 +254,9 @@ class ClusterStatus(msgspec.Struct, kw_only=True):
 
 
 async def _service_status(bus: Bus, name: str) -> ServiceStatus:
-    prefix = bus.subjects.service(name)
+    token = SERVICE_TOKENS[name]
     try:
-        pong = await bus.request(f"{prefix}.ping", Ping(), Pong, within_s=2.0)
+        pong = await bus.call(PING, Ping(), within_s=2.0, svc=token)
     except RemoteError as exc:
         return ServiceStatus(service=name, up=False, error=str(exc))
     status = ServiceStatus(
@@ -257,9 +264,7 @@ async def _service_status(bus: Bus, name: str) -> ServiceStatus:
     )
     if pong.policy is not None:
         with contextlib.suppress(RemoteError):  # an older service without the policy route
-            status.params = (
-                await bus.request(f"{prefix}.policy", Empty(), PolicyInfo, within_s=2.0)
-            ).params
+            status.params = (await bus.call(POLICY, Empty(), within_s=2.0, svc=token)).params
     return status
 
 
@@ -270,14 +275,10 @@ async def cluster_status(bus: Bus) -> ClusterStatus:
     status = ClusterStatus(cluster=bus.subjects.cluster, services=services)
     if "scheduler" in up:
         with contextlib.suppress(RemoteError):
-            status.scheduler = await bus.request(
-                f"{bus.subjects.scheduler}.status", Empty(), SchedulerStatus, within_s=3.0
-            )
+            status.scheduler = await bus.call(STATUS, Empty(), within_s=3.0)
     if "placement" in up:
         with contextlib.suppress(RemoteError):
-            status.nodes = await bus.request(
-                f"{bus.subjects.placement}.cluster", Empty(), ClusterInfo, within_s=3.0
-            )
+            status.nodes = await bus.call(CLUSTER, Empty(), within_s=3.0)
     return status
 
 
@@ -292,7 +293,7 @@ def format_status(status: ClusterStatus) -> list[str]:
     if status.scheduler is not None:
         q = status.scheduler
         lines += ["", f"jobs: {q.queued} queued, {q.running} running, {q.finished} finished; "
-                      f"{q.busy_gpus} GPUs busy, {q.active_gpu_demand} GPUs demanded"]  # fmt: skip
+                      f"{q.busy_gpus} GPUs busy"]  # fmt: skip
     if status.nodes is not None:
         info = status.nodes
         busy_by_node: dict[str, int] = {}

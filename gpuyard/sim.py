@@ -18,21 +18,17 @@ from gpuyard.embedded import EmbeddedNats
 from gpuyard.launcher import ServiceSet
 from gpuyard.report import write_results
 from gpuyard.services.simclock.service import PreemptionCost, SimClockConfig, write_workload
-from gpuyard.shared.bus import Bus, NatsAuth, connect
+from gpuyard.shared.connection import Bus, NatsAuth, connect
 from gpuyard.shared.contract import (
-    Ack,
     Empty,
-    JobRecord,
-    JobsPage,
     PageQuery,
     Progress,
     RunRequest,
     ServiceStats,
-    Subjects,
-    TimelinePage,
     TimelinePoint,
 )
-from gpuyard.shared.model import ClusterSpec, JobSpec
+from gpuyard.shared.endpoints import JOBS, PROGRESS, RUN, STATS, TIMELINE, Endpoint, Subjects
+from gpuyard.shared.model import ClusterSpec, JobRecord, JobSpec
 
 RETRY_FOR_S = 60.0
 """Durable runs: how long a call is sent again while its callee restarts."""
@@ -97,6 +93,7 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
         "scheduler": SchedulerConfig(
             policy=options.policy,
             params=options.policy_params,
+            throughputs=options.throughputs,
             round_s=options.round_s,
             mode=options.mode,
             event_storage=options.event_storage,
@@ -107,6 +104,7 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
         "admission": AdmissionConfig(
             policy=options.admission,
             params=options.admission_params,
+            throughputs=options.throughputs,
             durable=options.durable,
             call_timeout_s=timeout and 2 * timeout,
             retry_for_s=retry,
@@ -136,10 +134,11 @@ def prepare_run(options: SimOptions, jobs: list[JobSpec], out: Path) -> Path:
     return workload_path
 
 
-async def fetch_pages(bus: Bus, subject: str, reply_type: type[Any], field: str) -> list[Any]:
+async def fetch_pages(bus: Bus, endpoint: Endpoint[PageQuery, Any], field: str) -> list[Any]:
+    """Every item of a paged endpoint (`sched.jobs`, `clock.timeline`)."""
     items: list[Any] = []
     while True:
-        page = await bus.request(subject, PageQuery(offset=len(items)), reply_type)
+        page = await bus.call(endpoint, PageQuery(offset=len(items)))
         batch = getattr(page, field)
         items += batch
         if not batch or len(items) >= page.total:
@@ -195,16 +194,15 @@ async def simulate(
             if progress.done and not finished.done():
                 finished.set_result(progress)
 
-        await nc.subscribe(subjects.progress, cb=on_progress_msg)
-        await bus.request(f"{subjects.clock}.run", RunRequest(), Ack)
+        await nc.subscribe(subjects.of(PROGRESS), cb=on_progress_msg)
+        await bus.call(RUN, RunRequest())
         final = await finished
         if final.error:
             raise RuntimeError(f"simulation {cluster_name!r} failed: {final.error}")
-        records = await fetch_pages(bus, f"{subjects.scheduler}.jobs", JobsPage, "jobs")
-        points = await fetch_pages(bus, f"{subjects.clock}.timeline", TimelinePage, "points")
-        stats = [
-            await bus.request(f"{subjects.service(name)}.stats", Empty(), ServiceStats)
-            for name in ("simclock", "admission", "scheduler", "placement")
+        records = await fetch_pages(bus, JOBS, "jobs")
+        points = await fetch_pages(bus, TIMELINE, "points")
+        stats: list[ServiceStats] = [
+            await bus.call(STATS, Empty(), svc=token) for token in ("clock", "adm", "sched", "place")
         ]
     wall = time.perf_counter() - started
     summary = write_results(

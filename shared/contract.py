@@ -15,64 +15,11 @@ from typing import Any, Literal
 import msgspec
 from msgspec import Struct
 
-from .model import Allocation, GpuRef, JobSpec, Name, NodeSpec
+from .model import Allocation, GpuRef, JobRecord, JobSpec, JobState, NodeSpec
 
-CONTRACT_VERSION = 1
+CONTRACT_VERSION = 2
 VERSION_HEADER = "Gpuyard-Contract"
 STATUS_HEADER = "Gpuyard-Status"
-
-
-class Subjects:
-    """Every subject of one cluster, all under `gpuyard.<cluster>.`.
-
-    Each service listens on one prefix (`<prefix>.>`) through one subscription, so the messages it
-    receives are handled one at a time in the order they arrived.
-    """
-
-    def __init__(self, cluster: str) -> None:
-        msgspec.convert(cluster, Name)  # raises ValidationError for names unusable in a subject
-        if "." in cluster:
-            raise ValueError(f"cluster name {cluster!r} must not contain '.'")
-        self.cluster = cluster
-        self.root = f"gpuyard.{cluster}"
-        self.admission = f"{self.root}.adm"
-        self.scheduler = f"{self.root}.sched"
-        self.placement = f"{self.root}.place"
-        self.clock = f"{self.root}.clock"
-        self.events = f"{self.root}.evt"
-        self.progress = f"{self.root}.progress"
-        """Where the simclock publishes its progress (not a stored event)."""
-        self.logs = f"{self.root}.logs"
-        """Job log lines, published by node agents on `logs.<job_id>`."""
-
-    def service(self, name: str) -> str:
-        return {
-            "admission": self.admission,
-            "scheduler": self.scheduler,
-            "placement": self.placement,
-            "simclock": self.clock,
-        }[name]
-
-    def node(self, node_id: str) -> str:
-        """Commands to one node agent."""
-        return f"{self.root}.node.{node_id}"
-
-    @property
-    def all_heartbeats(self) -> str:
-        """Every node agent's heartbeats (placement listens)."""
-        return f"{self.root}.node.*.hb"
-
-    @property
-    def all_nodes(self) -> str:
-        """Every node agent's commands (the simclock impersonates them all)."""
-        return f"{self.root}.node.*.cmd"
-
-    def event(self, kind: str) -> str:
-        return f"{self.events}.{kind}"
-
-    @property
-    def stream_name(self) -> str:
-        return f"GPUYARD_{self.cluster.replace('.', '_').replace('-', '_')}_EVENTS"
 
 
 # --------------------------------------------------------------------------- generic replies
@@ -198,10 +145,6 @@ class SchedulerStatus(Struct, kw_only=True):
     queued: int = 0
     running: int = 0
     finished: int = 0
-    active_gpu_demand: int = 0
-    """GPUs requested by admitted jobs that have not finished (queued and running)."""
-    tenant_gpu_demand: dict[str, int] = {}
-    """The same, per tenant (jobs with a tenant only)."""
     ran_round: bool = False
     rejected: dict[str, str] = {}
     """Jobs of an enqueue that were refused (duplicate ids), with the reason."""
@@ -227,6 +170,8 @@ class JobExit(Struct, kw_only=True, forbid_unknown_fields=True):
     status: Literal["completed", "failed"]
     exit_code: int = 0
     steps_done: float | None = None
+    attempt: int | None = None
+    """The run that exited (`Launch.attempt`); an exit of an earlier run is stale and ignored."""
     reason: str = ""
 
 
@@ -239,25 +184,6 @@ class ExitReport(Struct, kw_only=True, forbid_unknown_fields=True):
     """After recording the exits, run the scheduling round if one is due."""
 
 
-class JobRecord(Struct, kw_only=True):
-    """One job's history, as the scheduler keeps it."""
-
-    job_id: str
-    seq: int
-    state: Literal["queued", "running", "completed", "failed", "cancelled"]
-    spec: JobSpec
-    submit_time: float
-    admit_time: float
-    first_start: float | None = None
-    end_time: float | None = None
-    preemptions: int = 0
-    gpu_seconds: float = 0.0
-    executed_time: float = 0.0
-    rounds_run: int = 0
-    reason: str = ""
-    """Why it waits or ended (the last preemption's, exit's or cancellation's reason); `sched.query`."""
-
-
 class JobsPage(Struct, kw_only=True):
     jobs: list[JobRecord]
     total: int
@@ -267,7 +193,7 @@ class JobQuery(Struct, kw_only=True, forbid_unknown_fields=True):
     """`sched.query`: jobs by id and/or state (no filter: all), in admission order."""
 
     job_ids: list[str] = []
-    states: list[Literal["queued", "running", "completed", "failed", "cancelled"]] = []
+    states: list[JobState] = []
     offset: int = 0
     limit: int = 2000
 
@@ -328,6 +254,13 @@ class ApplyRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     """For jobs in `specs`: how often each was stopped before (0: first run), told to the job."""
 
 
+class StepsReport(Struct, array_like=True):
+    """A job's progress: `steps` done as of time `at` (the clock's)."""
+
+    steps: float
+    at: float
+
+
 class ApplyReply(Struct, kw_only=True):
     placed: dict[str, list[GpuRef]]
     """The GPUs of each job started by this apply."""
@@ -339,12 +272,17 @@ class ApplyReply(Struct, kw_only=True):
     """Jobs stopped since the last apply because a node they ran on went away."""
     capacity: dict[str, int]
     """Usable GPUs per type now."""
+    progress: dict[str, StepsReport] = {}
+    """What the node agents last reported of the jobs stopped by this apply (at the stop) and of
+    those running (from their heartbeats)."""
 
 
 class ClusterInfo(Struct, kw_only=True):
     nodes: list[NodeSpec]
     capacity: dict[str, int]
     busy: dict[str, list[GpuRef]]
+    down: dict[str, float] = {}
+    """Nodes that were up and left, with the time they left (until they come back)."""
 
 
 # --------------------------------------------------------------------------- node agents
@@ -378,6 +316,8 @@ class NodeCommand(Struct, kw_only=True, forbid_unknown_fields=True):
 class NodeCommandReply(Struct, kw_only=True):
     preempted: list[str] = []
     launched: list[str] = []
+    progress: dict[str, float] = {}
+    """Steps done by each preempted job, as last reported (a simulated node: exactly)."""
 
 
 class GpuMetrics(Struct, kw_only=True, omit_defaults=True):
@@ -507,7 +447,7 @@ class Event(Struct, kw_only=True, omit_defaults=True):
 MESSAGES: tuple[type[Struct], ...] = (
     ErrorReply, Ack, Ping, Pong, ServiceStats, Empty, PageQuery, SubmitRequest, SubmitResult, SubmitReply,
     EnqueueRequest, SchedulerStatus, ClusterChanged, TickRequest, JobExit, ExitReport, JobRecord, JobsPage,
-    RegisterNode, NodesChanged, NodesChangedReply, ApplyRequest, ApplyReply, ClusterInfo, Launch,
+    RegisterNode, NodesChanged, NodesChangedReply, ApplyRequest, StepsReport, ApplyReply, ClusterInfo, Launch,
     NodeCommand, NodeCommandReply, RunRequest, Progress, TimelinePoint, TimelinePage, Event,
     JobQuery, CancelRequest, CancelReply, GpuMetrics, JobProgress, Heartbeat, HeartbeatsPage,
     LogsRequest, LogsReply, LogLine,

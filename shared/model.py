@@ -77,12 +77,71 @@ class GpuRef(Struct, array_like=True, frozen=True, order=True):
     index: int
 
 
-class Allocation(Struct, array_like=True):
-    """Run `job_id` on `num_gpus` GPUs of `gpu_type` (ANY_GPU: wherever they fit)."""
+class Allocation(Struct, array_like=True, omit_defaults=True):
+    """Run `job_id` on `num_gpus` GPUs of `gpu_type` (ANY_GPU: wherever they fit).
+
+    `share_with`: space sharing, run on the very GPUs of that job (both progress at their
+    co-located throughput); the pair counts its GPUs once. `nodes`: a placement hint, the nodes
+    to use (in order of preference) when they have room.
+    """
 
     job_id: str
     num_gpus: int
     gpu_type: str = ANY_GPU
+    share_with: str | None = None
+    nodes: list[str] = []
+
+
+JobState = Literal["queued", "running", "completed", "failed", "cancelled"]
+ACTIVE_STATES = ("queued", "running")
+
+
+class JobRecord(Struct, kw_only=True):
+    """One job as the scheduler keeps it: the same record in memory, in its durable store and on
+    the wire (`sched.jobs`, `sched.query`). Policies see it through `JobView` (`shared.policy`),
+    which adds what changes with time alone (service attained, steps done so far).
+
+    Times are the clock's (virtual in a simulation). Accumulated quantities cover the runs that
+    have ended; the current run, if any, started at `run_start`.
+    """
+
+    job_id: str
+    seq: int
+    """Admission order (unique): the stable tie-break."""
+    spec: JobSpec
+    state: JobState = "queued"
+    submit_time: float
+    admit_time: float
+    queued_since: float | None = None
+    """When the job last began to wait; None while running or ended."""
+    first_start: float | None = None
+    end_time: float | None = None
+    # The current run.
+    run_start: float = 0.0
+    gpus: int = 0
+    """GPUs held now (0 unless running)."""
+    gpu_type: str | None = None
+    nodes: list[str] = []
+    """Nodes whose part of the current run has not exited yet."""
+    shares_with: str | None = None
+    """Space sharing: the job whose GPUs this one runs on too."""
+    attempt: int = 0
+    """Launches so far: the current run is attempt `attempt - 1` (0 for the first)."""
+    # Ended runs.
+    executed_time: float = 0.0
+    """Seconds run, whatever the GPU count."""
+    gpu_seconds: float = 0.0
+    preemptions: int = 0
+    # Progress, in the throughput model's steps.
+    total_steps: float | None = None
+    """The job's work; None when unknown (a real job that runs until it exits)."""
+    steps_done: float = 0.0
+    """Steps done as of `progress_at` (the last report, or the start of the current run)."""
+    progress_at: float = 0.0
+    rate: float = 0.0
+    """Steps per second of the current run (measured, or from the throughput model)."""
+    reason: str = ""
+    """Why it waits or ended (the last preemption's, exit's or cancellation's reason)."""
 
 
 class NodeSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):

@@ -69,9 +69,15 @@ class KvStore(NullStore):
         self._kv = await js.create_key_value(config)
 
     async def put_many(self, items: dict[str, Any]) -> None:
-        """Write every item (concurrently); returns once the server has stored them all."""
+        """Write every item (concurrently; bytes as they are, anything else as JSON); returns
+        once the server has stored them all."""
         if items:
-            await asyncio.gather(*(self._kv.put(k, _encoder.encode(v)) for k, v in items.items()))
+            await asyncio.gather(
+                *(
+                    self._kv.put(k, v if isinstance(v, bytes) else _encoder.encode(v))
+                    for k, v in items.items()
+                )
+            )
 
     async def delete_many(self, keys: list[str]) -> None:
         if keys:

@@ -1,28 +1,66 @@
-"""Throughput models: how fast a job of some type runs on `n` GPUs of some type.
+"""Throughput models read from the reference systems' files, behind the `ThroughputModel` protocol.
 
-One interface, `throughput(job_type, gpu_type, num_gpus) -> steps/s`, where 0 means "unsupported"
-(the job cannot run there). A job's work is `total_steps`, or `duration` seconds at its requested GPU
-count on the model's reference GPU type.
+`throughput(job_type, gpu_type, num_gpus)` returns the job's steps per second (the whole job, all
+its GPUs together) or 0 when that combination is unsupported. `gpu_type` "any" means the model's
+`reference_gpu_type`.
+
+Between measured GPU counts (all models): every source measures a job at a few GPU counts
+(Gavel: scale factors 1/2/4/8; ElasticFlow: 1/2/4/.../64; BFTrainer: its Ns points). For a count
+that was measured the measured value is returned. For a count strictly between two measured
+counts the value is interpolated *linearly in the GPU count* between those two points, provided
+both are supported; if either neighbour is unsupported the count is unsupported. Beyond the largest
+measured count the throughput stays at that last value (extra GPUs add nothing; the job still
+runs), unless that last value is itself unsupported. Below the smallest measured count, and for
+counts < 1, the result is 0. BFTrainer defines its scalability curve exactly this way (piecewise
+linear through the points); for Gavel and ElasticFlow it is our choice.
+
+Unsupported: a missing entry, or an entry that is empty, `nan` or <= 0 (ElasticFlow marks memory
+limits this way; Gavel's table has a few 0.0 entries on K80).
+
+Models:
+- `GavelThroughputs`: Gavel's `simulation_throughputs.json` (GPU types v100/p100/k80 and their
+  `*_unconsolidated` variants), job types as Gavel names them ("ResNet-50 (batch size 64)"),
+  reference v100; `colocated()` gives space-sharing pair throughputs (scale factor 1 only).
+- `ElasticFlowThroughputs`: `throughputs_<GPU>/<model>.csv` tables, iterations/s by global batch
+  size x GPU count. job_type is "<model>@<global batch size>" (as the ElasticFlow/ITP loaders name
+  jobs) or "<model>" (= its smallest listed batch size). GPU type = lower-cased directory suffix
+  ("a100", "t4"); reference = the first loaded ("a100" when present).
+- `BFTrainerThroughputs`: `*-JNPs-*.csv` (job, Ns, Ps: space-separated node counts and samples/s);
+  job_type is the job name, counts are nodes, one node type ("node"; any gpu_type answers).
+- `default_model()`: no file; linear in GPU count, GPU types scaled by `DEFAULT_GPU_SPEEDS`.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import csv
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
 
 from .model import ANY_GPU, JobSpec
 
 
 class ThroughputModel(Protocol):
+    """How fast a job runs: the whole job's steps/s on `num_gpus` GPUs of `gpu_type` (0 =
+    unsupported; ANY_GPU = the reference type), and pair throughputs for space sharing."""
+
     reference_gpu_type: str
 
     def throughput(self, job_type: str, gpu_type: str, num_gpus: int) -> float: ...
+
+    def colocated(self, job_type: str, other: str, gpu_type: str) -> tuple[float, float]: ...
 
 
 class LinearModel:
     """Every job type scales linearly with GPU count; GPU types differ by a constant factor.
 
     The default (all factors 1) makes a job's `duration` its run time at its requested GPU count
-    on any GPU, which is what the Blox simulator assumes.
+    on any GPU, which is what the Blox simulator assumes. No pair was measured: no space sharing.
     """
 
     def __init__(self, factors: dict[str, float] | None = None, reference_gpu_type: str = ANY_GPU):
@@ -31,6 +69,9 @@ class LinearModel:
 
     def throughput(self, job_type: str, gpu_type: str, num_gpus: int) -> float:
         return num_gpus * self.factors.get(gpu_type, 1.0)
+
+    def colocated(self, job_type: str, other: str, gpu_type: str) -> tuple[float, float]:
+        return (0.0, 0.0)
 
 
 def total_steps(spec: JobSpec, model: ThroughputModel) -> float | None:
@@ -46,3 +87,291 @@ def total_steps(spec: JobSpec, model: ThroughputModel) -> float | None:
             f"type {model.reference_gpu_type!r} at {spec.num_gpus} GPUs"
         )
     return spec.duration * rate
+
+
+DEFAULT_GPU_SPEEDS: dict[str, float] = {"v100": 1.0, "p100": 0.943, "k80": 0.297}
+"""Relative single-GPU speed, V100 = 1. Source: geometric mean over Gavel's 26 job templates of
+isolated single-GPU throughput on the type / on V100, from Gavel's `simulation_throughputs.json`
+(stanford-futuredata/gavel, MIT): P100 0.943, K80 0.297 (arithmetic means 1.058 and 0.441,
+medians 0.813 and 0.247; the geometric mean is the one that averages ratios consistently)."""
+
+
+def default_model() -> LinearModel:
+    """Linear scaling in GPU count, GPU types weighted by `DEFAULT_GPU_SPEEDS` (unknown types 1.0),
+    reference type v100."""
+    return LinearModel(DEFAULT_GPU_SPEEDS, reference_gpu_type="v100")
+
+
+class Curve:
+    """Throughput measured at a few GPU counts, interpolated as the module docstring says."""
+
+    __slots__ = ("counts", "values")
+
+    def __init__(self, points: Mapping[int, float] | Iterable[tuple[int, float]]):
+        items = sorted(dict(points).items())
+        self.counts = np.array([c for c, _ in items], dtype=float)
+        self.values = np.array([_supported(v) for _, v in items], dtype=float)
+
+    def __call__(self, n: float) -> float:
+        if n < 1 or not len(self.counts):
+            return 0.0
+        counts, values = self.counts, self.values
+        i = int(np.searchsorted(counts, n))
+        if i < len(counts) and counts[i] == n:
+            return float(values[i])
+        if i == 0:
+            return 0.0
+        if i == len(counts):
+            return float(values[-1])
+        lo, hi = values[i - 1], values[i]
+        if lo <= 0 or hi <= 0:
+            return 0.0
+        frac = (n - counts[i - 1]) / (counts[i] - counts[i - 1])
+        return float(lo + frac * (hi - lo))
+
+    def __repr__(self) -> str:
+        return f"Curve({dict(zip(self.counts.tolist(), self.values.tolist(), strict=True))})"
+
+
+def _supported(v: Any) -> float:
+    """A measured value, or 0.0 for unsupported (missing, empty, nan, non-positive)."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return 0.0
+    return x if math.isfinite(x) and x > 0 else 0.0
+
+
+class _CurveModel:
+    """Shared lookup: curves[gpu_type][job_type] -> Curve, with a small result cache."""
+
+    reference_gpu_type: str
+
+    def __init__(self, curves: dict[str, dict[str, Curve]], reference_gpu_type: str):
+        self.curves = curves
+        self.reference_gpu_type = reference_gpu_type
+        self._cache: dict[tuple[str, str, int], float] = {}
+
+    @property
+    def gpu_types(self) -> list[str]:
+        return list(self.curves)
+
+    @property
+    def job_types(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for per_type in self.curves.values():
+            seen.update(dict.fromkeys(per_type))
+        return list(seen)
+
+    def _curve(self, job_type: str, gpu_type: str) -> Curve | None:
+        return self.curves.get(gpu_type, {}).get(job_type)
+
+    def colocated(self, job_type: str, other: str, gpu_type: str) -> tuple[float, float]:
+        """No pair was measured: (0, 0), no space sharing (Gavel's model overrides this)."""
+        return (0.0, 0.0)
+
+    def throughput(self, job_type: str, gpu_type: str, num_gpus: int) -> float:
+        key = (job_type, gpu_type, num_gpus)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        gt = self.reference_gpu_type if gpu_type == ANY_GPU else gpu_type
+        curve = self._curve(job_type, gt)
+        value = curve(num_gpus) if curve is not None else 0.0
+        self._cache[key] = value
+        return value
+
+
+# ----------------------------------------------------------------------------------------------
+# Gavel
+
+_GAVEL_KEY = re.compile(r"^\('(.*)', (\d+)\)$")
+
+
+def parse_gavel_key(key: str) -> tuple[str, int]:
+    """ "('ResNet-50 (batch size 64)', 1)" -> ("ResNet-50 (batch size 64)", 1)."""
+    m = _GAVEL_KEY.match(key)
+    if not m:
+        raise ValueError(f"not a Gavel job key: {key!r}")
+    return m[1], int(m[2])
+
+
+class GavelThroughputs(_CurveModel):
+    """Gavel's measured throughputs (module docstring)."""
+
+    def __init__(
+        self, raw: Mapping[str, Mapping[str, Mapping[str, Any]]], reference_gpu_type: str = "v100"
+    ):
+        curves: dict[str, dict[str, Curve]] = {}
+        pairs: dict[str, dict[tuple[str, str], tuple[float, float]]] = {}
+        for gpu_type, jobs in raw.items():
+            points: dict[str, dict[int, float]] = {}
+            pairs[gpu_type] = {}
+            for key, entry in jobs.items():
+                name, sf = parse_gavel_key(key)
+                points.setdefault(name, {})[sf] = entry.get("null", 0.0)
+                if sf != 1:
+                    continue
+                for other_key, value in entry.items():
+                    if other_key == "null":
+                        continue
+                    other, other_sf = parse_gavel_key(other_key)
+                    if other_sf == 1 and isinstance(value, list) and len(value) == 2:
+                        pairs[gpu_type][(name, other)] = (
+                            _supported(value[0]),
+                            _supported(value[1]),
+                        )
+            curves[gpu_type] = {name: Curve(p) for name, p in points.items()}
+        if reference_gpu_type not in curves and curves:
+            reference_gpu_type = next(iter(curves))
+        super().__init__(curves, reference_gpu_type)
+        self.pairs = pairs
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> GavelThroughputs:
+        with open(path) as f:
+            return cls(json.load(f))
+
+    def colocated(self, job_type: str, other: str, gpu_type: str) -> tuple[float, float]:
+        """(this job's, the other's) steps/s when the two share one GPU of `gpu_type`; (0, 0)
+        when Gavel did not measure the pair (or it does not fit)."""
+        gt = self.reference_gpu_type if gpu_type == ANY_GPU else gpu_type
+        return self.pairs.get(gt, {}).get((job_type, other), (0.0, 0.0))
+
+
+# ----------------------------------------------------------------------------------------------
+# ElasticFlow
+
+
+def _read_elasticflow_csv(path: Path) -> dict[int, dict[int, float]]:
+    """{global batch size: {GPU count: iterations/s (0 = unsupported)}}."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows or rows[0][0].strip() != "global_batch_size":
+        raise ValueError(f"{path}: expected a header starting with global_batch_size")
+    try:
+        counts = [int(c) for c in rows[0][1:]]
+    except ValueError as exc:
+        raise ValueError(f"{path}, line 1: GPU counts must be integers ({exc})") from exc
+    table: dict[int, dict[int, float]] = {}
+    for line, row in enumerate(rows[1:], start=2):
+        if not row or not row[0].strip():
+            continue
+        try:
+            batch = int(float(row[0]))
+        except ValueError as exc:
+            raise ValueError(f"{path}, line {line}: bad global_batch_size {row[0]!r}") from exc
+        cells = row[1:] + [""] * (len(counts) - len(row[1:]))
+        table[batch] = {c: _supported(v) for c, v in zip(counts, cells, strict=False)}
+    return table
+
+
+def _gpu_type_of(directory: Path) -> str:
+    name = directory.name
+    return name.split("_", 1)[1].lower() if name.startswith("throughputs_") else name.lower()
+
+
+class ElasticFlowThroughputs(_CurveModel):
+    """ElasticFlow's per-GPU-count tables (module docstring)."""
+
+    def __init__(
+        self,
+        tables: Mapping[str, Mapping[str, Mapping[int, Mapping[int, float]]]],
+        reference_gpu_type: str | None = None,
+    ):
+        curves: dict[str, dict[str, Curve]] = {}
+        for gpu_type, models in tables.items():
+            per: dict[str, Curve] = {}
+            for model, batches in models.items():
+                for batch in sorted(batches):
+                    per[f"{model}@{batch}"] = Curve(batches[batch])
+                if batches:
+                    per[model] = per[f"{model}@{min(batches)}"]
+            curves[gpu_type] = per
+        if reference_gpu_type is None:
+            reference_gpu_type = "a100" if "a100" in curves else next(iter(curves), ANY_GPU)
+        super().__init__(curves, reference_gpu_type)
+
+    @classmethod
+    def from_path(cls, path: str | Path, gpu_type: str | None = None) -> ElasticFlowThroughputs:
+        """A `<model>.csv`, a `throughputs_<GPU>/` directory, or a directory of those."""
+        path = Path(path)
+        tables: dict[str, dict[str, dict[int, dict[int, float]]]] = {}
+        if path.is_file():
+            gt = gpu_type or _gpu_type_of(path.parent)
+            tables[gt] = {path.stem: _read_elasticflow_csv(path)}
+        else:
+            subdirs = sorted(p for p in path.glob("throughputs_*") if p.is_dir())
+            for d in subdirs or [path]:
+                gt = gpu_type if (gpu_type and not subdirs) else _gpu_type_of(d)
+                tables[gt] = {f.stem: _read_elasticflow_csv(f) for f in sorted(d.glob("*.csv"))}
+            if not any(tables.values()):
+                raise ValueError(f"{path}: no ElasticFlow throughput tables (*.csv) found")
+        return cls(tables)
+
+
+# ----------------------------------------------------------------------------------------------
+# BFTrainer
+
+
+class BFTrainerThroughputs(_CurveModel):
+    """BFTrainer scalability points (module docstring). Counts are nodes."""
+
+    NODE = "node"
+
+    def __init__(self, points: Mapping[str, Mapping[int, float]]):
+        super().__init__({self.NODE: {job: Curve(p) for job, p in points.items()}}, self.NODE)
+
+    def _curve(self, job_type: str, gpu_type: str) -> Curve | None:
+        return self.curves[self.NODE].get(job_type)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> BFTrainerThroughputs:
+        points: dict[str, dict[int, float]] = {}
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            if not reader.fieldnames or not {"job", "Ns", "Ps"} <= set(reader.fieldnames):
+                raise ValueError(f"{path}: expected columns job,Ns,Ps")
+            for line, row in enumerate(reader, start=2):
+                try:
+                    ns = [int(float(x)) for x in row["Ns"].split()]
+                    ps = [float(x) for x in row["Ps"].split()]
+                except (ValueError, AttributeError) as exc:
+                    raise ValueError(f"{path}, line {line}: bad Ns/Ps ({exc})") from exc
+                if len(ns) != len(ps):
+                    raise ValueError(f"{path}, line {line}: {len(ns)} Ns but {len(ps)} Ps")
+                points[row["job"]] = dict(zip(ns, ps, strict=True))
+        return cls(points)
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def load_throughputs(path: str | Path | None = None) -> ThroughputModel:
+    """A throughput model from a file, detected by shape:
+
+    - None, "default" or "builtin": `default_model()`;
+    - a `.json` with GPU types mapping to "('job', n)" keys: `GavelThroughputs`;
+    - a directory (of `throughputs_*/` or of `*.csv`) or a CSV whose header starts with
+      `global_batch_size`: `ElasticFlowThroughputs`;
+    - a CSV with columns job,Ns,Ps: `BFTrainerThroughputs`.
+    """
+    if path is None or str(path) in ("default", "builtin"):
+        return default_model()
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"throughputs file {str(p)!r} does not exist")
+    if p.is_dir():
+        return ElasticFlowThroughputs.from_path(p)
+    if p.suffix.lower() == ".json":
+        return GavelThroughputs.from_file(p)
+    with open(p, newline="") as f:
+        header = [c.strip() for c in f.readline().split(",")]
+    if header and header[0] == "global_batch_size":
+        return ElasticFlowThroughputs.from_path(p)
+    if {"job", "Ns", "Ps"} <= set(header):
+        return BFTrainerThroughputs.from_file(p)
+    raise ValueError(
+        f"{p}: unknown throughput format (expected Gavel JSON, ElasticFlow table or BFTrainer "
+        f"JNPs CSV; header {header[:5]})"
+    )

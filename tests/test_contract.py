@@ -8,7 +8,16 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from gpuyard.shared.contract import CONTRACT_VERSION, Subjects, json_schema
+from gpuyard.shared.contract import CONTRACT_VERSION, MESSAGES, json_schema
+from gpuyard.shared.endpoints import (
+    ENDPOINTS,
+    ENQUEUE,
+    EVENT,
+    NODE_COMMAND,
+    PING,
+    Subjects,
+    subject_table,
+)
 from gpuyard.shared.model import ClusterSpec
 
 SCHEMA = (
@@ -26,12 +35,33 @@ def test_committed_schema_matches_the_code() -> None:
 
 def test_subjects_are_namespaced_per_cluster() -> None:
     a, b = Subjects("alpha"), Subjects("beta")
-    assert a.scheduler == "gpuyard.alpha.sched" and b.scheduler == "gpuyard.beta.sched"
-    assert a.node("n1") == "gpuyard.alpha.node.n1"
-    assert a.event("job.started") == "gpuyard.alpha.evt.job.started"
+    assert a.of(ENQUEUE) == "gpuyard.alpha.sched.enqueue"
+    assert b.of(ENQUEUE) == "gpuyard.beta.sched.enqueue"
+    assert a.of(NODE_COMMAND, node="n1") == "gpuyard.alpha.node.n1.cmd"
+    assert a.every(NODE_COMMAND) == "gpuyard.alpha.node.*.cmd"
+    assert a.of(EVENT, type="job.started") == "gpuyard.alpha.evt.job.started"
+    assert a.of(PING, svc="place") == "gpuyard.alpha.place.ping"
     for bad in ("", "a.b", "a b", "a*", ">"):
         with pytest.raises((ValueError, msgspec.ValidationError)):
             Subjects(bad)
+
+
+def test_every_message_type_of_the_table_is_in_the_contract() -> None:
+    """The endpoint table and the versioned contract describe the same messages."""
+    for e in ENDPOINTS:
+        assert e.request in MESSAGES, e.pattern
+        assert e.reply is None or e.reply in MESSAGES, e.pattern
+    patterns = [e.pattern for e in ENDPOINTS]
+    assert len(patterns) == len(set(patterns))
+
+
+def test_readme_subject_table_is_generated_from_the_endpoint_table() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = subject_table()
+    assert table in readme, (
+        "README's subject table differs from the endpoint table: paste the output of "
+        "`python -c 'from gpuyard.shared.endpoints import subject_table; print(subject_table())'`"
+    )
 
 
 def test_cluster_spec_strings() -> None:

@@ -9,20 +9,18 @@ from gpuyard.launcher import ServiceSet
 from gpuyard.services.admission.service import AdmissionConfig
 from gpuyard.services.placement.service import PlacementConfig
 from gpuyard.services.scheduler.service import SchedulerConfig
-from gpuyard.shared.bus import Bus, RemoteError, connect
+from gpuyard.shared.connection import Bus, connect
 from gpuyard.shared.contract import (
     STATUS_HEADER,
     ErrorReply,
-    NodeSpec,
     Ping,
-    Pong,
     RegisterNode,
-    Subjects,
-    SubmitReply,
     SubmitRequest,
     TickRequest,
 )
-from gpuyard.shared.model import JobSpec
+from gpuyard.shared.endpoints import PING, REGISTER, SUBMIT, Endpoint, Subjects
+from gpuyard.shared.errors import RemoteError
+from gpuyard.shared.model import JobSpec, NodeSpec
 
 
 @pytest.fixture
@@ -35,11 +33,7 @@ async def control_plane(nats_url: str):
     async with ServiceSet(nats_url, "errs", configs):
         nc = await connect(nats_url, name="test")
         bus = Bus(nc, Subjects("errs"))
-        await bus.request(
-            "gpuyard.errs.place.register",
-            RegisterNode(now=0.0, node=NodeSpec(node_id="n0", num_gpus=4)),
-            msgspec.Raw,
-        )
+        await bus.call(REGISTER, RegisterNode(now=0.0, node=NodeSpec(node_id="n0", num_gpus=4)))
         yield bus
         await bus.close()
 
@@ -83,12 +77,10 @@ async def test_services_keep_running_after_bad_input(control_plane: Bus) -> None
     for subject in ("adm.submit", "sched.tick", "sched.exited", "place.apply", "place.register"):
         await raw_request(control_plane, f"gpuyard.errs.{subject}", b'{"bogus": true}')
     for service in ("adm", "sched", "place"):
-        pong = await control_plane.request(f"gpuyard.errs.{service}.ping", Ping(), Pong)
+        pong = await control_plane.call(PING, Ping(), svc=service)
         assert pong.cluster == "errs"
-    reply = await control_plane.request(
-        "gpuyard.errs.adm.submit",
-        SubmitRequest(now=0.0, jobs=[JobSpec(num_gpus=2, duration=10.0)]),
-        SubmitReply,
+    reply = await control_plane.call(
+        SUBMIT, SubmitRequest(now=0.0, jobs=[JobSpec(num_gpus=2, duration=10.0)])
     )
     assert [r.verdict for r in reply.results] == ["admit"]
     assert reply.scheduler is not None and reply.scheduler.queued == 1
@@ -96,29 +88,24 @@ async def test_services_keep_running_after_bad_input(control_plane: Bus) -> None
 
 async def test_typed_client_raises_remote_error(control_plane: Bus) -> None:
     with pytest.raises(RemoteError) as info:
-        await control_plane.request(
-            "gpuyard.errs.adm.submit", {"jobs": [{"num_gpus": -1}]}, SubmitReply
-        )
+        await control_plane.call(SUBMIT, {"jobs": [{"num_gpus": -1}]})
     assert info.value.reply.field == "$.jobs[0].num_gpus"
     with pytest.raises(RemoteError, match="no service is listening"):
-        await control_plane.request("gpuyard.errs.nobody.here", TickRequest(now=0), Pong)
+        nobody = Endpoint("nobody.here", TickRequest, TickRequest, "test -> nobody")
+        await control_plane.call(nobody, TickRequest(now=0))
 
 
 async def test_duplicate_job_ids_are_rejected_not_lost(control_plane: Bus) -> None:
     spec = JobSpec(job_id="dup", num_gpus=1, duration=10.0)
-    first = await control_plane.request(
-        "gpuyard.errs.adm.submit", SubmitRequest(now=0.0, jobs=[spec]), SubmitReply
-    )
-    second = await control_plane.request(
-        "gpuyard.errs.adm.submit", SubmitRequest(now=1.0, jobs=[spec]), SubmitReply
-    )
+    first = await control_plane.call(SUBMIT, SubmitRequest(now=0.0, jobs=[spec]))
+    second = await control_plane.call(SUBMIT, SubmitRequest(now=1.0, jobs=[spec]))
     assert first.results[0].verdict == "admit"
     assert second.results[0].verdict == "reject" and "already in use" in second.results[0].reason
 
 
 async def test_job_larger_than_cluster_is_rejected_with_reason(control_plane: Bus) -> None:
-    reply = await control_plane.request(
-        "gpuyard.errs.adm.submit",
+    reply = await control_plane.call(
+        SUBMIT,
         SubmitRequest(
             now=0.0,
             jobs=[
@@ -126,7 +113,6 @@ async def test_job_larger_than_cluster_is_rejected_with_reason(control_plane: Bu
                 JobSpec(num_gpus=1, gpu_type="tpu", duration=1.0),
             ],
         ),
-        SubmitReply,
     )
     assert [r.verdict for r in reply.results] == ["reject", "reject"]
     assert "largest GPU type has 4" in reply.results[0].reason

@@ -17,39 +17,22 @@ from gpuyard.launcher import ServiceSet
 from gpuyard.services.admission.service import AdmissionConfig
 from gpuyard.services.placement.service import PlacementConfig
 from gpuyard.services.scheduler.service import SchedulerConfig
-from gpuyard.shared.bus import Bus, connect
-from gpuyard.shared.contract import (
-    STATUS_HEADER,
-    ApplyRequest,
-    ClusterChanged,
-    Empty,
-    EnqueueRequest,
-    ErrorReply,
-    ExitReport,
-    NodesChanged,
-    PageQuery,
-    Ping,
-    RegisterNode,
-    SetPolicy,
-    Subjects,
-    SubmitRequest,
-    TickRequest,
-)
+from gpuyard.shared.connection import Bus, connect
+from gpuyard.shared.contract import STATUS_HEADER, ErrorReply, Ping
+from gpuyard.shared.endpoints import ENDPOINTS, PING, SERVICE_TOKENS, Subjects
 
 CLUSTER = "fuzz"
 S = Subjects(CLUSTER)
-COMMON = {"ping": Ping, "stats": Empty, "policy": Empty, "policy.set": SetPolicy}
 ROUTES: dict[str, dict[str, type]] = {
-    S.admission: {"submit": SubmitRequest, **COMMON},
-    S.scheduler: {
-        "enqueue": EnqueueRequest, "tick": TickRequest, "exited": ExitReport,
-        "cluster_changed": ClusterChanged, "jobs": PageQuery, "status": Empty, **COMMON,
-    },
-    S.placement: {
-        "register": RegisterNode, "nodes": NodesChanged, "apply": ApplyRequest, "cluster": Empty,
-        **COMMON,
-    },
-}  # fmt: skip
+    S.service(name): {
+        e.pattern.format(svc=token).removeprefix(f"{token}."): e.request
+        for e in ENDPOINTS
+        if e.reply is not None and (name in e.serves or "*" in e.serves) and "ctl." not in e.pattern
+    }
+    for name, token in SERVICE_TOKENS.items()
+    if name != "simclock"
+}
+"""Every request route of admission, scheduler and placement, from the endpoint table."""
 
 scalars = (
     st.none()
@@ -143,11 +126,11 @@ def fuzz_service(bus: Bus, loop: asyncio.AbstractEventLoop, prefix: str) -> None
     one()
 
 
-@pytest.mark.parametrize("prefix", [S.admission, S.scheduler, S.placement])
+@pytest.mark.parametrize("prefix", sorted(ROUTES))
 async def test_services_survive_garbage(plane: Bus, prefix: str) -> None:
     await asyncio.to_thread(fuzz_service, plane, asyncio.get_running_loop(), prefix)
     for service in ("admission", "scheduler", "placement"):
-        pong = await plane.request(f"{S.service(service)}.ping", Ping(), msgspec.Raw, within_s=5)
+        pong = await plane.call(PING, Ping(), within_s=5, svc=SERVICE_TOKENS[service])
         assert pong
 
 
@@ -155,14 +138,14 @@ async def test_services_survive_garbage(plane: Bus, prefix: str) -> None:
     ("subject", "payload", "field"),
     [
         (
-            f"{S.placement}.register",
+            f"{S.service('placement')}.register",
             {"now": 0, "node": {"node_id": "big", "num_gpus": 10**12}},
             "$.node.num_gpus",
         ),
-        (f"{S.scheduler}.tick", {"now": "soon"}, "$.now"),
-        (f"{S.scheduler}.jobs", {"offset": 2**70, "limit": [1]}, "$.limit"),
-        (f"{S.admission}.policy.set", {"policy": "accept-all", "params": {"x": 1}}, "$.params.x"),
-        (f"{S.scheduler}.policy.set", {"policy": 3}, "$.policy"),
+        (f"{S.service('scheduler')}.tick", {"now": "soon"}, "$.now"),
+        (f"{S.service('scheduler')}.jobs", {"offset": 2**70, "limit": [1]}, "$.limit"),
+        (f"{S.service('admission')}.policy.set", {"policy": "accept-all", "params": {"x": 1}}, "$.params.x"),
+        (f"{S.service('scheduler')}.policy.set", {"policy": 3}, "$.policy"),
     ],
 )
 async def test_field_named(plane: Bus, subject: str, payload: dict, field: str) -> None:

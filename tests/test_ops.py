@@ -23,23 +23,32 @@ from gpuyard.ops import (
 from gpuyard.services.admission.service import AdmissionConfig
 from gpuyard.services.placement.service import PlacementConfig
 from gpuyard.services.scheduler.service import SchedulerConfig
-from gpuyard.shared.bus import Bus, RemoteError, connect
+from gpuyard.shared.connection import Bus, connect
 from gpuyard.shared.contract import (
-    ClusterInfo,
+    Empty,
     Event,
     ExitReport,
     JobExit,
-    JobsPage,
     NodeCommand,
     NodeCommandReply,
     PageQuery,
     RegisterNode,
     SchedulerStatus,
-    Subjects,
     SubmitReply,
     SubmitRequest,
     TickRequest,
 )
+from gpuyard.shared.endpoints import (
+    EXITED,
+    JOBS,
+    NODE_COMMAND,
+    REGISTER,
+    STATUS,
+    SUBMIT,
+    TICK,
+    Subjects,
+)
+from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.model import JobSpec, NodeSpec
 
 CLUSTER = "ops"
@@ -54,7 +63,7 @@ async def fake_node_agent(bus: Bus) -> None:
         reply = NodeCommandReply(preempted=cmd.preempt, launched=[x.job_id for x in cmd.launch])
         await msg.respond(msgspec.json.encode(reply))
 
-    await bus.nc.subscribe(bus.subjects.all_nodes, cb=answer)
+    await bus.nc.subscribe(bus.subjects.every(NODE_COMMAND), cb=answer)
 
 
 @pytest.fixture
@@ -68,31 +77,23 @@ async def plane(nats_url: str) -> AsyncIterator[Bus]:
     async with ServiceSet(nats_url, CLUSTER, configs):
         bus = Bus(await connect(nats_url, name="test-ops"), Subjects(CLUSTER), request_timeout=10)
         await fake_node_agent(bus)
-        await bus.request(
-            f"{bus.subjects.placement}.register",
-            RegisterNode(now=0.0, node=NodeSpec(node_id="n0", num_gpus=1)),
-            ClusterInfo,
-        )
+        await bus.call(REGISTER, RegisterNode(now=0.0, node=NodeSpec(node_id="n0", num_gpus=1)))
         yield bus
         await bus.close()
 
 
 async def submit(bus: Bus, now: float, *jobs: tuple[str, float]) -> SubmitReply:
     specs = [JobSpec(job_id=j, num_gpus=1, duration=d) for j, d in jobs]
-    return await bus.request(
-        f"{bus.subjects.admission}.submit",
-        SubmitRequest(jobs=specs, now=now, tick=True),
-        SubmitReply,
-    )
+    return await bus.call(SUBMIT, SubmitRequest(jobs=specs, now=now, tick=True))
 
 
 async def finish(bus: Bus, now: float, job_id: str) -> SchedulerStatus:
     report = ExitReport(now=now, exits=[JobExit(job_id=job_id, status="completed")], tick=True)
-    return await bus.request(f"{bus.subjects.scheduler}.exited", report, SchedulerStatus)
+    return await bus.call(EXITED, report)
 
 
 async def states(bus: Bus) -> dict[str, str]:
-    page = await bus.request(f"{bus.subjects.scheduler}.jobs", PageQuery(), JobsPage)
+    page = await bus.call(JOBS, PageQuery())
     return {j.job_id: j.state for j in page.jobs}
 
 
@@ -102,24 +103,20 @@ async def test_swap_scheduling_policy_mid_run(plane: Bus) -> None:
     await submit(bus, 1.0, ("b", 500.0), ("c", 10.0))
     assert await states(bus) == {"a": "running", "b": "queued", "c": "queued"}
     # FIFO keeps the long job on the GPU ...
-    await bus.request(f"{bus.subjects.scheduler}.tick", TickRequest(now=1.5), SchedulerStatus)
+    await bus.call(TICK, TickRequest(now=1.5))
     assert (await states(bus))["a"] == "running"
 
     info = await set_policy(bus, "scheduler", "sjf", {"preemptive": "true"}, now=2.0)
     assert (info.previous, info.policy, info.params["preemptive"]) == ("fifo", "sjf", True)
     # ... preemptive SJF gives it to the shortest job at the next decision.
-    status = await bus.request(
-        f"{bus.subjects.scheduler}.tick", TickRequest(now=2.0), SchedulerStatus
-    )
+    status = await bus.call(TICK, TickRequest(now=2.0))
     assert status.ran_round
     assert await states(bus) == {"a": "queued", "b": "queued", "c": "running"}
     await finish(bus, 12.0, "c")
     assert await states(bus) == {"a": "queued", "b": "running", "c": "completed"}
     await finish(bus, 512.0, "b")
     await finish(bus, 1600.0, "a")
-    status = await bus.request(
-        f"{bus.subjects.scheduler}.status", msgspec.Struct(), SchedulerStatus
-    )
+    status = await bus.call(STATUS, Empty())
     assert (status.finished, status.queued, status.running) == (3, 0, 0)  # no job lost
 
     events = [s.event async for s in read_events(bus.nc, bus.subjects)]

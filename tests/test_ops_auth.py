@@ -18,25 +18,33 @@ from gpuyard.natsauth import default_users, server_config
 from gpuyard.services.admission.service import AdmissionConfig
 from gpuyard.services.placement.service import PlacementConfig
 from gpuyard.services.scheduler.service import SchedulerConfig
-from gpuyard.shared.bus import Bus, NatsAuth, RemoteError, connect
+from gpuyard.shared.connection import Bus, NatsAuth, connect
 from gpuyard.shared.contract import (
-    ClusterInfo,
     Empty,
     ExitReport,
     JobExit,
-    JobsPage,
     NodeCommand,
     NodeCommandReply,
     PageQuery,
     Ping,
-    Pong,
     RegisterNode,
-    SchedulerStatus,
-    Subjects,
-    SubmitReply,
     SubmitRequest,
     TickRequest,
 )
+from gpuyard.shared.endpoints import (
+    CLUSTER as CLUSTER_INFO,
+)
+from gpuyard.shared.endpoints import (
+    EXITED,
+    JOBS,
+    PING,
+    REGISTER,
+    SERVICE_TOKENS,
+    SUBMIT,
+    TICK,
+    Subjects,
+)
+from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.model import JobSpec, NodeSpec
 
 CLUSTER = "sec"
@@ -84,11 +92,7 @@ async def node_agent(c: Client, node: str) -> None:
         await msg.respond(msgspec.json.encode(reply))
 
     await c.bus.nc.subscribe(f"{S.node(node)}.cmd", cb=answer)
-    await c.bus.request(
-        f"{S.placement}.register",
-        RegisterNode(now=0.0, node=NodeSpec(node_id=node, num_gpus=2)),
-        ClusterInfo,
-    )
+    await c.bus.call(REGISTER, RegisterNode(now=0.0, node=NodeSpec(node_id=node, num_gpus=2)))
 
 
 @pytest.fixture
@@ -113,7 +117,7 @@ async def test_roles(secured: tuple[str, AsyncExitStack]) -> None:
     url, stack = secured
     operator = await client(stack, url, "operator")
     for name in ("admission", "scheduler", "placement"):
-        pong = await operator.bus.request(f"{S.service(name)}.ping", Ping(), Pong)
+        pong = await operator.bus.call(PING, Ping(), svc=SERVICE_TOKENS[name])
         assert pong.service == name
     n1 = await client(stack, url, "node-n1")
     await node_agent(n1, "n1")
@@ -121,35 +125,30 @@ async def test_roles(secured: tuple[str, AsyncExitStack]) -> None:
     # A submitter submits; the whole chain (admission -> scheduler -> placement -> n1) runs under
     # each service's own permissions.
     submitter = await client(stack, url, "submitter")
-    reply = await submitter.bus.request(
-        f"{S.admission}.submit",
+    reply = await submitter.bus.call(
+        SUBMIT,
         SubmitRequest(jobs=[JobSpec(job_id="ok1", num_gpus=2, duration=10)], now=1.0, tick=True),
-        SubmitReply,
     )
     assert [r.verdict for r in reply.results] == ["admit"]
-    page = await submitter.bus.request(f"{S.scheduler}.jobs", PageQuery(), JobsPage)
+    page = await submitter.bus.call(JOBS, PageQuery())
     assert [(j.job_id, j.state) for j in page.jobs] == [("ok1", "running")]
     # ... but may not drive the scheduler.
     with pytest.raises(RemoteError, match="timed out"):
-        await submitter.bus.request(
-            f"{S.scheduler}.tick", TickRequest(now=2.0), SchedulerStatus, within_s=0.5
-        )
+        await submitter.bus.call(TICK, TickRequest(now=2.0), within_s=0.5)
     assert "permissions violation for publish" in " ".join(await submitter.violations())
 
     # The node agent reports its job's exit.
-    status = await n1.bus.request(
-        f"{S.scheduler}.exited", ExitReport(now=11.0, exits=[JobExit(job_id="ok1", node_id="n1", status="completed")]),
-        SchedulerStatus,
+    status = await n1.bus.call(
+        EXITED, ExitReport(now=11.0, exits=[JobExit(job_id="ok1", node_id="n1", status="completed")]),
     )  # fmt: skip
     assert status.finished == 1
     # An agent cannot submit jobs: the server refuses the publish, admission never sees it.
     with pytest.raises(RemoteError, match="timed out"):
-        await n1.bus.request(
-            f"{S.admission}.submit", SubmitRequest(jobs=[JobSpec(num_gpus=1, duration=5)]), SubmitReply,
-            within_s=0.5,
-        )  # fmt: skip
+        await n1.bus.call(
+            SUBMIT, SubmitRequest(jobs=[JobSpec(num_gpus=1, duration=5)]), within_s=0.5
+        )
     assert "gpuyard.sec.adm.submit" in " ".join(await n1.violations())
-    page = await operator.bus.request(f"{S.scheduler}.jobs", PageQuery(), JobsPage)
+    page = await operator.bus.call(JOBS, PageQuery())
     assert [j.job_id for j in page.jobs] == ["ok1"]
 
 
@@ -182,7 +181,7 @@ async def test_node_cannot_pose_as_another(secured: tuple[str, AsyncExitStack]) 
     # Nor call the services' other requests (e.g. make placement forget a node).
     n1.errors.clear()
     with pytest.raises(RemoteError, match="timed out"):
-        await n1.bus.request(f"{S.placement}.cluster", Empty(), ClusterInfo, within_s=0.5)
+        await n1.bus.call(CLUSTER_INFO, Empty(), within_s=0.5)
     await n1.violations()
 
 

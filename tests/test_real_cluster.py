@@ -12,24 +12,18 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpuyard.cli_cluster import control_plane_configs
 from gpuyard.launcher import ServiceSet
-from gpuyard.shared.bus import Bus, RemoteError, connect
-from gpuyard.shared.contract import (
-    CancelReply,
-    CancelRequest,
-    ClusterInfo,
-    Empty,
-    HeartbeatsPage,
-    JobQuery,
-    JobRecord,
-    JobsPage,
-    Subjects,
-    SubmitReply,
-)
+from gpuyard.shared.connection import Bus, connect
+from gpuyard.shared.contract import CancelRequest, Empty, JobQuery
+from gpuyard.shared.endpoints import CANCEL, HEARTBEATS, QUERY, SUBMIT, Endpoint, Subjects
+from gpuyard.shared.endpoints import CLUSTER as CLUSTER_INFO
+from gpuyard.shared.errors import RemoteError
+from gpuyard.shared.model import JobRecord
 
 CLUSTER = "rc"
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
@@ -97,22 +91,22 @@ class RealCluster:
 
     # ------------------------------------------------------------------ helpers
 
-    async def request(self, service: str, suffix: str, msg: object, typ: type) -> object:
+    async def call(self, endpoint: Endpoint[Any, Any], msg: object) -> Any:
         assert self.bus is not None
-        return await self.bus.request(f"{self.bus.subjects.service(service)}.{suffix}", msg, typ)
+        return await self.bus.call(endpoint, msg)
 
     async def node_count(self, n: int) -> bool:
-        info = await self.request("placement", "cluster", Empty(), ClusterInfo)
+        info = await self.call(CLUSTER_INFO, Empty())
         return len(info.nodes) == n
 
     async def submit(self, **job: object) -> str:
-        reply = await self.request("admission", "submit", {"jobs": [job]}, SubmitReply)
+        reply = await self.call(SUBMIT, {"jobs": [job]})
         (result,) = reply.results
         assert result.verdict == "admit", result.reason
         return result.job_id
 
     async def job(self, job_id: str) -> JobRecord:
-        page = await self.request("scheduler", "query", JobQuery(job_ids=[job_id]), JobsPage)
+        page = await self.call(QUERY, JobQuery(job_ids=[job_id]))
         return page.jobs[0]
 
     async def until_state(self, job_id: str, *states: str, within_s: float = 20) -> JobRecord:
@@ -210,7 +204,7 @@ async def test_killed_node_agent_requeues_the_job_and_it_completes_elsewhere(
 ) -> None:
     job_id = await cluster.submit(num_gpus=2, command=_train(60, 0.03, checkpoint_every=5))
     await cluster.until_state(job_id, "running")
-    info = await cluster.request("placement", "cluster", Empty(), ClusterInfo)
+    info = await cluster.call(CLUSTER_INFO, Empty())
     node = info.busy[job_id][0].node_id
     await cluster.until(
         lambda: _async(lambda: "start_step=0" in cluster.job_log(job_id)), "job started"
@@ -231,17 +225,15 @@ async def test_cancel_heartbeats_and_malformed_submissions(cluster: RealCluster)
     await cluster.until_state(job_id, "running")
 
     async def progress_reported() -> bool:
-        page = await cluster.request("placement", "heartbeats", Empty(), HeartbeatsPage)
+        page = await cluster.call(HEARTBEATS, Empty())
         return any(p.job_id == job_id and p.iterations > 0 for b in page.beats for p in b.jobs)
 
     await cluster.until(progress_reported, "progress in heartbeats")
-    reply = await cluster.request(
-        "scheduler", "cancel", CancelRequest(job_ids=[job_id, "nope"]), CancelReply
-    )
+    reply = await cluster.call(CANCEL, CancelRequest(job_ids=[job_id, "nope"]))
     assert reply.cancelled == [job_id] and "nope" in reply.refused
     record = await cluster.until_state(job_id, "cancelled")
     assert record.reason == "cancelled by request"
-    info = await cluster.request("placement", "cluster", Empty(), ClusterInfo)
+    info = await cluster.call(CLUSTER_INFO, Empty())
     assert job_id not in info.busy
 
     for job, field in [
@@ -251,7 +243,7 @@ async def test_cancel_heartbeats_and_malformed_submissions(cluster: RealCluster)
         ({"num_gpus": 1, "processes": "per_rack"}, "$.jobs[0].processes"),
     ]:
         with pytest.raises(RemoteError) as exc:
-            await cluster.request("admission", "submit", {"jobs": [job]}, SubmitReply)
+            await cluster.call(SUBMIT, {"jobs": [job]})
         assert exc.value.reply.field == field
 
 

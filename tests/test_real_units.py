@@ -17,8 +17,9 @@ from gpuyard.services.nodeagent.procs import Places, process_envs
 from gpuyard.services.nodeagent.run import add_agent_args, config_from_args
 from gpuyard.services.nodeagent.sdnotify import SystemdNotifier
 from gpuyard.services.nodeagent.service import NodeAgent, NodeAgentConfig
-from gpuyard.shared.bus import Bus
-from gpuyard.shared.contract import Launch, Subjects
+from gpuyard.shared.connection import Bus
+from gpuyard.shared.contract import Launch
+from gpuyard.shared.endpoints import Subjects
 from gpuyard.shared.model import JobSpec
 
 

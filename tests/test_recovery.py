@@ -11,12 +11,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from test_real_cluster import CLUSTER, RealCluster, _train
+from .test_real_cluster import CLUSTER, RealCluster, _train
 
 from gpuyard.cli_cluster import control_plane_configs
 from gpuyard.launcher import ServiceSet
-from gpuyard.shared.bus import connect
-from gpuyard.shared.contract import JobQuery, JobsPage, PolicyInfo, SubmitReply
+from gpuyard.shared.connection import connect
+from gpuyard.shared.contract import Empty, JobQuery, JobsPage
+from gpuyard.shared.endpoints import POLICY, QUERY, SUBMIT
 
 RETRY_S = 30.0
 
@@ -37,20 +38,18 @@ class ProcessCluster(RealCluster):
     async def submit_retrying(self, job_id: str, steps: int = 20) -> None:
         """Submit with our own id, retrying while admission restarts: a retry is no duplicate."""
         assert self.bus is not None
-        reply = await self.bus.request(
-            f"{self.bus.subjects.admission}.submit",
-            {"jobs": [{"job_id": job_id, "num_gpus": 1, "command": _train(steps, 0.02)}]},
-            SubmitReply, within_s=5.0, retry_for_s=RETRY_S,
+        reply = await self.bus.call(
+            SUBMIT, {"jobs": [{"job_id": job_id, "num_gpus": 1, "command": _train(steps, 0.02)}]},
+            within_s=5.0, retry_for_s=RETRY_S,
         )  # fmt: skip
         (result,) = reply.results
         assert result.verdict == "admit", result.reason
 
     async def all_jobs(self) -> JobsPage:
         assert self.bus is not None
-        return await self.bus.request(
-            f"{self.bus.subjects.scheduler}.query", JobQuery(limit=10_000), JobsPage,
-            within_s=5.0, retry_for_s=RETRY_S,
-        )  # fmt: skip
+        return await self.bus.call(
+            QUERY, JobQuery(limit=10_000), within_s=5.0, retry_for_s=RETRY_S
+        )
 
     async def until_all_ended(self, count: int, within_s: float = 60.0) -> JobsPage:
         pages: list[JobsPage] = []
@@ -137,9 +136,7 @@ async def test_a_replacement_scheduler_takes_over_with_another_policy(
     async with asyncio.timeout(15):
         assert await old.wait() == 0  # the old one handed over and exited on its own
     assert pcluster.bus is not None
-    info = await pcluster.bus.request(
-        f"{pcluster.bus.subjects.scheduler}.policy", {}, PolicyInfo, within_s=5.0
-    )
+    info = await pcluster.bus.call(POLICY, Empty(), within_s=5.0, svc="sched")
     assert info.policy == "sjf"
     page = await pcluster.until_all_ended(len(ids))
     _assert_exactly_once(pcluster, page, ids)

@@ -8,6 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from gpuyard.ops import read_events
+from gpuyard.shared.connection import connect
+from gpuyard.shared.endpoints import Subjects
 from gpuyard.shared.model import ClusterSpec, JobSpec
 from gpuyard.sim import SimOptions, simulate
 from gpuyard.workloads import blox
@@ -200,10 +203,11 @@ async def test_node_churn_preempts_and_jobs_resume(tmp_path: Path, nats_url: str
     assert timeline.loc[timeline["time"] == 80.0, "gpus"].item() == 2
 
 
-async def test_job_without_throughput_there_fails_with_a_reason(
+async def test_job_without_throughput_anywhere_is_rejected_with_a_reason(
     tmp_path: Path, nats_url: str
 ) -> None:
-    """An ElasticFlow-style table with no figure for 2 GPUs: that job fails, the others go on."""
+    """An ElasticFlow-style table with no figure for 2 GPUs: that job can run nowhere, so admission
+    rejects it (no policy would ever start it); the others go on."""
     table = tmp_path / "throughputs_A100"  # the GPU type comes from the folder name
     table.mkdir()
     (table / "toy.csv").write_text("global_batch_size,1,2,4\n64,10.0,,35.0\n")
@@ -213,8 +217,10 @@ async def test_job_without_throughput_there_fails_with_a_reason(
     ]
     options = SimOptions(cluster=ClusterSpec.parse("1x4:a100"), throughputs=str(table))
     result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
-    by_id = {r.job_id: r for r in result.jobs}
-    assert (by_id["ok"].state, by_id["ok"].end_time) == ("completed", 100.0)
-    assert (by_id["bad"].state, by_id["bad"].end_time) == ("failed", 0.0)
-    table_out = pd.read_csv(tmp_path / "out" / "jobs.csv")
-    assert "no throughput" in table_out.loc[table_out["job_id"] == "bad", "reason"].item()
+    assert [(r.job_id, r.state, r.end_time) for r in result.jobs] == [("ok", "completed", 100.0)]
+    nc = await connect(nats_url, name="test")
+    rejected = [e.event async for e in read_events(nc, Subjects("sim"), types=["job.rejected"])]
+    await nc.drain()
+    assert [(e.job_id, e.reason) for e in rejected] == [
+        ("bad", "can never run here: the throughput model has no figure for 'toy@64' on 2 GPUs of a100")
+    ]

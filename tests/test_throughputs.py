@@ -9,16 +9,17 @@ from pathlib import Path
 import pytest
 
 from gpuyard.shared.model import JobSpec
-from gpuyard.shared.throughput import LinearModel, total_steps
-from gpuyard.throughputs import (
+from gpuyard.shared.throughput import (
     DEFAULT_GPU_SPEEDS,
     BFTrainerThroughputs,
     Curve,
     ElasticFlowThroughputs,
     GavelThroughputs,
+    LinearModel,
     default_model,
     load_throughputs,
     parse_gavel_key,
+    total_steps,
 )
 from gpuyard.workloads.generators import GAVEL_TEMPLATES
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gpuyard.shared.model import ClusterSpec
-from gpuyard.throughputs import ElasticFlowThroughputs, GavelThroughputs
+from gpuyard.shared.throughput import ElasticFlowThroughputs, GavelThroughputs
 from gpuyard.workloads import (
     Workload,
     WorkloadError,

@@ -2,7 +2,7 @@
 
 from msgspec import Struct
 
-from gpuyard.policies.scheduling import fill_in_order
+from gpuyard.policies.toolkit import fill_in_order
 from gpuyard.shared.model import Allocation
 from gpuyard.shared.policy import SchedulingInput, SchedulingPolicy
 
@@ -17,4 +17,4 @@ class FewestGpusFirst(SchedulingPolicy):
 
     def schedule(self, inp: SchedulingInput) -> list[Allocation]:
         order = sorted(inp.jobs, key=lambda j: (j.spec.num_gpus, j.submit_time, j.seq))
-        return fill_in_order(order, inp.cluster.capacity, backfill=self.params.backfill)
+        return fill_in_order(order, inp.cluster, backfill=self.params.backfill)

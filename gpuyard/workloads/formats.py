@@ -18,7 +18,7 @@ elasticflow / itp (CSV with header)
     best_effort (philly_103959.csv: no best_effort, plus real_iteration/real_duration);
     ITP cluster files: job_id,submission_time,num_iteration,model_name,deadline,batch_size,
     num_gpu,duration. Both map to: job_type = "<model_name>@<batch_size>" (what
-    `gpuyard.throughputs.ElasticFlowThroughputs` looks up), total_steps = iteration(s),
+    `gpuyard.shared.throughput.ElasticFlowThroughputs` looks up), total_steps = iteration(s),
     duration = duration (seconds at num_gpu GPUs; informational, total_steps wins), num_gpus =
     num_gpu, deadline = ddl/deadline (absolute seconds, same clock as submit_time), best_effort.
     With `elastic=True` min_gpus = 1 and max_gpus = max(num_gpu, max_gpus) (ElasticFlow chooses
@@ -27,7 +27,7 @@ elasticflow / itp (CSV with header)
 bftrainer (`*-Jbnd-*.csv`: job,Tcup,Tcdw,Jmin,Jmax,Pmax,Tsub)
     Counts are NODES, not GPUs: num_gpus = max_gpus = Jmax, min_gpus = Jmin (nodes),
     total_steps = Pmax (samples), job_id = job_type = job (BFTrainer's scalability curve is per
-    job, see `gpuyard.throughputs.BFTrainerThroughputs`), submit_time = Tsub - earliest Tsub (s).
+    job, see `gpuyard.shared.throughput.BFTrainerThroughputs`), submit_time = Tsub - earliest Tsub (s).
     extras: Tcup, Tcdw (rescale costs, seconds of lost throughput), Tsub.
 
 blox (`*_jobs.csv`: job_id,arrival_time_s,duration_s,num_gpus)

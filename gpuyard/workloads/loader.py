@@ -72,7 +72,7 @@ def detect_format(path: str | Path) -> str:
             1,
             None,
             "a BFTrainer scalability file (Ns,Ps): "
-            "load it with gpuyard.throughputs.load_throughputs",
+            "load it with gpuyard.shared.throughput.load_throughputs",
         )
     if line.lstrip().startswith("["):
         return "philly"

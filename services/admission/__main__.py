@@ -1,7 +1,7 @@
 """`python -m gpuyard.services.admission`: run the admission service on its own."""
 
 from gpuyard.services.admission.service import Admission, AdmissionConfig
-from gpuyard.shared.bus import run_service
+from gpuyard.shared.service import run_service
 
 if __name__ == "__main__":
     run_service(Admission, AdmissionConfig)

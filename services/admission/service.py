@@ -10,24 +10,33 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
-from gpuyard.shared.bus import Bus, Route, Service
+from gpuyard.shared.connection import Bus
 from gpuyard.shared.contract import (
     ClusterInfo,
     Empty,
     EnqueueRequest,
     Event,
+    JobQuery,
     SchedulerStatus,
     SubmitReply,
     SubmitRequest,
     SubmitResult,
 )
-from gpuyard.shared.model import ANY_GPU, JobSpec
+from gpuyard.shared.endpoints import CLUSTER, ENQUEUE, QUERY, SUBMIT, Endpoint
+from gpuyard.shared.model import ANY_GPU, JobRecord, JobSpec
 from gpuyard.shared.policy import (
     AdmissionInput,
     AdmissionPolicy,
     ClusterView,
+    JobView,
+    NodeStatus,
     admission_policies,
 )
+from gpuyard.shared.service import Handler, Service
+from gpuyard.shared.throughput import LinearModel, ThroughputModel, load_throughputs
+
+QUERY_PAGE = 10_000
+"""Jobs per page when admission reads the admitted jobs from the scheduler."""
 
 
 class AdmissionConfig(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -39,6 +48,8 @@ class AdmissionConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     """Real clusters: try held jobs again this often (a simulation's clock does it on exits)."""
     durable: bool = False
     """Keep the id counter and the held jobs in a JetStream key-value bucket."""
+    throughputs: str = "default"
+    """The throughput model behind the views' `rate()` (deadline-feasibility admission)."""
     call_timeout_s: float | None = None
     """How long one request to the scheduler or placement may take (None: the default)."""
     retry_for_s: float = 0.0
@@ -55,30 +66,21 @@ STATE_KEY = "state"
 
 class Admission(Service):
     name = "admission"
+    policies = admission_policies
 
     def __init__(self, bus: Bus, config: AdmissionConfig) -> None:
         super().__init__(bus)
         self.config = config
-        self.policy: AdmissionPolicy = admission_policies.create(config.policy, config.params)
+        self.policy: AdmissionPolicy
+        self.install_policy(config.policy, config.params)
+        self.model: ThroughputModel = LinearModel()  # the configured one is loaded at start
         self.counter = 0
         self.held: list[JobSpec] = []  # the overflow queue, in arrival order
         self._retry: asyncio.Task[None] | None = None
-        self.capacity: dict[str, int] = {}
-        self.active_gpu_demand = 0
-        self.active_jobs = 0
+        self.cluster: ClusterInfo | None = None
 
-    def describe_policy(self) -> str:
-        return self.config.policy
-
-    def describe_policy_params(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self.policy.params)
-
-    def swap_policy(self, policy: str, params: dict[str, Any]) -> None:
-        self.policy = admission_policies.create(policy, params)
-        self.config = msgspec.structs.replace(self.config, policy=policy, params=params)
-
-    def routes(self) -> dict[str, Route]:
-        return {"submit": Route(self.submit, SubmitRequest)}
+    def routes(self) -> dict[Endpoint[Any, Any], Handler]:
+        return {SUBMIT: self.submit}
 
     async def persist(self) -> None:
         await self.store.put_many(
@@ -96,13 +98,14 @@ class Admission(Service):
             self._retry.cancel()
             self._retry = None
 
-    async def _call(self, service: str, suffix: str, msg: Any, typ: type[Any]) -> Any:
-        return await self.bus.request(
-            f"{self.bus.subjects.service(service)}.{suffix}", msg, typ,
-            within_s=self.config.call_timeout_s, retry_for_s=self.config.retry_for_s,
-        )  # fmt: skip
+    async def _call(self, endpoint: Endpoint[Any, Any], msg: Any) -> Any:
+        return await self.bus.call(
+            endpoint, msg, within_s=self.config.call_timeout_s, retry_for_s=self.config.retry_for_s
+        )
 
     async def start(self) -> None:
+        if self.config.throughputs != "default":
+            self.model = await asyncio.to_thread(load_throughputs, self.config.throughputs)
         await super().start()
         if self.config.retry_held_s:
             self._retry = asyncio.create_task(self._retry_held(self.config.retry_held_s))
@@ -117,27 +120,33 @@ class Admission(Service):
         while True:
             await asyncio.sleep(every_s)
             if self.held:
-                await self.bus.nc.publish(f"{self.prefix}.submit", b'{"jobs": []}')
+                await self.bus.nc.publish(self.bus.subjects.of(SUBMIT), b'{"jobs": []}')
 
     async def submit(self, req: SubmitRequest) -> SubmitReply:
         now = req.now if req.now is not None else time.time()
-        if not self.capacity:
-            await self._refresh_capacity()
-        load = await self._load() if self.held or req.jobs else None
+        if self.cluster is None or not self.cluster.capacity:
+            await self._refresh_cluster()
+        view = self._cluster_view()
+        jobs = await self._admitted_jobs(view, now) if self.held or req.jobs else []
         results: list[SubmitResult] = []
         admitted: list[JobSpec] = []
+
+        def decide(spec: JobSpec, blocked: bool) -> tuple[str, str]:
+            verdict, why = self._decide(now, spec, view, jobs, blocked=blocked)
+            if verdict == "admit":
+                admitted.append(spec)
+                jobs.append(self._admitted_view(spec, now))  # counts for the jobs after it
+            return verdict, why
+
         # Held jobs first, in order; then the new ones (behind any still held, if in order).
         still_held: list[JobSpec] = []
         held_ids = {s.job_id for s in self.held} if self.durable else set()
         for spec in self.held:
-            verdict, why = self._decide(now, spec, load, blocked=bool(still_held))
+            verdict, why = decide(spec, blocked=bool(still_held))
             if verdict == "hold":
                 still_held.append(spec)
-                continue
-            results.append(SubmitResult(job_id=spec.job_id or "", verdict=verdict, reason=why))
-            if verdict == "admit":
-                admitted.append(spec)
-                self._count(load, spec)
+            else:
+                results.append(SubmitResult(job_id=spec.job_id or "", verdict=verdict, reason=why))
         self.held = still_held
         for spec in req.jobs:
             if spec.job_id is not None and spec.job_id in held_ids:
@@ -149,24 +158,20 @@ class Admission(Service):
             )
             assert spec.job_id is not None
             await self._event("job.submitted", now, spec.job_id)
-            verdict, why = self._decide(now, spec, load, blocked=bool(self.held))
-            if verdict == "reject" and self._never_fits(spec):
-                await self._refresh_capacity()  # nodes may have joined since we last looked
-                verdict, why = self._decide(now, spec, load, blocked=bool(self.held))
+            if self._never_fits(spec) and self.cluster is not None:
+                await self._refresh_cluster()  # nodes may have joined since we last looked
+                view = self._cluster_view()
+            verdict, why = decide(spec, blocked=bool(self.held))
             results.append(SubmitResult(job_id=spec.job_id, verdict=verdict, reason=why))
-            if verdict == "admit":
-                admitted.append(spec)
-                self._count(load, spec)
-            elif verdict == "hold":
+            if verdict == "hold":
                 self.held.append(spec)
         status: SchedulerStatus | None = None
         if admitted or req.tick:
             # The ids given out are stored before the scheduler hears of them: never reused.
             await self.persist()
             status = await self._call(
-                "scheduler", "enqueue", EnqueueRequest(now=now, jobs=admitted, tick=req.tick),
-                SchedulerStatus,
-            )  # fmt: skip
+                ENQUEUE, EnqueueRequest(now=now, jobs=admitted, tick=req.tick)
+            )
             for r in results:
                 if r.job_id in status.rejected:
                     r.verdict, r.reason = "reject", status.rejected[r.job_id]
@@ -178,47 +183,52 @@ class Admission(Service):
         return SubmitReply(results=results, held=len(self.held), scheduler=status)
 
     def _decide(
-        self, now: float, spec: JobSpec, load: SchedulerStatus | None, *, blocked: bool
-    ) -> tuple[str, str]:
+        self, now: float, spec: JobSpec, cluster: ClusterView, jobs: list[JobView], *,
+        blocked: bool,
+    ) -> tuple[str, str]:  # fmt: skip
         """(verdict, reason) for one job; `blocked`: an earlier job is held (FIFO overflow)."""
         never = self._never_fits(spec)
         if never:
             return "reject", f"can never run here: {never}"
-        decision = self.policy.decide(
-            AdmissionInput(
-                now=now,
-                job=spec,
-                cluster=ClusterView(capacity=self.capacity, round_s=0.0),
-                active_gpu_demand=load.active_gpu_demand if load else 0,
-                active_jobs=(load.queued + load.running) if load else 0,
-                tenant_gpu_demand=load.tenant_gpu_demand if load else {},
-            )
-        )
+        decision = self.policy.decide(AdmissionInput(now=now, job=spec, cluster=cluster, jobs=jobs))
         if decision.verdict == "admit" and blocked and self.policy.in_order:
             return "hold", "behind earlier held jobs"
         return decision.verdict, decision.reason
 
-    async def _load(self) -> SchedulerStatus | None:
-        """The scheduler's current load figures, when the policy looks at them."""
-        if not self.policy.uses_load:
-            return None
-        return await self._call("scheduler", "status", Empty(), SchedulerStatus)
-
-    @staticmethod
-    def _count(load: SchedulerStatus | None, spec: JobSpec) -> None:
-        """Jobs admitted in this request count towards the load for the ones after them."""
-        if load is None:
-            return
-        load.active_gpu_demand += spec.num_gpus
-        load.queued += 1
-        if spec.tenant:
-            load.tenant_gpu_demand[spec.tenant] = (
-                load.tenant_gpu_demand.get(spec.tenant, 0) + spec.num_gpus
+    async def _admitted_jobs(self, cluster: ClusterView, now: float) -> list[JobView]:
+        """The admitted jobs that have not ended, from the scheduler, when the policy needs them."""
+        if not self.policy.needs.jobs:
+            return []
+        records: list[JobRecord] = []
+        while True:
+            page = await self._call(
+                QUERY, JobQuery(states=["queued", "running"], offset=len(records), limit=QUERY_PAGE)
             )
+            records += page.jobs
+            if not page.jobs or len(records) >= page.total:
+                break
+        context = cluster.context(now)
+        return [JobView.of(r, context) for r in records]
 
-    async def _refresh_capacity(self) -> None:
-        info = await self._call("placement", "cluster", Empty(), ClusterInfo)
-        self.capacity = info.capacity
+    def _admitted_view(self, spec: JobSpec, now: float) -> JobView:
+        """A job admitted by this request, as the scheduler will first see it."""
+        assert spec.job_id is not None
+        record = JobRecord(
+            job_id=spec.job_id, seq=-1, spec=spec, submit_time=spec.submit_time or now,
+            admit_time=now, queued_since=now, progress_at=now,
+        )  # fmt: skip
+        return JobView(record)
+
+    def _cluster_view(self) -> ClusterView:
+        info = self.cluster
+        capacity = dict(info.capacity) if info is not None else {}
+        nodes: list[NodeStatus] = []
+        if info is not None and self.policy.needs.nodes:
+            nodes = [NodeStatus(n.node_id, n.gpu_type, n.num_gpus) for n in info.nodes]
+        return ClusterView(capacity=capacity, round_s=0.0, nodes=nodes, throughputs=self.model)
+
+    async def _refresh_cluster(self) -> None:
+        self.cluster = await self._call(CLUSTER, Empty())
 
     def _new_id(self) -> str:
         self.counter += 1
@@ -226,18 +236,29 @@ class Admission(Service):
 
     def _never_fits(self, spec: JobSpec) -> str:
         """Why the job could never run on this cluster, or '' (unknown cluster: anything goes)."""
-        if not self.capacity:
+        capacity = self.cluster.capacity if self.cluster is not None else {}
+        if not capacity:
             return ""
         low = spec.gpu_range[0]
         if spec.gpu_type == ANY_GPU:
-            most = max(self.capacity.values())
+            most = max(capacity.values())
             if low > most:
                 return f"needs {low} GPUs of one type; the largest GPU type has {most}"
-        elif spec.gpu_type not in self.capacity:
-            return f"GPU type {spec.gpu_type!r} is not in the cluster ({', '.join(sorted(self.capacity))})"
-        elif low > self.capacity[spec.gpu_type]:
+        elif spec.gpu_type not in capacity:
+            return f"GPU type {spec.gpu_type!r} is not in the cluster ({', '.join(sorted(capacity))})"
+        elif low > capacity[spec.gpu_type]:
+            return f"needs {low} {spec.gpu_type} GPUs; the cluster has {capacity[spec.gpu_type]}"
+        high = spec.gpu_range[1]
+        types = list(capacity) if spec.gpu_type == ANY_GPU else [spec.gpu_type]
+        if not any(
+            self.model.throughput(spec.job_type, t, n) > 0
+            for t in types
+            for n in range(low, min(high, capacity[t]) + 1)
+        ):
+            gpus = f"{low}" if low == high else f"{low} to {high}"
             return (
-                f"needs {low} {spec.gpu_type} GPUs; the cluster has {self.capacity[spec.gpu_type]}"
+                f"the throughput model has no figure for {spec.job_type!r} on {gpus} GPUs of "
+                f"{', '.join(types)}"
             )
         return ""
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import msgspec
 
-from gpuyard.shared.bus import Bus, connect
-from gpuyard.shared.contract import Subjects
+from gpuyard.shared.connection import Bus, connect
+from gpuyard.shared.endpoints import Subjects
 from gpuyard.shared.model import Name
 
 from .service import NodeAgent, NodeAgentConfig

@@ -16,13 +16,13 @@ import os
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import msgspec
 from msgspec import Struct
 
-from gpuyard.shared.bus import Bus, RemoteError, Route, Service, encode
+from gpuyard.shared.connection import Bus
 from gpuyard.shared.contract import (
-    ClusterInfo,
     Empty,
     ExitReport,
     Heartbeat,
@@ -34,12 +34,24 @@ from gpuyard.shared.contract import (
     NodeCommand,
     NodeCommandReply,
     NodesChanged,
-    NodesChangedReply,
-    Ping,
     RegisterNode,
-    SchedulerStatus,
 )
+from gpuyard.shared.endpoints import (
+    EXITED,
+    HEARTBEAT,
+    LOG_LINE,
+    NODE_COMMAND,
+    NODE_LOGS,
+    NODES,
+    PING,
+    REGISTER,
+    REREGISTER,
+    STATS,
+    Endpoint,
+)
+from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.model import NodeSpec
+from gpuyard.shared.service import Handler, Service
 
 from .nvml import Nvml, gpu_type_name
 from .procs import JobPart, Places
@@ -86,8 +98,21 @@ class NodeAgent(Service):
         self.log = self.log.bind(node_id=self.node_id)
 
     @property
-    def prefix(self) -> str:
-        return self.bus.subjects.node(self.node_id)
+    def token(self) -> str:
+        return f"node.{self.node_id}"
+
+    def subject_params(self) -> dict[str, str]:
+        return {"svc": self.token, "node": self.node_id}
+
+    def routes(self) -> dict[Endpoint[Any, Any], Handler]:
+        return {
+            NODE_COMMAND: self.command, NODE_LOGS: self.logs, REREGISTER: self._reregister,
+            PING: self.ping, STATS: self.stats,
+        }  # fmt: skip
+
+    @property
+    def micro_name(self) -> str:
+        return "gpuyard-nodeagent"
 
     # ------------------------------------------------------------------ GPUs
 
@@ -123,13 +148,10 @@ class NodeAgent(Service):
     # ------------------------------------------------------------------ life cycle
 
     async def start(self) -> None:
-        p = self.prefix
-        await self.listen(f"{p}.cmd", {"cmd": Route(self.command, NodeCommand)}, prefix=p)
-        await self.listen(f"{p}.logs", {"logs": Route(self.logs, LogsRequest)}, prefix=p)
-        await self.listen(f"{p}.register", {"register": Route(self._reregister, Empty)}, prefix=p)
-        await self.listen(f"{p}.ping", {"ping": Route(self.ping, Ping)}, prefix=p)
-        await self.listen(f"{p}.stats", {"stats": Route(self.stats, Empty)}, prefix=p)
-        self.log.info("service.started", prefix=p, gpus=self.node.num_gpus)
+        # One subscription: commands, log requests and re-registrations in arrival order.
+        await self.listen(self.prefix, self.routes())
+        await self._serve_discovery()
+        self.log.info("service.started", prefix=self.prefix, gpus=self.node.num_gpus)
         self._tasks = [
             asyncio.create_task(self._heartbeats()),
             asyncio.create_task(self._report_exits()),
@@ -147,10 +169,9 @@ class NodeAgent(Service):
                     await asyncio.gather(*(part.done.wait() for part in self.parts.values()))
         if self.registered.is_set():
             with contextlib.suppress(RemoteError):
-                await self.bus.request(
-                    f"{self.bus.subjects.placement}.nodes",
+                await self.bus.call(
+                    NODES,
                     NodesChanged(now=time.time(), gone=[self.node_id], reason="agent stopped"),
-                    NodesChangedReply,
                     within_s=5.0,
                 )
         for task in self._tasks:
@@ -165,10 +186,9 @@ class NodeAgent(Service):
             while True:
                 sent = time.monotonic()
                 try:
-                    info = await self.bus.request(
-                        f"{self.bus.subjects.placement}.register",
-                        RegisterNode(now=time.time(), node=self.node), ClusterInfo, within_s=5.0,
-                    )  # fmt: skip
+                    info = await self.bus.call(
+                        REGISTER, RegisterNode(now=time.time(), node=self.node), within_s=5.0
+                    )
                     break
                 except RemoteError as exc:
                     self.log.warning("register.failed", error=str(exc))
@@ -199,6 +219,12 @@ class NodeAgent(Service):
     async def command(self, cmd: NodeCommand) -> NodeCommandReply:
         """Preempt, then launch. Returns at once: a launch waits in the background for its GPUs'
         previous holders to exit, so the control plane never waits out a grace period."""
+        progress: dict[str, float] = {}
+        for job_id in cmd.preempt:
+            part = self.parts.get(job_id)
+            steps = [p.iterations for p in part.progress()] if part is not None else []
+            if steps:
+                progress[job_id] = float(min(steps))  # what every rank has reached
         preempted = [job_id for job_id in cmd.preempt if self._stop_part(job_id)]
         launched = []
         for launch in cmd.launch:
@@ -206,7 +232,7 @@ class NodeAgent(Service):
                 self._stop_part(launch.job_id)  # moved within the node: a fresh start
             self._start_part(launch)
             launched.append(launch.job_id)
-        return NodeCommandReply(preempted=preempted, launched=launched)
+        return NodeCommandReply(preempted=preempted, launched=launched, progress=progress)
 
     def _stop_part(self, job_id: str) -> bool:
         part = self.parts.pop(job_id, None)
@@ -262,7 +288,7 @@ class NodeAgent(Service):
         self.log.info("job.exited", job_id=job_id, status=status, exit_code=failure[1])
         self.pending_exits.append(
             JobExit(job_id=job_id, node_id=self.node_id, status=status, exit_code=failure[1],
-                    reason=reason)
+                    attempt=part.launch.attempt, reason=reason)
         )  # fmt: skip
         self._exits_ready.set()
 
@@ -274,10 +300,9 @@ class NodeAgent(Service):
             while self.pending_exits:
                 batch = list(self.pending_exits)
                 try:
-                    await self.bus.request(
-                        f"{self.bus.subjects.scheduler}.exited",
-                        ExitReport(now=time.time(), exits=batch), SchedulerStatus, within_s=10.0,
-                    )  # fmt: skip
+                    await self.bus.call(
+                        EXITED, ExitReport(now=time.time(), exits=batch), within_s=10.0
+                    )
                 except RemoteError as exc:
                     self.log.warning("exit.report_failed", error=str(exc), jobs=len(batch))
                     await asyncio.sleep(self.config.exit_retry_s)
@@ -289,7 +314,7 @@ class NodeAgent(Service):
     async def _publish_line(self, job_id: str, rank: int, line: str) -> None:
         msg = LogLine(job_id=job_id, node_id=self.node_id, rank=rank, line=line, time=time.time())
         with contextlib.suppress(Exception):  # logs are best effort; the file keeps everything
-            await self.bus.nc.publish(f"{self.bus.subjects.logs}.{job_id}", encode(msg))
+            await self.bus.publish(LOG_LINE, msg, job=job_id)
 
     async def logs(self, req: LogsRequest) -> LogsReply:
         folder = self.places.job_logs(req.job_id)
@@ -307,14 +332,13 @@ class NodeAgent(Service):
         )
 
     async def _heartbeats(self) -> None:
-        subject = f"{self.prefix}.hb"
         every = self.config.heartbeat_s
         watchdog = self.notifier.watchdog_interval_s()
         if watchdog is not None:
             every = min(every, watchdog)
         while True:
             with contextlib.suppress(Exception):
-                await self.bus.nc.publish(subject, encode(self.heartbeat()))
+                await self.bus.publish(HEARTBEAT, self.heartbeat(), node=self.node_id)
             self.notifier.notify("WATCHDOG=1")
             await asyncio.sleep(every)
 

@@ -1,7 +1,7 @@
 """`python -m gpuyard.services.placement`: run the placement service on its own."""
 
 from gpuyard.services.placement.service import Placement, PlacementConfig
-from gpuyard.shared.bus import run_service
+from gpuyard.shared.service import run_service
 
 if __name__ == "__main__":
     run_service(Placement, PlacementConfig)

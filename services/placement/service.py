@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
-from gpuyard.shared.bus import BadRequest, Bus, RemoteError, Route, Service, encode
+from gpuyard.shared.connection import Bus, encode
 from gpuyard.shared.contract import (
     ApplyReply,
     ApplyRequest,
@@ -28,9 +28,23 @@ from gpuyard.shared.contract import (
     NodesChanged,
     NodesChangedReply,
     RegisterNode,
+    StepsReport,
 )
+from gpuyard.shared.endpoints import (
+    APPLY,
+    CLUSTER,
+    HEARTBEAT,
+    HEARTBEATS,
+    NODE_COMMAND,
+    NODES,
+    REGISTER,
+    REREGISTER,
+    Endpoint,
+)
+from gpuyard.shared.errors import BadRequest
 from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobSpec, NodeSpec
 from gpuyard.shared.policy import NodeView, PlacementInput, PlacementPolicy, placement_policies
+from gpuyard.shared.service import Handler, Service
 
 
 class PlacementConfig(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -52,6 +66,7 @@ class StoredPlacement(Struct, kw_only=True):
     running: dict[str, list[GpuRef]] = {}
     specs: dict[str, JobSpec] = {}
     lost: list[str] = []
+    down: dict[str, float] = {}
     last_request: str = ""
     """`<route>:<sha256 of the request>` of the last apply or nodes change, and its reply (JSON):
     the same request again is a retry whose first attempt was stored but not answered."""
@@ -68,15 +83,19 @@ def master_port(job_id: str) -> int:
 
 class Placement(Service):
     name = "placement"
+    policies = placement_policies
 
     def __init__(self, bus: Bus, config: PlacementConfig) -> None:
         super().__init__(bus)
         self.config = config
-        self.policy: PlacementPolicy = placement_policies.create(config.policy, config.params)
+        self.policy: PlacementPolicy
+        self.install_policy(config.policy, config.params)
         self.nodes: dict[str, NodeSpec] = {}
         self.running: dict[str, list[GpuRef]] = {}
         self.free: dict[str, set[int]] = {}  # free GPU indices per node
+        self.holders: dict[GpuRef, int] = {}  # how many running jobs hold each busy GPU
         self.specs: dict[str, JobSpec] = {}  # of the jobs placed, for relaunching them
+        self.down: dict[str, float] = {}  # nodes that left, and when (until they come back)
         self.last_seen: dict[str, float] = {}  # node agents that heartbeat: when last heard of
         self.beats: dict[str, Heartbeat] = {}
         self._checker: asyncio.Task[None] | None = None
@@ -85,22 +104,12 @@ class Placement(Service):
         self.last_request = ""
         self.last_reply = ""
 
-    def describe_policy(self) -> str:
-        return self.config.policy
-
-    def describe_policy_params(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self.policy.params)
-
-    def swap_policy(self, policy: str, params: dict[str, Any]) -> None:
-        self.policy = placement_policies.create(policy, params)
-        self.config = msgspec.structs.replace(self.config, policy=policy, params=params)
-
     async def persist(self) -> None:
         if not self.changed:
             return
         state = StoredPlacement(
             nodes=list(self.nodes.values()), running=self.running, specs=self.specs, lost=self.lost,
-            last_request=self.last_request, last_reply=self.last_reply,
+            down=self.down, last_request=self.last_request, last_reply=self.last_reply,
         )  # fmt: skip
         await self.store.put_many({STATE_KEY: state})
         self.changed = False  # (left set when the write failed: the next request writes)
@@ -110,11 +119,9 @@ class Placement(Service):
         if STATE_KEY not in values:
             return
         state = msgspec.json.decode(values[STATE_KEY], type=StoredPlacement)
-        self.running, self.specs, self.lost = (
-            dict(state.running),
-            dict(state.specs),
-            list(state.lost),
-        )
+        self.specs, self.lost, self.down = dict(state.specs), list(state.lost), dict(state.down)
+        for job_id, gpus in state.running.items():
+            self._hold(job_id, gpus)
         self.last_request, self.last_reply = state.last_request, state.last_reply
         now = time.time()
         for node in state.nodes:
@@ -122,7 +129,7 @@ class Placement(Service):
             if node.labels.get("boot"):
                 self.last_seen[node.node_id] = now  # silent from now on: lost after the timeout
         for node_id in self.nodes:
-            await self.bus.nc.publish(f"{self.bus.subjects.node(node_id)}.register", b"{}")
+            await self.bus.publish(REREGISTER, Empty(), node=node_id)
         self.log.info("state.cluster_restored", nodes=len(self.nodes), running=len(self.running))
 
     async def hand_over(self) -> None:
@@ -130,14 +137,11 @@ class Placement(Service):
             self._checker.cancel()
             self._checker = None
 
-    def routes(self) -> dict[str, Route]:
+    def routes(self) -> dict[Endpoint[Any, Any], Handler]:
         return {
-            "register": Route(self.register, RegisterNode),
-            "nodes": Route(self.nodes_request, NodesChanged),
-            "apply": Route(self.apply_request, ApplyRequest),
-            "cluster": Route(self.cluster, Empty),
-            "heartbeats": Route(self.heartbeats, Empty),
-        }
+            REGISTER: self.register, NODES: self.nodes_request, APPLY: self.apply_request,
+            CLUSTER: self.cluster, HEARTBEATS: self.heartbeats,
+        }  # fmt: skip
 
     async def apply_request(self, req: ApplyRequest) -> ApplyReply:
         return await self._once("apply", req, self.apply, ApplyReply)
@@ -161,9 +165,8 @@ class Placement(Service):
     def _add_node(self, node: NodeSpec) -> None:
         """A node joins, or registers again (after an agent restart: what runs there stays)."""
         self.nodes[node.node_id] = node
-        busy = {
-            g.index for gpus in self.running.values() for g in gpus if g.node_id == node.node_id
-        }
+        self.down.pop(node.node_id, None)
+        busy = {g.index for g in self.holders if g.node_id == node.node_id}
         self.free[node.node_id] = set(range(node.num_gpus)) - busy
 
     def capacity(self) -> dict[str, int]:
@@ -174,8 +177,9 @@ class Placement(Service):
 
     async def cluster(self, _: Empty) -> ClusterInfo:
         return ClusterInfo(
-            nodes=list(self.nodes.values()), capacity=self.capacity(), busy=dict(self.running)
-        )
+            nodes=list(self.nodes.values()), capacity=self.capacity(), busy=dict(self.running),
+            down=dict(self.down),
+        )  # fmt: skip
 
     async def register(self, req: RegisterNode) -> ClusterInfo:
         self.changed = True
@@ -207,12 +211,13 @@ class Placement(Service):
         for node_id in req.gone:
             del self.nodes[node_id]
             del self.free[node_id]
+            self.down[node_id] = req.now
         hit = sorted(j for j, gpus in self.running.items() if any(g.node_id in gone for g in gpus))
         stopped = {j: self.running[j] for j in hit}
         for job_id in hit:
             self._free(job_id)
         # A job's processes elsewhere cannot go on without their peers: stop them too.
-        await self._command(req.now, stopped, {}, {})
+        await self._command(req.now, stopped, {}, {})  # (their progress: reported at relaunch)
         self.lost += hit
         for node in req.up:
             self._add_node(node)
@@ -231,11 +236,7 @@ class Placement(Service):
 
     async def start(self) -> None:
         await super().start()
-        await self.listen(
-            self.bus.subjects.all_heartbeats,
-            {"hb": Route(self._heartbeat, Heartbeat)},
-            prefix=self.bus.subjects.root,
-        )
+        await self.serve(HEARTBEAT, self._heartbeat)
         self._checker = asyncio.create_task(self._check_heartbeats())
 
     async def stop(self) -> None:
@@ -250,7 +251,7 @@ class Placement(Service):
         """`node.<id>.hb`, on its own subscription: only records (no await before the record)."""
         if hb.node_id not in self.nodes:
             # Declared lost, or this placement started after the agent: have it register again.
-            await self.bus.nc.publish(f"{self.bus.subjects.node(hb.node_id)}.register", b"{}")
+            await self.bus.publish(REREGISTER, Empty(), node=hb.node_id)
             return
         self.last_seen[hb.node_id] = time.time()
         self.beats[hb.node_id] = hb
@@ -270,7 +271,7 @@ class Placement(Service):
                 del self.last_seen[node_id]
             self.log.warning("node.silent", nodes=silent, timeout_s=timeout)
             lost = NodesChanged(now=now, gone=silent, reason=f"no heartbeat for {timeout:g} s")
-            await self.bus.nc.publish(f"{self.prefix}.nodes", encode(lost))
+            await self.bus.nc.publish(self.bus.subjects.of(NODES), encode(lost))
 
     def _stop_released(self, released: list[str]) -> dict[str, list[GpuRef]]:
         """Jobs that ended on several real nodes: their other parts may still run (one part failed)."""
@@ -326,12 +327,14 @@ class Placement(Service):
                 raise BadRequest(
                     f"job {a.job_id!r} is not running and has no spec", field="$.specs"
                 )
+        # Jobs that share GPUs go where their partner goes; the policy places the others.
+        own = [a for a in req.allocations if a.share_with is None]
         if self.policy.rearranges:
             keep: dict[str, list[GpuRef]] = {}
-            to_place = req.allocations
+            to_place = own
             nodes = self._all_views()
         else:
-            keep, to_place = self._split(req)
+            keep, to_place = self._split(own)
             movable: dict[str, list[int]] = {}
             for job_id, gpus in running.items():
                 if job_id not in keep:
@@ -348,20 +351,21 @@ class Placement(Service):
         placed = self.policy.place(inp)
         self.policy_s += time.perf_counter() - started_at
         placed.update(keep)
+        for a in req.allocations:
+            if a.share_with is not None and a.share_with in placed:
+                placed[a.job_id] = placed[a.share_with]
         started = {j: gpus for j, gpus in placed.items() if running.get(j) != gpus}
         stopped = {j: running[j] for j in running if j not in placed or j in started}
         for job_id in stopped:
             self._free(job_id)
         self._check(req, started)
         self.specs.update(req.specs)  # a running job that is resized is launched again
-        failed = await self._command(
+        failed, progress = await self._command(
             req.now, {**ended, **stopped}, started, self.specs, req.attempts
         )
         launched = {j: g for j, g in started.items() if j not in failed}
         for job_id, gpus in launched.items():
-            self.running[job_id] = gpus
-            for g in gpus:
-                self.free[g.node_id].discard(g.index)
+            self._hold(job_id, gpus)
         lost, self.lost = self.lost, []
         # Jobs the scheduler thinks are not running but run here as allocated: it asked before
         # (a retried apply, or it restarted before storing our reply). Report them started.
@@ -375,13 +379,23 @@ class Placement(Service):
             unplaced=[a.job_id for a in req.allocations if a.job_id not in self.running],
             lost=lost,
             capacity=self.capacity(),
+            progress={**self._reported_progress(), **progress},
         )
 
-    def _split(self, req: ApplyRequest) -> tuple[dict[str, list[GpuRef]], list[Allocation]]:
+    def _reported_progress(self) -> dict[str, StepsReport]:
+        """What the node agents' last heartbeats said of the running jobs (rank 0's steps)."""
+        progress: dict[str, StepsReport] = {}
+        for beat in self.beats.values():
+            for p in beat.jobs:
+                if p.rank == 0 and p.job_id in self.running and p.iterations:
+                    progress[p.job_id] = StepsReport(float(p.iterations), beat.now)
+        return progress
+
+    def _split(self, allocations: list[Allocation]) -> tuple[dict[str, list[GpuRef]], list[Allocation]]:
         """Running jobs whose allocation did not change (they stay put), and the rest to place."""
         keep: dict[str, list[GpuRef]] = {}
         to_place: list[Allocation] = []
-        for a in req.allocations:
+        for a in allocations:
             gpus = self.running.get(a.job_id)
             if (
                 gpus is not None
@@ -393,13 +407,28 @@ class Placement(Service):
                 to_place.append(a)
         return keep, to_place
 
+    def _hold(self, job_id: str, gpus: list[GpuRef]) -> None:
+        """`job_id` runs on `gpus` (which a job sharing them may hold too)."""
+        self.running[job_id] = gpus
+        for g in gpus:
+            self.holders[g] = self.holders.get(g, 0) + 1
+            if g.node_id in self.free:
+                self.free[g.node_id].discard(g.index)
+
     def _free(self, job_id: str) -> None:
-        for gpu in self.running.pop(job_id, ()):
-            if gpu.node_id in self.free:
-                self.free[gpu.node_id].add(gpu.index)
+        """`job_id` no longer runs: its GPUs are free unless a job sharing them still holds them."""
+        for g in self.running.pop(job_id, ()):
+            left = self.holders.get(g, 0) - 1
+            if left > 0:
+                self.holders[g] = left
+                continue
+            self.holders.pop(g, None)
+            if g.node_id in self.free:
+                self.free[g.node_id].add(g.index)
 
     def _check(self, req: ApplyRequest, started: dict[str, list[GpuRef]]) -> None:
-        """Newly placed jobs must get free, existing GPUs, once each, of the allocated count and type.
+        """Newly placed jobs must get free, existing GPUs, once each, of the allocated count and type
+        (a job sharing GPUs: exactly its partner's).
 
         Jobs that keep their GPUs need no check: they hold exactly the GPUs missing from `free`.
         """
@@ -407,6 +436,10 @@ class Placement(Service):
         used: set[GpuRef] = set()
         for job_id, gpus in started.items():
             a = wanted.get(job_id)
+            if a is not None and a.share_with is not None:
+                if gpus != started.get(a.share_with, self.running.get(a.share_with)):
+                    raise RuntimeError(f"{job_id!r} does not share {a.share_with!r}'s GPUs: {gpus}")
+                continue
             nodes = [self.nodes.get(g.node_id) for g in gpus]
             types = {n.gpu_type for n in nodes if n is not None}
             ok = (
@@ -424,7 +457,7 @@ class Placement(Service):
             )
             if not ok:
                 raise RuntimeError(
-                    f"placement policy {self.config.policy!r} placed {job_id!r} wrongly: {gpus}"
+                    f"placement policy {self.policy_name!r} placed {job_id!r} wrongly: {gpus}"
                 )
             used.update(gpus)
 
@@ -435,8 +468,9 @@ class Placement(Service):
         start: dict[str, list[GpuRef]],
         specs: dict[str, JobSpec],
         attempts: dict[str, int] | None = None,
-    ) -> set[str]:
-        """Send each affected node one command (preempts, then launches). Returns jobs whose launch failed."""
+    ) -> tuple[set[str], dict[str, StepsReport]]:
+        """Send each affected node one command (preempts, then launches). Returns the jobs whose
+        launch failed, and the progress the nodes reported of the jobs they stopped."""
         commands: dict[str, NodeCommand] = {}
 
         def command(node_id: str) -> NodeCommand:
@@ -466,15 +500,18 @@ class Placement(Service):
                 offset += len(indices)
         order = sorted(commands)
         replies = await asyncio.gather(
-            *(
-                self.bus.request(f"{self.bus.subjects.node(n)}.cmd", commands[n], NodeCommandReply)
-                for n in order
-            ),
+            *(self.bus.call(NODE_COMMAND, commands[n], node=n) for n in order),
             return_exceptions=True,
         )
         failed: set[str] = set()
+        progress: dict[str, StepsReport] = {}
         for node_id, reply in zip(order, replies, strict=True):
-            if isinstance(reply, RemoteError | Exception):
-                self.log.error("node.command_failed", node_id=node_id, error=str(reply))
-                failed.update(launch.job_id for launch in commands[node_id].launch)
-        return failed
+            if isinstance(reply, NodeCommandReply):
+                for job_id, steps in reply.progress.items():
+                    seen = progress.get(job_id)
+                    if seen is None or steps < seen.steps:  # parts of one job: the slowest rank
+                        progress[job_id] = StepsReport(steps, now)
+                continue
+            self.log.error("node.command_failed", node_id=node_id, error=str(reply))
+            failed.update(launch.job_id for launch in commands[node_id].launch)
+        return failed, progress

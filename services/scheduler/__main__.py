@@ -1,7 +1,7 @@
 """`python -m gpuyard.services.scheduler`: run the scheduler service on its own."""
 
 from gpuyard.services.scheduler.service import Scheduler, SchedulerConfig
-from gpuyard.shared.bus import run_service
+from gpuyard.shared.service import run_service
 
 if __name__ == "__main__":
     run_service(Scheduler, SchedulerConfig)

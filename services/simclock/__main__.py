@@ -1,7 +1,7 @@
 """`python -m gpuyard.services.simclock`: run the simclock service on its own."""
 
 from gpuyard.services.simclock.service import SimClock, SimClockConfig
-from gpuyard.shared.bus import run_service
+from gpuyard.shared.service import run_service
 
 if __name__ == "__main__":
     run_service(SimClock, SimClockConfig)

@@ -17,12 +17,12 @@ import heapq
 import math
 import time
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 from msgspec import Struct
 
-from gpuyard.shared.bus import BadRequest, Bus, Route, Service
+from gpuyard.shared.connection import Bus
 from gpuyard.shared.contract import (
     Ack,
     ClusterChanged,
@@ -31,24 +31,35 @@ from gpuyard.shared.contract import (
     NodeCommand,
     NodeCommandReply,
     NodesChanged,
-    NodesChangedReply,
     PageQuery,
     Progress,
     RunRequest,
     SchedulerStatus,
-    SubmitReply,
     SubmitRequest,
     TickRequest,
     TimelinePage,
     TimelinePoint,
 )
+from gpuyard.shared.endpoints import (
+    CLUSTER_CHANGED,
+    EXITED,
+    NODE_COMMAND,
+    NODES,
+    PROGRESS,
+    RUN,
+    SUBMIT,
+    TICK,
+    TIMELINE,
+    Endpoint,
+)
+from gpuyard.shared.errors import BadRequest
 from gpuyard.shared.model import ClusterSpec, JobSpec, NodeSpec
-from gpuyard.shared.throughput import ThroughputModel, total_steps
-from gpuyard.throughputs import load_throughputs
+from gpuyard.shared.service import Handler, Service
+from gpuyard.shared.throughput import ThroughputModel, load_throughputs, total_steps
 
 MAX_TICKS_PER_INSTANT = 3
 
-T = TypeVar("T")
+Rep = TypeVar("Rep")
 
 
 class PreemptionCost(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -93,11 +104,11 @@ class SimClockConfig(Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class SimJob:
-    """A simulated job's processes: which nodes run its parts, and its progress."""
+    """A simulated job's processes: which GPUs of which nodes run its parts, and its progress."""
 
     __slots__ = (
-        "done", "failure", "gpu_type", "job_type", "parts", "rate", "restarting", "restoring", "since",
-        "total", "version",
+        "attempt", "done", "failure", "gpu_type", "job_type", "parts", "rate", "restarting",
+        "restoring", "since", "total", "version",
     )  # fmt: skip
 
     def __init__(self, spec: JobSpec, total: float) -> None:
@@ -106,7 +117,8 @@ class SimJob:
         self.done = 0.0
         self.rate = 0.0
         self.since = 0.0
-        self.parts: dict[str, int] = {}
+        self.parts: dict[str, tuple[int, ...]] = {}  # node -> GPU indices
+        self.attempt = 0
         self.gpu_type = ""
         self.version = 0
         self.failure = ""  # why the job crashes as soon as it starts, if it does
@@ -152,6 +164,7 @@ class SimClock(Service):
         self.present: set[str] = set(self.node_specs)
         self.gpus = config.cluster.total_gpus  # usable GPUs of the nodes present
         self.jobs: dict[str, SimJob] = {}
+        self.holding: dict[tuple[str, int], list[str]] = {}  # (node, GPU) -> jobs running there
         self.changed: set[str] = set()
         self.heap: list[tuple[float, int, str, int]] = []
         self.launches = 0
@@ -162,19 +175,12 @@ class SimClock(Service):
         self.task: asyncio.Task[None] | None = None
         self.progress = Progress(now=0.0, submitted=0, finished=0, total=0, instants=0)
 
-    def routes(self) -> dict[str, Route]:
-        return {
-            "run": Route(self.run, RunRequest),
-            "timeline": Route(self.get_timeline, PageQuery),
-        }
+    def routes(self) -> dict[Endpoint[Any, Any], Handler]:
+        return {RUN: self.run, TIMELINE: self.get_timeline}
 
     async def start(self) -> None:
         await super().start()
-        await self.listen(
-            self.bus.subjects.all_nodes,
-            {"cmd": Route(self.node_command, NodeCommand)},
-            prefix=f"{self.bus.subjects.root}.node",
-        )
+        await self.serve(NODE_COMMAND, self.node_command)  # every node's commands
 
     async def stop(self) -> None:
         if self.task is not None:
@@ -201,29 +207,53 @@ class SimClock(Service):
         """Be the node agent of `cmd.node_id`: stop and start the job parts placed there."""
         if cmd.node_id not in self.node_types:
             raise BadRequest(f"no simulated node {cmd.node_id!r}", field="$.node_id")
+        progress: dict[str, float] = {}
         for job_id in cmd.preempt:
             job = self.jobs[job_id]
             job.settle(cmd.now)
-            job.parts.pop(cmd.node_id, None)
-            job.restarting = True  # a distributed job restarts as a whole
+            self._detach(job_id, cmd.node_id)
+            if not job.restarting:  # a distributed job restarts as a whole: checkpoint once
+                self._checkpoint(job)
+            progress[job_id] = job.done
             self.changed.add(job_id)
         for launch in cmd.launch:
             job = self.jobs[launch.job_id]
             job.settle(cmd.now)
-            job.parts[cmd.node_id] = len(launch.gpus)
+            self._detach(launch.job_id, cmd.node_id)
+            job.parts[cmd.node_id] = tuple(launch.gpus)
+            for g in launch.gpus:
+                self.holding.setdefault((cmd.node_id, g), []).append(launch.job_id)
             job.gpu_type = self.node_types[cmd.node_id]
+            job.attempt = launch.attempt
             self.changed.add(launch.job_id)
         return NodeCommandReply(
-            preempted=cmd.preempt, launched=[launch.job_id for launch in cmd.launch]
-        )
+            preempted=cmd.preempt, launched=[launch.job_id for launch in cmd.launch],
+            progress=progress,
+        )  # fmt: skip
+
+    def _detach(self, job_id: str, node_id: str) -> list[str]:
+        """The job's part on `node_id` stops holding its GPUs; returns the jobs still there."""
+        left: list[str] = []
+        for g in self.jobs[job_id].parts.pop(node_id, ()):
+            holders = self.holding[(node_id, g)]
+            holders.remove(job_id)
+            if not holders:
+                del self.holding[(node_id, g)]
+            left = holders
+        return left
+
+    def _checkpoint(self, job: SimJob) -> None:
+        """The job stops: it keeps what its last checkpoint saved, and pays a restore to resume."""
+        checkpoint_s, _ = self.config.preemption_cost.of(job.job_type)
+        job.done = max(job.done - job.rate * checkpoint_s, 0.0)
+        job.restarting, job.restoring = True, True
 
     # ------------------------------------------------------------------ the loop
 
-    async def _call(self, subject: str, msg: object, reply_type: type[T]) -> T:
-        return await self.bus.request(
-            subject, msg, reply_type, within_s=self.config.call_timeout_s,
-            retry_for_s=self.config.retry_for_s,
-        )  # fmt: skip
+    async def _call(self, endpoint: Endpoint[Any, Rep], msg: object) -> Rep:
+        return await self.bus.call(
+            endpoint, msg, within_s=self.config.call_timeout_s, retry_for_s=self.config.retry_for_s
+        )
 
     def _load_churn(self) -> list[tuple[float, list[tuple[str, bool]]]]:
         """Node events grouped by instant: [(time, [(node, up), ...]), ...]."""
@@ -254,15 +284,10 @@ class SimClock(Service):
     async def _run(
         self, workload: list[JobSpec], churn: list[tuple[float, list[tuple[str, bool]]]]
     ) -> None:
-        subjects = self.bus.subjects
         try:
             nodes = self.config.cluster.nodes()
             if nodes:
-                await self._call(
-                    f"{subjects.placement}.nodes",
-                    NodesChanged(now=0.0, up=nodes),
-                    NodesChangedReply,
-                )
+                await self._call(NODES, NodesChanged(now=0.0, up=nodes))
             for spec in workload:
                 assert spec.job_id is not None
                 total = total_steps(spec, self.model)
@@ -279,7 +304,6 @@ class SimClock(Service):
     async def _loop(
         self, workload: list[JobSpec], churn: list[tuple[float, list[tuple[str, bool]]]]
     ) -> None:
-        subjects = self.bus.subjects
         progress = self.progress
         next_churn = 0
         next_arrival = 0
@@ -322,19 +346,11 @@ class SimClock(Service):
             ticked = False
             if exits:
                 last = not batch and not retry_held
-                status = await self._call(
-                    f"{subjects.scheduler}.exited",
-                    ExitReport(now=now, exits=exits, tick=last),
-                    SchedulerStatus,
-                )
+                status = await self._call(EXITED, ExitReport(now=now, exits=exits, tick=last))
                 self._note(now, status)
                 ticked = last
             if batch or retry_held:
-                reply = await self._call(
-                    f"{subjects.admission}.submit",
-                    SubmitRequest(now=now, jobs=batch, tick=True),
-                    SubmitReply,
-                )
+                reply = await self._call(SUBMIT, SubmitRequest(now=now, jobs=batch, tick=True))
                 progress.submitted += len(batch)
                 self.held = reply.held
                 for r in reply.results:
@@ -347,9 +363,7 @@ class SimClock(Service):
             if not ticked and self.sched_wake is not None and self.sched_wake <= now:
                 if ticks_here >= MAX_TICKS_PER_INSTANT:
                     raise RuntimeError(f"the scheduler keeps asking for a tick at t={now}")
-                status = await self._call(
-                    f"{subjects.scheduler}.tick", TickRequest(now=now), SchedulerStatus
-                )
+                status = await self._call(TICK, TickRequest(now=now))
                 self._note(now, status)
             self._refresh(now)
             progress.finished = self.finished + rejected
@@ -373,11 +387,7 @@ class SimClock(Service):
         gone = [n for n, is_up in final.items() if not is_up and n in self.present]
         if not up and not gone:
             return
-        reply = await self._call(
-            f"{self.bus.subjects.placement}.nodes",
-            NodesChanged(now=now, up=up, gone=gone, reason="node events"),
-            NodesChangedReply,
-        )
+        reply = await self._call(NODES, NodesChanged(now=now, up=up, gone=gone, reason="node events"))
         self.present.difference_update(gone)
         self.present.update(n.node_id for n in up)
         self.gpus = sum(self.node_specs[n].num_gpus for n in self.present)
@@ -385,13 +395,12 @@ class SimClock(Service):
             job = self.jobs[job_id]
             job.settle(now)
             for node in gone:
-                job.parts.pop(node, None)
-            job.restarting = True
+                self._detach(job_id, node)
+            if not job.restarting:
+                self._checkpoint(job)
             self.changed.add(job_id)
         status = await self._call(
-            f"{self.bus.subjects.scheduler}.cluster_changed",
-            ClusterChanged(now=now, lost_jobs=reply.lost_jobs),
-            SchedulerStatus,
+            CLUSTER_CHANGED, ClusterChanged(now=now, lost_jobs=reply.lost_jobs)
         )
         self._note(now, status)
 
@@ -411,15 +420,18 @@ class SimClock(Service):
 
     def _refresh(self, now: float) -> None:
         """New rates and completion times for the jobs whose parts changed at `now`."""
-        for job_id in sorted(self.changed):
+        sharing = self._sharing()
+        for job_id in sorted(self.changed | sharing.keys()):
             job = self.jobs[job_id]
             job.version += 1
-            if job.restarting:  # preempted or resized: checkpoint now, restore when running again
-                checkpoint_s, _ = self.config.preemption_cost.of(job.job_type)
-                job.done = max(job.done - job.rate * checkpoint_s, 0.0)
-                job.restarting, job.restoring = False, True
-            gpus = sum(job.parts.values())
-            job.rate = self.model.throughput(job.job_type, job.gpu_type, gpus) if gpus else 0.0
+            job.restarting = False
+            gpus = sum(len(p) for p in job.parts.values())
+            partner = sharing.get(job_id)
+            if partner is not None:  # space sharing: the pair's measured throughput
+                other = self.jobs[partner].job_type
+                job.rate = self.model.colocated(job.job_type, other, job.gpu_type)[0]
+            else:
+                job.rate = self.model.throughput(job.job_type, job.gpu_type, gpus) if gpus else 0.0
             job.since = now
             if job.restoring and job.rate > 0:
                 _, restore_s = self.config.preemption_cost.of(job.job_type)
@@ -438,6 +450,19 @@ class SimClock(Service):
                 heapq.heappush(self.heap, (finish, self.launches, job_id, job.version))
         self.changed.clear()
 
+    def _sharing(self) -> dict[str, str]:
+        """The changed jobs that run on the very GPUs of another (space sharing), and their
+        partners: {job: partner}."""
+        pairs: dict[str, str] = {}
+        for job_id in self.changed:
+            job = self.jobs.get(job_id)
+            for node, gpus in job.parts.items() if job is not None else ():
+                holders = self.holding.get((node, gpus[0]), []) if gpus else []
+                if len(holders) == 2:
+                    a, b = holders
+                    pairs[a], pairs[b] = b, a
+        return pairs
+
     def _next_completion(self) -> float | None:
         heap = self.heap
         while heap:
@@ -452,16 +477,25 @@ class SimClock(Service):
         exits: list[JobExit] = []
         while (finish := self._next_completion()) is not None and finish <= now:
             _, _, job_id, _ = heapq.heappop(self.heap)
+            for node in list(self.jobs[job_id].parts):
+                self.changed.update(self._detach(job_id, node))  # a partner runs alone now
             job = self.jobs.pop(job_id)
             if job.failure:
-                exits.append(JobExit(job_id=job_id, status="failed", reason=job.failure))
+                exits.append(
+                    JobExit(job_id=job_id, status="failed", reason=job.failure, attempt=job.attempt)
+                )
             else:
-                exits.append(JobExit(job_id=job_id, status="completed", steps_done=job.total))
+                exits.append(
+                    JobExit(
+                        job_id=job_id, status="completed", steps_done=job.total,
+                        attempt=job.attempt,
+                    )
+                )  # fmt: skip
             self.finished += 1
         return exits
 
     async def _publish_progress(self) -> None:
-        await self.bus.nc.publish(self.bus.subjects.progress, msgspec.json.encode(self.progress))
+        await self.bus.publish(PROGRESS, self.progress)
 
 
 def write_workload(jobs: list[JobSpec], path: Path) -> None:

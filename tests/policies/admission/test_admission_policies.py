@@ -14,7 +14,18 @@ from gpuyard.policies.admission import (
     TenantQuotaParams,
 )
 from gpuyard.shared.model import JobSpec
-from gpuyard.shared.policy import AdmissionInput, ClusterView, PolicyError, admission_policies
+from gpuyard.shared.policy import (
+    AdmissionInput,
+    ClusterView,
+    JobView,
+    PolicyError,
+    admission_policies,
+)
+
+
+def admitted(gpus: int, tenant: str = "") -> JobView:
+    spec = JobSpec(num_gpus=gpus, tenant=tenant)
+    return JobView(job_id=f"j{gpus}{tenant}", seq=0, spec=spec, submit_time=0.0)
 
 
 def ask(
@@ -26,14 +37,19 @@ def ask(
     tenants: dict[str, int] | None = None,
     cluster: int = 8,
 ) -> AdmissionInput:
+    """The job to decide on, and admitted jobs: one per tenant in `tenants` with its GPUs, then
+    jobs without a tenant up to `active` jobs and `demand` GPUs in all."""
+    jobs = [admitted(n, t) for t, n in (tenants or {}).items()]
+    rest = demand - sum(j.spec.num_gpus for j in jobs)
+    extra = max(active - len(jobs), 1 if rest > 0 else 0)
+    for i in range(extra):
+        share = rest // extra + (1 if i < rest % extra else 0)
+        jobs.append(admitted(max(share, 1)) if share or rest == 0 else admitted(1))
+    assert sum(j.spec.num_gpus for j in jobs) == max(demand, len(jobs)) or not demand
     return AdmissionInput(
-        now=0.0,
-        job=JobSpec(num_gpus=gpus, tenant=tenant),
-        cluster=ClusterView(capacity={"gpu": cluster}, round_s=300.0),
-        active_gpu_demand=demand,
-        active_jobs=active,
-        tenant_gpu_demand=tenants or {},
-    )
+        now=0.0, job=JobSpec(num_gpus=gpus, tenant=tenant),
+        cluster=ClusterView(capacity={"gpu": cluster}, round_s=300.0), jobs=jobs,
+    )  # fmt: skip
 
 
 def test_accept_all():

@@ -3,7 +3,8 @@
 Every policy returns, for each allocation it can place, exactly `num_gpus` distinct usable GPUs of
 one type (the allocation's type unless it is ANY_GPU), never a GPU twice across jobs. They share
 `FreeMap` (free GPUs while a placement is built), `keep_running` (no migration for jobs whose
-allocation did not change) and one picker per strategy.
+allocation did not change) and one picker per strategy. An allocation's `nodes` hint is honoured
+first: the picker tries those nodes alone, then the whole cluster.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 
 from msgspec import Struct
 
-from gpuyard.shared.model import ANY_GPU, GpuRef
+from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef
 from gpuyard.shared.policy import NodeView, PlacementInput, PlacementPolicy
 
 Picker = Callable[["FreeMap", int, str], "list[GpuRef] | None"]
@@ -160,6 +161,19 @@ def random_pick(rng: random.Random) -> Picker:
     return pick
 
 
+def pick_hinted(free: FreeMap, alloc: Allocation, pick: Picker) -> list[GpuRef] | None:
+    """GPUs for `alloc` with `pick`: on its hinted nodes if they have room, else anywhere."""
+    hinted = [n for n in alloc.nodes if n in free.free]
+    if hinted:
+        within = FreeMap(
+            [NodeView(node_id=n, gpu_type=free.gpu_type[n], usable=free.free[n]) for n in hinted]
+        )
+        gpus = pick(within, alloc.num_gpus, alloc.gpu_type)
+        if gpus is not None and free.take(gpus):
+            return gpus
+    return pick(free, alloc.num_gpus, alloc.gpu_type)
+
+
 def place_with(
     inp: PlacementInput,
     pick: Picker,
@@ -178,7 +192,7 @@ def place_with(
     for alloc in inp.allocations:
         if alloc.job_id in placed or alloc.num_gpus <= 0:
             continue
-        gpus = pick(free, alloc.num_gpus, alloc.gpu_type)
+        gpus = pick_hinted(free, alloc, pick)
         if gpus is not None:
             placed[alloc.job_id] = gpus
     return placed

@@ -2,6 +2,8 @@
 
 A policy only decides: "admit", "hold" (the service keeps the job in a FIFO overflow queue and
 asks again later) or "reject". Jobs that can never fit the cluster are rejected by the service.
+The load-based ones look at the admitted jobs that have not ended (`Needs(jobs=True)`), those
+admitted earlier in the same request included.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from typing import Annotated, Literal
 
 from msgspec import Meta, Struct, field
 
-from gpuyard.shared.policy import AdmissionDecision, AdmissionInput, AdmissionPolicy
+from gpuyard.shared.policy import AdmissionDecision, AdmissionInput, AdmissionPolicy, Needs
 
 Action = Literal["hold", "reject"]
 
@@ -20,8 +22,6 @@ class AcceptAll(AdmissionPolicy):
 
     Registry name `accept-all`; Blox's accept-all.
     """
-
-    uses_load = False
 
     def decide(self, inp: AdmissionInput) -> AdmissionDecision:
         return AdmissionDecision("admit")
@@ -43,11 +43,12 @@ class Load(AdmissionPolicy):
     """
 
     Params = LoadParams
+    needs = Needs(jobs=True)
 
     def decide(self, inp: AdmissionInput) -> AdmissionDecision:
         limit = self.params.threshold * inp.cluster.total_gpus
-        demand = inp.active_gpu_demand + inp.job.num_gpus
-        if demand <= limit or inp.active_jobs == 0:
+        demand = sum(j.spec.num_gpus for j in inp.jobs) + inp.job.num_gpus
+        if demand <= limit or not inp.jobs:
             return AdmissionDecision("admit")
         return AdmissionDecision(
             "hold", f"GPU demand {demand} would exceed {self.params.threshold:g} x cluster GPUs"
@@ -68,11 +69,13 @@ class QueueCap(AdmissionPolicy):
     """
 
     Params = QueueCapParams
+    needs = Needs(jobs=True)
 
     def decide(self, inp: AdmissionInput) -> AdmissionDecision:
-        if inp.active_jobs >= self.params.cap:
+        active = len(inp.jobs)
+        if active >= self.params.cap:
             return AdmissionDecision(
-                self.params.action, f"{inp.active_jobs} active jobs (cap {self.params.cap})"
+                self.params.action, f"{active} active jobs (cap {self.params.cap})"
             )
         return AdmissionDecision("admit")
 
@@ -88,13 +91,14 @@ class TenantQuotaParams(Struct, forbid_unknown_fields=True):
 
 
 class TenantQuota(AdmissionPolicy):
-    """Per-tenant GPU quota: admit a job if its tenant's active GPU demand
-    (`AdmissionInput.tenant_gpu_demand`) plus its `num_gpus` stays within the tenant's quota.
+    """Per-tenant GPU quota: admit a job if the GPUs its tenant's admitted, unfinished jobs
+    request plus its `num_gpus` stay within the tenant's quota.
 
     Registry name `tenant-quota`. A job with no tenant counts as tenant "".
     """
 
     Params = TenantQuotaParams
+    needs = Needs(jobs=True)
 
     def decide(self, inp: AdmissionInput) -> AdmissionDecision:
         tenant = inp.job.tenant
@@ -106,7 +110,7 @@ class TenantQuota(AdmissionPolicy):
             return AdmissionDecision(
                 "reject", f"job needs {need} GPUs; tenant {tenant!r} quota {quota}"
             )
-        used = inp.tenant_gpu_demand.get(tenant, 0)
+        used = sum(j.spec.num_gpus for j in inp.jobs if j.spec.tenant == tenant)
         if used + need > quota:
             return AdmissionDecision(
                 self.params.action,

@@ -1,0 +1,159 @@
+"""Blox's ordering policies: FIFO, SJF, SRTF and LAS, each an order handed to the shared walk
+(`toolkit.fill_in_order`). Policies never read the clock: time comes in `inp.now`."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from msgspec import Meta, Struct
+
+from gpuyard.shared.model import Allocation
+from gpuyard.shared.policy import JobView, SchedulingInput, SchedulingPolicy
+
+from ..toolkit import (
+    BLOX_STARVATION_S,
+    earliest,
+    fill_in_order,
+    next_starvation,
+    priority_class,
+)
+
+INF = math.inf
+PositiveSeconds = Annotated[float, Meta(gt=0)]
+
+
+# --------------------------------------------------------------------------- FIFO
+
+
+class FifoParams(Struct, forbid_unknown_fields=True):
+    backfill: bool = False
+    """Let later jobs run when the head of the queue does not fit (they are then never preempted
+    for it: only a job of higher priority preempts)."""
+
+
+class Fifo(SchedulingPolicy):
+    """First in, first out by (priority, submit time): Blox's and Gavel's FIFO, with priority first.
+
+    Registry name `fifo`. Running jobs are preempted only by higher-priority jobs: with
+    `backfill`, a job that started ahead of an earlier one that did not fit keeps its GPUs (running
+    jobs come first within a priority), so the earlier one waits for GPUs to free up.
+    """
+
+    Params = FifoParams
+
+    def schedule(self, inp: SchedulingInput) -> list[Allocation]:
+        backfill = self.params.backfill
+
+        def key(j: JobView) -> tuple[int, int, float, int]:
+            first = 0 if backfill and j.running else 1
+            return (-j.spec.priority, first, j.submit_time, j.seq)
+
+        return fill_in_order(sorted(inp.jobs, key=key), inp.cluster, backfill=backfill)
+
+
+# --------------------------------------------------------------------------- SJF / SRTF
+
+
+class SjfParams(Struct, forbid_unknown_fields=True):
+    preemptive: bool = False
+    """False: running jobs keep their GPUs ahead of shorter queued jobs (classic SJF);
+    True: a shorter queued job preempts a longer running one."""
+    backfill: bool = False
+    """Let later jobs run when the job at the head does not fit."""
+    starvation_s: PositiveSeconds | None = None
+    """Seconds waited in a row after which a job moves up one priority class (None: never)."""
+
+
+class Sjf(SchedulingPolicy):
+    """Shortest job first by total `duration` (jobs of unknown duration last), priority first.
+
+    Registry name `sjf`. Ties: submit time, then admission order. Tiresias's simulator's `sjf` is
+    "smallest job (fewest GPUs) first"; this is the textbook shortest-duration-first instead.
+    """
+
+    Params = SjfParams
+
+    def schedule(self, inp: SchedulingInput) -> list[Allocation]:
+        p, now = self.params, inp.now
+
+        def key(j: JobView) -> tuple[int, int, float, float, int]:
+            keep = 0 if (not p.preemptive and j.state == "running") else 1
+            duration = j.spec.duration if j.spec.duration is not None else INF
+            return (priority_class(j, now, p.starvation_s), keep, duration, j.submit_time, j.seq)
+
+        return fill_in_order(sorted(inp.jobs, key=key), inp.cluster, backfill=p.backfill)
+
+    def next_decision_time(self, inp: SchedulingInput) -> float | None:
+        return next_starvation(inp.jobs, inp.now, self.params.starvation_s)
+
+
+class SrtfParams(Struct, forbid_unknown_fields=True):
+    backfill: bool = False
+    """Let later jobs run when the job at the head does not fit (Blox: False)."""
+    starvation_s: PositiveSeconds | None = BLOX_STARVATION_S
+    """Seconds waited in a row after which a job moves up one priority class (None: never)."""
+
+
+class Srtf(SchedulingPolicy):
+    """Shortest remaining time first (preemptive), Blox's SRTF: sort by (priority class,
+    remaining time); jobs of unknown remaining time last. Registry name `srtf`."""
+
+    Params = SrtfParams
+
+    def schedule(self, inp: SchedulingInput) -> list[Allocation]:
+        p, now = self.params, inp.now
+
+        def key(j: JobView) -> tuple[int, float, int]:
+            rem = j.remaining_time if j.remaining_time is not None else INF
+            return (priority_class(j, now, p.starvation_s), rem, j.seq)
+
+        return fill_in_order(sorted(inp.jobs, key=key), inp.cluster, backfill=p.backfill)
+
+    def next_decision_time(self, inp: SchedulingInput) -> float | None:
+        # Running jobs' remaining time only shrinks, so only starvation changes the order.
+        return next_starvation(inp.jobs, inp.now, self.params.starvation_s)
+
+
+# --------------------------------------------------------------------------- LAS
+
+
+class LasParams(Struct, forbid_unknown_fields=True):
+    key: Literal["gpu_seconds", "rounds"] = "gpu_seconds"
+    """Attained service: GPU-seconds (`attained_service`) or, as Blox counts it, rounds run
+    (+1 per round whatever the GPU count: `rounds_run`)."""
+    backfill: bool = False
+    """Let later jobs run when the job at the head does not fit (Blox: False)."""
+    starvation_s: PositiveSeconds | None = BLOX_STARVATION_S
+    """Seconds waited in a row after which a job moves up one priority class (None: never)."""
+
+
+class Las(SchedulingPolicy):
+    """Least attained service first, Blox's LAS: sort by (priority class, attained service), ties
+    in admission order; preemptive.
+
+    Registry name `las`. With `key="rounds"` and the Blox round loop this reproduces Blox (its
+    attained service is +1 per round run: `rounds_run` counts the rounds' worth of time a job ran,
+    including rounds the scheduler skipped because nothing could change in them). The starvation guard moves a job that has waited
+    `starvation_s` in a row up one priority class while it keeps waiting; once it runs it is back
+    in its own class (Blox keeps no memory of it either).
+    """
+
+    Params = LasParams
+
+    def _service(self, j: JobView) -> float:
+        return float(j.rounds_run) if self.params.key == "rounds" else j.attained_service
+
+    def schedule(self, inp: SchedulingInput) -> list[Allocation]:
+        p, now = self.params, inp.now
+        order = sorted(
+            inp.jobs,
+            key=lambda j: (priority_class(j, now, p.starvation_s), self._service(j), j.seq),
+        )
+        return fill_in_order(order, inp.cluster, backfill=p.backfill)
+
+    def next_decision_time(self, inp: SchedulingInput) -> float | None:
+        # While jobs wait and others run, the running jobs' service grows past the waiting ones'.
+        states = {j.state for j in inp.jobs}
+        regular = inp.now + inp.cluster.round_s if states == {"queued", "running"} else None
+        return earliest(regular, next_starvation(inp.jobs, inp.now, self.params.starvation_s))

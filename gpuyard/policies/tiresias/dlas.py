@@ -1,0 +1,304 @@
+"""Tiresias (NSDI 2019): discretised 2D-LAS (`dlas-gpu`) and its Gittins-index variant.
+
+Both keep state between decisions (promotions; learned job sizes): they declare it (`State`) and
+snapshot it, so a restarted scheduler decides exactly as the one that died would have.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Annotated
+
+from msgspec import Meta, Struct, field
+
+from gpuyard.shared.model import Allocation
+from gpuyard.shared.policy import JobView, SchedulingInput, SchedulingPolicy
+
+from ..toolkit import fill_in_order
+
+PositiveSeconds = Annotated[float, Meta(gt=0)]
+
+
+# --------------------------------------------------------------------------- Tiresias
+
+
+class Epoch(Struct, array_like=True):
+    """A promoted job's counters at its last promotion (Tiresias resets them there)."""
+
+    at: float
+    executed: float
+    service: float
+    rerun: float | None = None
+    """When it first ran again after the promotion (pending time counts from then)."""
+
+
+class TiresiasState(Struct, kw_only=True):
+    epochs: dict[str, Epoch] = {}
+    """Each promoted job's counters at its last promotion."""
+
+
+def _default_thresholds() -> list[float]:
+    return [3600.0]
+
+
+class TiresiasParams(Struct, forbid_unknown_fields=True):
+    thresholds: list[Annotated[float, Meta(gt=0)]] = field(default_factory=_default_thresholds)
+    """Queue limits in GPU-seconds: K-1 limits make K queues. Default [3600] (the README's 2
+    queues); ElasticFlow's `dlas-gpu` copy uses [3250, 7200] (3 queues); [] is one FIFO queue."""
+    promote_knob: Annotated[float, Meta(ge=0)] | None = None
+    """Starvation prevention (the reference's `solve_starvation`): a waiting job in a lower queue is
+    promoted to the top queue once its pending time reaches promote_knob * its executed time (both
+    counted since its last promotion, see the class notes). None: K, the number of queues (as the
+    ANCHORS summary puts it); 0: never (the reference's plain `dlas-gpu`)."""
+    backfill: bool = True
+    """Let later jobs run when one does not fit (the reference does: its walk skips)."""
+    running_first: bool = True
+    """Inside a queue, running jobs stay ahead of waiting ones (the reference moves waiting jobs to
+    the back of their queue after every decision), so preemption happens only across queues."""
+
+
+class Tiresias(SchedulingPolicy):
+    """Tiresias discretised 2D-LAS (`dlas-gpu` of SymbioticLab/Tiresias, NSDI 2019).
+
+    Registry name `tiresias`. A job's queue is given by its attained GPU-time (GPUs * seconds) since
+    its last promotion against `thresholds`; queues are served in order (preemptive across queues),
+    FIFO by submit time inside a queue (running jobs first, see `running_first`); the walk skips
+    jobs that do not fit (backfill). Starvation prevention follows the reference's exact rule: a job
+    is considered only when it waits, is not in the top queue and has run since its last promotion
+    (so a job that never ran, or was just promoted, is never promoted again at once); its pending
+    time counts from its first run (after the last promotion), across all its waits; it is promoted
+    when pending >= promote_knob * executed seconds; promotion zeroes both counters, so the job gets
+    a full top-queue allowance again.
+
+    Differences from the reference: pending jobs within a queue are in submit order, whereas the
+    reference keeps them in the order they entered the queue; a job crossing several thresholds at
+    once moves down all of them (the reference moves one queue per event, but schedules an event
+    at every crossing, so the outcome is the same). The per-promoted-job counters (`Epoch`) are
+    the only memory this policy keeps: they are what the reference stores in its job records and
+    cannot be derived from a `JobView`; `schedule()` updates them, `next_decision_time()` does not.
+    Without promotions the policy is a pure function of its input.
+    """
+
+    Params = TiresiasParams
+    State = TiresiasState
+
+    def __init__(self, params: Struct | None = None) -> None:
+        super().__init__(params)
+        self.limits: list[float] = sorted(self.params.thresholds)
+        knob = self.params.promote_knob
+        self.knob: float = float(len(self.limits) + 1) if knob is None else knob
+        self._epochs: dict[str, Epoch] = {}
+
+    def snapshot(self) -> Struct:
+        return TiresiasState(epochs=self._epochs)
+
+    def restore(self, state: TiresiasState) -> None:
+        self._epochs = dict(state.epochs)
+
+    # -- counters
+
+    def _counters(self, j: JobView, now: float) -> tuple[float, float, float]:
+        """(queue service GPU-s, executed s, pending s) since the last promotion."""
+        e = self._epochs.get(j.job_id)
+        if e is None:
+            started = j.first_start
+            pending = 0.0 if started is None else max(0.0, now - started - j.executed_time)
+            return j.attained_service, j.executed_time, pending
+        executed = j.executed_time - e.executed
+        rerun = e.rerun
+        if rerun is None and executed > 0:  # ran since promotion; estimate when it restarted
+            rerun = now - executed if j.state == "running" else (j.queued_since or now) - executed
+        pending = 0.0 if rerun is None else max(0.0, now - rerun - executed)
+        return j.attained_service - e.service, executed, pending
+
+    def queue_of(self, j: JobView, now: float) -> int:
+        """The job's queue (0 = top) at `now`, promotions recorded so far taken into account."""
+        return bisect.bisect_right(self.limits, self._counters(j, now)[0])
+
+    def _promotable(self, j: JobView, q: int, executed: float, pending: float) -> bool:
+        return (
+            self.knob > 0
+            and j.state == "queued"
+            and q > 0
+            and j.executed_time > 0
+            and executed > 0
+            and pending >= executed * self.knob
+        )
+
+    def _update(self, inp: SchedulingInput) -> dict[str, int]:
+        """Record promotions due at `inp.now`; return each job's queue."""
+        now = inp.now
+        live = {j.job_id for j in inp.jobs}
+        for gone in [k for k in self._epochs if k not in live]:
+            del self._epochs[gone]
+        queues: dict[str, int] = {}
+        for j in inp.jobs:
+            e = self._epochs.get(j.job_id)
+            if e is not None and e.rerun is None and j.executed_time > e.executed:
+                ran = j.executed_time - e.executed
+                end = now if j.state == "running" else (j.queued_since or now)
+                e.rerun = end - ran
+            service, executed, pending = self._counters(j, now)
+            q = bisect.bisect_right(self.limits, service)
+            if self._promotable(j, q, executed, pending):
+                self._epochs[j.job_id] = Epoch(now, j.executed_time, j.attained_service)
+                q = 0
+            queues[j.job_id] = q
+        return queues
+
+    def _within_queue_key(self, j: JobView) -> tuple[float, ...]:
+        first = 0 if (self.params.running_first and j.state == "running") else 1
+        return (first, j.submit_time, j.seq)
+
+    def schedule(self, inp: SchedulingInput) -> list[Allocation]:
+        queues = self._update(inp)
+        order = sorted(inp.jobs, key=lambda j: (queues[j.job_id], *self._within_queue_key(j)))
+        return fill_in_order(order, inp.cluster, backfill=self.params.backfill)
+
+    def next_decision_time(self, inp: SchedulingInput) -> float | None:
+        """The next demotion (a running job reaching its queue's limit) or promotion."""
+        now = inp.now
+        best: float | None = None
+        for j in inp.jobs:
+            service, executed, pending = self._counters(j, now)
+            q = bisect.bisect_right(self.limits, service)
+            t: float | None = None
+            if j.state == "running" and q < len(self.limits) and j.gpus > 0:
+                t = now + (self.limits[q] - service) / j.gpus
+            elif (
+                self.knob > 0 and j.state == "queued" and q > 0 and j.executed_time > 0
+            ) and executed > 0:
+                t = now + max(0.0, executed * self.knob - pending)
+            if t is not None and t > now and (best is None or t < best):
+                best = t
+        return best
+
+
+class TiresiasGittinsParams(TiresiasParams, forbid_unknown_fields=True):
+    gittins_delta: PositiveSeconds = 3250.0
+    """Service quantum Δ (GPU-seconds) of the Gittins index (the reference's `gittins_delta`)."""
+    samples: list[Annotated[float, Meta(gt=0)]] = []
+    """Known job sizes in GPU-seconds (a prior), added to the sizes learned from finished jobs."""
+    window: Annotated[int, Meta(ge=1)] = 10_000
+    """How many learned sizes to keep (the most recent)."""
+
+
+class GittinsState(TiresiasState, kw_only=True):
+    learned: list[float] = []
+    """GPU-seconds of the jobs seen to finish, oldest first."""
+    last: dict[str, tuple[float, float, int]] = {}
+    """Each active job's (service, executed, GPUs) at the last decision."""
+    last_now: float | None = None
+
+
+class TiresiasGittins(Tiresias):
+    """Tiresias with the Gittins index inside each queue (the reference's `dlas-gpu-gittins`).
+
+    Registry name `tiresias-gittins`. Queues, demotion, promotion and backfill are as in
+    `tiresias`; inside a queue jobs are sorted by Gittins index, highest first, ties by submit
+    time. The index of a job with attained GPU-time a over the job-size distribution S is
+    P(S - a <= Δ | S > a) / E[min(S - a, Δ) | S > a]. Like the reference it is evaluated at the next
+    sample point above a (so it only changes when a crosses a sample) and is 0 past the largest.
+
+    The distribution: the reference reads durations from a trace file (`yarn-gput1000.csv`) but
+    compares them with GPU-time; here it is `samples` plus the GPU-time of the jobs seen to finish
+    (a job leaving the active set; its last service plus its GPUs * the time since the last
+    decision). With no sizes at all every index is 0, i.e. FIFO inside each queue.
+
+    Reference bug: `cal_r_gittins_index` sums the finishing jobs' whole sizes instead of the
+    service they still need (S - a) in the expectation; this computes E[min(S - a, Δ) | S > a].
+    Its single-queue `gittins` schedule sorts by index ascending (lowest first), which inverts the
+    policy; `dlas-gpu-gittins`, reproduced here, sorts highest first.
+    """
+
+    Params = TiresiasGittinsParams
+    State = GittinsState
+
+    def __init__(self, params: Struct | None = None) -> None:
+        super().__init__(params)
+        self._learned: list[float] = []
+        self._last: dict[str, tuple[float, float, int]] = {}
+        self._last_now: float | None = None
+        self._sorted: list[float] = []
+        self._prefix: list[float] = [0.0]
+        self._dirty = True
+
+    def snapshot(self) -> Struct:
+        return GittinsState(
+            epochs=self._epochs, learned=self._learned, last=self._last, last_now=self._last_now
+        )
+
+    def restore(self, state: GittinsState) -> None:  # type: ignore[override]
+        super().restore(state)
+        self._learned, self._last_now = list(state.learned), state.last_now
+        self._last = {k: tuple(v) for k, v in state.last.items()}  # type: ignore[misc]
+        self._dirty = True
+
+    def _learn(self, inp: SchedulingInput) -> None:
+        live = {j.job_id for j in inp.jobs}
+        for job_id, (service, _, gpus) in self._last.items():
+            if job_id not in live:
+                extra = gpus * (inp.now - self._last_now) if self._last_now is not None else 0.0
+                self._learned.append(service + max(0.0, extra))
+                self._dirty = True
+        if len(self._learned) > self.params.window:
+            del self._learned[: len(self._learned) - self.params.window]
+        self._last = {
+            j.job_id: (j.attained_service, j.executed_time, j.gpus if j.state == "running" else 0)
+            for j in inp.jobs
+        }
+        self._last_now = inp.now
+
+    def _distribution(self) -> tuple[list[float], list[float]]:
+        if self._dirty:
+            self._sorted = sorted([*self.params.samples, *self._learned])
+            self._prefix = [0.0]
+            for s in self._sorted:
+                self._prefix.append(self._prefix[-1] + s)
+            self._dirty = False
+        return self._sorted, self._prefix
+
+    def gittins_index(self, attained: float) -> float:
+        """The index at `attained` GPU-seconds (0 past every known size)."""
+        data, prefix = self._distribution()
+        n = len(data)
+        i = bisect.bisect_right(data, attained)
+        if i >= n:
+            return 0.0
+        a = data[i] - 1.0 if data[i] - 1.0 > attained else attained  # evaluated at the step
+        delta = self.params.gittins_delta
+        lo = bisect.bisect_right(data, a)
+        hi = bisect.bisect_right(data, a + delta)
+        alive = n - lo
+        if alive <= 0:
+            return 0.0
+        finishing = hi - lo
+        expected = (prefix[hi] - prefix[lo] - a * finishing + delta * (n - hi)) / alive
+        return (finishing / alive) / expected if expected > 0 else 0.0
+
+    def schedule(self, inp: SchedulingInput) -> list[Allocation]:
+        self._learn(inp)
+        queues = self._update(inp)
+        now = inp.now
+        index = {j.job_id: self.gittins_index(self._counters(j, now)[0]) for j in inp.jobs}
+        order = sorted(
+            inp.jobs, key=lambda j: (queues[j.job_id], -index[j.job_id], j.submit_time, j.seq)
+        )
+        return fill_in_order(order, inp.cluster, backfill=self.params.backfill)
+
+    def next_decision_time(self, inp: SchedulingInput) -> float | None:
+        """Tiresias's events plus the next time a running job's service crosses a known size."""
+        best = super().next_decision_time(inp)
+        data, _ = self._distribution()
+        if not data:
+            return best
+        for j in inp.jobs:
+            if j.state != "running" or j.gpus <= 0:
+                continue
+            service = self._counters(j, inp.now)[0]
+            i = bisect.bisect_right(data, service)
+            if i < len(data):
+                t = inp.now + (data[i] - service) / j.gpus
+                if best is None or t < best:
+                    best = t
+        return best

@@ -1,0 +1,123 @@
+"""The ordering walk: turn an order of jobs (most important first) into allocations.
+
+Most scheduling policies are an order plus this walk (Blox's round walk); elastic ones build on it
+for their minimum shares. Which GPU type a job gets is the walk's `type_order`: among the types
+where the job can run at all (no policy ever starts a job where its throughput is 0),
+`agnostic_types` tries them in a random order fixed per job (as Gavel's agnostic FIFO picks a
+random type among those with room), `fastest_types` fastest first.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Mapping
+
+from gpuyard.shared.model import ANY_GPU, Allocation
+from gpuyard.shared.policy import ClusterView, JobView
+
+TypeOrder = Callable[[JobView, list[str], int], list[str]]
+"""(job, the types where it can run, GPUs it needs) -> the order in which to try them."""
+
+
+def held_or_requested(job: JobView) -> int:
+    """GPUs a job asks for in a rigid policy: what it holds while running (when within its
+    [min, max] range, e.g. after an elastic policy resized it), else `num_gpus`."""
+    if job.state == "running" and job.gpus:
+        low, high = job.spec.gpu_range
+        if low <= job.gpus <= high:
+            return job.gpus
+    return job.spec.num_gpus
+
+
+def agnostic_types(job: JobView, types: list[str], need: int) -> list[str]:
+    """A random order of the types, fixed per job: the first type with room is then uniformly
+    random among those with room, and the same job prefers the same type every round."""
+    if len(types) < 2:
+        return types
+    return sorted(types, key=lambda t: zlib.crc32(f"{job.job_id}\0{t}".encode()))
+
+
+def fastest_types(cluster: ClusterView) -> TypeOrder:
+    """Fastest type for the job first (its throughput at the GPUs it needs); ties in type order."""
+
+    def order(job: JobView, types: list[str], need: int) -> list[str]:
+        return sorted(types, key=lambda t: -cluster.rate(job, t, need))
+
+    return order
+
+
+def runnable_types(job: JobView, cluster: ClusterView, need: int) -> list[str]:
+    """The types (with usable GPUs) where `job` can run on `need` GPUs, in type order."""
+    wanted = [job.spec.gpu_type] if job.spec.gpu_type != ANY_GPU else cluster.types
+    return [t for t in wanted if cluster.capacity.get(t, 0) > 0 and cluster.supports(job, t, need)]
+
+
+def fill_in_order(
+    order: list[JobView],
+    cluster: ClusterView | Mapping[str, int],
+    *,
+    backfill: bool = False,
+    demand: Callable[[JobView], int] = held_or_requested,
+    type_order: TypeOrder = agnostic_types,
+) -> list[Allocation]:
+    """Walk `order` (most important first), giving each job `demand(job)` GPUs of one type.
+
+    This is Blox's round walk: running jobs hold their GPUs; a job that is not running takes free
+    GPUs, else preempts the running jobs *after it* in the order, last first (jobs placed earlier
+    in this walk are not preemptible); a running job reached by the walk keeps its GPUs and type
+    (resized to `demand(job)`, taking more from free GPUs or later running jobs if it grows).
+    Without `backfill` the walk stops at the first job that cannot be placed even by preempting
+    (head-of-line blocking, as Blox and Gavel do) and running jobs after that point keep running
+    (they were not needed to make room). With `backfill`, the walk skips such a job and goes on
+    (Tiresias's simulator does this). A job is only given a type where it can run (`cluster.rate`
+    > 0), tried in `type_order`. Returns allocations in order; running jobs left out are to be
+    preempted. O(n) in the number of jobs. `cluster` may be just the GPUs per type (every job then
+    runs on every type).
+    """
+    if not isinstance(cluster, ClusterView):
+        cluster = ClusterView(capacity=dict(cluster))
+    free = dict(cluster.capacity)
+    # Running jobs per type in walk order; entries [head:] are still "after" the walk position and
+    # may be preempted from the tail. after[t] = their GPU total.
+    running: dict[str, list[tuple[int, JobView]]] = {}
+    after: dict[str, int] = {}
+    for pos, job in enumerate(order):
+        t = job.gpu_type
+        if job.state == "running" and job.gpus > 0 and t is not None and t in free:
+            free[t] -= job.gpus
+            running.setdefault(t, []).append((pos, job))
+            after[t] = after.get(t, 0) + job.gpus
+    head = dict.fromkeys(running, 0)
+    result: list[tuple[int, Allocation]] = []
+    stopped = False
+    for pos, job in enumerate(order):
+        need = demand(job)
+        t = job.gpu_type
+        lst = running.get(t) if t is not None else None
+        if lst is not None and head[t] < len(lst) and lst[head[t]][0] == pos:
+            # Running and not preempted: it competes for its own GPUs first, on its own type.
+            head[t] += 1
+            after[t] -= job.gpus
+            free[t] += job.gpus
+            cands = [t] if cluster.supports(job, t, need) else []
+        else:
+            cands = type_order(job, runnable_types(job, cluster, need), need)
+        chosen = next((c for c in cands if free.get(c, 0) >= need), None)
+        if chosen is None:
+            chosen = next((c for c in cands if free.get(c, 0) + after.get(c, 0) >= need), None)
+        if chosen is None:
+            if backfill:
+                continue
+            stopped = True
+            break
+        while free[chosen] < need:  # preempt the last running job after this one
+            _, victim = running[chosen].pop()
+            free[chosen] += victim.gpus
+            after[chosen] -= victim.gpus
+        free[chosen] -= need
+        result.append((pos, Allocation(job.job_id, need, chosen)))
+    if stopped:  # running jobs after the blocking job keep running
+        for t, lst in running.items():
+            result.extend((p, Allocation(j.job_id, j.gpus, t)) for p, j in lst[head[t] :])
+        result.sort(key=lambda pa: pa[0])
+    return [a for _, a in result]

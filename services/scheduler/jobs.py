@@ -1,0 +1,165 @@
+"""The job table: every job the scheduler was given, and the transitions that change them.
+
+Each job is one `JobRecord`, the same record the scheduler stores and sends; the counters (jobs
+running, GPUs busy, jobs finished) change only inside the transitions below, so they cannot drift
+from the records. Every transition marks the job `touched`, which is what a durable scheduler
+writes before it replies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gpuyard.shared.contract import StepsReport
+from gpuyard.shared.model import JobRecord, JobSpec, JobState
+
+
+class JobTable:
+    def __init__(self) -> None:
+        self.jobs: dict[str, JobRecord] = {}
+        """Every job, in admission order."""
+        self.active: dict[str, JobRecord] = {}
+        """Queued and running jobs, in admission order."""
+        self.running = 0
+        self.busy_gpus = 0
+        self.finished = 0
+        self.touched: set[str] = set()
+        """Jobs changed since the last write (durable: what to store)."""
+        self.changed = False
+        """The set of active jobs changed (a job came or went) since this was last cleared."""
+
+    @property
+    def queued(self) -> int:
+        return len(self.active) - self.running
+
+    def get(self, job_id: str) -> JobRecord | None:
+        return self.jobs.get(job_id)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    # ------------------------------------------------------------------ transitions
+
+    def admit(self, spec: JobSpec, now: float, total_steps: float | None) -> JobRecord:
+        """A new job, queued. `spec.job_id` must be new."""
+        assert spec.job_id is not None and spec.job_id not in self.jobs
+        record = JobRecord(
+            job_id=spec.job_id, seq=len(self.jobs), spec=spec,
+            submit_time=spec.submit_time if spec.submit_time is not None else now,
+            admit_time=now, queued_since=now, total_steps=total_steps, progress_at=now,
+        )  # fmt: skip
+        self.jobs[record.job_id] = self.active[record.job_id] = record
+        self._touch(record)
+        self.changed = True
+        return record
+
+    def start(
+        self, record: JobRecord, now: float, nodes: Iterable[str], gpus: int, gpu_type: str,
+        rate: float, shares_with: str | None = None,
+    ) -> bool:  # fmt: skip
+        """The job runs from `now` on `gpus` GPUs of `gpu_type` on `nodes`, at `rate` steps/s.
+        A running job started again (resized or moved) first settles its run. True if resized."""
+        resized = record.state == "running"
+        if resized:
+            self._settle(record, now)
+            self.busy_gpus -= record.gpus
+        else:
+            self.running += 1
+        record.state = "running"
+        record.queued_since = None
+        record.run_start = record.progress_at = now
+        record.gpus, record.gpu_type, record.rate = gpus, gpu_type, rate
+        record.nodes = sorted(set(nodes))
+        record.shares_with = shares_with
+        record.attempt += 1
+        if record.first_start is None:
+            record.first_start = now
+        self.busy_gpus += gpus if shares_with is None else 0
+        self._touch(record)
+        return resized
+
+    def requeue(
+        self, record: JobRecord, now: float, reason: str, report: StepsReport | None = None
+    ) -> bool:
+        """A running job stopped (preempted, its node lost): it waits again. False if not running."""
+        if record.state != "running":
+            return False
+        self._stop(record, now, report)
+        record.state = "queued"
+        record.queued_since = now
+        record.preemptions += 1
+        record.reason = reason
+        return True
+
+    def end(
+        self, record: JobRecord, now: float, state: JobState, reason: str = "",
+        steps: float | None = None,
+    ) -> bool:  # fmt: skip
+        """The job ended for good (completed, failed, cancelled). False if it had already ended."""
+        if record.state not in ("queued", "running"):
+            return False
+        if record.state == "running":
+            self._stop(record, now, StepsReport(steps, now) if steps is not None else None)
+        elif steps is not None:
+            record.steps_done = steps
+        record.state = state
+        record.queued_since = None
+        record.end_time = now
+        if reason:
+            record.reason = reason
+        del self.active[record.job_id]
+        self.finished += 1
+        self.changed = True
+        self._touch(record)
+        return True
+
+    def report(self, record: JobRecord, report: StepsReport) -> None:
+        """Progress measured by the job's node agents (steps done as of `report.at`)."""
+        if record.state == "running" and report.at >= record.progress_at:
+            record.steps_done, record.progress_at = report.steps, report.at
+            self._touch(record)
+
+    def part_exited(self, record: JobRecord, node_id: str) -> bool:
+        """One node's part of a running job exited 0; True when no other part is left."""
+        if node_id and node_id in record.nodes:
+            record.nodes = [n for n in record.nodes if n != node_id]
+            self._touch(record)
+        return not record.nodes
+
+    # ------------------------------------------------------------------ restore
+
+    def load(self, records: Iterable[JobRecord]) -> None:
+        """Take records back (a restarted scheduler), in admission order; counters follow."""
+        for record in sorted(records, key=lambda r: r.seq):
+            self.jobs[record.job_id] = record
+            if record.state in ("queued", "running"):
+                self.active[record.job_id] = record
+            else:
+                self.finished += 1
+            if record.state == "running":
+                self.running += 1
+                self.busy_gpus += record.gpus if record.shares_with is None else 0
+
+    # ------------------------------------------------------------------ helpers
+
+    def _stop(self, record: JobRecord, now: float, report: StepsReport | None) -> None:
+        self._settle(record, now)
+        if report is not None:
+            record.steps_done = report.steps
+        self.running -= 1
+        self.busy_gpus -= record.gpus if record.shares_with is None else 0
+        record.gpus, record.gpu_type, record.rate = 0, None, 0.0
+        record.nodes, record.shares_with = [], None
+        self._touch(record)
+
+    @staticmethod
+    def _settle(record: JobRecord, now: float) -> None:
+        """Account the current run up to `now` (a new run, or none, follows)."""
+        ran = now - record.run_start
+        record.executed_time += ran
+        record.gpu_seconds += ran * record.gpus
+        record.steps_done += record.rate * (now - record.progress_at)
+        record.run_start = record.progress_at = now
+
+    def _touch(self, record: JobRecord) -> None:
+        self.touched.add(record.job_id)

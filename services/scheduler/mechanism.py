@@ -1,0 +1,217 @@
+"""Round mechanisms: how the scheduler turns a policy's decision into what runs now.
+
+`AllocationsMechanism` runs the decision's allocations as they are (event-driven policies: FIFO,
+LAS, Tiresias, ...). `TimeShareMechanism` is Gavel's round-based mechanism: the policy says which
+fraction of time each job (or pair of jobs sharing GPUs) should spend on each GPU type, and every
+round the mechanism picks what runs so that the time each receives tracks those fractions:
+
+- time received is counted per job (pair) and GPU type since the last reset, each job starting
+  with `initial_credit_rounds` of a round on every type (Gavel credits half a round);
+- priority[j, k] = X[j, k] / (j's share of the time type k was used since the reset), X[j, k] x 1e9
+  when j has not run on k yet, 0 where j cannot run on k;
+- each round, per GPU type in order, the (job, type) entries are taken in descending (priority,
+  deficit, X) order while GPUs of that type are left, each job at most once;
+- the policy is asked again when jobs came or went, at most every `min_resolve_s` (Gavel: 1920 s);
+  a new allocation resets the counts, carrying each job's deficit X * elapsed - received;
+- allocations are handed to placement largest first, and a job that keeps its type and GPU count
+  keeps its GPUs (placement's lease extension).
+
+A policy chooses its mechanism (`SchedulingPolicy.mechanism`). Mechanisms keep their state in a
+Struct that the scheduler stores with the jobs, so a restarted scheduler goes on identically.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta, Struct
+
+from gpuyard.shared.model import Allocation
+from gpuyard.shared.policy import Decision, SchedulingInput
+
+PAIR = "+"
+"""Joins two job ids into a pair key (job ids never contain it)."""
+UNSEEN_PRIORITY = 1e9
+"""Gavel's stand-in for 'no time received yet' (large, but finite so that 2x it is larger)."""
+
+
+class TimeShareConfig(Struct, kw_only=True, forbid_unknown_fields=True):
+    min_resolve_s: Annotated[float, Meta(ge=0)] = 1920.0
+    """Ask the policy again (when jobs came or went) at most this often (Gavel: 1920 s)."""
+    initial_credit_rounds: Annotated[float, Meta(ge=0)] = 0.5
+    """Time credited to every job on every type at its arrival and at each reset, in rounds."""
+    global_queue: bool = False
+    """Sort the entries of all GPU types together (Gavel's `--enable_global_queue`) rather than
+    type by type."""
+
+
+class AllocationsMechanism:
+    """Run the policy's allocations as they are."""
+
+    def wants_decision(self, now: float, changed: bool) -> bool:
+        return True
+
+    def allocations(self, decision: Decision | None, inp: SchedulingInput) -> list[Allocation]:
+        return decision.allocations if decision is not None else []
+
+    def next_round(self, now: float, round_s: float, active: bool) -> float | None:
+        return None
+
+    def snapshot(self) -> Struct | None:
+        return None
+
+    def restore(self, data: bytes) -> None:
+        pass
+
+
+class TimeShareState(Struct, kw_only=True):
+    shares: dict[str, dict[str, float]] = {}
+    """The policy's X per job, or pair key `a+b` (space sharing), and GPU type."""
+    received: dict[str, dict[str, float]] = {}
+    """Seconds each job (pair) ran on each type since the last reset, initial credit included."""
+    type_time: dict[str, float] = {}
+    """Seconds of all jobs on each type since the last reset (the denominators)."""
+    deficits: dict[str, dict[str, float]] = {}
+    last_reset: float | None = None
+    last_round: float | None = None
+
+
+class TimeShareMechanism:
+    """Gavel's round-based mechanism (module docstring)."""
+
+    def __init__(self, config: TimeShareConfig, round_s: float) -> None:
+        self.config = config
+        self.round_s = round_s
+        self.state = TimeShareState()
+
+    # ------------------------------------------------------------------ the scheduler's hooks
+
+    def wants_decision(self, now: float, changed: bool) -> bool:
+        last = self.state.last_reset
+        return last is None or (changed and now - last >= self.config.min_resolve_s)
+
+    def next_round(self, now: float, round_s: float, active: bool) -> float | None:
+        """Rounds come every `round_s` while jobs are active."""
+        if not active:
+            return None
+        last = self.state.last_round
+        return now if last is None else max(last + round_s, now)
+
+    def snapshot(self) -> Struct:
+        return self.state
+
+    def restore(self, data: bytes) -> None:
+        self.state = msgspec.json.decode(data, type=TimeShareState)
+
+    def allocations(self, decision: Decision | None, inp: SchedulingInput) -> list[Allocation]:
+        now, state = inp.now, self.state
+        self._account(inp)
+        live = {j.job_id for j in inp.jobs}
+        for key in [k for k in state.received if not set(k.split(PAIR)) <= live]:
+            state.received.pop(key)
+            state.deficits.pop(key, None)
+        credit = self.config.initial_credit_rounds * self.round_s
+        types = list(inp.cluster.capacity)
+        for job_id in live:
+            if job_id not in state.received:  # a new job: credited on every type
+                state.received[job_id] = dict.fromkeys(types, credit)
+                for t in types:
+                    state.type_time[t] = state.type_time.get(t, 0.0) + credit
+        if decision is not None:
+            self._reset(now, types, credit)
+            state.shares = {**decision.shares}
+            for (a, b), x in decision.pair_shares.items():
+                state.shares[f"{a}{PAIR}{b}"] = x
+        state.last_round = now
+        return self._select(inp, types)
+
+    # ------------------------------------------------------------------ steps
+
+    def _account(self, inp: SchedulingInput) -> None:
+        """Credit the time each running job (pair) ran since the last round."""
+        state = self.state
+        if state.last_round is None:
+            return
+        sharing = {j.shares_with for j in inp.jobs if j.shares_with}
+        for j in inp.jobs:
+            if not j.running or j.job_id in sharing or j.gpu_type is None:
+                continue
+            ran = inp.now - max(j.record.run_start, state.last_round)
+            if ran <= 0:
+                continue
+            key = f"{j.shares_with}{PAIR}{j.job_id}" if j.shares_with else j.job_id
+            got = state.received.setdefault(key, {})
+            got[j.gpu_type] = got.get(j.gpu_type, 0.0) + ran
+            state.type_time[j.gpu_type] = state.type_time.get(j.gpu_type, 0.0) + ran
+
+    def _reset(self, now: float, types: list[str], credit: float) -> None:
+        """A new allocation: carry each job's deficit, start counting afresh."""
+        state = self.state
+        elapsed = now - state.last_reset if state.last_reset is not None else 0.0
+        for key, got in state.received.items():
+            should = state.shares.get(key, {})
+            deficit = state.deficits.setdefault(key, {})
+            for t in types:
+                received = got.get(t, 0.0) - credit
+                deficit[t] = deficit.get(t, 0.0) + should.get(t, 0.0) * elapsed - received
+            state.received[key] = dict.fromkeys(types, credit)
+        state.type_time = {t: credit * len(state.received) for t in types}
+        state.last_reset = now
+
+    def _select(self, inp: SchedulingInput, types: list[str]) -> list[Allocation]:
+        state = self.state
+        by_id = {j.job_id: j for j in inp.jobs}
+        entries: list[tuple[float, float, float, int, str, str]] = []
+        order = {t: i for i, t in enumerate(types)}
+        keys = list(by_id) + [k for k in state.shares if PAIR in k]
+        for key in keys:
+            members = key.split(PAIR)
+            if not all(m in by_id for m in members):
+                continue
+            shares = state.shares.get(key, {})
+            for t in types:
+                x = shares.get(t, 0.0)
+                if PAIR in key and x <= 0:
+                    continue
+                if any(inp.cluster.rate(by_id[m], t, by_id[m].spec.num_gpus) <= 0 for m in members):
+                    continue
+                used = state.type_time.get(t, 0.0)
+                got = state.received.get(key, {}).get(t, 0.0)
+                priority = x / (got / used) if used > 0 and got > 0 else x * UNSEEN_PRIORITY
+                deficit = state.deficits.get(key, {}).get(t, 0.0)
+                entries.append((priority, deficit, x, order[t], t, key))
+        if self.config.global_queue:
+            entries.sort(key=lambda e: (-e[0], -e[1], -e[2]))
+        else:
+            entries.sort(key=lambda e: (e[3], -e[0], -e[1], -e[2]))
+        left = dict(inp.cluster.capacity)
+        taken: set[str] = set()
+        chosen: list[tuple[int, str, str]] = []
+        for _, _, _, _, t, key in entries:
+            members = key.split(PAIR)
+            if left.get(t, 0) <= 0 or taken.intersection(members):
+                continue
+            sizes = {by_id[m].spec.num_gpus for m in members}
+            if len(sizes) != 1:
+                continue  # only jobs of the same size share GPUs
+            size = sizes.pop()
+            if size > left[t]:
+                continue
+            left[t] -= size
+            taken.update(members)
+            chosen.append((size, t, key))
+        chosen.sort(key=lambda c: -c[0])  # largest first: placement keeps them on few servers
+        out: list[Allocation] = []
+        for size, t, key in chosen:
+            first, *rest = key.split(PAIR)
+            out.append(Allocation(first, size, t))
+            out += [Allocation(other, size, t, share_with=first) for other in rest]
+        return out
+
+
+def make_mechanism(kind: str, config: TimeShareConfig, round_s: float) -> Any:
+    """The mechanism a policy asks for (`SchedulingPolicy.mechanism`)."""
+    if kind == "time_shares":
+        return TimeShareMechanism(config, round_s)
+    return AllocationsMechanism()

@@ -1,0 +1,277 @@
+"""Connecting to NATS and calling endpoints: identity and TLS options, `connect`, and `Bus`, the
+typed client every service and command uses (`bus.call(SUBMIT, request)` -> `SubmitReply`).
+
+Services are in `service.py`, errors in `errors.py`, subjects and their types in `endpoints.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import ssl
+import time
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, TypeVar
+
+import msgspec
+import nats
+import structlog
+from nats.aio.client import Client
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from .contract import STATUS_HEADER, ErrorReply, Event
+from .endpoints import EVENT, Endpoint, Subjects
+from .errors import RemoteError
+
+T = TypeVar("T")
+Rep = TypeVar("Rep")
+
+_encoder = msgspec.json.Encoder()
+_error_decoder = msgspec.json.Decoder(ErrorReply)
+_decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
+
+
+def encode(msg: Any) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decoder(typ: type[T]) -> msgspec.json.Decoder[T]:
+    """A cached JSON decoder for `typ`."""
+    dec = _decoders.get(typ)
+    if dec is None:
+        dec = _decoders[typ] = msgspec.json.Decoder(typ)
+    return dec
+
+
+@dataclass(frozen=True)
+class NatsAuth:
+    """Who we are to NATS and how the connection is protected; every field is optional.
+
+    `user`/`password` or `token` for servers with users in their config (deploy/nats/auth.conf),
+    `creds` for a `.creds` file (JWT and NKey seed, decentralised auth), `nkey_seed` for a seed
+    file; `tls_ca` to verify the server (with a `tls://` URL or a server that requires TLS), plus
+    `tls_cert`/`tls_key` for mutual TLS. `inbox_prefix` keeps replies under a subject the user
+    alone may read (default `_INBOX`).
+    """
+
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    creds: str | None = None
+    nkey_seed: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_hostname: str | None = None
+    inbox_prefix: str | None = None
+
+    SECRET_FIELDS: ClassVar[frozenset[str]] = frozenset({"password", "token"})
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if not (self.tls_ca or self.tls_cert):
+            return None
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.tls_ca)
+        if self.tls_cert:
+            context.load_cert_chain(self.tls_cert, self.tls_key)
+        return context
+
+    def options(self) -> dict[str, Any]:
+        """Keyword arguments for `nats.connect`."""
+        options: dict[str, Any] = {}
+        if self.user is not None:
+            options["user"] = self.user
+        if self.password is not None:
+            options["password"] = self.password
+        if self.token is not None:
+            options["token"] = self.token
+        if self.creds:
+            options["user_credentials"] = self.creds
+        if self.nkey_seed:
+            options["nkeys_seed"] = self.nkey_seed
+        context = self.ssl_context()
+        if context is not None:
+            options["tls"] = context
+        if self.tls_hostname:
+            options["tls_hostname"] = self.tls_hostname
+        if self.inbox_prefix:
+            options["inbox_prefix"] = self.inbox_prefix
+        return options
+
+    def argv(self) -> list[str]:
+        """The command-line options that give a child process this identity, secrets left out."""
+        args: list[str] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None and f.name not in self.SECRET_FIELDS:
+                args += [f"--nats-{f.name.replace('_', '-')}", str(value)]
+        return args
+
+    def env(self) -> dict[str, str]:
+        """The secrets, as the environment variables `add_nats_arguments` reads."""
+        return {
+            f"GPUYARD_NATS_{name.upper()}": value
+            for name in sorted(self.SECRET_FIELDS)
+            if (value := getattr(self, name)) is not None
+        }
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> NatsAuth:
+        """From the options added by `add_nats_arguments`."""
+        return cls(**{f.name: getattr(args, f"nats_{f.name}", None) for f in fields(cls)})
+
+
+def add_nats_arguments(parser: argparse.ArgumentParser, *, url_default: str | None) -> None:
+    """`--nats URL` and the `--nats-*` identity and TLS options, for services and the CLI alike.
+
+    Secrets may come from the environment (`GPUYARD_NATS_PASSWORD`, `GPUYARD_NATS_TOKEN`) so they
+    do not show in the process list; the others too (`GPUYARD_NATS_USER`, `GPUYARD_NATS_CREDS`, ...).
+    """
+    env = os.environ.get
+    g = parser.add_argument_group("NATS connection")
+    g.add_argument(
+        "--nats",
+        default=env("GPUYARD_NATS", url_default),
+        help="NATS server URL(s), comma-separated",
+    )
+    helps = {
+        "user": "user name (auth.conf users)",
+        "password": "password (better: $GPUYARD_NATS_PASSWORD)",
+        "token": "authorization token (better: $GPUYARD_NATS_TOKEN)",
+        "creds": "a .creds file (JWT + NKey seed)",
+        "nkey_seed": "an NKey seed file",
+        "tls_ca": "CA certificate(s) to verify the server (PEM)",
+        "tls_cert": "client certificate for mutual TLS (PEM)",
+        "tls_key": "the client certificate's private key (PEM)",
+        "tls_hostname": "the server name to verify, when it differs from the URL's host",
+        "inbox_prefix": "reply subjects' prefix (default _INBOX)",
+    }
+    for name, text in helps.items():
+        g.add_argument(
+            f"--nats-{name.replace('_', '-')}",
+            dest=f"nats_{name}",
+            default=env(f"GPUYARD_NATS_{name.upper()}"),
+            metavar=name.split("_")[-1].upper(),
+            help=text,
+        )
+
+
+async def connect(url: str, *, name: str, auth: NatsAuth | None = None, **options: Any) -> Client:
+    """Connect with reconnects that never give up (a restarted server is picked up again).
+
+    `url` may list several servers, comma-separated; `options` override any default.
+    """
+    settings: dict[str, Any] = {
+        "name": name,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.5,
+        "allow_reconnect": True,
+        # Stopping finishes the requests in hand, but never waits long on a chain whose far end
+        # is already gone.
+        "drain_timeout": 5,
+        **(auth.options() if auth is not None else {}),
+        **options,
+    }
+    return await nats.connect(url.split(",") if "," in url else url, **settings)
+
+
+class Bus:
+    """One NATS connection in one cluster's namespace: typed calls through the endpoint table."""
+
+    def __init__(self, nc: Client, subjects: Subjects, *, request_timeout: float = 120.0) -> None:
+        self.nc = nc
+        self.subjects = subjects
+        self.request_timeout = request_timeout
+        self.request_stats: dict[str, list[float]] = {}
+        """Per endpoint pattern: [count, seconds waited for the reply], for benchmarks."""
+
+    async def call(
+        self, endpoint: Endpoint[Any, Rep], msg: Any, *, within_s: float | None = None,
+        retry_for_s: float = 0.0, **params: str,
+    ) -> Rep:  # fmt: skip
+        """Send a request on `endpoint` (placeholders from `params`) and decode its typed reply;
+        raise RemoteError on an error reply, on no reply within `within_s`, or when nobody listens.
+
+        `retry_for_s`: for requests that are safe to repeat (idempotent), keep trying for this long
+        while nobody listens or a reply does not come (the service is restarting), with backoff.
+        """
+        assert endpoint.reply is not None, f"{endpoint.pattern} is a publish"
+        subject = self.subjects.of(endpoint, **params)
+        deadline = time.monotonic() + retry_for_s
+        pause = 0.05
+        while True:
+            try:
+                return await self._request_once(endpoint, subject, msg, within_s)
+            except RemoteError as exc:
+                if not exc.transient or time.monotonic() + pause > deadline:
+                    raise
+                structlog.get_logger().warning(
+                    "request.retrying", subject=subject, error=exc.reply.error, pause_s=pause
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    async def _request_once(
+        self, endpoint: Endpoint[Any, Rep], subject: str, msg: Any, within_s: float | None
+    ) -> Rep:
+        started = time.perf_counter()
+        try:
+            reply = await self.nc.request(
+                subject, encode(msg), timeout=within_s or self.request_timeout
+            )
+        except NoRespondersError:
+            raise RemoteError(
+                ErrorReply(error="no service is listening", subject=subject)
+            ) from None
+        except NatsTimeoutError:
+            raise RemoteError(ErrorReply(error="timed out", subject=subject)) from None
+        stat = self.request_stats.get(endpoint.pattern)
+        if stat is None:
+            stat = self.request_stats[endpoint.pattern] = [0, 0.0]
+        stat[0] += 1
+        stat[1] += time.perf_counter() - started
+        if reply.headers and reply.headers.get(STATUS_HEADER) == "error":
+            raise RemoteError(_error_decoder.decode(reply.data))
+        return decoder(endpoint.reply).decode(reply.data)  # type: ignore[arg-type]
+
+    async def publish(self, endpoint: Endpoint[Any, None], msg: Any, **params: str) -> None:
+        """Publish on a publish endpoint (placeholders from `params`)."""
+        await self.nc.publish(self.subjects.of(endpoint, **params), encode(msg))
+
+    async def emit(self, event: Event) -> None:
+        await self.publish(EVENT, event, type=event.type)
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            await self.nc.drain()
+
+
+async def ensure_event_stream(
+    nc: Client, subjects: Subjects, *, max_age_s: float, storage: str = "file"
+) -> bool:
+    """Create (or update) the cluster's JetStream stream capturing `gpuyard.<cluster>.evt.>`.
+
+    Returns False when the server has no JetStream: events are then published but not stored.
+    """
+    from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+    from nats.js.errors import Error as JetStreamError
+
+    config = StreamConfig(
+        name=subjects.stream_name,
+        subjects=[f"{subjects.events}.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType(storage),
+        max_age=max_age_s,
+    )
+    js = nc.jetstream()
+    try:
+        try:
+            await js.update_stream(config)
+        except nats.js.errors.NotFoundError:
+            await js.add_stream(config)
+    except (JetStreamError, NatsTimeoutError, NoRespondersError):
+        return False
+    return True
+
+

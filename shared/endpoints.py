@@ -1,0 +1,206 @@
+"""The endpoint table: every subject gpuyard uses, with its message and reply types.
+
+One `Endpoint` per subject pattern under `gpuyard.<cluster>.`; callers send through it
+(`bus.call(SUBMIT, request)` returns a `SubmitReply`), services route by it (`routes()` maps
+endpoints to handlers), and the README's subject table is generated from it (`subject_table()`,
+checked by a test). Placeholders in a pattern: `{svc}` (the serving service's token: `adm`,
+`sched`, `place`, `clock`, or `node.<id>` for a node agent), `{node}`, `{job}`, `{type}`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+import msgspec
+
+from .contract import (
+    Ack,
+    ApplyReply,
+    ApplyRequest,
+    CancelReply,
+    CancelRequest,
+    ClusterChanged,
+    ClusterInfo,
+    Empty,
+    EnqueueRequest,
+    Event,
+    ExitReport,
+    Heartbeat,
+    HeartbeatsPage,
+    JobQuery,
+    JobsPage,
+    LogLine,
+    LogsReply,
+    LogsRequest,
+    NodeCommand,
+    NodeCommandReply,
+    NodesChanged,
+    NodesChangedReply,
+    PageQuery,
+    Ping,
+    PolicyInfo,
+    Pong,
+    Progress,
+    RegisterNode,
+    RunRequest,
+    SchedulerStatus,
+    ServiceStats,
+    SetPolicy,
+    SubmitReply,
+    SubmitRequest,
+    TickRequest,
+    TimelinePage,
+)
+from .model import Name
+
+Req = TypeVar("Req")
+Rep = TypeVar("Rep")
+
+SERVICE_TOKENS = {"admission": "adm", "scheduler": "sched", "placement": "place", "simclock": "clock"}
+"""The subject token of each control-plane service (node agents use `node.<id>`)."""
+
+
+@dataclass(frozen=True)
+class Endpoint(Generic[Req, Rep]):
+    """One subject pattern: who serves it, what it carries, what comes back (None: a publish)."""
+
+    pattern: str
+    request: type[Req]
+    reply: type[Rep] | None
+    route: str
+    """Who sends it and who receives it, for people: `client, simclock -> admission`."""
+    serves: tuple[str, ...] = ()
+    """Services that answer it (their `routes()`); empty for publishes anyone may read."""
+
+    @property
+    def name(self) -> str:
+        """The endpoint's name: its last token (`enqueue`, `cmd`, `policy.set` -> `set`)."""
+        return self.pattern.rsplit(".", 1)[-1]
+
+    @property
+    def kind(self) -> Literal["request", "publish"]:
+        return "request" if self.reply is not None else "publish"
+
+
+# --------------------------------------------------------------------------- every service
+
+PING = Endpoint("{svc}.ping", Ping, Pong, "anyone -> every service", ("*",))
+STATS = Endpoint("{svc}.stats", Empty, ServiceStats, "anyone -> every service", ("*",))
+POLICY = Endpoint(
+    "{svc}.policy", Empty, PolicyInfo, "operators -> admission, scheduler, placement",
+    ("admission", "scheduler", "placement"),
+)  # fmt: skip
+POLICY_SET = Endpoint(
+    "{svc}.policy.set", SetPolicy, PolicyInfo, "operators -> admission, scheduler, placement",
+    ("admission", "scheduler", "placement"),
+)  # fmt: skip
+TAKEOVER = Endpoint(
+    "ctl.{svc}.takeover", Empty, Empty, "a starting durable service -> the running one",
+    ("admission", "scheduler", "placement"),
+)  # fmt: skip
+
+# --------------------------------------------------------------------------- admission
+
+SUBMIT = Endpoint("adm.submit", SubmitRequest, SubmitReply, "client, simclock -> admission", ("admission",))  # fmt: skip
+
+# --------------------------------------------------------------------------- scheduler
+
+ENQUEUE = Endpoint("sched.enqueue", EnqueueRequest, SchedulerStatus, "admission -> scheduler", ("scheduler",))  # fmt: skip
+TICK = Endpoint("sched.tick", TickRequest, SchedulerStatus, "clock -> scheduler", ("scheduler",))
+EXITED = Endpoint("sched.exited", ExitReport, SchedulerStatus, "node agents, simclock -> scheduler", ("scheduler",))  # fmt: skip
+CLUSTER_CHANGED = Endpoint("sched.cluster_changed", ClusterChanged, SchedulerStatus, "simclock -> scheduler", ("scheduler",))  # fmt: skip
+JOBS = Endpoint("sched.jobs", PageQuery, JobsPage, "anyone -> scheduler", ("scheduler",))
+STATUS = Endpoint("sched.status", Empty, SchedulerStatus, "anyone -> scheduler", ("scheduler",))
+QUERY = Endpoint("sched.query", JobQuery, JobsPage, "anyone, admission -> scheduler", ("scheduler",))  # fmt: skip
+CANCEL = Endpoint("sched.cancel", CancelRequest, CancelReply, "users -> scheduler", ("scheduler",))
+
+# --------------------------------------------------------------------------- placement
+
+REGISTER = Endpoint("place.register", RegisterNode, ClusterInfo, "node agents -> placement", ("placement",))  # fmt: skip
+NODES = Endpoint("place.nodes", NodesChanged, NodesChangedReply, "simclock, node agents, placement -> placement", ("placement",))  # fmt: skip
+APPLY = Endpoint("place.apply", ApplyRequest, ApplyReply, "scheduler -> placement", ("placement",))
+CLUSTER = Endpoint("place.cluster", Empty, ClusterInfo, "anyone -> placement", ("placement",))
+HEARTBEATS = Endpoint("place.heartbeats", Empty, HeartbeatsPage, "anyone -> placement", ("placement",))  # fmt: skip
+
+# --------------------------------------------------------------------------- node agents
+
+NODE_COMMAND = Endpoint("node.{node}.cmd", NodeCommand, NodeCommandReply, "placement -> node agent (simclock)", ("nodeagent",))  # fmt: skip
+NODE_LOGS = Endpoint("node.{node}.logs", LogsRequest, LogsReply, "CLI -> node agent", ("nodeagent",))  # fmt: skip
+HEARTBEAT = Endpoint("node.{node}.hb", Heartbeat, None, "node agent -> placement")
+REREGISTER = Endpoint("node.{node}.register", Empty, None, "placement -> node agent (register again)")  # fmt: skip
+LOG_LINE = Endpoint("logs.{job}", LogLine, None, "node agents -> `gpuyard logs -f`")
+
+# --------------------------------------------------------------------------- simulation clock
+
+RUN = Endpoint("clock.run", RunRequest, Ack, "driver -> simclock", ("simclock",))
+TIMELINE = Endpoint("clock.timeline", PageQuery, TimelinePage, "driver -> simclock", ("simclock",))
+PROGRESS = Endpoint("progress", Progress, None, "simclock -> drivers")
+
+# --------------------------------------------------------------------------- events
+
+EVENT = Endpoint(
+    "evt.{type}", Event, None, "services -> JetStream stream `GPUYARD_<c>_EVENTS` (stored)"
+)
+
+ENDPOINTS: tuple[Endpoint[Any, Any], ...] = (
+    SUBMIT, ENQUEUE, TICK, EXITED, CLUSTER_CHANGED, JOBS, STATUS, QUERY, CANCEL,
+    REGISTER, NODES, APPLY, CLUSTER, HEARTBEATS,
+    NODE_COMMAND, NODE_LOGS, HEARTBEAT, REREGISTER, LOG_LINE,
+    RUN, TIMELINE, PROGRESS,
+    PING, STATS, POLICY, POLICY_SET, TAKEOVER, EVENT,
+)  # fmt: skip
+
+
+class Subjects:
+    """One cluster's namespace, `gpuyard.<cluster>.`: the concrete subjects of the endpoints."""
+
+    def __init__(self, cluster: str) -> None:
+        msgspec.convert(cluster, Name)  # raises ValidationError for names unusable in a subject
+        if "." in cluster:
+            raise ValueError(f"cluster name {cluster!r} must not contain '.'")
+        self.cluster = cluster
+        self.root = f"gpuyard.{cluster}"
+
+    def of(self, endpoint: Endpoint[Any, Any], **params: str) -> str:
+        """The subject of `endpoint` with its placeholders filled in (`node="n1"`, `svc="sched"`)."""
+        return f"{self.root}.{endpoint.pattern.format(**params)}"
+
+    def every(self, endpoint: Endpoint[Any, Any], **params: str) -> str:
+        """A wildcard subject matching `endpoint` for every value of the placeholders not given."""
+        names = re.findall(r"{(\w+)}", endpoint.pattern)
+        return self.of(endpoint, **{n: params.get(n, "*") for n in names})
+
+    def service(self, name: str) -> str:
+        """The prefix a control-plane service listens on (`gpuyard.<c>.sched`)."""
+        return f"{self.root}.{SERVICE_TOKENS[name]}"
+
+    def node(self, node_id: str) -> str:
+        """The prefix a node agent listens on (`gpuyard.<c>.node.<id>`)."""
+        return f"{self.root}.node.{node_id}"
+
+    @property
+    def events(self) -> str:
+        return f"{self.root}.evt"
+
+    @property
+    def stream_name(self) -> str:
+        return f"GPUYARD_{self.cluster.replace('-', '_')}_EVENTS"
+
+
+def subject_table() -> str:
+    """The README's subject table (Markdown), generated from `ENDPOINTS`."""
+    rows = [
+        "| subject | kind | from → to | message → reply |",
+        "|---|---|---|---|",
+    ]
+    for e in ENDPOINTS:
+        pattern = re.sub(r"{(\w+)}", r"<\1>", e.pattern)
+        types = f"`{e.request.__name__}`" + (
+            f" → `{e.reply.__name__}`" if e.reply is not None else ""
+        )
+        rows.append(
+            f"| `gpuyard.<c>.{pattern}` | {e.kind} | {e.route.replace('->', '→')} | {types} |"
+        )
+    return "\n".join(rows)

@@ -1,0 +1,79 @@
+"""Errors that cross the bus: a bad request names its field; a failed call says what failed.
+
+A handler raises `BadRequest` (the request is wrong: its `field` is a JSON path such as
+`$.jobs[0].num_gpus`); the service answers it with an `ErrorReply` and the header
+`Gpuyard-Status: error`. The caller's side raises `RemoteError` with that reply. msgspec's
+validation messages are turned into the same paths by `error_from_validation`.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from .contract import ErrorReply
+
+TRANSIENT_ERRORS = frozenset({"no service is listening", "timed out"})
+"""Errors a caller may retry: the service is restarting, or busy beyond the timeout."""
+
+
+class RemoteError(Exception):
+    """The other side answered with an ErrorReply (or nobody answered in time)."""
+
+    def __init__(self, reply: ErrorReply) -> None:
+        where = f" (field {reply.field})" if reply.field else ""
+        super().__init__(f"{reply.subject}: {reply.error}{where}")
+        self.reply = reply
+
+    @property
+    def transient(self) -> bool:
+        return self.reply.error in TRANSIENT_ERRORS
+
+
+class BadRequest(Exception):
+    """Raised by a handler: the request is wrong. Becomes an ErrorReply naming `field`."""
+
+    def __init__(self, error: str, field: str | None = None) -> None:
+        super().__init__(error)
+        self.error = error
+        self.field = field
+
+
+_AT = re.compile(r"^(?P<msg>.*) - at `(?P<path>\$[^`]*)`$", re.S)
+_MISSING = re.compile(r"(?:missing required field|unknown field) `(?P<name>[^`]*)`")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_POST_INIT = re.compile(r"^(?P<name>[a-z_][a-z0-9_]*) \(")
+
+
+def child_path(path: str, name: str) -> str:
+    """`$.a` + `b` -> `$.a.b`; names that are not identifiers in brackets: `$.a[""]`."""
+    return (
+        f"{path}.{name}"
+        if _IDENTIFIER.match(name)
+        else f"{path}[{msgspec.json.encode(name).decode()}]"
+    )
+
+
+def policy_error_field(text: str) -> str:
+    """The field a PolicyError is about: `$.policy` (unknown name) or `$.params[.name]`."""
+    if text.startswith("unknown "):
+        return "$.policy"
+    at = re.search(r"- at `\$(?P<path>[^`]*)`", text)
+    named = _MISSING.search(text)
+    path = "$.params" + (at["path"] if at else "")
+    return child_path(path, named["name"]) if named else path
+
+
+def error_from_validation(exc: msgspec.ValidationError | msgspec.DecodeError) -> BadRequest:
+    """Turn msgspec's message (`... - at `$.jobs[0].num_gpus``) into an error with a field path."""
+    text = str(exc)
+    m = _AT.match(text)
+    if not m:
+        top = _MISSING.search(text)  # a top-level field: msgspec gives no path
+        return BadRequest(text, field=child_path("$", top["name"]) if top else None)
+    msg, path = m["msg"], m["path"]
+    named = _MISSING.search(msg) or _POST_INIT.match(msg)
+    if named:
+        path = child_path(path, named["name"])
+    return BadRequest(msg, field=path)

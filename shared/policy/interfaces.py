@@ -1,0 +1,143 @@
+"""The three policy interfaces, what each declares it needs, and what each returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from msgspec import Struct
+
+from ..model import Allocation, GpuRef
+from .views import AdmissionInput, NodeView, SchedulingInput
+
+
+class NoParams(Struct, forbid_unknown_fields=True):
+    """Parameters of a policy that takes none."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Needs:
+    """What a policy needs from the service that runs it, beyond the basics (the active jobs for
+    scheduling, the job and the GPUs per type for admission, the free GPUs for placement).
+
+    Declared once per class (`needs = Needs(nodes=True)`); the service fetches and builds only
+    what is asked for, so a policy that needs little costs little.
+    """
+
+    jobs: bool = False
+    """Admission: the admitted jobs that have not ended (`AdmissionInput.jobs`)."""
+    finished_jobs: bool = False
+    """Scheduling: the jobs that ended too (`SchedulingInput.finished`)."""
+    nodes: bool = False
+    """The node list (`ClusterView.nodes`: type, GPUs, up or down)."""
+    throughputs: bool = False
+    """A measured throughput model: the service refuses to start with the built-in default."""
+    decide_on_exit: bool = False
+    """Scheduling: decide again whenever a job ends, even when none waits (elastic policies,
+    which hand the freed GPUs to running jobs)."""
+
+
+@dataclass
+class Decision:
+    """A scheduling policy's answer.
+
+    `allocations` (the `allocations` mechanism): run exactly these from now on, most important
+    first; running jobs left out are preempted. `shares` (the `time_shares` mechanism): the
+    fraction of time each job should spend on each GPU type, e.g. Gavel's allocation X; the
+    scheduler's round mechanism turns them into each round's allocations. `pair_shares`: the same
+    for two jobs sharing the same GPUs (space sharing), keyed by the pair of job ids.
+    """
+
+    allocations: list[Allocation] = field(default_factory=list)
+    shares: dict[str, dict[str, float]] = field(default_factory=dict)
+    pair_shares: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AdmissionDecision:
+    verdict: Literal["admit", "hold", "reject"]
+    reason: str = ""
+
+
+@dataclass(kw_only=True)
+class PlacementInput:
+    """What to place and where it can go.
+
+    Normally (`PlacementPolicy.rearranges` False) the service keeps every running job whose
+    allocation did not change on its GPUs, and the policy sees only the other allocations and
+    the GPUs they may use: the free ones plus those of jobs being stopped or resized (nodes with
+    none are left out). A policy that rearranges sees every allocation and every healthy GPU.
+    Allocations that share GPUs (`share_with`) are placed by the service on their partner's GPUs.
+    """
+
+    now: float
+    allocations: list[Allocation]
+    """What to place, most important first (with the scheduler's `nodes` hints)."""
+    current: dict[str, list[GpuRef]]
+    """Where the jobs among `allocations` run now, if they run."""
+    nodes: list[NodeView]
+
+
+class Policy:
+    """Base of every policy: typed parameters, a registry name, what it needs, optional state.
+
+    A policy that keeps state between decisions declares its type (`State`, a msgspec Struct) and
+    implements `snapshot()` / `restore()`: the service stores the snapshot with its own state, so
+    a restarted service decides exactly as the one that died would have.
+    """
+
+    Params: ClassVar[type[Struct]] = NoParams
+    State: ClassVar[type[Struct] | None] = None
+    kind: ClassVar[str] = ""
+    needs: ClassVar[Needs] = Needs()
+
+    def __init__(self, params: Struct | None = None) -> None:
+        self.params: Any = params if params is not None else self.Params()
+
+    def snapshot(self) -> Struct | None:
+        """The state this policy keeps between decisions (an instance of `State`), or None."""
+        return None
+
+    def restore(self, state: Any) -> None:
+        """Take up a `snapshot()` (an instance of `State`)."""
+
+
+class SchedulingPolicy(Policy):
+    kind = "scheduling"
+    mechanism: ClassVar[Literal["allocations", "time_shares"]] = "allocations"
+    """How the scheduler acts on the decision: run its `allocations` as they are, or turn its
+    `shares` into allocations round by round (priorities from the share each job received, lease
+    extension; see the scheduler's `mechanism` module)."""
+
+    def schedule(self, inp: SchedulingInput) -> Decision | list[Allocation]:
+        """The decision; a plain list of allocations is `Decision(allocations=...)`."""
+        raise NotImplementedError
+
+    def next_decision_time(self, inp: SchedulingInput) -> float | None:
+        """The earliest time at which the decision may change with time alone (None: only events).
+
+        Called after each decision, with the jobs as it left them (those it started running)."""
+        return None
+
+
+class AdmissionPolicy(Policy):
+    kind = "admission"
+    in_order: ClassVar[bool] = True
+    """Held jobs are admitted strictly in arrival order (a FIFO overflow queue, as in Blox); with
+    False, any held job that the policy now admits goes ahead."""
+
+    def decide(self, inp: AdmissionInput) -> AdmissionDecision:
+        raise NotImplementedError
+
+
+class PlacementPolicy(Policy):
+    kind = "placement"
+
+    @property
+    def rearranges(self) -> bool:
+        """True if the policy may move jobs whose allocation did not change (see PlacementInput)."""
+        return False
+
+    def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
+        """GPUs for each allocation it can place; an allocation left out stays queued."""
+        raise NotImplementedError

@@ -1,0 +1,102 @@
+"""Policies by name: built-ins and third-party ones alike come from entry points."""
+
+from __future__ import annotations
+
+import re
+import typing
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from typing import Any, Generic, TypeVar
+
+import msgspec
+
+from .interfaces import AdmissionPolicy, PlacementPolicy, Policy, SchedulingPolicy
+
+P = TypeVar("P", bound=Policy)
+
+
+class PolicyError(ValueError):
+    """An unknown policy or bad parameters; the message names what is wrong."""
+
+
+def _allowed(tp: Any) -> list[Any]:
+    """The values a Literal (or Optional Literal) type allows; [] for other types."""
+    if typing.get_origin(tp) is typing.Literal:
+        return list(typing.get_args(tp))
+    return [v for arg in typing.get_args(tp) for v in _allowed(arg)]
+
+
+class Registry(Generic[P]):
+    """Policies of one kind by name (entry-point group `gpuyard.<kind>`)."""
+
+    def __init__(self, kind: str, base: type[P]) -> None:
+        self.kind = kind
+        self.base = base
+        self._classes: dict[str, type[P]] = {}
+        self._loaded = False
+
+    @property
+    def group(self) -> str:
+        return f"gpuyard.{self.kind}"
+
+    def register(self, name: str, cls: type[P]) -> None:
+        if not (isinstance(cls, type) and issubclass(cls, self.base)):
+            raise PolicyError(f"{self.kind} policy {name!r}: {cls!r} is not a {self.base.__name__}")
+        self._classes[name] = cls
+
+    def _load_entry_points(self, *, again: bool = False) -> None:
+        if self._loaded and not again:
+            return
+        self._loaded = True
+        for ep in entry_points(group=self.group):
+            if ep.name not in self._classes:
+                self.register(ep.name, ep.load())
+
+    def names(self) -> list[str]:
+        self._load_entry_points()
+        return sorted(self._classes)
+
+    def get(self, name: str) -> type[P]:
+        self._load_entry_points()
+        if name not in self._classes:
+            self._load_entry_points(again=True)  # a package installed since we last looked
+        try:
+            return self._classes[name]
+        except KeyError:
+            raise PolicyError(
+                f"unknown {self.kind} policy {name!r}; known: {', '.join(self.names()) or 'none'}"
+            ) from None
+
+    def create(self, name: str, params: Mapping[str, Any] | None = None) -> P:
+        """Instantiate by name; string values (from a command line) are converted to the field types."""
+        cls = self.get(name)
+        try:
+            parsed = msgspec.convert(dict(params or {}), cls.Params, strict=False)
+        except msgspec.ValidationError as exc:
+            fields = {f.name: f.type for f in msgspec.structs.fields(cls.Params)}
+            text = str(exc)
+            at = re.search(r"`\$\.(\w+)", text)
+            allowed = _allowed(fields[at[1]]) if at and at[1] in fields else []
+            if allowed:
+                text += f" (valid: {', '.join(map(str, allowed))})"
+            raise PolicyError(
+                f"{self.kind} policy {name!r}: bad parameter: {text} "
+                f"(parameters: {', '.join(fields) or 'none'})"
+            ) from None
+        return cls(parsed)
+
+
+scheduling_policies: Registry[SchedulingPolicy] = Registry("scheduling", SchedulingPolicy)
+admission_policies: Registry[AdmissionPolicy] = Registry("admission", AdmissionPolicy)
+placement_policies: Registry[PlacementPolicy] = Registry("placement", PlacementPolicy)
+
+
+def parse_params(pairs: list[str]) -> dict[str, str]:
+    """`["k=v", ...]` from a command line into a dict; the values are converted by `Registry.create`."""
+    params: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise PolicyError(f"parameter {pair!r} is not KEY=VALUE")
+        params[key.strip()] = value.strip()
+    return params

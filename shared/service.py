@@ -1,0 +1,469 @@
+"""The base of every service: one ordered subscription, typed routes from the endpoint table, error
+replies, a swappable policy, durable state, takeover by a replacement, and NATS micro discovery.
+
+A `Service` listens on its subject prefix through one subscription: its requests are handled one at
+a time, in arrival order, which keeps each service's state a simple sequential state machine and makes
+simulations deterministic. Handlers must not call (directly or through others) back into their own
+service, or the chain deadlocks; the call graph is admission -> scheduler -> placement -> node agents.
+
+Discovery: every service also answers the NATS micro protocol (`$SRV.PING|INFO|STATS[.<name>[.<id>]]`)
+on a separate subscription, so `nats micro ls` and `nats micro info gpuyard-scheduler` list gpuyard's
+services and endpoints; the endpoints themselves stay on the one ordered subscription.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import msgspec
+import structlog
+from nats.aio.msg import Msg
+from nats.micro.service import (
+    EndpointInfo,
+    EndpointStats,
+    ServiceInfo,
+    ServicePing,
+)
+from nats.micro.service import ServiceStats as MicroStats
+
+from . import __version__
+from .connection import Bus, NatsAuth, add_nats_arguments, connect, decoder, encode
+from .contract import (
+    CONTRACT_VERSION,
+    STATUS_HEADER,
+    VERSION_HEADER,
+    Empty,
+    ErrorReply,
+    Event,
+    Ping,
+    PolicyInfo,
+    Pong,
+    ServiceStats,
+    SetPolicy,
+)
+from .endpoints import (
+    PING,
+    POLICY,
+    POLICY_SET,
+    SERVICE_TOKENS,
+    STATS,
+    TAKEOVER,
+    Endpoint,
+    Subjects,
+)
+from .errors import BadRequest, RemoteError, error_from_validation, policy_error_field
+from .policy import Policy, PolicyError, Registry
+from .store import NullStore, open_store
+
+T = TypeVar("T")
+
+# Normal traffic carries no headers (they cost ~10% per message); only error replies are marked.
+# A client may still send `Gpuyard-Contract`, and services refuse a version they do not speak;
+# our own clients check the version once, in the services' ping replies.
+_ERROR_HEADERS = {VERSION_HEADER: str(CONTRACT_VERSION), STATUS_HEADER: "error"}
+
+Handler = Callable[[Any], Awaitable[Any]]
+
+
+@dataclass
+class _Route:
+    endpoint: Endpoint[Any, Any]
+    handler: Handler
+    decoder: msgspec.json.Decoder[Any]
+    requests: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    last_error: str = ""
+
+
+class Service:
+    """Base of every service: one ordered subscription on its prefix, typed routes, error replies.
+
+    Subclasses set `name`, return their routes from `routes()` ({endpoint: handler}), and, when they
+    have a policy, set `policies` (the registry) and `self.policy`/`self.policy_name`/`policy_params`.
+    """
+
+    name: ClassVar[str] = ""
+    policies: ClassVar[Registry[Any] | None] = None
+    """The registry this service's policy comes from (None: the service has no policy)."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.log = structlog.get_logger().bind(service=self.name, cluster=bus.subjects.cluster)
+        self._subs: list[Any] = []
+        self._routes: dict[str, _Route] = {}
+        self.handled = 0
+        self.handler_s = 0.0
+        self.policy_s = 0.0
+        """Subclasses add the time their policy takes here."""
+        self.policy: Any = None
+        self.policy_name: str | None = None
+        self.store: NullStore = NullStore()
+        self.handed_over = asyncio.Event()
+        """Set when a replacement process took over: the process may exit."""
+        self.instance_id = uuid.uuid4().hex
+        self.started_at = datetime.now(UTC)
+
+    # ------------------------------------------------------------------ for subclasses
+
+    @property
+    def durable(self) -> bool:
+        return bool(getattr(getattr(self, "config", None), "durable", False))
+
+    async def restore(self, values: dict[str, bytes]) -> None:
+        """Take up the state loaded from the store (called before the first request)."""
+
+    async def persist(self) -> None:
+        """Write what the last request changed to `self.store` (called before its reply)."""
+
+    async def hand_over(self) -> None:
+        """A replacement takes over: stop background tasks (subscriptions are drained after)."""
+
+    def routes(self) -> dict[Endpoint[Any, Any], Handler]:
+        """The endpoints this service serves under its prefix, with their handlers."""
+        return {}
+
+    @property
+    def token(self) -> str:
+        """This service's subject token (`sched`), the `{svc}` of the common endpoints."""
+        return SERVICE_TOKENS[self.name]
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.bus.subjects.root}.{self.token}"
+
+    def subject_params(self) -> dict[str, str]:
+        """Placeholders of this instance's endpoints (a node agent adds its `node`)."""
+        return {"svc": self.token}
+
+    # ------------------------------------------------------------------ policies
+
+    def make_policy(self, name: str, params: dict[str, Any]) -> Policy:
+        """A policy instance from this service's registry; raises PolicyError."""
+        assert self.policies is not None
+        return self.policies.create(name, params)
+
+    def install_policy(self, name: str, params: dict[str, Any]) -> None:
+        """Make `name` the active policy (raise PolicyError, keeping the old one, when bad)."""
+        self.policy = self.make_policy(name, params)
+        self.policy_name = name
+
+    def policy_swapped(self) -> None:
+        """Called after a runtime swap (the scheduler decides again, stores it, ...)."""
+
+    def policy_info(self, previous: str | None = None) -> PolicyInfo:
+        params = msgspec.to_builtins(self.policy.params) if self.policy is not None else {}
+        return PolicyInfo(
+            service=self.name, policy=self.policy_name, params=params, previous=previous
+        )
+
+    async def get_policy(self, _: Empty) -> PolicyInfo:
+        return self.policy_info()
+
+    async def set_policy(self, req: SetPolicy) -> PolicyInfo:
+        if self.policies is None:
+            raise BadRequest(f"the {self.name} service has no policy", field="$.policy")
+        old = self.policy_name
+        try:
+            self.install_policy(req.policy, dict(req.params))
+        except PolicyError as exc:
+            raise BadRequest(str(exc), field=policy_error_field(str(exc))) from None
+        self.policy_swapped()
+        info = self.policy_info(previous=old)
+        self.log.info("policy.changed", old=old, new=info.policy, params=info.params)
+        await self.bus.emit(
+            Event(
+                type="policy.changed", now=req.now if req.now is not None else time.time(),
+                reason=f"{old} -> {info.policy} {encode(info.params).decode()}", service=self.name,
+            )
+        )  # fmt: skip
+        return info
+
+    # ------------------------------------------------------------------ every service
+
+    async def ping(self, _: Ping) -> Pong:
+        return Pong(
+            service=self.name, cluster=self.bus.subjects.cluster, version=__version__,
+            policy=self.policy_name,
+        )  # fmt: skip
+
+    async def stats(self, _: Empty) -> ServiceStats:
+        return ServiceStats(
+            service=self.name, handled=self.handled, handler_s=self.handler_s,
+            policy_s=self.policy_s, requests=self.bus.request_stats,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ durable state, takeover
+
+    async def prepare(self) -> None:
+        """Durable services: have a running instance hand over, then load the state it left.
+
+        The old instance stops taking requests and finishes those in hand before it answers; a
+        request that arrives in between finds nobody listening and its caller retries.
+        """
+        if not self.durable:
+            return
+        try:
+            await self.bus.call(TAKEOVER, Empty(), within_s=60.0, svc=self.token)
+            self.log.info("service.took_over")
+        except RemoteError as exc:
+            if exc.reply.error != "no service is listening":
+                raise
+        self.store = await open_store(
+            self.bus.nc, self.bus.subjects.cluster, self.name, durable=True
+        )
+        started = time.perf_counter()
+        await self.restore(await self.store.load())
+        self.log.info("state.restored", took_s=round(time.perf_counter() - started, 4))
+        await self.bus.nc.subscribe(
+            self.bus.subjects.of(TAKEOVER, svc=self.token), cb=self._on_takeover
+        )
+
+    async def _on_takeover(self, msg: Msg) -> None:
+        self.log.info("service.handing_over")
+        await self.hand_over()
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.drain()
+        self._subs.clear()
+        await msg.respond(b"{}")
+        self.handed_over.set()
+
+    # ------------------------------------------------------------------ serving
+
+    async def start(self) -> None:
+        await self.prepare()
+        common: dict[Endpoint[Any, Any], Handler] = {PING: self.ping, STATS: self.stats}
+        if self.policies is not None:
+            common |= {POLICY: self.get_policy, POLICY_SET: self.set_policy}
+        await self.listen(self.prefix, {**common, **self.routes()})
+        await self._serve_discovery()
+        self.log.info("service.started", prefix=self.prefix)
+
+    async def listen(self, prefix: str, routes: dict[Endpoint[Any, Any], Handler]) -> None:
+        """Serve `routes` on one subscription to `<prefix>.>`, routed by the subject after
+        `prefix`: the requests are handled one at a time, in arrival order."""
+        table: dict[str, _Route] = {}
+        for endpoint, handler in routes.items():
+            subject = self.bus.subjects.of(endpoint, **self.subject_params())
+            if not subject.startswith(prefix + "."):
+                raise ValueError(f"{endpoint.pattern} is not under {prefix}")
+            table[subject[len(prefix) + 1 :]] = self._route(subject, endpoint, handler)
+
+        async def dispatch(msg: Msg) -> None:
+            suffix = msg.subject[len(prefix) + 1 :]
+            await self._dispatch(msg, table.get(suffix), table, suffix)
+
+        self._subs.append(await self.bus.nc.subscribe(f"{prefix}.>", queue=self.name, cb=dispatch))
+
+    async def serve(self, endpoint: Endpoint[Any, Any], handler: Handler, **params: str) -> None:
+        """Serve one endpoint on a subscription of its own; placeholders not given in `params` are
+        wildcards (the simclock answers every node's `node.*.cmd`, placement hears every `hb`)."""
+        subject = self.bus.subjects.every(endpoint, **{**self.subject_params(), **params})
+        route = self._route(subject, endpoint, handler)
+        table = {endpoint.name: route}
+
+        async def dispatch(msg: Msg) -> None:
+            await self._dispatch(msg, route, table, endpoint.name)
+
+        self._subs.append(await self.bus.nc.subscribe(subject, queue=self.name, cb=dispatch))
+
+    def _route(self, subject: str, endpoint: Endpoint[Any, Any], handler: Handler) -> _Route:
+        route = self._routes[subject] = _Route(endpoint, handler, decoder(endpoint.request))
+        return route
+
+    async def _dispatch(
+        self, msg: Msg, route: _Route | None, table: dict[str, _Route], suffix: str
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            await self._handle(msg, route, table, suffix)
+        finally:
+            took = time.perf_counter() - started
+            self.handled += 1
+            self.handler_s += took
+            if route is not None:
+                route.requests += 1
+                route.seconds += took
+
+    async def _handle(
+        self, msg: Msg, route: _Route | None, table: dict[str, _Route], suffix: str
+    ) -> None:
+        try:
+            if route is None:
+                if not msg.reply:
+                    return  # a publish this service does not serve (its own heartbeats, say)
+                raise BadRequest(f"unknown request {suffix!r}; known: {', '.join(sorted(table))}")
+            version = msg.headers.get(VERSION_HEADER) if msg.headers else None
+            if version is not None and version != str(CONTRACT_VERSION):
+                raise BadRequest(
+                    f"contract version {version} is not supported (this service speaks "
+                    f"{CONTRACT_VERSION})"
+                )
+            try:
+                request = route.decoder.decode(msg.data or b"{}")
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                raise error_from_validation(exc) from None
+            now = getattr(request, "now", None)
+            if now is not None:
+                structlog.contextvars.bind_contextvars(now=now)
+            try:
+                reply = await route.handler(request)
+            finally:
+                await self.persist()  # a reply means "durable"
+        except BadRequest as exc:
+            self.log.warning(
+                "request.rejected", subject=msg.subject, error=exc.error, field=exc.field
+            )
+            self._count_error(route, exc.error)
+            await self._respond(
+                msg, ErrorReply(error=exc.error, field=exc.field, subject=msg.subject)
+            )
+            return
+        except Exception as exc:  # a bug or a failed downstream call: answer, log, keep serving
+            self.log.exception("request.failed", subject=msg.subject)
+            error = str(exc) if isinstance(exc, RemoteError) else f"{type(exc).__name__}: {exc}"
+            self._count_error(route, error)
+            await self._respond(msg, ErrorReply(error=error, subject=msg.subject))
+            return
+        if msg.reply and route.endpoint.reply is not None:
+            await self.bus.nc.publish(msg.reply, encode(reply))
+
+    @staticmethod
+    def _count_error(route: _Route | None, error: str) -> None:
+        if route is not None:
+            route.errors += 1
+            route.last_error = error
+
+    async def _respond(self, msg: Msg, error: ErrorReply) -> None:
+        if msg.reply:
+            await self.bus.nc.publish(msg.reply, encode(error), headers=_ERROR_HEADERS)
+
+    # ------------------------------------------------------------------ NATS micro discovery
+
+    @property
+    def micro_name(self) -> str:
+        return f"gpuyard-{self.name}"
+
+    def _micro_identity(self) -> dict[str, Any]:
+        return {
+            "id": self.instance_id,
+            "name": self.micro_name,
+            "version": __version__,
+            "metadata": {
+                "cluster": self.bus.subjects.cluster,
+                "contract": str(CONTRACT_VERSION),
+                **({"policy": self.policy_name} if self.policy_name else {}),
+            },
+        }
+
+    def micro_info(self) -> dict[str, Any]:
+        endpoints = [
+            EndpointInfo(
+                name=r.endpoint.pattern.replace("{svc}.", "").replace("{node}", "*"),
+                subject=subject,
+                queue_group=self.name,
+                metadata={
+                    "request": r.endpoint.request.__name__,
+                    "reply": r.endpoint.reply.__name__ if r.endpoint.reply else "",
+                },
+            )
+            for subject, r in self._routes.items()
+        ]
+        return ServiceInfo(
+            **self._micro_identity(), description=(type(self).__doc__ or "").split("\n")[0],
+            endpoints=endpoints,
+        ).to_dict()  # fmt: skip
+
+    def micro_stats(self) -> dict[str, Any]:
+        endpoints = [
+            EndpointStats(
+                name=r.endpoint.pattern.replace("{svc}.", "").replace("{node}", "*"),
+                subject=subject, queue_group=self.name, num_requests=r.requests,
+                num_errors=r.errors, processing_time=int(r.seconds * 1e9),
+                average_processing_time=int(r.seconds * 1e9 / r.requests) if r.requests else 0,
+                last_error=r.last_error or None,
+            )
+            for subject, r in self._routes.items()
+        ]  # fmt: skip
+        return MicroStats(
+            **self._micro_identity(), started=self.started_at.replace(tzinfo=None),
+            endpoints=endpoints,
+        ).to_dict()  # fmt: skip
+
+    async def _serve_discovery(self) -> None:
+        """`$SRV.<VERB>`, `$SRV.<VERB>.<name>` and `$SRV.<VERB>.<name>.<id>` on one subscription
+        (no queue group: every instance answers)."""
+        answers = {
+            "PING": lambda: ServicePing(**self._micro_identity()).to_dict(),
+            "INFO": self.micro_info,
+            "STATS": self.micro_stats,
+        }
+
+        async def answer(msg: Msg) -> None:
+            _, verb, *rest = msg.subject.split(".")
+            if verb not in answers or not msg.reply:
+                return
+            if rest[:1] not in ([], [self.micro_name]) or rest[1:2] not in ([], [self.instance_id]):
+                return
+            await self.bus.nc.publish(msg.reply, msgspec.json.encode(answers[verb]()))
+
+        self._subs.append(await self.bus.nc.subscribe("$SRV.>", cb=answer))
+
+    async def stop(self) -> None:
+        """Stop taking new messages, finish those in hand, and close the connection."""
+        await self.bus.close()
+        self.log.info("service.stopped")
+
+
+def run_service(
+    service_cls: type[Service], config_cls: type[Any], argv: list[str] | None = None
+) -> None:
+    """The entry point of a service run on its own: `--nats URL --cluster NAME --config FILE.json`."""
+    import signal
+
+    from .logs import configure_logging
+
+    parser = argparse.ArgumentParser(prog=f"gpuyard-{service_cls.name}")
+    add_nats_arguments(parser, url_default="nats://127.0.0.1:4222")
+    parser.add_argument("--cluster", default="default", help="cluster namespace")
+    parser.add_argument("--config", help="JSON file with the service's configuration")
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        raw = Path(args.config).read_bytes() if args.config else b"{}"
+        config = msgspec.json.decode(raw, type=config_cls)
+        subjects = Subjects(args.cluster)
+    except (OSError, ValueError, msgspec.ValidationError) as exc:
+        parser.error(f"bad configuration: {exc}")
+
+    async def main() -> None:
+        nc = await connect(
+            args.nats, name=f"gpuyard-{service_cls.name}-{args.cluster}",
+            auth=NatsAuth.from_args(args),
+        )  # fmt: skip
+        service = service_cls(Bus(nc, subjects), config)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await service.start()
+        handed_over = asyncio.ensure_future(service.handed_over.wait())
+        await asyncio.wait(
+            [asyncio.ensure_future(stop.wait()), handed_over], return_when=asyncio.FIRST_COMPLETED
+        )
+        await service.stop()
+
+    import uvloop
+
+    uvloop.run(main())
