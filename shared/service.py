@@ -452,7 +452,11 @@ def run_service(
             args.nats, name=f"gpuyard-{service_cls.name}-{args.cluster}",
             auth=NatsAuth.from_args(args),
         )  # fmt: skip
-        service = service_cls(Bus(nc, subjects), config)
+        try:
+            service = service_cls(Bus(nc, subjects), config)
+        except (PolicyError, ValueError) as exc:
+            await nc.close()
+            parser.exit(2, f"gpuyard-{service_cls.name}: bad configuration: {exc}\n")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -27,7 +27,10 @@ class ProcessCluster(RealCluster):
 
     def __init__(self, url: str, root: Path) -> None:
         super().__init__(url, root)
-        configs = control_plane_configs(round_s=0.3, heartbeat_timeout_s=2.0)
+        # Tiresias keeps state between decisions (promotions): the scheduler stores it too. Its
+        # queue limit is small enough for these short jobs to move between queues.
+        configs = control_plane_configs(policy="tiresias", round_s=0.3, heartbeat_timeout_s=2.0)
+        configs["scheduler"].params = {"thresholds": [0.5], "promote_knob": 1.0}
         configs["placement"].heartbeat_check_s = 0.1
         configs["scheduler"].event_storage = "memory"
         self.configs = configs
@@ -130,7 +133,7 @@ async def test_a_replacement_scheduler_takes_over_with_another_policy(
 
     submitting = asyncio.create_task(submit_all())
     await asyncio.sleep(0.3)
-    new_config = msgspec_replace(pcluster.configs["scheduler"], policy="sjf")
+    new_config = msgspec_replace(pcluster.configs["scheduler"], policy="sjf", params={})
     await pcluster.services.replace("scheduler", new_config)
     await submitting
     async with asyncio.timeout(15):

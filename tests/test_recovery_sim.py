@@ -1,6 +1,10 @@
 """Crash recovery in simulation: a durable run with one OS process per service; `kill -9` one of
 admission, scheduler and placement mid-run and start it again: the run carries on to the end with
-every job completed exactly once, and the same results as an uninterrupted run."""
+every job completed exactly once, and the same results as an uninterrupted run.
+
+The policy is Tiresias: it keeps state between decisions (the counters of the jobs it promoted;
+this workload promotes a dozen), which the scheduler stores with its jobs; without it a restarted
+scheduler would decide differently."""
 
 from __future__ import annotations
 
@@ -19,17 +23,20 @@ from gpuyard.sim import SimOptions, simulate
 from gpuyard.workloads import blox
 
 CLUSTER = ClusterSpec.parse("2x4")
+POLICY = "tiresias"
+PARAMS = {"thresholds": [3000.0], "promote_knob": 1.0}
 
 
 def _jobs() -> list[JobSpec]:
-    return list(blox(300, jobs_per_hour=8.0, seed=1).jobs)
+    return list(blox(160, jobs_per_hour=8.0, seed=1).jobs)
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The reference: the same workload, in memory, in one process, never interrupted."""
     out = tmp_path_factory.mktemp("plain")
-    asyncio.run(simulate(SimOptions(cluster=CLUSTER), _jobs(), out))
+    options = SimOptions(cluster=CLUSTER, policy=POLICY, policy_params=PARAMS)
+    asyncio.run(simulate(options, _jobs(), out))
     return out
 
 
@@ -73,7 +80,9 @@ async def test_a_service_killed_mid_simulation_restarts_and_the_run_goes_on(
             killed["finished"] = p.finished
             tasks.append(asyncio.ensure_future(restart(services)))
 
-    options = SimOptions(cluster=CLUSTER, durable=True, call_timeout_s=0.5)
+    options = SimOptions(
+        cluster=CLUSTER, policy=POLICY, policy_params=PARAMS, durable=True, call_timeout_s=0.5
+    )
     result = await simulate(
         options, _jobs(), tmp_path, nats_url=nats_url, cluster_name=f"kill_{victim}",
         processes=True, on_progress=on_progress, on_services=holder.append,

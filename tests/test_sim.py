@@ -13,7 +13,8 @@ from gpuyard.shared.connection import connect
 from gpuyard.shared.endpoints import Subjects
 from gpuyard.shared.model import ClusterSpec, JobSpec
 from gpuyard.sim import SimOptions, simulate
-from gpuyard.workloads import blox
+from gpuyard.shared.throughput import load_throughputs
+from gpuyard.workloads import blox, gavel
 
 
 def poisson_workload(n: int, load: float, seed: int, gpu_demand=None) -> list[JobSpec]:
@@ -224,3 +225,50 @@ async def test_job_without_throughput_anywhere_is_rejected_with_a_reason(
     assert [(e.job_id, e.reason) for e in rejected] == [
         ("bad", "can never run here: the throughput model has no figure for 'toy@64' on 2 GPUs of a100")
     ]
+
+
+async def test_no_wake_up_after_the_last_job(tmp_path: Path, nats_url: str) -> None:
+    """A policy's next decision time is computed from the jobs as the round left them: SRTF's
+    starvation timer of a job that has just started must not run the clock (and the utilisation
+    span) past the last completion."""
+    jobs = [job("a", 1, 100.0, 0.0), job("b", 1, 50.0, 10.0)]
+    options = SimOptions(cluster=ClusterSpec.parse("1x1"), policy="srtf")
+    result = await simulate(options, jobs, tmp_path, nats_url=nats_url)
+    assert result.summary["simulated_s"] == 150.0
+    assert result.summary["utilization"] == pytest.approx(1.0)
+
+
+async def test_fifo_backfill_runs_without_preemptions(tmp_path: Path, nats_url: str) -> None:
+    """Multi-GPU jobs under FIFO with backfill: jobs jump ahead of ones that do not fit, and none
+    is ever preempted (only priority preempts under FIFO)."""
+    jobs = poisson_workload(150, 12.0, 3, {1: 0.4, 2: 0.2, 4: 0.3, 8: 0.1})
+    options = SimOptions(
+        cluster=ClusterSpec.parse("2x4"), policy="fifo", policy_params={"backfill": True}
+    )
+    result = await simulate(options, jobs, tmp_path, nats_url=nats_url)
+    assert result.summary["completed"] == 150
+    starts = sorted(result.jobs, key=lambda r: r.first_start or 0.0)
+    assert any(a.submit_time > b.submit_time for a, b in zip(starts, starts[1:]))  # it backfilled
+    assert sum(r.preemptions for r in result.jobs) == 0
+
+
+async def test_heterogeneous_cluster_uses_every_type_and_never_fails_a_job(
+    tmp_path: Path, nats_url: str, data
+) -> None:
+    """Gavel's templates on three GPU types at a light load (most jobs find every type free): an
+    agnostic policy spreads jobs over the types where they can run (not alphabetically, K80
+    first), and no job is started where its throughput is 0 (some templates have no K80 figure)."""
+    throughputs = str(data("gavel/simulation_throughputs.json"))
+    model = load_throughputs(throughputs)
+    jobs = gavel(120, 3.0, 1, multi_gpu=True, throughputs=model).jobs
+    options = SimOptions(
+        cluster=ClusterSpec.parse("4x4:v100,4x4:p100,4x4:k80"), throughputs=throughputs
+    )
+    result = await simulate(options, jobs, tmp_path, nats_url=nats_url)
+    assert result.summary["failed"] == 0 and result.summary["completed"] == len(jobs)
+    nc = await connect(nats_url, name="test")
+    started = [e.event async for e in read_events(nc, Subjects("sim"), types=["job.started"])]
+    await nc.drain()
+    first_type = {e.job_id: e.gpus[0].node_id.split("-")[0] for e in reversed(started)}
+    counts = {t: list(first_type.values()).count(t) for t in ("v100", "p100", "k80")}
+    assert min(counts.values()) >= len(jobs) // 6, counts

@@ -281,9 +281,12 @@ class NodeAgent(Service):
                     del self.holders[g]
             if self.parts.get(job_id) is part:
                 del self.parts[job_id]
-        if part.stopping and not reason.startswith("launch failed"):
+        finished = bool(part.procs) and failure[0] < 0  # every process ran and exited 0
+        if part.stopping and not finished and not reason.startswith("launch failed"):
             self.log.info("job.stopped", job_id=job_id)
             return
+        if part.stopping and finished:  # it was told to stop just as it finished: report that
+            reason = "finished as it was being stopped"
         status = "failed" if failure[0] >= 0 else "completed"
         self.log.info("job.exited", job_id=job_id, status=status, exit_code=failure[1])
         self.pending_exits.append(

@@ -308,6 +308,13 @@ class Scheduler(Service):
         await self._catch_up(req.now)
         for ex in req.exits:
             record = self.table.get(ex.job_id)
+            if record is not None and self._done_by_an_earlier_run(record, ex):
+                # Its work is done (runs share the checkpoint): it must not run again. A run
+                # started since is left out of the next apply, which stops it.
+                self.table.end(record, req.now, "completed", ex.reason, record.total_steps)
+                self.dirty = True
+                await self.emit("job.completed", req.now, ex.job_id, reason=ex.reason)
+                continue
             if record is None or record.state != "running":
                 state = "unknown" if record is None else record.state
                 self.log.warning("exit.ignored", job_id=ex.job_id, state=state)
@@ -333,6 +340,17 @@ class Scheduler(Service):
         self._poke()
         ran = await self._round_if_due(req.now, req.tick)
         return self._status(req.now, ran_round=ran)
+
+    @staticmethod
+    def _done_by_an_earlier_run(record: JobRecord, ex: JobExit) -> bool:
+        """An earlier run of the job exited 0 (it finished just as it was stopped, and the
+        scheduler had requeued it, perhaps relaunched it, before hearing of the exit)."""
+        if ex.status != "completed" or ex.attempt is None:
+            return False
+        current = record.attempt - 1
+        return (record.state == "queued" and ex.attempt <= current) or (
+            record.state == "running" and ex.attempt < current
+        )
 
     def _end(self, record: JobRecord, now: float, ex: JobExit) -> None:
         steps = ex.steps_done
@@ -430,11 +448,12 @@ class Scheduler(Service):
     async def run_round(self, now: float) -> None:
         if self.cluster is None:
             self.cluster = await self._placement(CLUSTER, Empty())
+        cluster = self.cluster  # (a node event may drop `self.cluster` while we wait below)
         # Durable: what the request changed so far (exits, the released list) is written before
         # the policy decides and placement acts, so a restart between the apply and our next
         # write reconciles only what the apply itself did, and decides again from the same state.
         await self.persist()
-        inp = self._input(now)
+        inp = self._input(now, cluster)
         decision: Decision | None = None
         if self.mechanism.wants_decision(now, self.table.changed):
             decision = await self._decide(inp)
@@ -451,7 +470,7 @@ class Scheduler(Service):
             ),
         )  # fmt: skip
         self.released = []
-        self.cluster.capacity = reply.capacity
+        cluster.capacity = reply.capacity
         for job_id, steps in reply.progress.items():
             record = active.get(job_id)
             if record is not None:
@@ -476,13 +495,16 @@ class Scheduler(Service):
         self.last_round = now
         self.dirty = False
         # When to decide again with time alone, from the jobs as this round left them.
-        self.policy_wake = self.policy.next_decision_time(self._input(now))
+        wake = self.policy.next_decision_time(self._input(now, cluster))
+        if wake is not None and wake <= now:  # "again, now" would never end: a policy's bug
+            self.log.warning("policy.wake_in_the_past", policy=self.policy_name, wake=wake)
+            wake = None
+        self.policy_wake = wake
 
-    def _input(self, now: float) -> SchedulingInput:
-        assert self.cluster is not None
+    def _input(self, now: float, info: ClusterInfo) -> SchedulingInput:
         cluster = ClusterView(
-            capacity=dict(self.cluster.capacity), round_s=self.config.round_s,
-            nodes=self._nodes() if self.policy.needs.nodes else [], throughputs=self.model,
+            capacity=dict(info.capacity), round_s=self.config.round_s,
+            nodes=self._nodes(info) if self.policy.needs.nodes else [], throughputs=self.model,
         )  # fmt: skip
         context = cluster.context(now)
         finished: list[JobView] = []
@@ -495,14 +517,10 @@ class Scheduler(Service):
             cluster=cluster, finished=finished,
         )  # fmt: skip
 
-    def _nodes(self) -> list[NodeStatus]:
-        assert self.cluster is not None
-        up = [NodeStatus(n.node_id, n.gpu_type, n.num_gpus) for n in self.cluster.nodes]
-        known = {n.node_id: n for n in self.cluster.nodes}
-        down = [
-            NodeStatus(node_id, known[node_id].gpu_type if node_id in known else "", 0, False, t)
-            for node_id, t in self.cluster.down.items()
-        ]
+    @staticmethod
+    def _nodes(info: ClusterInfo) -> list[NodeStatus]:
+        up = [NodeStatus(n.node_id, n.gpu_type, n.num_gpus) for n in info.nodes]
+        down = [NodeStatus(node_id, "", 0, False, t) for node_id, t in info.down.items()]
         return up + down
 
     def _rate(

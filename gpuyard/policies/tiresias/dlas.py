@@ -299,6 +299,6 @@ class TiresiasGittins(Tiresias):
             i = bisect.bisect_right(data, service)
             if i < len(data):
                 t = inp.now + (data[i] - service) / j.gpus
-                if best is None or t < best:
+                if t > inp.now and (best is None or t < best):
                     best = t
         return best

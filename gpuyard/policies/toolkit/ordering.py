@@ -9,7 +9,7 @@ random type among those with room), `fastest_types` fastest first.
 
 from __future__ import annotations
 
-import zlib
+import hashlib
 from collections.abc import Callable, Mapping
 
 from gpuyard.shared.model import ANY_GPU, Allocation
@@ -34,7 +34,7 @@ def agnostic_types(job: JobView, types: list[str], need: int) -> list[str]:
     random among those with room, and the same job prefers the same type every round."""
     if len(types) < 2:
         return types
-    return sorted(types, key=lambda t: zlib.crc32(f"{job.job_id}\0{t}".encode()))
+    return sorted(types, key=lambda t: hashlib.blake2b(f"{job.job_id}\0{t}".encode()).digest())
 
 
 def fastest_types(cluster: ClusterView) -> TypeOrder:

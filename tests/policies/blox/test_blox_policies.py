@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuyard.policies.blox import Fifo, Las, LasParams, Optimus, Sjf, SjfParams, Srtf
+from gpuyard.policies.blox import Fifo, FifoParams, Las, LasParams, Optimus, Sjf, SjfParams, Srtf
 from gpuyard.shared.policy import JobView
 
 from ..views import ids, inp, job
@@ -117,3 +117,16 @@ def test_optimus_respects_minimum_and_capacity():
     assert [(a.job_id, a.num_gpus) for a in out] == [("j0", 3), ("j1", 2)]
 
 
+
+
+def test_fifo_backfill_never_preempts_for_an_equal_priority_job():
+    """A job started by backfill keeps its GPUs when the earlier job it jumped could only start
+    by preempting it; a job of higher priority still preempts."""
+    late = job("late", 2, running=True, submit=5)
+    early = job("early", 4, submit=0)
+    assert ids(Fifo(FifoParams(backfill=True)).schedule(inp([early, late], gpus=4))) == ["late"]
+    # Without backfill FIFO is Blox's: the walk takes the head of the queue first.
+    assert ids(Fifo().schedule(inp([early, late], gpus=4))) == ["early"]
+    vip = job("vip", 4, submit=9, spec={"priority": 1})
+    out = Fifo(FifoParams(backfill=True)).schedule(inp([early, late, vip], gpus=4))
+    assert ids(out) == ["vip"]
