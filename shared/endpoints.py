@@ -97,7 +97,7 @@ POLICY_SET = Endpoint(
     ("admission", "scheduler", "placement"),
 )  # fmt: skip
 TAKEOVER = Endpoint(
-    "ctl.{svc}.takeover", Empty, Empty, "a starting durable service -> the running one",
+    "ctl.{svc}.takeover", Empty, PolicyInfo, "a starting durable service -> the running one",
     ("admission", "scheduler", "placement"),
 )  # fmt: skip
 

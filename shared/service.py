@@ -179,14 +179,20 @@ class Service:
             raise BadRequest(str(exc), field=policy_error_field(str(exc))) from None
         self.policy_swapped()
         info = self.policy_info(previous=old)
-        self.log.info("policy.changed", old=old, new=info.policy, params=info.params)
+        await self._policy_changed(old, info, "set", req.now)
+        return info
+
+    async def _policy_changed(
+        self, old: str | None, info: PolicyInfo, how: str, now: float | None = None
+    ) -> None:
+        self.log.info("policy.changed", old=old, new=info.policy, params=info.params, how=how)
+        reason = f"{old} -> {info.policy} {encode(info.params).decode()}"
         await self.bus.emit(
             Event(
-                type="policy.changed", now=req.now if req.now is not None else time.time(),
-                reason=f"{old} -> {info.policy} {encode(info.params).decode()}", service=self.name,
+                type="policy.changed", now=now if now is not None else time.time(),
+                reason=reason if how == "set" else f"{reason} ({how})", service=self.name,
             )
         )  # fmt: skip
-        return info
 
     # ------------------------------------------------------------------ every service
 
@@ -212,8 +218,9 @@ class Service:
         """
         if not self.durable:
             return
+        previous: PolicyInfo | None = None
         try:
-            await self.bus.call(TAKEOVER, Empty(), within_s=60.0, svc=self.token)
+            previous = await self.bus.call(TAKEOVER, Empty(), within_s=60.0, svc=self.token)
             self.log.info("service.took_over")
         except RemoteError as exc:
             if exc.reply.error != "no service is listening":
@@ -224,6 +231,10 @@ class Service:
         started = time.perf_counter()
         await self.restore(await self.store.load())
         self.log.info("state.restored", took_s=round(time.perf_counter() - started, 4))
+        mine = self.policy_info()
+        if previous is not None and (previous.policy, previous.params) != (mine.policy, mine.params):
+            # A replacement with another policy: the stream shows the swap like a `policy set`.
+            await self._policy_changed(previous.policy, mine, "took over")
         await self.bus.nc.subscribe(
             self.bus.subjects.of(TAKEOVER, svc=self.token), cb=self._on_takeover
         )
@@ -235,7 +246,7 @@ class Service:
             with contextlib.suppress(Exception):
                 await sub.drain()
         self._subs.clear()
-        await msg.respond(b"{}")
+        await msg.respond(encode(self.policy_info()))
         self.handed_over.set()
 
     # ------------------------------------------------------------------ serving

@@ -11,13 +11,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from .test_real_cluster import CLUSTER, RealCluster, _train
 
 from gpuyard.cli_cluster import control_plane_configs
 from gpuyard.launcher import ServiceSet
+from gpuyard.ops import read_events
 from gpuyard.shared.connection import connect
 from gpuyard.shared.contract import Empty, JobQuery, JobsPage
 from gpuyard.shared.endpoints import POLICY, QUERY, SUBMIT
+
+from .test_real_cluster import CLUSTER, RealCluster, _train
 
 RETRY_S = 30.0
 
@@ -141,6 +143,12 @@ async def test_a_replacement_scheduler_takes_over_with_another_policy(
     assert pcluster.bus is not None
     info = await pcluster.bus.call(POLICY, Empty(), within_s=5.0, svc="sched")
     assert info.policy == "sjf"
+    swaps = [
+        s.event
+        async for s in read_events(pcluster.bus.nc, pcluster.bus.subjects, types=["policy.changed"])
+    ]
+    assert [e.reason.split(" {")[0] for e in swaps] == ["tiresias -> sjf"]
+    assert swaps[0].reason.endswith("(took over)")
     page = await pcluster.until_all_ended(len(ids))
     _assert_exactly_once(pcluster, page, ids)
 

@@ -422,7 +422,9 @@ class SimClock(Service):
         """New rates and completion times for the jobs whose parts changed at `now`."""
         sharing = self._sharing()
         for job_id in sorted(self.changed | sharing.keys()):
-            job = self.jobs[job_id]
+            job = self.jobs.get(job_id)
+            if job is None:  # ended at this instant
+                continue
             job.version += 1
             job.restarting = False
             gpus = sum(len(p) for p in job.parts.values())

@@ -107,3 +107,36 @@ def test_registry():
     assert admission_policies.create("load", {"threshold": "1.4"}).params.threshold == 1.4
     with pytest.raises(PolicyError):
         admission_policies.create("queue-cap", {"action": "drop"})
+
+
+def test_the_api_expresses_deadline_feasibility_admission():
+    """An admission policy sees the admitted jobs (their remaining work and deadlines) and the
+    cluster's throughputs: enough to admit only what can still finish in time."""
+    from gpuyard.shared.policy import AdmissionDecision, AdmissionPolicy, Needs
+
+    class EdfFeasible(AdmissionPolicy):
+        needs = Needs(jobs=True, throughputs=True)
+
+        def decide(self, inp: AdmissionInput) -> AdmissionDecision:
+            new = JobView(job_id="new", seq=-1, spec=inp.job, submit_time=inp.now)
+            new.bind(inp.cluster.context(inp.now))
+            done_by = inp.now
+            for j in sorted([*inp.jobs, new], key=lambda j: j.spec.deadline or float("inf")):
+                seconds = (j.remaining_steps or 0.0) / inp.cluster.rate(j, "gpu", inp.cluster.total_gpus)
+                done_by += seconds
+                if j.spec.deadline is not None and done_by > j.spec.deadline:
+                    return AdmissionDecision("reject", f"{j.job_id} would miss its deadline")
+            return AdmissionDecision("admit")
+
+    def with_deadline(job_id: str, duration: float, deadline: float) -> JobView:
+        spec = JobSpec(job_id=job_id, num_gpus=1, duration=duration, deadline=deadline)
+        return JobView(job_id=job_id, seq=0, spec=spec, submit_time=0.0)
+
+    cluster = ClusterView(capacity={"gpu": 1}, round_s=60.0)
+    admitted = [with_deadline("a", 100.0, 150.0)]
+    fits = JobSpec(num_gpus=1, duration=40.0, deadline=200.0)
+    late = JobSpec(num_gpus=1, duration=60.0, deadline=120.0)  # first, it pushes "a" past 150
+    policy = EdfFeasible()
+    assert policy.decide(AdmissionInput(now=0.0, job=fits, cluster=cluster, jobs=admitted)).verdict == "admit"
+    decision = policy.decide(AdmissionInput(now=0.0, job=late, cluster=cluster, jobs=admitted))
+    assert (decision.verdict, decision.reason) == ("reject", "a would miss its deadline")

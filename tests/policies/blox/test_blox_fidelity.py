@@ -55,8 +55,10 @@ def blox_reference(jobs: list[RefJob], gpus: int, policy: str) -> dict[int, RefJ
             j.waiting_since = t
             active.append(j)
 
-        def key(j: RefJob) -> tuple[float, ...]:
-            starved = not j.running and j.waiting_since is not None and t - j.waiting_since >= STARVATION_S
+        def key(j: RefJob, t: float = t) -> tuple[float, ...]:
+            starved = (
+                not j.running and j.waiting_since is not None and t - j.waiting_since >= STARVATION_S
+            )
             cls = -1 if starved else 0
             if policy == "las":
                 return (cls, j.rounds, j.job_id)

@@ -157,3 +157,26 @@ def test_tiresias_gittins_exact_value_and_learning():
     assert pol.gittins_index(0.0) == pytest.approx(0.5 / 50.5)
 
 
+
+
+def test_state_survives_a_snapshot_and_decides_the_same_afterwards():
+    """A restarted scheduler restores the policy's state: the restored policy makes the same
+    decisions as the one that never stopped; a fresh one (no state) does not."""
+    import msgspec
+
+    params = TiresiasParams(thresholds=[100], promote_knob=1)
+    pol = Tiresias(params)
+    hog = job("hog", 1, submit=0, seq=1, attained_service=200.0, executed_time=200.0,
+              first_start=0.0, queued_since=200.0)  # fmt: skip
+    top = job("top", 1, submit=50, seq=2)
+    assert ids(pol.schedule(inp([top, hog], gpus=1, now=400.0))) == ["hog"]  # promoted at 400
+    data = msgspec.json.encode(pol.snapshot())
+    restored = Tiresias(params)
+    restored.restore(msgspec.json.decode(data, type=Tiresias.State))
+    # At 450, hog has run 50 more GPU-seconds since its promotion: still in the top queue.
+    ran = job("hog", 1, running=True, submit=0, seq=1, attained_service=250.0,
+              executed_time=250.0, first_start=0.0)  # fmt: skip
+    later = [top, ran]
+    assert ids(pol.schedule(inp(later, gpus=1, now=450.0))) == ["hog"]
+    assert ids(restored.schedule(inp(later, gpus=1, now=450.0))) == ["hog"]
+    assert ids(Tiresias(params).schedule(inp(later, gpus=1, now=450.0))) == ["top"]

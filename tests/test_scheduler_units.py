@@ -1,0 +1,149 @@
+"""The scheduler's pieces without NATS: the job table's transitions and counters, the views
+policies get of it, and the time-share round mechanism."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from gpuyard.services.scheduler.jobs import JobTable
+from gpuyard.services.scheduler.mechanism import TimeShareConfig, TimeShareMechanism
+from gpuyard.shared.contract import StepsReport
+from gpuyard.shared.model import JobRecord, JobSpec
+from gpuyard.shared.policy import ClusterView, Decision, JobView, SchedulingInput
+from gpuyard.shared.throughput import LinearModel
+
+# --------------------------------------------------------------------------- the job table
+
+
+def spec(job_id: str, gpus: int = 1, **kw) -> JobSpec:  # type: ignore[no-untyped-def]
+    return JobSpec(job_id=job_id, num_gpus=gpus, **kw)
+
+
+def test_counters_follow_every_transition() -> None:
+    table = JobTable()
+    a = table.admit(spec("a", 2), 0.0, total_steps=200.0)
+    b = table.admit(spec("b", 1), 0.0, total_steps=100.0)
+    assert (table.queued, table.running, table.busy_gpus, table.finished) == (2, 0, 0, 0)
+    table.start(a, 10.0, ["n1"], 2, "v100", rate=2.0)
+    table.start(b, 10.0, ["n1"], 1, "v100", rate=1.0)
+    assert (table.queued, table.running, table.busy_gpus) == (0, 2, 3)
+    assert table.requeue(b, 30.0, "preempted", StepsReport(15.0, 30.0))
+    assert (b.steps_done, b.executed_time, b.gpu_seconds, b.preemptions) == (15.0, 20.0, 20.0, 1)
+    assert (table.queued, table.running, table.busy_gpus) == (1, 1, 2)
+    assert table.start(a, 40.0, ["n1"], 1, "v100", rate=1.0)  # resized
+    assert (a.executed_time, a.gpu_seconds, a.steps_done) == (30.0, 60.0, 60.0)
+    assert (table.running, table.busy_gpus, a.attempt) == (1, 1, 2)
+    assert table.end(a, 50.0, "completed", steps=200.0)
+    assert not table.end(a, 51.0, "failed")  # ended already: nothing changes
+    assert table.end(b, 60.0, "cancelled", "cancelled by request")
+    assert (table.queued, table.running, table.busy_gpus, table.finished) == (0, 0, 0, 2)
+    assert list(table.active) == [] and a.state == "completed" and b.reason == "cancelled by request"
+    # A restarted scheduler rebuilds the same counters from the records alone.
+    again = JobTable()
+    again.load(msgspec.json.decode(msgspec.json.encode(list(table.jobs.values())), type=list[JobRecord]))
+    assert (again.queued, again.running, again.busy_gpus, again.finished) == (0, 0, 0, 2)
+
+
+def test_progress_reports_are_taken_only_when_newer() -> None:
+    table = JobTable()
+    a = table.admit(spec("a"), 0.0, total_steps=100.0)
+    table.start(a, 0.0, ["n"], 1, "gpu", rate=1.0)
+    table.report(a, StepsReport(40.0, 30.0))
+    table.report(a, StepsReport(10.0, 20.0))  # older than what is known: ignored
+    assert (a.steps_done, a.progress_at) == (40.0, 30.0)
+
+
+# --------------------------------------------------------------------------- views
+
+
+def test_views_derive_service_progress_and_remaining_time_at_now() -> None:
+    record = JobRecord(
+        job_id="a", seq=0, spec=spec("a", 2, duration=100.0), submit_time=0.0, admit_time=0.0,
+        state="running", run_start=50.0, progress_at=50.0, gpus=2, gpu_type="k80", rate=1.0,
+        executed_time=20.0, gpu_seconds=40.0, steps_done=40.0, total_steps=200.0,
+    )  # fmt: skip
+    cluster = ClusterView(capacity={"k80": 2}, round_s=30.0, throughputs=LinearModel({"k80": 0.5}))
+    view = JobView.of(record, cluster.context(now=80.0))
+    assert (view.executed_time, view.attained_service, view.rounds_run) == (50.0, 100.0, 1)
+    assert (view.steps_done, view.remaining_steps, view.remaining_time) == (70.0, 130.0, 130.0)
+    # Queued, it is judged at its requested GPUs on the model's reference type (here: 2 steps/s).
+    record.state, record.gpus, record.rate = "queued", 0, 0.0
+    assert view.remaining_time == 80.0 and view.rate("k80", 2) == 1.0
+    # The record itself never changes by being looked at.
+    assert (record.executed_time, record.steps_done) == (20.0, 40.0)
+
+
+# --------------------------------------------------------------------------- time shares
+
+
+def time_share_input(now: float, running: dict[str, str]) -> SchedulingInput:
+    """Three 1-GPU jobs on one v100 and one k80; `running`: job -> type it ran on since 0."""
+    jobs = []
+    for i, job_id in enumerate(("a", "b", "c")):
+        record = JobRecord(job_id=job_id, seq=i, spec=spec(job_id), submit_time=0.0, admit_time=0.0)
+        if job_id in running:
+            record.state, record.gpus, record.gpu_type = "running", 1, running[job_id]
+        jobs.append(JobView(record))
+    cluster = ClusterView(capacity={"v100": 1, "k80": 1}, round_s=100.0)
+    return SchedulingInput(now=now, jobs=jobs, cluster=cluster)
+
+
+def test_time_shares_track_the_allocation_round_after_round() -> None:
+    """X gives each job a third of the v100 and a third of the k80: over many rounds each job
+    receives about that, and jobs never run on two types at once."""
+    mech = TimeShareMechanism(TimeShareConfig(), round_s=100.0)
+    third = {"v100": 1 / 3, "k80": 1 / 3}
+    decision = Decision(shares={j: dict(third) for j in "abc"})
+    running: dict[str, str] = {}
+    received = {j: {"v100": 0, "k80": 0} for j in "abc"}
+    for r in range(30):
+        inp = time_share_input(r * 100.0, running)
+        for j in running:
+            inp.jobs["abc".index(j)].record.run_start = (r - 1) * 100.0
+        wants = mech.wants_decision(inp.now, changed=r == 0)
+        allocations = mech.allocations(decision if wants else None, inp)
+        assert len({a.job_id for a in allocations}) == len(allocations) <= 2
+        running = {a.job_id: a.gpu_type for a in allocations}
+        for j, t in running.items():
+            received[j][t] += 1
+    for j in "abc":
+        assert 8 <= received[j]["v100"] <= 12 and 8 <= received[j]["k80"] <= 12, received
+    assert mech.next_round(3000.0, 100.0, active=True) == 3000.0
+    assert mech.next_round(3000.0, 100.0, active=False) is None
+
+
+def test_time_shares_respect_a_skewed_allocation_and_the_resolve_interval() -> None:
+    mech = TimeShareMechanism(TimeShareConfig(min_resolve_s=1000.0), round_s=100.0)
+    decision = Decision(shares={"a": {"v100": 1.0}, "b": {"k80": 1.0}, "c": {}})
+    inp = time_share_input(0.0, {})
+    assert mech.wants_decision(0.0, changed=False)  # the first round always asks the policy
+    out = mech.allocations(decision, inp)
+    assert {(a.job_id, a.gpu_type) for a in out} == {("a", "v100"), ("b", "k80")}
+    assert not mech.wants_decision(500.0, changed=True)  # too soon after the last solve
+    assert mech.wants_decision(1000.0, changed=True) and not mech.wants_decision(1000.0, changed=False)
+    # The state survives a restart of the scheduler byte for byte.
+    restored = TimeShareMechanism(TimeShareConfig(min_resolve_s=1000.0), round_s=100.0)
+    restored.restore(msgspec.json.encode(mech.snapshot()))
+    nxt = time_share_input(100.0, {"a": "v100", "b": "k80"})
+    assert mech.allocations(None, nxt) == restored.allocations(None, time_share_input(100.0, {"a": "v100", "b": "k80"}))
+
+
+def test_time_shares_pairs_share_gpus_and_count_once() -> None:
+    mech = TimeShareMechanism(TimeShareConfig(), round_s=100.0)
+    decision = Decision(pair_shares={("a", "b"): {"v100": 1.0}}, shares={"c": {"k80": 1.0}})
+    out = mech.allocations(decision, time_share_input(0.0, {}))
+    by_id = {a.job_id: a for a in out}
+    assert by_id["b"].share_with == "a" and by_id["a"].gpu_type == by_id["b"].gpu_type == "v100"
+    assert by_id["c"].gpu_type == "k80"
+
+
+@pytest.mark.parametrize("global_queue", [False, True])
+def test_time_shares_never_exceed_capacity(global_queue: bool) -> None:
+    mech = TimeShareMechanism(TimeShareConfig(global_queue=global_queue), round_s=100.0)
+    decision = Decision(shares={j: {"v100": 0.5, "k80": 0.5} for j in "abc"})
+    out = mech.allocations(decision, time_share_input(0.0, {}))
+    per_type: dict[str, int] = {}
+    for a in out:
+        per_type[a.gpu_type] = per_type.get(a.gpu_type, 0) + a.num_gpus
+    assert all(n <= 1 for n in per_type.values()) and len(out) == 2
