@@ -1,0 +1,1275 @@
+"""Gavel's allocation programs as pure functions over numpy arrays.
+
+Every program answers the same question: which fraction of time should each job spend on each GPU
+type (and, with space sharing, sharing a GPU with which other job)? They follow the policies in
+Gavel's `scheduler/policies/` (stanford-futuredata/gavel) and solve with OR-Tools through
+`gpuyard.policies.toolkit.lp`; nothing here does I/O or keeps state between calls (state the
+reference keeps inside a policy object, e.g. Gandiva's pairs or AlloX's running jobs, is an input
+and an output here).
+
+Inputs, for n jobs and K GPU types:
+- `throughputs` T[n, K]: steps/s of the whole job (all its GPUs) on type k; 0 = cannot run there.
+- `scale_factors` sf[n]: GPUs the job needs at once; `priority_weights` w[n] > 0 (a larger weight
+  asks for a larger share); `num_gpus` N[K]: GPUs of each type.
+- `packing` (the `_packed` variants): `Packing(job_types, pair_throughputs)`, where
+  `pair_throughputs[a, b, k]` is the steps/s of an a-type job while it shares a type-k GPU with a
+  b-type job (0 or NaN = the two may not share). Only jobs with equal scale factors share, as in
+  the reference.
+
+Output: `Allocation` with `shares[n, K]` (time alone on each type), `pairs[P, 2]` and
+`pair_shares[P, K]` (time two jobs spend together on each type), `objective` (what the program
+optimised) and solve statistics. Base constraints everywhere: shares >= 0; each job's shares
+(alone and in pairs) sum to <= 1; sum of sf * share (a pair counted once) <= N[k] per type; no
+share on a type where the job (or the pair) has throughput 0.
+
+Agnostic baselines. The reference builds its heterogeneity-agnostic policies by calling the aware
+program with made-up throughputs: `max_min_fairness` (and its water-filling form) sets every entry
+to 1, `finish_time_fairness` and `min_total_duration` copy the V100 column into every type.
+`agnostic_throughputs` builds those matrices (`respect_unsupported=True` keeps the zeros of types
+a job cannot use, which the reference overwrites).
+
+Exactness and speed: jobs that are interchangeable for a program (same throughputs, scale factor,
+weight, and whatever else the program reads) form a class, and the LP is solved over classes with
+their multiplicities. The programs are convex and invariant under permuting interchangeable jobs,
+so averaging an optimal solution over those permutations gives an optimal solution that treats
+them alike: the class LP loses nothing, and identical jobs get identical shares (as the
+reference's interior-point solver also returns). With Gavel's 26 job templates the 2,048-job
+max-min LP has a few dozen classes.
+
+Space sharing is formulated without a variable per job pair. Group jobs by (job type, scale
+factor). Between two different groups g, h a job's throughput depends only on the partner's
+group, so a variable y[c, k, h] holds the time a member of class c spends on type k paired with
+some member of group h, and the rows sum_{c in g} m_c y[c, k, h] = sum_{c in h} m_c y[c, k, g]
+(both sides count the same pair time) make it realisable: any two nonnegative vectors with equal
+totals are the margins of a nonnegative matrix, and the product u_i v_j / total is one, which is
+what `Allocation.pairs` reports. Inside one group there is a variable per pair of classes (and per
+class for pairs of its own members). This is exact, and for 500 jobs it has ~50k variables instead
+of the ~375k of one variable per job pair that the reference builds.
+
+Finish-time fairness (Themis) as LPs. rho_j(X) = (t_j + R_j / r_j(X)) / D_j with r_j(X) the job's
+throughput under X (linear in X), t_j the time since it started, R_j its remaining steps and
+D_j = C_j + R_j / iso_j its finish time under an isolated 1/n share (C_j: isolated time already
+accrued). rho_j = (t_j r_j + R_j) / (D_j r_j) is a ratio of two linear functions of X with a
+positive denominator, so min_X max_j rho_j is a generalised linear-fractional program. For a fixed
+level r the question "max_j rho_j <= r?" is linear: r_j(X) (r D_j - t_j) >= R_j for every j. We
+solve it with the Dinkelbach-type method of Crouzeix, Ferland and Schaible (1985): from a feasible
+X_k with r_k = max_j rho_j(X_k), solve the LP
+    F(r_k) = min_{X, z} z  subject to  (t_j r_j(X) + R_j - r_k D_j r_j(X)) / (D_j r_j(X_k)) <= z,
+set X_{k+1} to its solution and r_{k+1} = max_j rho_j(X_{k+1}). F(r) < 0 exactly when r exceeds
+the optimum r*, F(r*) = 0, and r_k decreases to r* (superlinearly near it); we stop when F(r_k)
+>= -1e-7 r_k (r_k is then optimal to that relative tolerance), typically after 3-6 LPs. The
+first X is the isolated allocation.
+
+Each program's docstring says where the reference's code differs from its name (ANCHORS.md §2) and
+which keyword gives the intended behaviour; the default reproduces the reference.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from ortools.graph.python import min_cost_flow
+
+from gpuyard.policies.toolkit.lp import Infeasible, LinearProgram, Solution, SolveError, Solver
+
+__all__ = [
+    "ALONE",
+    "UNASSIGNED",
+    "Allocation",
+    "Packing",
+    "SolveStats",
+    "agnostic_throughputs",
+    "allox",
+    "finish_time_fairness",
+    "gandiva",
+    "isolated",
+    "isolated_throughputs",
+    "max_min_fairness",
+    "max_min_fairness_water_filling",
+    "max_sum_throughput",
+    "max_sum_throughput_normalized_by_cost",
+    "min_total_duration",
+    "proportional_throughputs",
+]
+
+ALONE = -1
+"""`gandiva` state: the job was placed on its own."""
+UNASSIGNED = -2
+"""`gandiva` state: the job has no placement yet (new, or its partner left)."""
+
+_ZERO = 1e-12  # solver noise below this is treated as 0 in shares
+
+
+# ------------------------------------------------------------------------------------------------
+# Inputs and outputs
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Space sharing (the `_packed` variants and `gandiva`): job types and pair throughputs.
+
+    `job_types[j]` indexes the first two axes of `pair_throughputs[a, b, k]`: steps/s of an a-type
+    job while it shares one type-k GPU with a b-type job (so `[b, a, k]` is the partner's rate).
+    0 or NaN = the pair may not share that type (the reference needs an entry for every pair and
+    fails on a missing one)."""
+
+    job_types: np.ndarray
+    pair_throughputs: np.ndarray
+
+
+@dataclass
+class SolveStats:
+    """Where a program's time went."""
+
+    build_seconds: float = 0.0
+    """Everything outside the solver: arrays, the model proto, reading and expanding results."""
+    solve_seconds: float = 0.0
+    """Inside the solver calls (including handing the model over)."""
+    num_solves: int = 0
+    optimal: bool = True
+    """False when a time limit stopped a solve with a feasible but unproven solution."""
+    fallback: str | None = None
+    """What the program did instead when a solve failed (the reference's own fallbacks)."""
+
+    def record(self, solution: Solution) -> None:
+        self.solve_seconds += solution.solve_seconds
+        self.num_solves += 1
+        self.optimal &= solution.optimal
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Fractions of time: `shares[j, k]` job j alone on type k; `pair_shares[p, k]` jobs
+    `pairs[p] = (i, j)` (i < j) together on type k."""
+
+    shares: np.ndarray
+    pairs: np.ndarray
+    pair_shares: np.ndarray
+    objective: float
+    stats: SolveStats = field(default_factory=SolveStats)
+
+    def job_time(self) -> np.ndarray:
+        """Total time share of each job (alone and in pairs), shape [n]."""
+        total = self.shares.sum(axis=1)
+        if self.pairs.size:
+            per_pair = self.pair_shares.sum(axis=1)
+            np.add.at(total, self.pairs[:, 0], per_pair)
+            np.add.at(total, self.pairs[:, 1], per_pair)
+        return total
+
+    def job_throughputs(
+        self, throughputs: np.ndarray, packing: Packing | None = None
+    ) -> np.ndarray:
+        """Each job's steps/s under this allocation, shape [n]."""
+        rate = (np.asarray(throughputs, dtype=np.float64) * self.shares).sum(axis=1)
+        if self.pairs.size:
+            if packing is None:
+                raise ValueError("this allocation has pairs: pass the Packing it was computed with")
+            types = np.asarray(packing.job_types)
+            table = np.nan_to_num(np.asarray(packing.pair_throughputs, dtype=np.float64))
+            first, second = self.pairs[:, 0], self.pairs[:, 1]
+            np.add.at(rate, first, (table[types[first], types[second]] * self.pair_shares).sum(1))
+            np.add.at(rate, second, (table[types[second], types[first]] * self.pair_shares).sum(1))
+        return rate
+
+
+def _empty_pairs(num_types: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros((0, 2), dtype=np.int64), np.zeros((0, num_types))
+
+
+def _float_array(value: object, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    array = np.asarray(value, dtype=np.float64)
+    if array.shape != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {array.shape}")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name}: values must be finite")
+    return array + 0.0  # turns -0.0 into 0.0 so that equal jobs compare equal bytewise
+
+
+@dataclass(frozen=True)
+class _Jobs:
+    throughputs: np.ndarray
+    scale_factors: np.ndarray
+    weights: np.ndarray
+    num_gpus: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return self.throughputs.shape[0]
+
+    @property
+    def k(self) -> int:
+        return self.throughputs.shape[1]
+
+
+def _jobs(
+    throughputs: object,
+    scale_factors: object,
+    num_gpus: object,
+    priority_weights: object | None = None,
+) -> _Jobs:
+    t = np.asarray(throughputs, dtype=np.float64)
+    if t.ndim != 2:
+        raise ValueError(f"throughputs: expected a [jobs, gpu types] matrix, got shape {t.shape}")
+    n, k = t.shape
+    t = _float_array(t, "throughputs", (n, k))
+    if np.any(t < 0):
+        raise ValueError("throughputs: must be >= 0 (0 = the job cannot run on that type)")
+    sf = _float_array(scale_factors, "scale_factors", (n,))
+    if np.any(sf < 1) or np.any(sf != np.round(sf)):
+        raise ValueError("scale_factors: must be whole numbers >= 1")
+    gpus = _float_array(num_gpus, "num_gpus", (k,))
+    if np.any(gpus < 0):
+        raise ValueError("num_gpus: must be >= 0")
+    w = np.ones(n) if priority_weights is None else _float_array(
+        priority_weights, "priority_weights", (n,))
+    if np.any(w <= 0):
+        raise ValueError("priority_weights: must be > 0")
+    return _Jobs(t, sf, w, gpus)
+
+
+def _per_job(value: object, name: str, n: int, *, allow_negative: bool = False) -> np.ndarray:
+    array = _float_array(value, name, (n,))
+    if not allow_negative and np.any(array < 0):
+        raise ValueError(f"{name}: must be >= 0")
+    return array
+
+
+# ------------------------------------------------------------------------------------------------
+# Closed-form allocations and helpers
+
+
+def agnostic_throughputs(
+    throughputs: np.ndarray,
+    reference_type: int | None = None,
+    *,
+    respect_unsupported: bool = False,
+) -> np.ndarray:
+    """The made-up throughputs of the reference's heterogeneity-agnostic baselines.
+
+    `reference_type=None`: every entry 1 (Gavel's `max_min_fairness` and water-filling);
+    an index k: column k copied into every type (Gavel's `finish_time_fairness` and
+    `min_total_duration` use V100). The reference writes these values also where the job cannot
+    run (throughput 0), so an agnostic allocation can give time on a type where the job makes no
+    progress; `respect_unsupported=True` keeps those entries 0."""
+    t = np.asarray(throughputs, dtype=np.float64)
+    if reference_type is None:
+        made_up = np.ones_like(t)
+    else:
+        made_up = np.repeat(t[:, [reference_type]], t.shape[1], axis=1)
+    return np.where(t > 0, made_up, 0.0) if respect_unsupported else made_up
+
+
+def proportional_throughputs(throughputs: np.ndarray, num_gpus: np.ndarray) -> np.ndarray:
+    """Each job's throughput under an equal share of every type (Gavel's `ProportionalPolicy`):
+    sum_k T[j, k] N[k] / sum N. The reference normalises each row to sum 1 whatever the job
+    count, so this does not depend on how many jobs there are (nor on scale factors)."""
+    t = np.asarray(throughputs, dtype=np.float64)
+    gpus = np.asarray(num_gpus, dtype=np.float64)
+    total = gpus.sum()
+    return t @ gpus / total if total > 0 else np.zeros(t.shape[0])
+
+
+def _isolated_shares(
+    num_jobs: int, scale_factors: np.ndarray, num_gpus: np.ndarray, mask: np.ndarray | None = None
+) -> np.ndarray:
+    shares = np.broadcast_to(num_gpus / max(num_jobs, 1), (num_jobs, num_gpus.size))
+    shares = shares / scale_factors[:, None]
+    if mask is not None:
+        shares = np.where(mask, shares, 0.0)
+    return shares / np.maximum(shares.sum(axis=1), 1.0)[:, None]
+
+
+def isolated(
+    throughputs: np.ndarray,
+    scale_factors: np.ndarray,
+    num_gpus: np.ndarray,
+    *,
+    skip_unsupported: bool = False,
+) -> Allocation:
+    """Gavel's `isolated`: every job gets N[k] / n of each type, divided by its scale factor, and
+    rows scaled down to sum to at most 1. The reference ignores throughputs, so a job also gets
+    time on a type where it cannot run; `skip_unsupported=True` leaves those entries 0."""
+    jobs = _jobs(throughputs, scale_factors, num_gpus)
+    mask = jobs.throughputs > 0 if skip_unsupported else None
+    shares = _isolated_shares(jobs.n, jobs.scale_factors, jobs.num_gpus, mask)
+    pairs, pair_shares = _empty_pairs(jobs.k)
+    return Allocation(shares, pairs, pair_shares, objective=float("nan"))
+
+
+def isolated_throughputs(
+    throughputs: np.ndarray, scale_factors: np.ndarray, num_gpus: np.ndarray
+) -> np.ndarray:
+    """Each job's steps/s under `isolated` (the reference's yardstick for finish-time fairness)."""
+    jobs = _jobs(throughputs, scale_factors, num_gpus)
+    shares = _isolated_shares(jobs.n, jobs.scale_factors, jobs.num_gpus)
+    return (jobs.throughputs * shares).sum(axis=1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Classes of interchangeable jobs and the shared LP skeleton
+
+
+def _concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, s + l) for each (s, l), without a Python loop."""
+    lengths = lengths.astype(np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.repeat(starts.astype(np.int64), lengths) + np.arange(total) - offsets
+
+
+def _matching_pairs(keys_a: np.ndarray, keys_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """All (i, j) with keys_a[i] == keys_b[j] (a join on equal keys), vectorised."""
+    order_a = np.argsort(keys_a, kind="stable")
+    order_b = np.argsort(keys_b, kind="stable")
+    sorted_b = keys_b[order_b]
+    lo = np.searchsorted(sorted_b, keys_a[order_a], side="left")
+    hi = np.searchsorted(sorted_b, keys_a[order_a], side="right")
+    counts = hi - lo
+    first = np.repeat(order_a, counts)
+    second = order_b[_concat_ranges(lo, counts)]
+    return first, second
+
+
+@dataclass
+class _Classes:
+    of_job: np.ndarray  # [n] class of each job
+    members: np.ndarray  # [C] multiplicity
+    representative: np.ndarray  # [C] one job of the class
+    job_order: np.ndarray  # jobs sorted by class
+    start: np.ndarray  # [C] offset of the class in job_order
+
+    @property
+    def count(self) -> int:
+        return self.members.size
+
+
+def _classes(features: np.ndarray) -> _Classes:
+    """Jobs with identical feature rows form a class (classes sorted by features)."""
+    _, representative, of_job, members = np.unique(
+        features, axis=0, return_index=True, return_inverse=True, return_counts=True
+    )
+    of_job = of_job.ravel()
+    job_order = np.argsort(of_job, kind="stable")
+    start = np.cumsum(members) - members
+    return _Classes(of_job, members, representative, job_order, start)
+
+
+@dataclass
+class _Skeleton:
+    """The variables and base rows every program shares, over classes of jobs. Programs extend a
+    `lp.copy()` of it.
+
+    Rate terms: class `rate_rows[i]` earns `rate_tput[i]` steps/s per unit of variable
+    `rate_cols[i]` on GPU type `rate_type[i]`; a program scales them into its own rows."""
+
+    lp: LinearProgram
+    classes: _Classes
+    throughputs: np.ndarray  # [C, K]
+    scale_factors: np.ndarray  # [C]
+    single: np.ndarray  # [C, K] variable indices
+    rate_rows: np.ndarray
+    rate_cols: np.ndarray
+    rate_tput: np.ndarray
+    rate_type: np.ndarray
+    # space sharing (empty without packing)
+    cross_class: np.ndarray  # y[c, k, h]: class, type, partner group, variable
+    cross_type: np.ndarray
+    cross_group: np.ndarray
+    cross_var: np.ndarray
+    group_of_class: np.ndarray
+    within_first: np.ndarray  # z[c1, c2, k]: classes (c1 <= c2), type, variable
+    within_second: np.ndarray
+    within_type: np.ndarray
+    within_var: np.ndarray
+    peak_throughput: np.ndarray  # [C] largest steps/s of any of the class's variables
+    can_run: np.ndarray  # [C] some variable gives it steps/s on a type that has GPUs
+
+    def rates(self, values: np.ndarray, factor: np.ndarray | None = None) -> np.ndarray:
+        """Per-class steps/s under variable values (each term scaled by factor[class])."""
+        coef = self.rate_tput if factor is None else self.rate_tput * factor[self.rate_rows]
+        return np.bincount(
+            self.rate_rows, weights=coef * values[self.rate_cols], minlength=self.classes.count
+        )
+
+    def add_rate_rows(
+        self,
+        lp: LinearProgram,
+        factor: np.ndarray,
+        rows_for: np.ndarray,
+        extra_cols: np.ndarray | None = None,
+        extra_coefs: np.ndarray | None = None,
+        *,
+        lb: float | np.ndarray = -math.inf,
+        ub: float | np.ndarray = math.inf,
+    ) -> np.ndarray:
+        """One row per class in `rows_for`: sum factor[c] * rate terms of c (+ an extra term per
+        row, e.g. an epigraph variable), bounded by lb/ub."""
+        position = np.full(self.classes.count, -1, dtype=np.int64)
+        position[rows_for] = np.arange(rows_for.size)
+        keep = position[self.rate_rows] >= 0
+        rows = position[self.rate_rows[keep]]
+        cols = self.rate_cols[keep]
+        coefs = self.rate_tput[keep] * factor[self.rate_rows[keep]]
+        if extra_cols is not None:
+            rows = np.concatenate([rows, np.arange(rows_for.size)])
+            cols = np.concatenate([cols, np.broadcast_to(extra_cols, rows_for.shape)])
+            coefs = np.concatenate([coefs, np.broadcast_to(extra_coefs, rows_for.shape)])
+        return lp.add_constraints(rows, cols, coefs, lb=lb, ub=ub, num_rows=rows_for.size)
+
+
+def _skeleton(
+    jobs: _Jobs, packing: Packing | None, features: list[np.ndarray]
+) -> _Skeleton:
+    """Classes, share/capacity rows and rate terms for `jobs`, with space sharing if `packing`."""
+    n, num_types = jobs.n, jobs.k
+    columns = [jobs.scale_factors[:, None], jobs.throughputs]
+    columns += [f.reshape(n, -1) for f in features]
+    job_types = None
+    if packing is not None:
+        job_types = np.asarray(packing.job_types)
+        if job_types.shape != (n,) or not np.issubdtype(job_types.dtype, np.integer):
+            raise ValueError(f"packing.job_types: expected {n} integers")
+        table = np.asarray(packing.pair_throughputs, dtype=np.float64)
+        if table.ndim != 3 or table.shape[0] != table.shape[1] or table.shape[2] != num_types:
+            raise ValueError(
+                f"packing.pair_throughputs: expected shape [types, types, {num_types}], "
+                f"got {table.shape}")
+        if job_types.size and (job_types.min() < 0 or job_types.max() >= table.shape[0]):
+            raise ValueError("packing.job_types: a type indexes no row of pair_throughputs")
+        columns.append(job_types[:, None].astype(np.float64))
+    classes = _classes(np.concatenate(columns, axis=1))
+    rep = classes.representative
+    count = classes.count
+    tput = jobs.throughputs[rep]
+    sf = jobs.scale_factors[rep]
+    members = classes.members.astype(np.float64)
+    lp = LinearProgram()
+
+    single = lp.add_variables((count, num_types), ub=np.where(tput > 0, 1.0, 0.0))
+    share_rows = [np.repeat(np.arange(count), num_types)]
+    share_cols = [single.ravel()]
+    share_coefs = [np.ones(single.size)]
+    cap_rows = [np.tile(np.arange(num_types), count)]
+    cap_cols = [single.ravel()]
+    cap_coefs = [np.repeat(members * sf, num_types)]
+    rate_rows = [np.repeat(np.arange(count), num_types)]
+    rate_cols = [single.ravel()]
+    rate_tput = [tput.ravel()]
+    rate_type = [np.tile(np.arange(num_types), count)]
+
+    empty = np.zeros(0, dtype=np.int64)
+    cross = (empty, empty, empty, empty)
+    within = (empty, empty, empty, empty)
+    group_of_class = empty
+    if packing is not None and job_types is not None:
+        table = np.nan_to_num(np.asarray(packing.pair_throughputs, dtype=np.float64), nan=0.0)
+        class_type = job_types[rep]
+        runnable = tput.max(axis=1) > 0 if num_types else np.zeros(count, dtype=bool)
+        groups, group_of_class = np.unique(
+            np.stack([class_type, sf]), axis=1, return_inverse=True)
+        group_of_class = group_of_class.ravel()
+        group_type = groups[0].astype(np.int64)
+        group_sf = groups[1]
+        num_groups = group_type.size
+        # pairable[g, h, k]: members of g and h may share a type-k GPU
+        both = (table > 0) & (np.transpose(table, (1, 0, 2)) > 0)
+        pairable = both[group_type][:, group_type] & (
+            group_sf[:, None] == group_sf[None, :])[:, :, None]
+
+        # -- different groups: y[c, k, h] ------------------------------------------------------
+        candidate = np.transpose(pairable[group_of_class], (0, 2, 1)).copy()  # [C, K, G]
+        candidate[np.arange(count), :, group_of_class] = False
+        candidate &= runnable[:, None, None]
+        y_class, y_type, y_group = np.nonzero(candidate)
+        y_var = lp.add_variables(y_class.size, ub=1.0)
+        y_tput = table[class_type[y_class], group_type[y_group], y_type]
+        share_rows.append(y_class)
+        share_cols.append(y_var)
+        share_coefs.append(np.ones(y_var.size))
+        cap_rows.append(y_type)
+        cap_cols.append(y_var)
+        cap_coefs.append(0.5 * members[y_class] * sf[y_class])
+        rate_rows.append(y_class)
+        rate_cols.append(y_var)
+        rate_tput.append(y_tput)
+        rate_type.append(y_type)
+        if y_var.size:
+            own = group_of_class[y_class]
+            low, high = np.minimum(own, y_group), np.maximum(own, y_group)
+            key = (low * num_groups + high) * num_types + y_type
+            _, balance_row = np.unique(key, return_inverse=True)
+            sign = np.where(own < y_group, 1.0, -1.0)
+            lp.add_constraints(balance_row.ravel(), y_var, sign * members[y_class], lb=0.0, ub=0.0)
+        cross = (y_class, y_type, y_group, y_var)
+
+        # -- same group: z[c1, c2, k] for c1 <= c2 ---------------------------------------------
+        by_group = np.argsort(group_of_class, kind="stable")
+        group_end = np.cumsum(np.bincount(group_of_class, minlength=num_groups))
+        lengths = group_end[group_of_class[by_group]] - np.arange(count)
+        first = np.repeat(by_group, lengths)
+        second = by_group[_concat_ranges(np.arange(count), lengths)]
+        same = first == second
+        pair_count = np.where(same, members[first] * (members[first] - 1) / 2,
+                              members[first] * members[second])
+        keep = (pair_count > 0) & runnable[first] & runnable[second]
+        first, second, pair_count, same = first[keep], second[keep], pair_count[keep], same[keep]
+        ok = pairable[group_of_class[first], group_of_class[first]]  # [pairs, K]
+        index, z_type = np.nonzero(ok)
+        z_first, z_second = first[index], second[index]
+        z_var = lp.add_variables(index.size, ub=1.0)
+        z_tput = table[class_type[z_first], class_type[z_first], z_type]
+        z_same = same[index]
+        partners_of_first = np.where(z_same, members[z_first] - 1, members[z_second])
+        partners_of_second = members[z_first]
+        other = ~z_same
+        share_rows += [z_first, z_second[other]]
+        share_cols += [z_var, z_var[other]]
+        share_coefs += [partners_of_first, partners_of_second[other]]
+        cap_rows.append(z_type)
+        cap_cols.append(z_var)
+        cap_coefs.append(pair_count[index] * sf[z_first])
+        rate_rows += [z_first, z_second[other]]
+        rate_cols += [z_var, z_var[other]]
+        rate_tput += [partners_of_first * z_tput, partners_of_second[other] * z_tput[other]]
+        rate_type += [z_type, z_type[other]]
+        within = (z_first, z_second, z_type, z_var)
+
+    lp.add_constraints(np.concatenate(share_rows), np.concatenate(share_cols),
+                       np.concatenate(share_coefs), ub=1.0, num_rows=count)
+    peak = tput.max(axis=1) if num_types else np.zeros(count)
+    if cross[3].size:
+        np.maximum.at(peak, cross[0], table[class_type[cross[0]], group_type[cross[2]], cross[1]])
+    if within[3].size:
+        raw = table[class_type[within[0]], class_type[within[0]], within[2]]
+        np.maximum.at(peak, within[0], raw)
+        np.maximum.at(peak, within[1], raw)
+    all_rate_rows = np.concatenate(rate_rows)
+    all_rate_tput = np.concatenate(rate_tput)
+    all_rate_type = np.concatenate(rate_type)
+    useful = (all_rate_tput > 0) & (jobs.num_gpus[all_rate_type] > 0)
+    can_run = np.bincount(all_rate_rows[useful], minlength=count) > 0
+    lp.add_constraints(np.concatenate(cap_rows), np.concatenate(cap_cols),
+                       np.concatenate(cap_coefs), ub=jobs.num_gpus, num_rows=num_types)
+    return _Skeleton(
+        lp=lp, classes=classes, throughputs=tput, scale_factors=sf, single=single,
+        rate_rows=all_rate_rows, rate_cols=np.concatenate(rate_cols),
+        rate_tput=all_rate_tput, rate_type=all_rate_type,
+        cross_class=cross[0], cross_type=cross[1], cross_group=cross[2], cross_var=cross[3],
+        group_of_class=group_of_class,
+        within_first=within[0], within_second=within[1], within_type=within[2],
+        within_var=within[3], peak_throughput=peak, can_run=can_run,
+    )
+
+
+def _member_pairs(
+    first_class: np.ndarray, second_class: np.ndarray, classes: _Classes
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every (member of first, member of second) job pair, i != j, for each class pair p; returns
+    (p, i, j). For a class paired with itself each unordered pair appears once."""
+    m1 = classes.members[first_class]
+    m2 = classes.members[second_class]
+    sizes = m1 * m2
+    block = np.repeat(np.arange(first_class.size), sizes)
+    offset = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    row, col = offset // m2[block], offset % m2[block]
+    i = classes.job_order[classes.start[first_class[block]] + row]
+    j = classes.job_order[classes.start[second_class[block]] + col]
+    keep = np.where(first_class[block] == second_class[block], i < j, True)
+    return block[keep], i[keep], j[keep]
+
+
+def _expand(skeleton: _Skeleton, values: np.ndarray, num_types: int) -> tuple[
+        np.ndarray, np.ndarray, np.ndarray]:
+    """Class-level solution -> (shares[n, K], pairs[P, 2], pair_shares[P, K])."""
+    values = np.clip(values, 0.0, 1.0)
+    values[values < _ZERO] = 0.0
+    shares = values[skeleton.single][skeleton.classes.of_job]
+    first_parts: list[np.ndarray] = []
+    second_parts: list[np.ndarray] = []
+    type_parts: list[np.ndarray] = []
+    share_parts: list[np.ndarray] = []
+
+    z = values[skeleton.within_var]
+    used = z > 0
+    if used.any():
+        block, i, j = _member_pairs(skeleton.within_first[used], skeleton.within_second[used],
+                                    skeleton.classes)
+        first_parts.append(i)
+        second_parts.append(j)
+        type_parts.append(skeleton.within_type[used][block])
+        share_parts.append(z[used][block])
+
+    y = values[skeleton.cross_var]
+    used = y > 0
+    if used.any():
+        cls, k, partner = skeleton.cross_class[used], skeleton.cross_type[used], \
+            skeleton.cross_group[used]
+        own = skeleton.group_of_class[cls]
+        num_groups = int(skeleton.group_of_class.max()) + 1
+        # the low group's side and the high group's side of the same (low, high, k) pair time
+        low_side = own < partner
+        key_low = (own * num_groups + partner) * num_types + k
+        key_high = (partner * num_groups + own) * num_types + k
+        a = np.flatnonzero(low_side)
+        b = np.flatnonzero(~low_side)
+        ia, ib = _matching_pairs(key_low[a], key_high[b])
+        a, b = a[ia], b[ib]
+        members = skeleton.classes.members.astype(np.float64)
+        total_key, total_of = np.unique(key_low[low_side], return_inverse=True)
+        totals = np.bincount(total_of.ravel(), weights=members[cls[low_side]] * y[used][low_side])
+        total = totals[np.searchsorted(total_key, key_low[a])]
+        class_pair_share = y[used][a] * y[used][b] / total
+        block, i, j = _member_pairs(cls[a], cls[b], skeleton.classes)
+        first_parts.append(np.minimum(i, j))
+        second_parts.append(np.maximum(i, j))
+        type_parts.append(k[a][block])
+        share_parts.append(class_pair_share[block])
+
+    if not first_parts:
+        pairs, pair_shares = _empty_pairs(num_types)
+        return shares, pairs, pair_shares
+    i = np.concatenate(first_parts)
+    j = np.concatenate(second_parts)
+    n = shares.shape[0]
+    pair_key, pair_of = np.unique(i * n + j, return_inverse=True)
+    pair_shares = np.zeros((pair_key.size, num_types))
+    np.add.at(pair_shares, (pair_of.ravel(), np.concatenate(type_parts)),
+              np.concatenate(share_parts))
+    pairs = np.stack([pair_key // n, pair_key % n], axis=1)
+    return shares, pairs, pair_shares
+
+
+def _solve(lp: LinearProgram, stats: SolveStats, solver: Solver | None,
+           time_limit: float | None) -> Solution:
+    solution = lp.solve(solver, time_limit=time_limit)
+    stats.record(solution)
+    return solution
+
+
+def _finish(
+    skeleton: _Skeleton, values: np.ndarray, objective: float, stats: SolveStats,
+    started: float, num_types: int,
+) -> Allocation:
+    shares, pairs, pair_shares = _expand(skeleton, values, num_types)
+    elapsed = time.perf_counter() - started
+    stats.build_seconds = max(elapsed - stats.solve_seconds, 0.0)
+    return Allocation(shares, pairs, pair_shares, float(objective), stats)
+
+
+def _nothing(jobs: _Jobs, objective: float = float("nan")) -> Allocation:
+    pairs, pair_shares = _empty_pairs(jobs.k)
+    return Allocation(np.zeros((jobs.n, jobs.k)), pairs, pair_shares, objective)
+
+
+# ------------------------------------------------------------------------------------------------
+# Max-min fairness
+
+
+def max_min_fairness(
+    throughputs: np.ndarray,
+    scale_factors: np.ndarray,
+    priority_weights: np.ndarray,
+    num_gpus: np.ndarray,
+    *,
+    packing: Packing | None = None,
+    solver: Solver | None = None,
+    time_limit: float | None = None,
+) -> Allocation:
+    """Gavel's `max_min_fairness_perf` (with `packing`: `max_min_fairness_packed`): maximise
+    min_j sf_j r_j(X) / (w_j p_j), r_j the job's steps/s under X and p_j its proportional-share
+    throughput (`proportional_throughputs`). `objective` is that minimum.
+
+    The agnostic `max_min_fairness` (LAS) is this program on `agnostic_throughputs(T)` (all 1).
+    A job that can run nowhere (p_j = 0) is left out of the minimum and gets nothing (the
+    reference divides by zero)."""
+    started = time.perf_counter()
+    jobs = _jobs(throughputs, scale_factors, num_gpus, priority_weights)
+    stats = SolveStats()
+    prop = proportional_throughputs(jobs.throughputs, jobs.num_gpus)
+    skeleton = _skeleton(jobs, packing, [jobs.weights])
+    rep = skeleton.classes.representative
+    active = np.flatnonzero((prop[rep] > 0) & skeleton.can_run)
+    if active.size == 0:
+        return _nothing(jobs)
+    factor = np.zeros(skeleton.classes.count)
+    factor[active] = skeleton.scale_factors[active] / (jobs.weights[rep[active]] * prop[rep[active]])
+    lp = skeleton.lp.copy()
+    level = lp.add_variables(1)
+    skeleton.add_rate_rows(lp, -factor, active, extra_cols=level[0], extra_coefs=1.0, ub=0.0)
+    lp.set_objective(level, 1.0, maximize=True)
+    solution = _solve(lp, stats, solver, time_limit)
+    return _finish(skeleton, solution.values, solution.objective, stats, started, jobs.k)
+
+
+def max_min_fairness_water_filling(
+    throughputs: np.ndarray,
+    scale_factors: np.ndarray,
+    priority_weights: np.ndarray,
+    num_gpus: np.ndarray,
+    *,
+    packing: Packing | None = None,
+    bottleneck_test: Literal["reference", "relative"] = "reference",
+    solver: Solver | None = None,
+    milp_solver: Solver | None = None,
+    time_limit: float | None = None,
+) -> Allocation:
+    """Gavel's `max_min_fairness_water_filling_perf` (`_packed` with `packing`; the agnostic form
+    on `agnostic_throughputs(T)`): max-min fairness, then raise whoever can still be raised.
+
+    Level of job j: e_j(X) = r_j(X) / p_j (normalised throughput, no scale factor). Each
+    iteration (1) solves the LP max t s.t. t <= (sf_j / w_j)(e_j - s_j) for unfrozen jobs,
+    t <= M if any job is frozen, e_j >= its level so far (frozen jobs: their final level), with
+    M = max_j,k sf_j T[j,k] / p_j; every unfrozen job's level rises by t w_j / sf_j;
+    (2) finds the bottlenecks with a MILP: binary z_j (0 for frozen jobs), maximise the number
+    of z_j = 1 where z_j = 1 forces e_j >= 1.0001 s_j and z_j = 0 forces
+    e_j <= 1.0001 s_j - 1e-5, all jobs keeping their levels; (3) freezes unfrozen jobs with
+    z_j = 0. It stops when nothing new freezes; the allocation is the last LP's. `objective` is
+    the first LP's level (= `max_min_fairness`'s).
+
+    Reference quirk (`bottleneck_test="reference"`): z_j = 0 needs 1.0001 s_j - 1e-5 >= s_j, i.e.
+    s_j >= 0.1, so when any job's level is below 0.1 the MILP is infeasible and the reference
+    silently freezes everyone at the first level (its result is then plain max-min fairness).
+    `"relative"` uses the margin 1e-5 s_j instead, which is feasible at every level."""
+    started = time.perf_counter()
+    jobs = _jobs(throughputs, scale_factors, num_gpus, priority_weights)
+    if bottleneck_test not in ("reference", "relative"):
+        raise ValueError(f"bottleneck_test: 'reference' or 'relative', not {bottleneck_test!r}")
+    stats = SolveStats()
+    prop = proportional_throughputs(jobs.throughputs, jobs.num_gpus)
+    skeleton = _skeleton(jobs, packing, [jobs.weights])
+    classes = skeleton.classes
+    rep = classes.representative
+    count = classes.count
+    active = (prop[rep] > 0) & skeleton.can_run
+    if not active.any():
+        return _nothing(jobs)
+    inv_prop = np.where(active, 1.0 / np.where(active, prop[rep], 1.0), 0.0)
+    big_m = float(np.max((skeleton.peak_throughput * skeleton.scale_factors * inv_prop)[active]))
+    mult = skeleton.scale_factors / jobs.weights[rep]
+    members = classes.members.astype(np.float64)
+    slack, epsilon = 1.0001, 1e-5
+    active_rows = np.flatnonzero(active)
+
+    so_far = np.zeros(count)
+    final = np.zeros(count)
+    frozen = ~active  # classes that cannot run take no part
+    values: np.ndarray | None = None
+    first_level = float("nan")
+    for _ in range(count + 1):
+        unfrozen = np.flatnonzero(~frozen)
+        lower = np.where(frozen, final, so_far)
+        lp = skeleton.lp.copy()
+        level = lp.add_variables(1, lb=-math.inf, ub=big_m if frozen[active].any() else math.inf)
+        skeleton.add_rate_rows(lp, -mult * inv_prop, unfrozen, extra_cols=level[0],
+                               extra_coefs=1.0, ub=-mult[unfrozen] * so_far[unfrozen])
+        skeleton.add_rate_rows(lp, inv_prop, active_rows, lb=lower[active_rows])
+        lp.set_objective(level, 1.0, maximize=True)
+        try:
+            solution = _solve(lp, stats, solver, time_limit)
+        except SolveError:
+            stats.fallback = "water-filling LP failed: kept the previous level"
+            break
+        values = solution.values
+        if math.isnan(first_level):
+            first_level = solution.objective
+        so_far[unfrozen] += solution.objective / mult[unfrozen]
+
+        # bottlenecks: who cannot rise above its level while everyone keeps theirs
+        lower = np.where(frozen, final, so_far)
+        reached = np.where(frozen, final, so_far)[active_rows] * slack
+        margin = epsilon if bottleneck_test == "reference" else epsilon * np.where(
+            frozen, final, so_far)[active_rows]
+        milp = skeleton.lp.copy()
+        can_rise = milp.add_variables(count, ub=np.where(frozen, 0.0, 1.0), integer=True)
+        chosen = can_rise[active_rows]
+        skeleton.add_rate_rows(milp, -inv_prop, active_rows, extra_cols=chosen,
+                               extra_coefs=big_m, lb=-reached + margin)
+        skeleton.add_rate_rows(milp, inv_prop, active_rows, extra_cols=chosen,
+                               extra_coefs=-big_m, lb=reached - big_m)
+        skeleton.add_rate_rows(milp, inv_prop, active_rows, lb=lower[active_rows])
+        milp.set_objective(can_rise, members, maximize=True)
+        try:
+            rise = _solve(milp, stats, milp_solver, time_limit).values[can_rise] > 0.5
+        except SolveError:
+            rise = np.zeros(count, dtype=bool)  # the reference freezes everyone left
+        newly = ~frozen & ~rise
+        if not newly.any():
+            break
+        final[newly] = so_far[newly]
+        frozen |= newly
+        if frozen.all():
+            break
+    if values is None:
+        return _nothing(jobs)
+    return _finish(skeleton, values, first_level, stats, started, jobs.k)
+
+
+# ------------------------------------------------------------------------------------------------
+# Finish-time fairness
+
+
+def finish_time_fairness(
+    throughputs: np.ndarray,
+    scale_factors: np.ndarray,
+    priority_weights: np.ndarray,
+    num_gpus: np.ndarray,
+    remaining_steps: np.ndarray,
+    time_since_start: np.ndarray,
+    *,
+    isolated_time_elapsed: np.ndarray | None = None,
+    packing: Packing | None = None,
+    priority_weighting: Literal["reference", "slowdown"] = "reference",
+    solver: Solver | None = None,
+    time_limit: float | None = None,
+    tolerance: float = 1e-7,
+    max_iterations: int = 100,
+) -> Allocation:
+    """Gavel's `finish_time_fairness_perf` (Themis; `_packed` with `packing`; the agnostic form
+    on `agnostic_throughputs(T, v100_index)`): minimise max_j rho_j(X),
+    rho_j = (t_j + R_j / r_j(X)) / (C_j + R_j / iso_j), solved exactly as a sequence of LPs (the
+    module docstring). `objective` is the optimal max rho.
+
+    `time_since_start` t_j: now - the job's start time; `remaining_steps` R_j;
+    `isolated_time_elapsed` C_j: the isolated time it has accrued, which the reference keeps
+    between calls as C_j += (R_j at the previous call - R_j now) / iso_j at the previous call
+    (0 on a job's first call; zeros if omitted). iso_j = `isolated_throughputs(T, sf, N)`.
+    Jobs with R_j = 0 or no usable GPU type take no part (and get nothing).
+
+    Priority weights (`priority_weighting`): "reference" does what Gavel does: the `_perf`
+    program ignores them, the `_packed` one divides every throughput of job j by w_j. "slowdown"
+    minimises max_j w_j rho_j instead (a heavier job gets a proportionally smaller slowdown).
+    If the first LP fails the reference's fallback is returned: the isolated allocation."""
+    started = time.perf_counter()
+    jobs = _jobs(throughputs, scale_factors, num_gpus, priority_weights)
+    n = jobs.n
+    remaining = _per_job(remaining_steps, "remaining_steps", n)
+    since_start = _per_job(time_since_start, "time_since_start", n)
+    accrued = np.zeros(n) if isolated_time_elapsed is None else _per_job(
+        isolated_time_elapsed, "isolated_time_elapsed", n)
+    if priority_weighting not in ("reference", "slowdown"):
+        raise ValueError(
+            f"priority_weighting: 'reference' or 'slowdown', not {priority_weighting!r}")
+    stats = SolveStats()
+    iso = isolated_throughputs(jobs.throughputs, jobs.scale_factors, jobs.num_gpus)
+    skeleton = _skeleton(jobs, packing, [jobs.weights, remaining, since_start, accrued])
+    rep = skeleton.classes.representative
+    count = skeleton.classes.count
+    weights = jobs.weights[rep]
+    rate_factor = 1.0 / weights if (packing is not None and priority_weighting == "reference") \
+        else np.ones(count)
+    rho_scale = weights if priority_weighting == "slowdown" else np.ones(count)
+    iso_c, r_c, t_c = iso[rep], remaining[rep], since_start[rep]
+    active = (r_c > 0) & (iso_c > 0) & skeleton.can_run
+    rows = np.flatnonzero(active)
+    isolated_allocation = isolated(jobs.throughputs, jobs.scale_factors, jobs.num_gpus)
+    if rows.size == 0:
+        return _nothing(jobs)
+    # rho'_c = (t_c + R_c / rate_c) / D'_c with D'_c = isolated finish time / rho_scale
+    finish = np.where(active, accrued[rep] + r_c / np.where(active, iso_c, 1.0), 1.0) / rho_scale
+
+    def worst(rates: np.ndarray) -> float:
+        with np.errstate(divide="ignore"):
+            return float(np.max((t_c[rows] + r_c[rows] / rates[rows]) / finish[rows]))
+
+    rates = iso_c * rate_factor  # the isolated allocation's (weighted) rates
+    level = worst(rates)
+    best_values: np.ndarray | None = None
+    for _ in range(max_iterations):
+        lp = skeleton.lp.copy()
+        gap = lp.add_variables(1, lb=-math.inf)
+        scale = np.ones(count)
+        scale[rows] = finish[rows] * rates[rows]
+        factor = np.zeros(count)
+        factor[rows] = rate_factor[rows] * (t_c[rows] - level * finish[rows]) / scale[rows]
+        skeleton.add_rate_rows(lp, factor, rows, extra_cols=gap[0], extra_coefs=-1.0,
+                               ub=-r_c[rows] / scale[rows])
+        lp.set_objective(gap, 1.0, maximize=False)
+        try:
+            solution = _solve(lp, stats, solver, time_limit)
+        except SolveError:
+            if best_values is None:
+                stats.fallback = "finish-time fairness LP failed: isolated allocation"
+                return Allocation(isolated_allocation.shares, isolated_allocation.pairs,
+                                  isolated_allocation.pair_shares, level, stats)
+            stats.fallback = "finish-time fairness LP failed: kept the last level"
+            break
+        new_rates = skeleton.rates(solution.values, rate_factor)
+        new_level = worst(new_rates)
+        improved = new_level < level
+        if improved or best_values is None:
+            best_values = solution.values
+        if solution.objective >= -tolerance * level or level - new_level <= tolerance * level:
+            level = min(level, new_level)
+            break
+        level, rates = new_level, new_rates
+    if best_values is None:
+        return _nothing(jobs)
+    return _finish(skeleton, best_values, level, stats, started, jobs.k)
+
+
+# ------------------------------------------------------------------------------------------------
+# Makespan
+
+
+def _gavel_makespan_search(optimum: float) -> float:
+    """The makespan bound Gavel's binary search ends on when every T >= `optimum` is feasible:
+    bisect [100 s, 1e6 s] while 1.05 lo < hi (then [1e6, 1e7], ... if nothing was feasible)."""
+    if not math.isfinite(optimum):
+        raise SolveError("min_total_duration: no finite makespan (a job can run nowhere)")
+    lo, hi, last_hi = 100.0, 1e6, 1e6
+    found: float | None = None
+    while found is None:
+        while 1.05 * lo < hi:
+            middle = (lo + hi) / 2.0
+            if middle >= optimum:
+                found, hi = middle, middle
+            else:
+                lo = middle
+        lo, hi, last_hi = last_hi, last_hi * 10.0, last_hi * 10.0
+    return found
+
+
+def min_total_duration(
+    throughputs: np.ndarray,
+    scale_factors: np.ndarray,
+    num_gpus: np.ndarray,
+    remaining_steps: np.ndarray,
+    *,
+    packing: Packing | None = None,
+    search: Literal["reference", "exact"] = "reference",
+    solver: Solver | None = None,
+    time_limit: float | None = None,
+) -> Allocation:
+    """Gavel's `min_total_duration_perf` (`_packed` with `packing`; the agnostic form on
+    `agnostic_throughputs(T, v100_index)`): the smallest makespan T such that every job can
+    finish its remaining steps within T, r_j(X) >= R_j / T. `objective` is that T in seconds.
+
+    The optimum is one LP: maximise theta s.t. r_j(X) >= R_j theta, T* = 1 / theta*.
+    `search="reference"` (default) returns what Gavel's binary search returns: it bisects
+    [100 s, 1e6 s] (then [1e6, 1e7], ...) with one feasibility LP per probe and stops once
+    1.05 lo >= hi, so it ends on a T up to ~5% above T* (and never below ~100 s); we replay its
+    probes against T* (same T, two LPs instead of ~20) and return a feasible X for that T from a
+    constant-objective LP, as it does. `search="exact"` returns T* and the LP's X.
+    Jobs with R_j = 0 take no part; a job with R_j > 0 that can run nowhere is left out and gets
+    nothing (the reference's search never ends on it)."""
+    started = time.perf_counter()
+    jobs = _jobs(throughputs, scale_factors, num_gpus)
+    remaining = _per_job(remaining_steps, "remaining_steps", jobs.n)
+    if search not in ("reference", "exact"):
+        raise ValueError(f"search: 'reference' or 'exact', not {search!r}")
+    stats = SolveStats()
+    skeleton = _skeleton(jobs, packing, [remaining])
+    rep = skeleton.classes.representative
+    r_c = remaining[rep]
+    rows = np.flatnonzero((r_c > 0) & skeleton.can_run)
+    if rows.size == 0:
+        return _nothing(jobs, objective=0.0)
+    inv_remaining = np.zeros(skeleton.classes.count)
+    inv_remaining[rows] = 1.0 / r_c[rows]
+    lp = skeleton.lp.copy()
+    theta = lp.add_variables(1)
+    skeleton.add_rate_rows(lp, inv_remaining, rows, extra_cols=theta[0], extra_coefs=-1.0,
+                           lb=0.0)
+    lp.set_objective(theta, 1.0, maximize=True)
+    best = _solve(lp, stats, solver, time_limit)
+    optimum = 1.0 / best.objective if best.objective > 0 else math.inf
+    if search == "exact":
+        return _finish(skeleton, best.values, optimum, stats, started, jobs.k)
+    bound = _gavel_makespan_search(optimum)
+    feasible = skeleton.lp.copy()
+    skeleton.add_rate_rows(feasible, np.ones(skeleton.classes.count), rows,
+                           lb=r_c[rows] / bound)
+    try:
+        values = _solve(feasible, stats, solver, time_limit).values
+    except Infeasible:  # the probe sits within solver tolerance of T*
+        values = best.values
+    return _finish(skeleton, values, bound, stats, started, jobs.k)
+
+
+# ------------------------------------------------------------------------------------------------
+# Throughput
+
+
+def max_sum_throughput(
+    throughputs: np.ndarray,
+    scale_factors: np.ndarray,
+    num_gpus: np.ndarray,
+    *,
+    costs: np.ndarray | None = None,
+    slos: np.ndarray | None = None,
+    remaining_steps: np.ndarray | None = None,
+    normalize: bool = False,
+    packing: Packing | None = None,
+    solver: Solver | None = None,
+    time_limit: float | None = None,
+) -> Allocation:
+    """Gavel's `max_sum_throughput_perf`: maximise the cluster's total steps/s,
+    sum_j r_j(X) (each term divided by `costs[k]`, the price of a type-k GPU, when given: the
+    `max_sum_throughput_normalized_by_cost_perf` policy; with `packing`, the `_packed` one).
+    `objective` is that sum.
+
+    SLOs: `slos[j]` seconds left until job j's SLO deadline (NaN or inf: none) with
+    `remaining_steps` R_j add r_j(X) >= R_j / slos[j]; when they cannot all hold the reference
+    drops them all and solves again (reported in `stats.fallback`). A deadline already passed
+    (slos[j] <= 0) constrains nothing, as in the reference.
+
+    Reference quirk: Gavel computes 1 / sum_k T[j, k] to normalise each job's throughput but
+    never uses it, so the program maximises raw steps/s and favours fast jobs;
+    `normalize=True` divides job j's throughput by sum_k T[j, k], as intended."""
+    started = time.perf_counter()
+    jobs = _jobs(throughputs, scale_factors, num_gpus)
+    n, num_types = jobs.n, jobs.k
+    price = np.ones(num_types) if costs is None else _float_array(costs, "costs", (num_types,))
+    if np.any(price <= 0):
+        raise ValueError("costs: must be > 0")
+    features: list[np.ndarray] = []
+    deadline = np.full(n, np.inf)
+    remaining = np.zeros(n)
+    if slos is not None:
+        deadline = np.asarray(slos, dtype=np.float64).copy()
+        if deadline.shape != (n,):
+            raise ValueError(f"slos: expected shape ({n},), got {deadline.shape}")
+        deadline[np.isnan(deadline)] = np.inf
+        if remaining_steps is None:
+            raise ValueError("slos need remaining_steps")
+        remaining = _per_job(remaining_steps, "remaining_steps", n)
+        features = [np.where(np.isfinite(deadline), deadline, -1.0), remaining]
+    stats = SolveStats()
+    skeleton = _skeleton(jobs, packing, features)
+    rep = skeleton.classes.representative
+    members = skeleton.classes.members.astype(np.float64)
+    per_job = np.ones(skeleton.classes.count)
+    if normalize:
+        total = jobs.throughputs[rep].sum(axis=1)
+        per_job = np.where(total > 0, 1.0 / np.where(total > 0, total, 1.0), 0.0)
+    coefs = skeleton.rate_tput * (members * per_job)[skeleton.rate_rows] / price[skeleton.rate_type]
+    lp = skeleton.lp.copy()
+    lp.set_objective(skeleton.rate_cols, coefs, maximize=True)
+    d_c = deadline[rep]
+    bounded = np.flatnonzero(np.isfinite(d_c) & (d_c > 0))
+    if bounded.size:
+        with_slos = lp.copy()
+        skeleton.add_rate_rows(with_slos, np.ones(skeleton.classes.count), bounded,
+                               lb=remaining[rep][bounded] / d_c[bounded])
+        try:
+            solution = _solve(with_slos, stats, solver, time_limit)
+            return _finish(skeleton, solution.values, solution.objective, stats, started,
+                           num_types)
+        except Infeasible:
+            stats.fallback = "SLOs cannot all be met: solved without them"
+    solution = _solve(lp, stats, solver, time_limit)
+    return _finish(skeleton, solution.values, solution.objective, stats, started, num_types)
+
+
+def max_sum_throughput_normalized_by_cost(
+    throughputs: np.ndarray,
+    scale_factors: np.ndarray,
+    num_gpus: np.ndarray,
+    costs: np.ndarray,
+    *,
+    slos: np.ndarray | None = None,
+    remaining_steps: np.ndarray | None = None,
+    packing: Packing | None = None,
+    solver: Solver | None = None,
+    time_limit: float | None = None,
+) -> Allocation:
+    """Gavel's `max_sum_throughput_normalized_by_cost_perf[_SLOs]`: `max_sum_throughput` with
+    every type-k throughput divided by `costs[k]` (steps per dollar)."""
+    return max_sum_throughput(
+        throughputs, scale_factors, num_gpus, costs=costs, slos=slos,
+        remaining_steps=remaining_steps, packing=packing, solver=solver, time_limit=time_limit)
+
+
+# ------------------------------------------------------------------------------------------------
+# AlloX and Gandiva (combinatorial; state passed in and out)
+
+
+def allox(
+    throughputs: np.ndarray,
+    scale_factors: np.ndarray,
+    num_gpus: np.ndarray,
+    remaining_steps: np.ndarray,
+    time_since_start: np.ndarray,
+    *,
+    previous: np.ndarray | None = None,
+    alpha: float = 1.0,
+) -> Allocation:
+    """Gavel's `allox` (Le et al., EuroSys 2020): single-GPU jobs, each running alone on one GPU
+    until it finishes; shares are 0 or 1.
+
+    `previous`: the shares this returned last time (rows of the current jobs; zeros for new
+    ones). A job whose row sums to 1 keeps its GPU. The others, longest since start first (at
+    most max(alpha * their number, free GPUs) of them), are matched to the free GPUs by a
+    min-cost assignment that minimises the sum of completion times: the job in the p-th last
+    position of a GPU's queue costs p * R_j / T[j, k]. Each GPU's first job gets share 1.
+    We solve it as a min-cost flow over (type, position) slots with as many units as the type
+    has free GPUs (identical GPUs give the same cost, so this is the reference's assignment with
+    its GPU copies merged). Which of several equal-cost jobs starts first is arbitrary in the
+    reference (scipy's tie-break); we start the shortest (smallest R_j / T[j, k]).
+    The reference adds time_since_start to every cost of a job's row, which cannot change an
+    assignment; we use it only for the order. Where a job cannot run (T = 0) the reference
+    prices it at 1e-10 steps/s and may still place it, where it never finishes and never gives
+    the GPU back; we never place a job on such a type."""
+    jobs = _jobs(throughputs, scale_factors, num_gpus)
+    n, num_types = jobs.n, jobs.k
+    if np.any(jobs.scale_factors != 1):
+        raise ValueError("allox: AlloX schedules single-GPU jobs only (every scale factor 1)")
+    remaining = _per_job(remaining_steps, "remaining_steps", n)
+    since_start = _per_job(time_since_start, "time_since_start", n, allow_negative=True)
+    if not alpha > 0:
+        raise ValueError("alpha: must be > 0")
+    before = np.zeros((n, num_types)) if previous is None else _float_array(
+        previous, "previous", (n, num_types))
+    running = before.sum(axis=1) == 1.0
+    shares = np.where(running[:, None], before, 0.0)
+    taken = (shares[running] == 1.0).sum(axis=0)
+    free = np.maximum(jobs.num_gpus.astype(np.int64) - taken, 0)
+    waiting = np.flatnonzero(~running)
+    waiting = waiting[np.argsort(-since_start[waiting], kind="stable")]
+    waiting = waiting[: max(int(alpha * waiting.size), int(free.sum()))]
+    tput = jobs.throughputs[waiting]
+    usable = (tput > 0) & (free > 0)[None, :]
+    candidates = np.flatnonzero(usable.any(axis=1))
+    pairs, pair_shares = _empty_pairs(num_types)
+    if candidates.size == 0:
+        return Allocation(shares, pairs, pair_shares, objective=float("nan"))
+    selected = waiting[candidates]
+    usable = usable[candidates]
+    cost_base = np.where(usable, remaining[selected, None] / np.where(usable, tput[candidates], 1.0),
+                         0.0)
+    num_jobs = selected.size
+    depth = np.where(free > 0, -(-num_jobs // np.maximum(free, 1)), 0)  # positions per type
+    column_start = np.cumsum(depth) - depth
+    job_of, type_of = np.nonzero(usable)
+    positions = depth[type_of]
+    arc_job = np.repeat(job_of, positions)
+    arc_type = np.repeat(type_of, positions)
+    arc_position = _concat_ranges(np.zeros(job_of.size, dtype=np.int64), positions)
+    arc_cost = (arc_position + 1) * cost_base[arc_job, arc_type]
+    scale = 2.0**40 / arc_cost.max() if arc_cost.max() > 0 else 1.0
+    num_columns = int(depth.sum())
+    sink = num_jobs + num_columns
+    flow = min_cost_flow.SimpleMinCostFlow()
+    job_arcs = flow.add_arcs_with_capacity_and_unit_cost(
+        arc_job.astype(np.int32),
+        (num_jobs + column_start[arc_type] + arc_position).astype(np.int32),
+        np.ones(arc_job.size, dtype=np.int64),
+        np.round(arc_cost * scale).astype(np.int64),
+    )
+    column_type = np.repeat(np.arange(num_types), depth)
+    flow.add_arcs_with_capacity_and_unit_cost(
+        np.arange(num_jobs, sink, dtype=np.int32),
+        np.full(num_columns, sink, dtype=np.int32),
+        free[column_type].astype(np.int64),
+        np.zeros(num_columns, dtype=np.int64),
+    )
+    flow.set_nodes_supplies(
+        np.arange(sink + 1, dtype=np.int32),
+        np.concatenate([np.ones(num_jobs), np.zeros(num_columns), [-num_jobs]]).astype(np.int64),
+    )
+    status = flow.solve()
+    if status != flow.OPTIMAL:
+        raise SolveError(f"allox: min-cost flow ended with status {status}")
+    chosen = np.flatnonzero(flow.flows(np.asarray(job_arcs, dtype=np.int32)) > 0)
+    job, k, position = arc_job[chosen], arc_type[chosen], arc_position[chosen]
+    # per type, the GPUs' queues are filled position by position; a GPU's first job is the one at
+    # its last position: count[k, p] - max_{q > p} count[k, q] GPUs end at position p
+    max_depth = int(depth.max())
+    count = np.zeros((num_types, max_depth + 1), dtype=np.int64)
+    np.add.at(count, (k, position), 1)
+    deeper = np.maximum.accumulate(count[:, ::-1], axis=1)[:, ::-1]
+    starts_here = count[:, :-1] - deeper[:, 1:]
+    order = np.lexsort((selected[job], cost_base[job, k], position, k))
+    job, k, position = job[order], k[order], position[order]
+    slot = k * (max_depth + 1) + position
+    first_in_slot = np.concatenate(([True], slot[1:] != slot[:-1]))
+    rank = np.arange(slot.size) - np.maximum.accumulate(np.where(first_in_slot, np.arange(slot.size), 0))
+    starts = rank < starts_here[k, position]
+    shares[selected[job[starts]], k[starts]] = 1.0
+    return Allocation(shares, pairs, pair_shares, objective=float("nan"))
+
+
+def _gandiva_score(
+    first: np.ndarray, second: np.ndarray, throughputs: np.ndarray, packing: Packing
+) -> np.ndarray:
+    """Gavel's normalised packed throughput of job pairs: sum over types of both jobs' pair
+    throughput / isolated throughput; 0 if either pair throughput is 0 on any type."""
+    types = np.asarray(packing.job_types)
+    table = np.nan_to_num(np.asarray(packing.pair_throughputs, dtype=np.float64), nan=0.0)
+    mine = table[types[first], types[second]]
+    theirs = table[types[second], types[first]]
+    alone_mine, alone_theirs = throughputs[first], throughputs[second]
+    ratio = np.divide(mine, alone_mine, out=np.zeros_like(mine), where=alone_mine > 0)
+    ratio += np.divide(theirs, alone_theirs, out=np.zeros_like(theirs), where=alone_theirs > 0)
+    blocked = ((mine <= 0) | (theirs <= 0)).any(axis=1)
+    return np.where(blocked, 0.0, ratio.sum(axis=1))
+
+
+def gandiva(
+    throughputs: np.ndarray,
+    scale_factors: np.ndarray,
+    num_gpus: np.ndarray,
+    packing: Packing,
+    partner: np.ndarray,
+    rng: random.Random,
+) -> tuple[Allocation, np.ndarray]:
+    """Gavel's `gandiva` policy: random pairing for space sharing. Returns the allocation and the
+    new `partner` state to pass to the next call.
+
+    `partner[j]`: j's partner's index in this call's job list, `ALONE`, or `UNASSIGNED` (a new
+    job, or one whose partner has left); jobs in the reference's order (ascending job id).
+    A pair is kept while its normalised packed throughput (`_gandiva_score`) is >= 1; every
+    other placement, including every job that was alone, is undone. If the jobs' GPUs fit in the
+    cluster nobody is paired and everyone gets the `isolated` split. Otherwise the unplaced jobs
+    are paired at random exactly as the reference does (as many draws as unplaced jobs,
+    `rng.sample(pool, 2)`, a draw of two different scale factors wasted), so the same
+    `random.Random(seed)` gives the reference's pairs; the rest run alone, and time is split
+    equally over the resulting pairs and singles."""
+    jobs = _jobs(throughputs, scale_factors, num_gpus)
+    n, num_types = jobs.n, jobs.k
+    state = np.asarray(partner, dtype=np.int64).copy()
+    if state.shape != (n,) or np.any(state < UNASSIGNED) or np.any(state >= n):
+        raise ValueError(f"partner: expected {n} values, each a job index, ALONE or UNASSIGNED")
+    paired = np.flatnonzero(state >= 0)
+    if np.any(state[paired] == paired) or np.any(state[state[paired]] != paired):
+        raise ValueError("partner: pairs must be mutual (partner[partner[j]] == j, j != partner)")
+    if np.asarray(packing.job_types).shape != (n,):
+        raise ValueError(f"packing.job_types: expected {n} values")
+    first = paired[paired < state[paired]]
+    second = state[first]
+    undone = _gandiva_score(first, second, jobs.throughputs, packing) < 1.0
+    state[first[undone]] = UNASSIGNED
+    state[second[undone]] = UNASSIGNED
+    state[state == ALONE] = UNASSIGNED
+    pairs, pair_shares = _empty_pairs(num_types)
+    if jobs.scale_factors.sum() <= jobs.num_gpus.sum():
+        shares = _isolated_shares(n, jobs.scale_factors, jobs.num_gpus)
+        return Allocation(shares, pairs, pair_shares, objective=float("nan")), state
+    pool = [int(j) for j in np.flatnonzero(state == UNASSIGNED)]
+    for _ in range(len(pool)):
+        if len(pool) <= 1:
+            break
+        a, b = rng.sample(pool, 2)
+        if jobs.scale_factors[a] != jobs.scale_factors[b]:
+            continue
+        pool.remove(a)
+        pool.remove(b)
+        state[a], state[b] = b, a
+    state[pool] = ALONE
+    alone = np.flatnonzero(state == ALONE)
+    first = np.flatnonzero(state > np.arange(n))
+    combos = alone.size + first.size
+    rows = _isolated_shares(combos, np.concatenate(
+        [jobs.scale_factors[alone], jobs.scale_factors[first]]), jobs.num_gpus)
+    shares = np.zeros((n, num_types))
+    shares[alone] = rows[: alone.size]
+    pairs = np.stack([first, state[first]], axis=1)
+    return Allocation(shares, pairs, rows[alone.size:], objective=float("nan")), state

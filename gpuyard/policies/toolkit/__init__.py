@@ -1,0 +1,1 @@
+"""Building blocks shared by the policy families (optimisation helpers over numpy arrays)."""
