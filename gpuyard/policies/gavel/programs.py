@@ -374,23 +374,15 @@ class _Skeleton:
     classes: _Classes
     throughputs: np.ndarray  # [C, K]
     scale_factors: np.ndarray  # [C]
+    num_gpus: np.ndarray  # [K]
     single: np.ndarray  # [C, K] variable indices
     rate_rows: np.ndarray
     rate_cols: np.ndarray
     rate_tput: np.ndarray
     rate_type: np.ndarray
-    # space sharing (empty without packing)
-    cross_class: np.ndarray  # y[c, k, h]: class, type, partner group, variable
-    cross_type: np.ndarray
-    cross_group: np.ndarray
-    cross_var: np.ndarray
-    group_of_class: np.ndarray
-    within_first: np.ndarray  # z[c1, c2, k]: classes (c1 <= c2), type, variable
-    within_second: np.ndarray
-    within_type: np.ndarray
-    within_var: np.ndarray
     peak_throughput: np.ndarray  # [C] largest steps/s of any of the class's variables
     can_run: np.ndarray  # [C] some variable gives it steps/s on a type that has GPUs
+    pairing: _Pairing | None = None
 
     def rates(self, values: np.ndarray, factor: np.ndarray | None = None) -> np.ndarray:
         """Per-class steps/s under variable values (each term scaled by factor[class])."""
@@ -405,7 +397,7 @@ class _Skeleton:
         factor: np.ndarray,
         rows_for: np.ndarray,
         extra_cols: np.ndarray | None = None,
-        extra_coefs: np.ndarray | None = None,
+        extra_coefs: np.ndarray | float | None = None,
         *,
         lb: float | np.ndarray = -math.inf,
         ub: float | np.ndarray = math.inf,
@@ -425,26 +417,58 @@ class _Skeleton:
         return lp.add_constraints(rows, cols, coefs, lb=lb, ub=ub, num_rows=rows_for.size)
 
 
+@dataclass
+class _Pairing:
+    """Space-sharing variables. `pair_*`: a variable per (class pair, type), the time each member
+    pair spends together. `partner_*`: a variable per (class, type, partner group), the time a
+    member spends with some member of that group (see the module docstring)."""
+
+    group_of_class: np.ndarray
+    pair_first: np.ndarray
+    pair_second: np.ndarray
+    pair_type: np.ndarray
+    pair_var: np.ndarray
+    partner_class: np.ndarray
+    partner_type: np.ndarray
+    partner_group: np.ndarray
+    partner_var: np.ndarray
+
+
+@dataclass
+class _Terms:
+    """COO pieces of the share rows, capacity rows and rate terms, collected as variables appear."""
+
+    share: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+    capacity: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+    rate: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+
+    @staticmethod
+    def joined(parts: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
+        return tuple(np.concatenate(column) for column in zip(*parts, strict=True))
+
+
+def _block_product(
+    start_a: np.ndarray, size_a: np.ndarray, start_b: np.ndarray, size_b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each block q, every (start_a[q] + i, start_b[q] + j), i < size_a[q], j < size_b[q];
+    returns (q, first position, second position)."""
+    sizes = (size_a * size_b).astype(np.int64)
+    block = np.repeat(np.arange(sizes.size), sizes)
+    offset = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    width = size_b[block]
+    return block, start_a[block] + offset // width, start_b[block] + offset % width
+
+
 def _skeleton(
     jobs: _Jobs, packing: Packing | None, features: list[np.ndarray]
 ) -> _Skeleton:
     """Classes, share/capacity rows and rate terms for `jobs`, with space sharing if `packing`."""
     n, num_types = jobs.n, jobs.k
     columns = [jobs.scale_factors[:, None], jobs.throughputs]
-    columns += [f.reshape(n, -1) for f in features]
-    job_types = None
+    columns += [np.asarray(f, dtype=np.float64).reshape(n, 1) for f in features]
     if packing is not None:
-        job_types = np.asarray(packing.job_types)
-        if job_types.shape != (n,) or not np.issubdtype(job_types.dtype, np.integer):
-            raise ValueError(f"packing.job_types: expected {n} integers")
-        table = np.asarray(packing.pair_throughputs, dtype=np.float64)
-        if table.ndim != 3 or table.shape[0] != table.shape[1] or table.shape[2] != num_types:
-            raise ValueError(
-                f"packing.pair_throughputs: expected shape [types, types, {num_types}], "
-                f"got {table.shape}")
-        if job_types.size and (job_types.min() < 0 or job_types.max() >= table.shape[0]):
-            raise ValueError("packing.job_types: a type indexes no row of pair_throughputs")
-        columns.append(job_types[:, None].astype(np.float64))
+        _check_packing(packing, n, num_types)
+        columns.append(np.asarray(packing.job_types, dtype=np.float64)[:, None])
     classes = _classes(np.concatenate(columns, axis=1))
     rep = classes.representative
     count = classes.count
@@ -452,138 +476,139 @@ def _skeleton(
     sf = jobs.scale_factors[rep]
     members = classes.members.astype(np.float64)
     lp = LinearProgram()
+    terms = _Terms()
 
     single = lp.add_variables((count, num_types), ub=np.where(tput > 0, 1.0, 0.0))
-    share_rows = [np.repeat(np.arange(count), num_types)]
-    share_cols = [single.ravel()]
-    share_coefs = [np.ones(single.size)]
-    cap_rows = [np.tile(np.arange(num_types), count)]
-    cap_cols = [single.ravel()]
-    cap_coefs = [np.repeat(members * sf, num_types)]
-    rate_rows = [np.repeat(np.arange(count), num_types)]
-    rate_cols = [single.ravel()]
-    rate_tput = [tput.ravel()]
-    rate_type = [np.tile(np.arange(num_types), count)]
-
-    empty = np.zeros(0, dtype=np.int64)
-    cross = (empty, empty, empty, empty)
-    within = (empty, empty, empty, empty)
-    group_of_class = empty
-    if packing is not None and job_types is not None:
-        table = np.nan_to_num(np.asarray(packing.pair_throughputs, dtype=np.float64), nan=0.0)
-        class_type = job_types[rep]
-        runnable = tput.max(axis=1) > 0 if num_types else np.zeros(count, dtype=bool)
-        groups, group_of_class = np.unique(
-            np.stack([class_type, sf]), axis=1, return_inverse=True)
-        group_of_class = group_of_class.ravel()
-        group_type = groups[0].astype(np.int64)
-        group_sf = groups[1]
-        num_groups = group_type.size
-        # pairable[g, h, k]: members of g and h may share a type-k GPU
-        both = (table > 0) & (np.transpose(table, (1, 0, 2)) > 0)
-        pairable = both[group_type][:, group_type] & (
-            group_sf[:, None] == group_sf[None, :])[:, :, None]
-
-        # -- different groups: y[c, k, h] ------------------------------------------------------
-        candidate = np.transpose(pairable[group_of_class], (0, 2, 1)).copy()  # [C, K, G]
-        candidate[np.arange(count), :, group_of_class] = False
-        candidate &= runnable[:, None, None]
-        y_class, y_type, y_group = np.nonzero(candidate)
-        y_var = lp.add_variables(y_class.size, ub=1.0)
-        y_tput = table[class_type[y_class], group_type[y_group], y_type]
-        share_rows.append(y_class)
-        share_cols.append(y_var)
-        share_coefs.append(np.ones(y_var.size))
-        cap_rows.append(y_type)
-        cap_cols.append(y_var)
-        cap_coefs.append(0.5 * members[y_class] * sf[y_class])
-        rate_rows.append(y_class)
-        rate_cols.append(y_var)
-        rate_tput.append(y_tput)
-        rate_type.append(y_type)
-        if y_var.size:
-            own = group_of_class[y_class]
-            low, high = np.minimum(own, y_group), np.maximum(own, y_group)
-            key = (low * num_groups + high) * num_types + y_type
-            _, balance_row = np.unique(key, return_inverse=True)
-            sign = np.where(own < y_group, 1.0, -1.0)
-            lp.add_constraints(balance_row.ravel(), y_var, sign * members[y_class], lb=0.0, ub=0.0)
-        cross = (y_class, y_type, y_group, y_var)
-
-        # -- same group: z[c1, c2, k] for c1 <= c2 ---------------------------------------------
-        by_group = np.argsort(group_of_class, kind="stable")
-        group_end = np.cumsum(np.bincount(group_of_class, minlength=num_groups))
-        lengths = group_end[group_of_class[by_group]] - np.arange(count)
-        first = np.repeat(by_group, lengths)
-        second = by_group[_concat_ranges(np.arange(count), lengths)]
-        same = first == second
-        pair_count = np.where(same, members[first] * (members[first] - 1) / 2,
-                              members[first] * members[second])
-        keep = (pair_count > 0) & runnable[first] & runnable[second]
-        first, second, pair_count, same = first[keep], second[keep], pair_count[keep], same[keep]
-        ok = pairable[group_of_class[first], group_of_class[first]]  # [pairs, K]
-        index, z_type = np.nonzero(ok)
-        z_first, z_second = first[index], second[index]
-        z_var = lp.add_variables(index.size, ub=1.0)
-        z_tput = table[class_type[z_first], class_type[z_first], z_type]
-        z_same = same[index]
-        partners_of_first = np.where(z_same, members[z_first] - 1, members[z_second])
-        partners_of_second = members[z_first]
-        other = ~z_same
-        share_rows += [z_first, z_second[other]]
-        share_cols += [z_var, z_var[other]]
-        share_coefs += [partners_of_first, partners_of_second[other]]
-        cap_rows.append(z_type)
-        cap_cols.append(z_var)
-        cap_coefs.append(pair_count[index] * sf[z_first])
-        rate_rows += [z_first, z_second[other]]
-        rate_cols += [z_var, z_var[other]]
-        rate_tput += [partners_of_first * z_tput, partners_of_second[other] * z_tput[other]]
-        rate_type += [z_type, z_type[other]]
-        within = (z_first, z_second, z_type, z_var)
-
-    lp.add_constraints(np.concatenate(share_rows), np.concatenate(share_cols),
-                       np.concatenate(share_coefs), ub=1.0, num_rows=count)
+    single_class = np.repeat(np.arange(count), num_types)
+    single_type = np.tile(np.arange(num_types), count)
+    terms.share.append((single_class, single.ravel(), np.ones(single.size)))
+    terms.capacity.append((single_type, single.ravel(), (members * sf)[single_class]))
+    terms.rate.append((single_class, single.ravel(), tput.ravel(), single_type))
     peak = tput.max(axis=1) if num_types else np.zeros(count)
-    if cross[3].size:
-        np.maximum.at(peak, cross[0], table[class_type[cross[0]], group_type[cross[2]], cross[1]])
-    if within[3].size:
-        raw = table[class_type[within[0]], class_type[within[0]], within[2]]
-        np.maximum.at(peak, within[0], raw)
-        np.maximum.at(peak, within[1], raw)
-    all_rate_rows = np.concatenate(rate_rows)
-    all_rate_tput = np.concatenate(rate_tput)
-    all_rate_type = np.concatenate(rate_type)
-    useful = (all_rate_tput > 0) & (jobs.num_gpus[all_rate_type] > 0)
-    can_run = np.bincount(all_rate_rows[useful], minlength=count) > 0
-    lp.add_constraints(np.concatenate(cap_rows), np.concatenate(cap_cols),
-                       np.concatenate(cap_coefs), ub=jobs.num_gpus, num_rows=num_types)
+    pairing = None
+    if packing is not None:
+        pairing = _add_pairing(lp, terms, packing, np.asarray(packing.job_types)[rep], tput, sf,
+                               members, peak)
+
+    lp.add_constraints(*_Terms.joined(terms.share), ub=1.0, num_rows=count)
+    lp.add_constraints(*_Terms.joined(terms.capacity), ub=jobs.num_gpus, num_rows=num_types)
+    rate_rows, rate_cols, rate_tput, rate_type = _Terms.joined(terms.rate)
+    useful = (rate_tput > 0) & (jobs.num_gpus[rate_type] > 0)
+    can_run = np.bincount(rate_rows[useful], minlength=count) > 0
     return _Skeleton(
-        lp=lp, classes=classes, throughputs=tput, scale_factors=sf, single=single,
-        rate_rows=all_rate_rows, rate_cols=np.concatenate(rate_cols),
-        rate_tput=all_rate_tput, rate_type=all_rate_type,
-        cross_class=cross[0], cross_type=cross[1], cross_group=cross[2], cross_var=cross[3],
-        group_of_class=group_of_class,
-        within_first=within[0], within_second=within[1], within_type=within[2],
-        within_var=within[3], peak_throughput=peak, can_run=can_run,
+        lp=lp, classes=classes, throughputs=tput, scale_factors=sf, num_gpus=jobs.num_gpus,
+        single=single,
+        rate_rows=rate_rows, rate_cols=rate_cols, rate_tput=rate_tput, rate_type=rate_type,
+        peak_throughput=peak, can_run=can_run, pairing=pairing,
     )
+
+
+def _check_packing(packing: Packing, n: int, num_types: int) -> None:
+    job_types = np.asarray(packing.job_types)
+    if job_types.shape != (n,) or not np.issubdtype(job_types.dtype, np.integer):
+        raise ValueError(f"packing.job_types: expected {n} integers")
+    table = np.asarray(packing.pair_throughputs, dtype=np.float64)
+    if table.ndim != 3 or table.shape[0] != table.shape[1] or table.shape[2] != num_types:
+        raise ValueError(f"packing.pair_throughputs: expected shape [types, types, {num_types}], "
+                         f"got {table.shape}")
+    if job_types.size and (job_types.min() < 0 or job_types.max() >= table.shape[0]):
+        raise ValueError("packing.job_types: a type indexes no row of pair_throughputs")
+    if np.any(np.nan_to_num(table, nan=0.0) < 0) or np.any(np.isinf(table)):
+        raise ValueError("packing.pair_throughputs: must be finite and >= 0 (NaN = not measured)")
+
+
+def _add_pairing(
+    lp: LinearProgram, terms: _Terms, packing: Packing, class_type: np.ndarray,
+    tput: np.ndarray, sf: np.ndarray, members: np.ndarray, peak: np.ndarray,
+) -> _Pairing:
+    """Space-sharing variables and their terms (module docstring). Jobs in the same group
+    (job type, scale factor) are paired through a variable per class pair; two groups through a
+    variable per (class, partner group) unless a variable per class pair is no more (one group
+    has a single class, or both have two)."""
+    count, num_types = tput.shape
+    table = np.nan_to_num(np.asarray(packing.pair_throughputs, dtype=np.float64), nan=0.0)
+    runnable = tput.max(axis=1) > 0 if num_types else np.zeros(count, dtype=bool)
+    groups, group_of_class = np.unique(np.stack([class_type, sf]), axis=1, return_inverse=True)
+    group_of_class = group_of_class.ravel()
+    group_type, group_sf = groups[0].astype(np.int64), groups[1]
+    num_groups = group_type.size
+    # pairable[g, h, k]: members of g and h may share a type-k GPU (both rates > 0, same sf)
+    both = (table > 0) & (np.transpose(table, (1, 0, 2)) > 0)
+    pairable = both[group_type][:, group_type] & (group_sf[:, None] == group_sf[None, :])[..., None]
+    by_group = np.argsort(group_of_class, kind="stable")
+    group_size = np.bincount(group_of_class, minlength=num_groups)
+    group_start = np.cumsum(group_size) - group_size
+    low, high = np.nonzero(np.triu(pairable.any(axis=2)))
+    per_pair = (low == high) | (group_size[low] * group_size[high]
+                                <= group_size[low] + group_size[high])
+    per_pair_groups = np.zeros((num_groups, num_groups), dtype=bool)
+    per_pair_groups[low[per_pair], high[per_pair]] = True
+    per_pair_groups |= per_pair_groups.T
+
+    # -- a variable per (class pair, type) ---------------------------------------------------------
+    g, h = low[per_pair], high[per_pair]
+    block, a, b = _block_product(group_start[g], group_size[g], group_start[h], group_size[h])
+    first, second = by_group[a], by_group[b]
+    same_class = first == second
+    keep = ((g[block] != h[block]) | (a <= b)) & runnable[first] & runnable[second]
+    pair_count = np.where(same_class, members[first] * (members[first] - 1) / 2,
+                          members[first] * members[second])
+    keep &= pair_count > 0
+    first, second, same_class, pair_count = first[keep], second[keep], same_class[keep], \
+        pair_count[keep]
+    index, pair_type = np.nonzero(pairable[group_of_class[first], group_of_class[second]])
+    first, second, same_class, pair_count = first[index], second[index], same_class[index], \
+        pair_count[index]
+    pair_var = lp.add_variables(index.size, ub=1.0)
+    rate_first = table[class_type[first], class_type[second], pair_type]
+    rate_second = table[class_type[second], class_type[first], pair_type]
+    partners_of_first = np.where(same_class, members[first] - 1, members[second])
+    partners_of_second = members[first]
+    other = ~same_class
+    terms.share += [(first, pair_var, partners_of_first),
+                    (second[other], pair_var[other], partners_of_second[other])]
+    terms.capacity.append((pair_type, pair_var, pair_count * sf[first]))
+    terms.rate += [(first, pair_var, partners_of_first * rate_first, pair_type),
+                   (second[other], pair_var[other], partners_of_second[other] * rate_second[other],
+                    pair_type[other])]
+    np.maximum.at(peak, first, rate_first)
+    np.maximum.at(peak, second, rate_second)
+
+    # -- a variable per (class, type, partner group) with balance rows -------------------------
+    candidate = np.transpose(pairable[group_of_class], (0, 2, 1)).copy()  # [C, K, G]
+    candidate &= ~per_pair_groups[group_of_class][:, None, :]
+    candidate &= runnable[:, None, None]
+    partner_class, partner_type, partner_group = np.nonzero(candidate)
+    partner_var = lp.add_variables(partner_class.size, ub=1.0)
+    rate = table[class_type[partner_class], group_type[partner_group], partner_type]
+    terms.share.append((partner_class, partner_var, np.ones(partner_var.size)))
+    terms.capacity.append((partner_type, partner_var,
+                           0.5 * members[partner_class] * sf[partner_class]))
+    terms.rate.append((partner_class, partner_var, rate, partner_type))
+    np.maximum.at(peak, partner_class, rate)
+    if partner_var.size:
+        own = group_of_class[partner_class]
+        key = (np.minimum(own, partner_group) * num_groups + np.maximum(own, partner_group)) \
+            * num_types + partner_type
+        _, balance_row = np.unique(key, return_inverse=True)
+        sign = np.where(own < partner_group, 1.0, -1.0)
+        lp.add_constraints(balance_row.ravel(), partner_var, sign * members[partner_class],
+                           lb=0.0, ub=0.0)
+    return _Pairing(group_of_class, first, second, pair_type, pair_var,
+                    partner_class, partner_type, partner_group, partner_var)
 
 
 def _member_pairs(
     first_class: np.ndarray, second_class: np.ndarray, classes: _Classes
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every (member of first, member of second) job pair, i != j, for each class pair p; returns
-    (p, i, j). For a class paired with itself each unordered pair appears once."""
-    m1 = classes.members[first_class]
-    m2 = classes.members[second_class]
-    sizes = m1 * m2
-    block = np.repeat(np.arange(first_class.size), sizes)
-    offset = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-    row, col = offset // m2[block], offset % m2[block]
-    i = classes.job_order[classes.start[first_class[block]] + row]
-    j = classes.job_order[classes.start[second_class[block]] + col]
+    """Every job pair (i in first class, j in second class, i != j) for each class pair p;
+    returns (p, min(i, j), max(i, j)). A class paired with itself gives each pair once."""
+    block, a, b = _block_product(classes.start[first_class], classes.members[first_class],
+                                 classes.start[second_class], classes.members[second_class])
+    i, j = classes.job_order[a], classes.job_order[b]
     keep = np.where(first_class[block] == second_class[block], i < j, True)
-    return block[keep], i[keep], j[keep]
+    i, j = i[keep], j[keep]
+    return block[keep], np.minimum(i, j), np.maximum(i, j)
 
 
 def _expand(skeleton: _Skeleton, values: np.ndarray, num_types: int) -> tuple[
@@ -592,64 +617,59 @@ def _expand(skeleton: _Skeleton, values: np.ndarray, num_types: int) -> tuple[
     values = np.clip(values, 0.0, 1.0)
     values[values < _ZERO] = 0.0
     shares = values[skeleton.single][skeleton.classes.of_job]
-    first_parts: list[np.ndarray] = []
-    second_parts: list[np.ndarray] = []
-    type_parts: list[np.ndarray] = []
-    share_parts: list[np.ndarray] = []
+    pairing = skeleton.pairing
+    if pairing is None:
+        return (shares, *_empty_pairs(num_types))
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
 
-    z = values[skeleton.within_var]
-    used = z > 0
+    together = values[pairing.pair_var]
+    used = together > 0
     if used.any():
-        block, i, j = _member_pairs(skeleton.within_first[used], skeleton.within_second[used],
+        block, i, j = _member_pairs(pairing.pair_first[used], pairing.pair_second[used],
                                     skeleton.classes)
-        first_parts.append(i)
-        second_parts.append(j)
-        type_parts.append(skeleton.within_type[used][block])
-        share_parts.append(z[used][block])
+        parts.append((i, j, pairing.pair_type[used][block], together[used][block]))
 
-    y = values[skeleton.cross_var]
-    used = y > 0
+    with_group = values[pairing.partner_var]
+    used = with_group > 0
     if used.any():
-        cls, k, partner = skeleton.cross_class[used], skeleton.cross_type[used], \
-            skeleton.cross_group[used]
-        own = skeleton.group_of_class[cls]
-        num_groups = int(skeleton.group_of_class.max()) + 1
-        # the low group's side and the high group's side of the same (low, high, k) pair time
-        low_side = own < partner
-        key_low = (own * num_groups + partner) * num_types + k
-        key_high = (partner * num_groups + own) * num_types + k
-        a = np.flatnonzero(low_side)
-        b = np.flatnonzero(~low_side)
-        ia, ib = _matching_pairs(key_low[a], key_high[b])
-        a, b = a[ia], b[ib]
+        cls, k, partner = pairing.partner_class[used], pairing.partner_type[used], \
+            pairing.partner_group[used]
+        time_with = with_group[used]
+        own = pairing.group_of_class[cls]
+        num_groups = int(pairing.group_of_class.max()) + 1
+        # the lower group's side and the higher group's side of one (low, high, type) pair time
+        key = (np.minimum(own, partner) * num_groups + np.maximum(own, partner)) * num_types + k
+        low_side = np.flatnonzero(own < partner)
+        high_side = np.flatnonzero(own > partner)
+        ia, ib = _matching_pairs(key[low_side], key[high_side])
+        a, b = low_side[ia], high_side[ib]
         members = skeleton.classes.members.astype(np.float64)
-        total_key, total_of = np.unique(key_low[low_side], return_inverse=True)
-        totals = np.bincount(total_of.ravel(), weights=members[cls[low_side]] * y[used][low_side])
-        total = totals[np.searchsorted(total_key, key_low[a])]
-        class_pair_share = y[used][a] * y[used][b] / total
+        total_key, total_of = np.unique(key[low_side], return_inverse=True)
+        totals = np.bincount(total_of.ravel(), weights=members[cls[low_side]] * time_with[low_side])
+        share = time_with[a] * time_with[b] / totals[np.searchsorted(total_key, key[a])]
         block, i, j = _member_pairs(cls[a], cls[b], skeleton.classes)
-        first_parts.append(np.minimum(i, j))
-        second_parts.append(np.maximum(i, j))
-        type_parts.append(k[a][block])
-        share_parts.append(class_pair_share[block])
+        parts.append((i, j, k[a][block], share[block]))
 
-    if not first_parts:
-        pairs, pair_shares = _empty_pairs(num_types)
-        return shares, pairs, pair_shares
-    i = np.concatenate(first_parts)
-    j = np.concatenate(second_parts)
+    if not parts:
+        return (shares, *_empty_pairs(num_types))
+    i, j, k, share = (np.concatenate(column) for column in zip(*parts, strict=True))
     n = shares.shape[0]
     pair_key, pair_of = np.unique(i * n + j, return_inverse=True)
     pair_shares = np.zeros((pair_key.size, num_types))
-    np.add.at(pair_shares, (pair_of.ravel(), np.concatenate(type_parts)),
-              np.concatenate(share_parts))
+    np.add.at(pair_shares, (pair_of.ravel(), k), share)
     pairs = np.stack([pair_key // n, pair_key % n], axis=1)
     return shares, pairs, pair_shares
 
 
 def _solve(lp: LinearProgram, stats: SolveStats, solver: Solver | None,
            time_limit: float | None) -> Solution:
-    solution = lp.solve(solver, time_limit=time_limit)
+    started = time.perf_counter()
+    try:
+        solution = lp.solve(solver, time_limit=time_limit)
+    except SolveError:
+        stats.solve_seconds += time.perf_counter() - started
+        stats.num_solves += 1
+        raise
     stats.record(solution)
     return solution
 
@@ -669,6 +689,50 @@ def _nothing(jobs: _Jobs, objective: float = float("nan")) -> Allocation:
     return Allocation(np.zeros((jobs.n, jobs.k)), pairs, pair_shares, objective)
 
 
+TieBreak = Literal["center", "vertex"]
+_KEEP = 1e-9  # relative slack on the throughputs (and objective) a tie-break must keep
+
+
+def _check_tie_break(tie_break: str) -> None:
+    if tie_break not in ("center", "vertex"):
+        raise ValueError(f"tie_break: 'center' or 'vertex', not {tie_break!r}")
+
+
+def _spread(skeleton: _Skeleton, face: LinearProgram, stats: SolveStats, solver: Solver | None,
+            time_limit: float | None) -> Solution:
+    """Solve `face` maximising sum_c m_c min_k x[c, k] over the types class c can use: each job's
+    time spread as evenly over its types as the constraints allow."""
+    lp = face.copy()
+    usable = (skeleton.throughputs > 0) & (skeleton.num_gpus > 0)[None, :]
+    cls, k = np.nonzero(usable)
+    spread = lp.add_variables(skeleton.classes.count, ub=np.where(usable.any(axis=1), 1.0, 0.0))
+    lp.add_constraints(np.repeat(np.arange(cls.size), 2),
+                       np.stack([spread[cls], skeleton.single[cls, k]], axis=1).ravel(),
+                       np.tile([1.0, -1.0], cls.size), ub=0.0, num_rows=cls.size)
+    lp.set_objective(spread, skeleton.classes.members.astype(np.float64), maximize=True)
+    return _solve(lp, stats, solver, time_limit)
+
+
+def _tie_break(
+    skeleton: _Skeleton, values: np.ndarray, tie_break: TieBreak, stats: SolveStats,
+    solver: Solver | None, time_limit: float | None, face: LinearProgram | None = None,
+) -> np.ndarray:
+    """Among allocations that give every job at least its throughput under `values` (and satisfy
+    `face`, default the base constraints), the one `_spread` picks; `values` if that fails."""
+    if tie_break == "vertex":
+        return values
+    face = (skeleton.lp if face is None else face).copy()
+    rates = skeleton.rates(values)
+    rows = np.flatnonzero(rates > 0)
+    skeleton.add_rate_rows(face, np.ones(skeleton.classes.count), rows,
+                           lb=rates[rows] * (1 - _KEEP))
+    try:
+        return _spread(skeleton, face, stats, solver, time_limit).values
+    except SolveError:
+        stats.fallback = "tie-break LP failed: kept the solver's vertex"
+        return values
+
+
 # ------------------------------------------------------------------------------------------------
 # Max-min fairness
 
@@ -680,6 +744,7 @@ def max_min_fairness(
     num_gpus: np.ndarray,
     *,
     packing: Packing | None = None,
+    tie_break: TieBreak = "center",
     solver: Solver | None = None,
     time_limit: float | None = None,
 ) -> Allocation:
@@ -692,6 +757,9 @@ def max_min_fairness(
     reference divides by zero)."""
     started = time.perf_counter()
     jobs = _jobs(throughputs, scale_factors, num_gpus, priority_weights)
+    if jobs.n == 0:
+        return _nothing(jobs, objective=0.0)
+    _check_tie_break(tie_break)
     stats = SolveStats()
     prop = proportional_throughputs(jobs.throughputs, jobs.num_gpus)
     skeleton = _skeleton(jobs, packing, [jobs.weights])
@@ -706,7 +774,8 @@ def max_min_fairness(
     skeleton.add_rate_rows(lp, -factor, active, extra_cols=level[0], extra_coefs=1.0, ub=0.0)
     lp.set_objective(level, 1.0, maximize=True)
     solution = _solve(lp, stats, solver, time_limit)
-    return _finish(skeleton, solution.values, solution.objective, stats, started, jobs.k)
+    values = _tie_break(skeleton, solution.values, tie_break, stats, solver, time_limit)
+    return _finish(skeleton, values, solution.objective, stats, started, jobs.k)
 
 
 def max_min_fairness_water_filling(
@@ -717,6 +786,7 @@ def max_min_fairness_water_filling(
     *,
     packing: Packing | None = None,
     bottleneck_test: Literal["reference", "relative"] = "reference",
+    tie_break: TieBreak = "center",
     solver: Solver | None = None,
     milp_solver: Solver | None = None,
     time_limit: float | None = None,
@@ -742,6 +812,9 @@ def max_min_fairness_water_filling(
     jobs = _jobs(throughputs, scale_factors, num_gpus, priority_weights)
     if bottleneck_test not in ("reference", "relative"):
         raise ValueError(f"bottleneck_test: 'reference' or 'relative', not {bottleneck_test!r}")
+    if jobs.n == 0:
+        return _nothing(jobs, objective=0.0)
+    _check_tie_break(tie_break)
     stats = SolveStats()
     prop = proportional_throughputs(jobs.throughputs, jobs.num_gpus)
     skeleton = _skeleton(jobs, packing, [jobs.weights])
@@ -809,6 +882,7 @@ def max_min_fairness_water_filling(
             break
     if values is None:
         return _nothing(jobs)
+    values = _tie_break(skeleton, values, tie_break, stats, solver, time_limit)
     return _finish(skeleton, values, first_level, stats, started, jobs.k)
 
 
@@ -827,6 +901,7 @@ def finish_time_fairness(
     isolated_time_elapsed: np.ndarray | None = None,
     packing: Packing | None = None,
     priority_weighting: Literal["reference", "slowdown"] = "reference",
+    tie_break: TieBreak = "center",
     solver: Solver | None = None,
     time_limit: float | None = None,
     tolerance: float = 1e-7,
@@ -857,6 +932,9 @@ def finish_time_fairness(
     if priority_weighting not in ("reference", "slowdown"):
         raise ValueError(
             f"priority_weighting: 'reference' or 'slowdown', not {priority_weighting!r}")
+    if jobs.n == 0:
+        return _nothing(jobs, objective=0.0)
+    _check_tie_break(tie_break)
     stats = SolveStats()
     iso = isolated_throughputs(jobs.throughputs, jobs.scale_factors, jobs.num_gpus)
     skeleton = _skeleton(jobs, packing, [jobs.weights, remaining, since_start, accrued])
@@ -912,6 +990,7 @@ def finish_time_fairness(
         level, rates = new_level, new_rates
     if best_values is None:
         return _nothing(jobs)
+    best_values = _tie_break(skeleton, best_values, tie_break, stats, solver, time_limit)
     return _finish(skeleton, best_values, level, stats, started, jobs.k)
 
 
@@ -945,6 +1024,7 @@ def min_total_duration(
     *,
     packing: Packing | None = None,
     search: Literal["reference", "exact"] = "reference",
+    tie_break: TieBreak = "center",
     solver: Solver | None = None,
     time_limit: float | None = None,
 ) -> Allocation:
@@ -965,6 +1045,9 @@ def min_total_duration(
     remaining = _per_job(remaining_steps, "remaining_steps", jobs.n)
     if search not in ("reference", "exact"):
         raise ValueError(f"search: 'reference' or 'exact', not {search!r}")
+    if jobs.n == 0:
+        return _nothing(jobs, objective=0.0)
+    _check_tie_break(tie_break)
     stats = SolveStats()
     skeleton = _skeleton(jobs, packing, [remaining])
     rep = skeleton.classes.representative
@@ -982,14 +1065,18 @@ def min_total_duration(
     best = _solve(lp, stats, solver, time_limit)
     optimum = 1.0 / best.objective if best.objective > 0 else math.inf
     if search == "exact":
-        return _finish(skeleton, best.values, optimum, stats, started, jobs.k)
+        values = _tie_break(skeleton, best.values, tie_break, stats, solver, time_limit)
+        return _finish(skeleton, values, optimum, stats, started, jobs.k)
     bound = _gavel_makespan_search(optimum)
     feasible = skeleton.lp.copy()
     skeleton.add_rate_rows(feasible, np.ones(skeleton.classes.count), rows,
                            lb=r_c[rows] / bound)
     try:
-        values = _solve(feasible, stats, solver, time_limit).values
-    except Infeasible:  # the probe sits within solver tolerance of T*
+        if tie_break == "center":  # the centre of everything that meets the bound
+            values = _spread(skeleton, feasible, stats, solver, time_limit).values
+        else:
+            values = _solve(feasible, stats, solver, time_limit).values
+    except SolveError:  # the probe sits within solver tolerance of T*
         values = best.values
     return _finish(skeleton, values, bound, stats, started, jobs.k)
 
@@ -1008,6 +1095,7 @@ def max_sum_throughput(
     remaining_steps: np.ndarray | None = None,
     normalize: bool = False,
     packing: Packing | None = None,
+    tie_break: TieBreak = "center",
     solver: Solver | None = None,
     time_limit: float | None = None,
 ) -> Allocation:
@@ -1042,6 +1130,9 @@ def max_sum_throughput(
             raise ValueError("slos need remaining_steps")
         remaining = _per_job(remaining_steps, "remaining_steps", n)
         features = [np.where(np.isfinite(deadline), deadline, -1.0), remaining]
+    if jobs.n == 0:
+        return _nothing(jobs, objective=0.0)
+    _check_tie_break(tie_break)
     stats = SolveStats()
     skeleton = _skeleton(jobs, packing, features)
     rep = skeleton.classes.representative
@@ -1051,22 +1142,28 @@ def max_sum_throughput(
         total = jobs.throughputs[rep].sum(axis=1)
         per_job = np.where(total > 0, 1.0 / np.where(total > 0, total, 1.0), 0.0)
     coefs = skeleton.rate_tput * (members * per_job)[skeleton.rate_rows] / price[skeleton.rate_type]
-    lp = skeleton.lp.copy()
-    lp.set_objective(skeleton.rate_cols, coefs, maximize=True)
+    base = skeleton.lp.copy()
     d_c = deadline[rep]
     bounded = np.flatnonzero(np.isfinite(d_c) & (d_c > 0))
+    solution: Solution | None = None
     if bounded.size:
-        with_slos = lp.copy()
+        with_slos = base.copy()
         skeleton.add_rate_rows(with_slos, np.ones(skeleton.classes.count), bounded,
                                lb=remaining[rep][bounded] / d_c[bounded])
+        with_slos.set_objective(skeleton.rate_cols, coefs, maximize=True)
         try:
             solution = _solve(with_slos, stats, solver, time_limit)
-            return _finish(skeleton, solution.values, solution.objective, stats, started,
-                           num_types)
+            base = with_slos
         except Infeasible:
             stats.fallback = "SLOs cannot all be met: solved without them"
-    solution = _solve(lp, stats, solver, time_limit)
-    return _finish(skeleton, solution.values, solution.objective, stats, started, num_types)
+    if solution is None:
+        base.set_objective(skeleton.rate_cols, coefs, maximize=True)
+        solution = _solve(base, stats, solver, time_limit)
+    face = base.copy()
+    face.add_constraints(np.zeros(coefs.size, dtype=np.int64), skeleton.rate_cols, coefs,
+                         lb=solution.objective - _KEEP * abs(solution.objective))
+    values = _tie_break(skeleton, solution.values, tie_break, stats, solver, time_limit, face)
+    return _finish(skeleton, values, solution.objective, stats, started, num_types)
 
 
 def max_sum_throughput_normalized_by_cost(
@@ -1078,6 +1175,7 @@ def max_sum_throughput_normalized_by_cost(
     slos: np.ndarray | None = None,
     remaining_steps: np.ndarray | None = None,
     packing: Packing | None = None,
+    tie_break: TieBreak = "center",
     solver: Solver | None = None,
     time_limit: float | None = None,
 ) -> Allocation:
@@ -1085,7 +1183,8 @@ def max_sum_throughput_normalized_by_cost(
     every type-k throughput divided by `costs[k]` (steps per dollar)."""
     return max_sum_throughput(
         throughputs, scale_factors, num_gpus, costs=costs, slos=slos,
-        remaining_steps=remaining_steps, packing=packing, solver=solver, time_limit=time_limit)
+        remaining_steps=remaining_steps, packing=packing, tie_break=tie_break, solver=solver,
+        time_limit=time_limit)
 
 
 # ------------------------------------------------------------------------------------------------
