@@ -124,10 +124,10 @@ def main() -> None:
                 lambda c=mid: programs.max_min_fairness_water_filling(
                     c["throughputs"], c["scale_factors"], c["weights"], gpus), args.repeat,
                 "" if distinct else "<= 1000 ms")
-        measure(f"water_filling_perf (relative test), 500 jobs{suffix}",
+        measure(f"water_filling_perf (exact test), 500 jobs{suffix}",
                 lambda c=mid: programs.max_min_fairness_water_filling(
                     c["throughputs"], c["scale_factors"], c["weights"], gpus,
-                    bottleneck_test="relative"), args.repeat, "")
+                    bottleneck_test="exact"), args.repeat, "")
         measure(f"min_total_duration_perf, 500 jobs{suffix}",
                 lambda c=mid: programs.min_total_duration(
                     c["throughputs"], c["scale_factors"], gpus, c["remaining"]), args.repeat, "")

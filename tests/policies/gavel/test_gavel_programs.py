@@ -287,7 +287,7 @@ def test_water_filling_reference_quirk_stops_at_the_first_level_below_0_1() -> N
     tput, sf, w, gpus = water_filling_instance(many=40)  # crowd level (2/40) / (2/3) = 0.075
     plain = gp.max_min_fairness(tput, sf, w, gpus)
     reference = gp.max_min_fairness_water_filling(tput, sf, w, gpus, tie_break="vertex")
-    intended = gp.max_min_fairness_water_filling(tput, sf, w, gpus, bottleneck_test="relative")
+    intended = gp.max_min_fairness_water_filling(tput, sf, w, gpus, bottleneck_test="exact")
     assert reference.objective == pytest.approx(0.075) == plain.objective
     # the reference's MILP is infeasible at this level: one LP, one failed MILP, then it stops
     assert reference.stats.num_solves == 2
@@ -305,7 +305,7 @@ def test_water_filling_levels_dominate_plain_max_min(seed: int) -> None:
     tput[:, 1] = np.maximum(tput[:, 1], 0.2)
     sf, w, gpus = np.ones(n), np.ones(n), np.array([2.0, 6.0, 3.0])
     plain = gp.max_min_fairness(tput, sf, w, gpus)
-    filled = gp.max_min_fairness_water_filling(tput, sf, w, gpus, bottleneck_test="relative")
+    filled = gp.max_min_fairness_water_filling(tput, sf, w, gpus, bottleneck_test="exact")
     assert_feasible(filled, tput, sf, gpus)
     prop = gp.proportional_throughputs(tput, gpus)
     levels = np.sort(filled.job_throughputs(tput) / prop)
