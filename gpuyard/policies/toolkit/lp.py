@@ -6,20 +6,22 @@ numbers local to the call, duplicates summed), sets a linear objective, and solv
 in Python per variable or per row: the model is kept as flat arrays and handed to the solver in
 one piece.
 
-Why MathOpt's model proto rather than `model_builder` or `pywraplp`: both of those add a
-constraint per Python call, except `ModelBuilderHelper.fill_model_from_sparse_data`, which needs a
-scipy CSR matrix (scipy is not a gpuyard dependency). MathOpt's `ModelProto` stores the whole
-constraint matrix as three flat vectors (row ids, column ids, coefficients) and every bound as a
-flat vector, so building it is a sort and a handful of bulk copies. The solve goes through MathOpt's
-core `solve` entry point, the one `mathopt.solve()` calls: that wrapper would then turn the result
-into one Python object per variable, which costs more than the solve itself on large models.
+Why MathOpt's model proto rather than `model_builder` or `pywraplp`: those create variables in bulk
+(`model_builder.new_var_series`, as pandas Series) but add constraints one Python call at a time;
+their one bulk entry point, `ModelBuilderHelper.fill_model_from_sparse_data`, takes a scipy CSR
+matrix, and scipy is not a gpuyard dependency. MathOpt's `ModelProto` stores the whole constraint
+matrix as three flat vectors (row ids, column ids, coefficients) and every bound as a flat vector,
+so building it is a sort and a handful of bulk copies. The solve goes through MathOpt's core
+`solve` entry point, the one `mathopt.solve()` calls: that wrapper would then turn the result into
+one Python object per variable, which costs more than the solve itself on large models.
 
 Solvers (`Solver`): "glop" (primal/dual simplex; the default for LPs), "pdlp" (first-order
-primal-dual method for very large LPs; solutions are accurate to its tolerance, not to a vertex),
-"highs" (simplex/interior point and MIP), "scip" (MILP; the default when a model has integer
-variables), "cp_sat" (integer models; continuous variables are only approximated, so prefer
-"scip" for mixed models). Every solver runs single-threaded so that the same model gives the same
-answer bit for bit.
+primal-dual method for LPs too large for simplex; solutions are accurate to its tolerance, not a
+vertex; on the Gavel programs up to ~150k variables GLOP was still 2-4x faster), "highs"
+(simplex/interior point and MIP), "scip" (MILP; the default when a model has integer variables),
+"cp_sat" (integer models; continuous variables are only approximated, so prefer "scip" for mixed
+models). PDLP, SCIP and CP-SAT run single-threaded with a fixed seed, GLOP and HiGHS are
+deterministic as they are: the same model gives the same answer bit for bit.
 """
 
 from __future__ import annotations
