@@ -1387,8 +1387,9 @@ def gandiva(
 
     `partner[j]`: j's partner's index in this call's job list, `ALONE`, or `UNASSIGNED` (a new
     job, or one whose partner has left); jobs in the reference's order (ascending job id).
-    A pair is kept while its normalised packed throughput (`_gandiva_score`) is >= 1; every
-    other placement, including every job that was alone, is undone. If the jobs' GPUs fit in the
+    A pair is kept while its normalised packed throughput (the sum over GPU types of each job's
+    pair throughput divided by its throughput alone; 0 if the pair may not share some type) is
+    >= 1; every other placement, including every job that was alone, is undone. If the jobs' GPUs fit in the
     cluster nobody is paired and everyone gets the `isolated` split. Otherwise the unplaced jobs
     are paired at random exactly as the reference does (as many draws as unplaced jobs,
     `rng.sample(pool, 2)`, a draw of two different scale factors wasted), so the same
