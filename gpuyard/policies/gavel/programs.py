@@ -366,14 +366,19 @@ class _Classes:
 
 
 def _classes(features: np.ndarray) -> _Classes:
-    """Jobs with identical feature rows form a class (classes sorted by features)."""
-    _, representative, of_job, members = np.unique(
-        features, axis=0, return_index=True, return_inverse=True, return_counts=True
-    )
-    of_job = of_job.ravel()
-    job_order = np.argsort(of_job, kind="stable")
-    start = np.cumsum(members) - members
-    return _Classes(of_job, members, representative, job_order, start)
+    """Jobs with identical feature rows form a class (classes sorted by features, members by job
+    index). A lexicographic sort of the columns: much faster than np.unique(axis=0)."""
+    n = features.shape[0]
+    order = np.lexsort(features.T[::-1]) if n else np.zeros(0, dtype=np.int64)
+    ordered = features[order]
+    first = np.ones(n, dtype=bool)
+    first[1:] = np.any(ordered[1:] != ordered[:-1], axis=1)
+    class_of_sorted = np.cumsum(first) - 1
+    of_job = np.empty(n, dtype=np.int64)
+    of_job[order] = class_of_sorted
+    start = np.flatnonzero(first)
+    members = np.diff(np.append(start, n))
+    return _Classes(of_job, members, order[first], order, start)
 
 
 @dataclass
