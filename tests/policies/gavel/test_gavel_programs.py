@@ -240,6 +240,23 @@ def test_max_min_fairness_matches_a_per_job_formulation(seed: int) -> None:
     assert np.allclose(allocation.shares[6:9], allocation.shares[5])
 
 
+def test_centre_tie_break_spreads_agnostic_jobs_over_the_types() -> None:
+    # two jobs, three types with room for both: every split of each job's time is optimal; the
+    # reference's interior-point solver returns the even split, a simplex vertex does not
+    tput = np.array([[3.0, 2.0, 1.0], [1.0, 2.0, 0.0]])
+    sf, w, gpus = np.ones(2), np.ones(2), np.array([4.0, 4.0, 4.0])
+    agnostic = gp.agnostic_throughputs(tput, respect_unsupported=True)
+    centre = gp.max_min_fairness(agnostic, sf, w, gpus)
+    vertex = gp.max_min_fairness(agnostic, sf, w, gpus, tie_break="vertex")
+    assert centre.objective == pytest.approx(vertex.objective) == pytest.approx(1.0)
+    assert centre.shares == pytest.approx(np.array([[1 / 3, 1 / 3, 1 / 3], [0.5, 0.5, 0.0]]))
+    assert_feasible(vertex, agnostic, sf, gpus)
+    # the tie-break never lowers a job's throughput below the optimum's
+    aware = gp.max_min_fairness(tput, sf, w, gpus)
+    aware_vertex = gp.max_min_fairness(tput, sf, w, gpus, tie_break="vertex")
+    assert np.all(aware.job_throughputs(tput) >= aware_vertex.job_throughputs(tput) * (1 - 1e-8))
+
+
 def test_proportional_throughput_is_the_reference_equal_share() -> None:
     tput = np.array([[2.0, 1.0, 0.0]])
     assert gp.proportional_throughputs(tput, np.array([1.0, 2.0, 1.0])) == pytest.approx([1.0])
@@ -510,6 +527,14 @@ def test_packed_programs_match_a_per_pair_formulation(seed: int) -> None:
     assert_feasible(makespan, tput, sf, gpus, packing)
     assert makespan.objective == pytest.approx(
         reference_makespan(tput, sf, gpus, remaining, packing), rel=1e-6)
+
+    filled = gp.max_min_fairness_water_filling(tput, sf, w, gpus, packing=packing,
+                                               bottleneck_test="exact")
+    assert_feasible(filled, tput, sf, gpus, packing)
+    assert filled.objective == pytest.approx(mmf.objective, rel=1e-6)
+    filled_levels = np.sort(sf * filled.job_throughputs(tput, packing) / prop)
+    assert filled_levels[0] == pytest.approx(mmf.objective, rel=1e-6)
+    assert filled_levels.sum() >= np.sort(levels).sum() * (1 - 1e-6)
 
     since_start = rng.uniform(0, 1e3, n)
     ftf = gp.finish_time_fairness(tput, sf, w, gpus, remaining, since_start, packing=packing)
