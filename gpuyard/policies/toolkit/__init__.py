@@ -1,5 +1,6 @@
-"""What every policy family builds on: the ordering walk, the starvation guard, and (`lp`) a
-linear-programming helper over numpy arrays on OR-Tools."""
+"""What every policy family builds on: the ordering walk, the starvation guard, and `lp`, a
+linear-programming helper over numpy arrays on OR-Tools (import it from `toolkit.lp`; it loads
+OR-Tools, which ordering policies do not need)."""
 
 from .ordering import (
     TypeOrder,
