@@ -22,8 +22,9 @@ import time
 
 from gpuyard.embedded import EmbeddedNats
 from gpuyard.ops import read_events
-from gpuyard.shared.bus import Bus, connect, ensure_event_stream
-from gpuyard.shared.contract import Event, Subjects
+from gpuyard.shared.connection import Bus, connect, ensure_event_stream
+from gpuyard.shared.contract import Event
+from gpuyard.shared.endpoints import Subjects
 
 
 async def stored_count(bus: Bus) -> int:

@@ -25,18 +25,19 @@ import msgspec
 from gpuyard.cli_cluster import control_plane_configs
 from gpuyard.embedded import EmbeddedNats
 from gpuyard.launcher import ServiceSet
-from gpuyard.shared.bus import Bus, connect, encode
-from gpuyard.shared.contract import (
-    ClusterInfo,
-    Empty,
-    Event,
-    GpuMetrics,
-    Heartbeat,
-    HeartbeatsPage,
-    RegisterNode,
-    SchedulerStatus,
+from gpuyard.shared.connection import Bus, connect
+from gpuyard.shared.contract import Empty, Event, GpuMetrics, Heartbeat, RegisterNode
+from gpuyard.shared.endpoints import (
+    CLUSTER as CLUSTER_INFO,
+)
+from gpuyard.shared.endpoints import (
+    EVENT,
+    HEARTBEAT,
+    HEARTBEATS,
+    REGISTER,
+    STATUS,
+    SUBMIT,
     Subjects,
-    SubmitReply,
 )
 from gpuyard.shared.model import NodeSpec
 
@@ -51,7 +52,7 @@ def pct(values: list[float], q: float) -> float:
 async def wait_nodes(bus: Bus, n: int, within_s: float = 60) -> None:
     deadline = time.monotonic() + within_s
     while True:
-        info = await bus.request(f"{bus.subjects.placement}.cluster", Empty(), ClusterInfo)
+        info = await bus.call(CLUSTER_INFO, Empty())
         if len(info.nodes) >= n:
             return
         if time.monotonic() > deadline:
@@ -100,7 +101,7 @@ async def latency(url: str, agents: int, jobs: int, root: Path) -> dict[str, flo
             if fut is not None and not fut.done():
                 fut.set_result(time.perf_counter())
 
-        await bus.nc.subscribe(f"{bus.subjects.events}.job.started", cb=on_started)
+        await bus.nc.subscribe(bus.subjects.of(EVENT, type="job.started"), cb=on_started)
         samples = []
         loop = asyncio.get_running_loop()
         for i in range(jobs):
@@ -108,16 +109,14 @@ async def latency(url: str, agents: int, jobs: int, root: Path) -> dict[str, flo
             started[job_id] = loop.create_future()
             job = {"job_id": job_id, "num_gpus": 1 + i % 2, "command": ["sleep", "0.3"]}
             t0 = time.perf_counter()
-            reply = await bus.request(
-                f"{bus.subjects.admission}.submit", {"jobs": [job]}, SubmitReply
-            )
+            reply = await bus.call(SUBMIT, {"jobs": [job]})
             assert reply.results[0].verdict == "admit", reply.results[0].reason
             async with asyncio.timeout(10):
                 t1 = await started[job_id]
             samples.append((t1 - t0) * 1000)
             await asyncio.sleep(0.01)
         for _ in range(600):  # all done before the agents leave
-            status = await bus.request(f"{bus.subjects.scheduler}.status", Empty(), SchedulerStatus)
+            status = await bus.call(STATUS, Empty())
             if status.finished >= jobs:
                 break
             await asyncio.sleep(0.1)
@@ -142,7 +141,7 @@ async def heartbeats(url: str, n: int, seconds: float) -> dict[str, float]:
     async def on_lost(msg: object) -> None:
         lost.append(msgspec.json.decode(msg.data, type=Event).node_id or "")  # type: ignore[attr-defined]
 
-    await bus.nc.subscribe(f"{bus.subjects.events}.node.lost", cb=on_lost)
+    await bus.nc.subscribe(bus.subjects.of(EVENT, type="node.lost"), cb=on_lost)
     try:
         nodes = [
             NodeSpec(node_id=f"sim{i:04d}", num_gpus=8, gpu_type="h100", labels={"boot": "x"})
@@ -150,33 +149,28 @@ async def heartbeats(url: str, n: int, seconds: float) -> dict[str, float]:
         ]
         await asyncio.gather(
             *(
-                bus.request(
-                    f"{bus.subjects.placement}.register",
-                    RegisterNode(now=time.time(), node=node),
-                    ClusterInfo,
-                )
+                bus.call(REGISTER, RegisterNode(now=time.time(), node=node))
                 for node in nodes
             )
         )
         gpus = [GpuMetrics(index=g, utilization=50.0, memory_used_mib=1000) for g in range(8)]
 
         async def agent(node: NodeSpec, offset: float) -> None:
-            subject = f"{bus.subjects.node(node.node_id)}.hb"
             await asyncio.sleep(offset)
             while True:
                 hb = Heartbeat(now=time.time(), node_id=node.node_id, boot_id="x", gpus=gpus)
-                await bus.nc.publish(subject, encode(hb))
+                await bus.publish(HEARTBEAT, hb, node=node.node_id)
                 await asyncio.sleep(1.0)
 
         tasks = [asyncio.create_task(agent(nd, i / n)) for i, nd in enumerate(nodes)]
         started = time.monotonic()
         await asyncio.sleep(seconds)
-        page = await bus.request(f"{bus.subjects.placement}.heartbeats", Empty(), HeartbeatsPage)
+        page = await bus.call(HEARTBEATS, Empty())
         now = time.time()
         ages = [now - t for nid, t in page.received.items() if nid.startswith("sim")]
         for t in tasks:
             t.cancel()
-        info = await bus.request(f"{bus.subjects.placement}.cluster", Empty(), ClusterInfo)
+        info = await bus.call(CLUSTER_INFO, Empty())
         return {
             "sim_agents": n, "seconds": round(time.monotonic() - started, 1),
             "heartbeats_sent": n * seconds, "nodes_lost": len(lost),

@@ -24,21 +24,17 @@ import msgspec
 from gpuyard.cli_cluster import control_plane_configs
 from gpuyard.embedded import EmbeddedNats
 from gpuyard.launcher import ServiceSet
-from gpuyard.shared.bus import Bus, RemoteError, connect
+from gpuyard.shared.connection import Bus, connect
 from gpuyard.shared.contract import (
-    ClusterInfo,
     Empty,
     JobQuery,
-    JobsPage,
     NodeCommand,
     NodeCommandReply,
     Ping,
-    Pong,
     RegisterNode,
-    ServiceStats,
-    Subjects,
-    SubmitReply,
 )
+from gpuyard.shared.endpoints import NODE_COMMAND, PING, QUERY, REGISTER, STATS, SUBMIT, Subjects
+from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.model import NodeSpec
 
 CLUSTER = "bench-recovery"
@@ -53,7 +49,7 @@ async def fake_node_agents(bus: Bus) -> None:
         reply = NodeCommandReply(preempted=cmd.preempt, launched=[x.job_id for x in cmd.launch])
         await msg.respond(msgspec.json.encode(reply))
 
-    await bus.nc.subscribe(bus.subjects.all_nodes, cb=answer)
+    await bus.nc.subscribe(bus.subjects.every(NODE_COMMAND), cb=answer)
 
 
 async def until(check: Any, within_s: float = 60.0, every_s: float = 0.005) -> float:
@@ -80,21 +76,15 @@ async def bench(args: argparse.Namespace) -> None:
             await fake_node_agents(bus)
             for i in range(args.nodes):
                 node = NodeSpec(node_id=f"n{i}", num_gpus=args.gpus)
-                await bus.request(
-                    f"{bus.subjects.placement}.register", RegisterNode(now=0.0, node=node),
-                    ClusterInfo,
-                )  # fmt: skip
+                await bus.call(REGISTER, RegisterNode(now=0.0, node=node))
             for first in range(0, args.jobs, 500):
                 jobs = [
                     {"num_gpus": 1, "command": ["x"]} for _ in range(min(500, args.jobs - first))
                 ]
-                await bus.request(f"{bus.subjects.admission}.submit", {"jobs": jobs}, SubmitReply)
+                await bus.call(SUBMIT, {"jobs": jobs})
 
             async def running() -> bool:
-                page = await bus.request(
-                    f"{bus.subjects.scheduler}.query", JobQuery(states=["running"], limit=1),
-                    JobsPage,
-                )  # fmt: skip
+                page = await bus.call(QUERY, JobQuery(states=["running"], limit=1))
                 return page.total == min(args.jobs, args.nodes * args.gpus)
 
             await until(running)
@@ -105,22 +95,20 @@ async def bench(args: argparse.Namespace) -> None:
 
             async def answers() -> bool:
                 try:
-                    await bus.request(f"{bus.subjects.scheduler}.ping", Ping(), Pong, within_s=0.5)
+                    await bus.call(PING, Ping(), within_s=0.5, svc="sched")
                 except RemoteError:
                     return False
                 return True
 
             async def first_round() -> bool:
-                stats = await bus.request(
-                    f"{bus.subjects.scheduler}.stats", Empty(), ServiceStats, within_s=5.0
-                )
+                stats = await bus.call(STATS, Empty(), within_s=5.0, svc="sched")
                 return stats.requests.get("place.apply", [0])[0] >= 1
 
             await until(answers)
             ready = time.perf_counter() - started
             await until(first_round)
             round_done = time.perf_counter() - started
-            page = await bus.request(f"{bus.subjects.scheduler}.query", JobQuery(limit=1), JobsPage)
+            page = await bus.call(QUERY, JobQuery(limit=1))
             verdict = "OK" if round_done < 2.0 else "SLOW"
             print(
                 f"jobs {page.total} ({min(args.jobs, args.nodes * args.gpus)} running), "
