@@ -1,0 +1,77 @@
+"""deploy/'s configurations say what the README says they are (no Docker needed): the control plane's
+are `gpuyard up`'s (wall clock, durable), the compose simulation's are `gpuyard sim`'s; and the
+containers' health check tells a live service from a missing one."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from gpuyard.cli_cluster import control_plane_configs
+from gpuyard.launcher import ServiceSet
+from gpuyard.shared.model import ClusterSpec
+from gpuyard.sim import SimOptions, service_configs
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+CONTROL_PLANE = ("admission", "placement", "scheduler")
+
+
+def load(path: Path, expected: Any) -> Any:
+    """The config file decoded as its service reads it (unknown fields are refused there too)."""
+    return msgspec.json.decode(path.read_bytes(), type=type(expected))
+
+
+@pytest.mark.parametrize("service", CONTROL_PLANE)
+def test_the_control_plane_configs_are_gpuyard_ups(service: str) -> None:
+    expected = control_plane_configs()[service]
+    assert load(DEPLOY / "config" / f"{service}.json", expected) == expected
+
+
+def test_the_scheduler_config_ticks_on_the_wall_clock_and_is_durable() -> None:
+    scheduler = control_plane_configs()["scheduler"]
+    config = load(DEPLOY / "config" / "scheduler.json", scheduler)
+    assert (config.clock, config.durable) == ("wall", True)
+
+
+def test_the_swap_scheduler_differs_only_in_its_policy() -> None:
+    expected = control_plane_configs(policy="las")["scheduler"]
+    assert load(DEPLOY / "config" / "scheduler-las.json", expected) == expected
+
+
+@pytest.mark.parametrize("service", CONTROL_PLANE)
+def test_the_compose_simulation_configs_are_gpuyard_sims(service: str) -> None:
+    options = SimOptions(cluster=ClusterSpec(groups=[]))  # `gpuyard sim`'s defaults
+    expected = service_configs(options, Path("workload.jsonl"))[service]
+    assert load(DEPLOY / "config" / "sim" / f"{service}.json", expected) == expected
+
+
+def healthcheck(url: str, *target: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(DEPLOY / "healthcheck.py"), "--nats", url, "--cluster", "hc", *target],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+async def test_the_health_check_tells_a_live_service_from_a_missing_one(nats_url: str) -> None:
+    missing = await asyncio.to_thread(healthcheck, nats_url, "scheduler")
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("unhealthy: ") and "no service is listening" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    async with ServiceSet(nats_url, "hc", {"scheduler": service_configs(
+        SimOptions(cluster=ClusterSpec(groups=[])), Path("w.jsonl"))["scheduler"]}):  # fmt: skip
+        live = await asyncio.to_thread(healthcheck, nats_url, "scheduler")
+        node = await asyncio.to_thread(healthcheck, nats_url, "--node", "n1")
+    assert live.returncode == 0, live.stderr
+    assert node.returncode == 1 and "node.n1.ping" in node.stderr
+
+
+def test_the_health_check_names_an_unreachable_server() -> None:
+    result = healthcheck("nats://127.0.0.1:1", "scheduler")
+    assert result.returncode == 1
+    assert result.stderr.startswith("unhealthy: ") and len(result.stderr.splitlines()) == 1
