@@ -12,8 +12,10 @@ import argparse
 import asyncio
 import sys
 
-from gpuyard.shared.bus import Bus, NatsAuth, RemoteError, add_nats_arguments, connect
-from gpuyard.shared.contract import Ping, Pong, Subjects
+from gpuyard.shared.connection import Bus, NatsAuth, add_nats_arguments, connect
+from gpuyard.shared.contract import Ping
+from gpuyard.shared.endpoints import PING, SERVICE_TOKENS, Subjects
+from gpuyard.shared.errors import RemoteError
 
 
 async def quiet(_: Exception) -> None:
@@ -22,7 +24,7 @@ async def quiet(_: Exception) -> None:
 
 async def ping(args: argparse.Namespace) -> None:
     subjects = Subjects(args.cluster)
-    prefix = subjects.node(args.node) if args.node else subjects.service(args.service)
+    token = f"node.{args.node}" if args.node else SERVICE_TOKENS[args.service]
     # One attempt (nats-py's max_reconnect_attempts=0 would mean "forever"); the error is raised.
     nc = await connect(
         args.nats, name="gpuyard-healthcheck", auth=NatsAuth.from_args(args), connect_timeout=2,
@@ -30,7 +32,7 @@ async def ping(args: argparse.Namespace) -> None:
     )  # fmt: skip
     bus = Bus(nc, subjects)
     try:
-        await bus.request(f"{prefix}.ping", Ping(), Pong, within_s=2.0)
+        await bus.call(PING, Ping(), within_s=2.0, svc=token)
     finally:
         await bus.close()
 

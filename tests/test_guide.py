@@ -72,3 +72,12 @@ def test_compare_with_las_in_one_command(installed: Path, tmp_path: Path) -> Non
     # Each row is that run's own summary.
     las = pd.read_json(out / "las-load30-seed0" / "summary.json", typ="series")
     assert table.loc[table["policy"] == "las", "mean_jct"].item() == pytest.approx(las["mean_jct"])
+
+
+def test_the_guide_shows_the_example_as_it_is() -> None:
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "writing-a-policy.md").read_text()
+    shown = guide.split("`fewest_gpus.py`:\n\n```python\n", 1)[1].split("```", 1)[0]
+    code = (EXAMPLE / "fewest_gpus.py").read_text()
+    assert code.split('"""\n\n', 1)[1] == shown  # the file less its docstring
+    test = guide.split("## 3.", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert (EXAMPLE / "test_fewest_gpus.py").read_text().split('"""\n\n', 1)[1] == test

@@ -229,6 +229,11 @@ async def test_cancel_heartbeats_and_malformed_submissions(cluster: RealCluster)
         return any(p.job_id == job_id and p.iterations > 0 for b in page.beats for p in b.jobs)
 
     await cluster.until(progress_reported, "progress in heartbeats")
+
+    async def scheduler_knows_the_steps() -> bool:  # heartbeats -> placement -> scheduler
+        return (await cluster.job(job_id)).steps_done > 0
+
+    await cluster.until(scheduler_knows_the_steps, "the job's steps in the scheduler's record")
     reply = await cluster.call(CANCEL, CancelRequest(job_ids=[job_id, "nope"]))
     assert reply.cancelled == [job_id] and "nope" in reply.refused
     record = await cluster.until_state(job_id, "cancelled")
