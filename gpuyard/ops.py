@@ -95,7 +95,7 @@ def parse_since(text: str, *, now: dt.datetime | None = None) -> dt.datetime:
 
 def event_filters(subjects: Subjects, types: Sequence[str]) -> list[str]:
     """Stream filter subjects for event types (`job.started`, `job.*`, `node.>`); all by default."""
-    return [subjects.of(EVENT, type=t) for t in types] or [f"{subjects.events}.>"]
+    return [subjects.of(EVENT, type=t) for t in types] or [subjects.of(EVENT, type=">")]
 
 
 Start = Literal["all", "new"] | dt.datetime

@@ -259,7 +259,7 @@ async def ensure_event_stream(
 
     config = StreamConfig(
         name=subjects.stream_name,
-        subjects=[f"{subjects.events}.>"],
+        subjects=[subjects.of(EVENT, type=">")],
         retention=RetentionPolicy.LIMITS,
         storage=StorageType(storage),
         max_age=max_age_s,

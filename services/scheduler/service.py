@@ -48,6 +48,7 @@ from gpuyard.shared.endpoints import (
     CLUSTER,
     CLUSTER_CHANGED,
     ENQUEUE,
+    EVENT,
     EXITED,
     JOBS,
     QUERY,
@@ -172,7 +173,8 @@ class Scheduler(Service):
         await super().start()
         if self.config.clock == "wall":
             self._ticker = asyncio.create_task(self._tick_on_wall_clock())
-            await self.bus.nc.subscribe(f"{self.bus.subjects.events}.node.>", cb=self._node_event)
+            node_events = self.bus.subjects.of(EVENT, type="node.>")
+            await self.bus.nc.subscribe(node_events, cb=self._node_event)
 
     async def stop(self) -> None:
         if self._ticker is not None:
