@@ -15,6 +15,7 @@ import msgspec
 
 from gpuyard.cli_cluster import add_cluster_parsers
 from gpuyard.cli_ops import add_ops_parsers
+from gpuyard.cliopts import OneLineParser
 from gpuyard.shared.bus import NatsAuth, add_nats_arguments
 from gpuyard.shared.model import ClusterSpec
 from gpuyard.shared.policy import PolicyError, parse_params
@@ -429,7 +430,7 @@ def cmd_service(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpuyard", description=__doc__)
+    parser = OneLineParser(prog="gpuyard", description=__doc__)
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
     add_sim_parser(sub)
     add_trace_parser(sub)
