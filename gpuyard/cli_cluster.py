@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from gpuyard.cliopts import (
+    LOG_LEVELS,
     add_nats_options,
     check_nats_url,
     checked_subjects,
@@ -74,7 +75,7 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
         "--no-durable", dest="durable", action="store_false",
         help="keep the services' state in memory only (by default in JetStream key-value buckets)",
     )  # fmt: skip
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     p.set_defaults(run=cmd_up)
 
     p = sub.add_parser("nodeagent", help="run this machine's node agent")

@@ -30,6 +30,7 @@ from gpuyard.shared.policy import PolicyError
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class CommandError(Exception):

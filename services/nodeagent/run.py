@@ -55,7 +55,7 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
         help="shared folder for checkpoints (default $GPUYARD_CHECKPOINT_ROOT or STATE_DIR/checkpoints)",
     )
     p.add_argument("--label", action="append", default=[], help="KEY=VALUE node label")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
 
 
 def config_from_args(args: argparse.Namespace) -> NodeAgentConfig:
