@@ -138,12 +138,15 @@ def check_workload_args(args: argparse.Namespace, *, lists: bool = False) -> Non
         ignored = [o for o in GENERATOR_OPTIONS if given(args, o)]
         if ignored:
             raise ValueError(
-                f"{', '.join(ignored)} describe generated jobs; a --trace brings its own"
+                f"{', '.join(ignored)} {'describe' if len(ignored) > 1 else 'describes'} "
+                "generated jobs; a --trace brings its own"
             )
         return
     ignored = [o for o in TRACE_OPTIONS if given(args, o)]
     if ignored:
-        raise ValueError(f"{', '.join(ignored)} apply to --trace only")
+        raise ValueError(
+            f"{', '.join(ignored)} {'apply' if len(ignored) > 1 else 'applies'} to --trace only"
+        )
     generator = args.generator or "blox"
     if args.multi_gpu and generator != "gavel":
         raise ValueError(

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from gpuyard.embedded import EmbeddedNats, die_with_parent
-from gpuyard.report import add_caption
+from gpuyard.report import save_figure
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -218,11 +218,12 @@ def _plot_mean_jct_vs_load(done: pd.DataFrame, out: Path, caption: str) -> Path:
     )
     ax.legend(title="scheduling policy")
     ax.grid(True, alpha=0.3)
-    add_caption(fig, caption)
-    path = out / "mean_jct_vs_load.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    how = (
+        f"points: mean over {seeds} seeds; bars: from the lowest to the highest seed's mean JCT"
+        if seeds > 1
+        else "one seed: no spread to show"
+    )
+    return save_figure(fig, out / "mean_jct_vs_load.png", f"{caption}\n{how}")
 
 
 def _plot_mean_jct(done: pd.DataFrame, out: Path, caption: str) -> Path:
@@ -232,16 +233,14 @@ def _plot_mean_jct(done: pd.DataFrame, out: Path, caption: str) -> Path:
     ax.set_ylabel("mean JCT (hours)")
     ax.set_title("mean JCT per scheduling policy")
     ax.grid(True, axis="y", alpha=0.3)
-    add_caption(fig, caption)
-    path = out / "mean_jct.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out / "mean_jct.png", caption)
 
 
 def _plot_cdfs(table: pd.DataFrame, out: Path, caption: str) -> Path:
     """JCT CDFs, one panel per load, one line per policy (every seed's jobs together)."""
     loads = table["load"].drop_duplicates().tolist()
+    seeds = table["seed"].drop_duplicates().tolist()
+    pooled = f" ({len(seeds)} seeds pooled)" if len(seeds) > 1 else ""
     fig, axes = plt.subplots(1, len(loads), figsize=(5.5 * len(loads), 4.8), squeeze=False)
     for ax, load in zip(axes[0], loads, strict=True):
         at_load = table[table["load"].isna()] if _missing(load) else table[table["load"] == load]
@@ -262,16 +261,12 @@ def _plot_cdfs(table: pd.DataFrame, out: Path, caption: str) -> Path:
                     label=f"{policy} ({len(values):,} jobs)",
                 )  # fmt: skip
         ax.set_xscale("log")
-        ax.set_title("JCT CDF" if _missing(load) else f"JCT CDF, load {load:g} jobs/h")
+        ax.set_title(("JCT CDF" if _missing(load) else f"JCT CDF, load {load:g} jobs/h") + pooled)
         ax.set_xlabel("JCT (hours, log scale)")
         ax.set_ylabel("fraction of completed jobs")
         ax.grid(True, alpha=0.3)
         ax.legend(title="scheduling policy", fontsize=8)
-    add_caption(fig, caption)
-    path = out / "jct_cdfs.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out / "jct_cdfs.png", caption)
 
 
 def default_parallel() -> int:

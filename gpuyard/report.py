@@ -59,14 +59,23 @@ def timeline_frame(points: list[TimelinePoint]) -> pd.DataFrame:
     )
 
 
-def summarize(jobs: pd.DataFrame, timeline: pd.DataFrame) -> dict[str, Any]:
+def summarize(
+    jobs: pd.DataFrame, timeline: pd.DataFrame, until: float | None = None
+) -> dict[str, Any]:
+    """Figures of a run. Utilisation counts up to `until` (an interrupted run: where it got to),
+    by default up to the last job's end (instants after it, such as a policy's late wake-up,
+    are idle time that is not the workload's)."""
     done = jobs[jobs["state"] == "completed"]
     jct = done["jct"].to_numpy(dtype=float)
     start = float(jobs["arrival"].min()) if len(jobs) else 0.0
     end = float(done["end"].max()) if len(done) else start
     makespan = end - start
+    if until is None and jobs["end"].notna().any():
+        until = float(jobs["end"].max())
     # Busy GPU-seconds: the timeline is a step function, each point holding until the next.
     times = timeline["time"].to_numpy(dtype=float)
+    if until is not None:
+        times = np.minimum(times, until)
     busy = timeline["busy_gpus"].to_numpy(dtype=float)
     gpus = timeline["gpus"].to_numpy(dtype=float)
     busy_gpu_seconds = float(np.sum(busy[:-1] * np.diff(times))) if len(times) > 1 else 0.0
@@ -100,12 +109,20 @@ def summarize(jobs: pd.DataFrame, timeline: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def add_caption(fig: Any, caption: str) -> None:
-    """What ran, in small print under the axes; the layout leaves room for it."""
-    lines = caption.count("\n") + 1
-    height = (lines * 9 + 6) / (fig.get_figheight() * 72)  # 9 pt per line of 7 pt text
-    fig.text(0.01, 0.01, caption, fontsize=7, ha="left", va="bottom", color="0.25")
+def save_figure(fig: Any, path: Path, caption: str, *, title: str = "", dpi: int = 120) -> Path:
+    """Save a plot that says what ran: `caption` in small print under the axes (the layout leaves
+    room for it) and in the PNG's `Description` text, `title` above; then close it."""
+    if title:
+        fig.suptitle(title, fontsize=11)
+    height = 0.0
+    if caption:
+        lines = caption.count("\n") + 1
+        height = (lines * 9 + 6) / (fig.get_figheight() * 72)  # 9 pt per line of 7 pt text
+        fig.text(0.01, 0.01, caption, fontsize=7, ha="left", va="bottom", color="0.25")
     fig.tight_layout(rect=(0, height, 1, 1))
+    fig.savefig(path, dpi=dpi, metadata={"Title": title, "Description": caption})
+    plt.close(fig)
+    return path
 
 
 def plot(jobs: pd.DataFrame, timeline: pd.DataFrame, out: Path, caption: str = "") -> list[Path]:
@@ -123,10 +140,7 @@ def plot(jobs: pd.DataFrame, timeline: pd.DataFrame, out: Path, caption: str = "
     ax.set_ylabel("fraction of completed jobs")
     ax.set_title(f"JCT CDF: {len(jct):,} of {len(jobs):,} jobs completed")
     ax.grid(True, alpha=0.3)
-    add_caption(fig, caption)
-    paths.append(out / "jct_cdf.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(save_figure(fig, out / "jct_cdf.png", caption))
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5.8), sharex=True)
     hours = timeline["time"].to_numpy(dtype=float) / 3600
@@ -139,25 +153,22 @@ def plot(jobs: pd.DataFrame, timeline: pd.DataFrame, out: Path, caption: str = "
     bottom.set_xlabel("simulated time (hours)")
     for ax in (top, bottom):
         ax.grid(True, alpha=0.3)
-    add_caption(fig, caption)
-    paths.append(out / "timeline.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(save_figure(fig, out / "timeline.png", caption))
     return paths
 
 
 def write_results(
     records: list[JobRecord], points: list[TimelinePoint], out: Path,
-    extra: dict[str, Any] | None = None, caption: str = "",
+    extra: dict[str, Any] | None = None, caption: str = "", until: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Write every result file into `out` and return the summary; `caption` says what ran on
-    every plot."""
+    every plot; `until`: an interrupted run's last instant (see `summarize`)."""
     out.mkdir(parents=True, exist_ok=True)
     jobs = jobs_frame(records)
     timeline = timeline_frame(points)
     jobs.to_csv(out / "jobs.csv", index=False)
     timeline.to_csv(out / "timeline.csv", index=False)
-    summary = {**(extra or {}), **summarize(jobs, timeline)}
+    summary = {**(extra or {}), **summarize(jobs, timeline, until)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot(jobs, timeline, out, caption)
     return summary
@@ -246,12 +257,8 @@ def plot_workload(
     axes[2].set_title("GPU demand")
     for ax in axes:
         ax.grid(True, alpha=0.3)
-    fig.suptitle(f"workload {_workload_title(stem, len(jobs), info)}", fontsize=11)
-    fig.tight_layout()
-    path = out / f"{stem}_workload.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    title = f"workload {_workload_title(stem, len(jobs), info)}"
+    return [save_figure(fig, out / f"{stem}_workload.png", "", title=title, dpi=110)]
 
 
 def _workload_title(stem: str, n: int, info: dict[str, Any] | None) -> str:

@@ -335,7 +335,10 @@ async def simulate(
     caption = f"{policies_label(options)}\n{labels['workload']}; cluster {labels['cluster']}"
     if interrupted is not None:
         caption += f"\nPARTIAL: interrupted at t = {reached / 3600:,.1f} h"
-    summary = await asyncio.to_thread(write_results, records, points, out, extra, caption)
+    summary = await asyncio.to_thread(
+        write_results, records, points, out, extra, caption,
+        reached if interrupted is not None else None,
+    )  # fmt: skip
     if interrupted is not None:
         raise interrupted
     return SimResult(summary=summary, jobs=records, timeline=points, wall_s=wall, stats=stats)

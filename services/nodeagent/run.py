@@ -70,6 +70,10 @@ def config_from_args(args: argparse.Namespace) -> NodeAgentConfig:
         raise ValueError(f"--node-id {args.node_id!r} must not contain '.'")
     if args.gpus is not None and args.gpus < 0:
         raise ValueError(f"--gpus must be >= 0, not {args.gpus}")
+    if not args.heartbeat > 0:
+        raise ValueError(f"--heartbeat must be > 0 seconds, not {args.heartbeat}")
+    if not args.grace >= 0:
+        raise ValueError(f"--grace must be >= 0 seconds, not {args.grace}")
     labels = {}
     for item in args.label:
         key, sep, value = item.partition("=")
