@@ -41,12 +41,14 @@ def free_port() -> int:
         ["policy", "show"],
         ["policy", "set", "scheduler", "las"],
         ["up"],
+        ["sim"],
+        ["sim", "--policy", "fifo,las"],
     ],
-    ids=lambda c: " ".join(c[:2]),
+    ids=lambda c: " ".join(c[:3]),
 )
 def test_absent_server_is_one_line(command: list[str]) -> None:
     url = f"nats://127.0.0.1:{free_port()}"
-    name = command[:2] if command[0] == "policy" else command[:1]
+    name = command[:2] if command[0] == "policy" else command[:1]  # "gpuyard policy show: ..."
     argv = [*name, "--nats", url, *command[len(name) :]]
     result = gpuyard(*argv, timeout=30)  # they used to retry forever, printing tracebacks
     assert result.returncode == 1, result.stderr
