@@ -134,3 +134,12 @@ def test_tail_into_head_ends_quietly(tmp_path: Path, nats_url: str) -> None:
         assert piped.returncode == 0, piped.stderr
         assert piped.stderr == ""
         assert len(piped.stdout.splitlines()) == 1 and "node.up" in piped.stdout
+
+
+def test_job_file_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text('num_gpus = 1\ncommand = ["python", "t.py"\n')
+    result = gpuyard("submit", "--file", str(job), "--nats", f"nats://127.0.0.1:{free_port()}")
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"gpuyard submit: {job}, line 2: not TOML: ")
