@@ -66,8 +66,9 @@ def read_document(path: str | Path) -> Any:
             return tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             m = _TOML_AT.match(str(exc))
-            if m is None:  # "at end of document"
-                raise WorkloadError(path, None, None, f"not TOML: {exc}") from None
+            if m is None:  # "... (at end of document)": the last line
+                last = len(text.splitlines()) or 1
+                raise WorkloadError(path, last, None, f"not TOML: {exc}") from None
             raise WorkloadError(
                 path, int(m["line"]), None, f"not TOML: {m['msg']} (column {m['col']})"
             ) from None
