@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
+import nats.errors
 
 from gpuyard.cli_cluster import add_cluster_parsers
 from gpuyard.cli_ops import add_ops_parsers
@@ -561,7 +562,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
         )
     except (KeyboardInterrupt, asyncio.CancelledError):
         return interrupted(args)
-    except (RuntimeError, OSError, PolicyError) as exc:
+    except (RuntimeError, OSError, PolicyError, nats.errors.Error) as exc:
         print(f"gpuyard sim: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -95,7 +95,11 @@ async def run_all(
             status = "ok" if code == 0 else f"FAILED ({code}): see {folder / 'stderr.log'}"
             print(f"[{done}/{len(combos)}] {name}: {status}", file=sys.stderr, flush=True)
 
-        await asyncio.gather(*(one(*c) for c in combos))
+        # A task group, not gather: cancelled, it waits for every run to write its results
+        # before the server they share goes away.
+        async with asyncio.TaskGroup() as group:
+            for combo in combos:
+                group.create_task(one(*combo))
 
 
 class _Given:

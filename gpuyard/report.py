@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,9 @@ from gpuyard.shared.contract import JobRecord, TimelinePoint
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+
+_PYPLOT = threading.Lock()
+"""pyplot is not thread-safe: simulations in one process write their results one at a time."""
 
 JOB_COLUMNS = [
     "job_id", "state", "num_gpus", "gpu_type", "priority", "user", "arrival", "start", "end",
@@ -170,7 +174,8 @@ def write_results(
     timeline.to_csv(out / "timeline.csv", index=False)
     summary = {**(extra or {}), **summarize(jobs, timeline, until)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot(jobs, timeline, out, caption)
+    with _PYPLOT:
+        plot(jobs, timeline, out, caption)
     return summary
 
 

@@ -129,8 +129,11 @@ def progressing(path: Path) -> Callable[[], bool]:
     return lambda: path.exists() and "jobs  t=" in path.read_text()
 
 
-@pytest.mark.parametrize("processes", [[], ["--processes"]], ids=["in-process", "processes"])
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize(
+    ("sig", "processes"),
+    [(signal.SIGINT, []), (signal.SIGINT, ["--processes"]), (signal.SIGTERM, [])],
+    ids=["ctrl-c", "ctrl-c-processes", "sigterm"],
+)
 def test_interrupted_run_writes_partial_results(
     tmp_path: Path, sig: signal.Signals, processes: list[str]
 ) -> None:
