@@ -429,28 +429,37 @@ def warn_policies(args: argparse.Namespace, ran: dict[str, Any]) -> None:
     """On stderr: each service whose policy or parameters are not those the command line asked for
     (services started elsewhere, `--external`, run their own)."""
     from gpuyard.shared.contract import PolicyInfo
+    from gpuyard.shared.policy import admission_policies, placement_policies, scheduling_policies
 
     asked = {
-        "scheduler": (args.policy, args.param),
-        "admission": (args.admission, args.admission_param),
-        "placement": (args.placement, args.placement_param),
+        "scheduler": (scheduling_policies, args.policy, args.param),
+        "admission": (admission_policies, args.admission, args.admission_param),
+        "placement": (placement_policies, args.placement, args.placement_param),
     }
-    for service, (name, pairs) in asked.items():
+    for service, (registry, name, pairs) in asked.items():
         info = ran.get(service)
         if not isinstance(info, PolicyInfo):
             print(
                 f"gpuyard sim: warning: {service} did not say its policy: {info}", file=sys.stderr
             )
             continue
-        wanted = parse_params(pairs)
-        differs = [k for k, v in wanted.items() if str(info.params.get(k)) != str(v)]
-        if info.policy != name or differs:
-            params = " ".join(f"{k}={v}" for k, v in info.params.items())
+        runs = f"{info.policy} {' '.join(f'{k}={v}' for k, v in info.params.items())}".rstrip()
+        if info.policy != name:
             print(
-                f"gpuyard sim: warning: {service} runs {info.policy} {params}".rstrip()
-                + f", not the {name} asked for"
-                + (f" (differs: {', '.join(differs)})" if info.policy == name else "")
-                + "; results record what ran",
+                f"gpuyard sim: warning: {service} runs {runs}, not the {name} asked for; "
+                "results record what ran",
+                file=sys.stderr,
+            )
+            continue
+        try:  # the parameters asked for, typed and with defaults, as the service reports its own
+            wanted = msgspec.to_builtins(registry.create(name, parse_params(pairs)).params)
+        except (PolicyError, ValueError):
+            continue
+        differs = sorted(k for k, v in wanted.items() if info.params.get(k) != v)
+        if differs:
+            print(
+                f"gpuyard sim: warning: {service} runs {runs}, not the {', '.join(differs)} "
+                "asked for; results record what ran",
                 file=sys.stderr,
             )
 

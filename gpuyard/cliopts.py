@@ -14,8 +14,11 @@ numeric option name itself when its value is out of range.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import math
 import os
+import select
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
@@ -268,6 +271,34 @@ def run_command(command: str, main: Coroutine[Any, Any, int]) -> int:
         return 1
 
 
+async def stdout_closed(every_s: float = 0.2) -> None:
+    """Return once the reader of our stdout has gone (`gpuyard tail --follow | head -1`): a
+    command that waits for more to print would otherwise only notice at its next line."""
+    poller = select.poll()
+    try:
+        poller.register(sys.stdout.fileno(), 0)  # 0: errors and hang-ups only
+    except (OSError, ValueError):  # no file descriptor (stdout captured in-process): it stays
+        await asyncio.Event().wait()
+    while True:
+        if any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0)):
+            return
+        await asyncio.sleep(every_s)
+
+
+async def unless_stdout_closes(work: Awaitable[int]) -> int:
+    """`await work`, or BrokenPipeError as soon as nobody reads our stdout any more."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(stdout_closed())
+    await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    watch.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    raise BrokenPipeError
+
+
 def run_on_bus(
     command: str, args: argparse.Namespace, body: Callable[[Bus], Awaitable[int]]
 ) -> int:
@@ -276,7 +307,7 @@ def run_on_bus(
     async def main() -> int:
         bus = await open_bus(args, f"gpuyard-{command.replace(' ', '-')}")
         try:
-            return await body(bus)
+            return await unless_stdout_closes(body(bus))
         except BrokenPipeError:
             await bus.nc.close()  # nobody reads on: nothing is worth draining for
             raise

@@ -129,9 +129,12 @@ def test_tail_into_head_ends_quietly(tmp_path: Path, nats_url: str) -> None:
         "--out", str(tmp_path / "run"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    for follow in ([], ["--follow"]):
+    # A quick reader; a slow one, gone after every stored event was written, while --follow
+    # waits for more: it must notice without anything more to write.
+    for follow, reader in (([], "head -1"), (["--follow"], "head -1"),
+                           (["--follow"], "(sleep 1; head -1)")):  # fmt: skip
         piped = subprocess.run(
-            ["bash", "-c", 'set -o pipefail; "$@" | head -1', "bash", sys.executable, "-m",
+            ["bash", "-c", f'set -o pipefail; "$@" | {reader}', "bash", sys.executable, "-m",
              "gpuyard.cli", "tail", "--nats", nats_url, "--cluster", "piped", *follow],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip

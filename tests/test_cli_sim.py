@@ -223,15 +223,19 @@ def test_skipped_lines_are_listed(tmp_path: Path) -> None:
 
 
 def test_summary_for_people(tmp_path: Path) -> None:
-    """(`--json` prints summary.json: tests/test_cli.py)"""
+    """The summary printed at the end, and what ran as the services report it (no warning when
+    it is what was asked). `--json` prints summary.json: tests/test_cli.py."""
     out = tmp_path / "run"
     result = gpuyard(
-        "sim", "--jobs", "30", "--cluster-spec", "4x4", "--policy", "las", "--out", str(out)
-    )
+        "sim", "--jobs", "30", "--cluster-spec", "4x4", "--policy", "las",
+        "--param", "starvation_s=60", "--out", str(out),
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["policy_params"]["starvation_s"] == 60.0 and "key" in summary["policy_params"]
     text = result.stdout
-    assert "policy       las" in text
+    assert "policy       las key=" in text and "starvation_s=60.0" in text
     assert "workload     blox generator: 30 jobs, 20 jobs/h, seed 0" in text
     assert "cluster      4x4:gpu (16 GPUs)" in text
     assert "jobs         30 completed, 0 failed of 30" in text
