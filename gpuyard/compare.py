@@ -233,7 +233,8 @@ def _plot_mean_jct_vs_load(done: pd.DataFrame, out: Path, caption: str) -> Path:
 def _plot_mean_jct(done: pd.DataFrame, out: Path, caption: str) -> Path:
     """A trace has no load: mean JCT per policy, bars."""
     fig, ax = plt.subplots(figsize=(7, 5))
-    ax.bar(done["policy"], done["mean_jct"] / 3600, color="tab:blue")
+    bars = ax.bar(done["policy"], done["mean_jct"] / 3600, color="tab:blue")
+    ax.bar_label(bars, fmt="%.2f h", fontsize=8)
     ax.set_ylabel("mean JCT (hours)")
     ax.set_title("mean JCT per scheduling policy")
     ax.grid(True, axis="y", alpha=0.3)

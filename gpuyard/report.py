@@ -129,8 +129,12 @@ def save_figure(fig: Any, path: Path, caption: str, *, title: str = "", dpi: int
     return path
 
 
-def plot(jobs: pd.DataFrame, timeline: pd.DataFrame, out: Path, caption: str = "") -> list[Path]:
-    """`jct_cdf.png` and `timeline.png`, each captioned with `caption` (what ran)."""
+def plot(
+    jobs: pd.DataFrame, timeline: pd.DataFrame, out: Path, caption: str = "",
+    total: int | None = None,
+) -> list[Path]:  # fmt: skip
+    """`jct_cdf.png` and `timeline.png`, each captioned with `caption` (what ran); `total`: the
+    workload's jobs, when `jobs` holds only some (an interrupted run)."""
     paths = []
     done = jobs["state"] == "completed"
     jct = np.sort(jobs.loc[done, "jct"].to_numpy(dtype=float))
@@ -142,7 +146,7 @@ def plot(jobs: pd.DataFrame, timeline: pd.DataFrame, out: Path, caption: str = "
         ax.text(0.5, 0.5, "no job completed", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("job completion time (hours, log scale)")
     ax.set_ylabel("fraction of completed jobs")
-    ax.set_title(f"JCT CDF: {len(jct):,} of {len(jobs):,} jobs completed")
+    ax.set_title(f"JCT CDF: {len(jct):,} of {total or len(jobs):,} jobs completed")
     ax.grid(True, alpha=0.3)
     paths.append(save_figure(fig, out / "jct_cdf.png", caption))
 
@@ -175,7 +179,7 @@ def write_results(
     summary = {**(extra or {}), **summarize(jobs, timeline, until)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     with _PYPLOT:
-        plot(jobs, timeline, out, caption)
+        plot(jobs, timeline, out, caption, summary.get("jobs_in_workload"))
     return summary
 
 
