@@ -5,91 +5,231 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import signal
 import sys
+import threading
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
+import nats.errors
 
 from gpuyard.cli_cluster import add_cluster_parsers
 from gpuyard.cli_ops import add_ops_parsers
+from gpuyard.cliopts import (
+    LOG_LEVELS,
+    CommandError,
+    OneLineParser,
+    non_negative_float,
+    number_list,
+    positive_float,
+    positive_int,
+)
 from gpuyard.shared.connection import NatsAuth, add_nats_arguments
 from gpuyard.shared.model import ClusterSpec
 from gpuyard.shared.policy import PolicyError, parse_params
 
 T = TypeVar("T")
 
+SERVICES = ("admission", "scheduler", "placement", "simclock")
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "shared" / "schema"
 
 
 def parse_demand(text: str) -> dict[int, float]:
-    """`1:0.7,2:0.1,4:0.15,8:0.05` -> {1: 0.7, ...}."""
+    """`1:0.7,2:0.1,4:0.15,8:0.05` -> {1: 0.7, ...}; `4` -> {4: 1.0}."""
     demand: dict[int, float] = {}
     for part in text.split(","):
         gpus, sep, weight = part.partition(":")
         try:
-            demand[int(gpus)] = float(weight) if sep else 1.0
-        except ValueError:
+            count = positive_int(gpus)
+            demand[count] = non_negative_float(weight) if sep else 1.0
+        except argparse.ArgumentTypeError as exc:
             raise argparse.ArgumentTypeError(
-                f"GPU demand part {part!r} is not GPUS:WEIGHT"
+                f"{part.strip()!r} is not GPUS:WEIGHT ({exc})"
             ) from None
+    if not any(demand.values()):
+        raise argparse.ArgumentTypeError(f"{text!r}: every weight is 0")
     return demand
 
 
-def add_workload_args(p: argparse.ArgumentParser) -> None:
-    """Where the jobs come from: a trace file, or one of the seeded generators."""
-    g = p.add_argument_group("workload")
-    g.add_argument("--trace", type=Path, help="a trace file (format detected, or --trace-format)")
+GENERATOR_DEFAULTS = {"jobs": 400, "load": [20.0], "seed": [0]}
+DEFAULT_DEMAND = {1: 0.7, 2: 0.1, 4: 0.15, 8: 0.05}
+GENERATOR_OPTIONS = ("--generator", "--jobs", "--load", "--seed", "--gpu-demand")
+TRACE_OPTIONS = ("--trace-format", "--skip-bad", "--philly-reading")
+
+
+def add_trace_args(g: Any, *, multi_gpu: bool = True) -> None:
+    """How a trace file is read: its format, broken lines, the reading of Philly traces."""
     g.add_argument(
         "--trace-format",
-        default="auto",
-        help="gavel, elasticflow, itp, bftrainer, "
-        "blox, philly, gpuyard, csv, parquet (default: detect)",
+        help="gavel, elasticflow, itp, bftrainer, blox, philly, gpuyard, csv, parquet "
+        "(default: detect)",
     )
     g.add_argument("--skip-bad", action="store_true", help="skip and count broken trace lines")
     g.add_argument(
+        "--philly-reading",
+        choices=["blox", "plain"],
+        help="Philly traces: blox = Blox's parse_philly_jobs.py (the default: jobs of 31.6 min to "
+        "6.9 h, one GPU each unless --multi-gpu); plain = every job with a valid attempt, its "
+        "GPUs from the attempts' detail",
+    )
+    if multi_gpu:
+        g.add_argument(
+            "--multi-gpu", action="store_true",
+            help="Philly traces read Blox's way: the GPUs of each job's last attempt",
+        )  # fmt: skip
+
+
+def add_workload_args(
+    p: argparse.ArgumentParser, *, lists: bool = False, trace: bool = True
+) -> None:
+    """Where the jobs come from: a trace file (unless `trace=False`), or one of the seeded
+    generators. `lists`: --load and --seed take comma lists (a comparison)."""
+    compare = " (a comma list compares them)" if lists else ""
+    g = p.add_argument_group("workload")
+    if trace:
+        g.add_argument(
+            "--trace", type=Path, help="a trace file (format detected, or --trace-format)"
+        )
+        add_trace_args(g, multi_gpu=False)
+    g.add_argument(
         "--generator",
         choices=["blox", "gavel", "elasticflow"],
-        default="blox",
         help="the generator when no --trace is given (default blox)",
     )
-    g.add_argument("--jobs", type=int, default=400, help="number of generated jobs")
+    g.add_argument(
+        "--jobs", type=positive_int, help=f"generated jobs (default {GENERATOR_DEFAULTS['jobs']})"
+    )
     g.add_argument(
         "--load",
-        default="20",
-        help="generated arrivals per hour (sim: a comma list compares loads)",
+        type=number_list(float, gt=0),
+        help=f"generated arrivals per hour (default 20){compare}",
     )
     g.add_argument(
         "--gpu-demand",
         type=parse_demand,
-        default=None,
-        help="blox: GPUS:WEIGHT,... (default 1:0.7,2:0.1,4:0.15,8:0.05)",
+        help="blox generator: GPUS:WEIGHT,... (default 1:0.7,2:0.1,4:0.15,8:0.05)",
     )
-    g.add_argument("--multi-gpu", action="store_true", help="gavel: scale factors 1/2/4/8")
-    g.add_argument("--seed", default="0", help="generator seed (sim: a comma list compares seeds)")  # fmt: skip
+    g.add_argument(
+        "--multi-gpu",
+        action="store_true",
+        help="gavel generator: scale factors 1/2/4/8; Philly traces read Blox's way: the GPUs "
+        "of each job's last attempt",
+    )
+    g.add_argument(
+        "--seed", type=number_list(int, ge=0), help=f"generator seed (default 0){compare}"
+    )
 
 
-def workload_from_args(args: argparse.Namespace, throughputs: Any = None) -> Any:
-    from gpuyard.workloads import blox, elasticflow, gavel, load_workload
+def given(args: argparse.Namespace, option: str) -> bool:
+    """Whether `--option` was on the command line (the workload options default to None)."""
+    value = getattr(args, option.lstrip("-").replace("-", "_"), None)
+    return value not in (None, False)
 
-    if args.trace is not None:
-        options = (
-            {"throughputs": throughputs}
-            if throughputs is not None
-            and args.trace_format in ("auto", "gavel")
-            and str(args.trace).endswith(".trace")
-            else {}
+
+def check_workload_args(args: argparse.Namespace, *, lists: bool = False) -> None:
+    """Refuse options the chosen source would ignore (ValueError naming them)."""
+    if not lists:
+        for option in ("--load", "--seed"):
+            if given(args, option) and len(getattr(args, option[2:])) > 1:
+                raise ValueError(f"{option}: one value here, not a list")
+    if getattr(args, "trace", None) is not None:
+        ignored = [o for o in GENERATOR_OPTIONS if given(args, o)]
+        if ignored:
+            raise ValueError(
+                f"{', '.join(ignored)} {'describe' if len(ignored) > 1 else 'describes'} "
+                "generated jobs; a --trace brings its own"
+            )
+        return
+    ignored = [o for o in TRACE_OPTIONS if given(args, o)]
+    if ignored:
+        raise ValueError(
+            f"{', '.join(ignored)} {'apply' if len(ignored) > 1 else 'applies'} to --trace only"
         )
-        return load_workload(args.trace, args.trace_format, args.skip_bad, **options)
-    load, seed = float(args.load), int(args.seed)
-    if args.generator == "gavel":
-        return gavel(args.jobs, load, seed, args.multi_gpu, throughputs=throughputs)
-    if args.generator == "elasticflow":
-        return elasticflow(args.jobs, 3600.0 / load, seed, throughputs=throughputs)
-    demand = args.gpu_demand or {1: 0.7, 2: 0.1, 4: 0.15, 8: 0.05}
-    return blox(args.jobs, load, seed, demand)
+    generator = args.generator or "blox"
+    if args.multi_gpu and generator != "gavel":
+        raise ValueError(
+            f"--multi-gpu applies to the gavel generator and Philly traces, not to {generator}"
+        )
+    if args.gpu_demand is not None and generator != "blox":
+        raise ValueError(
+            f"--gpu-demand applies to the blox generator; {generator} draws GPU counts its own way"
+        )
+
+
+def workload_from_args(
+    args: argparse.Namespace, throughputs: Any = None, *, load: float | None = None,
+    seed: int | None = None,
+) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+    """The workload the options describe, and what it is (for options.json and plot captions).
+
+    `load`, `seed`: this run's values where the options hold lists.
+    """
+    from gpuyard.workloads import blox, elasticflow, gavel
+
+    if getattr(args, "trace", None) is not None:
+        return read_trace(args, throughputs)
+    generator = args.generator or "blox"
+    jobs = args.jobs or GENERATOR_DEFAULTS["jobs"]
+    load = load if load is not None else (args.load or GENERATOR_DEFAULTS["load"])[0]
+    seed = seed if seed is not None else (args.seed or GENERATOR_DEFAULTS["seed"])[0]
+    info = {"generator": generator, "jobs": jobs, "load": load, "seed": seed}
+    if generator == "gavel":
+        info["multi_gpu"] = args.multi_gpu
+        return gavel(jobs, load, seed, args.multi_gpu, throughputs=throughputs), info
+    if generator == "elasticflow":
+        return elasticflow(jobs, 3600.0 / load, seed, throughputs=throughputs), info
+    demand = args.gpu_demand or DEFAULT_DEMAND
+    info["gpu_demand"] = {str(k): v for k, v in demand.items()}
+    return blox(jobs, load, seed, demand), info
+
+
+def read_trace(args: argparse.Namespace, throughputs: Any = None) -> tuple[Any, dict[str, Any]]:
+    """The workload in `args.trace`, read as `--trace-format`, `--skip-bad`, `--philly-reading`
+    and `--multi-gpu` say, and what it is; ValueError for an option the format would ignore."""
+    from gpuyard.workloads import detect_format, load_workload
+
+    name = detect_format(args.trace) if args.trace_format in (None, "auto") else args.trace_format
+    options: dict[str, Any] = {}
+    info: dict[str, Any] = {"trace": str(args.trace), "format": name}
+    if name == "philly":
+        reading = args.philly_reading or "blox"
+        if reading == "plain" and args.multi_gpu:
+            raise ValueError(
+                "--multi-gpu applies to the blox reading of Philly traces; the plain reading "
+                "always takes each job's GPUs from its attempts"
+            )
+        options = {"semantics": reading, "multigpu": args.multi_gpu}
+        info |= {"philly_reading": reading, "multi_gpu": args.multi_gpu}
+    elif args.philly_reading is not None or args.multi_gpu:
+        option = "--philly-reading" if args.philly_reading else "--multi-gpu"
+        raise ValueError(f"{option} applies to Philly traces, not to {name} ones")
+    elif name == "gavel" and throughputs is not None:
+        options = {"throughputs": throughputs}
+    workload = load_workload(args.trace, name, args.skip_bad, **options)
+    return workload, info | {"jobs": len(workload), "skipped": workload.skipped}
+
+
+def philly_line(info: dict[str, Any]) -> str | None:
+    """Which reading of a Philly trace ran, for stderr (None for other formats)."""
+    if "philly_reading" not in info:
+        return None
+    return (
+        f"{info['trace']}: Philly trace read the {info['philly_reading']} way"
+        f"{' with --multi-gpu' if info['multi_gpu'] else ''} ({info['jobs']:,} jobs; "
+        "--philly-reading blox|plain)"
+    )
+
+
+def skipped_lines(workload: Any, shown: int = 5) -> str:
+    """`skipped 12 broken trace lines:` and the first few reasons (file, line, why), then a count."""
+    lines = [f"skipped {workload.skipped} broken trace lines:"]
+    lines += [f"  {reason}" for reason in workload.skip_reasons[:shown]]
+    if workload.skipped > shown:
+        lines.append(f"  ... and {workload.skipped - shown} more")
+    return "\n".join(lines)
 
 
 def add_sim_parser(sub: argparse._SubParsersAction) -> None:
@@ -113,7 +253,7 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
         help="node churn: BFTrainer node_events.csv(.gz) or a time,node,up CSV",
     )
     p.add_argument(
-        "--churn-node-gpus", type=int, default=1, help="GPUs of a node from --node-events"
+        "--churn-node-gpus", type=positive_int, default=1, help="GPUs of a node from --node-events"
     )
     p.add_argument(
         "--policy",
@@ -128,7 +268,7 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--parallel",
-        type=int,
+        type=positive_int,
         default=None,
         help="comparisons: runs at once (default: one per CPU)",
     )
@@ -136,7 +276,9 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--admission-param", action="append", default=[], help="KEY=VALUE")
     p.add_argument("--placement", default="consolidated")
     p.add_argument("--placement-param", action="append", default=[], help="KEY=VALUE")
-    p.add_argument("--round", type=float, default=300.0, dest="round_s", help="round length (s)")
+    p.add_argument(
+        "--round", type=positive_float, default=300.0, dest="round_s", help="round length (s)"
+    )
     p.add_argument(
         "--mode",
         choices=["rounds", "events"],
@@ -145,13 +287,13 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--checkpoint-s",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         help="preemption cost: progress lost to saving a checkpoint (s)",
     )
     p.add_argument(
         "--restore-s",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         help="preemption cost: time a resumed job needs before it progresses (s)",
     )
@@ -160,7 +302,7 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="Blox semantics: rounds mode, jobs admitted and seen finished at round starts",
     )
-    add_workload_args(p)
+    add_workload_args(p, lists=True)
     p.add_argument("--processes", action="store_true", help="one OS process per service")
     p.add_argument(
         "--external",
@@ -169,7 +311,8 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
         help="comma-separated services already running on --nats (e.g. in containers)",
     )
     p.add_argument("--out", type=Path, default=Path("results"), help="output directory")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     p.set_defaults(run=cmd_sim)  # fmt: skip
 
 
@@ -178,8 +321,12 @@ def fail(command: str, exc: BaseException) -> int:
     return 2
 
 
-def split_list(text: str, cast: type) -> list:
-    return [cast(part.strip()) for part in text.split(",") if part.strip()]
+def names_list(option: str, text: str) -> list[str]:
+    """A comma list of names (`--policy fifo,las`); ValueError naming the option when empty."""
+    names = [part.strip() for part in text.split(",")]
+    if not all(names):
+        raise ValueError(f"{option} {text!r} has an empty name")
+    return names
 
 
 def without_options(argv: list[str], names: set[str]) -> list[str]:
@@ -199,51 +346,129 @@ def without_options(argv: list[str], names: set[str]) -> list[str]:
 
 
 def cmd_compare(
-    args: argparse.Namespace, policies: list[str], loads: list[float], seeds: list[int]
-) -> int:
-    """Several policies, loads or seeds: one `gpuyard sim` each, at once, on one server."""
+    args: argparse.Namespace, policies: list[str], loads: list[float | None],
+    seeds: list[int | None],
+) -> int:  # fmt: skip
+    """Several policies, loads or seeds: one `gpuyard sim` each, at once, on one server.
+
+    Interrupted (Ctrl-C, SIGTERM), every run under way writes its partial results; the table and
+    plots are made of what there is, and the exit status is 130.
+    """
+    import itertools
+
     import uvloop
 
-    from gpuyard.compare import default_parallel, run_all, write_comparison
+    from gpuyard.compare import (
+        comparison_caption,
+        comparison_table,
+        default_parallel,
+        format_comparison,
+        run_all,
+        write_comparison,
+    )
 
     base = without_options(
         args.argv[2:],  # after "gpuyard sim"
-        {"--policy", "--param", "--load", "--seed", "--out", "--cluster", "--nats", "--parallel"},
-    )
+        {"--policy", "--param", "--load", "--seed", "--out", "--cluster", "--nats", "--parallel",
+         "--json"},
+    )  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    table = uvloop.run(
-        run_all(
-            base,
-            policies,
-            loads,
-            seeds,
-            args.param,
-            args.out,
-            args.nats,
-            args.parallel or default_parallel(),
+    combos = list(itertools.product(policies, loads, seeds))
+    parallel = args.parallel or default_parallel()
+    interrupted = False
+    try:
+        uvloop.run(
+            stop_on_signals(run_all(base, combos, args.param, args.out, args.nats, parallel))
         )
-    )
-    paths = write_comparison(table, args.out)
-    columns = ["policy", "load", "seed", "mean_jct", "p95_jct", "makespan", "utilization"]
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        interrupted = True
+    table = comparison_table(combos, args.out)
+    paths = write_comparison(table, args.out, comparison_caption(table, args))
     if not table.empty:
-        print(table[columns].to_string(index=False))
+        print(table.to_json(orient="records", indent=2) if args.json else format_comparison(table))
     for path in paths:
         print(f"wrote {path}", file=sys.stderr)
-    runs = len(policies) * len(loads) * len(seeds)
-    return 0 if len(table) == runs else 1
+    complete = int((~table["partial"]).sum()) if not table.empty else 0
+    if interrupted:
+        partial = len(table) - complete
+        print(
+            f"gpuyard sim: interrupted: {complete} of {len(combos)} runs complete, {partial} "
+            f"partial (marked in comparison.csv), {len(combos) - len(table)} not run; "
+            f"results in {args.out}/",
+            file=sys.stderr,
+        )
+        return 130
+    return 0 if complete == len(combos) else 1
 
 
-async def stop_on_sigterm(work: Coroutine[Any, Any, T]) -> T:
-    """`kill` stops a run like Ctrl-C does: the run is cancelled and shuts its services down."""
+async def stop_on_signals(work: Coroutine[Any, Any, T]) -> T:
+    """Ctrl-C and `kill` stop a run the same way: the run is cancelled, writes what it got to and
+    shuts its services down. (Off the main thread, as in tests, signals are left alone.)"""
     task = asyncio.current_task()
     assert task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    if threading.current_thread() is threading.main_thread():
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
     return await work
+
+
+def sim_lists(args: argparse.Namespace) -> tuple[list[str], list[float | None], list[int | None]]:
+    """The policies, loads and seeds to run; a trace has no load or seed (None)."""
+    policies = names_list("--policy", args.policy)
+    if args.trace is not None:
+        return policies, [None], [None]
+    return (
+        policies,
+        args.load or GENERATOR_DEFAULTS["load"],
+        args.seed or GENERATOR_DEFAULTS["seed"],
+    )
+
+
+def warn_policies(args: argparse.Namespace, ran: dict[str, Any]) -> None:
+    """On stderr: each service whose policy or parameters are not those the command line asked for
+    (services started elsewhere, `--external`, run their own)."""
+    from gpuyard.shared.contract import PolicyInfo
+    from gpuyard.shared.policy import admission_policies, placement_policies, scheduling_policies
+
+    asked = {
+        "scheduler": (scheduling_policies, args.policy, args.param),
+        "admission": (admission_policies, args.admission, args.admission_param),
+        "placement": (placement_policies, args.placement, args.placement_param),
+    }
+    for service, (registry, name, pairs) in asked.items():
+        info = ran.get(service)
+        if not isinstance(info, PolicyInfo):
+            print(
+                f"gpuyard sim: warning: {service} did not say its policy: {info}", file=sys.stderr
+            )
+            continue
+        runs = f"{info.policy} {' '.join(f'{k}={v}' for k, v in info.params.items())}".rstrip()
+        if info.policy != name:
+            print(
+                f"gpuyard sim: warning: {service} runs {runs}, not the {name} asked for; "
+                "results record what ran",
+                file=sys.stderr,
+            )
+            continue
+        try:  # the parameters asked for, typed and with defaults, as the service reports its own
+            wanted = msgspec.to_builtins(registry.create(name, parse_params(pairs)).params)
+        except (PolicyError, ValueError):
+            continue
+        differs = sorted(k for k, v in wanted.items() if info.params.get(k) != v)
+        if differs:
+            print(
+                f"gpuyard sim: warning: {service} runs {runs}, not the {', '.join(differs)} "
+                "asked for; results record what ran",
+                file=sys.stderr,
+            )
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
     import uvloop
 
+    from gpuyard.cliopts import checked_subjects, checked_url, run_command
+    from gpuyard.report import format_summary
     from gpuyard.shared.logs import configure_logging
     from gpuyard.shared.policy import admission_policies, placement_policies, scheduling_policies
     from gpuyard.shared.throughput import load_throughputs
@@ -251,11 +476,25 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from gpuyard.workloads import WorkloadError, load_cluster, load_node_events, save_node_events
 
     try:
-        policies = split_list(args.policy, str)
-        loads = split_list(args.load, float)
-        seeds = split_list(args.seed, int)
-    except ValueError as exc:
+        policies, loads, seeds = sim_lists(args)
+        check_workload_args(args, lists=True)
+        external = (
+            frozenset(names_list("--external", args.external)) if args.external else frozenset()
+        )
+        unknown = sorted(external - set(SERVICES))
+        if unknown:
+            raise ValueError(f"--external {unknown[0]!r} is not one of {', '.join(SERVICES)}")
+        if external and not args.nats:
+            raise ValueError("--external needs --nats: the server where those services run")
+        if args.nats:
+            checked_url(args.nats)
+        checked_subjects(args.cluster)
+    except (ValueError, CommandError) as exc:
         return fail("sim", exc)
+    if args.nats:  # reachable? one line now rather than services retrying forever
+        code = run_command("sim", reachable(args))
+        if code:
+            return code
     if len(policies) * len(loads) * len(seeds) > 1:
         return cmd_compare(args, policies, loads, seeds)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -283,12 +522,17 @@ def cmd_sim(args: argparse.Namespace) -> int:
                 checkpoint_s=args.checkpoint_s, restore_s=args.restore_s
             ),
         )
-        scheduling_policies.create(options.policy, options.policy_params)
-        admission_policies.create(options.admission, options.admission_params)
-        placement_policies.create(options.placement, options.placement_params)
-        workload = workload_from_args(args, model)
+        if "scheduler" not in external:
+            scheduling_policies.create(options.policy, options.policy_params)
+        if "admission" not in external:
+            admission_policies.create(options.admission, options.admission_params)
+        if "placement" not in external:
+            placement_policies.create(options.placement, options.placement_params)
+        workload, described = workload_from_args(args, model, load=loads[0], seed=seeds[0])
         if workload.skipped:
-            print(f"gpuyard sim: skipped {workload.skipped} broken trace lines", file=sys.stderr)
+            print(f"gpuyard sim: {skipped_lines(workload)}", file=sys.stderr)
+        if philly_line(described):
+            print(f"gpuyard sim: {philly_line(described)}", file=sys.stderr)
         if args.node_events is not None:
             origin = None
             if "Tsub" in workload.extras.columns:  # BFTrainer: line node and job times up
@@ -305,9 +549,10 @@ def cmd_sim(args: argparse.Namespace) -> int:
         return fail("sim", exc)
     log = open(args.out / "services.log", "a")  # noqa: SIM115 (open for the whole run)
     configure_logging(args.log_level, log)
+    library_logs_to(log)
     try:
         result = uvloop.run(
-            stop_on_sigterm(
+            stop_on_signals(
                 simulate(
                     options,
                     workload.jobs,
@@ -316,43 +561,92 @@ def cmd_sim(args: argparse.Namespace) -> int:
                     cluster_name=args.cluster,
                     processes=args.processes,
                     on_progress=ProgressBar(args.cluster),
-                    external=frozenset(filter(None, args.external.split(","))),
+                    external=external,
                     log_level=args.log_level,
                     auth=NatsAuth.from_args(args),
+                    workload=described,
+                    on_policies=lambda ran: warn_policies(args, ran),
                 )
             )
         )
     except (KeyboardInterrupt, asyncio.CancelledError):
-        print("gpuyard sim: interrupted", file=sys.stderr)
-        return 130
-    except (RuntimeError, OSError, PolicyError) as exc:
+        return interrupted(args)
+    except (RuntimeError, OSError, PolicyError, nats.errors.Error) as exc:
         print(f"gpuyard sim: {exc}", file=sys.stderr)
         return 1
     finally:
         log.close()
-    print(json.dumps(result.summary, indent=2))
+    print(json.dumps(result.summary, indent=2) if args.json else format_summary(result.summary))
     print(f"results in {args.out}/", file=sys.stderr)
     return 0
+
+
+async def reachable(args: argparse.Namespace) -> int:
+    """0 once `--nats` answered (CommandError naming it otherwise)."""
+    from gpuyard.cliopts import open_bus
+
+    await (await open_bus(args, "gpuyard-sim")).close()
+    return 0
+
+
+class JsonLines(logging.Formatter):
+    """Standard-library log records as JSON lines, like structlog's."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"event": record.getMessage(), "logger": record.name, "level": record.levelname}
+        if record.exc_info and record.exc_info[1] is not None:
+            entry["error"] = repr(record.exc_info[1])
+        return json.dumps(entry)
+
+
+def library_logs_to(stream: Any) -> None:
+    """nats-py reports a connection's trouble (e.g. a drain that timed out while services stop)
+    through `logging`: into the run's log, not onto the terminal."""
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonLines())
+    nats_log = logging.getLogger("nats")
+    nats_log.addHandler(handler)
+    nats_log.propagate = False
+
+
+def interrupted(args: argparse.Namespace) -> int:
+    """After Ctrl-C or SIGTERM: say what was written (the partial summary, if the run had begun)."""
+    from gpuyard.report import format_summary
+
+    path = args.out / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else {}
+    if not summary.get("partial"):
+        print("gpuyard sim: interrupted before the run began; nothing written", file=sys.stderr)
+        return 130
+    print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
+    print(
+        f"gpuyard sim: interrupted at t = {summary['simulated_s'] / 3600:,.1f} h simulated: "
+        f"{summary['completed']:,} of {summary['jobs_in_workload']:,} jobs had completed; "
+        f'partial results ("partial": true) in {args.out}/',
+        file=sys.stderr,
+    )
+    return 130
 
 
 def add_trace_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("trace", help="generate, convert and describe workloads")
     tsub = p.add_subparsers(required=True, metavar="ACTION")
     g = tsub.add_parser("generate", help="write a generated workload")
-    add_workload_args(g)
+    add_workload_args(g, trace=False)
     g.add_argument("--throughputs", help="fill in total_steps from this throughput model")
     g.add_argument("out", type=Path, help="output .csv or .parquet")
     g.set_defaults(run=cmd_trace_generate)
     c = tsub.add_parser("convert", help="convert any supported trace to gpuyard's CSV/Parquet")
-    c.add_argument("--trace-format", default="auto")
-    c.add_argument("--skip-bad", action="store_true")
+    add_trace_args(c)
     c.add_argument("trace", type=Path)
     c.add_argument("out", type=Path)
     c.set_defaults(run=cmd_trace_convert)
     d = tsub.add_parser("describe", help="print counts and quantiles, write plots")
-    d.add_argument("--trace-format", default="auto")
-    d.add_argument("--skip-bad", action="store_true")
-    d.add_argument("--plots", type=Path, help="folder for the plots (default: beside the trace)")
+    add_trace_args(d)
+    d.add_argument(
+        "--plots", type=Path, default=Path("."),
+        help="folder for the plots (default: the working directory)",
+    )  # fmt: skip
     d.add_argument("trace", type=Path)
     d.set_defaults(run=cmd_trace_describe)
 
@@ -362,9 +656,10 @@ def cmd_trace_generate(args: argparse.Namespace) -> int:
     from gpuyard.workloads import save_workload
 
     try:
+        check_workload_args(args)
         model = load_throughputs(args.throughputs) if args.throughputs else None
-        args.trace = None
-        path = save_workload(workload_from_args(args, model), args.out)
+        workload, _ = workload_from_args(args, model)
+        path = save_workload(workload, args.out)
     except (ValueError, OSError) as exc:
         return fail("trace generate", exc)
     print(path)
@@ -372,30 +667,32 @@ def cmd_trace_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_convert(args: argparse.Namespace) -> int:
-    from gpuyard.workloads import WorkloadError, load_workload, save_workload
+    from gpuyard.workloads import save_workload
 
     try:
-        workload = load_workload(args.trace, args.trace_format, args.skip_bad)
+        workload, info = read_trace(args)
         path = save_workload(workload, args.out)
-    except (ValueError, OSError, WorkloadError) as exc:
+    except (ValueError, OSError) as exc:
         return fail("trace convert", exc)
-    if workload.skipped:
-        print(f"skipped {workload.skipped} broken lines", file=sys.stderr)
+    for line in (philly_line(info), workload.skipped and skipped_lines(workload)):
+        if line:
+            print(f"gpuyard trace convert: {line}", file=sys.stderr)
     print(f"{len(workload)} jobs -> {path}")
     return 0
 
 
 def cmd_trace_describe(args: argparse.Namespace) -> int:
     from gpuyard.report import plot_workload
-    from gpuyard.workloads import WorkloadError, load_workload
 
     try:
-        workload = load_workload(args.trace, args.trace_format, args.skip_bad)
-    except (ValueError, OSError, WorkloadError) as exc:
+        workload, info = read_trace(args)
+    except (ValueError, OSError) as exc:
         return fail("trace describe", exc)
-    folder = args.plots or args.trace.parent
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = plot_workload(workload.to_frame(with_extras=False), folder, args.trace.stem)
+    for line in (philly_line(info), workload.skipped and skipped_lines(workload)):
+        if line:
+            print(f"gpuyard trace describe: {line}", file=sys.stderr)
+    args.plots.mkdir(parents=True, exist_ok=True)
+    paths = plot_workload(workload.to_frame(with_extras=False), args.plots, args.trace.stem, info)
     print(json.dumps(workload.describe(), indent=2, default=str))
     for path in paths:
         print(f"wrote {path}", file=sys.stderr)
@@ -429,7 +726,7 @@ def cmd_service(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpuyard", description=__doc__)
+    parser = OneLineParser(prog="gpuyard", description=__doc__)
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
     add_sim_parser(sub)
     add_trace_parser(sub)

@@ -6,17 +6,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import sys
 import time
-import tomllib
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from gpuyard.shared.connection import Bus, connect
+from gpuyard.cliopts import (
+    LOG_LEVELS,
+    add_nats_options,
+    check_nats_url,
+    checked_subjects,
+    nats_auth,
+    non_negative_int,
+    open_bus,
+    positive_float,
+    positive_int,
+    run_command,
+    run_on_bus,
+)
+from gpuyard.shared.connection import Bus
 from gpuyard.shared.contract import (
     CancelRequest,
     ClusterInfo,
@@ -28,17 +38,7 @@ from gpuyard.shared.contract import (
     LogsRequest,
     SubmitRequest,
 )
-from gpuyard.shared.endpoints import (
-    CANCEL,
-    CLUSTER,
-    HEARTBEATS,
-    LOG_LINE,
-    NODE_LOGS,
-    QUERY,
-    SUBMIT,
-    Subjects,
-)
-from gpuyard.shared.errors import RemoteError
+from gpuyard.shared.endpoints import CANCEL, CLUSTER, HEARTBEATS, LOG_LINE, NODE_LOGS, QUERY, SUBMIT
 from gpuyard.shared.model import JobRecord
 
 SLURM_STATES = {
@@ -51,49 +51,49 @@ SLURM_STATES = {
 ENDED = {"completed", "failed", "cancelled"}
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nats", default="nats://127.0.0.1:4222", help="NATS server URL")
-    p.add_argument("--cluster", default="default", help="cluster namespace")
-
-
 def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     """Register the real-cluster subcommands."""
-    from gpuyard.services.nodeagent.run import add_agent_args, run_from_args
+    from gpuyard.services.nodeagent.run import add_agent_args
 
-    p = sub.add_parser("up", help="run the control plane (admission, scheduler, placement)")
-    p.add_argument("--nats", help="NATS server URL (default: start an embedded one on loopback)")
-    p.add_argument("--cluster", default="default", help="cluster namespace")
+    p = sub.add_parser(
+        "up", help="run the control plane (admission, scheduler, placement)",
+        description="Run the control plane; without --nats on an embedded server on loopback.",
+    )  # fmt: skip
+    add_nats_options(p, url_default=None)
     p.add_argument("--policy", default="fifo", help="scheduling policy (default fifo)")
     p.add_argument("--placement", default="consolidated", help="placement policy")
     p.add_argument("--admission", default="accept-all", help="admission policy")
-    p.add_argument("--round", type=float, default=5.0, help="seconds between scheduling rounds")
     p.add_argument(
-        "--heartbeat-timeout", type=float, default=5.0, help="seconds of silence: node lost"
+        "--round", type=positive_float, default=5.0, help="seconds between scheduling rounds"
     )
+    p.add_argument(
+        "--heartbeat-timeout", type=positive_float, default=5.0,
+        help="seconds of silence: node lost",
+    )  # fmt: skip
     p.add_argument(
         "--no-durable", dest="durable", action="store_false",
         help="keep the services' state in memory only (by default in JetStream key-value buckets)",
     )  # fmt: skip
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     p.set_defaults(run=cmd_up)
 
     p = sub.add_parser("nodeagent", help="run this machine's node agent")
     add_agent_args(p)
-    p.set_defaults(run=lambda args, p=p: run_from_args(args, p))
+    p.set_defaults(run=lambda args, p=p: cmd_nodeagent(args, p))
 
     p = sub.add_parser(
         "submit",
         help="submit a job",
         description="Submit a job: `gpuyard submit --gpus 2 -- python train.py`, or --file.",
     )
-    _common(p)
+    add_nats_options(p)
     p.add_argument("--file", type=Path, help="a job (or {jobs: [...]}) as JSON or TOML")
-    p.add_argument("--gpus", type=int, default=1, help="GPUs (default 1)")
+    p.add_argument("--gpus", type=positive_int, default=1, help="GPUs (default 1)")
     p.add_argument("--gpu-type", default=None, help="GPU type (default: any)")
-    p.add_argument("--min-gpus", type=int)
-    p.add_argument("--max-gpus", type=int)
+    p.add_argument("--min-gpus", type=positive_int, help="elastic: fewest GPUs it runs on")
+    p.add_argument("--max-gpus", type=positive_int, help="elastic: most GPUs it can use")
     p.add_argument("--priority", type=int)
-    p.add_argument("--deadline", type=float, help="seconds from submission")
+    p.add_argument("--deadline", type=positive_float, help="seconds from submission")
     p.add_argument("--name", default=None)
     p.add_argument("--job-id", default=None)
     p.add_argument("--per-node", action="store_true", help="one process per node, not per GPU")
@@ -102,74 +102,51 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=cmd_submit)
 
     p = sub.add_parser("jobs", help="list jobs (queue and history)")
-    _common(p)
+    add_nats_options(p)
     p.add_argument("--state", action="append", default=[], choices=sorted(SLURM_STATES))
     p.add_argument("--json", action="store_true")
     p.add_argument("job_ids", nargs="*")
     p.set_defaults(run=cmd_jobs)
 
     p = sub.add_parser("cancel", help="cancel jobs")
-    _common(p)
+    add_nats_options(p)
     p.add_argument("job_ids", nargs="+")
     p.set_defaults(run=cmd_cancel)
 
     p = sub.add_parser("logs", help="a job's output (all ranks)")
-    _common(p)
+    add_nats_options(p)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
-    p.add_argument("--tail", type=int, default=65536, help="bytes per rank from the log files")
+    p.add_argument(
+        "--tail", type=non_negative_int, default=65536, help="bytes per rank from the log files"
+    )
     p.add_argument("job_id")
     p.set_defaults(run=cmd_logs)
 
     p = sub.add_parser("nodes", help="nodes, their GPUs and last heartbeats")
-    _common(p)
+    add_nats_options(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_nodes)
-
-
-# --------------------------------------------------------------------------- plumbing
-
-
-def _run(args: argparse.Namespace, body: Callable[[Bus], Awaitable[int]]) -> int:
-    """Connect, run `body`, and turn failures into one clear line on stderr."""
-    import uvloop
-
-    async def main() -> int:
-        nc = await connect(args.nats, name="gpuyard-cli", max_reconnect_attempts=0)
-        bus = Bus(nc, Subjects(args.cluster), request_timeout=15.0)
-        try:
-            return await body(bus)
-        finally:
-            await bus.close()
-
-    try:
-        return uvloop.run(main())
-    except RemoteError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except (OSError, TimeoutError) as exc:
-        print(f"error: cannot reach NATS at {args.nats}: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
 
 
 # --------------------------------------------------------------------------- up
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    import uvloop
-
     from gpuyard.shared.logs import configure_logging
 
     configure_logging(args.log_level)
+    return run_command("up", run_control_plane(args))
+
+
+def cmd_nodeagent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """A node agent retries a server it cannot reach (as a service should), but not a bad URL."""
+    from gpuyard.services.nodeagent.run import run_from_args
+
     try:
-        Subjects(args.cluster)
-    except (ValueError, msgspec.ValidationError) as exc:
-        print(f"error: --cluster: {exc}", file=sys.stderr)
-        return 2
-    with contextlib.suppress(KeyboardInterrupt):
-        uvloop.run(run_control_plane(args))
-    return 0
+        check_nats_url(args.nats)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return run_from_args(args, parser)
 
 
 RETRY_FOR_S = 60.0
@@ -207,19 +184,24 @@ def control_plane_configs(
     }
 
 
-async def run_control_plane(args: argparse.Namespace) -> None:
+async def run_control_plane(args: argparse.Namespace) -> int:
     import signal
 
     from gpuyard.embedded import EmbeddedNats
     from gpuyard.launcher import ServiceSet
 
+    checked_subjects(args.cluster)
     configs = control_plane_configs(
         args.policy, args.placement, args.admission, args.round, args.heartbeat_timeout,
         durable=args.durable,
     )  # fmt: skip
     async with contextlib.AsyncExitStack() as stack:
+        if args.nats:  # reachable? (else one line, not services retrying forever)
+            await (await open_bus(args, "gpuyard-up")).close()
         url = args.nats or await stack.enter_async_context(EmbeddedNats())
-        services = ServiceSet(url, args.cluster, configs)
+        services = ServiceSet(
+            url, args.cluster, configs, auth=nats_auth(args) if args.nats else None
+        )
         await services.start()
         stack.push_async_callback(services.stop)
         print(f"gpuyard control plane up: --nats {url} --cluster {args.cluster}", flush=True)
@@ -229,6 +211,7 @@ async def run_control_plane(args: argparse.Namespace) -> None:
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         print("stopping", file=sys.stderr, flush=True)
+    return 0
 
 
 # --------------------------------------------------------------------------- submit
@@ -237,8 +220,9 @@ async def run_control_plane(args: argparse.Namespace) -> None:
 def job_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The job(s) to submit, as plain dicts: admission validates them and names a bad field."""
     if args.file is not None:
-        text = args.file.read_bytes()
-        data = tomllib.loads(text.decode()) if args.file.suffix == ".toml" else json.loads(text)
+        from gpuyard.workloads.core import read_document  # pandas: only when there is a file
+
+        data = read_document(args.file)
         return data["jobs"] if isinstance(data, dict) and "jobs" in data else [data]
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -264,8 +248,8 @@ def job_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
 def cmd_submit(args: argparse.Namespace) -> int:
     try:
         jobs = job_from_args(args)
-    except (OSError, ValueError, KeyError, tomllib.TOMLDecodeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (OSError, ValueError) as exc:
+        print(f"gpuyard submit: {exc}", file=sys.stderr)
         return 2
 
     async def body(bus: Bus) -> int:
@@ -279,7 +263,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 print(f"rejected {r.job_id}: {r.reason}", file=sys.stderr)
         return 1 if bad else 0
 
-    return _run(args, body)
+    return run_on_bus("submit", args, body)
 
 
 # --------------------------------------------------------------------------- jobs, cancel
@@ -312,16 +296,14 @@ def format_jobs(records: list[JobRecord], now: float) -> str:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     async def body(bus: Bus) -> int:
-        page = await bus.call(
-            QUERY, JobQuery(job_ids=args.job_ids, states=args.state, limit=100_000)
-        )
+        page = await bus.call(QUERY, JobQuery(job_ids=args.job_ids, states=args.state, limit=100_000))
         if args.json:
             print(msgspec.json.encode(page).decode())
         else:
             print(format_jobs(page.jobs, time.time()))
         return 0
 
-    return _run(args, body)
+    return run_on_bus("jobs", args, body)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -333,7 +315,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             print(f"not cancelled {job_id}: {why}", file=sys.stderr)
         return 1 if reply.refused else 0
 
-    return _run(args, body)
+    return run_on_bus("cancel", args, body)
 
 
 # --------------------------------------------------------------------------- logs, nodes
@@ -378,7 +360,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
                     return 0
         return 0
 
-    return _run(args, body)
+    return run_on_bus("logs", args, body)
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
@@ -391,7 +373,7 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         print(format_nodes(info, beats, time.time()))
         return 0
 
-    return _run(args, body)
+    return run_on_bus("nodes", args, body)
 
 
 def format_nodes(info: ClusterInfo, beats: HeartbeatsPage, now: float) -> str:

@@ -12,16 +12,16 @@ Each takes `--nats URL --cluster NAME` and the `--nats-*` credential and TLS opt
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
+from functools import partial
 from typing import Any
 
 import msgspec
 
-from gpuyard.cliopts import add_nats_options, open_bus
-from gpuyard.shared.errors import RemoteError
-from gpuyard.shared.policy import PolicyError, parse_params
+from gpuyard.cliopts import add_nats_options, run_on_bus
+from gpuyard.shared.connection import Bus
+from gpuyard.shared.policy import parse_params
 
 
 def add_ops_parsers(sub: argparse._SubParsersAction) -> None:
@@ -30,20 +30,6 @@ def add_ops_parsers(sub: argparse._SubParsersAction) -> None:
     add_policy_parser(sub)
     add_status_parser(sub)
     add_auth_config_parser(sub)
-
-
-def _run(command: str, coro: Any) -> int:
-    """Run a command's coroutine; connection and remote errors become one line and exit code 1."""
-    try:
-        return asyncio.run(coro)
-    except KeyboardInterrupt:
-        return 130
-    except (RemoteError, PolicyError, ValueError, OSError, RuntimeError) as exc:
-        print(f"gpuyard {command}: {exc}", file=sys.stderr)
-        return 1
-    except Exception as exc:  # e.g. nats' NoServersError, authorization violations
-        print(f"gpuyard {command}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
 
 
 # --------------------------------------------------------------------------- tail
@@ -70,12 +56,16 @@ def add_tail_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=cmd_tail)
 
 
-async def _tail(args: argparse.Namespace) -> int:
+def cmd_tail(args: argparse.Namespace) -> int:
     from gpuyard.ops import format_event, matches, parse_since, read_events
 
-    start: Any = parse_since(args.since) if args.since else ("new" if args.new else "all")
-    bus = await open_bus(args, "gpuyard-tail")
     try:
+        start: Any = parse_since(args.since) if args.since else ("new" if args.new else "all")
+    except ValueError as exc:
+        print(f"gpuyard tail: {exc}", file=sys.stderr)
+        return 2
+
+    async def body(bus: Bus) -> int:
         async for stored in read_events(
             bus.nc, bus.subjects, types=args.types, start=start, follow=args.follow
         ):
@@ -83,16 +73,10 @@ async def _tail(args: argparse.Namespace) -> int:
                 continue
             line = json.dumps(stored.to_builtins()) if args.json else format_event(stored)
             print(line, flush=args.follow)
-    finally:
-        await bus.close()
-    return 0
-
-
-def cmd_tail(args: argparse.Namespace) -> int:
-    try:
-        return _run("tail", _tail(args))
-    except BrokenPipeError:  # `gpuyard tail | head`
+        sys.stdout.flush()  # a closed pipe shows here, inside the command, not at exit
         return 0
+
+    return run_on_bus("tail", args, body)
 
 
 # --------------------------------------------------------------------------- policy
@@ -124,14 +108,10 @@ def _policy_line(service: str, info: Any) -> str:
     return f"{service:<10} {info.policy or '-'} {params}".rstrip()
 
 
-async def _policy_show(args: argparse.Namespace) -> int:
+async def _policy_show(args: argparse.Namespace, bus: Bus) -> int:
     from gpuyard.ops import show_policies
 
-    bus = await open_bus(args, "gpuyard-policy")
-    try:
-        infos = await show_policies(bus)
-    finally:
-        await bus.close()
+    infos = await show_policies(bus)
     if args.json:
         print(
             json.dumps(
@@ -144,15 +124,10 @@ async def _policy_show(args: argparse.Namespace) -> int:
     return 0 if all(not isinstance(i, str) for i in infos.values()) else 1
 
 
-async def _policy_set(args: argparse.Namespace) -> int:
+async def _policy_set(args: argparse.Namespace, bus: Bus) -> int:
     from gpuyard.ops import set_policy
 
-    params = parse_params(args.param)
-    bus = await open_bus(args, "gpuyard-policy")
-    try:
-        info = await set_policy(bus, args.service, args.policy, params)
-    finally:
-        await bus.close()
+    info = await set_policy(bus, args.service, args.policy, parse_params(args.param))
     if args.json:
         print(json.dumps(msgspec.to_builtins(info)))
     else:
@@ -163,11 +138,11 @@ async def _policy_set(args: argparse.Namespace) -> int:
 
 
 def cmd_policy_show(args: argparse.Namespace) -> int:
-    return _run("policy show", _policy_show(args))
+    return run_on_bus("policy show", args, partial(_policy_show, args))
 
 
 def cmd_policy_set(args: argparse.Namespace) -> int:
-    return _run("policy set", _policy_set(args))
+    return run_on_bus("policy set", args, partial(_policy_set, args))
 
 
 # --------------------------------------------------------------------------- status
@@ -180,14 +155,10 @@ def add_status_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=cmd_status)
 
 
-async def _status(args: argparse.Namespace) -> int:
+async def _status(args: argparse.Namespace, bus: Bus) -> int:
     from gpuyard.ops import cluster_status, format_status
 
-    bus = await open_bus(args, "gpuyard-status")
-    try:
-        status = await cluster_status(bus)
-    finally:
-        await bus.close()
+    status = await cluster_status(bus)
     if args.json:
         print(msgspec.json.encode(status).decode())
     else:
@@ -196,7 +167,7 @@ async def _status(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    return _run("status", _status(args))
+    return run_on_bus("status", args, partial(_status, args))
 
 
 # --------------------------------------------------------------------------- auth config

@@ -1,21 +1,159 @@
-"""Command-line options every `gpuyard` command that talks to NATS shares.
+"""What every `gpuyard` command shares: its NATS options, one way to connect, one way to fail.
 
 `add_nats_options(parser)` adds `--nats URL`, `--cluster NAME` and the `--nats-*` identity and TLS
-options (user/password, token, creds file, NKey seed, CA/cert/key); `open_bus(args, name)` connects
-with them. The options themselves are defined once in `gpuyard.shared.connection.add_nats_arguments`, which
-the services' own entry points use too.
+options (user/password, token, creds file, NKey seed, CA/cert/key), defined once in
+`gpuyard.shared.connection.add_nats_arguments`, which the services' own entry points use too.
+`run_on_bus(command, args, body)` runs a command's body on a connection made with them, and
+`run_command(command, coroutine)` runs any command's coroutine: a bad URL, an unreachable or
+refusing server, an error reply, Ctrl-C or a closed pipe (`gpuyard tail | head -1`) each end the
+command with one line on stderr (or none) and an exit status, never a traceback or a retry loop.
+`OneLineParser` makes argparse's own errors one line too, and the number types below make every
+numeric option name itself when its value is out of range.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import math
 import os
+import select
+import socket
 import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
+
+import nats.errors
 
 from gpuyard.shared.connection import Bus, NatsAuth, add_nats_arguments, connect
 from gpuyard.shared.endpoints import Subjects
+from gpuyard.shared.errors import RemoteError
+from gpuyard.shared.policy import PolicyError
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class CommandError(Exception):
+    """A command's failure, told in one line; `code` is the exit status."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with errors in one line (`gpuyard sim: error: argument --load: ...`) instead of
+    the usage text first; `--help` still shows it. Subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
+# --------------------------------------------------------------------------- numeric options
+
+
+def _number(kind: type, text: str, gt: float | None, ge: float | None) -> int | float:
+    """`text` as an int or a finite float with the given bound; ArgumentTypeError otherwise, which
+    argparse prints after the option's name."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not {'an integer' if kind is int else 'a number'}"
+        ) from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    if gt is not None and not value > gt:
+        raise argparse.ArgumentTypeError(f"must be greater than {gt:g}, not {text}")
+    if ge is not None and not value >= ge:
+        raise argparse.ArgumentTypeError(f"must be {ge:g} or more, not {text}")
+    return value
+
+
+def number(kind: type, *, gt: float | None = None, ge: float | None = None) -> Callable[[str], Any]:
+    """An argparse `type`: `number(int, gt=0)` accepts 1, 2, ... and names the bound otherwise."""
+
+    def parse(text: str) -> int | float:
+        return _number(kind, text.strip(), gt, ge)
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def number_list(
+    kind: type, *, gt: float | None = None, ge: float | None = None
+) -> Callable[[str], list[Any]]:
+    """An argparse `type` for a comma list of numbers (`--load 10,20,40`), each checked."""
+
+    def parse(text: str) -> list[int | float]:
+        parts = [p.strip() for p in text.split(",")]
+        if not all(parts):
+            raise argparse.ArgumentTypeError(f"{text!r} has an empty item")
+        values = []
+        for part in parts:
+            try:
+                values.append(_number(kind, part, gt, ge))
+            except argparse.ArgumentTypeError as exc:
+                raise argparse.ArgumentTypeError(
+                    f"{exc}" if len(parts) == 1 else f"{exc} (in {text!r})"
+                ) from None
+        return values
+
+    parse.__name__ = f"{kind.__name__} list"
+    return parse
+
+
+positive_int = number(int, gt=0)
+non_negative_int = number(int, ge=0)
+positive_float = number(float, gt=0)
+non_negative_float = number(float, ge=0)
+
+
+# --------------------------------------------------------------------------- NATS URL and options
+
+
+def _url_problem(part: str) -> str | None:
+    if "://" not in part:
+        return "no scheme"
+    try:
+        url = urlsplit(part)
+        _ = url.port  # ValueError when not a number from 0 to 65535
+    except ValueError as exc:
+        return str(exc)
+    if url.scheme not in NATS_SCHEMES:
+        return f"scheme {url.scheme!r} is not one of {', '.join(NATS_SCHEMES)}"
+    return None if url.hostname else "no host"
+
+
+def check_nats_url(text: str) -> str:
+    """`text` when every comma-separated server in it is `SCHEME://HOST[:PORT]` (SCHEME one of
+    nats, tls, ws, wss); ValueError naming the first that is not. A bare word is refused rather
+    than taken for a host name to be looked up again and again."""
+    parts = [p.strip() for p in text.split(",")]
+    for part in parts:
+        problem = _url_problem(part)
+        if problem:
+            raise ValueError(
+                f"--nats {redact(part)!r} is not a NATS server URL ({problem}): expected "
+                f"nats://HOST[:PORT] (or tls://, ws://, wss://), comma-separated for several"
+            )
+    return ",".join(parts)
+
+
+def redact(url: str) -> str:
+    """The URL without a password in it (`nats://user:***@host:4222`)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
 
 
 def add_nats_options(
@@ -32,22 +170,149 @@ def add_nats_options(
         )
 
 
+def checked_url(text: str) -> str:
+    """`check_nats_url`, failing as a command does (exit 2)."""
+    try:
+        return check_nats_url(text)
+    except ValueError as exc:
+        raise CommandError(str(exc), code=2) from None
+
+
+def checked_subjects(cluster: str) -> Subjects:
+    """The subjects of `--cluster`, failing as a command does (exit 2)."""
+    try:
+        return Subjects(cluster)
+    except ValueError as exc:
+        raise CommandError(f"--cluster {cluster!r}: {exc}", code=2) from None
+
+
 def nats_auth(args: argparse.Namespace) -> NatsAuth:
     return NatsAuth.from_args(args)
 
 
-async def open_bus(args: argparse.Namespace, name: str, *, request_timeout: float = 10.0) -> Bus:
-    """Connect to `args.nats` with the `--nats-*` options; a Bus for `args.cluster`."""
-    seen: set[str] = set()
+def describe_error(exc: BaseException) -> str:
+    """A connection error in a few words: `connection refused`, `name or service not known`, ..."""
+    if isinstance(exc, socket.gaierror):
+        return str(exc.strerror).lower()
+    if isinstance(exc, OSError) and exc.errno:
+        return os.strerror(exc.errno).lower()
+    if isinstance(exc, TimeoutError):
+        return "no answer in time"
+    return str(exc) or type(exc).__name__
 
-    async def report(exc: Exception) -> None:  # one line per distinct error, no tracebacks
-        text = str(exc) or type(exc).__name__
-        if text not in seen:
-            seen.add(text)
+
+async def open_bus(args: argparse.Namespace, name: str, *, request_timeout: float = 10.0) -> Bus:
+    """Connect to `args.nats` with the `--nats-*` options; a Bus for `args.cluster`.
+
+    A bad URL raises CommandError (exit 2); a server that cannot be reached (or refuses us) raises
+    CommandError naming it after two quick attempts. Once connected, each distinct error the
+    client meets is one line on stderr.
+    """
+    url = checked_url(args.nats)
+    subjects = checked_subjects(args.cluster)
+    failures: list[BaseException] = []
+    connected = False
+    reported: set[str] = set()
+
+    async def on_error(exc: Exception) -> None:  # no tracebacks: collected, or one line each
+        if not connected:
+            failures.append(exc)
+            return
+        text = describe_error(exc)
+        if text not in reported:
+            reported.add(text)
             print(f"{name}: {text}", file=sys.stderr)
 
-    nc = await connect(
-        args.nats, name=name, auth=nats_auth(args), connect_timeout=5, max_reconnect_attempts=2,
-        error_cb=report,
-    )  # fmt: skip
-    return Bus(nc, Subjects(args.cluster), request_timeout=request_timeout)
+    try:
+        nc = await connect(
+            url, name=name, auth=nats_auth(args), connect_timeout=3, max_reconnect_attempts=1,
+            reconnect_time_wait=0.2, error_cb=on_error,
+        )  # fmt: skip
+    except (OSError, TimeoutError, nats.errors.Error) as exc:
+        why = failures[-1] if failures else exc
+        raise CommandError(
+            f"cannot connect to NATS at {redact(url)}: {describe_error(why)}"
+        ) from None
+    connected = True
+    return Bus(nc, subjects, request_timeout=request_timeout)
+
+
+# --------------------------------------------------------------------------- running a command
+
+
+def _quiet_stdout() -> None:
+    """The reader of our stdout is gone (`| head -1`): drop what is still buffered, so that Python
+    does not complain about it at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def run_command(command: str, main: Coroutine[Any, Any, int]) -> int:
+    """Run a command's coroutine and turn its failures into one line on stderr and an exit status:
+    CommandError its own code; an error reply, a bad value, an unreachable server 1; Ctrl-C 130;
+    a closed stdout 0 (as `grep` does)."""
+    import uvloop
+
+    try:
+        return uvloop.run(main)
+    except CommandError as exc:
+        print(f"gpuyard {command}: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 0
+    except (RemoteError, PolicyError, ValueError, OSError, RuntimeError, TimeoutError) as exc:
+        print(f"gpuyard {command}: {exc}", file=sys.stderr)
+        return 1
+    except nats.errors.Error as exc:  # e.g. a permissions violation once connected
+        print(f"gpuyard {command}: {describe_error(exc)}", file=sys.stderr)
+        return 1
+
+
+async def stdout_closed(every_s: float = 0.2) -> None:
+    """Return once the reader of our stdout has gone (`gpuyard tail --follow | head -1`): a
+    command that waits for more to print would otherwise only notice at its next line."""
+    poller = select.poll()
+    try:
+        poller.register(sys.stdout.fileno(), 0)  # 0: errors and hang-ups only
+    except (OSError, ValueError):  # no file descriptor (stdout captured in-process): it stays
+        await asyncio.Event().wait()
+    while True:
+        if any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0)):
+            return
+        await asyncio.sleep(every_s)
+
+
+async def unless_stdout_closes(work: Awaitable[int]) -> int:
+    """`await work`, or BrokenPipeError as soon as nobody reads our stdout any more."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(stdout_closed())
+    await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    watch.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    raise BrokenPipeError
+
+
+def run_on_bus(
+    command: str, args: argparse.Namespace, body: Callable[[Bus], Awaitable[int]]
+) -> int:
+    """Connect (see `open_bus`), run `body(bus)`, close; failures as in `run_command`."""
+
+    async def main() -> int:
+        bus = await open_bus(args, f"gpuyard-{command.replace(' ', '-')}")
+        try:
+            return await unless_stdout_closes(body(bus))
+        except BrokenPipeError:
+            await bus.nc.close()  # nobody reads on: nothing is worth draining for
+            raise
+        finally:
+            await bus.close()
+
+    return run_command(command, main())

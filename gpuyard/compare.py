@@ -1,28 +1,41 @@
 """Compare policies, loads and seeds in one command: every combination is its own `gpuyard sim`
 process on one NATS server under its own cluster namespace, run concurrently; the summaries are
-gathered into one table (`comparison.csv`) and plots (mean JCT against load; JCT CDFs)."""
+gathered into one table (`comparison.csv`) and plots (mean JCT against load, with the spread over
+seeds; JCT CDFs), each captioned with what ran."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import itertools
 import json
+import math
 import os
+import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import numpy as np
 import pandas as pd
 
-from gpuyard.embedded import EmbeddedNats
+from gpuyard.embedded import EmbeddedNats, die_with_parent
+from gpuyard.report import save_figure
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+Combo = tuple[str, float | None, int | None]
+"""(policy, load, seed); a trace has no load or seed."""
 
-def run_name(policy: str, load: float, seed: int) -> str:
-    return f"{policy}-load{load:g}-seed{seed}".replace(".", "_")
+
+def run_name(policy: str, load: float | None, seed: int | None) -> str:
+    name = policy
+    if load is not None:
+        name += f"-load{load:g}"
+    if seed is not None:
+        name += f"-seed{seed}"
+    return name.replace(".", "_")
 
 
 def policy_params(policy: str, params: list[str]) -> list[str]:
@@ -38,45 +51,55 @@ def policy_params(policy: str, params: list[str]) -> list[str]:
 
 
 async def run_all(
-    base_args: list[str], policies: list[str], loads: list[float], seeds: list[int],
-    params: list[str], out: Path, nats_url: str | None, parallel: int,
-) -> pd.DataFrame:  # fmt: skip
-    """Run every (policy, load, seed) and return the comparison table."""
-    combos = list(itertools.product(policies, loads, seeds))
+    base_args: list[str], combos: list[Combo], params: list[str], out: Path,
+    nats_url: str | None, parallel: int,
+) -> None:  # fmt: skip
+    """Run every (policy, load, seed), `parallel` at a time; results land in `out/<run name>/`.
+
+    Cancelled, it interrupts the runs under way (each writes its partial results), waits for
+    them, starts no other, and raises CancelledError.
+    """
     async with EmbeddedNats() if nats_url is None else _Given(nats_url) as url:
         gate = asyncio.Semaphore(parallel)
         done = 0
 
-        async def one(policy: str, load: float, seed: int) -> None:
+        async def one(policy: str, load: float | None, seed: int | None) -> None:
             nonlocal done
             name = run_name(policy, load, seed)
             folder = out / name
             folder.mkdir(parents=True, exist_ok=True)
             argv = [
                 sys.executable, "-m", "gpuyard.cli", "sim", *base_args, "--nats", url,
-                "--cluster", name, "--policy", policy, "--load", str(load), "--seed", str(seed),
-                "--out", str(folder),
+                "--cluster", name, "--policy", policy, "--out", str(folder),
             ]  # fmt: skip
+            if load is not None:
+                argv += ["--load", str(load)]
+            if seed is not None:
+                argv += ["--seed", str(seed)]
             for pair in policy_params(policy, params):
                 argv += ["--param", pair]
             async with gate:
                 with (folder / "stderr.log").open("wb") as err:
+                    # Its own process group: a Ctrl-C reaches us, and we pass it on once.
                     proc = await asyncio.create_subprocess_exec(
-                        *argv, stdout=asyncio.subprocess.DEVNULL, stderr=err
-                    )
-                    code = await proc.wait()
+                        *argv, stdout=asyncio.subprocess.DEVNULL, stderr=err,
+                        preexec_fn=die_with_parent,
+                    )  # fmt: skip
+                    try:
+                        code = await proc.wait()
+                    except asyncio.CancelledError:
+                        proc.send_signal(signal.SIGINT)  # it writes its partial results
+                        await proc.wait()
+                        raise
             done += 1
             status = "ok" if code == 0 else f"FAILED ({code}): see {folder / 'stderr.log'}"
             print(f"[{done}/{len(combos)}] {name}: {status}", file=sys.stderr, flush=True)
 
-        await asyncio.gather(*(one(*c) for c in combos))
-    rows = []
-    for policy, load, seed in combos:
-        summary_path = out / run_name(policy, load, seed) / "summary.json"
-        if summary_path.exists():
-            summary = json.loads(summary_path.read_text())
-            rows.append({"policy": policy, "load": load, "seed": seed, **summary})
-    return pd.DataFrame(rows)
+        # A task group, not gather: cancelled, it waits for every run to write its results
+        # before the server they share goes away.
+        async with asyncio.TaskGroup() as group:
+            for combo in combos:
+                group.create_task(one(*combo))
 
 
 class _Given:
@@ -92,31 +115,145 @@ class _Given:
         return None
 
 
-def write_comparison(table: pd.DataFrame, out: Path) -> list[Path]:
+def comparison_table(combos: list[Combo], out: Path) -> pd.DataFrame:
+    """One row per run that wrote a summary (complete or partial): its policy, load, seed and
+    summary; policy parameters as JSON text."""
+    rows = []
+    for policy, load, seed in combos:
+        summary_path = out / run_name(policy, load, seed) / "summary.json"
+        if summary_path.exists():
+            summary = json.loads(summary_path.read_text())
+            summary = {
+                k: json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
+                for k, v in summary.items()
+            }
+            rows.append({**summary, "policy": policy, "load": load, "seed": seed})
+    table = pd.DataFrame(rows)
+    if not table.empty:
+        table["partial"] = table["partial"].fillna(False).astype(bool)
+        table["load"] = table["load"].astype(float)  # NaN: a trace
+        table["seed"] = table["seed"].astype(object)  # None: a trace
+    return table
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _values(table: pd.DataFrame, column: str) -> str:
+    values = [v for v in table[column].drop_duplicates().tolist() if not _missing(v)]
+    return ", ".join(str(v) for v in values) or "-"
+
+
+def comparison_caption(table: pd.DataFrame, args: argparse.Namespace) -> str:
+    """What ran, for every plot of a comparison: workload, seeds, cluster, the other policies."""
+    if args.trace is not None:
+        workload = f"trace {Path(args.trace).name}"
+    else:
+        workload = f"{args.generator or 'blox'} generator, {args.jobs or 400:,} jobs per run"
+        if not table.empty:
+            workload += f", seeds {_values(table, 'seed')}"
+    lines = [workload]
+    if not table.empty and "cluster" in table:
+        lines[0] += f"; cluster {_values(table, 'cluster')}"
+        lines.append(
+            f"admission {_values(table, 'admission')}, placement {_values(table, 'placement')}"
+        )
+        if table["partial"].any():
+            lines.append(f"PARTIAL: {int(table['partial'].sum())} run(s) interrupted")
+    return "\n".join(lines)
+
+
+def format_comparison(table: pd.DataFrame) -> str:
+    """The comparison for people: hours and percentages, one row per run."""
+    total = table["jobs_in_workload"] if "jobs_in_workload" in table else table["jobs"]
+    total = total.fillna(table["jobs"]).astype(int)
+    shown = pd.DataFrame(
+        {
+            "policy": table["policy"],
+            "load (jobs/h)": table["load"].map(lambda v: "-" if _missing(v) else f"{v:g}"),
+            "seed": table["seed"].map(lambda v: "-" if _missing(v) else str(v)),
+            "completed": [f"{c:,}/{t:,}" for c, t in zip(table["completed"], total, strict=True)],
+            "mean JCT (h)": (table["mean_jct"] / 3600).round(2),
+            "p95 JCT (h)": (table["p95_jct"] / 3600).round(2),
+            "makespan (h)": (table["makespan"] / 3600).round(2),
+            "utilisation (%)": (100 * table["utilization"]).round(1),
+            "partial": table["partial"].map({True: "PARTIAL", False: ""}),
+        }
+    )
+    return shown.to_string(index=False)
+
+
+def write_comparison(table: pd.DataFrame, out: Path, caption: str = "") -> list[Path]:
     table.to_csv(out / "comparison.csv", index=False)
     paths = [out / "comparison.csv"]
     if table.empty:
         return paths
-    mean = table.groupby(["policy", "load"], sort=True)["mean_jct"].mean().reset_index()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for policy, rows in mean.groupby("policy"):
-        ax.plot(rows["load"], rows["mean_jct"] / 3600, marker="o", label=policy)
-    ax.set_xlabel("load (jobs per hour)")
-    ax.set_ylabel("mean JCT (hours, mean over seeds)")
-    ax.legend()
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    paths.append(out / "mean_jct_vs_load.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    done = table[~table["partial"]]  # an interrupted run's mean is not comparable
+    if done.empty:
+        pass
+    elif done["load"].notna().any():
+        paths.append(_plot_mean_jct_vs_load(done, out, caption))
+    else:
+        paths.append(_plot_mean_jct(done, out, caption))
+    paths.append(_plot_cdfs(table, out, caption))
+    return paths
 
-    loads = sorted(table["load"].unique())
-    fig, axes = plt.subplots(1, len(loads), figsize=(5 * len(loads), 4), squeeze=False)
+
+def _plot_mean_jct_vs_load(done: pd.DataFrame, out: Path, caption: str) -> Path:
+    """Mean JCT against load, one line per policy: the mean over seeds, bars from the lowest to
+    the highest seed's value."""
+    stats = (
+        done.groupby(["policy", "load"], sort=True)["mean_jct"]
+        .agg(["mean", "min", "max", "count"])
+        .reset_index()
+    )
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for policy, rows in stats.groupby("policy"):
+        mean = rows["mean"].to_numpy() / 3600
+        spread = np.vstack([mean - rows["min"] / 3600, rows["max"] / 3600 - mean])
+        ax.errorbar(rows["load"], mean, yerr=spread, marker="o", capsize=4, label=policy)
+    seeds = int(stats["count"].max())
+    ax.set_xlabel("load (jobs per hour)")
+    ax.set_ylabel("mean JCT (hours)")
+    ax.set_title(
+        f"mean JCT vs load: mean over {seeds} seed{'s' if seeds > 1 else ''}"
+        + (", bars min to max over seeds" if seeds > 1 else "")
+    )
+    ax.legend(title="scheduling policy")
+    ax.grid(True, alpha=0.3)
+    how = (
+        f"points: mean over {seeds} seeds; bars: from the lowest to the highest seed's mean JCT"
+        if seeds > 1
+        else "one seed: no spread to show"
+    )
+    return save_figure(fig, out / "mean_jct_vs_load.png", f"{caption}\n{how}")
+
+
+def _plot_mean_jct(done: pd.DataFrame, out: Path, caption: str) -> Path:
+    """A trace has no load: mean JCT per policy, bars."""
+    fig, ax = plt.subplots(figsize=(7, 5))
+    bars = ax.bar(done["policy"], done["mean_jct"] / 3600, color="tab:blue")
+    ax.bar_label(bars, fmt="%.2f h", fontsize=8)
+    ax.set_ylabel("mean JCT (hours)")
+    ax.set_title("mean JCT per scheduling policy")
+    ax.grid(True, axis="y", alpha=0.3)
+    return save_figure(fig, out / "mean_jct.png", caption)
+
+
+def _plot_cdfs(table: pd.DataFrame, out: Path, caption: str) -> Path:
+    """JCT CDFs, one panel per load, one line per policy (every seed's jobs together)."""
+    loads = table["load"].drop_duplicates().tolist()
+    seeds = table["seed"].drop_duplicates().tolist()
+    pooled = f" ({len(seeds)} seeds pooled)" if len(seeds) > 1 else ""
+    fig, axes = plt.subplots(1, len(loads), figsize=(5.5 * len(loads), 4.8), squeeze=False)
     for ax, load in zip(axes[0], loads, strict=True):
-        for policy in sorted(table["policy"].unique()):
-            jct = []
-            for seed in sorted(table["seed"].unique()):
-                jobs = out / run_name(policy, load, seed) / "jobs.csv"
+        at_load = table[table["load"].isna()] if _missing(load) else table[table["load"] == load]
+        for policy in sorted(at_load["policy"].unique()):
+            jct: list[np.ndarray] = []
+            for seed in at_load.loc[at_load["policy"] == policy, "seed"]:
+                name = run_name(policy, None if _missing(load) else load, seed)
+                jobs = out / name / "jobs.csv"
                 if jobs.exists():
                     frame = pd.read_csv(jobs)
                     jct.append(
@@ -124,18 +261,17 @@ def write_comparison(table: pd.DataFrame, out: Path) -> list[Path]:
                     )
             values = np.sort(np.concatenate(jct)) if jct else np.array([])
             if len(values):
-                ax.plot(values / 3600, np.arange(1, len(values) + 1) / len(values), label=policy)
+                ax.plot(
+                    values / 3600, np.arange(1, len(values) + 1) / len(values),
+                    label=f"{policy} ({len(values):,} jobs)",
+                )  # fmt: skip
         ax.set_xscale("log")
-        ax.set_title(f"load {load:g} jobs/h")
-        ax.set_xlabel("JCT (hours)")
-        ax.set_ylabel("fraction of jobs")
+        ax.set_title(("JCT CDF" if _missing(load) else f"JCT CDF, load {load:g} jobs/h") + pooled)
+        ax.set_xlabel("JCT (hours, log scale)")
+        ax.set_ylabel("fraction of completed jobs")
         ax.grid(True, alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    paths.append(out / "jct_cdfs.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
-    return paths
+        ax.legend(title="scheduling policy", fontsize=8)
+    return save_figure(fig, out / "jct_cdfs.png", caption)
 
 
 def default_parallel() -> int:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,9 @@ from gpuyard.shared.contract import JobRecord, TimelinePoint
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+
+_PYPLOT = threading.Lock()
+"""pyplot is not thread-safe: simulations in one process write their results one at a time."""
 
 JOB_COLUMNS = [
     "job_id", "state", "num_gpus", "gpu_type", "priority", "user", "arrival", "start", "end",
@@ -59,14 +63,23 @@ def timeline_frame(points: list[TimelinePoint]) -> pd.DataFrame:
     )
 
 
-def summarize(jobs: pd.DataFrame, timeline: pd.DataFrame) -> dict[str, Any]:
+def summarize(
+    jobs: pd.DataFrame, timeline: pd.DataFrame, until: float | None = None
+) -> dict[str, Any]:
+    """Figures of a run. Utilisation counts up to `until` (an interrupted run: where it got to),
+    by default up to the last job's end (instants after it, such as a policy's late wake-up,
+    are idle time that is not the workload's)."""
     done = jobs[jobs["state"] == "completed"]
     jct = done["jct"].to_numpy(dtype=float)
     start = float(jobs["arrival"].min()) if len(jobs) else 0.0
     end = float(done["end"].max()) if len(done) else start
     makespan = end - start
+    if until is None and jobs["end"].notna().any():
+        until = float(jobs["end"].max())
     # Busy GPU-seconds: the timeline is a step function, each point holding until the next.
     times = timeline["time"].to_numpy(dtype=float)
+    if until is not None:
+        times = np.minimum(times, until)
     busy = timeline["busy_gpus"].to_numpy(dtype=float)
     gpus = timeline["gpus"].to_numpy(dtype=float)
     busy_gpu_seconds = float(np.sum(busy[:-1] * np.diff(times))) if len(times) > 1 else 0.0
@@ -100,79 +113,167 @@ def summarize(jobs: pd.DataFrame, timeline: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def plot(jobs: pd.DataFrame, timeline: pd.DataFrame, out: Path) -> list[Path]:
+def save_figure(fig: Any, path: Path, caption: str, *, title: str = "", dpi: int = 120) -> Path:
+    """Save a plot that says what ran: `caption` in small print under the axes (the layout leaves
+    room for it) and in the PNG's `Description` text, `title` above; then close it."""
+    if title:
+        fig.suptitle(title, fontsize=11)
+    height = 0.0
+    if caption:
+        lines = caption.count("\n") + 1
+        height = (lines * 9 + 6) / (fig.get_figheight() * 72)  # 9 pt per line of 7 pt text
+        fig.text(0.01, 0.01, caption, fontsize=7, ha="left", va="bottom", color="0.25")
+    fig.tight_layout(rect=(0, height, 1, 1))
+    fig.savefig(path, dpi=dpi, metadata={"Title": title, "Description": caption})
+    plt.close(fig)
+    return path
+
+
+def plot(
+    jobs: pd.DataFrame, timeline: pd.DataFrame, out: Path, caption: str = "",
+    total: int | None = None,
+) -> list[Path]:  # fmt: skip
+    """`jct_cdf.png` and `timeline.png`, each captioned with `caption` (what ran); `total`: the
+    workload's jobs, when `jobs` holds only some (an interrupted run)."""
     paths = []
-    jct = np.sort(jobs.loc[jobs["state"] == "completed", "jct"].to_numpy(dtype=float))
-    fig, ax = plt.subplots(figsize=(6, 4))
+    done = jobs["state"] == "completed"
+    jct = np.sort(jobs.loc[done, "jct"].to_numpy(dtype=float))
+    fig, ax = plt.subplots(figsize=(7, 4.8))
     if len(jct):
         ax.plot(jct / 3600, np.arange(1, len(jct) + 1) / len(jct))
-    ax.set_xscale("log")
-    ax.set_xlabel("job completion time (hours)")
-    ax.set_ylabel("fraction of jobs")
-    ax.set_title("JCT CDF")
+        ax.set_xscale("log")
+    else:
+        ax.text(0.5, 0.5, "no job completed", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("job completion time (hours, log scale)")
+    ax.set_ylabel("fraction of completed jobs")
+    ax.set_title(f"JCT CDF: {len(jct):,} of {total or len(jobs):,} jobs completed")
     ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    paths.append(out / "jct_cdf.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(save_figure(fig, out / "jct_cdf.png", caption))
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5), sharex=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5.8), sharex=True)
     hours = timeline["time"].to_numpy(dtype=float) / 3600
     top.step(hours, timeline["busy_gpus"] / timeline["gpus"].clip(lower=1), where="post")
     top.set_ylabel("GPU utilisation")
     top.set_ylim(0, 1.05)
+    top.set_title("cluster timeline")
     bottom.step(hours, timeline["queued"], where="post", color="tab:orange")
     bottom.set_ylabel("queued jobs")
-    bottom.set_xlabel("time (hours)")
+    bottom.set_xlabel("simulated time (hours)")
     for ax in (top, bottom):
         ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    paths.append(out / "timeline.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(save_figure(fig, out / "timeline.png", caption))
     return paths
 
 
 def write_results(
     records: list[JobRecord], points: list[TimelinePoint], out: Path,
-    extra: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None, caption: str = "", until: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Write every result file into `out` and return the summary."""
+    """Write every result file into `out` and return the summary; `caption` says what ran on
+    every plot; `until`: an interrupted run's last instant (see `summarize`)."""
     out.mkdir(parents=True, exist_ok=True)
     jobs = jobs_frame(records)
     timeline = timeline_frame(points)
     jobs.to_csv(out / "jobs.csv", index=False)
     timeline.to_csv(out / "timeline.csv", index=False)
-    summary = {**(extra or {}), **summarize(jobs, timeline)}
+    summary = {**(extra or {}), **summarize(jobs, timeline, until)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot(jobs, timeline, out)
+    with _PYPLOT:
+        plot(jobs, timeline, out, caption, summary.get("jobs_in_workload"))
     return summary
 
 
-def plot_workload(jobs: pd.DataFrame, out: Path, stem: str) -> list[Path]:
-    """Arrivals over time, the duration CDF and the GPU-demand histogram of a workload."""
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+def _hours(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 3600:,.2f} h"
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The summary for people: what ran, job counts, JCT in hours, utilisation in percent."""
+    lines = []
+    if summary.get("partial"):
+        lines.append(
+            f"PARTIAL RESULTS: interrupted at t = {_hours(summary.get('simulated_s'))}; only jobs "
+            "that had ended by then are counted"
+        )
+    if "policy" in summary:
+        params = " ".join(f"{k}={v}" for k, v in (summary.get("policy_params") or {}).items())
+        lines.append(f"policy       {summary['policy']} {params}".rstrip())
+        for other in ("admission", "placement"):
+            if other in summary:
+                params = " ".join(
+                    f"{k}={v}" for k, v in (summary.get(f"{other}_params") or {}).items()
+                )
+                lines.append(f"{other:<12} {summary[other]} {params}".rstrip())
+    for key in ("workload", "cluster"):
+        if key in summary:
+            lines.append(f"{key:<12} {summary[key]}")
+    total = summary.get("jobs_in_workload", summary["jobs"])
+    counts = f"{summary['completed']:,} completed, {summary['failed']:,} failed"
+    lines.append(f"jobs         {counts} of {total:,}")
+    lines.append(
+        f"JCT          mean {_hours(summary['mean_jct'])}, p50 {_hours(summary['p50_jct'])}, "
+        f"p95 {_hours(summary['p95_jct'])}, p99 {_hours(summary['p99_jct'])}"
+    )
+    lines.append(f"queueing     mean {_hours(summary['mean_queueing_delay'])} before first start")
+    lines.append(f"makespan     {_hours(summary['makespan'])}")
+    lines.append(f"utilisation  {100 * summary['utilization']:.1f}% of GPU time")
+    lines.append(f"preemptions  {summary['preemptions']:,}")
+    if summary.get("deadline_jobs"):
+        lines.append(
+            f"deadlines    {100 * summary['deadline_satisfaction']:.1f}% met "
+            f"({summary['deadline_jobs']:,} jobs with one)"
+        )
+    if summary.get("jct_jain_fairness") is not None:
+        lines.append(f"fairness     Jain's index of JCT {summary['jct_jain_fairness']:.3f}")
+    if "simulated_s" in summary and "wall_s" in summary:
+        lines.append(
+            f"time         {_hours(summary['simulated_s'])} simulated in "
+            f"{summary['wall_s']:,.1f} s wall"
+        )
+    return "\n".join(lines)
+
+
+def plot_workload(
+    jobs: pd.DataFrame, out: Path, stem: str, info: dict[str, Any] | None = None
+) -> list[Path]:
+    """Arrivals over time, the duration CDF and the GPU-demand histogram of a workload, titled
+    with what it is (`info`: the trace and format, or the generator); every bar shows its count,
+    on a log scale when the counts span more than two orders of magnitude."""
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.6))
     arrivals = np.sort(jobs["submit_time"].to_numpy(dtype=float)) / 3600
     axes[0].plot(arrivals, np.arange(1, len(arrivals) + 1))
-    axes[0].set_xlabel("time (hours)")
-    axes[0].set_ylabel("jobs arrived")
+    axes[0].set_xlabel("submit time (hours)")
+    axes[0].set_ylabel("jobs submitted so far")
     axes[0].set_title("arrivals")
     durations = np.sort(jobs["duration"].dropna().to_numpy(dtype=float))
     if len(durations):
         axes[1].plot(durations / 3600, np.arange(1, len(durations) + 1) / len(durations))
         axes[1].set_xscale("log")
-    axes[1].set_xlabel("duration (hours)")
+        axes[1].set_title(f"duration CDF ({len(durations):,} jobs with a duration)")
+    else:
+        axes[1].set_title("duration CDF (no durations: the jobs give steps)")
+    axes[1].set_xlabel("duration (hours, log scale)")
     axes[1].set_ylabel("fraction of jobs")
-    axes[1].set_title("duration CDF" if len(durations) else "duration CDF (no durations)")
     counts = jobs["num_gpus"].value_counts().sort_index()
-    axes[2].bar([str(k) for k in counts.index], counts.to_numpy())
+    bars = axes[2].bar([str(k) for k in counts.index], counts.to_numpy(), color="tab:blue")
+    axes[2].bar_label(bars, labels=[f"{c:,}" for c in counts.to_numpy()], fontsize=8)
+    if len(counts) and counts.max() > 100 * counts.min():
+        axes[2].set_yscale("log")
+        axes[2].set_ylabel("jobs (log scale)")
+    else:
+        axes[2].set_ylabel("jobs")
     axes[2].set_xlabel("GPUs requested")
-    axes[2].set_ylabel("jobs")
     axes[2].set_title("GPU demand")
     for ax in axes:
         ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    path = out / f"{stem}_workload.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    title = f"workload {_workload_title(stem, len(jobs), info)}"
+    return [save_figure(fig, out / f"{stem}_workload.png", "", title=title, dpi=110)]
+
+
+def _workload_title(stem: str, n: int, info: dict[str, Any] | None) -> str:
+    if info and "trace" in info:
+        how = info["format"]
+        if "philly_reading" in info:
+            how += f", {info['philly_reading']} reading"
+        return f"{Path(info['trace']).name} ({how}): {n:,} jobs"
+    return f"{stem}: {n:,} jobs"

@@ -16,18 +16,21 @@ from msgspec import Struct
 
 from gpuyard.embedded import EmbeddedNats
 from gpuyard.launcher import ServiceSet
+from gpuyard.ops import show_policies
 from gpuyard.report import write_results
 from gpuyard.services.simclock.service import PreemptionCost, SimClockConfig, write_workload
 from gpuyard.shared.connection import Bus, NatsAuth, connect
 from gpuyard.shared.contract import (
     Empty,
     PageQuery,
+    PolicyInfo,
     Progress,
     RunRequest,
     ServiceStats,
     TimelinePoint,
 )
 from gpuyard.shared.endpoints import JOBS, PROGRESS, RUN, STATS, TIMELINE, Endpoint, Subjects
+from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.model import ClusterSpec, JobRecord, JobSpec
 
 RETRY_FOR_S = 60.0
@@ -125,13 +128,21 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
     }
 
 
-def prepare_run(options: SimOptions, jobs: list[JobSpec], out: Path) -> Path:
+def prepare_run(
+    options: SimOptions, jobs: list[JobSpec], out: Path, workload: dict[str, Any] | None = None
+) -> Path:
     """The output folder with the exact workload and options of the run; the workload's path."""
     out.mkdir(parents=True, exist_ok=True)
     workload_path = out / "workload.jsonl"
     write_workload(jobs, workload_path)
-    (out / "options.json").write_bytes(msgspec.json.format(msgspec.json.encode(options)))
+    write_options(options, out, workload)
     return workload_path
+
+
+def write_options(options: SimOptions, out: Path, workload: dict[str, Any] | None) -> None:
+    """`options.json`: the options, and (`workload`) how the jobs were made or read."""
+    record = msgspec.to_builtins(options) | ({"workload": workload} if workload else {})
+    (out / "options.json").write_bytes(msgspec.json.format(msgspec.json.encode(record)))
 
 
 async def fetch_pages(bus: Bus, endpoint: Endpoint[PageQuery, Any], field: str) -> list[Any]:
@@ -143,6 +154,78 @@ async def fetch_pages(bus: Bus, endpoint: Endpoint[PageQuery, Any], field: str) 
         items += batch
         if not batch or len(items) >= page.total:
             return items
+
+
+def ran_options(options: SimOptions, ran: dict[str, PolicyInfo | str]) -> SimOptions:
+    """`options` with the policies and parameters (defaults included) the services say they run."""
+    changes: dict[str, Any] = {}
+    for service, field in (("scheduler", "policy"), ("admission", "admission"),
+                           ("placement", "placement")):  # fmt: skip
+        info = ran.get(service)
+        if isinstance(info, PolicyInfo) and info.policy is not None:
+            changes[field] = info.policy
+            changes[f"{field}_params" if field != "policy" else "policy_params"] = info.params
+    return msgspec.structs.replace(options, **changes)
+
+
+def cluster_label(cluster: ClusterSpec) -> str:
+    """`36x4:v100,36x4:p100 (288 GPUs)`."""
+    groups = ",".join(f"{g.count}x{g.gpus_per_node}:{g.gpu_type}" for g in cluster.groups)
+    return f"{groups or 'no fixed nodes'} ({cluster.total_gpus} GPUs)"
+
+
+def workload_label(workload: dict[str, Any] | None) -> str:
+    """`blox generator: 400 jobs, 20 jobs/h, seed 0` or `trace cluster04.csv (itp, 5,233 jobs)`."""
+    if not workload:
+        return "given jobs"
+    if "trace" in workload:
+        how = workload["format"]
+        if "philly_reading" in workload:
+            how += f", {workload['philly_reading']} reading"
+        return f"trace {Path(workload['trace']).name} ({how}, {workload['jobs']:,} jobs)"
+    label = (
+        f"{workload['generator']} generator: {workload['jobs']:,} jobs, "
+        f"{workload['load']:g} jobs/h, seed {workload['seed']}"
+    )
+    return label + (", multi-GPU" if workload.get("multi_gpu") else "")
+
+
+def policies_label(options: SimOptions) -> str:
+    """`scheduling las (key=rounds), admission accept-all, placement consolidated; 300 s rounds,
+    events mode`."""
+
+    def one(name: str, params: dict[str, Any]) -> str:
+        shown = " ".join(f"{k}={v}" for k, v in params.items())
+        return f"{name} ({shown})" if shown else name
+
+    cost = options.preemption_cost
+    return (
+        f"scheduling {one(options.policy, options.policy_params)}, admission "
+        f"{one(options.admission, options.admission_params)}, placement "
+        f"{one(options.placement, options.placement_params)}; {options.round_s:g} s rounds, "
+        f"{'Blox semantics' if options.blox else options.mode + ' mode'}"
+        + (
+            f", preemption cost {cost.checkpoint_s:g} s + {cost.restore_s:g} s"
+            if cost.checkpoint_s or cost.restore_s
+            else ""
+        )
+    )
+
+
+async def collect_partial(
+    bus: Bus, subjects: Subjects, within_s: float = 30.0
+) -> tuple[list[JobRecord], list[TimelinePoint], float]:
+    """What an interrupted run got to: the timeline so far, the jobs that had ended by its last
+    instant (the clock may still be moving while we ask), and that instant."""
+    try:
+        async with asyncio.timeout(within_s):
+            points = await fetch_pages(bus, TIMELINE, "points")
+            records = await fetch_pages(bus, JOBS, "jobs")
+    except (TimeoutError, RemoteError):
+        return [], [], 0.0
+    reached = points[-1].time if points else 0.0
+    ended = [r for r in records if r.end_time is not None and r.end_time <= reached]
+    return ended, points, reached
 
 
 async def simulate(
@@ -158,17 +241,28 @@ async def simulate(
     log_level: str = "warning",
     auth: NatsAuth | None = None,
     on_services: Callable[[ServiceSet], object] | None = None,
+    workload: dict[str, Any] | None = None,
+    on_policies: Callable[[dict[str, PolicyInfo | str]], object] | None = None,
 ) -> SimResult:
     """Run one simulation and write its results into `out`. Without `nats_url`, on a private server.
 
     `external` names services already running on the server (e.g. in their own containers) for
-    this cluster namespace: they are used as they are, with their own policies. `auth`: who we
-    and the services started here are to `nats_url`'s server. `on_services` is called with the
-    services once they answer, before the run starts (tests: to kill one mid-run and start it again
-    with `ServiceSet.replace`, in a durable run with `processes=True`).
+    this cluster namespace: they are used as they are, with their own policies. Every run asks
+    the services which policies they run and records those (with every parameter) in
+    `options.json` and `summary.json`; `on_policies` is given their answers before the run starts.
+    `auth`: who we and the services started here are to `nats_url`'s server. `on_services` is
+    called with the services once they answer, before the run starts (tests: to kill one mid-run
+    and start it again with `ServiceSet.replace`, in a durable run with `processes=True`).
+    `workload`: how the jobs were made (generator, load, seed, or trace and format), for
+    `options.json` and the plots' captions.
+
+    Cancelled mid-run (Ctrl-C, SIGTERM), it writes what the run got to (`collect_partial`) with
+    `"partial": true` and the simulated time reached in `summary.json`, stops everything and
+    raises CancelledError.
     """
-    workload_path = await asyncio.to_thread(prepare_run, options, jobs, out)
+    workload_path = await asyncio.to_thread(prepare_run, options, jobs, out, workload)
     started = time.perf_counter()
+    interrupted: asyncio.CancelledError | None = None
     async with contextlib.AsyncExitStack() as stack:
         url = nats_url or await stack.enter_async_context(EmbeddedNats())
         subjects = Subjects(cluster_name)
@@ -184,6 +278,11 @@ async def simulate(
         nc = await connect(url, name=f"gpuyard-sim-{cluster_name}", auth=auth if nats_url else None)
         bus = Bus(nc, subjects)
         stack.push_async_callback(bus.close)
+        ran = await show_policies(bus)
+        options = ran_options(options, ran)
+        await asyncio.to_thread(write_options, options, out, workload)
+        if on_policies is not None:
+            on_policies(ran)
         finished: asyncio.Future[Progress] = asyncio.get_running_loop().create_future()
         decoder = msgspec.json.Decoder(Progress)
 
@@ -196,20 +295,52 @@ async def simulate(
 
         await nc.subscribe(subjects.of(PROGRESS), cb=on_progress_msg)
         await bus.call(RUN, RunRequest())
-        final = await finished
-        if final.error:
-            raise RuntimeError(f"simulation {cluster_name!r} failed: {final.error}")
-        records = await fetch_pages(bus, JOBS, "jobs")
-        points = await fetch_pages(bus, TIMELINE, "points")
-        stats: list[ServiceStats] = [
-            await bus.call(STATS, Empty(), svc=token) for token in ("clock", "adm", "sched", "place")
-        ]
+        try:
+            final = await finished
+        except asyncio.CancelledError as cancelled:
+            interrupted = cancelled
+            records, points, reached = await collect_partial(bus, subjects)
+            stats: list[ServiceStats] = []
+        else:
+            if final.error:
+                raise RuntimeError(f"simulation {cluster_name!r} failed: {final.error}")
+            records = await fetch_pages(bus, JOBS, "jobs")
+            points = await fetch_pages(bus, TIMELINE, "points")
+            stats = [
+                await bus.call(STATS, Empty(), svc=token)
+                for token in ("clock", "adm", "sched", "place")
+            ]
+            reached = final.now
     wall = time.perf_counter() - started
-    summary = write_results(
-        records, points, out,
-        extra={"policy": options.policy, "simulated_s": final.now, "instants": final.instants,
-               "wall_s": round(wall, 3)},
+    labels = {
+        "cluster": cluster_label(options.cluster),
+        "workload": workload_label(workload),
+    }
+    extra = {
+        "partial": interrupted is not None,
+        "policy": options.policy,
+        "policy_params": options.policy_params,
+        "admission": options.admission,
+        "admission_params": options.admission_params,
+        "placement": options.placement,
+        "placement_params": options.placement_params,
+        **labels,
+        "simulated_s": reached,
+        "wall_s": round(wall, 3),
+    }
+    if interrupted is None:
+        extra["instants"] = final.instants
+    else:
+        extra["jobs_in_workload"] = len(jobs)
+    caption = f"{policies_label(options)}\n{labels['workload']}; cluster {labels['cluster']}"
+    if interrupted is not None:
+        caption += f"\nPARTIAL: interrupted at t = {reached / 3600:,.1f} h"
+    summary = await asyncio.to_thread(
+        write_results, records, points, out, extra, caption,
+        reached if interrupted is not None else None,
     )  # fmt: skip
+    if interrupted is not None:
+        raise interrupted
     return SimResult(summary=summary, jobs=records, timeline=points, wall_s=wall, stats=stats)
 
 

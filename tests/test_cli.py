@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -26,7 +27,7 @@ def gpuyard(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str
 def test_sim_runs_on_an_embedded_server_and_writes_results(tmp_path: Path) -> None:
     out = tmp_path / "run"
     result = gpuyard(
-        "sim", "--jobs", "30", "--load", "20", "--cluster-spec", "4x4", "--out", str(out)
+        "sim", "--jobs", "30", "--load", "20", "--cluster-spec", "4x4", "--out", str(out), "--json"
     )
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
@@ -61,8 +62,8 @@ def test_broken_trace_line_is_named_or_skipped(tmp_path: Path) -> None:
         "--out", str(tmp_path / "b"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "skipped 1" in result.stderr
-    assert json.loads(result.stdout)["completed"] == 2
+    assert f"skipped 1 broken trace lines:\n  {trace}, line 3, field 'duration_s'" in result.stderr
+    assert "jobs         2 completed, 0 failed of 2" in result.stdout
 
 
 def test_trace_generate_convert_describe(tmp_path: Path) -> None:
@@ -81,27 +82,97 @@ def test_trace_generate_convert_describe(tmp_path: Path) -> None:
     assert (tmp_path / "plots" / "again_workload.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_and_kill_stop_everything(tmp_path: Path, sig: signal.Signals) -> None:
-    """Interrupted mid-run, `gpuyard sim` stops its services and its private server and exits."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuyard.cli", "sim", "--jobs", "20000", "--load", "1",
-         "--processes", "--out", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-    assert proc.stderr is not None
-    for line in proc.stderr:  # wait until the run is under way (progress lines appear)
-        if "jobs" in line:
-            break
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130, err
-    assert "interrupted" in err
-    deadline = time.monotonic() + 10
-    while True:  # nothing of the run's session is left: no nats-server, no service process
+def session_pids(session: int) -> list[int]:
+    """Processes still alive in a session (its children may sit in process groups of their own)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            break
-        assert time.monotonic() < deadline, "processes of the run are still alive"
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == session and fields[0] != "Z":  # fields[3]: the session id
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def interrupt(
+    argv: list[str], sig: signal.Signals, log: Path, ready: Callable[[], bool]
+) -> tuple[int, str, str]:
+    """Start `gpuyard ARGV` in a session of its own (stderr into `log`), wait until `ready()`, then
+    send `sig` as a terminal would (Ctrl-C: SIGINT to the whole foreground process group) or as
+    `kill` would (SIGTERM to the process alone). Returns its exit status, stdout and stderr, once
+    nothing of the run is left alive."""
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuyard.cli", *argv],
+            stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while not ready():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=120)
+    deadline = time.monotonic() + 15
+    while session_pids(proc.pid):  # no nats-server, no service process, no comparison run
+        assert time.monotonic() < deadline, f"left alive: {session_pids(proc.pid)}"
         time.sleep(0.1)
+    return proc.returncode, out, log.read_text()
+
+
+def progressing(path: Path) -> Callable[[], bool]:
+    """True once `path` (a run's stderr) shows a progress line: the run is under way."""
+    return lambda: path.exists() and "jobs  t=" in path.read_text()
+
+
+@pytest.mark.parametrize(
+    ("sig", "processes"),
+    [(signal.SIGINT, []), (signal.SIGINT, ["--processes"]), (signal.SIGTERM, [])],
+    ids=["ctrl-c", "ctrl-c-processes", "sigterm"],
+)
+def test_interrupted_run_writes_partial_results(
+    tmp_path: Path, sig: signal.Signals, processes: list[str]
+) -> None:
+    """Ctrl-C or `kill` mid-run: no traceback, everything stopped, exit 130, and the results so
+    far written and marked partial."""
+    run, log = tmp_path / "run", tmp_path / "stderr.log"
+    code, out, err = interrupt(
+        ["sim", "--jobs", "20000", "--load", "1", "--out", str(run), *processes],
+        sig, log, progressing(log),
+    )  # fmt: skip
+    assert code == 130, err
+    assert "Traceback" not in err and "nats:" not in err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["partial"] is True and summary["jobs_in_workload"] == 20000
+    reached = summary["simulated_s"]
+    assert reached > 0
+    jobs = pd.read_csv(run / "jobs.csv")
+    assert 0 < len(jobs) == summary["completed"] < 20000  # the jobs that had ended by then
+    assert (jobs["end"] <= reached).all()
+    timeline = pd.read_csv(run / "timeline.csv")
+    assert timeline["time"].max() == reached
+    assert f"interrupted at t = {reached / 3600:,.1f} h" in err and "partial" in err
+    assert out.startswith("PARTIAL RESULTS")
+    for png in ("jct_cdf.png", "timeline.png"):
+        assert (run / png).stat().st_size > 0
+
+
+def test_interrupted_comparison_keeps_what_each_run_got_to(tmp_path: Path) -> None:
+    runs = [tmp_path / "cmp" / f"{p}-load1-seed0" / "stderr.log" for p in ("fifo", "las")]
+    code, out, err = interrupt(
+        ["sim", "--policy", "fifo,las", "--jobs", "20000", "--load", "1", "--parallel", "2",
+         "--out", str(tmp_path / "cmp")],
+        signal.SIGINT, tmp_path / "stderr.log", lambda: all(progressing(r)() for r in runs),
+    )  # fmt: skip
+    assert code == 130, err
+    assert "Traceback" not in err
+    table = pd.read_csv(tmp_path / "cmp" / "comparison.csv")
+    assert sorted(table["policy"]) == ["fifo", "las"] and table["partial"].all()
+    for name in ("fifo-load1-seed0", "las-load1-seed0"):
+        assert json.loads((tmp_path / "cmp" / name / "summary.json").read_text())["partial"] is True
+    assert "0 of 2 runs complete, 2 partial" in err
+    assert out.count("PARTIAL") == 2

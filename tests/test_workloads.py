@@ -355,6 +355,30 @@ def test_load_cluster_variants(tmp_path: Path) -> None:
         load_cluster(toml)
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("c.toml", "[[groups]]\ncount = 4\ngpus_per_node 4\n",
+         "c.toml, line 3: not TOML: Expected '=' after a key in a key/value pair (column 15)"),
+        ("c.json", '{"groups": [{"count": 4,\n "gpus_per_node": }]}',
+         "c.json, line 2: not JSON: Expecting value (column 19)"),
+        ("c.json", '{"groups": [{"count": 4, "gpus_per_node": "x"}]}',
+         "c.json: not a cluster spec: Expected `int`, got `str` - at `$.groups[0].gpus_per_node`"),
+        ("c.toml", "[[groups]]\ncount = 0\ngpus_per_node = 8\n",
+         "c.toml: not a cluster spec: Expected `int` >= 1 - at `$.groups[0].count`"),
+        ("c.toml", 'spec = "lots"\n', "c.toml: cluster spec 'lots': part 'lots' is not NODESxGPUS"),
+    ],
+)  # fmt: skip
+def test_cluster_file_errors_name_file_and_line(
+    tmp_path: Path, name: str, text: str, message: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError) as error:
+        load_cluster(path)
+    assert str(error.value).startswith(f"{tmp_path}/{message}")
+
+
 def test_load_elasticflow_cluster_specs(data: Callable[[str], Path]) -> None:
     for f in sorted(data("elasticflow/cluster_specs").glob("n*g*.csv")):
         n, g = f.stem[1:].split("g")

@@ -21,13 +21,14 @@ Accepted by `load_cluster(text_or_path)`:
 from __future__ import annotations
 
 import csv
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from gpuyard.shared.model import ClusterSpec
+
+from .core import read_document
 
 ELASTICFLOW_COLUMNS = ("num_switch", "num_node_p_switch", "num_gpu_p_node")
 
@@ -41,32 +42,30 @@ def load_cluster(text_or_path: str | Path, *, gpu_type: str = "a100") -> Cluster
         return ClusterSpec.parse(text_or_path)
     path = Path(text_or_path)
     suffix = path.suffix.lower()
-    if suffix == ".toml":
-        return _from_toml(path)
-    if suffix == ".json":
-        try:
-            return msgspec.json.decode(path.read_bytes(), type=ClusterSpec)
-        except msgspec.DecodeError as exc:
-            raise ValueError(f"{path}: not a cluster spec: {exc}") from exc
+    if suffix in (".toml", ".json"):
+        return _from_document(path)
     if suffix == ".csv":
         return _from_elasticflow_csv(path, gpu_type)
     return ClusterSpec.parse(path.read_text().strip())
 
 
-def _from_toml(path: Path) -> ClusterSpec:
+def _from_document(path: Path) -> ClusterSpec:
+    """TOML: `spec = "..."` or [[groups]] (optionally under [cluster]); JSON: a ClusterSpec."""
+    data: Any = read_document(path)
+    if isinstance(data, dict) and path.suffix.lower() == ".toml":
+        data = data.get("cluster", data)
+        if "spec" in data:
+            try:
+                return ClusterSpec.parse(str(data["spec"]))
+            except ValueError as exc:
+                raise ValueError(f"{path}: {exc}") from None
+        if "groups" not in data:
+            raise ValueError(f'{path}: expected `spec = "NxG:type,..."` or [[groups]] tables')
+        data = {"groups": data["groups"]}
     try:
-        data: dict[str, Any] = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: not TOML: {exc}") from exc
-    data = data.get("cluster", data)
-    if "spec" in data:
-        return ClusterSpec.parse(str(data["spec"]))
-    if "groups" not in data:
-        raise ValueError(f'{path}: expected `spec = "NxG:type,..."` or [[groups]] tables')
-    try:
-        return msgspec.convert({"groups": data["groups"]}, ClusterSpec)
+        return msgspec.convert(data, ClusterSpec)
     except msgspec.ValidationError as exc:
-        raise ValueError(f"{path}: {exc}") from exc
+        raise ValueError(f"{path}: not a cluster spec: {exc}") from None
 
 
 def _from_elasticflow_csv(path: Path, gpu_type: str) -> ClusterSpec:

@@ -13,7 +13,10 @@ error names the file, line and field (or, with `skip_bad`, skips and counts the 
 from __future__ import annotations
 
 import gc
+import json
 import math
+import re
+import tomllib
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -48,6 +51,33 @@ class WorkloadError(ValueError):
         if fld is not None:
             where += f", field {fld!r}"
         super().__init__(f"{where}: {reason}")
+
+
+_TOML_AT = re.compile(r"^(?P<msg>.*) \(at line (?P<line>\d+), column (?P<col>\d+)\)$", re.S)
+
+
+def read_document(path: str | Path) -> Any:
+    """The data of a small TOML (`.toml`) or JSON file (a cluster spec, a job); a syntax error is
+    a WorkloadError naming the file, line and column (`c.toml, line 3: ... (column 7)`)."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".toml":
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            m = _TOML_AT.match(str(exc))
+            if m is None:  # "... (at end of document)": the last line
+                last = len(text.splitlines()) or 1
+                raise WorkloadError(path, last, None, f"not TOML: {exc}") from None
+            raise WorkloadError(
+                path, int(m["line"]), None, f"not TOML: {m['msg']} (column {m['col']})"
+            ) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise WorkloadError(
+            path, exc.lineno, None, f"not JSON: {exc.msg} (column {exc.colno})"
+        ) from None
 
 
 @dataclass

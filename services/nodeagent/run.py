@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import msgspec
+import structlog
 
 from gpuyard.shared.connection import Bus, connect
 from gpuyard.shared.endpoints import Subjects
@@ -52,7 +55,7 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
         help="shared folder for checkpoints (default $GPUYARD_CHECKPOINT_ROOT or STATE_DIR/checkpoints)",
     )
     p.add_argument("--label", action="append", default=[], help="KEY=VALUE node label")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
 
 
 def config_from_args(args: argparse.Namespace) -> NodeAgentConfig:
@@ -67,6 +70,10 @@ def config_from_args(args: argparse.Namespace) -> NodeAgentConfig:
         raise ValueError(f"--node-id {args.node_id!r} must not contain '.'")
     if args.gpus is not None and args.gpus < 0:
         raise ValueError(f"--gpus must be >= 0, not {args.gpus}")
+    if not args.heartbeat > 0:
+        raise ValueError(f"--heartbeat must be > 0 seconds, not {args.heartbeat}")
+    if not args.grace >= 0:
+        raise ValueError(f"--grace must be >= 0 seconds, not {args.grace}")
     labels = {}
     for item in args.label:
         key, sep, value = item.partition("=")
@@ -82,22 +89,79 @@ def config_from_args(args: argparse.Namespace) -> NodeAgentConfig:
     )  # fmt: skip
 
 
+class ConnectionAttempts:
+    """The agent's NATS connection callbacks: each failed attempt to reach the server (at start or
+    after losing it) is one log line, and the next attempt waits twice as long, up to `max_s`; a
+    systemd service keeps trying until the server is back."""
+
+    def __init__(self, url: str, first_s: float = 0.5, max_s: float = 30.0) -> None:
+        self.log = structlog.get_logger().bind(url=url)
+        self.first_s = first_s
+        self.max_s = max_s
+        self.pause_s = first_s
+        self.attempt = 0
+        self.connected = False
+        self.on_reconnect: Callable[[], Awaitable[None]] | None = None
+
+    async def error(self, exc: Exception) -> None:
+        text = str(exc) or type(exc).__name__
+        if self.connected:  # an error on a working connection (e.g. a permission denied)
+            self.log.warning("nats.error", error=text)
+            return
+        self.attempt += 1
+        self.log.warning(
+            "nats.unreachable", attempt=self.attempt, error=text, retry_in_s=self.pause_s
+        )
+        await asyncio.sleep(self.pause_s)  # nats-py tries again when this returns
+        self.pause_s = min(2 * self.pause_s, self.max_s)
+
+    async def up(self) -> None:
+        if self.attempt:
+            self.log.info("nats.connected", attempts=self.attempt + 1)
+        self.connected, self.attempt, self.pause_s = True, 0, self.first_s
+
+    async def reconnected(self) -> None:
+        await self.up()
+        if self.on_reconnect is not None:
+            await self.on_reconnect()
+
+    async def disconnected(self) -> None:
+        if self.connected:
+            self.log.warning("nats.disconnected")
+        self.connected = False
+
+
 async def run_agent(url: str, cluster: str, config: NodeAgentConfig) -> None:
-    """Run until SIGTERM or SIGINT, then stop the jobs (they checkpoint) and leave."""
-    agent: NodeAgent | None = None
-
-    async def reconnected() -> None:
-        if agent is not None:
-            await agent.on_reconnect()
-
-    nc = await connect(url, name=f"gpuyard-node-{config.node_id}", reconnected_cb=reconnected)
-    agent = NodeAgent(Bus(nc, Subjects(cluster)), config)
+    """Run until SIGTERM or SIGINT, then stop the jobs (they checkpoint) and leave; a signal while
+    the server is still out of reach ends the attempts."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    attempts = ConnectionAttempts(url)
+    connecting = asyncio.ensure_future(
+        connect(  # the pause between attempts is `attempts.error`'s
+            url,
+            name=f"gpuyard-node-{config.node_id}",
+            error_cb=attempts.error,
+            reconnected_cb=attempts.reconnected,
+            disconnected_cb=attempts.disconnected,
+            reconnect_time_wait=0,
+        )
+    )
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([connecting, stopping], return_when=asyncio.FIRST_COMPLETED)
+    if not connecting.done():
+        connecting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await connecting
+        return
+    nc = connecting.result()
+    await attempts.up()
+    agent = NodeAgent(Bus(nc, Subjects(cluster)), config)
+    attempts.on_reconnect = agent.on_reconnect
     await agent.start()
-    await stop.wait()
+    await stopping
     await agent.stop()
 
 

@@ -1,0 +1,152 @@
+"""Every `gpuyard` command fails the same way: one line naming what is wrong, never a traceback,
+a retry loop or a hang (the node agent alone keeps trying, one log line per attempt)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuyard.embedded import nats_server_binary
+
+
+def gpuyard(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuyard.cli", *args], capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["jobs"],
+        ["nodes"],
+        ["cancel", "j1"],
+        ["logs", "j1"],
+        ["submit", "--", "true"],
+        ["status"],
+        ["tail"],
+        ["policy", "show"],
+        ["policy", "set", "scheduler", "las"],
+        ["up"],
+        ["sim"],
+        ["sim", "--policy", "fifo,las"],
+    ],
+    ids=lambda c: " ".join(c[:3]),
+)
+def test_absent_server_is_one_line(command: list[str]) -> None:
+    url = f"nats://127.0.0.1:{free_port()}"
+    name = command[:2] if command[0] == "policy" else command[:1]  # "gpuyard policy show: ..."
+    argv = [*name, "--nats", url, *command[len(name) :]]
+    result = gpuyard(*argv, timeout=30)  # they used to retry forever, printing tracebacks
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines() == [
+        f"gpuyard {' '.join(name)}: cannot connect to NATS at {url}: connection refused"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("command", "url"),
+    [(["jobs"], "notaurl"), (["jobs"], "http://127.0.0.1:4222"), (["jobs"], "nats://:4222"),
+     (["jobs"], "nats://127.0.0.1:4222,notaurl"), (["submit"], "notaurl"),
+     (["status"], "notaurl"), (["up"], "notaurl"), (["sim"], "notaurl")],
+)  # fmt: skip
+def test_bad_url_is_refused_not_retried(command: list[str], url: str) -> None:
+    result = gpuyard(*command, "--nats", url, *(["--", "true"] if command == ["submit"] else []))
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert f"--nats '{url.split(',')[-1]}' is not a NATS server URL" in line
+
+
+def test_nodeagent_refuses_a_bad_url() -> None:
+    result = gpuyard("nodeagent", "--nats", "notaurl", "--gpus", "1")
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("gpuyard nodeagent: error: --nats 'notaurl' is not a NATS server URL")
+
+
+def test_password_is_not_printed() -> None:
+    result = gpuyard("jobs", "--nats", f"nats://me:hunter2@127.0.0.1:{free_port()}")
+    assert result.returncode == 1 and "hunter2" not in result.stderr and "me:***@" in result.stderr
+
+
+def test_nodeagent_keeps_trying_with_backoff_then_connects(tmp_path: Path) -> None:
+    """A systemd service: an absent server is retried, each attempt one JSON log line, the pause
+    doubling; once the server is up the agent connects and runs until SIGTERM."""
+    port = free_port()
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "gpuyard.cli", "nodeagent", "--nats", f"nats://127.0.0.1:{port}",
+         "--gpus", "1", "--no-nvml", "--node-id", "n1", "--state-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    server = None
+    try:
+        assert agent.stderr is not None
+        attempts = []
+        for line in agent.stderr:
+            assert "Traceback" not in line
+            entry = json.loads(line)
+            if entry["event"] == "nats.unreachable":
+                attempts.append(entry)
+            if len(attempts) == 3:
+                break
+        assert [a["attempt"] for a in attempts] == [1, 2, 3]
+        assert [a["retry_in_s"] for a in attempts] == [0.5, 1.0, 2.0]
+        server = subprocess.Popen(
+            [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        for line in agent.stderr:
+            entry = json.loads(line)
+            if entry["event"] == "nats.connected":
+                assert entry["attempts"] >= 4
+                break
+        agent.terminate()
+        assert agent.wait(timeout=30) == 0
+    finally:
+        agent.kill()
+        if server is not None:
+            server.kill()
+            server.wait()
+
+
+def test_tail_into_head_ends_quietly(tmp_path: Path, nats_url: str) -> None:
+    """`gpuyard tail | head -1` exits 0 with nothing on stderr, as `grep` would."""
+    result = gpuyard(
+        "sim", "--nats", nats_url, "--cluster", "piped", "--jobs", "60", "--cluster-spec", "4x4",
+        "--out", str(tmp_path / "run"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    # A quick reader; a slow one, gone after every stored event was written, while --follow
+    # waits for more: it must notice without anything more to write.
+    for follow, reader in (([], "head -1"), (["--follow"], "head -1"),
+                           (["--follow"], "(sleep 1; head -1)")):  # fmt: skip
+        piped = subprocess.run(
+            ["bash", "-c", f'set -o pipefail; "$@" | {reader}', "bash", sys.executable, "-m",
+             "gpuyard.cli", "tail", "--nats", nats_url, "--cluster", "piped", *follow],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert piped.returncode == 0, piped.stderr
+        assert piped.stderr == ""
+        assert len(piped.stdout.splitlines()) == 1 and "node.up" in piped.stdout
+
+
+def test_job_file_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text('num_gpus = 1\ncommand = ["python", "t.py"\n')
+    result = gpuyard("submit", "--file", str(job), "--nats", f"nats://127.0.0.1:{free_port()}")
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"gpuyard submit: {job}, line 2: not TOML: ")

@@ -1,0 +1,310 @@
+"""`gpuyard sim` and `gpuyard trace` as users meet them: options checked and named, sources that
+would ignore an option refuse it, results that say what ran (policies asked of the services,
+the Philly reading, captions on every plot), a summary for people."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import structlog
+from PIL import Image
+
+from gpuyard.cli import main
+from gpuyard.launcher import ServiceSet
+from gpuyard.shared.model import ClusterSpec
+from gpuyard.sim import SimOptions, service_configs
+
+
+def gpuyard(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuyard.cli", *args], capture_output=True, text=True,
+        timeout=300, cwd=cwd,
+    )  # fmt: skip
+
+
+def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """`gpuyard ARGV` in this process: its exit status and stderr."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse
+        code = exc.code
+    finally:
+        structlog.reset_defaults()  # a command may have pointed it at the captured stderr
+    return int(code or 0), capsys.readouterr().err
+
+
+BAD_OPTIONS = [
+    (["--load", "0"], "argument --load: must be greater than 0, not 0"),
+    (["--load", "10,0"], "argument --load: must be greater than 0, not 0 (in '10,0')"),
+    (["--load", "ten"], "argument --load: 'ten' is not a number"),
+    (["--load", "inf"], "argument --load: 'inf' is not a finite number"),
+    (["--round", "0"], "argument --round: must be greater than 0, not 0"),
+    (["--round", "-300"], "argument --round: must be greater than 0, not -300"),
+    (["--jobs", "-5"], "argument --jobs: must be greater than 0, not -5"),
+    (["--jobs", "0"], "argument --jobs: must be greater than 0, not 0"),
+    (["--seed", "-1"], "argument --seed: must be 0 or more, not -1"),
+    (["--seed", "0,-1"], "argument --seed: must be 0 or more, not -1 (in '0,-1')"),
+    (["--seed", "1.5"], "argument --seed: '1.5' is not an integer"),
+    (["--checkpoint-s", "-1000"], "argument --checkpoint-s: must be 0 or more, not -1000"),
+    (["--restore-s", "-1"], "argument --restore-s: must be 0 or more, not -1"),
+    (["--parallel", "0"], "argument --parallel: must be greater than 0, not 0"),
+    (["--churn-node-gpus", "0"], "argument --churn-node-gpus: must be greater than 0, not 0"),
+    (["--gpu-demand", "0:1"], "argument --gpu-demand: '0:1' is not GPUS:WEIGHT"),
+    (["--gpu-demand", "1:-0.5"], "argument --gpu-demand: '1:-0.5' is not GPUS:WEIGHT"),
+    (["--gpu-demand", "2:0"], "argument --gpu-demand: '2:0': every weight is 0"),
+    (["--log-level", "loud"], "argument --log-level: invalid choice: 'loud'"),
+    (["--policy", "fifo,,las"], "--policy 'fifo,,las' has an empty name"),
+    (["--external", "clock", "--nats", "nats://127.0.0.1:1"], "--external 'clock' is not one of"),
+    (["--external", "scheduler"], "--external needs --nats"),
+    (["--cluster", "a.b"], "--cluster 'a.b'"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_OPTIONS, ids=lambda v: " ".join(v)[:30])
+def test_bad_sim_option_is_one_line_naming_it(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = run_main(["sim", *argv, "--out", str(tmp_path)], capsys)
+    assert code == 2
+    (line,) = err.splitlines()
+    assert line.startswith("gpuyard sim: ") and message in line
+    assert not (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["up", "--round", "0"], "gpuyard up: error: argument --round: must be greater than 0"),
+        (["up", "--heartbeat-timeout", "-1"], "argument --heartbeat-timeout: must be greater"),
+        (["submit", "--gpus", "0", "--", "x"], "argument --gpus: must be greater than 0, not 0"),
+        (["submit", "--deadline", "-5", "--", "x"], "argument --deadline: must be greater"),
+        (["logs", "--tail", "-1", "j1"], "argument --tail: must be 0 or more, not -1"),
+        (["nodeagent", "--heartbeat", "0"], "--heartbeat must be > 0 seconds"),
+        (["nodeagent", "--grace", "-1"], "--grace must be >= 0 seconds"),
+        (["trace", "generate", "--jobs", "0", "x.csv"], "argument --jobs: must be greater"),
+        (["trace", "generate", "--load", "10,20", "x.csv"], "--load: one value here, not a list"),
+    ],
+    ids=lambda v: " ".join(v)[:30],
+)
+def test_bad_numeric_option_of_other_commands(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = run_main(argv, capsys)
+    assert code == 2
+    (line,) = err.splitlines()
+    assert message in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--multi-gpu"], "--multi-gpu applies to the gavel generator and Philly traces"),
+        (["--generator", "gavel", "--gpu-demand", "1"], "--gpu-demand applies to the blox"),
+        (["--generator", "elasticflow", "--multi-gpu"], "--multi-gpu applies to the gavel"),
+        (["--skip-bad"], "--skip-bad applies to --trace only"),
+        (["--philly-reading", "plain"], "--philly-reading applies to --trace only"),
+        (["--trace", "t.csv", "--jobs", "5", "--seed", "1"], "--jobs, --seed describe generated"),
+    ],
+    ids=lambda v: " ".join(v)[:30],
+)
+def test_options_the_source_would_ignore_are_refused(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = run_main(["sim", *argv, "--out", str(tmp_path)], capsys)
+    assert code == 2 and message in err
+
+
+def philly_log(path: Path) -> Path:
+    """Two Philly jobs: one of 1.5 h (4 then 8 GPUs), one of 3 h on 32 GPUs whose last attempt
+    is broken (Blox's reading drops it)."""
+
+    def attempt(start: str, end: str, gpus: int) -> dict:
+        return {"start_time": start, "end_time": end, "detail": [{"ip": "m", "gpus": ["g"] * gpus}]}
+
+    path.write_text(
+        json.dumps(
+            [
+                {
+                    "status": "Pass",
+                    "vc": "vc1",
+                    "jobid": "app_1",
+                    "user": "u1",
+                    "submitted_time": "2017-10-01 00:00:00",
+                    "attempts": [
+                        attempt("2017-10-01 00:10:00", "2017-10-01 01:10:00", 4),
+                        attempt("2017-10-01 02:00:00", "2017-10-01 02:30:00", 8),
+                    ],
+                },
+                {
+                    "status": "Pass",
+                    "vc": "vc2",
+                    "jobid": "app_4",
+                    "user": "u4",
+                    "submitted_time": "2017-10-01 00:30:00",
+                    "attempts": [
+                        attempt("2017-10-01 00:30:00", "2017-10-01 03:30:00", 32),
+                        attempt("None", "None", 2),
+                    ],
+                },
+            ]
+        )
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("reading", "gpus"),
+    [([], {"app_1": 1}), (["--multi-gpu"], {"app_1": 8}),
+     (["--philly-reading", "plain"], {"app_1": 8, "app_4": 32})],
+    ids=["blox", "blox-multi-gpu", "plain"],
+)  # fmt: skip
+def test_philly_reading_is_explicit_and_recorded(
+    tmp_path: Path, reading: list[str], gpus: dict[str, int]
+) -> None:
+    trace = philly_log(tmp_path / "cluster_job_log.json")
+    out = tmp_path / "run"
+    result = gpuyard(
+        "sim", "--trace", str(trace), *reading, "--cluster-spec", "2x32", "--out", str(out)
+    )
+    assert result.returncode == 0, result.stderr
+    name = "plain" if "plain" in reading else "blox"
+    assert f"Philly trace read the {name} way" in result.stderr
+    assert ("with --multi-gpu" in result.stderr) == ("--multi-gpu" in reading)
+    workload = json.loads((out / "options.json").read_text())["workload"]
+    assert workload["format"] == "philly" and workload["philly_reading"] == name
+    assert workload["multi_gpu"] == ("--multi-gpu" in reading)
+    jobs = pd.read_csv(out / "jobs.csv")
+    assert dict(zip(jobs["job_id"], jobs["num_gpus"], strict=True)) == gpus
+
+
+def test_philly_options_a_reading_ignores_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = philly_log(tmp_path / "cluster_job_log.json")
+    argv = ["sim", "--trace", str(trace), "--philly-reading", "plain", "--multi-gpu"]
+    code, err = run_main([*argv, "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and "--multi-gpu applies to the blox reading" in err
+    blox = tmp_path / "jobs.csv"
+    blox.write_text("job_id,arrival_time_s,duration_s,num_gpus\n1,0,600,1\n")
+    for option in (["--philly-reading", "blox"], ["--multi-gpu"]):
+        argv = ["sim", "--trace", str(blox), *option, "--out", str(tmp_path / "o")]
+        code, err = run_main(argv, capsys)
+        assert code == 2
+        assert f"{option[0]} applies to Philly traces, not to blox ones" in err
+    for command in (["convert", str(blox), "x.csv"], ["describe", str(blox)]):  # same checks
+        code, err = run_main(["trace", *command, "--multi-gpu"], capsys)
+        assert code == 2 and "--multi-gpu applies to Philly traces" in err
+
+
+def test_skipped_lines_are_listed(tmp_path: Path) -> None:
+    trace = tmp_path / "jobs.csv"
+    rows = ["job_id,arrival_time_s,duration_s,num_gpus", "1,0,600,1"]
+    rows += [f"{i},10,oops,1" for i in range(2, 10)]  # lines 3 to 10: eight broken lines
+    trace.write_text("\n".join(rows) + "\n")
+    result = gpuyard(
+        "sim", "--trace", str(trace), "--skip-bad", "--cluster-spec", "1x4",
+        "--out", str(tmp_path / "run"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    start = lines.index("gpuyard sim: skipped 8 broken trace lines:")
+    listed = lines[start + 1 : start + 7]
+    assert listed[:5] == [
+        f"  {trace}, line {n}, field 'duration_s': 'oops' is not a number" for n in range(3, 8)
+    ]
+    assert listed[5] == "  ... and 3 more"
+
+
+def test_summary_for_people(tmp_path: Path) -> None:
+    """The summary printed at the end, and what ran as the services report it (no warning when
+    it is what was asked). `--json` prints summary.json: tests/test_cli.py."""
+    out = tmp_path / "run"
+    result = gpuyard(
+        "sim", "--jobs", "30", "--cluster-spec", "4x4", "--policy", "las",
+        "--param", "starvation_s=60", "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["policy_params"]["starvation_s"] == 60.0 and "key" in summary["policy_params"]
+    text = result.stdout
+    assert "policy       las key=" in text and "starvation_s=60.0" in text
+    assert "workload     blox generator: 30 jobs, 20 jobs/h, seed 0" in text
+    assert "cluster      4x4:gpu (16 GPUs)" in text
+    assert "jobs         30 completed, 0 failed of 30" in text
+    assert f"mean {summary['mean_jct'] / 3600:,.2f} h" in text
+    assert f"utilisation  {100 * summary['utilization']:.1f}% of GPU time" in text
+
+
+async def test_external_services_are_asked_what_they_run(tmp_path: Path, nats_url: str) -> None:
+    """`--external ... --policy srtf` against a LAS scheduler: the results say LAS (as the
+    services report it, every parameter included), and stderr warns."""
+    configs = service_configs(
+        SimOptions(cluster=ClusterSpec.parse("4x4"), policy="las"), tmp_path / "unused.jsonl"
+    )
+    external = {k: v for k, v in configs.items() if k != "simclock"}
+    out = tmp_path / "run"
+    async with ServiceSet(nats_url, "ext", external):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gpuyard.cli", "sim", "--nats", nats_url, "--cluster", "ext",
+            "--external", "admission,scheduler,placement", "--policy", "srtf", "--jobs", "20",
+            "--cluster-spec", "4x4", "--out", str(out),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    warning = [line for line in err.decode().splitlines() if "warning" in line]
+    assert len(warning) == 1
+    assert warning[0].startswith("gpuyard sim: warning: scheduler runs las ")
+    assert warning[0].endswith("not the srtf asked for; results record what ran")
+    summary = json.loads((out / "summary.json").read_text())
+    options = json.loads((out / "options.json").read_text())
+    for record in (summary, options):
+        assert record["policy"] == "las" and record["policy_params"]  # defaults included
+        assert record["admission"] == "accept-all" and record["placement"] == "consolidated"
+    assert Image.open(out / "jct_cdf.png").text["Description"].startswith("scheduling las (")
+
+
+def test_every_plot_says_what_ran(tmp_path: Path) -> None:
+    """Captions (and the PNG's Description) name the policies, workload, cluster and seeds."""
+    out = tmp_path / "cmp"
+    result = gpuyard(
+        "sim", "--policy", "las", "--load", "10,20", "--seed", "0,1", "--jobs", "20",
+        "--cluster-spec", "2x4", "--parallel", "2", "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    table = pd.read_csv(out / "comparison.csv")
+    assert len(table) == 4 and not table["partial"].any()
+    assert "mean JCT (h)" in result.stdout and "las" in result.stdout
+    mean_plot = Image.open(out / "mean_jct_vs_load.png")
+    caption = mean_plot.text["Description"]
+    assert "blox generator, 20 jobs per run, seeds 0, 1; cluster 2x4:gpu (8 GPUs)" in caption
+    assert "admission accept-all, placement consolidated" in caption
+    assert "points: mean over 2 seeds; bars: from the lowest to the highest" in caption
+    assert "seeds 0, 1" in Image.open(out / "jct_cdfs.png").text["Description"]
+    run = Image.open(out / "las-load20-seed1" / "timeline.png").text["Description"]
+    assert run.startswith("scheduling las (")
+    assert "blox generator: 20 jobs, 20 jobs/h, seed 1; cluster 2x4:gpu (8 GPUs)" in run
+
+
+def test_describe_writes_its_plot_where_asked_never_beside_the_input(tmp_path: Path) -> None:
+    data, work = tmp_path / "data", tmp_path / "work"
+    data.mkdir()
+    work.mkdir()
+    trace = data / "jobs.csv"
+    rows = ["job_id,arrival_time_s,duration_s,num_gpus"]
+    rows += [f"{i},{i * 60},{600 + i},{8 if i == 0 else 1}" for i in range(500)]
+    trace.write_text("\n".join(rows) + "\n")
+    result = gpuyard("trace", "describe", str(trace), cwd=work)
+    assert result.returncode == 0, result.stderr
+    assert sorted(os.listdir(data)) == ["jobs.csv"]
+    plot = Image.open(work / "jobs_workload.png")
+    assert plot.text["Title"] == "workload jobs.csv (blox): 500 jobs"
+    assert json.loads(result.stdout)["gpu_demand"] == {"1": 499, "8": 1}
