@@ -56,8 +56,9 @@ async def test_a_service_killed_mid_simulation_restarts_and_the_run_goes_on(
       no second round; placement answers the same apply or nodes change with the stored reply;
       admission holds no job twice, and the scheduler enqueues no job twice);
     - a request that died before its write runs again on the state before it, at the same virtual
-      time: the scheduler first reconciles with placement at that time (jobs its lost round started
-      are running, those it stopped are requeued, as the round did), then decides the same way.
+      time: the scheduler stored its jobs and its policy's state before the round's decision, so
+      it decides the same way again and sends the same apply, which placement, if it had applied
+      it, answers with the reply it stored.
     The node agents (the clock) take a relaunch of a part already running as a no-op at the same
     instant. Only events (a job.submitted published twice) and the services' request counters can
     tell that a service was restarted.

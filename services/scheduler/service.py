@@ -128,7 +128,6 @@ class Scheduler(Service):
         self.durability = SchedulerStore(self.store)
         self._ticker: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()  # wall clock: tick now (jobs arrived or ended, nodes changed)
-        self.reconcile_pending = False  # external clock, restored: reconcile at the first `now`
 
     # ------------------------------------------------------------------ policy
 
@@ -233,12 +232,14 @@ class Scheduler(Service):
             self.policy.restore(msgspec.json.decode(restored.policy_state, type=self.policy.State))
         if restored.mechanism_state is not None:
             self.mechanism.restore(restored.mechanism_state)
-        if self.config.clock == "external":
-            self.reconcile_pending = bool(self.table.jobs)
-        else:
+        if self.config.clock == "wall":
+            # Real time went on while we were down: agree with placement on what runs now.
             if self.table.jobs:
                 await self._reconcile(time.time())
             self.wake_at = self.next_wake(time.time())  # a wall clock's first round comes at once
+        # An external clock (a durable simulation) sends the request in hand again: from the
+        # state stored before its round (the policy's too) we decide exactly as before, and
+        # placement answers the repeated apply with its stored reply.
         self.log.info(
             "state.jobs_restored", jobs=len(self.table), active=len(self.table.active),
             running=self.table.running,
@@ -264,12 +265,6 @@ class Scheduler(Service):
             self.log.warning("state.stray_jobs_released", jobs=strays[:10], count=len(strays))
         await self.persist()
 
-    async def _catch_up(self, now: float) -> None:
-        """External clock, just restored: reconcile with placement at the clock's time."""
-        if self.reconcile_pending:
-            self.reconcile_pending = False
-            await self._reconcile(now)
-
     async def _placement(self, endpoint: Endpoint[Any, Any], msg: Any) -> Any:
         return await self.bus.call(
             endpoint, msg, within_s=self.config.call_timeout_s, retry_for_s=self.config.retry_for_s
@@ -283,7 +278,6 @@ class Scheduler(Service):
     # ------------------------------------------------------------------ requests
 
     async def enqueue(self, req: EnqueueRequest) -> SchedulerStatus:
-        await self._catch_up(req.now)
         rejected: dict[str, str] = {}
         for spec in req.jobs:
             if spec.job_id is None:
@@ -307,7 +301,6 @@ class Scheduler(Service):
         return self._status(req.now, ran_round=ran, rejected=rejected)
 
     async def exited(self, req: ExitReport) -> SchedulerStatus:
-        await self._catch_up(req.now)
         for ex in req.exits:
             record = self.table.get(ex.job_id)
             if record is not None and self._done_by_an_earlier_run(record, ex):
@@ -363,7 +356,6 @@ class Scheduler(Service):
         self.dirty = self.dirty or self.policy.needs.decide_on_exit or self.table.queued > 0
 
     async def cluster_changed(self, req: ClusterChanged) -> SchedulerStatus:
-        await self._catch_up(req.now)
         self.cluster = None
         self.dirty = True
         for job_id in req.lost_jobs:
@@ -374,7 +366,6 @@ class Scheduler(Service):
         return self._status(req.now)
 
     async def tick(self, req: TickRequest) -> SchedulerStatus:
-        await self._catch_up(req.now)
         ran = await self._round_if_due(req.now, True)
         return self._status(req.now, ran_round=ran)
 
