@@ -34,6 +34,11 @@ from gpuyard.shared.policy import PolicyError, parse_params
 T = TypeVar("T")
 
 SERVICES = ("admission", "scheduler", "placement", "simclock")
+GAVEL_ROUND_S = 360.0
+"""Gavel's round length (`--time_per_iteration`)."""
+GAVEL_NAMES = {"fifo": "gavel_fifo"}
+"""Under `--gavel`, Gavel's names for the policies whose names gpuyard uses for others."""
+
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "shared" / "schema"
 
 
@@ -277,7 +282,11 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--placement", default="consolidated")
     p.add_argument("--placement-param", action="append", default=[], help="KEY=VALUE")
     p.add_argument(
-        "--round", type=positive_float, default=300.0, dest="round_s", help="round length (s)"
+        "--round",
+        type=positive_float,
+        default=None,
+        dest="round_s",
+        help="round length (s; default 300, 360 with --gavel)",
     )
     p.add_argument(
         "--mode",
@@ -297,10 +306,18 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
         default=0.0,
         help="preemption cost: time a resumed job needs before it progresses (s)",
     )
-    p.add_argument(
+    presets = p.add_mutually_exclusive_group()
+    presets.add_argument(
         "--blox",
         action="store_true",
         help="Blox semantics: rounds mode, jobs admitted and seen finished at round starts",
+    )
+    presets.add_argument(
+        "--gavel",
+        action="store_true",
+        help="Gavel semantics: 360 s rounds of int(rate x round) steps that end with their last "
+        "micro-task, arrivals and completions at round ends; `--policy fifo` is Gavel's FIFO "
+        "(gavel_fifo)",
     )
     add_workload_args(p, lists=True)
     p.add_argument("--processes", action="store_true", help="one OS process per service")
@@ -508,15 +525,16 @@ def cmd_sim(args: argparse.Namespace) -> int:
         options = SimOptions(
             cluster=cluster,
             throughputs=args.throughputs,
-            policy=args.policy,
+            policy=GAVEL_NAMES.get(args.policy, args.policy) if args.gavel else args.policy,
             policy_params=parse_params(args.param),
             admission=args.admission,
             admission_params=parse_params(args.admission_param),
             placement=args.placement,
             placement_params=parse_params(args.placement_param),
-            round_s=args.round_s,
+            round_s=args.round_s or (GAVEL_ROUND_S if args.gavel else 300.0),
             mode="rounds" if args.blox else args.mode,
             blox=args.blox,
+            gavel=args.gavel,
             churn_node_gpus=args.churn_node_gpus,
             preemption_cost=PreemptionCost(
                 checkpoint_s=args.checkpoint_s, restore_s=args.restore_s

@@ -177,6 +177,11 @@ def write_results(
     jobs.to_csv(out / "jobs.csv", index=False)
     timeline.to_csv(out / "timeline.csv", index=False)
     summary = {**(extra or {}), **summarize(jobs, timeline, until)}
+    compute = summary.get("compute_gpu_s")
+    if compute is not None and len(timeline):
+        # Gavel's utilisation: the GPUs' compute time over the whole run, from t = 0 to its end.
+        total = float(timeline["gpus"].max()) * float(summary["simulated_s"])
+        summary["utilization"] = compute / total if total > 0 else 0.0
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     with _PYPLOT:
         plot(jobs, timeline, out, caption, summary.get("jobs_in_workload"))

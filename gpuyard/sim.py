@@ -51,6 +51,10 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     mode: Literal["rounds", "events"] = "events"
     blox: bool = False
     """Blox's simulator semantics: jobs are admitted and seen finished only at round starts."""
+    gavel: bool = False
+    """Gavel's simulator semantics: rounds of `round_s` (360 s there) in which each running job
+    runs `int(rate * round)` steps, rounds that end when their last micro-task does, completions
+    and arrivals at round ends, and the utilisation of the GPUs' compute time over the whole run."""
     throughputs: str = "default"
     """Throughput model file (Gavel JSON, ElasticFlow table or folder, BFTrainer JNPs CSV)."""
     node_events: str | None = None
@@ -98,7 +102,7 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
             params=options.policy_params,
             throughputs=options.throughputs,
             round_s=options.round_s,
-            mode=options.mode,
+            mode="clock" if options.gavel else options.mode,
             event_storage=options.event_storage,
             durable=options.durable,
             call_timeout_s=timeout,
@@ -122,6 +126,7 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
             preemption_cost=options.preemption_cost,
             completion_quantum=options.round_s if options.blox else None,
             arrival_quantum=options.round_s if options.blox else None,
+            gavel_round_s=options.round_s if options.gavel else None,
             call_timeout_s=timeout and 4 * timeout,
             retry_for_s=retry,
         ),
@@ -330,6 +335,8 @@ async def simulate(
     }
     if interrupted is None:
         extra["instants"] = final.instants
+        if final.compute_gpu_s is not None:
+            extra["compute_gpu_s"] = final.compute_gpu_s
     else:
         extra["jobs_in_workload"] = len(jobs)
     caption = f"{policies_label(options)}\n{labels['workload']}; cluster {labels['cluster']}"

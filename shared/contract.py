@@ -162,6 +162,9 @@ class TickRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     """`sched.tick`: time is `now`; run a round if one is due."""
 
     now: float
+    resolve: bool = False
+    """Ask the policy again even if the round mechanism would not yet (Gavel's simulator does
+    when nothing runs and nothing more will arrive)."""
 
 
 class JobExit(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -251,7 +254,8 @@ class ApplyRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     specs: dict[str, JobSpec] = {}
     released: list[str] = []
     attempts: dict[str, int] = {}
-    """For jobs in `specs`: how often each was stopped before (0: first run), told to the job."""
+    """The attempt number of each allocated job's next launch (how often it was launched before;
+    absent: 0), told to the job and reported back with its exit."""
 
 
 class StepsReport(Struct, array_like=True):
@@ -394,6 +398,9 @@ class Progress(Struct, kw_only=True):
     instants: int
     done: bool = False
     error: str | None = None
+    compute_gpu_s: float | None = None
+    """Round-based simulations (Gavel's semantics): GPU-seconds jobs spent computing (a GPU that
+    idles after its job's last step of a round is not counted), for the utilisation."""
 
 
 class TimelinePoint(Struct, array_like=True):

@@ -335,11 +335,17 @@ class Placement(Service):
             nodes = self._all_views()
         else:
             keep, to_place = self._split(own)
+            for a in req.allocations:  # a job that goes on sharing its kept partner's GPUs
+                gpus = running.get(a.job_id)
+                if a.share_with in keep and gpus is not None and gpus == keep[a.share_with]:
+                    keep[a.job_id] = gpus
+            held = {g for gpus in keep.values() for g in gpus}  # (a stopped job's partner may stay)
             movable: dict[str, list[int]] = {}
             for job_id, gpus in running.items():
                 if job_id not in keep:
                     for g in gpus:
-                        movable.setdefault(g.node_id, []).append(g.index)
+                        if g not in held:
+                            movable.setdefault(g.node_id, []).append(g.index)
             nodes = self._views(movable)
         inp = PlacementInput(
             now=req.now,
@@ -392,17 +398,23 @@ class Placement(Service):
         return progress
 
     def _split(self, allocations: list[Allocation]) -> tuple[dict[str, list[GpuRef]], list[Allocation]]:
-        """Running jobs whose allocation did not change (they stay put), and the rest to place."""
+        """Running jobs whose allocation did not change (they stay put), and the rest to place.
+
+        Of two jobs that shared GPUs and now run apart, the first in the allocation's order
+        keeps them."""
         keep: dict[str, list[GpuRef]] = {}
         to_place: list[Allocation] = []
+        claimed: set[GpuRef] = set()
         for a in allocations:
             gpus = self.running.get(a.job_id)
             if (
                 gpus is not None
                 and len(gpus) == a.num_gpus
                 and a.gpu_type in (ANY_GPU, self.nodes[gpus[0].node_id].gpu_type)
+                and claimed.isdisjoint(gpus)
             ):
                 keep[a.job_id] = gpus
+                claimed.update(gpus)
             else:
                 to_place.append(a)
         return keep, to_place
@@ -433,6 +445,11 @@ class Placement(Service):
         Jobs that keep their GPUs need no check: they hold exactly the GPUs missing from `free`.
         """
         wanted = {a.job_id: a for a in req.allocations}
+        # A job may join the GPUs of a job that will share them with it and stays where it is.
+        joined: dict[str, set[GpuRef]] = {}
+        for a in req.allocations:
+            if a.share_with is not None and a.job_id in self.running:
+                joined.setdefault(a.share_with, set()).update(self.running[a.job_id])
         used: set[GpuRef] = set()
         for job_id, gpus in started.items():
             a = wanted.get(job_id)
@@ -453,7 +470,9 @@ class Placement(Service):
                 and (a.gpu_type == ANY_GPU or types == {a.gpu_type})
                 and used.isdisjoint(gpus)
                 and len(set(gpus)) == len(gpus)
-                and all(g.index in self.free[g.node_id] for g in gpus)
+                and all(
+                    g.index in self.free[g.node_id] or g in joined.get(job_id, ()) for g in gpus
+                )
             )
             if not ok:
                 raise RuntimeError(

@@ -22,6 +22,7 @@ Struct that the scheduler stores with the jobs, so a restarted scheduler goes on
 
 from __future__ import annotations
 
+import random
 from typing import Annotated, Any
 
 import msgspec
@@ -75,6 +76,9 @@ class TimeShareState(Struct, kw_only=True):
     deficits: dict[str, dict[str, float]] = {}
     last_reset: float | None = None
     last_round: float | None = None
+    only_allocated: bool = False
+    shuffle_types: bool = False
+    """The decision's flags (see `Decision`)."""
 
 
 class TimeShareMechanism:
@@ -89,7 +93,9 @@ class TimeShareMechanism:
 
     def wants_decision(self, now: float, changed: bool) -> bool:
         last = self.state.last_reset
-        return last is None or (changed and now - last >= self.config.min_resolve_s)
+        # As Gavel's `_update_priorities`: a reset at time 0 counts as none (its
+        # `_last_reset_time == 0` test), so a trace starting at 0 re-solves at its next change.
+        return last is None or (changed and (now - last >= self.config.min_resolve_s or last == 0))
 
     def next_round(self, now: float, round_s: float, active: bool) -> float | None:
         """Rounds come every `round_s` while jobs are active."""
@@ -123,6 +129,8 @@ class TimeShareMechanism:
             state.shares = {**decision.shares}
             for (a, b), x in decision.pair_shares.items():
                 state.shares[f"{a}{PAIR}{b}"] = x
+            state.only_allocated = decision.only_allocated
+            state.shuffle_types = decision.shuffle_types
         state.last_round = now
         return self._select(inp, types)
 
@@ -163,6 +171,9 @@ class TimeShareMechanism:
         state = self.state
         by_id = {j.job_id: j for j in inp.jobs}
         entries: list[tuple[float, float, float, int, str, str]] = []
+        if state.shuffle_types:  # seeded by the time: the same order after a restart
+            types = list(types)
+            random.Random(f"gpuyard-types:{inp.now!r}").shuffle(types)
         order = {t: i for i, t in enumerate(types)}
         keys = list(by_id) + [k for k in state.shares if PAIR in k]
         for key in keys:
@@ -172,7 +183,7 @@ class TimeShareMechanism:
             shares = state.shares.get(key, {})
             for t in types:
                 x = shares.get(t, 0.0)
-                if PAIR in key and x <= 0:
+                if x <= 0 and (PAIR in key or state.only_allocated):
                     continue
                 if any(inp.cluster.rate(by_id[m], t, by_id[m].spec.num_gpus) <= 0 for m in members):
                     continue

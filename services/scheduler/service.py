@@ -80,8 +80,9 @@ class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     policy: str = "fifo"
     params: dict[str, Any] = {}
     round_s: float = 300.0
-    mode: Literal["rounds", "events"] = "events"
-    """rounds: decide only at multiples of round_s; events: also at every arrival and completion."""
+    mode: Literal["rounds", "events", "clock"] = "events"
+    """rounds: decide only at multiples of round_s; events: also at every arrival and completion;
+    clock: at every tick of a clock that owns the rounds (Gavel's simulator)."""
     clock: Literal["external", "wall"] = "external"
     """external: a clock (the simclock) sends ticks; wall: the scheduler ticks itself on real time."""
     throughputs: str = "default"
@@ -121,6 +122,7 @@ class Scheduler(Service):
         self.released: list[str] = []  # ended on their own since the last apply
         self.cluster: ClusterInfo | None = None  # placement's, as last heard; None: ask again
         self.dirty = False
+        self.force_decision = False  # the clock asked for a decision now (`TickRequest.resolve`)
         self.last_round: float | None = None
         self.policy_wake: float | None = None
         self.wake_at: float | None = None
@@ -366,6 +368,8 @@ class Scheduler(Service):
         return self._status(req.now)
 
     async def tick(self, req: TickRequest) -> SchedulerStatus:
+        if req.resolve:
+            self.table.changed = self.force_decision = True
         ran = await self._round_if_due(req.now, True)
         return self._status(req.now, ran_round=ran)
 
@@ -374,7 +378,8 @@ class Scheduler(Service):
         ran = False
         if tick:
             wake = self.next_wake(now)
-            if self.config.clock == "wall" or (wake is not None and wake <= now):
+            every = self.config.clock == "wall" or self.config.mode == "clock"
+            if every or (wake is not None and wake <= now):
                 await self.run_round(now)
                 ran = True
         self._after(now)
@@ -448,13 +453,14 @@ class Scheduler(Service):
         await self.persist()
         inp = self._input(now, cluster)
         decision: Decision | None = None
-        if self.mechanism.wants_decision(now, self.table.changed):
+        if self.force_decision or self.mechanism.wants_decision(now, self.table.changed):
             decision = await self._decide(inp)
-            self.table.changed = False
+            self.table.changed = self.force_decision = False
         allocations = self._checked(self.mechanism.allocations(decision, inp))
         active = self.table.active
         specs = {a.job_id: active[a.job_id].spec for a in allocations if active[a.job_id].state != "running"}  # fmt: skip
-        attempts = {j: active[j].attempt for j in specs if active[j].attempt}
+        # The attempt number of a launch: placement may also relaunch a running job (moved).
+        attempts = {a.job_id: n for a in allocations if (n := active[a.job_id].attempt)}
         reply = await self._placement(
             APPLY,
             ApplyRequest(
@@ -591,6 +597,8 @@ class Scheduler(Service):
 
     def next_wake(self, now: float) -> float | None:
         """When the next round is due, or None when nothing can change until the next event."""
+        if self.config.mode == "clock":
+            return None  # the clock ticks at every round's end
         if self.policy.mechanism == "time_shares":
             return self.mechanism.next_round(now, self.config.round_s, bool(self.table.active))
         wanted: list[float] = []

@@ -17,10 +17,10 @@ import heapq
 import math
 import time
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
-from msgspec import Struct
+from msgspec import Meta, Struct
 
 from gpuyard.shared.connection import Bus
 from gpuyard.shared.contract import (
@@ -95,6 +95,12 @@ class SimClockConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     arrival_quantum: float | None = None
     """If set, jobs are submitted at the next multiple of this (Blox admits at round starts);
     their submit_time, and so their JCT, stays the true arrival."""
+    gavel_round_s: Annotated[float, Meta(gt=0)] | None = None
+    """Gavel's simulator semantics, rounds of this length (Gavel: 360 s): every round, each
+    running job runs `min(int(rate * round), steps left)` steps; the round ends when the last of
+    those micro-tasks ends (so a round ends early when every job finishes), a job that finished
+    leaves its GPUs idle until then, completions are reported and arrivals submitted at round
+    ends, and with nothing running time jumps to the next arrival."""
     preemption_cost: PreemptionCost = msgspec.field(default_factory=PreemptionCost)
     progress_interval_s: float = 0.25
     call_timeout_s: float | None = None
@@ -108,7 +114,7 @@ class SimJob:
 
     __slots__ = (
         "attempt", "done", "failure", "gpu_type", "job_type", "parts", "rate", "restarting",
-        "restoring", "since", "total", "version",
+        "restoring", "round_steps", "since", "total", "version",
     )  # fmt: skip
 
     def __init__(self, spec: JobSpec, total: float) -> None:
@@ -119,6 +125,7 @@ class SimJob:
         self.since = 0.0
         self.parts: dict[str, tuple[int, ...]] = {}  # node -> GPU indices
         self.attempt = 0
+        self.round_steps = 0.0  # Gavel's rounds: the steps of this round's micro-task
         self.gpu_type = ""
         self.version = 0
         self.failure = ""  # why the job crashes as soon as it starts, if it does
@@ -293,7 +300,10 @@ class SimClock(Service):
                 total = total_steps(spec, self.model)
                 assert total is not None
                 self.jobs[spec.job_id] = SimJob(spec, total)
-            await self._loop(workload, churn)
+            if self.config.gavel_round_s is not None:
+                await self._loop_rounds(workload, self.config.gavel_round_s)
+            else:
+                await self._loop(workload, churn)
         except Exception as exc:  # report, never hang the caller
             self.log.exception("simulation.failed")
             self.progress.error = f"{type(exc).__name__}: {exc}"
@@ -378,6 +388,96 @@ class SimClock(Service):
                 f"than the policy will ever give?)"
             )
 
+    async def _loop_rounds(self, workload: list[JobSpec], round_s: float) -> None:
+        """Gavel's simulator (`gavel_round_s`): time moves from round end to round end."""
+        progress = self.progress
+        next_arrival = 0
+        rejected = 0
+        compute_gpu_s = 0.0
+        resolved = False  # a forced re-decision (nothing running) was tried at this instant
+        last_report = time.monotonic()
+        now = workload[0].submit_time or 0.0 if workload else 0.0
+        while True:
+            progress.now = now
+            progress.instants += 1
+            exits = self._pop_exits(now)  # the jobs whose last micro-task ended the round
+            batch: list[JobSpec] = []
+            while next_arrival < len(workload) and (workload[next_arrival].submit_time or 0.0) <= now:
+                batch.append(workload[next_arrival])
+                next_arrival += 1
+            if exits:
+                self._note(now, await self._call(EXITED, ExitReport(now=now, exits=exits)))
+            if batch or (self.held and exits):
+                reply = await self._call(SUBMIT, SubmitRequest(now=now, jobs=batch))
+                progress.submitted += len(batch)
+                self.held = reply.held
+                rejected += sum(1 for r in reply.results if r.verdict == "reject")
+                for r in reply.results:
+                    if r.verdict == "reject":
+                        self.jobs.pop(r.job_id, None)
+            self._note(now, await self._call(TICK, TickRequest(now=now)))  # the next round
+            self._refresh(now)
+            progress.finished = self.finished + rejected
+            end, busy = self._plan_round(now, round_s)
+            compute_gpu_s += busy
+            progress.compute_gpu_s = compute_gpu_s
+            if time.monotonic() - last_report >= self.config.progress_interval_s:
+                last_report = time.monotonic()
+                await self._publish_progress()
+            if end is not None:
+                now = end
+            elif next_arrival < len(workload):  # nothing runs: on to the next arrival
+                now = max(now, workload[next_arrival].submit_time or 0.0)
+            elif self._next_completion() is not None:  # a failure to report
+                continue
+            elif progress.finished < progress.total and not resolved:
+                # Nothing runs and nothing more arrives: Gavel then resets its allocation.
+                resolved = True
+                self._note(now, await self._call(TICK, TickRequest(now=now, resolve=True)))
+                self._refresh(now)
+                end, busy = self._plan_round(now, round_s)
+                compute_gpu_s += busy
+                if end is not None:
+                    now, resolved = end, False
+            else:
+                break
+        if progress.finished != progress.total:
+            raise RuntimeError(
+                f"{progress.total - progress.finished} jobs never finished ({self.held} held by "
+                f"admission): nothing runs, nothing arrives, and the scheduler starts nothing"
+            )
+
+    def _plan_round(self, now: float, round_s: float) -> tuple[float | None, float]:
+        """Each running job's micro-task: `min(int(rate * round), steps left)` steps. Returns when
+        the round ends (the last micro-task's end; None if nothing runs) and the GPU-seconds
+        spent computing, and credits the steps at the round's end (a job whose steps are all done
+        then exits there)."""
+        running = sorted(j for j, job in self.jobs.items() if job.parts and job.rate > 0)
+        if not running:
+            return None, 0.0
+        length = 0.0
+        busy = 0.0
+        sharing: set[tuple[str, int]] = set()
+        for job_id in running:
+            job = self.jobs[job_id]
+            job.round_steps = min(float(int(job.rate * round_s)), max(job.total - job.done, 0.0))
+            took = job.round_steps / job.rate
+            length = max(length, took)
+            gpus = [(n, g) for n, part in job.parts.items() for g in part]
+            if not sharing.intersection(gpus):  # a pair's GPUs count once
+                busy += took * len(gpus)
+            sharing.update(gpus)
+        end = now + length
+        for job_id in running:
+            job = self.jobs[job_id]
+            job.done += job.round_steps
+            job.since = end
+            if job.done >= job.total:
+                job.version += 1
+                self.launches += 1
+                heapq.heappush(self.heap, (end, self.launches, job_id, job.version))
+        return end, busy
+
     async def _churn(self, now: float, events: list[tuple[str, bool]]) -> None:
         """Nodes join and leave; jobs on a departed node lose that part (placement stops the rest)."""
         final: dict[str, bool] = {}
@@ -443,7 +543,7 @@ class SimClock(Service):
                 job.failure = f"no throughput for {job.job_type!r} on {gpus} x {job.gpu_type}"
                 self.launches += 1
                 heapq.heappush(self.heap, (now, self.launches, job_id, job.version))
-            elif job.rate > 0:
+            elif job.rate > 0 and self.config.gavel_round_s is None:
                 finish = now + max(job.total - job.done, 0.0) / job.rate
                 quantum = self.config.completion_quantum
                 if quantum:

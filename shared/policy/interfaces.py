@@ -51,6 +51,12 @@ class Decision:
     allocations: list[Allocation] = field(default_factory=list)
     shares: dict[str, dict[str, float]] = field(default_factory=dict)
     pair_shares: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+    only_allocated: bool = False
+    """Time shares: a job with no share waits (Gavel's FIFO); otherwise it may use GPUs that the
+    jobs with shares leave idle in a round."""
+    shuffle_types: bool = False
+    """Time shares: walk the GPU types in a random order each round (Gavel's agnostic policies)
+    rather than in the cluster's order."""
 
 
 @dataclass(frozen=True)
