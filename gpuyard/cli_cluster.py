@@ -173,6 +173,7 @@ def control_plane_configs(
         "scheduler": SchedulerConfig(
             policy=policy,
             clock="wall",
+            learn_throughputs=True,
             round_s=round_s,
             durable=durable,
             call_timeout_s=10.0,

@@ -347,6 +347,64 @@ class BFTrainerThroughputs(_CurveModel):
 # ----------------------------------------------------------------------------------------------
 
 
+class LearnedThroughputs:
+    """A throughput model that learns from what jobs report (real clusters).
+
+    `prior` (a table, or the default) answers until a job type is measured. A measured
+    (job type, GPU type, GPU count) answers with the measurement (an exponential moving average,
+    `weight` for the newest); a job type's other entries are its prior scaled by how its
+    measurements compare with their prior (the geometric mean of measured / prior), so a job
+    type seen twice as fast as the table on one type is taken to be twice as fast elsewhere too.
+    Pair throughputs (space sharing) stay the prior's.
+    """
+
+    def __init__(self, prior: ThroughputModel, weight: float = 0.5) -> None:
+        self.prior = prior
+        self.weight = weight
+        self.reference_gpu_type = prior.reference_gpu_type
+        self.measured: dict[tuple[str, str, int], float] = {}
+        self._scale: dict[str, float] = {}
+
+    def observe(self, job_type: str, gpu_type: str, num_gpus: int, rate: float) -> None:
+        """A job of `job_type` was seen doing `rate` steps/s on `num_gpus` GPUs of `gpu_type`."""
+        if not (rate > 0 and math.isfinite(rate)):
+            return
+        key = (job_type, gpu_type, num_gpus)
+        old = self.measured.get(key)
+        self.measured[key] = rate if old is None else (1 - self.weight) * old + self.weight * rate
+        self._scale.pop(job_type, None)
+
+    def scale(self, job_type: str) -> float:
+        """How this job type's measurements compare with the prior (1 when never measured)."""
+        cached = self._scale.get(job_type)
+        if cached is not None:
+            return cached
+        logs = [
+            math.log(rate / base)
+            for (jt, gt, n), rate in self.measured.items()
+            if jt == job_type and (base := self.prior.throughput(jt, gt, n)) > 0
+        ]
+        value = math.exp(sum(logs) / len(logs)) if logs else 1.0
+        self._scale[job_type] = value
+        return value
+
+    def throughput(self, job_type: str, gpu_type: str, num_gpus: int) -> float:
+        measured = self.measured.get((job_type, gpu_type, num_gpus))
+        if measured is not None:
+            return measured
+        return self.prior.throughput(job_type, gpu_type, num_gpus) * self.scale(job_type)
+
+    def colocated(self, job_type: str, other: str, gpu_type: str) -> tuple[float, float]:
+        return self.prior.colocated(job_type, other, gpu_type)
+
+    def snapshot(self) -> list[tuple[str, str, int, float]]:
+        return [(*key, rate) for key, rate in self.measured.items()]
+
+    def restore(self, measured: list[tuple[str, str, int, float]]) -> None:
+        self.measured = {(jt, gt, int(n)): rate for jt, gt, n, rate in measured}
+        self._scale.clear()
+
+
 def load_throughputs(path: str | Path | None = None) -> ThroughputModel:
     """A throughput model from a file, detected by shape:
 

@@ -108,3 +108,46 @@ def test_default_speeds_match_gavel_table(data: Callable[[str], Path]) -> None:
         ]
         geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
         assert geo == pytest.approx(DEFAULT_GPU_SPEEDS[gpu], abs=0.001)
+
+
+def test_learned_throughputs_replace_and_scale_the_prior() -> None:
+    """Measurements answer where they were taken; a job type's other entries follow its prior,
+    scaled by how its measurements compare with the prior; other job types keep the prior."""
+    from gpuyard.shared.throughput import LearnedThroughputs
+
+    prior = LinearModel({"a": 2.0, "b": 1.0})
+    model = LearnedThroughputs(prior, weight=0.5)
+    assert model.throughput("t", "a", 1) == 2.0
+    model.observe("t", "a", 1, 1.0)  # half the table's figure
+    assert model.throughput("t", "a", 1) == 1.0
+    assert model.throughput("t", "b", 2) == pytest.approx(1.0)  # prior 2.0, scaled by 0.5
+    assert model.throughput("other", "a", 1) == 2.0
+    model.observe("t", "a", 1, 3.0)  # a moving average
+    assert model.throughput("t", "a", 1) == 2.0
+    model.observe("t", "a", 1, float("nan"))  # nonsense is ignored
+    again = LearnedThroughputs(prior)
+    again.restore(model.snapshot())
+    assert again.throughput("t", "b", 1) == model.throughput("t", "b", 1)
+
+
+def test_learned_throughputs_change_which_type_a_job_gets() -> None:
+    """The table says a is twice as fast as b; a job type measured slow on a and fast on b goes
+    to b next (the heterogeneity-aware walk picks the fastest type)."""
+    from gpuyard.policies.toolkit import fastest_types, fill_in_order
+    from gpuyard.shared.model import JobSpec as Spec
+    from gpuyard.shared.policy import ClusterView, JobView, SchedulingInput
+    from gpuyard.shared.throughput import LearnedThroughputs
+
+    model = LearnedThroughputs(LinearModel({"a": 2.0, "b": 1.0}))
+    cluster = ClusterView(capacity={"a": 1, "b": 1}, throughputs=model)
+
+    def choice() -> str:
+        job = JobView(job_id="j", seq=0, spec=Spec(num_gpus=1, job_type="t"), submit_time=0.0)
+        inp = SchedulingInput(now=0.0, jobs=[job], cluster=cluster)
+        (allocation,) = fill_in_order(inp.jobs, cluster, type_order=fastest_types(cluster))
+        return allocation.gpu_type
+
+    assert choice() == "a"
+    model.observe("t", "a", 1, 0.5)
+    model.observe("t", "b", 1, 1.5)
+    assert choice() == "b"

@@ -3,7 +3,8 @@
 One key per job (its `JobRecord`, written after each request that changed it, before the reply), one
 for the scheduler's own bookkeeping (`meta`: the released list, the round's timing, the policy in
 force, swaps included), one for the policy's state (`policy`: its `snapshot()`) and one for the
-round mechanism's (`mechanism`). The last three are written only when their bytes changed.
+round mechanism's (`mechanism`) and, when it learns them, the throughputs measured
+(`throughputs`). These are written only when their bytes changed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .jobs import JobTable
 META_KEY = "meta"
 POLICY_KEY = "policy"
 MECHANISM_KEY = "mechanism"
+THROUGHPUTS_KEY = "throughputs"
 
 _encoder = msgspec.json.Encoder()
 
@@ -48,6 +50,7 @@ class Restored(Struct, kw_only=True):
     meta: StoredMeta | None
     policy_state: bytes | None
     mechanism_state: bytes | None
+    throughputs: bytes | None
 
 
 class SchedulerStore:
@@ -59,7 +62,7 @@ class SchedulerStore:
 
     async def write(
         self, table: JobTable, meta: StoredMeta, policy_state: Struct | None,
-        mechanism_state: Struct | None,
+        mechanism_state: Struct | None, throughputs: Any = None,
     ) -> None:  # fmt: skip
         touched, table.touched = table.touched, set()
         if not self.store.durable:
@@ -67,7 +70,8 @@ class SchedulerStore:
         items: dict[str, Any] = {store_key(j): table.jobs[j] for j in touched if j in table.jobs}
         fresh: dict[str, bytes] = {}
         for key, value in (
-            (META_KEY, meta), (POLICY_KEY, policy_state), (MECHANISM_KEY, mechanism_state)
+            (META_KEY, meta), (POLICY_KEY, policy_state), (MECHANISM_KEY, mechanism_state),
+            (THROUGHPUTS_KEY, throughputs),
         ):  # fmt: skip
             if value is None:
                 continue
@@ -85,17 +89,18 @@ class SchedulerStore:
         meta = values.pop(META_KEY, None)
         policy_state = values.pop(POLICY_KEY, None)
         mechanism_state = values.pop(MECHANISM_KEY, None)
+        throughputs = values.pop(THROUGHPUTS_KEY, None)
         records = []
         for key, data in values.items():
             record = msgspec.json.decode(data, type=JobRecord)
             assert record.job_id == name_of(key)
             records.append(record)
         for key, data in ((META_KEY, meta), (POLICY_KEY, policy_state),
-                          (MECHANISM_KEY, mechanism_state)):  # fmt: skip
+                          (MECHANISM_KEY, mechanism_state), (THROUGHPUTS_KEY, throughputs)):  # fmt: skip
             if data is not None:
                 self._written[key] = data
         return Restored(
             records=records,
             meta=msgspec.json.decode(meta, type=StoredMeta) if meta is not None else None,
-            policy_state=policy_state, mechanism_state=mechanism_state,
+            policy_state=policy_state, mechanism_state=mechanism_state, throughputs=throughputs,
         )  # fmt: skip

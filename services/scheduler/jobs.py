@@ -113,11 +113,22 @@ class JobTable:
         self._touch(record)
         return True
 
-    def report(self, record: JobRecord, report: StepsReport) -> None:
-        """Progress measured by the job's node agents (steps done as of `report.at`)."""
-        if record.state == "running" and report.at >= record.progress_at:
-            record.steps_done, record.progress_at = report.steps, report.at
-            self._touch(record)
+    def report(self, record: JobRecord, report: StepsReport) -> float | None:
+        """Progress measured by the job's node agents (steps done as of `report.at`). Returns
+        the rate it shows since the last report of the same run (None: nothing to measure)."""
+        if record.state != "running" or report.at < record.progress_at:
+            return None
+        measured = record.progress_at > record.run_start  # a report of this run came before
+        rate = (
+            (report.steps - record.steps_done) / (report.at - record.progress_at)
+            if measured and report.at > record.progress_at
+            else None
+        )
+        record.steps_done, record.progress_at = report.steps, report.at
+        if rate is not None and rate > 0:
+            record.rate = rate
+        self._touch(record)
+        return rate
 
     def part_exited(self, record: JobRecord, node_id: str) -> bool:
         """One node's part of a running job exited 0; True when no other part is left."""

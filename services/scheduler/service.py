@@ -69,7 +69,13 @@ from gpuyard.shared.policy import (
     scheduling_policies,
 )
 from gpuyard.shared.service import Handler, Service
-from gpuyard.shared.throughput import LinearModel, ThroughputModel, load_throughputs, total_steps
+from gpuyard.shared.throughput import (
+    LearnedThroughputs,
+    LinearModel,
+    ThroughputModel,
+    load_throughputs,
+    total_steps,
+)
 
 from .durability import SchedulerStore, StoredMeta
 from .jobs import JobTable
@@ -88,6 +94,9 @@ class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     throughputs: str = "default"
     """The throughput model (a Gavel JSON, ElasticFlow table(s), BFTrainer JNPs CSV, or "default"):
     each run's rate in steps/s, and what policies' `rate()` answers."""
+    learn_throughputs: bool = False
+    """Real clusters: learn each job type's throughputs from its progress reports, the configured
+    model being the prior (`shared.throughput.LearnedThroughputs`)."""
     time_shares: TimeShareConfig = msgspec.field(default_factory=TimeShareConfig)
     """The round mechanism of policies that decide time shares (Gavel's)."""
     event_retention_s: float = 7 * 24 * 3600.0
@@ -165,6 +174,8 @@ class Scheduler(Service):
     async def start(self) -> None:
         if self.config.throughputs != "default":
             self.model = await asyncio.to_thread(load_throughputs, self.config.throughputs)
+        if self.config.learn_throughputs:
+            self.model = LearnedThroughputs(self.model)
         stored = await ensure_event_stream(
             self.bus.nc, self.bus.subjects, max_age_s=self.config.event_retention_s,
             storage=self.config.event_storage,
@@ -207,8 +218,9 @@ class Scheduler(Service):
 
     async def persist(self) -> None:
         """Write the jobs the request changed, and the scheduler's own state, before the reply."""
+        learned = self.model.snapshot() if isinstance(self.model, LearnedThroughputs) else None
         await self.durability.write(
-            self.table, self._meta(), self.policy.snapshot(), self.mechanism.snapshot()
+            self.table, self._meta(), self.policy.snapshot(), self.mechanism.snapshot(), learned
         )
 
     async def restore(self, values: dict[str, bytes]) -> None:
@@ -234,6 +246,8 @@ class Scheduler(Service):
             self.policy.restore(msgspec.json.decode(restored.policy_state, type=self.policy.State))
         if restored.mechanism_state is not None:
             self.mechanism.restore(restored.mechanism_state)
+        if restored.throughputs is not None and isinstance(self.model, LearnedThroughputs):
+            self.model.restore(msgspec.json.decode(restored.throughputs))
         if self.config.clock == "wall":
             # Real time went on while we were down: agree with placement on what runs now.
             if self.table.jobs:
@@ -472,8 +486,12 @@ class Scheduler(Service):
         cluster.capacity = reply.capacity
         for job_id, steps in reply.progress.items():
             record = active.get(job_id)
-            if record is not None:
-                self.table.report(record, steps)
+            if record is None:
+                continue
+            rate = self.table.report(record, steps)
+            if rate is not None and isinstance(self.model, LearnedThroughputs):
+                assert record.gpu_type is not None
+                self.model.observe(record.spec.job_type, record.gpu_type, record.gpus, rate)
         for job_id in reply.lost:
             if (record := active.get(job_id)) is not None:
                 await self._requeue(now, record, "node lost")
