@@ -27,7 +27,14 @@ from urllib.parse import urlsplit
 
 import nats.errors
 
-from gpuyard.shared.connection import Bus, NatsAuth, add_nats_arguments, connect
+from gpuyard.shared.connection import (
+    Bus,
+    NatsAuth,
+    add_nats_arguments,
+    connect,
+    connection_given,
+    resolve_connection,
+)
 from gpuyard.shared.endpoints import Subjects
 from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.policy import PolicyError
@@ -156,18 +163,29 @@ def redact(url: str) -> str:
     return parts._replace(netloc=netloc).geturl()
 
 
-def add_nats_options(
-    parser: argparse.ArgumentParser, *, url_default: str | None = DEFAULT_URL,
-    cluster: bool = True,
-) -> None:  # fmt: skip
-    """`--nats`, `--nats-*` and (unless `cluster=False`) `--cluster` (default $GPUYARD_CLUSTER or 'default')."""
-    add_nats_arguments(parser, url_default=url_default)
-    if cluster:
-        parser.add_argument(
-            "--cluster",
-            default=os.environ.get("GPUYARD_CLUSTER", "default"),
-            help="cluster namespace (default $GPUYARD_CLUSTER or 'default')",
-        )
+def add_nats_options(parser: argparse.ArgumentParser, *, url_default: str | None = DEFAULT_URL) -> None:
+    """`--nats`, `--nats-config`, `--nats-*` and `--cluster` (default $GPUYARD_CLUSTER, the
+    profile's, or 'default'). With none of them given, a command uses the operator profile that
+    `gpuyard up` wrote for the cluster on this machine, if there is one (see `resolve_options`)."""
+    add_nats_arguments(parser, url_default=url_default, cluster_default="default")
+    parser.set_defaults(nats_local_profile=True)
+
+
+def resolve_options(args: argparse.Namespace) -> None:
+    """After parsing a command's options: its connection (`resolve_connection`), with the local
+    operator profile of `gpuyard up` when no connection option was given. CommandError (exit 2)
+    for a profile that cannot be read."""
+    if not hasattr(args, "nats_url_default"):
+        return
+    local = None
+    if getattr(args, "nats_local_profile", False) and not connection_given(args):
+        from gpuyard.natsauth import local_profile
+
+        local = local_profile(args.cluster or os.environ.get("GPUYARD_CLUSTER") or "default")
+    try:
+        resolve_connection(args, local)
+    except ValueError as exc:
+        raise CommandError(str(exc), code=2) from None
 
 
 def checked_url(text: str) -> str:
@@ -210,6 +228,11 @@ async def open_bus(args: argparse.Namespace, name: str, *, request_timeout: floa
     """
     url = checked_url(args.nats)
     subjects = checked_subjects(args.cluster)
+    try:
+        auth = nats_auth(args)
+        auth.caller  # noqa: B018 (a bad --nats-identity fails here, as a bad option)
+    except ValueError as exc:
+        raise CommandError(f"--nats-identity: {exc}", code=2) from None
     failures: list[BaseException] = []
     connected = False
     reported: set[str] = set()
@@ -225,7 +248,7 @@ async def open_bus(args: argparse.Namespace, name: str, *, request_timeout: floa
 
     try:
         nc = await connect(
-            url, name=name, auth=nats_auth(args), connect_timeout=3, max_reconnect_attempts=1,
+            url, name=name, auth=auth, connect_timeout=3, max_reconnect_attempts=1,
             reconnect_time_wait=0.2, error_cb=on_error,
         )  # fmt: skip
     except (OSError, TimeoutError, nats.errors.Error) as exc:
@@ -234,7 +257,7 @@ async def open_bus(args: argparse.Namespace, name: str, *, request_timeout: floa
             f"cannot connect to NATS at {redact(url)}: {describe_error(why)}"
         ) from None
     connected = True
-    return Bus(nc, subjects, request_timeout=request_timeout)
+    return Bus(nc, subjects, request_timeout=request_timeout, caller=auth.caller)
 
 
 # --------------------------------------------------------------------------- running a command

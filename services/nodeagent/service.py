@@ -4,8 +4,9 @@ logs and reports their exits to the scheduler.
 
 Subjects (all under `gpuyard.<cluster>.`): it serves `node.<id>.cmd` (NodeCommand), `node.<id>.logs`
 (LogsRequest), `node.<id>.register` (placement asks it to register again), `node.<id>.ping`/`.stats`;
-it publishes `node.<id>.hb` (Heartbeat) and `logs.<job_id>` (LogLine); it requests `place.register`,
-`place.nodes` (when it stops) and `sched.exited`.
+it publishes `node.<id>.hb` (Heartbeat) and `logs.<job_id>.<id>` (LogLine); it requests
+`place.register.node.<id>`, `place.nodes.node.<id>` (when it stops) and `sched.exited.node.<id>`:
+every subject it sends on names it, and a secured server lets it send on no other node's.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from gpuyard.shared.endpoints import (
     Endpoint,
 )
 from gpuyard.shared.errors import RemoteError
+from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import NodeSpec
 from gpuyard.shared.service import Handler, Service
 
@@ -81,6 +83,7 @@ class NodeAgent(Service):
 
     def __init__(self, bus: Bus, config: NodeAgentConfig) -> None:
         super().__init__(bus)
+        bus.caller = Caller("node", config.node_id)  # our requests act for this node
         self.config = config
         self.node_id = config.node_id
         self.boot_id = uuid.uuid4().hex[:12]
@@ -317,7 +320,7 @@ class NodeAgent(Service):
     async def _publish_line(self, job_id: str, rank: int, line: str) -> None:
         msg = LogLine(job_id=job_id, node_id=self.node_id, rank=rank, line=line, time=time.time())
         with contextlib.suppress(Exception):  # logs are best effort; the file keeps everything
-            await self.bus.publish(LOG_LINE, msg, job=job_id)
+            await self.bus.publish(LOG_LINE, msg, job=job_id, node=self.node_id)
 
     async def logs(self, req: LogsRequest) -> LogsReply:
         folder = self.places.job_logs(req.job_id)

@@ -42,6 +42,7 @@ from gpuyard.shared.endpoints import (
     Endpoint,
 )
 from gpuyard.shared.errors import BadRequest
+from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobSpec, NodeSpec
 from gpuyard.shared.policy import NodeView, PlacementInput, PlacementPolicy, placement_policies
 from gpuyard.shared.service import Handler, Service
@@ -55,6 +56,12 @@ class PlacementConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     that never sent a heartbeat (simulated ones) are never declared lost."""
     heartbeat_check_s: float = 0.5
     """How often the heartbeat checker looks."""
+    command_timeout_s: float | None = None
+    """How long one node agent may take to answer a command (None: the connection's default, for
+    simulated nodes, which answer in virtual time). A real agent answers at once (launches run in
+    the background), so one that has not answered within this is presumed gone: its launches
+    fail, it gets no more commands and no more jobs until it registers again, and it is declared
+    lost when its heartbeats stop. One dead agent holds placement up for this long, once."""
     durable: bool = False
     """Keep the cluster map in a JetStream key-value bucket: a restarted placement goes on."""
 
@@ -99,6 +106,7 @@ class Placement(Service):
         self.last_seen: dict[str, float] = {}  # node agents that heartbeat: when last heard of
         self.beats: dict[str, Heartbeat] = {}
         self._checker: asyncio.Task[None] | None = None
+        self.unresponsive: set[str] = set()  # nodes that did not answer a command, until they register
         self.lost: list[str] = []  # stopped by a node's departure, not yet told to the scheduler
         self.changed = False  # the request in hand changed the state to store
         self.last_request = ""
@@ -146,7 +154,9 @@ class Placement(Service):
     async def apply_request(self, req: ApplyRequest) -> ApplyReply:
         return await self._once("apply", req, self.apply, ApplyReply)
 
-    async def nodes_request(self, req: NodesChanged) -> NodesChangedReply:
+    async def nodes_request(self, req: NodesChanged, caller: Caller) -> NodesChangedReply:
+        if caller.role == "node" and (req.up or req.gone != [caller.name]):
+            raise BadRequest(f"node {caller.name!r} may only report itself gone", field="$.gone")
         return await self._once("nodes", req, self.nodes_changed, NodesChangedReply)
 
     async def _once(self, route: str, req: Any, handler: Any, reply_type: type[Any]) -> Any:
@@ -181,10 +191,17 @@ class Placement(Service):
             down=dict(self.down),
         )  # fmt: skip
 
-    async def register(self, req: RegisterNode) -> ClusterInfo:
+    async def register(self, req: RegisterNode, caller: Caller) -> ClusterInfo:
+        if caller.role == "node" and req.node.node_id != caller.name:
+            raise BadRequest(
+                f"node {caller.name!r} may only register itself, not {req.node.node_id!r}",
+                field="$.node.node_id",
+            )
         self.changed = True
+        self.unresponsive.discard(req.node.node_id)
         old = self.nodes.get(req.node.node_id)
-        boot = req.node.labels.get("boot")
+        # A node agent's own registration: it must heartbeat, or it is declared lost.
+        boot = req.node.labels.get("boot") or ("agent" if caller.role == "node" else None)
         if old is not None and boot and old.labels.get("boot") != boot:
             # The agent restarted: the job parts it ran died with it.
             await self.nodes_changed(
@@ -209,6 +226,7 @@ class Placement(Service):
             raise BadRequest(f"unknown nodes {unknown[:5]}", field="$.gone")
         gone = set(req.gone)
         for node_id in req.gone:
+            self.unresponsive.discard(node_id)
             del self.nodes[node_id]
             del self.free[node_id]
             self.down[node_id] = req.now
@@ -247,8 +265,11 @@ class Placement(Service):
     async def heartbeats(self, _: Empty) -> HeartbeatsPage:
         return HeartbeatsPage(beats=list(self.beats.values()), received=dict(self.last_seen))
 
-    async def _heartbeat(self, hb: Heartbeat) -> None:
+    async def _heartbeat(self, hb: Heartbeat, caller: Caller) -> None:
         """`node.<id>.hb`, on its own subscription: only records (no await before the record)."""
+        if hb.node_id != caller.name:
+            self.log.warning("heartbeat.forged", subject_node=caller.name, node_id=hb.node_id)
+            return
         if hb.node_id not in self.nodes:
             # Declared lost, or this placement started after the agent: have it register again.
             await self.bus.publish(REREGISTER, Empty(), node=hb.node_id)
@@ -271,7 +292,7 @@ class Placement(Service):
                 del self.last_seen[node_id]
             self.log.warning("node.silent", nodes=silent, timeout_s=timeout)
             lost = NodesChanged(now=now, gone=silent, reason=f"no heartbeat for {timeout:g} s")
-            await self.bus.nc.publish(self.bus.subjects.of(NODES), encode(lost))
+            await self.bus.nc.publish(self.bus.subject(NODES), encode(lost))
 
     def _stop_released(self, released: list[str]) -> dict[str, list[GpuRef]]:
         """Jobs that ended on several real nodes: their other parts may still run (one part failed)."""
@@ -290,6 +311,8 @@ class Placement(Service):
         """Nodes with GPUs this decision may give out: the free ones plus `extra`."""
         views = []
         for node in self.nodes.values():
+            if node.node_id in self.unresponsive:
+                continue
             usable = self.free[node.node_id]
             more = extra.get(node.node_id) if extra else None
             if more:
@@ -304,6 +327,7 @@ class Placement(Service):
         return [
             NodeView(node_id=n.node_id, gpu_type=n.gpu_type, usable=list(range(n.num_gpus)))
             for n in self.nodes.values()
+            if n.node_id not in self.unresponsive
         ]
 
     async def apply(self, req: ApplyRequest) -> ApplyReply:
@@ -498,20 +522,54 @@ class Placement(Service):
                     )
                 )  # fmt: skip
                 offset += len(indices)
+        failed, progress, done = await self._send(commands)
+        # A job whose launch failed on one node must not go on with its parts elsewhere.
+        stragglers: dict[str, NodeCommand] = {}
+        for node_id in sorted(done):
+            again = [x.job_id for x in commands[node_id].launch if x.job_id in failed]
+            if again:
+                stragglers[node_id] = NodeCommand(now=now, node_id=node_id, preempt=again)
+        if stragglers:
+            await self._send(stragglers)
+        return failed, progress
+
+    async def _send(
+        self, commands: dict[str, NodeCommand]
+    ) -> tuple[set[str], dict[str, StepsReport], set[str]]:
+        """Send the commands at once and wait (at most `command_timeout_s`) for the replies. Returns
+        the jobs whose launch failed, the progress reported of stopped jobs, and the nodes that
+        answered. A node that does not answer is marked unresponsive and asked to register again
+        (it then stops whatever it runs that we do not place there)."""
         order = sorted(commands)
+        skipped = [n for n in order if n in self.unresponsive]
+        for node_id in skipped:
+            self.log.warning("node.command_skipped", node_id=node_id, reason="unresponsive")
+        sent = [n for n in order if n not in self.unresponsive]
         replies = await asyncio.gather(
-            *(self.bus.call(NODE_COMMAND, commands[n], node=n) for n in order),
+            *(
+                self.bus.call(
+                    NODE_COMMAND, commands[n], node=n, within_s=self.config.command_timeout_s
+                )
+                for n in sent
+            ),
             return_exceptions=True,
         )
         failed: set[str] = set()
         progress: dict[str, StepsReport] = {}
-        for node_id, reply in zip(order, replies, strict=True):
+        done: set[str] = set()
+        for node_id, reply in [*zip(sent, replies, strict=True), *((n, None) for n in skipped)]:
             if isinstance(reply, NodeCommandReply):
+                done.add(node_id)
                 for job_id, steps in reply.progress.items():
                     seen = progress.get(job_id)
                     if seen is None or steps < seen.steps:  # parts of one job: the slowest rank
-                        progress[job_id] = StepsReport(steps, now)
+                        progress[job_id] = StepsReport(steps, commands[node_id].now)
+                continue
+            failed.update(launch.job_id for launch in commands[node_id].launch)
+            if reply is None:
                 continue
             self.log.error("node.command_failed", node_id=node_id, error=str(reply))
-            failed.update(launch.job_id for launch in commands[node_id].launch)
-        return failed, progress
+            if node_id in self.last_seen and self.config.command_timeout_s is not None:
+                self.unresponsive.add(node_id)
+                await self.bus.publish(REREGISTER, Empty(), node=node_id)
+        return failed, progress, done

@@ -57,6 +57,7 @@ from gpuyard.shared.endpoints import (
     Endpoint,
 )
 from gpuyard.shared.errors import BadRequest
+from gpuyard.shared.identity import ANONYMOUS, Caller
 from gpuyard.shared.model import ANY_GPU, Allocation, JobRecord, JobSpec
 from gpuyard.shared.policy import (
     ClusterView,
@@ -72,6 +73,7 @@ from gpuyard.shared.service import Handler, Service
 from gpuyard.shared.throughput import LinearModel, ThroughputModel, load_throughputs, total_steps
 
 from .durability import SchedulerStore, StoredMeta
+from .identity import check_exits, may_cancel, ran_there
 from .jobs import JobTable
 from .mechanism import TimeShareConfig, make_mechanism
 
@@ -300,9 +302,13 @@ class Scheduler(Service):
         ran = await self._round_if_due(req.now, req.tick)
         return self._status(req.now, ran_round=ran, rejected=rejected)
 
-    async def exited(self, req: ExitReport) -> SchedulerStatus:
+    async def exited(self, req: ExitReport, caller: Caller = ANONYMOUS) -> SchedulerStatus:
+        check_exits(req, caller)
         for ex in req.exits:
             record = self.table.get(ex.job_id)
+            if record is not None and not ran_there(record, ex, caller):
+                self.log.warning("exit.not_placed_there", job_id=ex.job_id, node_id=ex.node_id)
+                continue
             if record is not None and self._done_by_an_earlier_run(record, ex):
                 # Its work is done (runs share the checkpoint): it must not run again. A run
                 # started since is left out of the next apply, which stops it.
@@ -401,8 +407,9 @@ class Scheduler(Service):
             found = [r for r in found if r.state in states]
         return JobsPage(jobs=found[req.offset : req.offset + req.limit], total=len(found))
 
-    async def cancel(self, req: CancelRequest) -> CancelReply:
-        """End jobs for good. A running one is left out of the next allocation: placement stops it."""
+    async def cancel(self, req: CancelRequest, caller: Caller = ANONYMOUS) -> CancelReply:
+        """End jobs for good. A running one is left out of the next allocation: placement stops it.
+        A submitter cancels only their own jobs."""
         now = req.now if req.now is not None else time.time()
         cancelled: list[str] = []
         refused: dict[str, str] = {}
@@ -410,6 +417,9 @@ class Scheduler(Service):
             record = self.table.get(job_id)
             if record is None:
                 refused[job_id] = "no such job"
+                continue
+            if (why := may_cancel(record, caller)) is not None:
+                refused[job_id] = why
                 continue
             if not self.table.end(record, now, "cancelled", "cancelled by request"):
                 refused[job_id] = f"the job has already ended ({record.state})"
