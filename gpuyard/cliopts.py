@@ -219,12 +219,16 @@ def describe_error(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-async def open_bus(args: argparse.Namespace, name: str, *, request_timeout: float = 10.0) -> Bus:
+async def open_bus(
+    args: argparse.Namespace, name: str, *, request_timeout: float = 10.0,
+    refused: asyncio.Future[str] | None = None,
+) -> Bus:  # fmt: skip
     """Connect to `args.nats` with the `--nats-*` options; a Bus for `args.cluster`.
 
     A bad URL raises CommandError (exit 2); a server that cannot be reached (or refuses us) raises
     CommandError naming it after two quick attempts. Once connected, each distinct error the
-    client meets is one line on stderr.
+    client meets is one line on stderr; the server's first refusal of something our identity
+    may not do goes to `refused` instead, when given.
     """
     url = checked_url(args.nats)
     subjects = checked_subjects(args.cluster)
@@ -242,6 +246,10 @@ async def open_bus(args: argparse.Namespace, name: str, *, request_timeout: floa
             failures.append(exc)
             return
         text = describe_error(exc)
+        if refused is not None and "permissions violation" in text.lower():
+            if not refused.done():
+                refused.set_result(text.removeprefix("nats: "))
+            return
         if text not in reported:
             reported.add(text)
             print(f"{name}: {text}", file=sys.stderr)
@@ -323,15 +331,29 @@ async def unless_stdout_closes(work: Awaitable[int]) -> int:
     raise BrokenPipeError
 
 
+async def unless_refused(work: Awaitable[int], refused: asyncio.Future[str], bus: Bus) -> int:
+    """`await work`, or CommandError as soon as the server refuses what we sent (rather than
+    waiting for a reply that cannot come)."""
+    task = asyncio.ensure_future(work)
+    await asyncio.wait({task, refused}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    raise CommandError(f"the server refused: {refused.result()} (identity {bus.caller})")
+
+
 def run_on_bus(
     command: str, args: argparse.Namespace, body: Callable[[Bus], Awaitable[int]]
 ) -> int:
     """Connect (see `open_bus`), run `body(bus)`, close; failures as in `run_command`."""
 
     async def main() -> int:
-        bus = await open_bus(args, f"gpuyard-{command.replace(' ', '-')}")
+        refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        bus = await open_bus(args, f"gpuyard-{command.replace(' ', '-')}", refused=refused)
         try:
-            return await unless_stdout_closes(body(bus))
+            return await unless_stdout_closes(unless_refused(body(bus), refused, bus))
         except BrokenPipeError:
             await bus.nc.close()  # nobody reads on: nothing is worth draining for
             raise

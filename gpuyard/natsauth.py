@@ -113,6 +113,11 @@ def _read_events(stream: str) -> list[str]:
 def _perms(
     publish: list[str], subscribe: list[str], caller: Caller, *, responds: bool
 ) -> dict[str, Any]:
+    if responds and caller.role == "svc":
+        # Services answer on any inbox: the server forgets the reply subjects it allowed (below)
+        # when it reloads its users (`gpuyard auth add-node` on a running cluster), and a
+        # service's request in hand must still be answered then. Inboxes are unguessable.
+        publish, responds = [*publish, "_INBOX.>"], False
     perms: dict[str, Any] = {
         "publish": {"allow": sorted(set(publish))},
         "subscribe": {"allow": sorted({*subscribe, f"{caller.inbox_prefix}.>"})},
