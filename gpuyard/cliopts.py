@@ -335,12 +335,15 @@ async def unless_refused(work: Awaitable[int], refused: asyncio.Future[str], bus
     """`await work`, or CommandError as soon as the server refuses what we sent (rather than
     waiting for a reply that cannot come)."""
     task = asyncio.ensure_future(work)
-    await asyncio.wait({task, refused}, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    try:
+        await asyncio.wait({task, refused}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+    finally:
+        if not task.done():  # refused, or we are cancelled (nobody reads our stdout)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
     raise CommandError(f"the server refused: {refused.result()} (identity {bus.caller})")
 
 
