@@ -195,7 +195,7 @@ def control_plane_configs(
     return {
         "placement": PlacementConfig(
             policy=placement, heartbeat_timeout_s=heartbeat_timeout_s, durable=durable,
-            command_timeout_s=1.0,
+            command_timeout_s=3.0,
         ),
         "scheduler": SchedulerConfig(
             policy=policy,

@@ -143,6 +143,7 @@ async def secured_cluster(root: Path, identities: list[str]) -> AsyncIterator[Se
         creds.add(Caller.parse(identity))
     configs = control_plane_configs(round_s=0.5, heartbeat_timeout_s=1.5)
     configs["placement"].heartbeat_check_s = 0.1
+    configs["placement"].command_timeout_s = 1.0
     configs["scheduler"].event_storage = "memory"
     server = EmbeddedNats(state_dir=creds.root, auth=creds.users_conf)
     async with server as url, AsyncExitStack() as stack:

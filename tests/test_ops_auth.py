@@ -20,28 +20,11 @@ from typing import Any, TypeVar
 
 import pytest
 
+from gpuyard.pki import make_pki
+
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 CLUSTER = "flow"
 T = TypeVar("T")
-
-
-def openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
-def make_pki(folder: Path) -> tuple[Path, Path, Path]:
-    """A throwaway CA and a server certificate it signed for 127.0.0.1: (ca, cert, key)."""
-    ca, ca_key = folder / "ca.pem", folder / "ca.key"
-    cert, key, csr = folder / "server.pem", folder / "server.key", folder / "server.csr"
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=gpuyard test CA",
-            "-keyout", str(ca_key), "-out", str(ca))  # fmt: skip
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", str(key),
-            "-out", str(csr))  # fmt: skip
-    ext = folder / "san.ext"
-    ext.write_text("subjectAltName=IP:127.0.0.1\n")
-    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
-            "-days", "1", "-extfile", str(ext), "-out", str(cert))  # fmt: skip
-    return ca, cert, key
 
 
 def free_port() -> int:
@@ -107,7 +90,7 @@ class Flow:
                  "--heartbeat", "0.2", "--grace", "5", "--address", "127.0.0.1", "--state-dir",
                  str(self.root / node), "--checkpoint-root", str(self.root / "ckpt")],
                 stdout=log, stderr=log, text=True,
-            )  # fmt: skip
+            )
         )
 
     def jobs(self, profile: str) -> dict[str, dict[str, Any]]:

@@ -237,26 +237,28 @@ async def test_a_removed_identity_is_refused(cluster: Secured) -> None:
 
 
 async def test_a_stuck_node_agent_does_not_stall_the_rounds(cluster: Secured) -> None:
-    """An agent that stops answering in the middle of a command (as one killed there): placement
-    gives up on it after `command_timeout_s`, other jobs start elsewhere within a few seconds, and
-    once its heartbeats stop too it is declared lost and its job requeued."""
+    """An agent that stops answering in the middle of a command (as one killed there, or hung):
+    placement does not wait for it, other jobs start elsewhere at once, and the silent node is
+    declared lost within `command_timeout_s` (1 s), though it still heartbeats, its job requeued."""
     good, stuck = await cluster.client("node.good"), await cluster.client("node.stuck")
     await fake_agent(good, "good", gpus=2)
     stuck_beat = await fake_agent(stuck, "stuck", gpus=4, answer=False)
+    op = await cluster.client(OPERATOR.token)
     big = await submit(cluster, "user.alice", gpus=4)  # only `stuck` has 4 GPUs
-    await asyncio.sleep(0.2)  # placement now waits on `stuck`
+    assert await running_on(cluster, big) == "stuck"  # (as placement believes)
     started = time.monotonic()
     small = await submit(cluster, "user.alice", gpus=1)
-    await running_on(cluster, small)
-    assert time.monotonic() - started < 4.0
-    assert (await cluster.job(big)).state == "queued"
-    stuck_beat.cancel()  # ... and it dies
-    op = await cluster.client(OPERATOR.token)
+    assert await running_on(cluster, small) == "good"
+    assert time.monotonic() - started < 1.0  # nobody waited for `stuck`
 
     async def lost() -> bool:
         return "stuck" in (await op.bus.call(CLUSTER, Empty())).down
 
-    await cluster.until(lost, "the stuck node declared lost", within_s=6)
+    await cluster.until(lost, "the stuck node declared lost", within_s=3)
+    assert time.monotonic() - started < 3.0
+    record = await cluster.job(big)
+    assert (record.state, record.reason, record.preemptions) == ("queued", "node lost", 1)
+    stuck_beat.cancel()
     # Rounds still run: another job starts on the good node (once the 4-GPU job, which no longer
     # fits anywhere, is out of FIFO's way).
     await op.bus.call(CANCEL, CancelRequest(job_ids=[big]))

@@ -41,7 +41,7 @@ from gpuyard.shared.endpoints import (
     REREGISTER,
     Endpoint,
 )
-from gpuyard.shared.errors import BadRequest
+from gpuyard.shared.errors import BadRequest, RemoteError
 from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobSpec, NodeSpec
 from gpuyard.shared.policy import NodeView, PlacementInput, PlacementPolicy, placement_policies
@@ -57,11 +57,11 @@ class PlacementConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     heartbeat_check_s: float = 0.5
     """How often the heartbeat checker looks."""
     command_timeout_s: float | None = None
-    """How long one node agent may take to answer a command (None: the connection's default, for
-    simulated nodes, which answer in virtual time). A real agent answers at once (launches run in
-    the background), so one that has not answered within this is presumed gone: its launches
-    fail, it gets no more commands and no more jobs until it registers again, and it is declared
-    lost when its heartbeats stop. One dead agent holds placement up for this long, once."""
+    """Real node agents (those that heartbeat): placement sends them their commands without
+    waiting (one slow or dead agent must not hold up the cluster) and watches for the answers in
+    the background; an agent that has not answered within this (it answers at once: launches
+    run in the background) is declared lost at once, its jobs requeued. None: wait for every
+    answer, as for simulated nodes, which answer in virtual time."""
     durable: bool = False
     """Keep the cluster map in a JetStream key-value bucket: a restarted placement goes on."""
 
@@ -107,6 +107,7 @@ class Placement(Service):
         self.beats: dict[str, Heartbeat] = {}
         self._checker: asyncio.Task[None] | None = None
         self.unresponsive: set[str] = set()  # nodes that did not answer a command, until they register
+        self._watchers: set[asyncio.Task[None]] = set()  # real agents' answers to commands
         self.lost: list[str] = []  # stopped by a node's departure, not yet told to the scheduler
         self.changed = False  # the request in hand changed the state to store
         self.last_request = ""
@@ -144,6 +145,8 @@ class Placement(Service):
         if self._checker is not None:
             self._checker.cancel()
             self._checker = None
+        for task in list(self._watchers):
+            task.cancel()
 
     def routes(self) -> dict[Endpoint[Any, Any], Handler]:
         return {
@@ -222,7 +225,9 @@ class Placement(Service):
     async def nodes_changed(self, req: NodesChanged) -> NodesChangedReply:
         self.changed = True
         unknown = [n for n in req.gone if n not in self.nodes]
-        if unknown:
+        if unknown and self.config.command_timeout_s is not None:  # (declared lost twice)
+            req = msgspec.structs.replace(req, gone=[n for n in req.gone if n in self.nodes])
+        elif unknown:
             raise BadRequest(f"unknown nodes {unknown[:5]}", field="$.gone")
         gone = set(req.gone)
         for node_id in req.gone:
@@ -260,6 +265,8 @@ class Placement(Service):
     async def stop(self) -> None:
         if self._checker is not None:
             self._checker.cancel()
+        for task in list(self._watchers):
+            task.cancel()
         await super().stop()
 
     async def heartbeats(self, _: Empty) -> HeartbeatsPage:
@@ -332,6 +339,7 @@ class Placement(Service):
 
     async def apply(self, req: ApplyRequest) -> ApplyReply:
         self.changed = True
+        reported = self._reported_progress()  # (before the jobs it stops leave `running`)
         ended = self._stop_released(req.released)
         for job_id in req.released:
             self._free(job_id)
@@ -403,7 +411,7 @@ class Placement(Service):
             unplaced=[a.job_id for a in req.allocations if a.job_id not in self.running],
             lost=lost,
             capacity=self.capacity(),
-            progress={**self._reported_progress(), **progress},
+            progress={**reported, **progress},
         )
 
     def _reported_progress(self) -> dict[str, StepsReport]:
@@ -536,28 +544,34 @@ class Placement(Service):
     async def _send(
         self, commands: dict[str, NodeCommand]
     ) -> tuple[set[str], dict[str, StepsReport], set[str]]:
-        """Send the commands at once and wait (at most `command_timeout_s`) for the replies. Returns
-        the jobs whose launch failed, the progress reported of stopped jobs, and the nodes that
-        answered. A node that does not answer is marked unresponsive and asked to register again
-        (it then stops whatever it runs that we do not place there)."""
+        """Send the commands at once. Simulated nodes' answers are awaited: returns the jobs whose
+        launch failed, the progress reported of stopped jobs, and the nodes that answered. Real
+        agents' answers are not (see `command_timeout_s`): `_watch` declares a silent one lost."""
         order = sorted(commands)
-        skipped = [n for n in order if n in self.unresponsive]
-        for node_id in skipped:
-            self.log.warning("node.command_skipped", node_id=node_id, reason="unresponsive")
-        sent = [n for n in order if n not in self.unresponsive]
+        for node_id in order:
+            if node_id in self.unresponsive:
+                self.log.warning("node.command_skipped", node_id=node_id, reason="unresponsive")
+        order = [n for n in order if n not in self.unresponsive]
+        watched = self.config.command_timeout_s is not None
+        real = [n for n in order if watched and n in self.last_seen]
+        for node_id in real:
+            task = asyncio.create_task(self._watch(node_id, commands[node_id]))
+            self._watchers.add(task)
+            task.add_done_callback(self._watchers.discard)
+        awaited = [n for n in order if n not in real]
         replies = await asyncio.gather(
             *(
                 self.bus.call(
                     NODE_COMMAND, commands[n], node=n, within_s=self.config.command_timeout_s
                 )
-                for n in sent
+                for n in awaited
             ),
             return_exceptions=True,
         )
         failed: set[str] = set()
         progress: dict[str, StepsReport] = {}
-        done: set[str] = set()
-        for node_id, reply in [*zip(sent, replies, strict=True), *((n, None) for n in skipped)]:
+        done: set[str] = set(real)
+        for node_id, reply in zip(awaited, replies, strict=True):
             if isinstance(reply, NodeCommandReply):
                 done.add(node_id)
                 for job_id, steps in reply.progress.items():
@@ -565,11 +579,35 @@ class Placement(Service):
                     if seen is None or steps < seen.steps:  # parts of one job: the slowest rank
                         progress[job_id] = StepsReport(steps, commands[node_id].now)
                 continue
-            failed.update(launch.job_id for launch in commands[node_id].launch)
-            if reply is None:
-                continue
             self.log.error("node.command_failed", node_id=node_id, error=str(reply))
-            if node_id in self.last_seen and self.config.command_timeout_s is not None:
-                self.unresponsive.add(node_id)
-                await self.bus.publish(REREGISTER, Empty(), node=node_id)
+            failed.update(launch.job_id for launch in commands[node_id].launch)
+        for node_id in set(commands) - set(order):  # unresponsive: its launches did not happen
+            failed.update(launch.job_id for launch in commands[node_id].launch)
         return failed, progress, done
+
+    async def _watch(self, node_id: str, command: NodeCommand) -> None:
+        """A real agent's answer to `command`: none within `command_timeout_s`, and the node is
+        declared lost (through our own subject, in order with the other requests); its jobs are
+        requeued, and if it is alive after all it registers again and stops what it runs."""
+        assert self.config.command_timeout_s is not None
+        deadline = time.monotonic() + self.config.command_timeout_s
+        while True:
+            try:
+                await self.bus.call(
+                    NODE_COMMAND, command, node=node_id, within_s=deadline - time.monotonic()
+                )
+                return
+            except RemoteError as exc:
+                # Nobody listens: not delivered, so safe to send again while the agent comes
+                # back (a NATS server restart); delivered but unanswered: never sent twice.
+                if exc.reply.error != "no service is listening" or time.monotonic() + 0.1 > deadline:
+                    error = exc
+                    break
+            await asyncio.sleep(0.1)
+        if node_id in self.nodes and node_id not in self.unresponsive:
+            self.unresponsive.add(node_id)  # no more commands or jobs meanwhile
+            self.log.error("node.command_failed", node_id=node_id, error=str(error))
+            lost = NodesChanged(
+                now=time.time(), gone=[node_id], reason=f"no answer to a command ({error.reply.error})"
+            )
+            await self.bus.nc.publish(self.bus.subject(NODES), encode(lost))

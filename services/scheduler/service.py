@@ -130,6 +130,8 @@ class Scheduler(Service):
         self.durability = SchedulerStore(self.store)
         self._ticker: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()  # wall clock: tick now (jobs arrived or ended, nodes changed)
+        self._ticked = asyncio.Event()  # wall clock: the tick we sent is being handled
+        self._tick_sent = -math.inf  # ... sent then (monotonic), not handled yet
 
     # ------------------------------------------------------------------ policy
 
@@ -193,6 +195,13 @@ class Scheduler(Service):
                 await asyncio.wait_for(
                     self._wake.wait(), min(max(due - now, 0.05), self.config.round_s)
                 )
+            if time.monotonic() - self._tick_sent < self.config.round_s:
+                # A tick is still queued behind other requests: its round will see what changed
+                # since (arrivals under load share one round). Wait for it to be handled.
+                await self._ticked.wait()
+                continue
+            self._ticked.clear()
+            self._tick_sent = time.monotonic()
             await self.bus.nc.publish(subject, encode(TickRequest(now=time.time())))
 
     # ------------------------------------------------------------------ durable state
@@ -372,6 +381,8 @@ class Scheduler(Service):
         return self._status(req.now)
 
     async def tick(self, req: TickRequest) -> SchedulerStatus:
+        self._tick_sent = -math.inf  # (wall clock: the next poke sends another)
+        self._ticked.set()
         ran = await self._round_if_due(req.now, True)
         return self._status(req.now, ran_round=ran)
 
