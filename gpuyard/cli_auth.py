@@ -1,6 +1,7 @@
 """`gpuyard auth`: the cluster's identities (gpuyard/natsauth.py), managed on the control machine.
 
-    gpuyard auth init      [--cluster C] [--state-dir D]   operator + services (done by `up` too)
+    gpuyard auth init      [--cluster C] [--state-dir D] [--node ID ...] [--user NAME ...]
+                           operator + services (+ these), those missing only (`up` does it too)
     gpuyard auth add-node  ID [--out FILE]                 a node agent's credentials
     gpuyard auth add-user  NAME [--operator] [--out FILE]  a submitter's (or an operator's)
     gpuyard auth remove    ROLE.NAME                       revoke an identity
@@ -35,7 +36,9 @@ def add_auth_parser(sub: argparse._SubParsersAction) -> None:
         a.set_defaults(run=lambda args: run_auth(args, name))
         return a
 
-    action("init", "create the operator's and the services' identities (once)")
+    a = action("init", "create the operator's and the services' identities, those missing only")
+    a.add_argument("--node", action="append", default=[], help="a node's too (repeatable)")
+    a.add_argument("--user", action="append", default=[], help="a submitter's too (repeatable)")
     a = action("add-node", "issue a node agent's credentials (it can act only as that node)")
     a.add_argument("name", metavar="ID", help="the node id")
     a.add_argument("--out", type=Path, help="also write the profile here")
@@ -63,7 +66,8 @@ def _run(args: argparse.Namespace, action: str) -> int:
     state = (args.state_dir or default_state_dir(args.cluster)).expanduser().resolve()
     creds = Credentials(state, args.cluster)
     if action == "init":
-        new = creds.init()
+        more = [Caller("node", n) for n in args.node] + [Caller("user", u) for u in args.user]
+        new = creds.init(more)
         print(f"{'created' if new else 'already there'}: {state}")
         print(f"the server's users: include {creds.users_conf} in its config")
         return 0

@@ -79,10 +79,22 @@ def default_state_dir(cluster: str) -> Path:
     return Path(data) / "gpuyard" / cluster
 
 
+SYSTEM_STATE_DIR = Path("/etc/gpuyard/cluster")
+"""Where a machine's services keep the credentials under systemd and docker-compose (deploy/)."""
+
+
 def local_profile(cluster: str) -> Path | None:
-    """The operator profile `gpuyard up` wrote for `cluster` on this machine, if readable."""
-    path = default_state_dir(cluster) / "profiles" / f"{OPERATOR.token}.json"
-    return path if os.access(path, os.R_OK) else None
+    """The operator profile of `cluster` on this machine that we may read: `gpuyard up`'s (in
+    the default state directory), else the system's (`/etc/gpuyard/cluster`, deploy/)."""
+    for root in (default_state_dir(cluster), SYSTEM_STATE_DIR):
+        path = root / "profiles" / f"{OPERATOR.token}.json"
+        if os.access(path, os.R_OK):
+            try:
+                if json.loads(path.read_text()).get("cluster") == cluster:
+                    return path
+            except (OSError, ValueError):
+                continue
+    return None
 
 
 # --------------------------------------------------------------------------- permissions
@@ -140,7 +152,7 @@ def permissions(caller: Caller, cluster: str) -> dict[str, Any]:
 
     services = [*SERVICE_TOKENS.values()]
     reads = [call(e) for e in (JOBS, STATUS, QUERY, CLUSTER, HEARTBEATS, NODE_LOGS)]
-    reads += [call(e, svc=svc) for e in (PING, STATS) for svc in services]
+    reads += [call(e, svc=svc) for e in (PING, STATS) for svc in [*services, "node.*"]]
     reads += [call(POLICY, svc=SERVICE_TOKENS[n]) for n in CONTROL_PLANE]
     watch = [s.every(LOG_LINE), s.every(EVENT, type=">"), s.of(PROGRESS)]
     if caller.role == "user":
@@ -154,7 +166,7 @@ def permissions(caller: Caller, cluster: str) -> dict[str, Any]:
         node = caller.name
         publish = [
             call(REGISTER), call(NODES), call(EXITED), s.of(HEARTBEAT, node=node),
-            s.every(LOG_LINE, node=node),
+            s.every(LOG_LINE, node=node), s.of(PING, svc=f"node.{node}"),  # (its health check)
         ]  # fmt: skip
         return _perms(publish, [f"{s.node(node)}.>", DISCOVERY], caller, responds=True)
     # The services.
@@ -162,7 +174,8 @@ def permissions(caller: Caller, cluster: str) -> dict[str, Any]:
     token = SERVICE_TOKENS[name]
     own = [f"{s.service(name)}.>", call(TAKEOVER, svc=token)]
     if name == "simclock":  # drives a simulation: talks to every service, impersonates the nodes
-        return _perms([f"{s.root}.>"], [*own, s.every(NODE_COMMAND), DISCOVERY], caller, responds=True)
+        subscribe = [*own, s.every(NODE_COMMAND), s.of(PROGRESS), DISCOVERY]
+        return _perms([f"{s.root}.>", DISCOVERY], subscribe, caller, responds=True)
     publish = [*own, f"{s.events}.>", *_kv(f"gpuyard_{cluster}_{name}".replace(".", "_"))]
     subscribe = [*own, DISCOVERY]
     if name == "admission":
@@ -261,18 +274,20 @@ class Credentials:
 
     # ------------------------------------------------------------------ changing
 
-    def init(self) -> bool:
-        """Create the store with the operator and the services' identities (once); True if new."""
+    def init(self, more: list[Caller] | None = None) -> bool:
+        """Create the store with the operator's and the services' identities, and `more`, those
+        of them that it lacks (so it can run again: nobody's key changes); True if it was new."""
         for folder in (self.root, self.auth_dir, self.profiles):
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
             os.chmod(folder, 0o700)
-        if self.exists:
-            self.index()  # the right cluster's
-            return False
-        self._save(Identities(cluster=self.cluster))
-        for caller in (OPERATOR, *(Caller("svc", name) for name in SERVICES)):
-            self.add(caller)
-        return True
+        new = not self.exists
+        if new:
+            self._save(Identities(cluster=self.cluster))
+        have = {i.identity for i in self.index().identities}
+        for caller in (OPERATOR, *(Caller("svc", name) for name in SERVICES), *(more or [])):
+            if caller.token not in have:
+                self.add(caller)
+        return new
 
     def add(self, caller: Caller) -> Path:
         """A new identity (a new key if it existed: the old one stops working); its profile."""

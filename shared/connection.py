@@ -209,7 +209,7 @@ def add_nats_arguments(
     helps = {
         "identity": "who requests act for, ROLE.NAME (op.admin, user.alice, node.n1)",
         "seed": "the identity's NKey seed (better: a profile, or $GPUYARD_NATS_SEED)",
-        "user": "user name (auth.conf users)",
+        "user": "user name (a server with users of its own)",
         "password": "password (better: $GPUYARD_NATS_PASSWORD)",
         "token": "authorization token (better: $GPUYARD_NATS_TOKEN)",
         "creds": "a .creds file (JWT + NKey seed)",
