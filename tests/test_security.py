@@ -239,7 +239,8 @@ async def test_a_removed_identity_is_refused(cluster: Secured) -> None:
 async def test_a_stuck_node_agent_does_not_stall_the_rounds(cluster: Secured) -> None:
     """An agent that stops answering in the middle of a command (as one killed there, or hung):
     placement does not wait for it, other jobs start elsewhere at once, and the silent node is
-    declared lost within `command_timeout_s` (1 s), though it still heartbeats, its job requeued."""
+    declared lost after its command went unanswered twice (`command_timeout_s`, 1 s here), though
+    it still heartbeats, its job requeued."""
     good, stuck = await cluster.client("node.good"), await cluster.client("node.stuck")
     await fake_agent(good, "good", gpus=2)
     stuck_beat = await fake_agent(stuck, "stuck", gpus=4, answer=False)
@@ -254,8 +255,8 @@ async def test_a_stuck_node_agent_does_not_stall_the_rounds(cluster: Secured) ->
     async def lost() -> bool:
         return "stuck" in (await op.bus.call(CLUSTER, Empty())).down
 
-    await cluster.until(lost, "the stuck node declared lost", within_s=3)
-    assert time.monotonic() - started < 3.0
+    await cluster.until(lost, "the stuck node declared lost", within_s=5)
+    assert time.monotonic() - started < 4.0
     record = await cluster.job(big)
     assert (record.state, record.reason, record.preemptions) == ("queued", "node lost", 1)
     stuck_beat.cancel()

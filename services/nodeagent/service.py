@@ -93,6 +93,7 @@ class NodeAgent(Service):
         self.parts: dict[str, JobPart] = {}
         self.holders: dict[int, JobPart] = {}  # GPU index -> the part whose processes hold it
         self.pending_exits: list[JobExit] = []
+        self.launched: dict[tuple[Any, ...], None] = {}  # launches handled (the latest, in order)
         self._exits_ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._register_lock = asyncio.Lock()
@@ -231,9 +232,16 @@ class NodeAgent(Service):
         preempted = [job_id for job_id in cmd.preempt if self._stop_part(job_id)]
         launched = []
         for launch in cmd.launch:
+            key = _launch_key(launch)
+            if key in self.launched:  # the same command again (its answer was lost): done already
+                launched.append(launch.job_id)
+                continue
             if launch.job_id in self.parts:
                 self._stop_part(launch.job_id)  # moved within the node: a fresh start
             self._start_part(launch)
+            self.launched[key] = None
+            while len(self.launched) > 10_000:
+                del self.launched[next(iter(self.launched))]
             launched.append(launch.job_id)
         return NodeCommandReply(preempted=preempted, launched=launched, progress=progress)
 
@@ -347,6 +355,11 @@ class NodeAgent(Service):
                 await self.bus.publish(HEARTBEAT, self.heartbeat(), node=self.node_id)
             self.notifier.notify("WATCHDOG=1")
             await asyncio.sleep(every)
+
+
+def _launch_key(launch: Launch) -> tuple[Any, ...]:
+    """What makes a launch this one: the job's run (attempt) on these GPUs, in this shape."""
+    return (launch.job_id, launch.attempt, tuple(launch.gpus), launch.rank_offset, launch.world_size)
 
 
 def _tail_logs(folder: Path, tail_bytes: int, node_id: str) -> list[str]:

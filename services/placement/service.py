@@ -5,6 +5,7 @@ that lost their GPUs, launch the ones that gained some."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 import zlib
@@ -108,6 +109,7 @@ class Placement(Service):
         self._checker: asyncio.Task[None] | None = None
         self.unresponsive: set[str] = set()  # nodes that did not answer a command, until they register
         self._watchers: set[asyncio.Task[None]] = set()  # real agents' answers to commands
+        self._last_command: dict[str, asyncio.Task[None]] = {}  # per node: its commands in order
         self.lost: list[str] = []  # stopped by a node's departure, not yet told to the scheduler
         self.changed = False  # the request in hand changed the state to store
         self.last_request = ""
@@ -555,9 +557,11 @@ class Placement(Service):
         watched = self.config.command_timeout_s is not None
         real = [n for n in order if watched and n in self.last_seen]
         for node_id in real:
-            task = asyncio.create_task(self._watch(node_id, commands[node_id]))
+            before = self._last_command.get(node_id)
+            task = asyncio.create_task(self._watch(node_id, commands[node_id], before))
             self._watchers.add(task)
             task.add_done_callback(self._watchers.discard)
+            self._last_command[node_id] = task
         awaited = [n for n in order if n not in real]
         replies = await asyncio.gather(
             *(
@@ -585,26 +589,43 @@ class Placement(Service):
             failed.update(launch.job_id for launch in commands[node_id].launch)
         return failed, progress, done
 
-    async def _watch(self, node_id: str, command: NodeCommand) -> None:
-        """A real agent's answer to `command`: none within `command_timeout_s`, and the node is
-        declared lost (through our own subject, in order with the other requests); its jobs are
-        requeued, and if it is alive after all it registers again and stops what it runs."""
+    async def _watch(
+        self, node_id: str, command: NodeCommand, before: asyncio.Task[None] | None
+    ) -> None:
+        """Deliver `command` to a real agent, after the node's earlier commands (order matters:
+        a launch must not overtake an earlier preempt), and watch for its answer. Sent again
+        while nobody listens (the agent reconnects), and once more if it went unanswered while the
+        agent kept heartbeating (the answer was lost, e.g. in a NATS restart: a repeated launch is
+        a no-op for the agent); otherwise, after `command_timeout_s`, the node is declared lost
+        (through our own subject, in order with the other requests) and its jobs requeued."""
+        if before is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(before)
         assert self.config.command_timeout_s is not None
-        deadline = time.monotonic() + self.config.command_timeout_s
-        while True:
+        timeout = self.config.command_timeout_s
+        deadline = time.monotonic() + timeout
+        resent = False
+        while node_id in self.nodes:
+            sent = time.time()
             try:
                 await self.bus.call(
-                    NODE_COMMAND, command, node=node_id, within_s=deadline - time.monotonic()
+                    NODE_COMMAND, command, node=node_id, within_s=max(deadline - time.monotonic(), 0.1)
                 )
                 return
             except RemoteError as exc:
-                # Nobody listens: not delivered, so safe to send again while the agent comes
-                # back (a NATS server restart); delivered but unanswered: never sent twice.
-                if exc.reply.error != "no service is listening" or time.monotonic() + 0.1 > deadline:
-                    error = exc
-                    break
-            await asyncio.sleep(0.1)
-        if node_id in self.nodes and node_id not in self.unresponsive:
+                error = exc
+            alive = self.last_seen.get(node_id, 0.0) > sent
+            if error.reply.error == "no service is listening" and time.monotonic() + 0.1 < deadline:
+                await asyncio.sleep(0.1)  # not delivered: safe to send again
+                continue
+            if alive and not resent:
+                resent, deadline = True, time.monotonic() + timeout
+                self.log.warning("node.command_resent", node_id=node_id, error=str(error))
+                continue
+            break
+        else:
+            return  # the node is gone already (declared lost, or left)
+        if node_id not in self.unresponsive:
             self.unresponsive.add(node_id)  # no more commands or jobs meanwhile
             self.log.error("node.command_failed", node_id=node_id, error=str(error))
             lost = NodesChanged(
