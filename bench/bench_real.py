@@ -5,10 +5,12 @@
    `job.started` event received. Targets: p50 < 50 ms, p99 < 200 ms.
 2. heartbeat scale: 500 simulated agents (registered, then heartbeating every second) on one NATS
    server for `--hb-seconds`; no node may be declared lost.
-3. secured (`--only secure`): the control plane of `gpuyard up` under auth (each service, agent
+3. secured (`--only serial,secure`): the control plane of `gpuyard up` under auth (each service, agent
    and the submitter with its own NKey) and TLS, 20 real agents; jobs submitted open-loop at
-   `--rate` per second for `--seconds`: the submissions achieved per second and submit -> running
-   (the `job.started` event). Targets: >= 80/s sustained, p99 <= 100 ms.
+   `--rate` per second for `--seconds` (`secure`), or one at a time as fast as they start
+   (`serial`, `--jobs`): the submissions achieved per second and submit -> running (the
+   `job.started` event). Targets: >= 80/s sustained, p99 <= 100 ms. `--insecure`: the same
+   cluster without auth and TLS, to compare.
 4. kill -9 mid-command (`--only kill`, same secured cluster): an agent is stopped (SIGSTOP), given
    a job only it can run, and killed (SIGKILL) while placement waits for its answer; then a job
    for the others is submitted: the time from the kill to that job running (the next round;
@@ -254,6 +256,8 @@ async def secured(args: argparse.Namespace, root: Path) -> None:
             await watcher.nc.subscribe(watcher.subjects.of(EVENT, type="job.started"), cb=started.on_event)
             try:
                 await wait_nodes(watcher, len(nodes))
+                if "serial" in args.only:
+                    await serial(args, bus, started)
                 if "secure" in args.only:
                     await throughput(args, bus, started)
                 if "kill" in args.only:
@@ -262,6 +266,26 @@ async def secured(args: argparse.Namespace, root: Path) -> None:
                 await stop_all(procs)
                 await bus.close()
                 await watcher.close()
+
+
+async def serial(args: argparse.Namespace, bus: Bus, started: Started) -> None:
+    """One submission at a time, the next as soon as the last one runs (the latency phase's
+    measure, with no pause): the rate that sustains, and submit -> running."""
+    samples = []
+    t0 = time.perf_counter()
+    for i in range(args.jobs):
+        job = {"job_id": f"q{i}", "num_gpus": 1, "command": ["sleep", "0.2"]}
+        sent = time.perf_counter()
+        await bus.call(SUBMIT, {"jobs": [job]})
+        samples.append((await started.wait(job["job_id"]) - sent) * 1000)
+    took = time.perf_counter() - t0
+    kind = "open (no auth, no TLS)" if args.insecure else "secured (auth + TLS)"
+    print(
+        f"{kind}, {args.secure_agents} agents, one at a time: {args.jobs} jobs in {took:.1f} s "
+        f"({args.jobs / took:.1f}/s); submit->running p50 {statistics.median(samples):.1f} ms, "
+        f"p99 {pct(samples, 99):.1f} ms, max {max(samples):.1f} ms",
+        flush=True,
+    )
 
 
 async def throughput(args: argparse.Namespace, bus: Bus, started: Started) -> None:
@@ -354,7 +378,7 @@ async def kill_mid_command(
 
 
 async def main(args: argparse.Namespace) -> None:
-    if {"secure", "kill"} & set(args.only):
+    if {"serial", "secure", "kill"} & set(args.only):
         with tempfile.TemporaryDirectory(prefix="gpuyard-bench-") as tmp:
             await secured(args, Path(tmp))
     if not {"latency", "heartbeats"} & set(args.only):
@@ -391,8 +415,9 @@ if __name__ == "__main__":
     p.add_argument("--hb-seconds", type=float, default=30.0)
     p.add_argument("--hb-timeout", type=float, default=3.0)
     p.add_argument(
-        "--only", type=lambda t: t.split(","), default=["latency", "heartbeats", "secure", "kill"],
-        help="phases: latency,heartbeats,secure,kill",
+        "--only", type=lambda t: t.split(","),
+        default=["latency", "heartbeats", "serial", "secure", "kill"],
+        help="phases: latency,heartbeats,serial,secure,kill",
     )  # fmt: skip
     p.add_argument("--rate", type=float, default=80.0, help="secure: submissions per second")
     p.add_argument("--seconds", type=float, default=20.0, help="secure: for this long")
