@@ -264,3 +264,33 @@ async def test_a_stuck_node_agent_does_not_stall_the_rounds(cluster: Secured) ->
     # fits anywhere, is out of FIFO's way).
     await op.bus.call(CANCEL, CancelRequest(job_ids=[big]))
     assert await running_on(cluster, await submit(cluster, "user.bob", gpus=1)) == "good"
+
+
+async def test_logs_follow_believes_only_the_nodes_a_job_runs_on(cluster: Secured) -> None:
+    """`gpuyard logs -f`: a node may write log lines only as itself (the server), and the command
+    shows them only from a node the job is placed on."""
+    import sys
+
+    n1, n2 = await cluster.client("node.n1"), await cluster.client("node.n2")
+    beats = [await fake_agent(n1, "n1"), await fake_agent(n2, "n2")]
+    job = await submit(cluster, "user.alice")
+    victim = await running_on(cluster, job)
+    runs, other = (n1, n2) if victim == "n1" else (n2, n1)
+    profile = cluster.creds.profile_path(Caller("user", "alice"))
+    follow = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpuyard.cli", "logs", "-f", job, "--nats-config", str(profile),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    await asyncio.sleep(2.0)  # (it subscribed)
+    other_id = "n2" if victim == "n1" else "n1"
+    for client, node, text in ((runs, victim, "genuine"), (other, other_id, "forged")):
+        line = LogLine(job_id=job, node_id=node, rank=0, line=text, time=time.time())
+        await client.bus.publish(LOG_LINE, line, job=job, node=node)
+    await asyncio.sleep(0.5)
+    op = await cluster.client(OPERATOR.token)
+    await op.bus.call(CANCEL, CancelRequest(job_ids=[job]))
+    out, err = await asyncio.wait_for(follow.communicate(), 30)
+    assert follow.returncode == 0, err.decode()
+    assert f"[{victim} rank0] genuine" in out.decode() and "forged" not in out.decode()
+    for beat in beats:
+        beat.cancel()
