@@ -5,8 +5,19 @@
    `job.started` event received. Targets: p50 < 50 ms, p99 < 200 ms.
 2. heartbeat scale: 500 simulated agents (registered, then heartbeating every second) on one NATS
    server for `--hb-seconds`; no node may be declared lost.
+3. secured (`--only serial,secure`): the control plane of `gpuyard up` under auth (each service, agent
+   and the submitter with its own NKey) and TLS, 20 real agents; jobs submitted open-loop at
+   `--rate` per second for `--seconds` (`secure`), or one at a time as fast as they start
+   (`serial`, `--jobs`): the submissions achieved per second and submit -> running (the
+   `job.started` event). Targets: >= 80/s sustained, p99 <= 100 ms. `--insecure`: the same
+   cluster without auth and TLS, to compare.
+4. kill -9 mid-command (`--only kill`, same secured cluster): an agent is stopped (SIGSTOP), given
+   a job only it can run, and killed (SIGKILL) while placement waits for its answer; then a job
+   for the others is submitted: the time from the kill to that job running (the next round;
+   target: within 2 heartbeat intervals, 2 s), and to the dead node declared lost.
 
     python bench/bench_real.py [--jobs 200] [--agents 8] [--sim-agents 500] [--hb-seconds 30]
+    python bench/bench_real.py --only secure,kill [--rate 80] [--seconds 20] [--secure-agents 20]
 """
 
 from __future__ import annotations
@@ -23,22 +34,27 @@ from pathlib import Path
 import msgspec
 
 from gpuyard.cli_cluster import control_plane_configs
-from gpuyard.embedded import EmbeddedNats
+from gpuyard.embedded import EmbeddedNats, ServerTls
 from gpuyard.launcher import ServiceSet
-from gpuyard.shared.connection import Bus, connect
+from gpuyard.natsauth import OPERATOR, Credentials
+from gpuyard.shared.connection import Bus, NatsAuth, connect
 from gpuyard.shared.contract import Empty, Event, GpuMetrics, Heartbeat, RegisterNode
 from gpuyard.shared.endpoints import (
-    CLUSTER as CLUSTER_INFO,
-)
-from gpuyard.shared.endpoints import (
+    CANCEL,
     EVENT,
     HEARTBEAT,
     HEARTBEATS,
     REGISTER,
+    SERVICE_TOKENS,
+    STATS,
     STATUS,
     SUBMIT,
     Subjects,
 )
+from gpuyard.shared.endpoints import (
+    CLUSTER as CLUSTER_INFO,
+)
+from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import NodeSpec
 
 CLUSTER = "bench"
@@ -60,35 +76,33 @@ async def wait_nodes(bus: Bus, n: int, within_s: float = 60) -> None:
         await asyncio.sleep(0.1)
 
 
+async def start_agent(
+    url: str, node: str, root: Path, *, gpus: int = 2, gpu_type: str = "t4", profile: Path | None = None
+) -> asyncio.subprocess.Process:
+    """A real node agent process (GPUs from flags), as itself when given its profile."""
+    identity = ["--nats-config", str(profile)] if profile else []
+    identity += ["--nats", url, "--cluster", CLUSTER]
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpuyard.services.nodeagent", *identity, "--node-id", node,
+        "--gpus", str(gpus), "--gpu-type", gpu_type, "--no-nvml", "--address", "127.0.0.1",
+        "--state-dir", str(root / node), "--checkpoint-root", str(root / "ckpt"),
+        "--log-level", "warning",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+async def stop_all(procs: list[asyncio.subprocess.Process]) -> None:
+    for p in procs:
+        if p.returncode is None:
+            p.terminate()
+    for p in procs:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                await p.wait()
+
+
 async def latency(url: str, agents: int, jobs: int, root: Path) -> dict[str, float]:
-    procs = []
-    for i in range(agents):
-        procs.append(
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "gpuyard.services.nodeagent",
-                "--nats",
-                url,
-                "--cluster",
-                CLUSTER,
-                "--node-id",
-                f"n{i}",
-                "--gpus",
-                "2",
-                "--no-nvml",
-                "--address",
-                "127.0.0.1",
-                "--state-dir",
-                str(root / f"n{i}"),
-                "--checkpoint-root",
-                str(root / "ckpt"),
-                "--log-level",
-                "warning",
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.DEVNULL,
-            )
-        )
+    procs = [await start_agent(url, f"n{i}", root) for i in range(agents)]
     bus = Bus(await connect(url, name="bench"), Subjects(CLUSTER))
     try:
         await wait_nodes(bus, agents)
@@ -125,12 +139,7 @@ async def latency(url: str, agents: int, jobs: int, root: Path) -> dict[str, flo
             "p99_ms": pct(samples, 99), "max_ms": max(samples), "mean_ms": statistics.fmean(samples),
         }  # fmt: skip
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(10):
-                    await p.wait()
+        await stop_all(procs)
         await bus.close()
 
 
@@ -181,28 +190,222 @@ async def heartbeats(url: str, n: int, seconds: float) -> dict[str, float]:
         await bus.close()
 
 
+class Started:
+    """`job.started` events as they arrive: job id -> when (perf_counter)."""
+
+    def __init__(self) -> None:
+        self.at: dict[str, float] = {}
+        self.waiting: dict[str, asyncio.Future[float]] = {}
+        self.decoder = msgspec.json.Decoder(Event)
+
+    async def on_event(self, msg: object) -> None:
+        event = self.decoder.decode(msg.data)  # type: ignore[attr-defined]
+        now = time.perf_counter()
+        self.at.setdefault(event.job_id or "", now)
+        fut = self.waiting.pop(event.job_id or "", None)
+        if fut is not None and not fut.done():
+            fut.set_result(now)
+
+    async def wait(self, job_id: str, within_s: float = 30) -> float:
+        if job_id in self.at:
+            return self.at[job_id]
+        fut = self.waiting[job_id] = asyncio.get_running_loop().create_future()
+        async with asyncio.timeout(within_s):
+            return await fut
+
+
+async def secured(args: argparse.Namespace, root: Path) -> None:
+    """Phases 3 and 4 on one secured (auth + TLS) cluster."""
+    from gpuyard.pki import make_pki
+
+    ca, cert, key = make_pki(root)
+    creds = Credentials(root / "state", CLUSTER)
+    creds.init()
+    nodes = [f"n{i}" for i in range(args.secure_agents)]
+    for caller in [*(Caller("node", n) for n in nodes), Caller("node", "victim"), Caller("user", "bench")]:
+        creds.add(caller)
+    if args.insecure:  # the same, without auth and TLS, to compare
+        server = EmbeddedNats(state_dir=creds.root)
+    else:
+        server = EmbeddedNats(state_dir=creds.root, auth=creds.users_conf, tls=ServerTls(cert, key))
+    async with server as url:
+        creds.set_server(url, None if args.insecure else str(ca))
+
+        def auth(caller: Caller) -> NatsAuth:
+            if args.insecure:
+                return NatsAuth(identity=caller.token)
+            return NatsAuth.from_profile(creds.profile(caller))
+
+        configs = control_plane_configs(round_s=5.0)
+        services = ServiceSet(
+            url, CLUSTER, configs, processes=True, log_level="warning", auth=auth(OPERATOR),
+            service_auth={n: auth(Caller("svc", n)) for n in configs},
+        )  # fmt: skip
+        async with services:
+            procs = [
+                await start_agent(url, n, root, profile=creds.profile_path(Caller("node", n)))
+                for n in nodes
+            ]
+            submitter = auth(Caller("user", "bench"))
+            bus = Bus(await connect(url, name="bench", auth=submitter), Subjects(CLUSTER),
+                      request_timeout=30, caller=submitter.caller)  # fmt: skip
+            op = auth(OPERATOR)
+            watcher = Bus(await connect(url, name="bench-op", auth=op), Subjects(CLUSTER),
+                          caller=op.caller)  # fmt: skip
+            started = Started()
+            await watcher.nc.subscribe(watcher.subjects.of(EVENT, type="job.started"), cb=started.on_event)
+            try:
+                await wait_nodes(watcher, len(nodes))
+                if "serial" in args.only:
+                    await serial(args, bus, started)
+                if "secure" in args.only:
+                    await throughput(args, bus, started)
+                if "kill" in args.only:
+                    await kill_mid_command(args, url, root, creds, bus, watcher, started)
+            finally:
+                await stop_all(procs)
+                await bus.close()
+                await watcher.close()
+
+
+async def serial(args: argparse.Namespace, bus: Bus, started: Started) -> None:
+    """One submission at a time, the next as soon as the last one runs (the latency phase's
+    measure, with no pause): the rate that sustains, and submit -> running."""
+    samples = []
+    t0 = time.perf_counter()
+    for i in range(args.jobs):
+        job = {"job_id": f"q{i}", "num_gpus": 1, "command": ["sleep", "0.2"]}
+        sent = time.perf_counter()
+        await bus.call(SUBMIT, {"jobs": [job]})
+        samples.append((await started.wait(job["job_id"]) - sent) * 1000)
+    took = time.perf_counter() - t0
+    kind = "open (no auth, no TLS)" if args.insecure else "secured (auth + TLS)"
+    print(
+        f"{kind}, {args.secure_agents} agents, one at a time: {args.jobs} jobs in {took:.1f} s "
+        f"({args.jobs / took:.1f}/s); submit->running p50 {statistics.median(samples):.1f} ms, "
+        f"p99 {pct(samples, 99):.1f} ms, max {max(samples):.1f} ms",
+        flush=True,
+    )
+
+
+async def throughput(args: argparse.Namespace, bus: Bus, started: Started) -> None:
+    """Open-loop submissions at `--rate`/s for `--seconds`: achieved rate, submit -> running."""
+    count = int(args.rate * args.seconds)
+    sent: dict[str, float] = {}
+
+    async def one(i: int) -> None:
+        job = {"job_id": f"s{i}", "num_gpus": 1, "command": ["sleep", "0.2"]}
+        sent[job["job_id"]] = time.perf_counter()
+        reply = await bus.call(SUBMIT, {"jobs": [job]})
+        assert reply.results[0].verdict == "admit", reply.results[0].reason
+
+    t0 = time.perf_counter()
+    tasks = []
+    for i in range(count):
+        delay = t0 + i / args.rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i)))
+    await asyncio.gather(*tasks)
+    submitted_s = time.perf_counter() - t0
+    ran = [await started.wait(j) - t for j, t in sent.items()]
+    samples = [x * 1000 for x in ran]
+    print(
+        f"{'open (no auth, no TLS)' if args.insecure else 'secured (auth + TLS)'}, {args.secure_agents} agents: {count} jobs offered at "
+        f"{args.rate:g}/s, all submitted in {submitted_s:.1f} s ({count / submitted_s:.1f}/s); "
+        f"submit->running p50 {statistics.median(samples):.1f} ms, p99 {pct(samples, 99):.1f} ms, "
+        f"max {max(samples):.1f} ms (targets >= 80/s, p99 <= 100 ms)",
+        flush=True,
+    )
+    for name, token in SERVICE_TOKENS.items():
+        if name != "simclock":
+            st = await bus.call(STATS, Empty(), svc=token)
+            calls = ", ".join(f"{k} {int(n)} x {1000 * t / max(n, 1):.1f} ms" for k, (n, t) in st.requests.items())
+            print(f"  {name}: {st.handled} requests, {st.handler_s:.1f} s in handlers; calls: {calls}")
+
+
+async def kill_mid_command(
+    args: argparse.Namespace, url: str, root: Path, creds: Credentials, bus: Bus, watcher: Bus,
+    started: Started,
+) -> None:  # fmt: skip
+    import os
+    import signal
+
+    lost: dict[str, float] = {}
+
+    async def on_lost(msg: object) -> None:
+        event = msgspec.json.decode(msg.data, type=Event)  # type: ignore[attr-defined]
+        lost.setdefault(event.node_id or "", time.perf_counter())
+
+    await watcher.nc.subscribe(watcher.subjects.of(EVENT, type="node.lost"), cb=on_lost)
+    victim = await start_agent(
+        url, "victim", root, gpus=8, gpu_type="a100",
+        profile=creds.profile_path(Caller("node", "victim")),
+    )  # fmt: skip
+    await wait_nodes(watcher, args.secure_agents + 1)
+    results = []
+    for attempt in range(args.kills):
+        if attempt:  # the victim again, after it was declared lost
+            victim = await start_agent(
+                url, "victim", root, gpus=8, gpu_type="a100",
+                profile=creds.profile_path(Caller("node", "victim")),
+            )  # fmt: skip
+            await wait_nodes(watcher, args.secure_agents + 1)
+        os.kill(victim.pid, signal.SIGSTOP)
+        big = {"job_id": f"k{attempt}", "num_gpus": 8, "gpu_type": "a100", "command": ["sleep", "60"]}
+        await bus.call(SUBMIT, {"jobs": [big]})
+        await asyncio.sleep(0.3)  # placement now waits for the stopped victim's answer
+        os.kill(victim.pid, signal.SIGKILL)
+        killed = time.perf_counter()
+        await victim.wait()
+        small = {"job_id": f"after{attempt}", "num_gpus": 1, "command": ["sleep", "0.2"]}
+        await bus.call(SUBMIT, {"jobs": [small]})
+        next_round = await started.wait(small["job_id"]) - killed
+        deadline = time.monotonic() + 15
+        while "victim" not in lost and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        declared = lost.pop("victim", float("nan")) - killed
+        results.append((next_round, declared))
+        await bus.call(CANCEL, {"job_ids": [big["job_id"]]})
+    rounds = [r for r, _ in results]
+    print(
+        f"kill -9 mid-command ({args.kills} times): next round {min(rounds):.2f}-{max(rounds):.2f} s "
+        f"after the kill (target <= 2 heartbeat intervals, 2 s); node declared lost "
+        f"{min(d for _, d in results):.2f}-{max(d for _, d in results):.2f} s after "
+        f"(heartbeat timeout 5 s)",
+        flush=True,
+    )
+
+
 async def main(args: argparse.Namespace) -> None:
+    if {"serial", "secure", "kill"} & set(args.only):
+        with tempfile.TemporaryDirectory(prefix="gpuyard-bench-") as tmp:
+            await secured(args, Path(tmp))
+    if not {"latency", "heartbeats"} & set(args.only):
+        return
     async with EmbeddedNats() as url:
         configs = control_plane_configs(round_s=5.0, heartbeat_timeout_s=args.hb_timeout)
         configs["scheduler"].event_storage = "memory"
         with tempfile.TemporaryDirectory(prefix="gpuyard-bench-") as tmp:
             async with ServiceSet(url, CLUSTER, configs, processes=True, log_level="warning"):
-                lat = await latency(url, args.agents, args.jobs, Path(tmp))
-                print(
-                    f"submit->running over {lat['jobs']} jobs, {lat['agents']} agents: "
-                    f"p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms, "
-                    f"max {lat['max_ms']:.1f} ms, mean {lat['mean_ms']:.1f} ms "
-                    f"(targets p50 < 50, p99 < 200)",
-                    flush=True,
-                )
-                hb = await heartbeats(url, args.sim_agents, args.hb_seconds)
-                print(
-                    f"heartbeats: {hb['sim_agents']} simulated agents for {hb['seconds']} s, "
-                    f"timeout {args.hb_timeout} s: {hb['nodes_lost']} nodes declared lost, "
-                    f"{hb['nodes_present']} present, oldest heartbeat {hb['max_heartbeat_age_s']:.2f} s",
-                    flush=True,
-                )
-
+                if "latency" in args.only:
+                    lat = await latency(url, args.agents, args.jobs, Path(tmp))
+                    print(
+                        f"submit->running over {lat['jobs']} jobs, {lat['agents']} agents: "
+                        f"p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms, "
+                        f"max {lat['max_ms']:.1f} ms, mean {lat['mean_ms']:.1f} ms "
+                        f"(targets p50 < 50, p99 < 200)",
+                        flush=True,
+                    )
+                if "heartbeats" in args.only:
+                    hb = await heartbeats(url, args.sim_agents, args.hb_seconds)
+                    print(
+                        f"heartbeats: {hb['sim_agents']} simulated agents for {hb['seconds']} s, "
+                        f"timeout {args.hb_timeout} s: {hb['nodes_lost']} nodes declared lost, "
+                        f"{hb['nodes_present']} present, oldest heartbeat "
+                        f"{hb['max_heartbeat_age_s']:.2f} s",
+                        flush=True,
+                    )
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__)
@@ -211,6 +414,16 @@ if __name__ == "__main__":
     p.add_argument("--sim-agents", type=int, default=500)
     p.add_argument("--hb-seconds", type=float, default=30.0)
     p.add_argument("--hb-timeout", type=float, default=3.0)
+    p.add_argument(
+        "--only", type=lambda t: t.split(","),
+        default=["latency", "heartbeats", "serial", "secure", "kill"],
+        help="phases: latency,heartbeats,serial,secure,kill",
+    )  # fmt: skip
+    p.add_argument("--rate", type=float, default=80.0, help="secure: submissions per second")
+    p.add_argument("--seconds", type=float, default=20.0, help="secure: for this long")
+    p.add_argument("--secure-agents", type=int, default=20)
+    p.add_argument("--kills", type=int, default=3, help="kill: how many times")
+    p.add_argument("--insecure", action="store_true", help="secure, kill: without auth and TLS")
     import uvloop
 
     uvloop.run(main(p.parse_args()))

@@ -44,10 +44,16 @@ if ! compgen -G "deploy/wheelhouse/*.whl" >/dev/null; then
         platforms+=(--platform "${tag}_x86_64")
     done
     echo "downloading the pinned wheels for Python $pyver into deploy/wheelhouse/" >&2
+    # nkeys is published as source only: built here into a wheel (pure Python, any platform).
+    pinned=$(mktemp /tmp/gpuyard-lock.XXXXXX)
+    grep -v '^nkeys==' deploy/requirements.lock >"$pinned"
     "${PIP[@]}" download --quiet --disable-pip-version-check --only-binary=:all: \
         --python-version "$pyver" --implementation cp --abi "$abi" --abi abi3 --abi none \
         "${platforms[@]}" --platform any --dest deploy/wheelhouse \
-        -r deploy/requirements.lock 'setuptools>=68'
+        -r "$pinned" 'setuptools>=68'
+    "${PIP[@]}" wheel --quiet --disable-pip-version-check --no-deps --wheel-dir deploy/wheelhouse \
+        "$(grep '^nkeys==' deploy/requirements.lock)"
+    rm -f "$pinned"
 fi
 
 docker build --quiet --network none --build-arg BASE="$BASE" -f deploy/Dockerfile -t "$IMAGE" . >/dev/null

@@ -12,7 +12,13 @@ import argparse
 import asyncio
 import sys
 
-from gpuyard.shared.connection import Bus, NatsAuth, add_nats_arguments, connect
+from gpuyard.shared.connection import (
+    Bus,
+    NatsAuth,
+    add_nats_arguments,
+    connect,
+    resolve_connection,
+)
 from gpuyard.shared.contract import Ping
 from gpuyard.shared.endpoints import PING, SERVICE_TOKENS, Subjects
 from gpuyard.shared.errors import RemoteError
@@ -26,11 +32,12 @@ async def ping(args: argparse.Namespace) -> None:
     subjects = Subjects(args.cluster)
     token = f"node.{args.node}" if args.node else SERVICE_TOKENS[args.service]
     # One attempt (nats-py's max_reconnect_attempts=0 would mean "forever"); the error is raised.
+    auth = NatsAuth.from_args(args)
     nc = await connect(
-        args.nats, name="gpuyard-healthcheck", auth=NatsAuth.from_args(args), connect_timeout=2,
+        args.nats, name="gpuyard-healthcheck", auth=auth, connect_timeout=2,
         max_reconnect_attempts=1, reconnect_time_wait=0.1, error_cb=quiet,
     )  # fmt: skip
-    bus = Bus(nc, subjects)
+    bus = Bus(nc, subjects, caller=auth.caller)
     try:
         await bus.call(PING, Ping(), within_s=2.0, svc=token)
     finally:
@@ -39,15 +46,15 @@ async def ping(args: argparse.Namespace) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="healthcheck", description=__doc__)
-    add_nats_arguments(parser, url_default="nats://127.0.0.1:4222")
-    parser.add_argument("--cluster", default="default")
+    add_nats_arguments(parser, url_default="nats://127.0.0.1:4222", cluster_default="default")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("service", nargs="?", choices=["admission", "scheduler", "placement"])
     target.add_argument("--node", help="a node agent's id")
     args = parser.parse_args()
     try:
+        resolve_connection(args)
         asyncio.run(ping(args))
-    except (RemoteError, OSError, TimeoutError) as exc:
+    except (RemoteError, OSError, TimeoutError, ValueError) as exc:
         print(f"unhealthy: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # nats' NoServersError and kin

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import msgspec
 import nats.errors
 
+from gpuyard.cli_auth import add_auth_parser
 from gpuyard.cli_cluster import add_cluster_parsers
 from gpuyard.cli_ops import add_ops_parsers
 from gpuyard.cliopts import (
@@ -26,6 +27,7 @@ from gpuyard.cliopts import (
     number_list,
     positive_float,
     positive_int,
+    resolve_options,
 )
 from gpuyard.shared.connection import NatsAuth, add_nats_arguments
 from gpuyard.shared.model import ClusterSpec
@@ -322,6 +324,11 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
     add_workload_args(p, lists=True)
     p.add_argument("--processes", action="store_true", help="one OS process per service")
     p.add_argument(
+        "--durable", action="store_true",
+        help="services keep their state in JetStream key-value buckets, as on a real cluster "
+        "(slower; with --nats, use a --cluster name new to that server)",
+    )  # fmt: skip
+    p.add_argument(
         "--external",
         default="",
         metavar="SERVICES",
@@ -539,6 +546,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
             preemption_cost=PreemptionCost(
                 checkpoint_s=args.checkpoint_s, restore_s=args.restore_s
             ),
+            durable=args.durable,
         )
         if "scheduler" not in external:
             scheduling_policies.create(options.policy, options.policy_params)
@@ -750,6 +758,7 @@ def main(argv: list[str] | None = None) -> int:
     add_trace_parser(sub)
     add_cluster_parsers(sub)
     add_ops_parsers(sub)
+    add_auth_parser(sub)
     p = sub.add_parser("schema", help="print (or --write) the wire contract's JSON Schema")
     p.add_argument("--write", action="store_true", help=f"write it to {SCHEMA_PATH}/")
     p.set_defaults(run=cmd_schema)
@@ -764,6 +773,11 @@ def main(argv: list[str] | None = None) -> int:
     # A SIGCHLD blocked by whoever started us would hide our children's exits from the event loop.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
     args.argv = ["gpuyard", *argv]
+    try:
+        resolve_options(args)
+    except CommandError as exc:
+        print(f"gpuyard: {exc}", file=sys.stderr)
+        return exc.code
     return args.run(args)
 
 

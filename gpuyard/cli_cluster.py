@@ -15,6 +15,7 @@ import msgspec
 
 from gpuyard.cliopts import (
     LOG_LEVELS,
+    CommandError,
     add_nats_options,
     check_nats_url,
     checked_subjects,
@@ -57,9 +58,30 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "up", help="run the control plane (admission, scheduler, placement)",
-        description="Run the control plane; without --nats on an embedded server on loopback.",
+        description="Run the control plane; without --nats on an embedded server that requires "
+        "the credentials it creates in --state-dir on first start.",
     )  # fmt: skip
     add_nats_options(p, url_default=None)
+    p.set_defaults(nats_local_profile=False)
+    p.add_argument(
+        "--state-dir", type=Path,
+        help="credentials, profiles and the embedded server's JetStream store (default "
+        "$XDG_DATA_HOME/gpuyard/<cluster>, i.e. ~/.local/share/gpuyard/<cluster>)",
+    )  # fmt: skip
+    p.add_argument(
+        "--listen", default="127.0.0.1:4222",
+        help="the embedded server's address (default 127.0.0.1:4222; port -1: any free one)",
+    )  # fmt: skip
+    p.add_argument("--tls-cert", type=Path, help="the embedded server's TLS certificate (PEM)")
+    p.add_argument("--tls-key", type=Path, help="its private key (PEM)")
+    p.add_argument(
+        "--tls-ca", type=Path, help="the CA that signed it, written into the profiles for clients"
+    )
+    p.add_argument(
+        "--open", action="store_true",
+        help="DANGEROUS, for a laptop: the embedded server requires no credentials; anyone who "
+        "reaches it can run any command on every node (loopback only)",
+    )  # fmt: skip
     p.add_argument("--policy", default="fifo", help="scheduling policy (default fifo)")
     p.add_argument("--placement", default="consolidated", help="placement policy")
     p.add_argument("--admission", default="accept-all", help="admission policy")
@@ -77,7 +99,11 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     p.set_defaults(run=cmd_up)
 
-    p = sub.add_parser("nodeagent", help="run this machine's node agent")
+    p = sub.add_parser(
+        "nodeagent", help="run this machine's node agent",
+        description="Run this machine's node agent; on a secured cluster with the profile an "
+        "operator issued for it (`gpuyard auth add-node ID`): --nats-config node.ID.json.",
+    )  # fmt: skip
     add_agent_args(p)
     p.set_defaults(run=lambda args, p=p: cmd_nodeagent(args, p))
 
@@ -168,7 +194,8 @@ def control_plane_configs(
 
     return {
         "placement": PlacementConfig(
-            policy=placement, heartbeat_timeout_s=heartbeat_timeout_s, durable=durable
+            policy=placement, heartbeat_timeout_s=heartbeat_timeout_s, durable=durable,
+            command_timeout_s=3.0,
         ),
         "scheduler": SchedulerConfig(
             policy=policy,
@@ -185,27 +212,93 @@ def control_plane_configs(
     }
 
 
+def _open_warning(listen: str) -> None:
+    import structlog
+
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        raise CommandError(f"--open serves loopback only, not --listen {listen}", code=2)
+    structlog.get_logger().warning(
+        "auth.disabled", listen=listen,
+        danger="anyone who can reach this server can run any command on every node",
+    )  # fmt: skip
+    print(
+        "gpuyard up: WARNING: --open: the server requires no credentials; anyone who can reach "
+        f"{listen} can submit, cancel, forge events and run any command on every node",
+        file=sys.stderr, flush=True,
+    )  # fmt: skip
+
+
+def _server_tls(args: argparse.Namespace) -> Any:
+    from gpuyard.embedded import ServerTls
+
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise CommandError("--tls-cert and --tls-key go together", code=2)
+    for option in ("tls_cert", "tls_key", "tls_ca"):
+        path = getattr(args, option)
+        if path is not None and not path.is_file():
+            raise CommandError(f"--{option.replace('_', '-')} {path}: no such file", code=2)
+    return ServerTls(args.tls_cert, args.tls_key) if args.tls_cert else None
+
+
 async def run_control_plane(args: argparse.Namespace) -> int:
     import signal
 
     from gpuyard.embedded import EmbeddedNats
     from gpuyard.launcher import ServiceSet
+    from gpuyard.natsauth import OPERATOR, Credentials, default_state_dir
+    from gpuyard.shared.connection import NatsAuth
+    from gpuyard.shared.identity import Caller
 
     checked_subjects(args.cluster)
     configs = control_plane_configs(
         args.policy, args.placement, args.admission, args.round, args.heartbeat_timeout,
         durable=args.durable,
     )  # fmt: skip
+    state = (args.state_dir or default_state_dir(args.cluster)).expanduser().resolve()
+    creds = Credentials(state, args.cluster)
+    tls = _server_tls(args)
+    if args.open and args.nats:
+        raise CommandError("--open is for the embedded server; with --nats the server decides")
     async with contextlib.AsyncExitStack() as stack:
+        operator: NatsAuth | None = None
+        services: dict[str, NatsAuth] = {}
         if args.nats:  # reachable? (else one line, not services retrying forever)
             await (await open_bus(args, "gpuyard-up")).close()
-        url = args.nats or await stack.enter_async_context(EmbeddedNats())
-        services = ServiceSet(
-            url, args.cluster, configs, auth=nats_auth(args) if args.nats else None
-        )
-        await services.start()
-        stack.push_async_callback(services.stop)
+            url = args.nats
+            operator = nats_auth(args)
+            if creds.exists:  # each service as itself (`gpuyard auth init` for this server)
+                services = {n: NatsAuth.from_profile(creds.profile(Caller("svc", n))) for n in configs}
+        else:
+            if args.open:
+                _open_warning(args.listen)
+                state.mkdir(parents=True, exist_ok=True, mode=0o700)
+            elif creds.init():
+                print(f"gpuyard up: created the cluster's credentials in {state}", file=sys.stderr)
+            server = EmbeddedNats(
+                state_dir=state, listen=args.listen, tls=tls,
+                auth=None if args.open else creds.users_conf,
+            )  # fmt: skip
+            try:
+                url = await stack.enter_async_context(server)
+            except RuntimeError as exc:
+                raise CommandError(f"the embedded NATS server did not start: {exc}") from None
+            if not args.open:
+                tls_ca = str(args.tls_ca.resolve()) if args.tls_ca else None
+                creds.set_server(url, tls_ca)
+                operator = NatsAuth.from_profile(creds.profile(OPERATOR))
+                services = {n: NatsAuth.from_profile(creds.profile(Caller("svc", n))) for n in configs}
+        service_set = ServiceSet(url, args.cluster, configs, auth=operator, service_auth=services)
+        await service_set.start()
+        stack.push_async_callback(service_set.stop)
         print(f"gpuyard control plane up: --nats {url} --cluster {args.cluster}", flush=True)
+        if not args.nats and not args.open:
+            print(
+                f"  operator profile: {creds.profile_path(OPERATOR)} (gpuyard commands on this "
+                f"machine use it by default)\n"
+                f"  a node's credentials: gpuyard auth add-node ID --state-dir {state}",
+                flush=True,
+            )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -324,15 +417,20 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     async def body(bus: Bus) -> int:
-        live: asyncio.Queue[LogLine] = asyncio.Queue()
+        live: asyncio.Queue[tuple[str, LogLine]] = asyncio.Queue()
         decoder = msgspec.json.Decoder(LogLine)
 
         async def on_line(msg: Any) -> None:
-            live.put_nowait(decoder.decode(msg.data))
+            sender = bus.subjects.sender(LOG_LINE, msg.subject)
+            with contextlib.suppress(msgspec.ValidationError, msgspec.DecodeError):
+                line = decoder.decode(msg.data)
+                if sender is not None and line.node_id == sender.name:
+                    live.put_nowait((sender.name, line))
 
         if args.follow:  # subscribe first: no line falls between the files and the stream
-            await bus.nc.subscribe(bus.subjects.of(LOG_LINE, job=args.job_id), cb=on_line)
+            await bus.nc.subscribe(bus.subjects.every(LOG_LINE, job=args.job_id), cb=on_line)
         info = await bus.call(CLUSTER, Empty())
+        placed = {g.node_id for g in info.busy.get(args.job_id, [])}
         replies = await asyncio.gather(
             *(
                 bus.call(
@@ -353,7 +451,12 @@ def cmd_logs(args: argparse.Namespace) -> int:
         while args.follow:
             try:
                 async with asyncio.timeout(1.0):
-                    line = await live.get()
+                    node, line = await live.get()
+                if node not in placed:  # believed only from a node the job runs on
+                    info = await bus.call(CLUSTER, Empty())
+                    placed = {g.node_id for g in info.busy.get(args.job_id, [])}
+                    if node not in placed:
+                        continue
                 print(f"[{line.node_id} rank{line.rank}] {line.line}", flush=True)
             except TimeoutError:
                 page = await bus.call(QUERY, JobQuery(job_ids=[args.job_id]))

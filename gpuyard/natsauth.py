@@ -1,118 +1,356 @@
-"""NATS users with per-role permissions for one cluster namespace (`authorization {}` of a server).
+"""gpuyard's credentials: one NKey per identity, permissions per role, kept in a state directory.
 
-Roles (every subject under `gpuyard.<cluster>.`):
+Every identity (shared/identity.py: `op.<name>`, `user.<name>`, `node.<id>`, `svc.<service>`) has
+an NKey pair. Its seed (the secret) lives only in its profile, `profiles/<identity>.json` (mode
+600, `--nats-config FILE`); the server knows only the public keys, in `auth/users.conf`, each with
+the permissions of its role (`permissions()`), generated from the endpoint table:
 
-- `operator`: everything (the CLI, dashboards, JetStream).
-- `submitter`: requests `adm.submit`, reads jobs (`sched.jobs`, `sched.status`), pings.
-- `node` (one user per node id): publishes its own heartbeats `node.<id>.hb`, exit reports
-  `sched.exited`, its registration `place.register` and job logs `logs.>`; receives only its own
-  node's subjects `node.<id>.>` (commands) and replies.
-- `admission`, `scheduler`, `placement`, `simclock`: each serves its own prefix and publishes only
-  what it calls, its events, and (the scheduler) the management of the cluster's event stream.
+- a node agent publishes only subjects that name it (its registration, exits, departure,
+  heartbeats and log lines) and receives only its own node's subjects;
+- a submitter submits and cancels as itself, reads jobs, nodes, logs and events;
+- an operator does that, swaps policies, drains nodes and stops services, but sends no node
+  command and publishes no event;
+- each service serves its own prefix and calls only what it calls, with its own key-value bucket;
+  only services publish events;
+- every identity reads replies only under its own inbox prefix, `_INBOX.<role>.<name>`.
 
-Replies: every user may subscribe to `_INBOX.>` for the replies to its requests, and services and
-node agents answer requests through `allow_responses` (only to the reply subject of a request they
-received). The server config text is JSON, which nats-server reads as is.
+The directory (`gpuyard up --state-dir`, default `$XDG_DATA_HOME/gpuyard/<cluster>`) is mode 700:
+
+    auth/identities.json   every identity's public key (no secrets)
+    auth/users.conf        the server's `authorization {}` block, made from it
+    profiles/*.json        one profile per identity: URL, cluster, identity, seed, CA
+    server.json            how clients reach the server (URL, CA), written by `gpuyard up`
+    nats/, nats.conf, nats.pid   the embedded server's JetStream store, config and pid
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
-from dataclasses import dataclass
+import signal
+from pathlib import Path
 from typing import Any
 
-from gpuyard.shared.endpoints import Subjects
+import msgspec
 
-ROLES = ("operator", "submitter", "node", "admission", "scheduler", "placement", "simclock")
-INBOX = "_INBOX.>"
-
-
-@dataclass(frozen=True)
-class User:
-    user: str
-    password: str
-    role: str
-    node: str | None = None
-    """The node id, for role `node`."""
-
+from gpuyard.shared.connection import ConnectionProfile
+from gpuyard.shared.endpoints import (
+    CANCEL,
+    CLUSTER,
+    ENQUEUE,
+    EVENT,
+    EXITED,
+    HEARTBEAT,
+    HEARTBEATS,
+    JOBS,
+    LOG_LINE,
+    NODE_COMMAND,
+    NODE_LOGS,
+    NODES,
+    PING,
+    POLICY,
+    POLICY_SET,
+    PROGRESS,
+    QUERY,
+    REGISTER,
+    REREGISTER,
+    SERVICE_TOKENS,
+    STATS,
+    STATUS,
+    SUBMIT,
+    TAKEOVER,
+    TICK,
+    Endpoint,
+    Subjects,
+)
+from gpuyard.shared.identity import SERVICES, Caller
 
 DISCOVERY = "$SRV.>"
 """The NATS micro discovery subjects every service answers (`nats micro ls`)."""
+OPERATOR = Caller("op", "admin")
+"""The operator `gpuyard up` creates."""
+CONTROL_PLANE = ("admission", "scheduler", "placement")
 
 
-def _allow(publish: list[str], subscribe: list[str], *, responds: bool) -> dict[str, Any]:
+def default_state_dir(cluster: str) -> Path:
+    """`$XDG_DATA_HOME/gpuyard/<cluster>` (default `~/.local/share/gpuyard/<cluster>`)."""
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data) / "gpuyard" / cluster
+
+
+SYSTEM_STATE_DIR = Path("/etc/gpuyard/cluster")
+"""Where a machine's services keep the credentials under systemd and docker-compose (deploy/)."""
+
+
+def local_profile(cluster: str) -> Path | None:
+    """The operator profile of `cluster` on this machine that we may read: `gpuyard up`'s (in
+    the default state directory), else the system's (`/etc/gpuyard/cluster`, deploy/)."""
+    for root in (default_state_dir(cluster), SYSTEM_STATE_DIR):
+        path = root / "profiles" / f"{OPERATOR.token}.json"
+        if os.access(path, os.R_OK):
+            try:
+                if json.loads(path.read_text()).get("cluster") == cluster:
+                    return path
+            except (OSError, ValueError):
+                continue
+    return None
+
+
+# --------------------------------------------------------------------------- permissions
+
+
+def _kv(bucket: str) -> list[str]:
+    """A service's own key-value bucket (JetStream API on its stream, its keys, flow control)."""
+    stream = f"KV_{bucket}"
+    return [
+        "$JS.API.INFO",
+        *(f"$JS.API.STREAM.{op}.{stream}" for op in ("INFO", "CREATE", "UPDATE", "MSG.GET")),
+        f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.DELETE.{stream}.>", f"$JS.API.CONSUMER.INFO.{stream}.>",
+        f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.>",
+        f"$KV.{bucket}.>", f"$JS.FC.{stream}.>",
+    ]  # fmt: skip
+
+
+def _read_events(stream: str) -> list[str]:
+    """Read the event stream (`gpuyard tail`): ordered consumers, nothing that changes it."""
+    return [
+        "$JS.API.INFO", f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.>", f"$JS.API.CONSUMER.DELETE.{stream}.>",
+        f"$JS.API.CONSUMER.INFO.{stream}.>", f"$JS.FC.{stream}.>",
+    ]  # fmt: skip
+
+
+def _perms(
+    publish: list[str], subscribe: list[str], caller: Caller, *, responds: bool
+) -> dict[str, Any]:
+    if responds and caller.role == "svc":
+        # Services answer on any inbox: the server forgets the reply subjects it allowed (below)
+        # when it reloads its users (`gpuyard auth add-node` on a running cluster), and a
+        # service's request in hand must still be answered then. Inboxes are unguessable.
+        publish, responds = [*publish, "_INBOX.>"], False
     perms: dict[str, Any] = {
-        "publish": {"allow": publish},
-        "subscribe": {"allow": [*subscribe, INBOX]},
+        "publish": {"allow": sorted(set(publish))},
+        "subscribe": {"allow": sorted({*subscribe, f"{caller.inbox_prefix}.>"})},
     }
-    if responds:
+    if responds:  # answer requests it received, on their reply subject only
         perms["allow_responses"] = {"max": 1, "expires": "10m"}
     return perms
 
 
-def permissions(role: str, cluster: str, node: str | None = None) -> dict[str, Any] | None:
-    """The `permissions` block of a user with `role` in `cluster` (None: everything)."""
+def permissions(caller: Caller, cluster: str) -> dict[str, Any]:
+    """The `permissions` block of `caller` in `cluster`'s namespace."""
     s = Subjects(cluster)
-    adm, sched, place, clock = (
-        s.service(name) for name in ("admission", "scheduler", "placement", "simclock")
-    )
-    stream_api = [f"$JS.API.STREAM.{op}.{s.stream_name}" for op in ("INFO", "CREATE", "UPDATE")]
-    if role == "operator":
-        return None
-    if role == "submitter":
-        reads = [f"{sched}.jobs", f"{sched}.status", f"{s.root}.*.ping"]
-        return _allow([f"{adm}.submit", *reads], [], responds=False)
-    if role == "node":
-        if not node:
-            raise ValueError("a node user needs its node id")
-        own = s.node(node)
-        publish = [f"{own}.hb", f"{sched}.exited", f"{place}.register", f"{s.root}.logs.>"]
-        return _allow(publish, [f"{own}.>", DISCOVERY], responds=True)
-    if role == "admission":
-        calls = [f"{sched}.enqueue", f"{sched}.query", f"{place}.cluster"]
-        return _allow(
-            [f"{adm}.>", *calls, f"{s.events}.>"], [f"{adm}.>", DISCOVERY], responds=True
+    me = caller.token
+
+    def call(endpoint: Endpoint[Any, Any], **params: str) -> str:
+        """The subject `caller` sends `endpoint` on (as itself where it names its caller)."""
+        if endpoint.sender == "caller":
+            params["caller"] = me
+        return s.every(endpoint, **params)
+
+    services = [*SERVICE_TOKENS.values()]
+    reads = [call(e) for e in (JOBS, STATUS, QUERY, CLUSTER, HEARTBEATS, NODE_LOGS)]
+    reads += [call(e, svc=svc) for e in (PING, STATS) for svc in [*services, "node.*"]]
+    reads += [call(POLICY, svc=SERVICE_TOKENS[n]) for n in CONTROL_PLANE]
+    watch = [s.every(LOG_LINE), s.every(EVENT, type=">"), s.of(PROGRESS)]
+    if caller.role == "user":
+        publish = [call(SUBMIT), call(CANCEL), *reads, *_read_events(s.stream_name)]
+        return _perms(publish, watch, caller, responds=False)
+    if caller.role == "op":
+        control = [call(e, svc=SERVICE_TOKENS[n]) for e in (POLICY_SET, TAKEOVER) for n in CONTROL_PLANE]
+        publish = [call(SUBMIT), call(CANCEL), call(NODES), *reads, *control, DISCOVERY]
+        return _perms([*publish, *_read_events(s.stream_name)], watch, caller, responds=False)
+    if caller.role == "node":
+        node = caller.name
+        publish = [
+            call(REGISTER), call(NODES), call(EXITED), s.of(HEARTBEAT, node=node),
+            s.every(LOG_LINE, node=node), s.of(PING, svc=f"node.{node}"),  # (its health check)
+        ]  # fmt: skip
+        return _perms(publish, [f"{s.node(node)}.>", DISCOVERY], caller, responds=True)
+    # The services.
+    name = caller.name
+    token = SERVICE_TOKENS[name]
+    own = [f"{s.service(name)}.>", call(TAKEOVER, svc=token)]
+    if name == "simclock":  # drives a simulation: talks to every service, impersonates the nodes
+        subscribe = [*own, s.every(NODE_COMMAND), s.of(PROGRESS), DISCOVERY]
+        return _perms([f"{s.root}.>", DISCOVERY], subscribe, caller, responds=True)
+    publish = [*own, f"{s.events}.>", *_kv(f"gpuyard_{cluster}_{name}".replace(".", "_"))]
+    subscribe = [*own, DISCOVERY]
+    if name == "admission":
+        publish += [call(SUBMIT), call(ENQUEUE), call(QUERY), call(CLUSTER)]
+    elif name == "scheduler":
+        stream = s.stream_name
+        publish += [call(TICK), f"{s.service('placement')}.>"]
+        publish += [f"$JS.API.STREAM.{op}.{stream}" for op in ("INFO", "CREATE", "UPDATE")]
+        subscribe += [s.of(EVENT, type="node.>")]
+    elif name == "placement":
+        publish += [call(NODES), s.every(NODE_COMMAND), s.every(REREGISTER)]
+        subscribe += [s.every(HEARTBEAT)]
+    return _perms(publish, subscribe, caller, responds=True)
+
+
+# --------------------------------------------------------------------------- the credential store
+
+
+class Identity(msgspec.Struct, kw_only=True):
+    identity: str
+    public_key: str
+
+
+class Identities(msgspec.Struct, kw_only=True):
+    cluster: str
+    identities: list[Identity] = []
+
+
+class ServerInfo(msgspec.Struct, kw_only=True):
+    """How clients reach the server (written by `gpuyard up`, copied into new profiles)."""
+
+    url: str | None = None
+    tls_ca: str | None = None
+
+
+def new_seed() -> tuple[str, str]:
+    """A new user NKey: (seed, public key)."""
+    import nkeys
+
+    seed = nkeys.encode_seed(secrets.token_bytes(32), nkeys.PREFIX_BYTE_USER)
+    return seed.decode(), nkeys.from_seed(bytearray(seed)).public_key.decode()
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write a file only its owner can read (created so, never readable by others on the way)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+class Credentials:
+    """The credential store of one cluster in a state directory (see the module's docstring)."""
+
+    def __init__(self, state_dir: Path, cluster: str) -> None:
+        Subjects(cluster)  # a usable cluster name
+        self.root = state_dir
+        self.cluster = cluster
+        self.auth_dir = state_dir / "auth"
+        self.profiles = state_dir / "profiles"
+        self.index_path = self.auth_dir / "identities.json"
+        self.users_conf = self.auth_dir / "users.conf"
+        self.server_path = state_dir / "server.json"
+        self.pid_file = state_dir / "nats.pid"
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def exists(self) -> bool:
+        return self.index_path.exists()
+
+    def index(self) -> Identities:
+        if not self.exists:
+            raise ValueError(
+                f"no credentials in {self.root}: run `gpuyard up` (or `gpuyard auth init`) first"
+            )
+        index = msgspec.json.decode(self.index_path.read_bytes(), type=Identities)
+        if index.cluster != self.cluster:
+            raise ValueError(
+                f"{self.root} holds the credentials of cluster {index.cluster!r}, not {self.cluster!r}"
+            )
+        return index
+
+    def server(self) -> ServerInfo:
+        if not self.server_path.exists():
+            return ServerInfo()
+        return msgspec.json.decode(self.server_path.read_bytes(), type=ServerInfo)
+
+    def profile_path(self, caller: Caller) -> Path:
+        return self.profiles / f"{caller.token}.json"
+
+    def profile(self, caller: Caller) -> ConnectionProfile:
+        return msgspec.json.decode(self.profile_path(caller).read_bytes(), type=ConnectionProfile)
+
+    # ------------------------------------------------------------------ changing
+
+    def init(self, more: list[Caller] | None = None) -> bool:
+        """Create the store with the operator's and the services' identities, and `more`, those
+        of them that it lacks (so it can run again: nobody's key changes); True if it was new."""
+        for folder in (self.root, self.auth_dir, self.profiles):
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(folder, 0o700)
+        new = not self.exists
+        if new:
+            self._save(Identities(cluster=self.cluster))
+        have = {i.identity for i in self.index().identities}
+        for caller in (OPERATOR, *(Caller("svc", name) for name in SERVICES), *(more or [])):
+            if caller.token not in have:
+                self.add(caller)
+        return new
+
+    def add(self, caller: Caller) -> Path:
+        """A new identity (a new key if it existed: the old one stops working); its profile."""
+        index = self.index()
+        seed, public = new_seed()
+        rest = [i for i in index.identities if i.identity != caller.token]
+        self._save(Identities(cluster=self.cluster, identities=[*rest, Identity(identity=caller.token, public_key=public)]))  # fmt: skip
+        server = self.server()
+        profile = ConnectionProfile(
+            url=server.url, cluster=self.cluster, identity=caller.token, seed=seed,
+            tls_ca=server.tls_ca,
+        )  # fmt: skip
+        path = self.profile_path(caller)
+        _write_private(path, _pretty(profile))
+        return path
+
+    def remove(self, caller: Caller) -> None:
+        index = self.index()
+        left = [i for i in index.identities if i.identity != caller.token]
+        if len(left) == len(index.identities):
+            raise ValueError(f"no identity {caller.token} in {self.root}")
+        self._save(Identities(cluster=self.cluster, identities=left))
+        self.profile_path(caller).unlink(missing_ok=True)
+
+    def set_server(self, url: str, tls_ca: str | None) -> None:
+        """Where the server is now: recorded, and written into the profiles here."""
+        info = ServerInfo(url=url, tls_ca=tls_ca)
+        _write_private(self.server_path, _pretty(info))
+        for path in sorted(self.profiles.glob("*.json")):
+            profile = msgspec.json.decode(path.read_bytes(), type=ConnectionProfile)
+            if (profile.url, profile.tls_ca) != (url, tls_ca):
+                _write_private(path, _pretty(msgspec.structs.replace(profile, url=url, tls_ca=tls_ca)))
+
+    def _save(self, index: Identities) -> None:
+        _write_private(self.index_path, _pretty(index))
+        _write_private(self.users_conf, self.server_config(index).encode())
+
+    # ------------------------------------------------------------------ the server's side
+
+    def server_config(self, index: Identities | None = None) -> str:
+        """`authorization { users: [...] }` for nats-server: public keys and permissions."""
+        index = index or self.index()
+        users = [
+            {"nkey": i.public_key, "permissions": permissions(Caller.parse(i.identity), self.cluster)}
+            for i in index.identities
+        ]
+        body = json.dumps({"users": users}, indent=2)
+        return (
+            f"# gpuyard identities of cluster {self.cluster!r}: NKey public keys and their\n"
+            f"# permissions (generated by gpuyard from {self.index_path.name}; do not edit)\n"
+            f"authorization: {body}\n"
         )
-    if role == "scheduler":
-        calls = [f"{place}.>", *stream_api]
-        return _allow(
-            [f"{sched}.>", *calls, f"{s.events}.>"], [f"{sched}.>", DISCOVERY], responds=True
-        )
-    if role == "placement":
-        calls = [f"{s.root}.node.*.cmd", f"{s.root}.node.*.register", f"{s.root}.node.*.logs"]
-        subscribe = [f"{place}.>", f"{s.root}.node.*.hb", DISCOVERY]
-        return _allow([f"{place}.>", *calls, f"{s.events}.>"], subscribe, responds=True)
-    if role == "simclock":  # drives a simulation: talks to every service and impersonates the nodes
-        subscribe = [f"{clock}.>", f"{s.root}.node.*.cmd", DISCOVERY]
-        return _allow([f"{s.root}.>"], subscribe, responds=True)
-    raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
+
+    def reload_server(self) -> bool:
+        """Have the embedded server running on this store read its users again (SIGHUP): True
+        when one was told. A server of its own (systemd) is reloaded by whoever runs it."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+            os.kill(pid, signal.SIGHUP)
+        except (OSError, ValueError):
+            return False
+        return True
 
 
-def authorization(cluster: str, users: list[User]) -> dict[str, Any]:
-    """The server's `authorization` block."""
-    entries = []
-    for u in users:
-        entry: dict[str, Any] = {"user": u.user, "password": u.password}
-        perms = permissions(u.role, cluster, u.node)
-        if perms is not None:
-            entry["permissions"] = perms
-        entries.append(entry)
-    return {"users": entries}
-
-
-def server_config(cluster: str, users: list[User]) -> str:
-    """`authorization { ... }` for a nats-server config file (include it, or append it)."""
-    body = json.dumps(authorization(cluster, users), indent=2)
-    return f"# gpuyard users of cluster {cluster!r} (generated by `gpuyard auth-config`)\nauthorization: {body}\n"
-
-
-def default_users(nodes: list[str], *, password: str | None = None) -> list[User]:
-    """One user per role and per node; random passwords unless `password` is given (tests)."""
-
-    def pw() -> str:
-        return password or secrets.token_urlsafe(18)
-
-    users = [User(user=role, password=pw(), role=role) for role in ROLES if role != "node"]
-    users += [User(user=f"node-{n}", password=pw(), role="node", node=n) for n in nodes]
-    return users
+def _pretty(value: Any) -> bytes:
+    return msgspec.json.format(msgspec.json.encode(value), indent=2) + b"\n"

@@ -4,7 +4,11 @@ One `Endpoint` per subject pattern under `gpuyard.<cluster>.`; callers send thro
 (`bus.call(SUBMIT, request)` returns a `SubmitReply`), services route by it (`routes()` maps
 endpoints to handlers), and the README's subject table is generated from it (`subject_table()`,
 checked by a test). Placeholders in a pattern: `{svc}` (the serving service's token: `adm`,
-`sched`, `place`, `clock`, or `node.<id>` for a node agent), `{node}`, `{job}`, `{type}`.
+`sched`, `place`, `clock`, or `node.<id>` for a node agent), `{node}`, `{job}`, `{type}`, and
+`{caller}`: the identity the request acts for (`user.alice`, `node.n1`; see `identity.py`), always
+last, filled in by `Bus` from its connection's identity. The server lets each identity publish only
+its own `{caller}` (and a node only its own `{node}` of a `sender="node"` endpoint), and the
+serving handler gets it as `caller=` to check the request's body against.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from .contract import (
     TickRequest,
     TimelinePage,
 )
+from .identity import Caller
 from .model import Name
 
 Req = TypeVar("Req")
@@ -73,11 +78,15 @@ class Endpoint(Generic[Req, Rep]):
     """Who sends it and who receives it, for people: `client, simclock -> admission`."""
     serves: tuple[str, ...] = ()
     """Services that answer it (their `routes()`); empty for publishes anyone may read."""
+    sender: Literal["caller", "node"] | None = None
+    """Which placeholder names who sent it: `caller` (an identity token), or `node` (a node's own
+    subject); None when the subject names nobody."""
 
     @property
     def name(self) -> str:
-        """The endpoint's name: its last token (`enqueue`, `cmd`, `policy.set` -> `set`)."""
-        return self.pattern.rsplit(".", 1)[-1]
+        """The endpoint's name: its last token before any `{caller}` (`enqueue`, `cmd`,
+        `policy.set` -> `set`, `sched.cancel.{caller}` -> `cancel`)."""
+        return self.pattern.removesuffix(".{caller}").rsplit(".", 1)[-1]
 
     @property
     def kind(self) -> Literal["request", "publish"]:
@@ -103,23 +112,23 @@ TAKEOVER = Endpoint(
 
 # --------------------------------------------------------------------------- admission
 
-SUBMIT = Endpoint("adm.submit", SubmitRequest, SubmitReply, "client, simclock -> admission", ("admission",))  # fmt: skip
+SUBMIT = Endpoint("adm.submit.{caller}", SubmitRequest, SubmitReply, "client, simclock -> admission", ("admission",), "caller")  # fmt: skip
 
 # --------------------------------------------------------------------------- scheduler
 
 ENQUEUE = Endpoint("sched.enqueue", EnqueueRequest, SchedulerStatus, "admission -> scheduler", ("scheduler",))  # fmt: skip
 TICK = Endpoint("sched.tick", TickRequest, SchedulerStatus, "clock -> scheduler", ("scheduler",))
-EXITED = Endpoint("sched.exited", ExitReport, SchedulerStatus, "node agents, simclock -> scheduler", ("scheduler",))  # fmt: skip
+EXITED = Endpoint("sched.exited.{caller}", ExitReport, SchedulerStatus, "node agents, simclock -> scheduler", ("scheduler",), "caller")  # fmt: skip
 CLUSTER_CHANGED = Endpoint("sched.cluster_changed", ClusterChanged, SchedulerStatus, "simclock -> scheduler", ("scheduler",))  # fmt: skip
 JOBS = Endpoint("sched.jobs", PageQuery, JobsPage, "anyone -> scheduler", ("scheduler",))
 STATUS = Endpoint("sched.status", Empty, SchedulerStatus, "anyone -> scheduler", ("scheduler",))
 QUERY = Endpoint("sched.query", JobQuery, JobsPage, "anyone, admission -> scheduler", ("scheduler",))  # fmt: skip
-CANCEL = Endpoint("sched.cancel", CancelRequest, CancelReply, "users -> scheduler", ("scheduler",))
+CANCEL = Endpoint("sched.cancel.{caller}", CancelRequest, CancelReply, "users -> scheduler", ("scheduler",), "caller")  # fmt: skip
 
 # --------------------------------------------------------------------------- placement
 
-REGISTER = Endpoint("place.register", RegisterNode, ClusterInfo, "node agents -> placement", ("placement",))  # fmt: skip
-NODES = Endpoint("place.nodes", NodesChanged, NodesChangedReply, "simclock, node agents, placement -> placement", ("placement",))  # fmt: skip
+REGISTER = Endpoint("place.register.{caller}", RegisterNode, ClusterInfo, "node agents -> placement", ("placement",), "caller")  # fmt: skip
+NODES = Endpoint("place.nodes.{caller}", NodesChanged, NodesChangedReply, "simclock, node agents, placement -> placement", ("placement",), "caller")  # fmt: skip
 APPLY = Endpoint("place.apply", ApplyRequest, ApplyReply, "scheduler -> placement", ("placement",))
 CLUSTER = Endpoint("place.cluster", Empty, ClusterInfo, "anyone -> placement", ("placement",))
 HEARTBEATS = Endpoint("place.heartbeats", Empty, HeartbeatsPage, "anyone -> placement", ("placement",))  # fmt: skip
@@ -128,9 +137,9 @@ HEARTBEATS = Endpoint("place.heartbeats", Empty, HeartbeatsPage, "anyone -> plac
 
 NODE_COMMAND = Endpoint("node.{node}.cmd", NodeCommand, NodeCommandReply, "placement -> node agent (simclock)", ("nodeagent",))  # fmt: skip
 NODE_LOGS = Endpoint("node.{node}.logs", LogsRequest, LogsReply, "CLI -> node agent", ("nodeagent",))  # fmt: skip
-HEARTBEAT = Endpoint("node.{node}.hb", Heartbeat, None, "node agent -> placement")
+HEARTBEAT = Endpoint("node.{node}.hb", Heartbeat, None, "node agent -> placement", (), "node")
 REREGISTER = Endpoint("node.{node}.register", Empty, None, "placement -> node agent (register again)")  # fmt: skip
-LOG_LINE = Endpoint("logs.{job}", LogLine, None, "node agents -> `gpuyard logs -f`")
+LOG_LINE = Endpoint("logs.{job}.{node}", LogLine, None, "node agents -> `gpuyard logs -f`", (), "node")  # fmt: skip
 
 # --------------------------------------------------------------------------- simulation clock
 
@@ -170,7 +179,21 @@ class Subjects:
     def every(self, endpoint: Endpoint[Any, Any], **params: str) -> str:
         """A wildcard subject matching `endpoint` for every value of the placeholders not given."""
         names = re.findall(r"{(\w+)}", endpoint.pattern)
-        return self.of(endpoint, **{n: params.get(n, "*") for n in names})
+        wild = {n: "*.*" if n == "caller" else "*" for n in names}
+        return self.of(endpoint, **{**wild, **params})
+
+    def sender(self, endpoint: Endpoint[Any, Any], subject: str) -> Caller | None:
+        """Who `subject` (of `endpoint`) says sent it; None when it names nobody, or badly."""
+        if endpoint.sender is None:
+            return None
+        tokens = subject.split(".")
+        try:
+            if endpoint.sender == "caller":  # always the last two tokens
+                return Caller.parse(".".join(tokens[-2:]))
+            at = endpoint.pattern.split(".").index("{node}") + len(self.root.split("."))
+            return Caller("node", tokens[at])
+        except (ValueError, IndexError):
+            return None
 
     def service(self, name: str) -> str:
         """The prefix a control-plane service listens on (`gpuyard.<c>.sched`)."""

@@ -123,6 +123,8 @@ class JobRecord(Struct, kw_only=True):
     gpu_type: str | None = None
     nodes: list[str] = []
     """Nodes whose part of the current run has not exited yet."""
+    ran_on: list[str] = []
+    """Every node any run of the job was placed on (whose exits about it are believed)."""
     shares_with: str | None = None
     """Space sharing: the job whose GPUs this one runs on too."""
     attempt: int = 0

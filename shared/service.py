@@ -36,7 +36,15 @@ from nats.micro.service import (
 from nats.micro.service import ServiceStats as MicroStats
 
 from . import __version__
-from .connection import Bus, NatsAuth, add_nats_arguments, connect, decoder, encode
+from .connection import (
+    Bus,
+    NatsAuth,
+    add_nats_arguments,
+    connect,
+    decoder,
+    encode,
+    resolve_connection,
+)
 from .contract import (
     CONTRACT_VERSION,
     STATUS_HEADER,
@@ -61,6 +69,7 @@ from .endpoints import (
     Subjects,
 )
 from .errors import BadRequest, RemoteError, error_from_validation, policy_error_field
+from .identity import SERVICES, Caller
 from .policy import Policy, PolicyError, Registry
 from .store import NullStore, open_store
 
@@ -98,6 +107,8 @@ class Service:
 
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
+        if self.name in SERVICES:  # our requests act for this service (`svc.scheduler`)
+            bus.caller = Caller("svc", self.name)
         self.log = structlog.get_logger().bind(service=self.name, cluster=bus.subjects.cluster)
         self._subs: list[Any] = []
         self._routes: dict[str, _Route] = {}
@@ -262,17 +273,25 @@ class Service:
 
     async def listen(self, prefix: str, routes: dict[Endpoint[Any, Any], Handler]) -> None:
         """Serve `routes` on one subscription to `<prefix>.>`, routed by the subject after
-        `prefix`: the requests are handled one at a time, in arrival order."""
+        `prefix`: the requests are handled one at a time, in arrival order. An endpoint that names
+        its caller (`adm.submit.{caller}`) is routed by the subject without the caller's tokens."""
         table: dict[str, _Route] = {}
         for endpoint, handler in routes.items():
-            subject = self.bus.subjects.of(endpoint, **self.subject_params())
+            subject = self.bus.subjects.every(endpoint, **self.subject_params())
             if not subject.startswith(prefix + "."):
                 raise ValueError(f"{endpoint.pattern} is not under {prefix}")
-            table[subject[len(prefix) + 1 :]] = self._route(subject, endpoint, handler)
+            table[subject[len(prefix) + 1 :].removesuffix(".*.*")] = self._route(
+                subject, endpoint, handler
+            )
 
         async def dispatch(msg: Msg) -> None:
             suffix = msg.subject[len(prefix) + 1 :]
-            await self._dispatch(msg, table.get(suffix), table, suffix)
+            route = table.get(suffix)
+            if route is None or route.endpoint.sender == "caller":
+                route = table.get(suffix.rsplit(".", 2)[0])
+                if route is not None and route.endpoint.sender != "caller":
+                    route = None
+            await self._dispatch(msg, route, table, suffix)
 
         self._subs.append(await self.bus.nc.subscribe(f"{prefix}.>", queue=self.name, cb=dispatch))
 
@@ -327,8 +346,15 @@ class Service:
             now = getattr(request, "now", None)
             if now is not None:
                 structlog.contextvars.bind_contextvars(now=now)
+            if route.endpoint.sender is not None:
+                caller = self.bus.subjects.sender(route.endpoint, msg.subject)
+                if caller is None:
+                    raise BadRequest(f"subject {msg.subject!r} names no valid identity")
+                call = route.handler(request, caller=caller)
+            else:
+                call = route.handler(request)
             try:
-                reply = await route.handler(request)
+                reply = await call
             finally:
                 await self.persist()  # a reply means "durable"
         except BadRequest as exc:
@@ -445,13 +471,13 @@ def run_service(
     from .logs import configure_logging
 
     parser = argparse.ArgumentParser(prog=f"gpuyard-{service_cls.name}")
-    add_nats_arguments(parser, url_default="nats://127.0.0.1:4222")
-    parser.add_argument("--cluster", default="default", help="cluster namespace")
+    add_nats_arguments(parser, url_default="nats://127.0.0.1:4222", cluster_default="default")
     parser.add_argument("--config", help="JSON file with the service's configuration")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
     try:
+        resolve_connection(args)
         raw = Path(args.config).read_bytes() if args.config else b"{}"
         config = msgspec.json.decode(raw, type=config_cls)
         subjects = Subjects(args.cluster)

@@ -308,3 +308,18 @@ def test_describe_writes_its_plot_where_asked_never_beside_the_input(tmp_path: P
     plot = Image.open(work / "jobs_workload.png")
     assert plot.text["Title"] == "workload jobs.csv (blox): 500 jobs"
     assert json.loads(result.stdout)["gpu_demand"] == {"1": 499, "8": 1}
+
+
+def test_a_durable_simulation_gives_the_same_results(tmp_path: Path) -> None:
+    """`gpuyard sim --durable`: the services keep their state in key-value buckets, as on a real
+    cluster, and the run is the same run."""
+    args = ["--jobs", "30", "--load", "40", "--cluster-spec", "4x2"]
+    plain = gpuyard("sim", *args, "--out", str(tmp_path / "plain"))
+    durable = gpuyard("sim", *args, "--durable", "--out", str(tmp_path / "durable"))
+    assert plain.returncode == 0 and durable.returncode == 0, durable.stderr
+    for name in ("jobs.csv", "timeline.csv"):
+        assert (tmp_path / "durable" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes()
+    # Each durable service loaded its (empty) bucket before serving; the plain run has none.
+    for run, restored in (("durable", 3), ("plain", 0)):
+        log = (tmp_path / run / "services.log").read_text()
+        assert log.count('"event": "state.restored"') == restored, run

@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -138,6 +139,18 @@ class Compose:
     def __call__(self, *args: str, timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess[str]:  # fmt: skip
         return run(*self.base, *args, timeout=timeout, check=check, env=self.env)
 
+    def operator(self) -> None:
+        """Act as the cluster's operator from this host: its profile, out of the credentials
+        volume (as the README says), is added to `self.nats`."""
+        profile = self(
+            "run", "--rm", "--no-deps", "--entrypoint", "cat", "auth",
+            "/etc/gpuyard/cluster/profiles/op.admin.json",
+        ).stdout  # fmt: skip
+        fd, path = tempfile.mkstemp(prefix="gpuyard-op-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            f.write(profile)
+        self.nats += ["--nats-config", path]
+
     def container(self, service: str) -> str:
         return self("ps", "-a", "-q", service).stdout.strip()
 
@@ -188,6 +201,7 @@ def cluster(image: str) -> Iterator[Compose]:
     compose = Compose("docker-compose.cluster.yml", image)
     try:
         compose("up", "-d", timeout=300)
+        compose.operator()
 
         def two_nodes() -> dict[str, Any] | None:
             result = gpuyard("nodes", "--json", *compose.nats, check=False, timeout=30)

@@ -25,7 +25,7 @@ CLUSTER = "fuzz"
 S = Subjects(CLUSTER)
 ROUTES: dict[str, dict[str, type]] = {
     S.service(name): {
-        e.pattern.format(svc=token).removeprefix(f"{token}."): e.request
+        e.pattern.format(svc=token, caller="op.fuzz").removeprefix(f"{token}."): e.request
         for e in ENDPOINTS
         if e.reply is not None and (name in e.serves or "*" in e.serves) and "ctl." not in e.pattern
     }

@@ -1,218 +1,184 @@
-"""Access control on a real nats-server with gpuyard's users (gpuyard.natsauth), and TLS."""
+"""The whole real-cluster flow under auth and TLS, through the CLI as an operator runs it:
+`gpuyard up` (credentials made on first start, TLS), `gpuyard auth add-node` for two agents and
+`add-user` for a submitter, then submit, jobs, logs, cancel, tail and policy set, each with its
+own profile; and `up` restarted on its state directory keeps every job."""
 
 from __future__ import annotations
 
-import asyncio
+import json
+import os
 import shutil
+import signal
+import socket
+import stat
 import subprocess
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
-import msgspec
 import pytest
 
-from gpuyard.embedded import EmbeddedNats
-from gpuyard.launcher import service_class
-from gpuyard.natsauth import default_users, server_config
-from gpuyard.services.admission.service import AdmissionConfig
-from gpuyard.services.placement.service import PlacementConfig
-from gpuyard.services.scheduler.service import SchedulerConfig
-from gpuyard.shared.connection import Bus, NatsAuth, connect
-from gpuyard.shared.contract import (
-    Empty,
-    ExitReport,
-    JobExit,
-    NodeCommand,
-    NodeCommandReply,
-    PageQuery,
-    Ping,
-    RegisterNode,
-    SubmitRequest,
-    TickRequest,
-)
-from gpuyard.shared.endpoints import (
-    CLUSTER as CLUSTER_INFO,
-)
-from gpuyard.shared.endpoints import (
-    EXITED,
-    JOBS,
-    PING,
-    REGISTER,
-    SERVICE_TOKENS,
-    SUBMIT,
-    TICK,
-    Subjects,
-)
-from gpuyard.shared.errors import RemoteError
-from gpuyard.shared.model import JobSpec, NodeSpec
+from gpuyard.pki import make_pki
 
-CLUSTER = "sec"
-PASSWORD = "test-password"
-S = Subjects(CLUSTER)
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+CLUSTER = "flow"
+T = TypeVar("T")
 
 
-class Client:
-    """One identity's connection, with the permission errors the server sent it."""
-
-    def __init__(self, bus: Bus, errors: list[str]) -> None:
-        self.bus = bus
-        self.errors = errors
-
-    async def violations(self, within_s: float = 2.0) -> list[str]:
-        """Permission errors arrive asynchronously: wait a little for one."""
-        async with asyncio.timeout(within_s):
-            while not any("permissions violation" in e.lower() for e in self.errors):  # noqa: ASYNC110
-                await asyncio.sleep(0.02)
-        return [e.lower() for e in self.errors]
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-async def client(stack: AsyncExitStack, url: str, user: str, **options) -> Client:
-    errors: list[str] = []
-
-    async def on_error(exc: Exception) -> None:
-        errors.append(str(exc))
-
-    nc = await connect(
-        url, name=user, auth=NatsAuth(user=user, password=PASSWORD, **options),
-        error_cb=on_error, max_reconnect_attempts=0,
-    )  # fmt: skip
-    bus = Bus(nc, S, request_timeout=5)
-    stack.push_async_callback(bus.close)
-    return Client(bus, errors)
+def until(check: Callable[[], T | None], what: str, within_s: float = 30.0) -> T:
+    deadline = time.monotonic() + within_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
 
 
-async def node_agent(c: Client, node: str) -> None:
-    """A node agent that launches and preempts at once, on its own command subject."""
-    decoder = msgspec.json.Decoder(NodeCommand)
+class Flow:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.state = root / "state"
+        self.ca, self.cert, self.key = make_pki(root)
+        self.port = free_port()
+        self.procs: list[subprocess.Popen[str]] = []
+        self.up: subprocess.Popen[str] | None = None
 
-    async def answer(msg) -> None:
-        cmd = decoder.decode(msg.data)
-        reply = NodeCommandReply(preempted=cmd.preempt, launched=[x.job_id for x in cmd.launch])
-        await msg.respond(msgspec.json.encode(reply))
+    def gpuyard(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-m", "gpuyard.cli", *args], capture_output=True, text=True,
+            timeout=timeout, cwd=self.root,
+        )  # fmt: skip
+        if check and result.returncode != 0:
+            raise AssertionError(f"gpuyard {' '.join(args)}: {result.returncode}\n{result.stderr}")
+        return result
 
-    await c.bus.nc.subscribe(f"{S.node(node)}.cmd", cb=answer)
-    await c.bus.call(REGISTER, RegisterNode(now=0.0, node=NodeSpec(node_id=node, num_gpus=2)))
+    def start_up(self) -> str:
+        log = (self.root / "up.log").open("a")
+        self.up = subprocess.Popen(
+            [sys.executable, "-m", "gpuyard.cli", "up", "--cluster", CLUSTER, "--state-dir",
+             str(self.state), "--listen", f"127.0.0.1:{self.port}", "--tls-cert", str(self.cert),
+             "--tls-key", str(self.key), "--tls-ca", str(self.ca), "--round", "0.5",
+             "--heartbeat-timeout", "3"],
+            stdout=subprocess.PIPE, stderr=log, text=True,
+        )  # fmt: skip
+        assert self.up.stdout is not None
+        lines = [self.up.stdout.readline() for _ in range(2)]
+        assert lines[0].startswith("gpuyard control plane up: --nats tls://127.0.0.1:"), lines
+        return lines[1]
+
+    def stop_up(self) -> None:
+        assert self.up is not None
+        self.up.send_signal(signal.SIGTERM)
+        assert self.up.wait(timeout=30) == 0
+
+    def agent(self, node: str) -> None:
+        log = (self.root / f"{node}.log").open("a")
+        self.procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "gpuyard.cli", "nodeagent", "--nats-config",
+                 str(self.root / f"{node}.json"), "--gpus", "2", "--gpu-type", "t4",
+                 "--heartbeat", "0.2", "--grace", "5", "--address", "127.0.0.1", "--state-dir",
+                 str(self.root / node), "--checkpoint-root", str(self.root / "ckpt")],
+                stdout=log, stderr=log, text=True,
+            )
+        )
+
+    def jobs(self, profile: str) -> dict[str, dict[str, Any]]:
+        out = self.gpuyard("jobs", "--json", "--nats-config", profile).stdout
+        return {j["job_id"]: j for j in json.loads(out)["jobs"]}
+
+    def close(self) -> None:
+        for p in [*self.procs, *([self.up] if self.up else [])]:
+            if p.poll() is None:
+                p.terminate()
+        for p in [*self.procs, *([self.up] if self.up else [])]:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
 
 
 @pytest.fixture
-async def secured() -> AsyncIterator[tuple[str, AsyncExitStack]]:
-    """A server with gpuyard's users; the control plane runs each service as its own user."""
-    config = server_config(CLUSTER, default_users(["n1", "n2"], password=PASSWORD))
-    async with EmbeddedNats(extra_config=config) as url, AsyncExitStack() as stack:
-        configs = {
-            "placement": PlacementConfig(),
-            "scheduler": SchedulerConfig(event_storage="memory"),
-            "admission": AdmissionConfig(),
-        }
-        for name, cfg in configs.items():
-            nc = await connect(url, name=name, auth=NatsAuth(user=name, password=PASSWORD))
-            service = service_class(name)(Bus(nc, S), cfg)
-            await service.start()
-            stack.push_async_callback(service.stop)
-        yield url, stack
+def flow(tmp_path: Path) -> Iterator[Flow]:
+    f = Flow(tmp_path)
+    try:
+        yield f
+    finally:
+        f.close()
 
 
-async def test_roles(secured: tuple[str, AsyncExitStack]) -> None:
-    url, stack = secured
-    operator = await client(stack, url, "operator")
-    for name in ("admission", "scheduler", "placement"):
-        pong = await operator.bus.call(PING, Ping(), svc=SERVICE_TOKENS[name])
-        assert pong.service == name
-    n1 = await client(stack, url, "node-n1")
-    await node_agent(n1, "n1")
+def test_the_real_cluster_flow_under_auth_and_tls(flow: Flow) -> None:
+    said = flow.start_up()
+    op = str(flow.state / "profiles" / "op.admin.json")
+    assert op in said
+    # The state directory is private; the server knows public keys only.
+    assert stat.S_IMODE(flow.state.stat().st_mode) == 0o700
+    for path in [*flow.state.glob("profiles/*.json"), flow.state / "auth" / "users.conf"]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert '"seed"' not in (flow.state / "auth" / "users.conf").read_text()
 
-    # A submitter submits; the whole chain (admission -> scheduler -> placement -> n1) runs under
-    # each service's own permissions.
-    submitter = await client(stack, url, "submitter")
-    reply = await submitter.bus.call(
-        SUBMIT,
-        SubmitRequest(jobs=[JobSpec(job_id="ok1", num_gpus=2, duration=10)], now=1.0, tick=True),
-    )
-    assert [r.verdict for r in reply.results] == ["admit"]
-    page = await submitter.bus.call(JOBS, PageQuery())
-    assert [(j.job_id, j.state) for j in page.jobs] == [("ok1", "running")]
-    # ... but may not drive the scheduler.
-    with pytest.raises(RemoteError, match="timed out"):
-        await submitter.bus.call(TICK, TickRequest(now=2.0), within_s=0.5)
-    assert "permissions violation for publish" in " ".join(await submitter.violations())
+    # An operator issues the nodes' and a submitter's credentials while `up` runs.
+    for node in ("a", "b"):
+        flow.gpuyard("auth", "add-node", node, "--cluster", CLUSTER, "--state-dir",
+                     str(flow.state), "--out", str(flow.root / f"{node}.json"))  # fmt: skip
+        flow.agent(node)
+    flow.gpuyard("auth", "add-user", "alice", "--cluster", CLUSTER, "--state-dir",
+                 str(flow.state), "--out", str(flow.root / "alice.json"))  # fmt: skip
+    alice = str(flow.root / "alice.json")
+    assert json.loads(Path(alice).read_text())["url"].startswith("tls://")
 
-    # The node agent reports its job's exit.
-    status = await n1.bus.call(
-        EXITED, ExitReport(now=11.0, exits=[JobExit(job_id="ok1", node_id="n1", status="completed")]),
-    )  # fmt: skip
-    assert status.finished == 1
-    # An agent cannot submit jobs: the server refuses the publish, admission never sees it.
-    with pytest.raises(RemoteError, match="timed out"):
-        await n1.bus.call(
-            SUBMIT, SubmitRequest(jobs=[JobSpec(num_gpus=1, duration=5)]), within_s=0.5
-        )
-    assert "gpuyard.sec.adm.submit" in " ".join(await n1.violations())
-    page = await operator.bus.call(JOBS, PageQuery())
-    assert [j.job_id for j in page.jobs] == ["ok1"]
+    def two_nodes() -> bool:
+        out = flow.gpuyard("nodes", "--json", "--nats-config", op).stdout
+        return sorted(n["node_id"] for n in json.loads(out)["cluster"]["nodes"]) == ["a", "b"]
 
+    until(two_nodes, "two agents registered")
 
-async def test_node_cannot_pose_as_another(secured: tuple[str, AsyncExitStack]) -> None:
-    url, stack = secured
-    operator = await client(stack, url, "operator")
-    heard: list[str] = []
+    # Without credentials (but with TLS), nothing.
+    anonymous = flow.gpuyard("jobs", "--nats", f"tls://127.0.0.1:{flow.port}", "--nats-tls-ca",
+                             str(flow.ca), "--cluster", CLUSTER, check=False)  # fmt: skip
+    assert anonymous.returncode == 1 and "authorization" in anonymous.stderr.lower()
 
-    async def hear(msg) -> None:
-        heard.append(msg.subject)
+    script = "import time; print('hello from rank', flush=True); time.sleep(1.0)"
+    short = flow.gpuyard("submit", "--nats-config", alice, "--gpus", "3", "--", sys.executable,
+                         "-c", script).stdout.split()[-1]  # fmt: skip
+    long = flow.gpuyard("submit", "--nats-config", alice, "--", sys.executable, "-c",
+                        "import time; time.sleep(600)").stdout.split()[-1]  # fmt: skip
+    until(lambda: flow.jobs(alice)[short]["state"] == "completed", f"{short} completed")
+    assert flow.jobs(alice)[short]["spec"]["user"] == "alice"
+    logs = flow.gpuyard("logs", "--nats-config", alice, short).stdout
+    assert logs.count("hello from rank") == 3  # ranks on both nodes
+    until(lambda: flow.jobs(alice)[long]["state"] == "running", f"{long} running")
+    assert flow.gpuyard("cancel", "--nats-config", alice, long).stdout.strip() == f"cancelled {long}"
+    tail = flow.gpuyard("tail", "--nats-config", alice, "--json", "--job", short).stdout
+    kinds = [json.loads(line)["type"] for line in tail.splitlines()]
+    assert kinds[0] == "job.submitted" and "job.started" in kinds and kinds[-1] == "job.completed"
 
-    async def ignore(msg) -> None:
-        pass
+    # Control belongs to operators: alice is refused at once, the operator swaps the policy.
+    refused = flow.gpuyard("policy", "set", "scheduler", "las", "--nats-config", alice,
+                           check=False, timeout=8)  # fmt: skip
+    assert refused.returncode == 1 and "refused" in refused.stderr, refused.stderr
+    swap = flow.gpuyard("policy", "set", "scheduler", "las", "--nats-config", op)
+    assert "fifo -> las" in swap.stdout
 
-    sub = await operator.bus.nc.subscribe(f"{S.root}.node.*.hb", cb=hear)
-    n1 = await client(stack, url, "node-n1")
-    await n1.bus.nc.publish(f"{S.node('n1')}.hb", b"{}")
-    await n1.bus.nc.publish(f"{S.node('n2')}.hb", b"{}")  # another node's heartbeat: refused
-    errors = " ".join(await n1.violations())
-    assert "gpuyard.sec.node.n2.hb" in errors
-    await operator.bus.nc.flush()
-    await asyncio.sleep(0.2)
-    assert heard == ["gpuyard.sec.node.n1.hb"]
-    await sub.unsubscribe()
-
-    # Nor read another node's commands.
-    n1.errors.clear()
-    await n1.bus.nc.subscribe(f"{S.node('n2')}.cmd", cb=ignore)
-    assert "permissions violation for subscription" in " ".join(await n1.violations())
-    # Nor call the services' other requests (e.g. make placement forget a node).
-    n1.errors.clear()
-    with pytest.raises(RemoteError, match="timed out"):
-        await n1.bus.call(CLUSTER_INFO, Empty(), within_s=0.5)
-    await n1.violations()
-
-
-async def test_wrong_password_is_refused(secured: tuple[str, AsyncExitStack]) -> None:
-    url, _ = secured
-    with pytest.raises(Exception, match=r"[Aa]uthorization"):
-        await connect(
-            url, name="bad", auth=NatsAuth(user="operator", password="nope"),
-            max_reconnect_attempts=0, allow_reconnect=False,
-        )  # fmt: skip
-
-
-def make_certificate(folder: Path) -> tuple[Path, Path]:
-    cert, key = folder / "server.pem", folder / "server.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert, key
-
-
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-async def test_tls_and_password(tmp_path: Path) -> None:
-    cert, key = make_certificate(tmp_path)
-    tls = f'tls {{ cert_file: "{cert}", key_file: "{key}" }}\n'
-    users = server_config(CLUSTER, default_users([], password=PASSWORD))
-    async with EmbeddedNats(extra_config=tls + users) as url, AsyncExitStack() as stack:
-        secure_url = url.replace("nats://", "tls://")
-        c = await client(stack, secure_url, "operator", tls_ca=str(cert))
-        assert c.bus.nc.is_connected
-        with pytest.raises(Exception):  # noqa: B017 (nats-py raises several kinds here)
-            await connect(url, name="plain", auth=NatsAuth(user="operator", password=PASSWORD),
-                          max_reconnect_attempts=0, allow_reconnect=False, connect_timeout=2)  # fmt: skip
+    # `up` stopped and started again on its state directory: same credentials, same jobs,
+    # the swapped policy, and the agents come back.
+    flow.stop_up()
+    flow.start_up()
+    after = flow.jobs(alice)
+    assert (after[short]["state"], after[long]["state"]) == ("completed", "cancelled")
+    assert "scheduler  las" in flow.gpuyard("policy", "show", "--nats-config", op).stdout
+    until(two_nodes, "the agents registered again")
+    again = flow.gpuyard("submit", "--nats-config", alice, "--", sys.executable, "-c", "pass")
+    job = again.stdout.split()[-1]
+    until(lambda: flow.jobs(alice)[job]["state"] == "completed", f"{job} completed")
+    assert os.path.exists(flow.root / "a.json")

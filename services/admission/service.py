@@ -23,6 +23,7 @@ from gpuyard.shared.contract import (
     SubmitResult,
 )
 from gpuyard.shared.endpoints import CLUSTER, ENQUEUE, QUERY, SUBMIT, Endpoint
+from gpuyard.shared.identity import ANONYMOUS, Caller
 from gpuyard.shared.model import ANY_GPU, JobRecord, JobSpec
 from gpuyard.shared.policy import (
     AdmissionInput,
@@ -34,6 +35,8 @@ from gpuyard.shared.policy import (
 )
 from gpuyard.shared.service import Handler, Service
 from gpuyard.shared.throughput import LinearModel, ThroughputModel, load_throughputs
+
+from .identity import owned_by
 
 QUERY_PAGE = 10_000
 """Jobs per page when admission reads the admitted jobs from the scheduler."""
@@ -120,9 +123,10 @@ class Admission(Service):
         while True:
             await asyncio.sleep(every_s)
             if self.held:
-                await self.bus.nc.publish(self.bus.subjects.of(SUBMIT), b'{"jobs": []}')
+                await self.bus.nc.publish(self.bus.subject(SUBMIT), b'{"jobs": []}')
 
-    async def submit(self, req: SubmitRequest) -> SubmitReply:
+    async def submit(self, req: SubmitRequest, caller: Caller = ANONYMOUS) -> SubmitReply:
+        req = owned_by(req, caller)
         now = req.now if req.now is not None else time.time()
         if self.cluster is None or not self.cluster.capacity:
             await self._refresh_cluster()

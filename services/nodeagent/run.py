@@ -14,8 +14,15 @@ from pathlib import Path
 import msgspec
 import structlog
 
-from gpuyard.shared.connection import Bus, connect
+from gpuyard.shared.connection import (
+    Bus,
+    NatsAuth,
+    add_nats_arguments,
+    connect,
+    resolve_connection,
+)
 from gpuyard.shared.endpoints import Subjects
+from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import Name
 
 from .service import NodeAgent, NodeAgentConfig
@@ -28,6 +35,10 @@ def default_state_dir() -> Path:
     return Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "gpuyard"
 
 
+def default_node_id() -> str:
+    return socket.gethostname().split(".")[0]
+
+
 def default_address() -> str:
     try:
         return socket.gethostbyname(socket.gethostname())
@@ -36,10 +47,9 @@ def default_address() -> str:
 
 
 def add_agent_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nats", default="nats://127.0.0.1:4222", help="NATS server URL")
-    p.add_argument("--cluster", default="default", help="cluster namespace")
+    add_nats_arguments(p, url_default="nats://127.0.0.1:4222", cluster_default="default")
     p.add_argument(
-        "--node-id", default=socket.gethostname().split(".")[0], help="default: the host name"
+        "--node-id", help="default: the credentials' node (a node profile), else the host name"
     )
     p.add_argument("--gpus", type=int, help="GPUs to offer where NVML is absent (no GPU here)")
     p.add_argument("--gpu-type", help="GPU type name (default: from the NVML model, or 'gpu')")
@@ -131,7 +141,9 @@ class ConnectionAttempts:
         self.connected = False
 
 
-async def run_agent(url: str, cluster: str, config: NodeAgentConfig) -> None:
+async def run_agent(
+    url: str, cluster: str, config: NodeAgentConfig, auth: NatsAuth | None = None
+) -> None:
     """Run until SIGTERM or SIGINT, then stop the jobs (they checkpoint) and leave; a signal while
     the server is still out of reach ends the attempts."""
     stop = asyncio.Event()
@@ -143,6 +155,7 @@ async def run_agent(url: str, cluster: str, config: NodeAgentConfig) -> None:
         connect(  # the pause between attempts is `attempts.error`'s
             url,
             name=f"gpuyard-node-{config.node_id}",
+            auth=auth,
             error_cb=attempts.error,
             reconnected_cb=attempts.reconnected,
             disconnected_cb=attempts.disconnected,
@@ -180,12 +193,23 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
     configure_logging(args.log_level)
     try:
+        if not hasattr(args, "nats_profile"):  # (`gpuyard nodeagent` resolved it already)
+            resolve_connection(args)
+        auth = NatsAuth.from_args(args)
+        if args.node_id is None:
+            own = auth.caller if auth.identity else None
+            args.node_id = own.name if own and own.role == "node" else default_node_id()
         config = config_from_args(args)
         Subjects(args.cluster)
+        if auth.identity is not None and auth.caller != Caller("node", config.node_id):
+            raise ValueError(
+                f"the credentials are {auth.identity!r}, not node.{config.node_id}: give the "
+                f"node's own (gpuyard auth add-node {config.node_id}), or --node-id"
+            )
     except (ValueError, msgspec.ValidationError) as exc:
         parser.error(str(exc))
     try:
-        uvloop.run(run_agent(args.nats, args.cluster, config))
+        uvloop.run(run_agent(args.nats, args.cluster, config, auth))
     except ValueError as exc:  # no GPUs found and none given
         parser.exit(2, f"gpuyard nodeagent: {exc}\n")
     return 0

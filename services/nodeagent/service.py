@@ -4,8 +4,9 @@ logs and reports their exits to the scheduler.
 
 Subjects (all under `gpuyard.<cluster>.`): it serves `node.<id>.cmd` (NodeCommand), `node.<id>.logs`
 (LogsRequest), `node.<id>.register` (placement asks it to register again), `node.<id>.ping`/`.stats`;
-it publishes `node.<id>.hb` (Heartbeat) and `logs.<job_id>` (LogLine); it requests `place.register`,
-`place.nodes` (when it stops) and `sched.exited`.
+it publishes `node.<id>.hb` (Heartbeat) and `logs.<job_id>.<id>` (LogLine); it requests
+`place.register.node.<id>`, `place.nodes.node.<id>` (when it stops) and `sched.exited.node.<id>`:
+every subject it sends on names it, and a secured server lets it send on no other node's.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from gpuyard.shared.endpoints import (
     Endpoint,
 )
 from gpuyard.shared.errors import RemoteError
+from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import NodeSpec
 from gpuyard.shared.service import Handler, Service
 
@@ -81,6 +83,7 @@ class NodeAgent(Service):
 
     def __init__(self, bus: Bus, config: NodeAgentConfig) -> None:
         super().__init__(bus)
+        bus.caller = Caller("node", config.node_id)  # our requests act for this node
         self.config = config
         self.node_id = config.node_id
         self.boot_id = uuid.uuid4().hex[:12]
@@ -90,6 +93,8 @@ class NodeAgent(Service):
         self.parts: dict[str, JobPart] = {}
         self.holders: dict[int, JobPart] = {}  # GPU index -> the part whose processes hold it
         self.pending_exits: list[JobExit] = []
+        self.launched: dict[tuple[Any, ...], None] = {}  # launches handled (the latest, in order)
+        self.seen_until = 0.0  # the `now` of the latest command handled
         self._exits_ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._register_lock = asyncio.Lock()
@@ -186,9 +191,11 @@ class NodeAgent(Service):
             while True:
                 sent = time.monotonic()
                 try:
-                    info = await self.bus.call(
-                        REGISTER, RegisterNode(now=time.time(), node=self.node), within_s=5.0
-                    )
+                    said = RegisterNode(
+                        now=time.time(), node=self.node, running=sorted(self.parts),
+                        seen_until=self.seen_until,
+                    )  # fmt: skip
+                    info = await self.bus.call(REGISTER, said, within_s=5.0)
                     break
                 except RemoteError as exc:
                     self.log.warning("register.failed", error=str(exc))
@@ -219,6 +226,7 @@ class NodeAgent(Service):
     async def command(self, cmd: NodeCommand) -> NodeCommandReply:
         """Preempt, then launch. Returns at once: a launch waits in the background for its GPUs'
         previous holders to exit, so the control plane never waits out a grace period."""
+        self.seen_until = max(self.seen_until, cmd.now)
         progress: dict[str, float] = {}
         for job_id in cmd.preempt:
             part = self.parts.get(job_id)
@@ -228,9 +236,16 @@ class NodeAgent(Service):
         preempted = [job_id for job_id in cmd.preempt if self._stop_part(job_id)]
         launched = []
         for launch in cmd.launch:
+            key = _launch_key(launch)
+            if key in self.launched:  # the same command again (its answer was lost): done already
+                launched.append(launch.job_id)
+                continue
             if launch.job_id in self.parts:
                 self._stop_part(launch.job_id)  # moved within the node: a fresh start
             self._start_part(launch)
+            self.launched[key] = None
+            while len(self.launched) > 10_000:
+                del self.launched[next(iter(self.launched))]
             launched.append(launch.job_id)
         return NodeCommandReply(preempted=preempted, launched=launched, progress=progress)
 
@@ -317,7 +332,7 @@ class NodeAgent(Service):
     async def _publish_line(self, job_id: str, rank: int, line: str) -> None:
         msg = LogLine(job_id=job_id, node_id=self.node_id, rank=rank, line=line, time=time.time())
         with contextlib.suppress(Exception):  # logs are best effort; the file keeps everything
-            await self.bus.publish(LOG_LINE, msg, job=job_id)
+            await self.bus.publish(LOG_LINE, msg, job=job_id, node=self.node_id)
 
     async def logs(self, req: LogsRequest) -> LogsReply:
         folder = self.places.job_logs(req.job_id)
@@ -344,6 +359,11 @@ class NodeAgent(Service):
                 await self.bus.publish(HEARTBEAT, self.heartbeat(), node=self.node_id)
             self.notifier.notify("WATCHDOG=1")
             await asyncio.sleep(every)
+
+
+def _launch_key(launch: Launch) -> tuple[Any, ...]:
+    """What makes a launch this one: the job's run (attempt) on these GPUs, in this shape."""
+    return (launch.job_id, launch.attempt, tuple(launch.gpus), launch.rank_offset, launch.world_size)
 
 
 def _tail_logs(folder: Path, tail_bytes: int, node_id: str) -> list[str]:

@@ -5,7 +5,9 @@ that lost their GPUs, launch the ones that gained some."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import math
 import time
 import zlib
 from typing import Any
@@ -41,7 +43,8 @@ from gpuyard.shared.endpoints import (
     REREGISTER,
     Endpoint,
 )
-from gpuyard.shared.errors import BadRequest
+from gpuyard.shared.errors import BadRequest, RemoteError
+from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobSpec, NodeSpec
 from gpuyard.shared.policy import NodeView, PlacementInput, PlacementPolicy, placement_policies
 from gpuyard.shared.service import Handler, Service
@@ -55,6 +58,12 @@ class PlacementConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     that never sent a heartbeat (simulated ones) are never declared lost."""
     heartbeat_check_s: float = 0.5
     """How often the heartbeat checker looks."""
+    command_timeout_s: float | None = None
+    """Real node agents (those that heartbeat): placement sends them their commands without
+    waiting (one slow or dead agent must not hold up the cluster) and watches for the answers in
+    the background; an agent that has not answered within this (it answers at once: launches
+    run in the background) is declared lost at once, its jobs requeued. None: wait for every
+    answer, as for simulated nodes, which answer in virtual time."""
     durable: bool = False
     """Keep the cluster map in a JetStream key-value bucket: a restarted placement goes on."""
 
@@ -99,6 +108,10 @@ class Placement(Service):
         self.last_seen: dict[str, float] = {}  # node agents that heartbeat: when last heard of
         self.beats: dict[str, Heartbeat] = {}
         self._checker: asyncio.Task[None] | None = None
+        self.unresponsive: set[str] = set()  # nodes that did not answer a command, until they register
+        self.launched_at: dict[str, float] = {}  # the `now` of each running job's launch command
+        self._watchers: set[asyncio.Task[None]] = set()  # real agents' answers to commands
+        self._last_command: dict[str, asyncio.Task[None]] = {}  # per node: its commands in order
         self.lost: list[str] = []  # stopped by a node's departure, not yet told to the scheduler
         self.changed = False  # the request in hand changed the state to store
         self.last_request = ""
@@ -136,6 +149,8 @@ class Placement(Service):
         if self._checker is not None:
             self._checker.cancel()
             self._checker = None
+        for task in list(self._watchers):
+            task.cancel()
 
     def routes(self) -> dict[Endpoint[Any, Any], Handler]:
         return {
@@ -146,7 +161,9 @@ class Placement(Service):
     async def apply_request(self, req: ApplyRequest) -> ApplyReply:
         return await self._once("apply", req, self.apply, ApplyReply)
 
-    async def nodes_request(self, req: NodesChanged) -> NodesChangedReply:
+    async def nodes_request(self, req: NodesChanged, caller: Caller) -> NodesChangedReply:
+        if caller.role == "node" and (req.up or req.gone != [caller.name]):
+            raise BadRequest(f"node {caller.name!r} may only report itself gone", field="$.gone")
         return await self._once("nodes", req, self.nodes_changed, NodesChangedReply)
 
     async def _once(self, route: str, req: Any, handler: Any, reply_type: type[Any]) -> Any:
@@ -181,10 +198,17 @@ class Placement(Service):
             down=dict(self.down),
         )  # fmt: skip
 
-    async def register(self, req: RegisterNode) -> ClusterInfo:
+    async def register(self, req: RegisterNode, caller: Caller) -> ClusterInfo:
+        if caller.role == "node" and req.node.node_id != caller.name:
+            raise BadRequest(
+                f"node {caller.name!r} may only register itself, not {req.node.node_id!r}",
+                field="$.node.node_id",
+            )
         self.changed = True
+        self.unresponsive.discard(req.node.node_id)
         old = self.nodes.get(req.node.node_id)
-        boot = req.node.labels.get("boot")
+        # A node agent's own registration: it must heartbeat, or it is declared lost.
+        boot = req.node.labels.get("boot") or ("agent" if caller.role == "node" else None)
         if old is not None and boot and old.labels.get("boot") != boot:
             # The agent restarted: the job parts it ran died with it.
             await self.nodes_changed(
@@ -197,18 +221,45 @@ class Placement(Service):
         if boot:
             self.last_seen[req.node.node_id] = time.time()
         self._add_node(req.node)
+        await self._reconcile(req)
         await self.bus.emit(
             Event(type="node.up", now=req.now, node_id=req.node.node_id, service=self.name)
         )
         return await self.cluster(Empty())
 
+    async def _reconcile(self, req: RegisterNode) -> None:
+        """Jobs we placed on the registering node, by a command its agent has seen since, that it
+        does not run: their launch never reached it (we, or the NATS server, went down in
+        between): requeued, like a lost node's. (A job launched after what the agent has seen,
+        or before we restarted, is judged by its time: the command's `now`.)"""
+        node_id = req.node.node_id
+        if req.running is None or req.seen_until is None:
+            return
+        here = set(req.running)
+        missing = sorted(
+            j for j, gpus in self.running.items()
+            if j not in here and any(g.node_id == node_id for g in gpus)
+            and self.launched_at.get(j, -math.inf) <= req.seen_until
+        )  # fmt: skip
+        if not missing:
+            return
+        self.log.warning("node.jobs_missing", node_id=node_id, jobs=missing)
+        stopped = {j: self.running[j] for j in missing}
+        for job_id in missing:
+            self._free(job_id)
+        await self._command(req.now, stopped, {}, {})  # their parts elsewhere
+        self.lost += missing
+
     async def nodes_changed(self, req: NodesChanged) -> NodesChangedReply:
         self.changed = True
         unknown = [n for n in req.gone if n not in self.nodes]
-        if unknown:
+        if unknown and self.config.command_timeout_s is not None:  # (declared lost twice)
+            req = msgspec.structs.replace(req, gone=[n for n in req.gone if n in self.nodes])
+        elif unknown:
             raise BadRequest(f"unknown nodes {unknown[:5]}", field="$.gone")
         gone = set(req.gone)
         for node_id in req.gone:
+            self.unresponsive.discard(node_id)
             del self.nodes[node_id]
             del self.free[node_id]
             self.down[node_id] = req.now
@@ -242,13 +293,18 @@ class Placement(Service):
     async def stop(self) -> None:
         if self._checker is not None:
             self._checker.cancel()
+        for task in list(self._watchers):
+            task.cancel()
         await super().stop()
 
     async def heartbeats(self, _: Empty) -> HeartbeatsPage:
         return HeartbeatsPage(beats=list(self.beats.values()), received=dict(self.last_seen))
 
-    async def _heartbeat(self, hb: Heartbeat) -> None:
+    async def _heartbeat(self, hb: Heartbeat, caller: Caller) -> None:
         """`node.<id>.hb`, on its own subscription: only records (no await before the record)."""
+        if hb.node_id != caller.name:
+            self.log.warning("heartbeat.forged", subject_node=caller.name, node_id=hb.node_id)
+            return
         if hb.node_id not in self.nodes:
             # Declared lost, or this placement started after the agent: have it register again.
             await self.bus.publish(REREGISTER, Empty(), node=hb.node_id)
@@ -271,7 +327,7 @@ class Placement(Service):
                 del self.last_seen[node_id]
             self.log.warning("node.silent", nodes=silent, timeout_s=timeout)
             lost = NodesChanged(now=now, gone=silent, reason=f"no heartbeat for {timeout:g} s")
-            await self.bus.nc.publish(self.bus.subjects.of(NODES), encode(lost))
+            await self.bus.nc.publish(self.bus.subject(NODES), encode(lost))
 
     def _stop_released(self, released: list[str]) -> dict[str, list[GpuRef]]:
         """Jobs that ended on several real nodes: their other parts may still run (one part failed)."""
@@ -290,6 +346,8 @@ class Placement(Service):
         """Nodes with GPUs this decision may give out: the free ones plus `extra`."""
         views = []
         for node in self.nodes.values():
+            if node.node_id in self.unresponsive:
+                continue
             usable = self.free[node.node_id]
             more = extra.get(node.node_id) if extra else None
             if more:
@@ -304,10 +362,12 @@ class Placement(Service):
         return [
             NodeView(node_id=n.node_id, gpu_type=n.gpu_type, usable=list(range(n.num_gpus)))
             for n in self.nodes.values()
+            if n.node_id not in self.unresponsive
         ]
 
     async def apply(self, req: ApplyRequest) -> ApplyReply:
         self.changed = True
+        reported = self._reported_progress()  # (before the jobs it stops leave `running`)
         ended = self._stop_released(req.released)
         for job_id in req.released:
             self._free(job_id)
@@ -372,6 +432,7 @@ class Placement(Service):
         launched = {j: g for j, g in started.items() if j not in failed}
         for job_id, gpus in launched.items():
             self._hold(job_id, gpus)
+            self.launched_at[job_id] = req.now
         lost, self.lost = self.lost, []
         # Jobs the scheduler thinks are not running but run here as allocated: it asked before
         # (a retried apply, or it restarted before storing our reply). Report them started.
@@ -385,7 +446,7 @@ class Placement(Service):
             unplaced=[a.job_id for a in req.allocations if a.job_id not in self.running],
             lost=lost,
             capacity=self.capacity(),
-            progress={**self._reported_progress(), **progress},
+            progress={**reported, **progress},
         )
 
     def _reported_progress(self) -> dict[str, StepsReport]:
@@ -429,6 +490,7 @@ class Placement(Service):
 
     def _free(self, job_id: str) -> None:
         """`job_id` no longer runs: its GPUs are free unless a job sharing them still holds them."""
+        self.launched_at.pop(job_id, None)
         for g in self.running.pop(job_id, ()):
             left = self.holders.get(g, 0) - 1
             if left > 0:
@@ -517,20 +579,103 @@ class Placement(Service):
                     )
                 )  # fmt: skip
                 offset += len(indices)
+        failed, progress, done = await self._send(commands)
+        # A job whose launch failed on one node must not go on with its parts elsewhere.
+        stragglers: dict[str, NodeCommand] = {}
+        for node_id in sorted(done):
+            again = [x.job_id for x in commands[node_id].launch if x.job_id in failed]
+            if again:
+                stragglers[node_id] = NodeCommand(now=now, node_id=node_id, preempt=again)
+        if stragglers:
+            await self._send(stragglers)
+        return failed, progress
+
+    async def _send(
+        self, commands: dict[str, NodeCommand]
+    ) -> tuple[set[str], dict[str, StepsReport], set[str]]:
+        """Send the commands at once. Simulated nodes' answers are awaited: returns the jobs whose
+        launch failed, the progress reported of stopped jobs, and the nodes that answered. Real
+        agents' answers are not (see `command_timeout_s`): `_watch` declares a silent one lost."""
         order = sorted(commands)
+        for node_id in order:
+            if node_id in self.unresponsive:
+                self.log.warning("node.command_skipped", node_id=node_id, reason="unresponsive")
+        order = [n for n in order if n not in self.unresponsive]
+        watched = self.config.command_timeout_s is not None
+        real = [n for n in order if watched and n in self.last_seen]
+        for node_id in real:
+            before = self._last_command.get(node_id)
+            task = asyncio.create_task(self._watch(node_id, commands[node_id], before))
+            self._watchers.add(task)
+            task.add_done_callback(self._watchers.discard)
+            self._last_command[node_id] = task
+        awaited = [n for n in order if n not in real]
         replies = await asyncio.gather(
-            *(self.bus.call(NODE_COMMAND, commands[n], node=n) for n in order),
+            *(
+                self.bus.call(
+                    NODE_COMMAND, commands[n], node=n, within_s=self.config.command_timeout_s
+                )
+                for n in awaited
+            ),
             return_exceptions=True,
         )
         failed: set[str] = set()
         progress: dict[str, StepsReport] = {}
-        for node_id, reply in zip(order, replies, strict=True):
+        done: set[str] = set(real)
+        for node_id, reply in zip(awaited, replies, strict=True):
             if isinstance(reply, NodeCommandReply):
+                done.add(node_id)
                 for job_id, steps in reply.progress.items():
                     seen = progress.get(job_id)
                     if seen is None or steps < seen.steps:  # parts of one job: the slowest rank
-                        progress[job_id] = StepsReport(steps, now)
+                        progress[job_id] = StepsReport(steps, commands[node_id].now)
                 continue
             self.log.error("node.command_failed", node_id=node_id, error=str(reply))
             failed.update(launch.job_id for launch in commands[node_id].launch)
-        return failed, progress
+        for node_id in set(commands) - set(order):  # unresponsive: its launches did not happen
+            failed.update(launch.job_id for launch in commands[node_id].launch)
+        return failed, progress, done
+
+    async def _watch(
+        self, node_id: str, command: NodeCommand, before: asyncio.Task[None] | None
+    ) -> None:
+        """Deliver `command` to a real agent, after the node's earlier commands (order matters:
+        a launch must not overtake an earlier preempt), and watch for its answer. Sent again
+        while nobody listens (the agent reconnects), and once more if it went unanswered while the
+        agent kept heartbeating (the answer was lost, e.g. in a NATS restart: a repeated launch is
+        a no-op for the agent); otherwise, after `command_timeout_s`, the node is declared lost
+        (through our own subject, in order with the other requests) and its jobs requeued."""
+        if before is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(before)
+        assert self.config.command_timeout_s is not None
+        timeout = self.config.command_timeout_s
+        deadline = time.monotonic() + timeout
+        resent = False
+        while node_id in self.nodes:
+            sent = time.time()
+            try:
+                await self.bus.call(
+                    NODE_COMMAND, command, node=node_id, within_s=max(deadline - time.monotonic(), 0.1)
+                )
+                return
+            except RemoteError as exc:
+                error = exc
+            alive = self.last_seen.get(node_id, 0.0) > sent
+            if error.reply.error == "no service is listening" and time.monotonic() + 0.1 < deadline:
+                await asyncio.sleep(0.1)  # not delivered: safe to send again
+                continue
+            if alive and not resent:
+                resent, deadline = True, time.monotonic() + timeout
+                self.log.warning("node.command_resent", node_id=node_id, error=str(error))
+                continue
+            break
+        else:
+            return  # the node is gone already (declared lost, or left)
+        if node_id not in self.unresponsive:
+            self.unresponsive.add(node_id)  # no more commands or jobs meanwhile
+            self.log.error("node.command_failed", node_id=node_id, error=str(error))
+            lost = NodesChanged(
+                now=time.time(), gone=[node_id], reason=f"no answer to a command ({error.reply.error})"
+            )
+            await self.bus.nc.publish(self.bus.subject(NODES), encode(lost))

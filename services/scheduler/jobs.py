@@ -70,6 +70,7 @@ class JobTable:
         record.run_start = record.progress_at = now
         record.gpus, record.gpu_type, record.rate = gpus, gpu_type, rate
         record.nodes = sorted(set(nodes))
+        record.ran_on = sorted({*record.ran_on, *record.nodes})
         record.shares_with = shares_with
         record.attempt += 1
         if record.first_start is None:

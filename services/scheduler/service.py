@@ -57,6 +57,7 @@ from gpuyard.shared.endpoints import (
     Endpoint,
 )
 from gpuyard.shared.errors import BadRequest
+from gpuyard.shared.identity import ANONYMOUS, Caller
 from gpuyard.shared.model import ANY_GPU, Allocation, JobRecord, JobSpec
 from gpuyard.shared.policy import (
     ClusterView,
@@ -78,6 +79,7 @@ from gpuyard.shared.throughput import (
 )
 
 from .durability import SchedulerStore, StoredMeta
+from .identity import check_exits, may_cancel, ran_there
 from .jobs import JobTable
 from .mechanism import TimeShareConfig, make_mechanism
 
@@ -139,6 +141,8 @@ class Scheduler(Service):
         self.durability = SchedulerStore(self.store)
         self._ticker: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()  # wall clock: tick now (jobs arrived or ended, nodes changed)
+        self._ticked = asyncio.Event()  # wall clock: the tick we sent is being handled
+        self._tick_sent = -math.inf  # ... sent then (monotonic), not handled yet
 
     # ------------------------------------------------------------------ policy
 
@@ -204,6 +208,13 @@ class Scheduler(Service):
                 await asyncio.wait_for(
                     self._wake.wait(), min(max(due - now, 0.05), self.config.round_s)
                 )
+            if time.monotonic() - self._tick_sent < self.config.round_s:
+                # A tick is still queued behind other requests: its round will see what changed
+                # since (arrivals under load share one round). Wait for it to be handled.
+                await self._ticked.wait()
+                continue
+            self._ticked.clear()
+            self._tick_sent = time.monotonic()
             await self.bus.nc.publish(subject, encode(TickRequest(now=time.time())))
 
     # ------------------------------------------------------------------ durable state
@@ -316,9 +327,13 @@ class Scheduler(Service):
         ran = await self._round_if_due(req.now, req.tick)
         return self._status(req.now, ran_round=ran, rejected=rejected)
 
-    async def exited(self, req: ExitReport) -> SchedulerStatus:
+    async def exited(self, req: ExitReport, caller: Caller = ANONYMOUS) -> SchedulerStatus:
+        check_exits(req, caller)
         for ex in req.exits:
             record = self.table.get(ex.job_id)
+            if record is not None and not ran_there(record, ex, caller):
+                self.log.warning("exit.not_placed_there", job_id=ex.job_id, node_id=ex.node_id)
+                continue
             if record is not None and self._done_by_an_earlier_run(record, ex):
                 # Its work is done (runs share the checkpoint): it must not run again. A run
                 # started since is left out of the next apply, which stops it.
@@ -384,6 +399,8 @@ class Scheduler(Service):
     async def tick(self, req: TickRequest) -> SchedulerStatus:
         if req.resolve:
             self.table.changed = self.force_decision = True
+        self._tick_sent = -math.inf  # (wall clock: the next poke sends another)
+        self._ticked.set()
         ran = await self._round_if_due(req.now, True)
         return self._status(req.now, ran_round=ran)
 
@@ -420,8 +437,9 @@ class Scheduler(Service):
             found = [r for r in found if r.state in states]
         return JobsPage(jobs=found[req.offset : req.offset + req.limit], total=len(found))
 
-    async def cancel(self, req: CancelRequest) -> CancelReply:
-        """End jobs for good. A running one is left out of the next allocation: placement stops it."""
+    async def cancel(self, req: CancelRequest, caller: Caller = ANONYMOUS) -> CancelReply:
+        """End jobs for good. A running one is left out of the next allocation: placement stops it.
+        A submitter cancels only their own jobs."""
         now = req.now if req.now is not None else time.time()
         cancelled: list[str] = []
         refused: dict[str, str] = {}
@@ -429,6 +447,9 @@ class Scheduler(Service):
             record = self.table.get(job_id)
             if record is None:
                 refused[job_id] = "no such job"
+                continue
+            if (why := may_cancel(record, caller)) is not None:
+                refused[job_id] = why
                 continue
             if not self.table.end(record, now, "cancelled", "cancelled by request"):
                 refused[job_id] = f"the job has already ended ({record.state})"

@@ -1,0 +1,35 @@
+"""What the scheduler believes from whom (the caller is named by the request's subject; see
+gpuyard.shared.identity): a node agent reports exits only of its own job parts, and a submitter
+cancels only their own jobs. Operators and services act for anyone; the server's permissions
+decide who may send what at all."""
+
+from __future__ import annotations
+
+from gpuyard.shared.contract import ExitReport, JobExit
+from gpuyard.shared.errors import BadRequest
+from gpuyard.shared.identity import Caller
+from gpuyard.shared.model import JobRecord
+
+
+def check_exits(req: ExitReport, caller: Caller) -> None:
+    """A node reports its own exits only: BadRequest naming the first exit of another node."""
+    if caller.role != "node":
+        return
+    for i, ex in enumerate(req.exits):
+        if ex.node_id != caller.name:
+            raise BadRequest(
+                f"node {caller.name!r} may only report exits on itself, not on {ex.node_id!r}",
+                field=f"$.exits[{i}].node_id",
+            )
+
+
+def ran_there(record: JobRecord, ex: JobExit, caller: Caller) -> bool:
+    """A node's exit is about a job it was given (now, or in an earlier run)."""
+    return caller.role != "node" or ex.node_id in record.ran_on
+
+
+def may_cancel(record: JobRecord, caller: Caller) -> str | None:
+    """None when `caller` may cancel the job, else why not."""
+    if caller.role == "user" and record.spec.user != caller.name:
+        return "not your job"
+    return None
