@@ -116,17 +116,21 @@ def test_time_shares_track_the_allocation_round_after_round() -> None:
 def test_time_shares_respect_a_skewed_allocation_and_the_resolve_interval() -> None:
     mech = TimeShareMechanism(TimeShareConfig(min_resolve_s=1000.0), round_s=100.0)
     decision = Decision(shares={"a": {"v100": 1.0}, "b": {"k80": 1.0}, "c": {}})
-    inp = time_share_input(0.0, {})
-    assert mech.wants_decision(0.0, changed=False)  # the first round always asks the policy
+    inp = time_share_input(100.0, {})
+    assert mech.wants_decision(100.0, changed=False)  # the first round always asks the policy
     out = mech.allocations(decision, inp)
     assert {(a.job_id, a.gpu_type) for a in out} == {("a", "v100"), ("b", "k80")}
-    assert not mech.wants_decision(500.0, changed=True)  # too soon after the last solve
-    assert mech.wants_decision(1000.0, changed=True) and not mech.wants_decision(1000.0, changed=False)
+    assert not mech.wants_decision(600.0, changed=True)  # too soon after the last solve
+    assert mech.wants_decision(1100.0, changed=True) and not mech.wants_decision(1100.0, changed=False)
+    # Gavel's quirk: a solve at time 0 counts as none, so the next change solves again at once.
+    at_zero = TimeShareMechanism(TimeShareConfig(min_resolve_s=1000.0), round_s=100.0)
+    at_zero.allocations(decision, time_share_input(0.0, {}))
+    assert at_zero.wants_decision(50.0, changed=True)
     # The state survives a restart of the scheduler byte for byte.
     restored = TimeShareMechanism(TimeShareConfig(min_resolve_s=1000.0), round_s=100.0)
     restored.restore(msgspec.json.encode(mech.snapshot()))
-    nxt = time_share_input(100.0, {"a": "v100", "b": "k80"})
-    assert mech.allocations(None, nxt) == restored.allocations(None, time_share_input(100.0, {"a": "v100", "b": "k80"}))
+    nxt = time_share_input(200.0, {"a": "v100", "b": "k80"})
+    assert mech.allocations(None, nxt) == restored.allocations(None, time_share_input(200.0, {"a": "v100", "b": "k80"}))
 
 
 def test_time_shares_pairs_share_gpus_and_count_once() -> None:
