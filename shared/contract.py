@@ -222,12 +222,6 @@ class RegisterNode(Struct, kw_only=True, forbid_unknown_fields=True):
 
     now: float
     node: NodeSpec
-    running: list[str] | None = None
-    """The jobs whose parts the agent runs (or is about to: waiting for GPUs); None: not told.
-    Placement requeues a job it placed there by a command the agent has seen (see `seen_until`)
-    that is not among them: its launch never arrived."""
-    seen_until: float | None = None
-    """The `now` of the latest command the agent had handled when it said what it runs."""
 
 
 class NodesChanged(Struct, kw_only=True, forbid_unknown_fields=True):

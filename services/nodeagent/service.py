@@ -94,7 +94,6 @@ class NodeAgent(Service):
         self.holders: dict[int, JobPart] = {}  # GPU index -> the part whose processes hold it
         self.pending_exits: list[JobExit] = []
         self.launched: dict[tuple[Any, ...], None] = {}  # launches handled (the latest, in order)
-        self.seen_until = 0.0  # the `now` of the latest command handled
         self._exits_ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._register_lock = asyncio.Lock()
@@ -191,11 +190,9 @@ class NodeAgent(Service):
             while True:
                 sent = time.monotonic()
                 try:
-                    said = RegisterNode(
-                        now=time.time(), node=self.node, running=sorted(self.parts),
-                        seen_until=self.seen_until,
-                    )  # fmt: skip
-                    info = await self.bus.call(REGISTER, said, within_s=5.0)
+                    info = await self.bus.call(
+                        REGISTER, RegisterNode(now=time.time(), node=self.node), within_s=5.0
+                    )
                     break
                 except RemoteError as exc:
                     self.log.warning("register.failed", error=str(exc))
@@ -226,7 +223,6 @@ class NodeAgent(Service):
     async def command(self, cmd: NodeCommand) -> NodeCommandReply:
         """Preempt, then launch. Returns at once: a launch waits in the background for its GPUs'
         previous holders to exit, so the control plane never waits out a grace period."""
-        self.seen_until = max(self.seen_until, cmd.now)
         progress: dict[str, float] = {}
         for job_id in cmd.preempt:
             part = self.parts.get(job_id)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import math
 import time
 import zlib
 from typing import Any
@@ -109,7 +108,6 @@ class Placement(Service):
         self.beats: dict[str, Heartbeat] = {}
         self._checker: asyncio.Task[None] | None = None
         self.unresponsive: set[str] = set()  # nodes that did not answer a command, until they register
-        self.launched_at: dict[str, float] = {}  # the `now` of each running job's launch command
         self._watchers: set[asyncio.Task[None]] = set()  # real agents' answers to commands
         self._last_command: dict[str, asyncio.Task[None]] = {}  # per node: its commands in order
         self.lost: list[str] = []  # stopped by a node's departure, not yet told to the scheduler
@@ -221,34 +219,10 @@ class Placement(Service):
         if boot:
             self.last_seen[req.node.node_id] = time.time()
         self._add_node(req.node)
-        await self._reconcile(req)
         await self.bus.emit(
             Event(type="node.up", now=req.now, node_id=req.node.node_id, service=self.name)
         )
         return await self.cluster(Empty())
-
-    async def _reconcile(self, req: RegisterNode) -> None:
-        """Jobs we placed on the registering node, by a command its agent has seen since, that it
-        does not run: their launch never reached it (we, or the NATS server, went down in
-        between): requeued, like a lost node's. (A job launched after what the agent has seen,
-        or before we restarted, is judged by its time: the command's `now`.)"""
-        node_id = req.node.node_id
-        if req.running is None or req.seen_until is None:
-            return
-        here = set(req.running)
-        missing = sorted(
-            j for j, gpus in self.running.items()
-            if j not in here and any(g.node_id == node_id for g in gpus)
-            and self.launched_at.get(j, -math.inf) <= req.seen_until
-        )  # fmt: skip
-        if not missing:
-            return
-        self.log.warning("node.jobs_missing", node_id=node_id, jobs=missing)
-        stopped = {j: self.running[j] for j in missing}
-        for job_id in missing:
-            self._free(job_id)
-        await self._command(req.now, stopped, {}, {})  # their parts elsewhere
-        self.lost += missing
 
     async def nodes_changed(self, req: NodesChanged) -> NodesChangedReply:
         self.changed = True
@@ -432,7 +406,6 @@ class Placement(Service):
         launched = {j: g for j, g in started.items() if j not in failed}
         for job_id, gpus in launched.items():
             self._hold(job_id, gpus)
-            self.launched_at[job_id] = req.now
         lost, self.lost = self.lost, []
         # Jobs the scheduler thinks are not running but run here as allocated: it asked before
         # (a retried apply, or it restarted before storing our reply). Report them started.
@@ -490,7 +463,6 @@ class Placement(Service):
 
     def _free(self, job_id: str) -> None:
         """`job_id` no longer runs: its GPUs are free unless a job sharing them still holds them."""
-        self.launched_at.pop(job_id, None)
         for g in self.running.pop(job_id, ()):
             left = self.holders.get(g, 0) - 1
             if left > 0:
