@@ -82,6 +82,12 @@ def workload_from_args(args: argparse.Namespace, throughputs: Any = None) -> Any
             and str(args.trace).endswith(".trace")
             else {}
         )
+        if getattr(args, "elasticflow", False):
+            from gpuyard.workloads import detect_format
+
+            fmt = detect_format(args.trace) if args.trace_format == "auto" else args.trace_format
+            if fmt in ("elasticflow", "itp"):
+                options["elastic"] = True  # ElasticFlow chooses the GPU counts itself
         return load_workload(args.trace, args.trace_format, args.skip_bad, **options)
     load, seed = float(args.load), int(args.seed)
     if args.generator == "gavel":
@@ -159,6 +165,12 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
         "--blox",
         action="store_true",
         help="Blox semantics: rounds mode, jobs admitted and seen finished at round starts",
+    )
+    p.add_argument(
+        "--elasticflow",
+        action="store_true",
+        help="ElasticFlow's simulator: --policy names its scheme (ef-accessctrl, ef, edf, "
+        "edf-accessctrl, gandiva, dlas-gpu, themis, chronus), --round its scheduling slot",
     )
     add_workload_args(p)
     p.add_argument("--processes", action="store_true", help="one OS process per service")
@@ -283,6 +295,12 @@ def cmd_sim(args: argparse.Namespace) -> int:
                 checkpoint_s=args.checkpoint_s, restore_s=args.restore_s
             ),
         )
+        if args.elasticflow:
+            from gpuyard.sim import elasticflow_options
+
+            scheme = elasticflow_options(args.policy, args.round_s, cluster.total_gpus)
+            scheme["policy_params"] |= options.policy_params
+            options = msgspec.structs.replace(options, **scheme)
         scheduling_policies.create(options.policy, options.policy_params)
         admission_policies.create(options.admission, options.admission_params)
         placement_policies.create(options.placement, options.placement_params)

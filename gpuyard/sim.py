@@ -17,7 +17,12 @@ from msgspec import Struct
 from gpuyard.embedded import EmbeddedNats
 from gpuyard.launcher import ServiceSet
 from gpuyard.report import write_results
-from gpuyard.services.simclock.service import PreemptionCost, SimClockConfig, write_workload
+from gpuyard.services.simclock.service import (
+    PreemptionCost,
+    RestartCost,
+    SimClockConfig,
+    write_workload,
+)
 from gpuyard.shared.connection import Bus, NatsAuth, connect
 from gpuyard.shared.contract import (
     Empty,
@@ -48,6 +53,8 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     mode: Literal["rounds", "events"] = "events"
     blox: bool = False
     """Blox's simulator semantics: jobs are admitted and seen finished only at round starts."""
+    elasticflow: str | None = None
+    """The ElasticFlow scheme this run reproduces (`elasticflow_options` set the rest)."""
     throughputs: str = "default"
     """Throughput model file (Gavel JSON, ElasticFlow table or folder, BFTrainer JNPs CSV)."""
     node_events: str | None = None
@@ -66,6 +73,56 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     """Durable runs: how long the scheduler waits for placement before it sends the request again
     (its callee may have been killed); admission waits twice that for the scheduler, and the clock
     four times that for any service, so that an inner retry ends before an outer one starts."""
+
+
+ELASTICFLOW_SCHEMES: dict[str, tuple[str, dict[str, Any], str, bool]] = {
+    "ef-accessctrl": ("elasticflow", {}, "elasticflow", True),
+    "ef": ("elasticflow", {}, "accept-all", True),
+    "edf": ("edf", {}, "accept-all", False),
+    "edf-accessctrl": ("edf", {}, "edf", True),
+    "gandiva": ("gandiva-ts", {}, "accept-all", True),
+    "dlas-gpu": ("tiresias", {"thresholds": [3250.0, 7200.0], "promote_knob": 0.0}, "accept-all", True),
+    "themis": ("themis", {}, "accept-all", False),
+    "chronus": ("chronus", {}, "chronus", False),
+}
+"""ElasticFlow's schemes: (scheduling policy, its parameters, admission policy, restarts cost)."""
+
+
+def elasticflow_options(scheme: str, round_s: float, total_gpus: int) -> dict[str, Any]:
+    """SimOptions fields for an ElasticFlow scheme, as its simulator runs it (`--elasticflow`).
+
+    Decisions come at events, at most once a scheduling slot (the round): the ElasticFlow
+    family's policies hold a decision asked for within a slot of their last one until that slot
+    ends, as ElasticFlow merges events; Tiresias (`dlas-gpu`) decides on a grid of slots
+    (`mode="rounds"`) instead. Placement is buddy-style for every scheme; the deadline admission
+    policies plan on the same slot. Restarts cost what ElasticFlow's `estimate_overhead` charges,
+    where that scheme charges it: `ef`, `ef-accessctrl` and `edf-accessctrl` restart every running
+    job at every scheduling decision (ElasticFlow's simulator charges every event; its executor
+    restarts them all whenever an allocation changes), warm on GPU sets used before; `gandiva`
+    the same without warm processes; `dlas-gpu` only the jobs it starts; `edf` and `themis`
+    nothing. Cold starts come every `round_s`-th decision (ElasticFlow counts events against its
+    slot length there).
+    """
+    if scheme not in ELASTICFLOW_SCHEMES:
+        raise ValueError(
+            f"unknown ElasticFlow scheme {scheme!r}; known: {', '.join(ELASTICFLOW_SCHEMES)}"
+        )
+    policy, params, admission, restarts = ELASTICFLOW_SCHEMES[scheme]
+    admission_params: dict[str, Any] = {"slot_s": round_s} if admission in ("elasticflow", "edf") else {}
+    restart = None
+    if restarts:
+        large = total_gpus >= 256  # ElasticFlow's figures for large clusters
+        restart = RestartCost(
+            base_s=7.0 if large else 2.0, cold_s=47.0 if large else 27.0,
+            cold_every=max(int(round_s), 1), warm_ranks=scheme not in ("gandiva", "dlas-gpu"),
+            scope="launched" if scheme == "dlas-gpu" else "decisions", decision_gap_s=round_s,
+        )  # fmt: skip
+    return {
+        "policy": policy, "policy_params": dict(params), "admission": admission,
+        "admission_params": admission_params, "placement": "buddy", "placement_params": {},
+        "mode": "rounds" if policy == "tiresias" else "events", "elasticflow": scheme,
+        "preemption_cost": PreemptionCost(restart=restart),
+    }  # fmt: skip
 
 
 class SimResult(Struct, kw_only=True):
