@@ -16,7 +16,7 @@ from msgspec import Struct
 
 from gpuyard.embedded import EmbeddedNats
 from gpuyard.launcher import ServiceSet
-from gpuyard.report import write_results
+from gpuyard.report import JobRun, efficiency_frame, write_results
 from gpuyard.services.simclock.service import (
     PreemptionCost,
     RestartCost,
@@ -34,6 +34,7 @@ from gpuyard.shared.contract import (
 )
 from gpuyard.shared.endpoints import JOBS, PROGRESS, RUN, STATS, TIMELINE, Endpoint, Subjects
 from gpuyard.shared.model import ClusterSpec, JobRecord, JobSpec
+from gpuyard.shared.throughput import load_throughputs
 
 RETRY_FOR_S = 60.0
 """Durable runs: how long a call is sent again while its callee restarts."""
@@ -93,8 +94,8 @@ def elasticflow_options(scheme: str, round_s: float, total_gpus: int) -> dict[st
 
     Decisions come at events, at most once a scheduling slot (the round): the ElasticFlow
     family's policies hold a decision asked for within a slot of their last one until that slot
-    ends, as ElasticFlow merges events; Tiresias (`dlas-gpu`) decides on a grid of slots
-    (`mode="rounds"`) instead. Placement is buddy-style for every scheme; the deadline admission
+    ends, as ElasticFlow merges events; Tiresias (`dlas-gpu`) and Themis, whose ElasticFlow
+    versions run in rounds, decide on a grid of slots (`mode="rounds"`). Placement is buddy-style for every scheme; the deadline admission
     policies plan on the same slot. Restarts cost what ElasticFlow's `estimate_overhead` charges,
     where that scheme charges it: `ef`, `ef-accessctrl` and `edf-accessctrl` restart every running
     job at every scheduling decision (ElasticFlow's simulator charges every event; its executor
@@ -120,7 +121,7 @@ def elasticflow_options(scheme: str, round_s: float, total_gpus: int) -> dict[st
     return {
         "policy": policy, "policy_params": dict(params), "admission": admission,
         "admission_params": admission_params, "placement": "buddy", "placement_params": {},
-        "mode": "rounds" if policy == "tiresias" else "events", "elasticflow": scheme,
+        "mode": "rounds" if policy in ("tiresias", "themis") else "events", "elasticflow": scheme,
         "preemption_cost": PreemptionCost(restart=restart),
     }  # fmt: skip
 
@@ -261,13 +262,52 @@ async def simulate(
         stats: list[ServiceStats] = [
             await bus.call(STATS, Empty(), svc=token) for token in ("clock", "adm", "sched", "place")
         ]
+        runs, declined = await deadline_events(bus) if options.elasticflow else ([], {})
     wall = time.perf_counter() - started
-    summary = write_results(
-        records, points, out,
-        extra={"policy": options.policy, "simulated_s": final.now, "instants": final.instants,
-               "wall_s": round(wall, 3)},
-    )  # fmt: skip
+    extra = {"policy": options.policy, "simulated_s": final.now, "instants": final.instants,
+             "wall_s": round(wall, 3)}  # fmt: skip
+    deadlines: dict[str, Any] = {}
+    if options.elasticflow:
+        model = await asyncio.to_thread(load_throughputs, options.throughputs)
+        node_types = {n.node_id: n.gpu_type for n in options.cluster.nodes()}
+        job_types = {r.job_id: r.spec.job_type for r in records}
+        efficiency = efficiency_frame(
+            runs, job_types, model, node_types, options.cluster.total_gpus
+        )
+        extra["scheme"] = options.elasticflow
+        deadlines = {"workload": jobs, "declined": declined, "efficiency": efficiency,
+                     "title": f"ElasticFlow scheme {options.elasticflow}: "
+                              f"{options.cluster.total_gpus} GPUs, {options.round_s:g} s slots"}  # fmt: skip
+    summary = write_results(records, points, out, extra=extra, **deadlines)
     return SimResult(summary=summary, jobs=records, timeline=points, wall_s=wall, stats=stats)
+
+
+async def deadline_events(bus: Bus) -> tuple[list[JobRun], dict[str, str]]:
+    """From the run's event stream: every job's runs (the GPUs it runs on from each start or
+    resize, none from each stop) and why admission declined the jobs it declined."""
+    from gpuyard.ops import read_events
+
+    js = bus.nc.jetstream()
+    last = -1
+    while True:  # events are published, not acknowledged: let the stream take the last ones in
+        state = (await js.stream_info(bus.subjects.stream_name)).state.last_seq
+        if state == last:
+            break
+        last = state
+        await asyncio.sleep(0.05)
+    kinds = ["job.started", "job.resized", "job.preempted", "job.completed", "job.failed",
+             "job.cancelled", "job.rejected"]  # fmt: skip
+    runs: list[JobRun] = []
+    declined: dict[str, str] = {}
+    async for stored in read_events(bus.nc, bus.subjects, types=kinds):
+        event = stored.event
+        if event is None or event.job_id is None:
+            continue
+        if event.type == "job.rejected":
+            declined[event.job_id] = event.reason
+        else:
+            runs.append((event.now, event.job_id, list(event.gpus)))
+    return runs, declined
 
 
 class ProgressBar:

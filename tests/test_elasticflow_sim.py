@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from gpuyard.services.simclock.service import PreemptionCost, RestartCost
@@ -112,3 +116,69 @@ async def test_admission_declines_what_cannot_make_it(
     result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
     assert sorted(r.job_id for r in result.jobs) == ["a", "c"]
     assert all(r.end_time is not None and r.end_time <= r.spec.deadline for r in result.jobs)  # type: ignore[operator]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuyard.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_cli_runs_a_scheme_and_names_a_wrong_one(tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]
+    base = [
+        "sim", "--trace", str(data("elasticflow/traces/gen_200jobs_lam900.csv")),
+        "--cluster-spec", str(data("elasticflow/cluster_specs/n16g8.csv")),
+        "--throughputs", str(data("elasticflow/throughputs_A100")), "--elasticflow", "--round", "240",
+    ]  # fmt: skip
+    result = cli(*base, "--policy", "nosuch", "--out", str(tmp_path / "bad"))
+    assert result.returncode == 2
+    assert (
+        "unknown ElasticFlow scheme 'nosuch'" in result.stderr and "ef-accessctrl" in result.stderr
+    )
+    out = tmp_path / "run"
+    result = cli(*base, "--policy", "edf-accessctrl", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["scheme"] == "edf-accessctrl" and summary["jobs"] == 200
+    assert summary["accepted"] + summary["declined"] == 200
+    jobs = pd.read_csv(out / "jobs.csv")
+    assert (jobs["admission"] == "declined").sum() == summary["declined"] > 0
+    assert jobs.loc[jobs["admission"] == "declined", "reason"].str.contains("deadline").all()
+    assert (out / "efficiency.csv").exists() and (out / "deadlines.png").exists()
+    options = json.loads((out / "options.json").read_text())
+    assert (options["policy"], options["admission"], options["placement"]) == (
+        "edf",
+        "edf",
+        "buddy",
+    )
+
+
+# Figures of ElasticFlow's own simulator (gudiandian/ElasticFlow-artifact, scheduler.py, run as its
+# run_fig10.sh does: --cluster_spec=cluster_specs/n16g8.csv --scheme=elastic --schedule=S
+# --simulation=True --scheduling_slot=240 --gpu_type=A100) on fig10_100jobs.csv: jobs that met
+# their deadline, and mean JCT (s) of the jobs it ran.
+REFERENCE_FIG10 = {
+    "ef-accessctrl": (100, 23807),
+    "edf-accessctrl": (92, 39406),
+    "edf": (92, 63319),
+    "dlas-gpu": (100, 51045),
+    "themis": (99, 51243),
+}
+
+
+@pytest.mark.parametrize("scheme", sorted(REFERENCE_FIG10))
+async def test_fidelity_fig10(tmp_path: Path, nats_url: str, data, scheme: str) -> None:  # type: ignore[no-untyped-def]
+    from gpuyard.workloads import load_cluster, load_workload
+
+    cluster = load_cluster(data("elasticflow/cluster_specs/n16g8.csv"))
+    workload = load_workload(data("elasticflow/traces/fig10_100jobs.csv"), elastic=True)
+    options = SimOptions(
+        cluster=cluster, throughputs=str(data("elasticflow/throughputs_A100")), round_s=240.0,
+        **elasticflow_options(scheme, 240.0, cluster.total_gpus),
+    )  # fmt: skip
+    result = await simulate(
+        options, workload.jobs, tmp_path, nats_url=nats_url, cluster_name=scheme
+    )
+    met, mean_jct = REFERENCE_FIG10[scheme]
+    assert abs(result.summary["deadline_met"] - met) <= 2
+    assert result.summary["mean_jct"] == pytest.approx(mean_jct, rel=0.03)

@@ -21,10 +21,12 @@ from .admission import (
     EdfAdmissionParams,
     ElasticFlowAdmission,
 )
+from .baselines import Gandiva, GandivaParams, Themis, ThemisParams, ThemisState
 from .placement import Buddy, BuddyParams
 from .scheduling import Edf, EdfParams, ElasticFlow, ElasticFlowParams
 
 __all__ = [
     "Buddy", "BuddyParams", "DeadlineAdmissionParams", "Edf", "EdfAdmission", "EdfAdmissionParams",
-    "EdfParams", "ElasticFlow", "ElasticFlowAdmission", "ElasticFlowParams",
+    "EdfParams", "ElasticFlow", "ElasticFlowAdmission", "ElasticFlowParams", "Gandiva",
+    "GandivaParams", "Themis", "ThemisParams", "ThemisState",
 ]  # fmt: skip
