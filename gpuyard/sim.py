@@ -76,17 +76,17 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     four times that for any service, so that an inner retry ends before an outer one starts."""
 
 
-ELASTICFLOW_SCHEMES: dict[str, tuple[str, dict[str, Any], str, bool]] = {
-    "ef-accessctrl": ("elasticflow", {}, "elasticflow", True),
-    "ef": ("elasticflow", {}, "accept-all", True),
-    "edf": ("edf", {}, "accept-all", False),
-    "edf-accessctrl": ("edf", {}, "edf", True),
-    "gandiva": ("gandiva-ts", {}, "accept-all", True),
-    "dlas-gpu": ("tiresias", {"thresholds": [3250.0, 7200.0], "promote_knob": 0.0}, "accept-all", True),
-    "themis": ("themis", {}, "accept-all", False),
-    "chronus": ("chronus", {}, "chronus", False),
+ELASTICFLOW_SCHEMES: dict[str, tuple[str, dict[str, Any], str]] = {
+    "ef-accessctrl": ("elasticflow", {}, "elasticflow"),
+    "ef": ("elasticflow", {}, "accept-all"),
+    "edf": ("edf", {}, "accept-all"),
+    "edf-accessctrl": ("edf", {}, "edf"),
+    "gandiva": ("gandiva-ts", {}, "accept-all"),
+    "dlas-gpu": ("tiresias", {"thresholds": [3250.0, 7200.0], "promote_knob": 0.0}, "accept-all"),
+    "themis": ("themis", {}, "accept-all"),
+    "chronus": ("chronus", {}, "accept-all"),
 }
-"""ElasticFlow's schemes: (scheduling policy, its parameters, admission policy, restarts cost)."""
+"""ElasticFlow's schemes: (scheduling policy, its parameters, admission policy)."""
 
 
 def elasticflow_options(scheme: str, round_s: float, total_gpus: int) -> dict[str, Any]:
@@ -94,13 +94,14 @@ def elasticflow_options(scheme: str, round_s: float, total_gpus: int) -> dict[st
 
     Decisions come at events, at most once a scheduling slot (the round): the ElasticFlow
     family's policies hold a decision asked for within a slot of their last one until that slot
-    ends, as ElasticFlow merges events; Tiresias (`dlas-gpu`) and Themis, whose ElasticFlow
-    versions run in rounds, decide on a grid of slots (`mode="rounds"`). Placement is buddy-style for every scheme; the deadline admission
-    policies plan on the same slot. Restarts cost what ElasticFlow's `estimate_overhead` charges,
-    where that scheme charges it: `ef`, `ef-accessctrl` and `edf-accessctrl` restart every running
-    job at every scheduling decision (ElasticFlow's simulator charges every event; its executor
-    restarts them all whenever an allocation changes), warm on GPU sets used before; `gandiva`
-    the same without warm processes; `dlas-gpu` only the jobs it starts; `edf` and `themis`
+    ends, as ElasticFlow merges events; Tiresias (`dlas-gpu`), Themis and Chronus, whose
+    ElasticFlow versions run in rounds, decide on a grid of slots (`mode="rounds"`; Chronus only
+    at its 240 s leases). Placement is buddy-style for every scheme; the deadline admission
+    policies plan on the same slot. Restarts cost what ElasticFlow's simulator charges, where it
+    charges them (`RestartCost`): `ef`, `ef-accessctrl` and `edf-accessctrl` restart every running
+    job at every scheduling decision (its executor restarts them all whenever an allocation
+    changes), warm on GPU sets used before; `gandiva` the same without warm processes; `dlas-gpu`
+    only the jobs it starts; Chronus 0.5 s per (1 + log2 GPUs) at each resume; `edf` and `themis`
     nothing. Cold starts come every `round_s`-th decision (ElasticFlow counts events against its
     slot length there).
     """
@@ -108,21 +109,26 @@ def elasticflow_options(scheme: str, round_s: float, total_gpus: int) -> dict[st
         raise ValueError(
             f"unknown ElasticFlow scheme {scheme!r}; known: {', '.join(ELASTICFLOW_SCHEMES)}"
         )
-    policy, params, admission, restarts = ELASTICFLOW_SCHEMES[scheme]
-    admission_params: dict[str, Any] = {"slot_s": round_s} if admission in ("elasticflow", "edf") else {}
-    restart = None
-    if restarts:
-        large = total_gpus >= 256  # ElasticFlow's figures for large clusters
-        restart = RestartCost(
-            base_s=7.0 if large else 2.0, cold_s=47.0 if large else 27.0,
-            cold_every=max(int(round_s), 1), warm_ranks=scheme not in ("gandiva", "dlas-gpu"),
-            scope="launched" if scheme == "dlas-gpu" else "decisions", decision_gap_s=round_s,
-        )  # fmt: skip
+    policy, params, admission = ELASTICFLOW_SCHEMES[scheme]
+    large = total_gpus >= 256  # ElasticFlow's figures for large clusters
+    every = RestartCost(
+        base_s=7.0 if large else 2.0, cold_s=47.0 if large else 27.0,
+        cold_every=max(int(round_s), 1), scope="decisions", decision_gap_s=round_s,
+    )  # fmt: skip
+    restart = {
+        "ef-accessctrl": every,
+        "ef": every,
+        "edf-accessctrl": every,
+        "gandiva": msgspec.structs.replace(every, warm_ranks=False),
+        "dlas-gpu": msgspec.structs.replace(every, warm_ranks=False, scope="launched", cold_every=0),
+        "chronus": RestartCost(base_s=0.0, per_doubling_s=0.5, cold_s=0.0, warm_ranks=False),
+    }.get(scheme)
+    rounds = policy in ("tiresias", "themis", "chronus")
     return {
         "policy": policy, "policy_params": dict(params), "admission": admission,
-        "admission_params": admission_params, "placement": "buddy", "placement_params": {},
-        "mode": "rounds" if policy in ("tiresias", "themis") else "events", "elasticflow": scheme,
-        "preemption_cost": PreemptionCost(restart=restart),
+        "admission_params": {"slot_s": round_s} if admission in ("elasticflow", "edf") else {},
+        "placement": "buddy", "placement_params": {}, "mode": "rounds" if rounds else "events",
+        "elasticflow": scheme, "preemption_cost": PreemptionCost(restart=restart),
     }  # fmt: skip
 
 

@@ -22,11 +22,12 @@ from .admission import (
     ElasticFlowAdmission,
 )
 from .baselines import Gandiva, GandivaParams, Themis, ThemisParams, ThemisState
+from .chronus import Chronus, ChronusParams, ChronusState
 from .placement import Buddy, BuddyParams
 from .scheduling import Edf, EdfParams, ElasticFlow, ElasticFlowParams
 
 __all__ = [
-    "Buddy", "BuddyParams", "DeadlineAdmissionParams", "Edf", "EdfAdmission", "EdfAdmissionParams",
+    "Buddy", "BuddyParams", "Chronus", "ChronusParams", "ChronusState", "DeadlineAdmissionParams", "Edf", "EdfAdmission", "EdfAdmissionParams",
     "EdfParams", "ElasticFlow", "ElasticFlowAdmission", "ElasticFlowParams", "Gandiva",
     "GandivaParams", "Themis", "ThemisParams", "ThemisState",
 ]  # fmt: skip

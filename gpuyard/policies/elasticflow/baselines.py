@@ -148,7 +148,8 @@ class Gandiva(SchedulingPolicy):
     Registry name `gandiva-ts`. Jobs run at their requested GPU count, grouped by it. Each group
     gets node sets (ceil(size / node) nodes each, holding node GPUs / size jobs at once when
     smaller than a node) in proportion to its GPU demand (jobs x size), never more than it can
-    use; whole nodes left over go to the groups with the most unmet demand. Inside a group, more
+    use; whole nodes left over give a set to each group without one, then go to the groups with
+    the most unmet demand. Inside a group, more
     jobs than its sets hold share them by time slicing: every decision the jobs that waited take
     the place of those that ran longest since they last started (round robin, one slot a turn).
     Decisions come at events, at most once a slot, and every slot while a group time-slices.
@@ -215,8 +216,9 @@ class Gandiva(SchedulingPolicy):
 
 
 def _node_sets(groups: dict[int, list[JobView]], node: int, nodes: int) -> dict[int, int]:
-    """Node sets per group size: in proportion to GPU demand, capped by what the group can use,
-    whole nodes left over to the groups with the most unmet demand (ties: larger jobs first)."""
+    """Node sets per group size: in proportion to GPU demand, capped by what the group can use;
+    the whole nodes left over first give a set to each group that has none, then go to the
+    groups with the most unmet demand (ties: larger jobs first)."""
     span = {s: math.ceil(s / node) for s in groups}  # nodes per set
     hold = {s: max(node // s, 1) for s in groups}  # jobs per set
     need = {s: math.ceil(len(js) / hold[s]) for s, js in groups.items()}
@@ -228,6 +230,10 @@ def _node_sets(groups: dict[int, list[JobView]], node: int, nodes: int) -> dict[
         else {}
     )
     left = nodes - sum(sets[s] * span[s] for s in sets)
+    for s in sorted(groups, key=lambda s: (-demand[s], -s)):  # every group a set, if any is left
+        if sets[s] == 0 and span[s] <= left:
+            sets[s] = 1
+            left -= span[s]
     while left > 0:
         short = [s for s in groups if sets[s] < need[s] and span[s] <= left]
         if not short:
