@@ -32,7 +32,7 @@ from gpuyard.shared.policy import (
 )
 from gpuyard.shared.throughput import total_steps
 
-from .demand import MaxLevel, by_deadline, deadline_of, job_demand, main_type
+from .demand import LevelCache, MaxLevel, by_deadline, deadline_of, job_demand, main_type
 from .planner import NO_DEADLINE, Demand, Plan, align_up, plan_all_edf, plan_all_mss
 
 
@@ -48,6 +48,10 @@ class _DeadlineAdmission(AdmissionPolicy):
     Params = DeadlineAdmissionParams
     needs = Needs(jobs=True, throughputs=True)
     in_order = False
+
+    def __init__(self, params: Struct | None = None) -> None:
+        super().__init__(params)
+        self.levels: LevelCache = {}
 
     def plan(self, demands: list[Demand], start: float, slot: float, total: int) -> list[Plan]:
         raise NotImplementedError
@@ -66,7 +70,7 @@ class _DeadlineAdmission(AdmissionPolicy):
         jobs = by_deadline([*inp.jobs, new])
         demands, ids = [], []
         for job in jobs:
-            d = job_demand(job, gpu_type, total, self.params.max_level, at=start)
+            d = job_demand(job, gpu_type, total, self.params.max_level, at=start, cache=self.levels)
             if d is not None:
                 demands.append(d)
                 ids.append(job.job_id)

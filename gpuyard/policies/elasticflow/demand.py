@@ -63,13 +63,27 @@ def levels(
     return tuple(n for n, _ in counts), tuple(r for _, r in counts)
 
 
+LevelCache = dict[tuple[str, str, int, int, int, str], tuple[tuple[int, ...], tuple[float, ...]]]
+"""Levels and rates by (job type, GPU type, cluster GPUs, min, max, max_level): a policy keeps one
+for the throughput model it is given (the model never changes while a service runs)."""
+
+
 def job_demand(
-    job: JobView, gpu_type: str, total: int, max_level: MaxLevel, *, at: float | None = None
-) -> Demand | None:
+    job: JobView, gpu_type: str, total: int, max_level: MaxLevel, *, at: float | None = None,
+    cache: LevelCache | None = None,
+) -> Demand | None:  # fmt: skip
     """What the planner needs of `job` (None if it cannot run on `gpu_type` at all). Its remaining
     steps are projected to `at` (later than the view's time) at its current rate. A job whose work
     is unknown plans as a best-effort job of one step: it runs on what is left over."""
-    lv, rates = levels(job.spec, lambda n: job.rate(gpu_type, n), total, max_level)
+    spec = job.spec
+    low, high = spec.gpu_range
+    key = (spec.job_type, gpu_type, total, low, high, max_level)
+    found = cache.get(key) if cache is not None else None
+    if found is None:
+        found = levels(spec, lambda n: job.rate(gpu_type, n), total, max_level)
+        if cache is not None:
+            cache[key] = found
+    lv, rates = found
     if not lv:
         return None
     left = job.remaining_steps

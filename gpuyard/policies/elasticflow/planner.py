@@ -64,9 +64,13 @@ class Demand:
     deadline: float
     levels: tuple[int, ...]
     rates: tuple[float, ...]
+    _rate: dict[int, float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_rate", dict(zip(self.levels, self.rates, strict=True)))
 
     def rate(self, gpus: int) -> float:
-        return self.rates[self.levels.index(gpus)]
+        return self._rate[gpus]
 
     def fitting(self, free: int) -> int:
         """The largest level that fits in `free` GPUs (0 if none)."""
@@ -109,12 +113,11 @@ class Timeline:
 
     def merged(self) -> Timeline:
         """Without breakpoints whose free count equals the one before."""
-        times, free = [self.times[0]], [self.free[0]]
-        for t, f in zip(self.times[1:], self.free[1:], strict=True):
-            if f != free[-1]:
-                times.append(t)
-                free.append(f)
-        return Timeline(times, free)
+        times, free = self.times, self.free
+        keep = [0] + [i for i in range(1, len(free)) if free[i] != free[i - 1]]
+        if len(keep) == len(free):
+            return self
+        return Timeline([times[i] for i in keep], [free[i] for i in keep])
 
 
 @dataclass(slots=True)
@@ -221,16 +224,16 @@ def _backward_fill(
     period_end = aligned
     done = 0.0
     times, free = new.times, new.free
+    fitting, rate, deadline = job.fitting, job._rate, job.deadline
     for i in range(bisect.bisect_left(times, aligned) - 1, -1, -1):
         t = times[i]
         if t < start:
             break
-        g = q if free[i] >= q else min(q, job.fitting(free[i]))
+        g = q if free[i] >= q else min(q, fitting(free[i]))
         if g == 0:
             period_end = t
             continue
-        until = job.deadline if period_end == aligned else period_end
-        done += (until - t) * job.rate(g)
+        done += ((deadline if period_end == aligned else period_end) - t) * rate[g]
         if done >= left:
             return t
         period_end = t
@@ -243,33 +246,27 @@ def _forward(
 ) -> tuple[Plan, Timeline]:  # fmt: skip
     """Run the plan forwards from `start`: `smaller` before `point`, `q` from it, until done."""
     times, free = new.times, new.free
-
-    def level(i: int) -> int:
-        return min(q if times[i] >= point else smaller, job.fitting(free[i]))
-
+    fitting, rate, deadline = job.fitting, job._rate, job.deadline
     last = -1
     g = 0
     end = finish = None
-    for i, t in enumerate(times):
+    for i in range(bisect.bisect_left(times, start), len(times)):
+        t = times[i]
         if t > aligned:
             break
-        if t < start:
-            continue
-        if last < 0:
-            last, g = i, level(i)
-            continue
-        t0 = times[last]
-        allocations[t0] = g
-        free[last] -= g
-        if g > 0:
-            until = job.deadline if t == aligned else t
-            work = (until - t0) * job.rate(g)
-            if t0 >= point and work >= left:
-                real = math.ceil(left / job.rate(g))
-                end, finish = t0 + align_up(0, real, slot), t0 + real
-                break
-            left -= work
-        last, g = i, level(i)
+        if last >= 0:
+            t0 = times[last]
+            allocations[t0] = g
+            free[last] -= g
+            if g > 0:
+                work = ((deadline if t == aligned else t) - t0) * rate[g]
+                if t0 >= point and work >= left:
+                    real = math.ceil(left / rate[g])
+                    end, finish = t0 + align_up(0, real, slot), t0 + real
+                    break
+                left -= work
+        last = i
+        g = min(q if t >= point else smaller, fitting(free[i]))
     if end is None:
         t0 = times[last]
         allocations[t0] = g
@@ -285,13 +282,10 @@ def _commit(
 ) -> tuple[Plan, Timeline]:  # fmt: skip
     """The job's GPUs come back at `end`: the free count there is the one the timeline had before
     this plan (no breakpoint of the old timeline lies inside the job's last segment)."""
-    if end not in timeline.times and math.isfinite(end):
-        before = total
-        for t, f in zip(timeline.times, timeline.free, strict=True):
-            if t >= end:
-                break
-            if t >= start:
-                before = f
+    times = timeline.times
+    i = bisect.bisect_left(times, end)
+    if math.isfinite(end) and not (i < len(times) and times[i] == end):
+        before = timeline.free[i - 1] if i and times[i - 1] >= start else total
         new.free[new.index(end)] = before
     starts, gpus = _merged_plan(allocations)
     plan = Plan(starts, gpus, end, finish, job.deadline)
@@ -400,15 +394,28 @@ def plan_all_mss(
 
 def release(timeline: Timeline, plan: Plan) -> Timeline:
     """`timeline` with `plan`'s GPUs given back (merged)."""
-    new = timeline.copy()
-    if math.isfinite(plan.end):
-        new.index(plan.end)
-    for t in plan.starts:
-        new.index(t)
-    for i, t in enumerate(new.times):
-        if t < plan.end:
-            new.free[i] += plan.at(t)
-    return new.merged()
+    points = sorted(
+        {*timeline.times, *plan.starts, *([plan.end] if math.isfinite(plan.end) else [])}
+    )
+    times, free = timeline.times, timeline.free
+    starts, gpus, end = plan.starts, plan.gpus, plan.end
+    out_t: list[float] = []
+    out_f: list[int] = []
+    i = j = 0
+    f = free[0]
+    g = 0
+    for t in points:
+        while i < len(times) and times[i] <= t:
+            f = free[i]
+            i += 1
+        while j < len(starts) and starts[j] <= t:
+            g = gpus[j]
+            j += 1
+        value = f + (g if t < end else 0)
+        if not out_f or value != out_f[-1]:
+            out_t.append(t)
+            out_f.append(value)
+    return Timeline(out_t, out_f)
 
 
 def share_leftovers(

@@ -15,7 +15,7 @@ from msgspec import Struct
 from gpuyard.shared.model import Allocation
 from gpuyard.shared.policy import Needs, SchedulingInput, SchedulingPolicy
 
-from .demand import MaxLevel, by_deadline, job_demand, main_type
+from .demand import LevelCache, MaxLevel, by_deadline, job_demand, main_type
 from .planner import Plan, plan_all_edf, plan_all_mss, share_leftovers
 from .slots import SlotGate, SlotState
 
@@ -30,6 +30,7 @@ class _Planned(SchedulingPolicy):
         super().__init__(params)
         self.gate = SlotGate()
         self._wake: tuple[float, float | None] | None = None  # (decided at, next plan change)
+        self.levels: LevelCache = {}
 
     def snapshot(self) -> SlotState:
         return self.gate.snapshot()
@@ -90,7 +91,7 @@ class ElasticFlow(_Planned):
         ids: list[str] = []
         demands = []
         for job in by_deadline(inp.jobs):
-            d = job_demand(job, gpu_type, total, self.params.max_level)
+            d = job_demand(job, gpu_type, total, self.params.max_level, cache=self.levels)
             if d is not None:
                 ids.append(job.job_id)
                 demands.append(d)
@@ -139,7 +140,7 @@ class Edf(_Planned):
         ids: list[str] = []
         demands = []
         for job in by_deadline(inp.jobs):
-            d = job_demand(job, gpu_type, total, self.params.max_level)
+            d = job_demand(job, gpu_type, total, self.params.max_level, cache=self.levels)
             if d is not None:
                 ids.append(job.job_id)
                 demands.append(d)
