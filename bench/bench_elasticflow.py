@@ -81,14 +81,17 @@ def bench_admission(jobs: int, gpus: int, repeat: int) -> None:
 
 
 async def run_trace(
-    url: str, trace: Path, spec: str, scheme: str, slot: float, name: str, out: Path
-) -> dict:
+    url: str, trace: Path, spec: str, scheme: str, slot: float, name: str, out: Path,
+    params: dict[str, str],
+) -> dict:  # fmt: skip
     cluster = load_cluster(EF / "cluster_specs" / f"{spec}.csv")
     workload = await asyncio.to_thread(load_workload, trace, None, False, elastic=True)
+    scheme_options = elasticflow_options(scheme, slot, cluster.total_gpus)
+    if scheme_options["policy"] == "elasticflow":
+        scheme_options["policy_params"] |= params
     options = SimOptions(
-        cluster=cluster, throughputs=str(EF / "throughputs_A100"), round_s=slot,
-        **elasticflow_options(scheme, slot, cluster.total_gpus),
-    )  # fmt: skip
+        cluster=cluster, throughputs=str(EF / "throughputs_A100"), round_s=slot, **scheme_options
+    )
     result = await simulate(options, workload.jobs, out / name, nats_url=url, cluster_name=name)
     s = result.summary
     return {
@@ -99,12 +102,14 @@ async def run_trace(
     }  # fmt: skip
 
 
-async def bench_traces(runs: list[tuple[Path, str, str, float]], out: Path) -> pd.DataFrame:
+async def bench_traces(
+    runs: list[tuple[Path, str, str, float]], out: Path, params: dict[str, str]
+) -> pd.DataFrame:
     rows = []
     async with EmbeddedNats() as url:
         for i, (trace, spec, scheme, slot) in enumerate(runs):
             name = f"ef{i}-{scheme}-{trace.stem}"
-            row = await run_trace(url, trace, spec, scheme, slot, name, out)
+            row = await run_trace(url, trace, spec, scheme, slot, name, out, params)
             print("  " + "  ".join(f"{k}={v}" for k, v in row.items()), flush=True)
             rows.append(row)
     return pd.DataFrame(rows)
@@ -121,9 +126,14 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=256, help="admission: cluster GPUs")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--out", type=Path, help="where the runs' results go (default: a temp dir)")
+    ap.add_argument(
+        "--leftovers", choices=["exact", "lazy"], default="exact",
+        help="the elasticflow policy's walk over the leftover GPUs (lazy: for big clusters)",
+    )  # fmt: skip
     args = ap.parse_args()
     configure_logging("error")
     only = args.only or ["admission", "itp10", "themis"]
+    params = {"leftovers": args.leftovers}
     if not EF.is_dir():
         raise SystemExit(f"{EF} is not present")
     with tempfile.TemporaryDirectory(prefix="bench-ef-") as tmp:
@@ -153,7 +163,7 @@ def main() -> None:
             ]
             print(f"ITP: {len(clusters)} clusters x {len(schemes)} schemes, 60 s slots")
             started = time.perf_counter()
-            table = asyncio.run(bench_traces(runs, out))
+            table = asyncio.run(bench_traces(runs, out, params))
             wall = time.perf_counter() - started
             out.mkdir(parents=True, exist_ok=True)
             table.to_csv(out / "itp.csv", index=False)

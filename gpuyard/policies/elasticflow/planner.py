@@ -36,6 +36,7 @@ on plain data: it knows nothing of jobs, services or the throughput model.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -420,7 +421,7 @@ def release(timeline: Timeline, plan: Plan) -> Timeline:
 
 def share_leftovers(
     jobs: Sequence[Demand], plans: list[Plan], timeline: Timeline, now: float, slot: float,
-    total: int, *, order: str = "reference",
+    total: int, *, order: str = "reference", lazy: bool = False,
 ) -> list[int]:  # fmt: skip
     """Hand the GPUs free now to the jobs one level at a time (ElasticFlow's `allocate_free_gpus`).
 
@@ -432,7 +433,13 @@ def share_leftovers(
     `order="reference"` sorts the change in planned GPU-seconds per extra GPU in descending order
     (what ElasticFlow's code does, so that the job whose plan grows most is served first);
     `order="saving"` ascending (the paper's marginal return: the largest saving first).
-    `plans` is updated in place for the jobs that grow; returns each job's GPUs now."""
+    `plans` is updated in place for the jobs that grow; returns each job's GPUs now.
+
+    Pricing every job after every step costs steps x jobs re-plans, which on clusters of hundreds
+    of GPUs with hundreds of jobs is most of a simulation's time. With `lazy`, prices are only
+    refreshed for the job about to be served: it is served if its fresh price still ranks first,
+    else it goes back in line (lazy greedy evaluation; ties by deadline order). Not ElasticFlow's
+    exact walk: a job's price can rise when others grow."""
     gpus = [p.at(now) for p in plans]
     spare = total - sum(gpus)
     sign = 1.0 if order == "reference" else -1.0
@@ -451,6 +458,33 @@ def share_leftovers(
 
     for i in range(len(jobs)):
         price(i)
+    if lazy:
+        version = 0
+        priced = [0] * len(jobs)  # the step each price was computed at
+        line = [(-score[i], i) for i in range(len(jobs)) if score[i] > -math.inf]
+        heapq.heapify(line)
+        while line and spare > 0:
+            _, i = heapq.heappop(line)
+            if priced[i] != version:  # stale: price again, serve only if still first in line
+                price(i)
+                priced[i] = version
+                if score[i] == -math.inf:
+                    continue
+                if line and (-score[i], i) > line[0]:
+                    heapq.heappush(line, (-score[i], i))
+                    continue
+            entry = pending[i]
+            assert entry is not None
+            plans[i], timeline = entry
+            step = jobs[i].above(gpus[i])
+            spare -= step - gpus[i]
+            gpus[i] = step
+            version += 1
+            price(i)
+            priced[i] = version
+            if score[i] > -math.inf:
+                heapq.heappush(line, (-score[i], i))
+        return gpus
     queue = sorted(range(len(jobs)), key=lambda i: -score[i])
     while spare > 0:
         chosen = next(

@@ -66,6 +66,10 @@ class ElasticFlowParams(Struct, forbid_unknown_fields=True):
     says (the smallest increase, i.e. the largest marginal return, first)."""
     max_level: MaxLevel = "peak"
     """How far a job scales: `peak` (ElasticFlow) or `largest`."""
+    leftovers: Literal["exact", "lazy"] = "exact"
+    """`exact`: ElasticFlow's walk, every job priced again after every level handed out (steps x
+    jobs re-plans per decision); `lazy`: only the job at the head of the line is priced again
+    (`planner.share_leftovers(lazy=True)`), for clusters of hundreds of GPUs and jobs."""
 
 
 class ElasticFlow(_Planned):
@@ -98,7 +102,8 @@ class ElasticFlow(_Planned):
         slot = inp.cluster.round_s
         plans, timeline = plan_all_mss(demands, inp.now, slot, total)
         gpus = share_leftovers(
-            demands, plans, timeline, inp.now, slot, total, order=self.params.marginal_order
+            demands, plans, timeline, inp.now, slot, total, order=self.params.marginal_order,
+            lazy=self.params.leftovers == "lazy",
         )
         return ids, plans, gpus, gpu_type
 
