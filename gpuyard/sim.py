@@ -280,7 +280,9 @@ async def simulate(
         efficiency = efficiency_frame(
             runs, job_types, model, node_types, options.cluster.total_gpus
         )
-        extra["scheme"] = options.elasticflow
+        # `--policy` named the scheme: comparisons list runs by it
+        extra |= {"policy": options.elasticflow, "scheme": options.elasticflow,
+                  "scheduling_policy": options.policy}  # fmt: skip
         deadlines = {"workload": jobs, "declined": declined, "efficiency": efficiency,
                      "title": f"ElasticFlow scheme {options.elasticflow}: "
                               f"{options.cluster.total_gpus} GPUs, {options.round_s:g} s slots"}  # fmt: skip

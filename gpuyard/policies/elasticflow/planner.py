@@ -66,17 +66,24 @@ class Demand:
     levels: tuple[int, ...]
     rates: tuple[float, ...]
     _rate: dict[int, float] = field(init=False, repr=False, compare=False)
+    _fit: list[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_rate", dict(zip(self.levels, self.rates, strict=True)))
+        top = self.levels[-1]
+        fit = [0] * (top + 1)  # the largest level <= n, for n up to the top level
+        for n in range(top + 1):
+            i = bisect.bisect_right(self.levels, n)
+            fit[n] = self.levels[i - 1] if i else 0
+        object.__setattr__(self, "_fit", fit)
 
     def rate(self, gpus: int) -> float:
         return self._rate[gpus]
 
     def fitting(self, free: int) -> int:
         """The largest level that fits in `free` GPUs (0 if none)."""
-        i = bisect.bisect_right(self.levels, free)
-        return self.levels[i - 1] if i else 0
+        fit = self._fit
+        return fit[free] if 0 <= free < len(fit) else (fit[-1] if free > 0 else 0)
 
     def above(self, gpus: int) -> int:
         """The next level above `gpus` (`gpus` itself at the top)."""
@@ -394,29 +401,35 @@ def plan_all_mss(
 
 
 def release(timeline: Timeline, plan: Plan) -> Timeline:
-    """`timeline` with `plan`'s GPUs given back (merged)."""
-    points = sorted(
-        {*timeline.times, *plan.starts, *([plan.end] if math.isfinite(plan.end) else [])}
+    """`timeline` with `plan`'s GPUs given back (merged). Only the plan's span is walked."""
+    new = timeline.copy()
+    times, free = new.times, new.free
+    starts, end = plan.starts, plan.end
+    for t in [*starts, end]:
+        if math.isfinite(t):
+            new.index(t)
+    for k, g in enumerate(plan.gpus):
+        until = min(starts[k + 1] if k + 1 < len(starts) else end, end)
+        if g and starts[k] < until:
+            stop = bisect.bisect_left(times, until) if math.isfinite(until) else len(times)
+            for i in range(bisect.bisect_left(times, starts[k]), stop):
+                free[i] += g
+    # Merge where it may be needed: from the plan's first start to just past its last bound.
+    lo = max(bisect.bisect_left(times, starts[0]), 1) if starts else 1
+    last = max(starts[-1] if starts else -math.inf, end if math.isfinite(end) else -math.inf)
+    hi = (
+        min(bisect.bisect_right(times, last) + 1, len(times)) if math.isfinite(last) else len(times)
     )
-    times, free = timeline.times, timeline.free
-    starts, gpus, end = plan.starts, plan.gpus, plan.end
-    out_t: list[float] = []
-    out_f: list[int] = []
-    i = j = 0
-    f = free[0]
-    g = 0
-    for t in points:
-        while i < len(times) and times[i] <= t:
-            f = free[i]
-            i += 1
-        while j < len(starts) and starts[j] <= t:
-            g = gpus[j]
-            j += 1
-        value = f + (g if t < end else 0)
-        if not out_f or value != out_f[-1]:
-            out_t.append(t)
-            out_f.append(value)
-    return Timeline(out_t, out_f)
+    keep_t, keep_f = times[:lo], free[:lo]
+    for i in range(lo, hi):
+        if free[i] != keep_f[-1]:
+            keep_t.append(times[i])
+            keep_f.append(free[i])
+    if hi < len(times):  # the rest was merged and unchanged: only its first may repeat
+        rest = hi + 1 if free[hi] == keep_f[-1] else hi
+        keep_t += times[rest:]
+        keep_f += free[rest:]
+    return Timeline(keep_t, keep_f)
 
 
 def share_leftovers(

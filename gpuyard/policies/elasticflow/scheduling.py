@@ -102,7 +102,13 @@ class ElasticFlow(_Planned):
         slot = inp.cluster.round_s
         plans, timeline = plan_all_mss(demands, inp.now, slot, total)
         gpus = share_leftovers(
-            demands, plans, timeline, inp.now, slot, total, order=self.params.marginal_order,
+            demands,
+            plans,
+            timeline,
+            inp.now,
+            slot,
+            total,
+            order=self.params.marginal_order,
             lazy=self.params.leftovers == "lazy",
         )
         return ids, plans, gpus, gpu_type

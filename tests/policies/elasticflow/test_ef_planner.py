@@ -167,3 +167,11 @@ def test_edf_reference_overwrites_a_breakpoint_it_ends_on():
 def test_gpu_time_counts_each_count_until_the_next_start():
     plan = Plan([0, 50], [0, 2], end=80, finish=75)
     assert plan.gpu_time() == 2 * 30
+
+
+def test_lazy_leftovers_stay_within_the_cluster_and_the_levels():
+    jobs = [Demand(500.0 * (i + 1), 2000.0 + 50 * i, LEVELS, RATES) for i in range(7)]
+    plans, timeline = plan_all_mss(jobs, 0, 10, 12)
+    gpus = share_leftovers(jobs, plans, timeline, 0, 10, 12, lazy=True)
+    assert sum(gpus) <= 12 and all(g in (0, *LEVELS) for g in gpus)
+    assert [p.at(0) for p in plans] == gpus  # each job's plan starts at the GPUs it got
