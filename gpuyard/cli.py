@@ -215,6 +215,9 @@ def read_trace(args: argparse.Namespace, throughputs: Any = None) -> tuple[Any, 
         raise ValueError(f"{option} applies to Philly traces, not to {name} ones")
     elif name == "gavel" and throughputs is not None:
         options = {"throughputs": throughputs}
+    elif name in ("elasticflow", "itp") and getattr(args, "elasticflow", False):
+        options = {"elastic": True}  # ElasticFlow chooses the GPU counts itself
+        info["elastic"] = True
     workload = load_workload(args.trace, name, args.skip_bad, **options)
     return workload, info | {"jobs": len(workload), "skipped": workload.skipped}
 
@@ -320,6 +323,12 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
         help="Gavel semantics: 360 s rounds of int(rate x round) steps that end with their last "
         "micro-task, arrivals and completions at round ends; `--policy fifo` is Gavel's FIFO "
         "(gavel_fifo)",
+    )
+    presets.add_argument(
+        "--elasticflow",
+        action="store_true",
+        help="ElasticFlow's simulator: --policy names its scheme (ef-accessctrl, ef, edf, "
+        "edf-accessctrl, gandiva, dlas-gpu, themis, chronus), --round its scheduling slot",
     )
     add_workload_args(p, lists=True)
     p.add_argument("--processes", action="store_true", help="one OS process per service")
@@ -449,18 +458,18 @@ def sim_lists(args: argparse.Namespace) -> tuple[list[str], list[float | None], 
     )
 
 
-def warn_policies(args: argparse.Namespace, ran: dict[str, Any]) -> None:
-    """On stderr: each service whose policy or parameters are not those the command line asked for
-    (services started elsewhere, `--external`, run their own)."""
+def warn_policies(options: Any, ran: dict[str, Any]) -> None:
+    """On stderr: each service whose policy or parameters are not those `options` (SimOptions)
+    asked for (services started elsewhere, `--external`, run their own)."""
     from gpuyard.shared.contract import PolicyInfo
     from gpuyard.shared.policy import admission_policies, placement_policies, scheduling_policies
 
     asked = {
-        "scheduler": (scheduling_policies, args.policy, args.param),
-        "admission": (admission_policies, args.admission, args.admission_param),
-        "placement": (placement_policies, args.placement, args.placement_param),
+        "scheduler": (scheduling_policies, options.policy, options.policy_params),
+        "admission": (admission_policies, options.admission, options.admission_params),
+        "placement": (placement_policies, options.placement, options.placement_params),
     }
-    for service, (registry, name, pairs) in asked.items():
+    for service, (registry, name, params) in asked.items():
         info = ran.get(service)
         if not isinstance(info, PolicyInfo):
             print(
@@ -476,7 +485,7 @@ def warn_policies(args: argparse.Namespace, ran: dict[str, Any]) -> None:
             )
             continue
         try:  # the parameters asked for, typed and with defaults, as the service reports its own
-            wanted = msgspec.to_builtins(registry.create(name, parse_params(pairs)).params)
+            wanted = msgspec.to_builtins(registry.create(name, params).params)
         except (PolicyError, ValueError):
             continue
         differs = sorted(k for k, v in wanted.items() if info.params.get(k) != v)
@@ -548,6 +557,12 @@ def cmd_sim(args: argparse.Namespace) -> int:
             ),
             durable=args.durable,
         )
+        if args.elasticflow:
+            from gpuyard.sim import elasticflow_options
+
+            scheme = elasticflow_options(args.policy, options.round_s, cluster.total_gpus)
+            scheme["policy_params"] |= options.policy_params
+            options = msgspec.structs.replace(options, **scheme)
         if "scheduler" not in external:
             scheduling_policies.create(options.policy, options.policy_params)
         if "admission" not in external:
@@ -591,7 +606,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
                     log_level=args.log_level,
                     auth=NatsAuth.from_args(args),
                     workload=described,
-                    on_policies=lambda ran: warn_policies(args, ran),
+                    on_policies=lambda ran: warn_policies(options, ran),
                 )
             )
         )

@@ -181,6 +181,11 @@ def format_comparison(table: pd.DataFrame) -> str:
             "partial": table["partial"].map({True: "PARTIAL", False: ""}),
         }
     )
+    if "deadline_satisfactory_ratio" in table and table["deadline_satisfactory_ratio"].notna().any():
+        shown.insert(
+            len(shown.columns) - 1, "deadlines met (%)",
+            (100 * table["deadline_satisfactory_ratio"].astype(float)).round(1),
+        )  # fmt: skip
     return shown.to_string(index=False)
 
 

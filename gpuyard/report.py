@@ -1,5 +1,12 @@
 """Results of a run as files a researcher loads with pandas in one line: the per-job table
-(`jobs.csv`), the cluster timeline (`timeline.csv`), `summary.json`, and PNG plots."""
+(`jobs.csv`), the cluster timeline (`timeline.csv`), `summary.json`, and PNG plots.
+
+Deadlines (ElasticFlow's metrics): every job of the workload has a row, those admission declined
+too (`admission`: accepted, declined or best-effort; a declined job never meets its deadline).
+The deadline-satisfactory ratio is the jobs that finished by their deadline over all jobs with a
+deadline that are not best-effort. Cluster efficiency, when the runs of the jobs are given
+(`efficiency.csv`), is ElasticFlow's: the sum over running jobs of throughput(n GPUs) /
+throughput(1 GPU), over the cluster's GPUs, at every instant it changes."""
 
 from __future__ import annotations
 
@@ -13,6 +20,8 @@ import numpy as np
 import pandas as pd
 
 from gpuyard.shared.contract import JobRecord, TimelinePoint
+from gpuyard.shared.model import GpuRef, JobSpec
+from gpuyard.shared.throughput import ThroughputModel
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -23,11 +32,16 @@ _PYPLOT = threading.Lock()
 JOB_COLUMNS = [
     "job_id", "state", "num_gpus", "gpu_type", "priority", "user", "arrival", "start", "end",
     "jct", "queueing_delay", "preemptions", "gpu_seconds", "executed_time", "deadline",
-    "deadline_met", "reason",
+    "deadline_met", "admission", "reason",
 ]  # fmt: skip
 
 
-def jobs_frame(records: list[JobRecord]) -> pd.DataFrame:
+def jobs_frame(
+    records: list[JobRecord], workload: list[JobSpec] | None = None,
+    declined: dict[str, str] | None = None,
+) -> pd.DataFrame:  # fmt: skip
+    """One row per job: the admitted ones from their records, and, given the `workload`, the jobs
+    admission declined (with the reasons in `declined`, where known)."""
     rows = []
     for r in records:
         end = r.end_time
@@ -50,10 +64,66 @@ def jobs_frame(records: list[JobRecord]) -> pd.DataFrame:
                 "executed_time": r.executed_time,
                 "deadline": deadline,
                 "deadline_met": None if deadline is None else (end is not None and end <= deadline),
+                "admission": "best-effort" if r.spec.best_effort else "accepted",
                 "reason": r.reason,
             }
         )
+    seen = {r.job_id for r in records}
+    for spec in workload or []:
+        if spec.job_id in seen:
+            continue
+        rows.append(
+            {
+                "job_id": spec.job_id, "state": "declined", "num_gpus": spec.num_gpus,
+                "gpu_type": spec.gpu_type, "priority": spec.priority, "user": spec.user,
+                "arrival": spec.submit_time, "start": None, "end": None, "jct": None,
+                "queueing_delay": None, "preemptions": 0, "gpu_seconds": 0.0,
+                "executed_time": 0.0, "deadline": spec.deadline,
+                "deadline_met": None if spec.deadline is None else False,
+                "admission": "declined",
+                "reason": (declined or {}).get(spec.job_id or "", "declined by admission"),
+            }
+        )  # fmt: skip
     return pd.DataFrame(rows, columns=JOB_COLUMNS)
+
+
+JobRun = tuple[float, str, list[GpuRef]]
+"""(time, job, the GPUs it runs on from then on: empty when it stops)."""
+
+
+def efficiency_frame(
+    runs: list[JobRun], job_types: dict[str, str], model: ThroughputModel,
+    node_types: dict[str, str], total_gpus: int,
+) -> pd.DataFrame:  # fmt: skip
+    """ElasticFlow's cluster efficiency at every instant it changes: the sum over running jobs of
+    throughput(n) / throughput(1) on their GPU type, over the cluster's GPUs."""
+    current: dict[str, float] = {}
+    rows: list[tuple[float, float]] = []
+    for time, job_id, gpus in sorted(runs, key=lambda r: r[0]):
+        if gpus:
+            gpu_type = node_types.get(gpus[0].node_id, model.reference_gpu_type)
+            job_type = job_types.get(job_id, "default")
+            one = model.throughput(job_type, gpu_type, 1)
+            current[job_id] = model.throughput(job_type, gpu_type, len(gpus)) / one if one > 0 else 0.0
+        else:
+            current.pop(job_id, None)
+        value = sum(current.values()) / total_gpus if total_gpus else 0.0
+        if rows and rows[-1][0] == time:
+            rows[-1] = (time, value)
+        else:
+            rows.append((time, value))
+    return pd.DataFrame(rows, columns=["time", "efficiency"])
+
+
+def _time_mean(frame: pd.DataFrame, column: str, until: float) -> float | None:
+    """Time-weighted mean of a step function from its first point to `until`."""
+    if frame.empty:
+        return None
+    times = np.append(frame["time"].to_numpy(dtype=float), max(until, float(frame["time"].iloc[-1])))
+    span = times[-1] - times[0]
+    if span <= 0:
+        return None
+    return float(np.sum(frame[column].to_numpy(dtype=float) * np.diff(times)) / span)
 
 
 def timeline_frame(points: list[TimelinePoint]) -> pd.DataFrame:
@@ -64,8 +134,9 @@ def timeline_frame(points: list[TimelinePoint]) -> pd.DataFrame:
 
 
 def summarize(
-    jobs: pd.DataFrame, timeline: pd.DataFrame, until: float | None = None
-) -> dict[str, Any]:
+    jobs: pd.DataFrame, timeline: pd.DataFrame, until: float | None = None,
+    efficiency: pd.DataFrame | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Figures of a run. Utilisation counts up to `until` (an interrupted run: where it got to),
     by default up to the last job's end (instants after it, such as a policy's late wake-up,
     are idle time that is not the workload's)."""
@@ -86,6 +157,8 @@ def summarize(
     # Against the GPUs actually present (nodes may come and go), over the same span.
     gpu_seconds = float(np.sum(gpus[:-1] * np.diff(times))) if len(times) > 1 else 0.0
     with_deadline = jobs[jobs["deadline"].notna()]
+    counted = with_deadline[with_deadline["admission"] != "best-effort"]
+    met = int(counted["deadline_met"].astype(bool).sum())
 
     def q(p: float) -> float | None:
         return float(np.percentile(jct, p)) if len(jct) else None
@@ -109,6 +182,14 @@ def summarize(
         "deadline_satisfaction": (
             float(with_deadline["deadline_met"].astype(bool).mean()) if len(with_deadline) else None
         ),
+        "deadline_satisfactory_ratio": met / len(counted) if len(counted) else None,
+        "deadline_met": met,
+        "accepted": int((jobs["admission"] == "accepted").sum()),
+        "declined": int((jobs["admission"] == "declined").sum()),
+        "best_effort": int((jobs["admission"] == "best-effort").sum()),
+        "mean_cluster_efficiency": (
+            _time_mean(efficiency, "efficiency", end) if efficiency is not None else None
+        ),
         "jct_jain_fairness": jain,
     }
 
@@ -131,10 +212,11 @@ def save_figure(fig: Any, path: Path, caption: str, *, title: str = "", dpi: int
 
 def plot(
     jobs: pd.DataFrame, timeline: pd.DataFrame, out: Path, caption: str = "",
-    total: int | None = None,
+    total: int | None = None, efficiency: pd.DataFrame | None = None,
 ) -> list[Path]:  # fmt: skip
     """`jct_cdf.png` and `timeline.png`, each captioned with `caption` (what ran); `total`: the
-    workload's jobs, when `jobs` holds only some (an interrupted run)."""
+    workload's jobs, when `jobs` holds only some (an interrupted run); `deadlines.png` when jobs
+    have deadlines."""
     paths = []
     done = jobs["state"] == "completed"
     jct = np.sort(jobs.loc[done, "jct"].to_numpy(dtype=float))
@@ -162,21 +244,65 @@ def plot(
     for ax in (top, bottom):
         ax.grid(True, alpha=0.3)
     paths.append(save_figure(fig, out / "timeline.png", caption))
+    if jobs["deadline"].notna().any():
+        paths.append(plot_deadlines(jobs, efficiency, out / "deadlines.png", caption))
     return paths
+
+
+def plot_deadlines(
+    jobs: pd.DataFrame, efficiency: pd.DataFrame | None, path: Path, caption: str = ""
+) -> Path:
+    """Deadline outcomes (met, missed, declined, best-effort) and, if known, cluster efficiency
+    over time."""
+    panels = 2 if efficiency is not None and not efficiency.empty else 1
+    fig, axes = plt.subplots(1, panels, figsize=(5 + 6 * (panels - 1), 4), squeeze=False)
+    counted = jobs[jobs["admission"] != "best-effort"]
+    admitted = counted[counted["admission"] == "accepted"]
+    met = admitted["deadline_met"].astype(bool)
+    outcomes = {
+        "met": int(met.sum()),
+        "missed": int((~met).sum()),
+        "declined": int((counted["admission"] == "declined").sum()),
+        "best-effort": int((jobs["admission"] == "best-effort").sum()),
+    }
+    ax = axes[0][0]
+    bars = ax.bar(list(outcomes), list(outcomes.values()),
+                  color=["tab:green", "tab:red", "tab:gray", "tab:blue"])  # fmt: skip
+    ax.bar_label(bars)
+    ax.set_ylim(0, max(outcomes.values(), default=0) * 1.15 + 1)
+    ratio = outcomes["met"] / len(counted) if len(counted) else float("nan")
+    ax.set_title(f"deadlines: {ratio:.1%} of {len(counted)} jobs met")
+    ax.set_ylabel("jobs")
+    if panels == 2:
+        assert efficiency is not None
+        ax = axes[0][1]
+        ax.step(efficiency["time"] / 3600, efficiency["efficiency"], where="post")
+        ax.set_xlabel("time (hours)")
+        ax.set_ylabel("cluster efficiency")
+        ax.set_ylim(0, 1.05)
+        ax.set_title("sum of throughput(n) / throughput(1) over GPUs")
+        ax.grid(True, alpha=0.3)
+    return save_figure(fig, path, caption)
 
 
 def write_results(
     records: list[JobRecord], points: list[TimelinePoint], out: Path,
-    extra: dict[str, Any] | None = None, caption: str = "", until: float | None = None,
+    extra: dict[str, Any] | None = None, caption: str = "", until: float | None = None, *,
+    workload: list[JobSpec] | None = None, declined: dict[str, str] | None = None,
+    efficiency: pd.DataFrame | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Write every result file into `out` and return the summary; `caption` says what ran on
-    every plot; `until`: an interrupted run's last instant (see `summarize`)."""
+    every plot; `until`: an interrupted run's last instant (see `summarize`). With the
+    `workload`, the jobs admission declined get rows too; with `efficiency`
+    (`efficiency_frame`), `efficiency.csv`."""
     out.mkdir(parents=True, exist_ok=True)
-    jobs = jobs_frame(records)
+    jobs = jobs_frame(records, workload, declined)
     timeline = timeline_frame(points)
     jobs.to_csv(out / "jobs.csv", index=False)
     timeline.to_csv(out / "timeline.csv", index=False)
-    summary = {**(extra or {}), **summarize(jobs, timeline, until)}
+    if efficiency is not None:
+        efficiency.to_csv(out / "efficiency.csv", index=False)
+    summary = {**(extra or {}), **summarize(jobs, timeline, until, efficiency)}
     compute = summary.get("compute_gpu_s")
     if compute is not None and len(timeline):
         # Gavel's utilisation: the GPUs' compute time over the whole run, from t = 0 to its end.
@@ -184,7 +310,7 @@ def write_results(
         summary["utilization"] = compute / total if total > 0 else 0.0
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     with _PYPLOT:
-        plot(jobs, timeline, out, caption, summary.get("jobs_in_workload"))
+        plot(jobs, timeline, out, caption, summary.get("jobs_in_workload"), efficiency)
     return summary
 
 
@@ -224,9 +350,17 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines.append(f"utilisation  {100 * summary['utilization']:.1f}% of GPU time")
     lines.append(f"preemptions  {summary['preemptions']:,}")
     if summary.get("deadline_jobs"):
+        ratio = summary.get("deadline_satisfactory_ratio")
+        met = f"{100 * ratio:.1f}%" if ratio is not None else "-"
         lines.append(
-            f"deadlines    {100 * summary['deadline_satisfaction']:.1f}% met "
-            f"({summary['deadline_jobs']:,} jobs with one)"
+            f"deadlines    {met} met ({summary['deadline_met']:,} of {summary['deadline_jobs']:,} "
+            f"jobs with one; {summary['declined']:,} declined by admission, "
+            f"{summary['best_effort']:,} best-effort)"
+        )
+    if summary.get("mean_cluster_efficiency") is not None:
+        lines.append(
+            f"efficiency   {summary['mean_cluster_efficiency']:.3f} mean cluster efficiency "
+            "(throughput(n) / throughput(1) per GPU)"
         )
     if summary.get("jct_jain_fairness") is not None:
         lines.append(f"fairness     Jain's index of JCT {summary['jct_jain_fairness']:.3f}")

@@ -16,9 +16,14 @@ from msgspec import Struct
 
 from gpuyard.embedded import EmbeddedNats
 from gpuyard.launcher import ServiceSet
-from gpuyard.ops import show_policies
-from gpuyard.report import write_results
-from gpuyard.services.simclock.service import PreemptionCost, SimClockConfig, write_workload
+from gpuyard.ops import read_events, show_policies
+from gpuyard.report import JobRun, efficiency_frame, write_results
+from gpuyard.services.simclock.service import (
+    PreemptionCost,
+    RestartCost,
+    SimClockConfig,
+    write_workload,
+)
 from gpuyard.shared.connection import Bus, NatsAuth, connect
 from gpuyard.shared.contract import (
     Empty,
@@ -32,6 +37,7 @@ from gpuyard.shared.contract import (
 from gpuyard.shared.endpoints import JOBS, PROGRESS, RUN, STATS, TIMELINE, Endpoint, Subjects
 from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.model import ClusterSpec, JobRecord, JobSpec
+from gpuyard.shared.throughput import load_throughputs
 
 RETRY_FOR_S = 60.0
 """Durable runs: how long a call is sent again while its callee restarts."""
@@ -55,6 +61,8 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     """Gavel's simulator semantics: rounds of `round_s` (360 s there) in which each running job
     runs `int(rate * round)` steps, rounds that end when their last micro-task does, completions
     and arrivals at round ends, and the utilisation of the GPUs' compute time over the whole run."""
+    elasticflow: str | None = None
+    """The ElasticFlow scheme this run reproduces (`elasticflow_options` set the rest)."""
     throughputs: str = "default"
     """Throughput model file (Gavel JSON, ElasticFlow table or folder, BFTrainer JNPs CSV)."""
     node_events: str | None = None
@@ -73,6 +81,62 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     """Durable runs: how long the scheduler waits for placement before it sends the request again
     (its callee may have been killed); admission waits twice that for the scheduler, and the clock
     four times that for any service, so that an inner retry ends before an outer one starts."""
+
+
+ELASTICFLOW_SCHEMES: dict[str, tuple[str, dict[str, Any], str]] = {
+    "ef-accessctrl": ("elasticflow", {}, "elasticflow"),
+    "ef": ("elasticflow", {}, "accept-all"),
+    "edf": ("edf", {}, "accept-all"),
+    "edf-accessctrl": ("edf", {}, "edf"),
+    "gandiva": ("gandiva-ts", {}, "accept-all"),
+    "dlas-gpu": ("tiresias", {"thresholds": [3250.0, 7200.0], "promote_knob": 0.0}, "accept-all"),
+    "themis": ("themis", {}, "accept-all"),
+    "chronus": ("chronus", {}, "accept-all"),
+}
+"""ElasticFlow's schemes: (scheduling policy, its parameters, admission policy)."""
+
+
+def elasticflow_options(scheme: str, round_s: float, total_gpus: int) -> dict[str, Any]:
+    """SimOptions fields for an ElasticFlow scheme, as its simulator runs it (`--elasticflow`).
+
+    Decisions come at events, at most once a scheduling slot (the round): the ElasticFlow
+    family's policies hold a decision asked for within a slot of their last one until that slot
+    ends, as ElasticFlow merges events; Tiresias (`dlas-gpu`), Themis and Chronus, whose
+    ElasticFlow versions run in rounds, decide on a grid of slots (`mode="rounds"`; Chronus only
+    at its 240 s leases). Placement is buddy-style for every scheme; the deadline admission
+    policies plan on the same slot. Restarts cost what ElasticFlow's simulator charges, where it
+    charges them (`RestartCost`): `ef`, `ef-accessctrl` and `edf-accessctrl` restart every running
+    job at every scheduling decision (its executor restarts them all whenever an allocation
+    changes), warm on GPU sets used before; `gandiva` the same without warm processes; `dlas-gpu`
+    only the jobs it starts; Chronus 0.5 s per (1 + log2 GPUs) at each resume; `edf` and `themis`
+    nothing. Cold starts come every `round_s`-th decision (ElasticFlow counts events against its
+    slot length there).
+    """
+    if scheme not in ELASTICFLOW_SCHEMES:
+        raise ValueError(
+            f"unknown ElasticFlow scheme {scheme!r}; known: {', '.join(ELASTICFLOW_SCHEMES)}"
+        )
+    policy, params, admission = ELASTICFLOW_SCHEMES[scheme]
+    large = total_gpus >= 256  # ElasticFlow's figures for large clusters
+    every = RestartCost(
+        base_s=7.0 if large else 2.0, cold_s=47.0 if large else 27.0,
+        cold_every=max(int(round_s), 1), scope="decisions", decision_gap_s=round_s,
+    )  # fmt: skip
+    restart = {
+        "ef-accessctrl": every,
+        "ef": every,
+        "edf-accessctrl": every,
+        "gandiva": msgspec.structs.replace(every, warm_ranks=False),
+        "dlas-gpu": msgspec.structs.replace(every, warm_ranks=False, scope="launched", cold_every=0),
+        "chronus": RestartCost(base_s=0.0, per_doubling_s=0.5, cold_s=0.0, warm_ranks=False),
+    }.get(scheme)
+    rounds = policy in ("tiresias", "themis", "chronus")
+    return {
+        "policy": policy, "policy_params": dict(params), "admission": admission,
+        "admission_params": {"slot_s": round_s} if admission in ("elasticflow", "edf") else {},
+        "placement": "buddy", "placement_params": {}, "mode": "rounds" if rounds else "events",
+        "elasticflow": scheme, "preemption_cost": PreemptionCost(restart=restart),
+    }  # fmt: skip
 
 
 class SimResult(Struct, kw_only=True):
@@ -316,6 +380,8 @@ async def simulate(
                 for token in ("clock", "adm", "sched", "place")
             ]
             reached = final.now
+            if options.elasticflow:
+                runs, declined = await deadline_events(bus)
     wall = time.perf_counter() - started
     labels = {
         "cluster": cluster_label(options.cluster),
@@ -339,16 +405,56 @@ async def simulate(
             extra["compute_gpu_s"] = final.compute_gpu_s
     else:
         extra["jobs_in_workload"] = len(jobs)
+    deadlines: dict[str, Any] = {}
+    if options.elasticflow and interrupted is None:
+        model = await asyncio.to_thread(load_throughputs, options.throughputs)
+        node_types = {n.node_id: n.gpu_type for n in options.cluster.nodes()}
+        job_types = {r.job_id: r.spec.job_type for r in records}
+        efficiency = efficiency_frame(
+            runs, job_types, model, node_types, options.cluster.total_gpus
+        )
+        # `--policy` named the scheme: comparisons list runs by it
+        extra |= {"policy": options.elasticflow, "scheme": options.elasticflow,
+                  "scheduling_policy": options.policy}  # fmt: skip
+        deadlines = {"workload": jobs, "declined": declined, "efficiency": efficiency}
     caption = f"{policies_label(options)}\n{labels['workload']}; cluster {labels['cluster']}"
+    if options.elasticflow:
+        caption = f"ElasticFlow scheme {options.elasticflow}, {options.round_s:g} s slots\n{caption}"
     if interrupted is not None:
         caption += f"\nPARTIAL: interrupted at t = {reached / 3600:,.1f} h"
     summary = await asyncio.to_thread(
         write_results, records, points, out, extra, caption,
-        reached if interrupted is not None else None,
+        reached if interrupted is not None else None, **deadlines,
     )  # fmt: skip
     if interrupted is not None:
         raise interrupted
     return SimResult(summary=summary, jobs=records, timeline=points, wall_s=wall, stats=stats)
+
+
+async def deadline_events(bus: Bus) -> tuple[list[JobRun], dict[str, str]]:
+    """From the run's event stream: every job's runs (the GPUs it runs on from each start or
+    resize, none from each stop) and why admission declined the jobs it declined."""
+    js = bus.nc.jetstream()
+    last = -1
+    while True:  # events are published, not acknowledged: let the stream take the last ones in
+        state = (await js.stream_info(bus.subjects.stream_name)).state.last_seq
+        if state == last:
+            break
+        last = state
+        await asyncio.sleep(0.05)
+    kinds = ["job.started", "job.resized", "job.preempted", "job.completed", "job.failed",
+             "job.cancelled", "job.rejected"]  # fmt: skip
+    runs: list[JobRun] = []
+    declined: dict[str, str] = {}
+    async for stored in read_events(bus.nc, bus.subjects, types=kinds):
+        event = stored.event
+        if event is None or event.job_id is None:
+            continue
+        if event.type == "job.rejected":
+            declined[event.job_id] = event.reason
+        else:
+            runs.append((event.now, event.job_id, list(event.gpus)))
+    return runs, declined
 
 
 class ProgressBar:

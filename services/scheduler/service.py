@@ -494,7 +494,8 @@ class Scheduler(Service):
         allocations = self._checked(self.mechanism.allocations(decision, inp))
         active = self.table.active
         specs = {a.job_id: active[a.job_id].spec for a in allocations if active[a.job_id].state != "running"}  # fmt: skip
-        # The attempt number of a launch: placement may also relaunch a running job (moved).
+        # Every launch carries its attempt number, a running job's too (placement relaunches it
+        # when it resizes or moves it), so that its exit is not taken for an earlier run's.
         attempts = {a.job_id: n for a in allocations if (n := active[a.job_id].attempt)}
         reply = await self._placement(
             APPLY,

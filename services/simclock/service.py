@@ -17,7 +17,7 @@ import heapq
 import math
 import time
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 from msgspec import Meta, Struct
@@ -62,17 +62,57 @@ MAX_TICKS_PER_INSTANT = 3
 Rep = TypeVar("Rep")
 
 
+class RestartCost(Struct, kw_only=True, forbid_unknown_fields=True):
+    """ElasticFlow's restart model: a job whose processes (re)start makes no progress for a while.
+
+    A launch (a start, a resume, a resize or a move: a resize is a preemption and a relaunch of
+    the same job at the same instant) costs `base_s`, plus `per_doubling_s * (log2(GPUs) + 1)`
+    while its workers set up and join, plus `cold_s` if its processes must start from scratch.
+    With `warm_ranks`, a job on a set of GPUs that some job used since the last cold start keeps
+    its warm processes and pays `base_s` only. Every `cold_every`-th instant at which launches
+    happen (0: never) is a cold start: jobs not on warm GPUs pay `cold_s` too, and the warm sets
+    are forgotten. Which jobs restart (`scope`): `launched`, only those; `changes`, every running
+    job at an instant with any launch (ElasticFlow's executor stops and relaunches them all);
+    `decisions`, every running job at every scheduling decision, changed or not, decisions being
+    counted at least `decision_gap_s` apart (ElasticFlow's simulator: at every event, events a
+    slot apart).
+
+    ElasticFlow's simulator (`utils.estimate_overhead`): base 2 s (7 s on 256 GPUs or more), 2 s
+    per doubling, cold 27 s (47 s on 256 or more), every 240th scheduling event.
+    """
+
+    base_s: float = 2.0
+    per_doubling_s: float = 2.0
+    cold_s: float = 27.0
+    cold_every: int = 0
+    warm_ranks: bool = True
+    scope: Literal["launched", "changes", "decisions"] = "launched"
+    decision_gap_s: float = 0.0
+
+    def seconds(self, gpus: int, *, warm: bool, cold: bool) -> float:
+        if warm:
+            return self.base_s
+        return (
+            self.base_s
+            + self.per_doubling_s * (math.log2(max(gpus, 1)) + 1)
+            + (self.cold_s if cold else 0.0)
+        )
+
+
 class PreemptionCost(Struct, kw_only=True, forbid_unknown_fields=True):
     """What a preemption costs, charged as lost progress (the references charge nothing).
 
     A preempted job loses the work of its last `checkpoint_s` seconds (saving it), and a resumed
     job runs `restore_s` seconds before it progresses again. `by_job_type` overrides both per
-    job type (model): {"resnet50": [checkpoint_s, restore_s]}.
+    job type (model): {"resnet50": [checkpoint_s, restore_s]}. `restart`: ElasticFlow's model of
+    the time a (re)launched job spends starting (`RestartCost`), on top of these. A job stopped
+    before it progresses again loses no more than it had.
     """
 
     checkpoint_s: float = 0.0
     restore_s: float = 0.0
     by_job_type: dict[str, tuple[float, float]] = {}
+    restart: RestartCost | None = None
 
     def of(self, job_type: str) -> tuple[float, float]:
         return self.by_job_type.get(job_type, (self.checkpoint_s, self.restore_s))
@@ -113,8 +153,8 @@ class SimJob:
     """A simulated job's processes: which GPUs of which nodes run its parts, and its progress."""
 
     __slots__ = (
-        "attempt", "done", "failure", "gpu_type", "job_type", "parts", "rate", "restarting",
-        "restoring", "round_steps", "since", "total", "version",
+        "attempt", "done", "failure", "floor", "gpu_type", "job_type", "parts", "rate",
+        "restarting", "restoring", "round_steps", "since", "total", "version",
     )  # fmt: skip
 
     def __init__(self, spec: JobSpec, total: float) -> None:
@@ -131,10 +171,11 @@ class SimJob:
         self.failure = ""  # why the job crashes as soon as it starts, if it does
         self.restarting = False  # some part was stopped at this instant
         self.restoring = False  # resumed after a preemption: the restore time is still to pay
+        self.floor = 0.0  # progress at the current launch: a pause never takes it below
 
     def settle(self, now: float) -> None:
         if self.rate:
-            self.done += self.rate * (now - self.since)
+            self.done = max(self.done + self.rate * (now - self.since), self.floor)
         self.since = now
 
 
@@ -178,6 +219,12 @@ class SimClock(Service):
         self.finished = 0
         self.held = 0  # jobs admission holds, as it last said
         self.timeline: list[TimelinePoint] = []
+        self.launched: set[str] = set()  # jobs launched at the current instant
+        self.running: set[str] = set()  # jobs with parts on some node
+        self.warm: set[frozenset[tuple[str, int]]] = set()  # GPU sets with warm processes
+        self.restart_instants = 0
+        self.decided: float | None = None  # the last instant at which the scheduler decided
+        self.charged: float | None = None  # the last decision at which restarts were charged
         self.sched_wake: float | None = None
         self.task: asyncio.Task[None] | None = None
         self.progress = Progress(now=0.0, submitted=0, finished=0, total=0, instants=0)
@@ -233,6 +280,8 @@ class SimClock(Service):
             job.gpu_type = self.node_types[cmd.node_id]
             job.attempt = launch.attempt
             self.changed.add(launch.job_id)
+            self.launched.add(launch.job_id)
+            self.running.add(launch.job_id)
         return NodeCommandReply(
             preempted=cmd.preempt, launched=[launch.job_id for launch in cmd.launch],
             progress=progress,
@@ -241,18 +290,21 @@ class SimClock(Service):
     def _detach(self, job_id: str, node_id: str) -> list[str]:
         """The job's part on `node_id` stops holding its GPUs; returns the jobs still there."""
         left: list[str] = []
-        for g in self.jobs[job_id].parts.pop(node_id, ()):
+        job = self.jobs[job_id]
+        for g in job.parts.pop(node_id, ()):
             holders = self.holding[(node_id, g)]
             holders.remove(job_id)
             if not holders:
                 del self.holding[(node_id, g)]
             left = holders
+        if not job.parts:
+            self.running.discard(job_id)
         return left
 
     def _checkpoint(self, job: SimJob) -> None:
         """The job stops: it keeps what its last checkpoint saved, and pays a restore to resume."""
         checkpoint_s, _ = self.config.preemption_cost.of(job.job_type)
-        job.done = max(job.done - job.rate * checkpoint_s, 0.0)
+        job.done = job.floor = max(job.done - job.rate * checkpoint_s, 0.0)
         job.restarting, job.restoring = True, True
 
     # ------------------------------------------------------------------ the loop
@@ -512,6 +564,8 @@ class SimClock(Service):
 
     def _note(self, now: float, status: SchedulerStatus) -> None:
         self.sched_wake = status.wake_at
+        if status.ran_round:
+            self.decided = now
         point = TimelinePoint(now, status.busy_gpus, status.queued, status.running, self.gpus)
         if self.timeline and self.timeline[-1].time == now:
             self.timeline[-1] = point
@@ -521,10 +575,13 @@ class SimClock(Service):
     def _refresh(self, now: float) -> None:
         """New rates and completion times for the jobs whose parts changed at `now`."""
         sharing = self._sharing()
-        for job_id in sorted(self.changed | sharing.keys()):
+        pauses = self._restarts(now)
+        for job_id in sorted(self.changed | sharing.keys() | pauses.keys()):
             job = self.jobs.get(job_id)
             if job is None:  # ended at this instant
                 continue
+            if job_id not in self.changed and job_id not in sharing:
+                job.settle(now)  # a running job restarting with the others
             job.version += 1
             job.restarting = False
             gpus = sum(len(p) for p in job.parts.values())
@@ -535,10 +592,13 @@ class SimClock(Service):
             else:
                 job.rate = self.model.throughput(job.job_type, job.gpu_type, gpus) if gpus else 0.0
             job.since = now
+            job.floor = job.done
+            pause = pauses.get(job_id, 0.0)
             if job.restoring and job.rate > 0:
-                _, restore_s = self.config.preemption_cost.of(job.job_type)
-                job.done -= job.rate * restore_s  # no progress while restoring
+                pause += self.config.preemption_cost.of(job.job_type)[1]
                 job.restoring = False
+            if pause and job.rate > 0:
+                job.done -= job.rate * pause  # no progress while (re)starting
             if gpus and job.rate <= 0:  # e.g. a batch that does not fit that GPU: it crashes
                 job.failure = f"no throughput for {job.job_type!r} on {gpus} x {job.gpu_type}"
                 self.launches += 1
@@ -551,6 +611,37 @@ class SimClock(Service):
                 self.launches += 1
                 heapq.heappush(self.heap, (finish, self.launches, job_id, job.version))
         self.changed.clear()
+        self.launched.clear()
+
+    def _restarts(self, now: float) -> dict[str, float]:
+        """Seconds each job spends (re)starting at `now` (`RestartCost`), if jobs were launched."""
+        model = self.config.preemption_cost.restart
+        if model is None:
+            return {}
+        if model.scope == "decisions":
+            due = self.decided == now and (
+                self.charged is None or now >= self.charged + model.decision_gap_s
+            )
+            if not due:
+                return {}
+            self.charged = now
+        elif not self.launched:
+            return {}
+        self.restart_instants += 1
+        cold = model.cold_every > 0 and self.restart_instants % model.cold_every == 0
+        scope = self.launched if model.scope == "launched" else self.running
+        pauses: dict[str, float] = {}
+        for job_id in sorted(scope):
+            job = self.jobs.get(job_id)
+            if job is None or not job.parts:
+                continue
+            ranks = frozenset((node, g) for node, gpus in job.parts.items() for g in gpus)
+            warm = model.warm_ranks and ranks in self.warm
+            self.warm.add(ranks)
+            pauses[job_id] = model.seconds(len(ranks), warm=warm, cold=cold)
+        if cold:
+            self.warm.clear()
+        return pauses
 
     def _sharing(self) -> dict[str, str]:
         """The changed jobs that run on the very GPUs of another (space sharing), and their

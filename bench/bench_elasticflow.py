@@ -1,0 +1,176 @@
+"""ElasticFlow benchmarks: admission decisions, simulations of ElasticFlow's traces, and every ITP
+cluster in one command with a table of deadline ratios per cluster and scheme.
+
+    python bench/bench_elasticflow.py --only admission    # one decision, 1,000 admitted jobs, 256 GPUs
+    python bench/bench_elasticflow.py --only itp10        # ITP cluster10 on n32g8, 60 s slots, ef-accessctrl
+    python bench/bench_elasticflow.py --only themis       # themis on fig10_100jobs (n16g8, 240 s slots)
+    python bench/bench_elasticflow.py --only itp --schemes ef-accessctrl,edf --out results/itp
+
+Targets (issue 13): cluster10 under ef-accessctrl >= 10x faster than ElasticFlow's simulator,
+themis on the 100-job trace >= 10x faster, all ten ITP clusters under ef-accessctrl in under
+10 minutes, one admission decision with 1,000 admitted jobs on 256 GPUs under 20 ms. Reads
+../shared/data beside the checkout. Cluster sizes per ITP trace are those of ElasticFlow's
+`run_fig8b.sh`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from gpuyard.embedded import EmbeddedNats
+from gpuyard.policies.elasticflow import ElasticFlowAdmission
+from gpuyard.policies.elasticflow.admission import DeadlineAdmissionParams
+from gpuyard.shared.logs import configure_logging
+from gpuyard.shared.model import JobSpec
+from gpuyard.shared.policy import AdmissionInput, ClusterView, JobView
+from gpuyard.shared.throughput import load_throughputs
+from gpuyard.sim import SimOptions, elasticflow_options, simulate
+from gpuyard.workloads import load_cluster, load_workload
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+EF = DATA / "elasticflow"
+ITP_CLUSTERS = {
+    **dict.fromkeys(["cluster01", "cluster02", "cluster03", "cluster05", "cluster06"], "n64g8"),
+    **dict.fromkeys(["cluster04", "cluster07", "cluster08", "cluster09"], "n128g8"),
+    "cluster10": "n32g8",
+}
+JOB_TYPES = ["resnet50@64", "resnet50@128", "vgg16@64", "bert@64", "bert@128", "gpt2@128",
+             "inception3@64", "deepspeech2@32"]  # fmt: skip
+
+
+def bench_admission(jobs: int, gpus: int, repeat: int) -> None:
+    """One ElasticFlow admission decision against `jobs` admitted jobs (a fifth of them running)."""
+    model = load_throughputs(EF / "throughputs_A100")
+    rng = random.Random(0)
+    now = 1e6
+    views: list[JobView] = []
+    used = 0
+    for i in range(jobs):
+        job_type = rng.choice(JOB_TYPES)
+        duration = 10 ** rng.uniform(2.5, 4.5)
+        steps = duration * model.throughput(job_type, "a100", 1)
+        deadline = now + rng.uniform(1.0, 4.0) * duration * jobs / gpus * 2
+        spec = JobSpec(job_id=f"j{i}", job_type=job_type, num_gpus=1, min_gpus=1, max_gpus=64,
+                       total_steps=steps, deadline=deadline)  # fmt: skip
+        running = i % 5 == 0 and used < gpus
+        record = {"gpus": 1, "gpu_type": "a100", "rate": model.throughput(job_type, "a100", 1),
+                  "steps_done": steps * rng.uniform(0, 0.5), "run_start": now, "progress_at": now}  # fmt: skip
+        used += running
+        views.append(JobView(job_id=f"j{i}", seq=i, spec=spec, state="running" if running else "queued",
+                             submit_time=now, **(record if running else {})))  # fmt: skip
+    cluster = ClusterView(capacity={"a100": gpus}, round_s=0.0, throughputs=model)
+    new = JobSpec(job_id="new", job_type="bert@64", num_gpus=1, min_gpus=1, max_gpus=64,
+                  total_steps=5000, deadline=now + 36000, submit_time=now)  # fmt: skip
+    policy = ElasticFlowAdmission(DeadlineAdmissionParams(slot_s=60.0))
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        decision = policy.decide(AdmissionInput(now=now, job=new, cluster=cluster, jobs=views))
+        times.append(time.perf_counter() - started)
+    print(f"admission: {jobs} admitted jobs ({used} running) on {gpus} GPUs -> {decision.verdict}")
+    print(f"  first decision {times[0] * 1000:.1f} ms (levels computed), then best "
+          f"{min(times[1:]) * 1000:.1f} ms, median {sorted(times[1:])[len(times) // 2 - 1] * 1000:.1f} ms "
+          f"over {repeat - 1} (target < 20 ms)")  # fmt: skip
+
+
+async def run_trace(
+    url: str, trace: Path, spec: str, scheme: str, slot: float, name: str, out: Path,
+    params: dict[str, str],
+) -> dict:  # fmt: skip
+    cluster = load_cluster(EF / "cluster_specs" / f"{spec}.csv")
+    workload = await asyncio.to_thread(load_workload, trace, None, False, elastic=True)
+    scheme_options = elasticflow_options(scheme, slot, cluster.total_gpus)
+    if scheme_options["policy"] == "elasticflow":
+        scheme_options["policy_params"] |= params
+    options = SimOptions(
+        cluster=cluster, throughputs=str(EF / "throughputs_A100"), round_s=slot, **scheme_options
+    )
+    result = await simulate(options, workload.jobs, out / name, nats_url=url, cluster_name=name)
+    s = result.summary
+    return {
+        "trace": trace.stem, "cluster": spec, "scheme": scheme, "jobs": s["jobs"],
+        "met": s["deadline_met"], "ratio": round(s["deadline_satisfactory_ratio"] or 0.0, 4),
+        "declined": s["declined"], "mean_jct_s": round(s["mean_jct"] or 0.0),
+        "wall_s": round(result.wall_s, 2),
+    }  # fmt: skip
+
+
+async def bench_traces(
+    runs: list[tuple[Path, str, str, float]], out: Path, params: dict[str, str]
+) -> pd.DataFrame:
+    rows = []
+    async with EmbeddedNats() as url:
+        for i, (trace, spec, scheme, slot) in enumerate(runs):
+            name = f"ef{i}-{scheme}-{trace.stem}"
+            row = await run_trace(url, trace, spec, scheme, slot, name, out, params)
+            print("  " + "  ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--only", choices=["admission", "itp10", "themis", "itp"], action="append")
+    ap.add_argument("--schemes", default="ef-accessctrl", help="itp: comma-separated schemes")
+    ap.add_argument("--clusters", default=",".join(ITP_CLUSTERS), help="itp: which clusters")
+    ap.add_argument("--jobs", type=int, default=1000, help="admission: admitted jobs")
+    ap.add_argument("--gpus", type=int, default=256, help="admission: cluster GPUs")
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--out", type=Path, help="where the runs' results go (default: a temp dir)")
+    ap.add_argument(
+        "--leftovers", choices=["exact", "lazy"], default="exact",
+        help="the elasticflow policy's walk over the leftover GPUs (lazy: for big clusters)",
+    )  # fmt: skip
+    args = ap.parse_args()
+    configure_logging("error")
+    only = args.only or ["admission", "itp10", "themis"]
+    params = {"leftovers": args.leftovers}
+    if not EF.is_dir():
+        raise SystemExit(f"{EF} is not present")
+    with tempfile.TemporaryDirectory(prefix="bench-ef-") as tmp:
+        out = args.out or Path(tmp)
+        if "admission" in only:
+            bench_admission(args.jobs, args.gpus, args.repeat)
+        if "itp10" in only:
+            print("ITP cluster10 on n32g8, 60 s slots, ef-accessctrl (ElasticFlow: 48 s on the "
+                  "machine the issue names)")  # fmt: skip
+            asyncio.run(
+                bench_traces(
+                    [(DATA / "itp" / "cluster10.csv", "n32g8", "ef-accessctrl", 60.0)], out
+                )
+            )
+        if "themis" in only:
+            print("themis on fig10_100jobs, n16g8, 240 s slots (ElasticFlow: 158 s there)")
+            asyncio.run(
+                bench_traces([(EF / "traces" / "fig10_100jobs.csv", "n16g8", "themis", 240.0)], out)
+            )
+        if "itp" in only:
+            clusters = [c for c in args.clusters.split(",") if c]
+            schemes = [s for s in args.schemes.split(",") if s]
+            runs = [
+                (DATA / "itp" / f"{c}.csv", ITP_CLUSTERS[c], s, 60.0)
+                for c in clusters
+                for s in schemes
+            ]
+            print(f"ITP: {len(clusters)} clusters x {len(schemes)} schemes, 60 s slots")
+            started = time.perf_counter()
+            table = asyncio.run(bench_traces(runs, out, params))
+            wall = time.perf_counter() - started
+            out.mkdir(parents=True, exist_ok=True)
+            table.to_csv(out / "itp.csv", index=False)
+            print(table.pivot(index="trace", columns="scheme", values="ratio").to_string())
+            print(f"{int(table['jobs'].sum() / max(len(schemes), 1))} jobs per scheme, "
+                  f"{wall:.0f} s in all (target: ef-accessctrl on all ten in < 600 s)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""The ElasticFlow family (ASPLOS 2023): deadlines and elasticity, and the baselines its paper
+compares against, in ElasticFlow's own terms.
+
+- `elasticflow` (scheduling): Minimum Satisfactory Share plans in deadline order, leftover GPUs by
+  marginal gain, one level at a time; `elasticflow` (admission): admit a job only if every plan
+  stays feasible. Together: ElasticFlow's `ef-accessctrl`; the scheduling policy alone: `ef`.
+- `edf` (scheduling and admission): earliest deadline first with as many GPUs as a job can use,
+  with or without the same access control (`edf`, `edf-accessctrl`).
+- `buddy` (placement): power-of-two blocks, whole nodes for jobs of a node or more, everything
+  placed again at each decision.
+- `gandiva-ts`: Gandiva's time slicing on node sets of same-size jobs, `themis`: finish-time
+  fairness (on the Gavel family's program), `chronus`: lease-based selection as a MILP.
+  Tiresias `dlas-gpu` is the `tiresias` policy with ElasticFlow's parameters.
+
+`planner` holds the planning itself (pure functions on plain data).
+"""
+
+from .admission import (
+    DeadlineAdmissionParams,
+    EdfAdmission,
+    EdfAdmissionParams,
+    ElasticFlowAdmission,
+)
+from .baselines import Gandiva, GandivaParams, Themis, ThemisParams, ThemisState
+from .chronus import Chronus, ChronusParams, ChronusState
+from .placement import Buddy, BuddyParams
+from .scheduling import Edf, EdfParams, ElasticFlow, ElasticFlowParams
+
+__all__ = [
+    "Buddy", "BuddyParams", "Chronus", "ChronusParams", "ChronusState", "DeadlineAdmissionParams", "Edf", "EdfAdmission", "EdfAdmissionParams",
+    "EdfParams", "ElasticFlow", "ElasticFlowAdmission", "ElasticFlowParams", "Gandiva",
+    "GandivaParams", "Themis", "ThemisParams", "ThemisState",
+]  # fmt: skip

@@ -1,0 +1,129 @@
+"""Deadline admission: admit a job only if every admitted job can still finish by its deadline.
+
+ElasticFlow's access control re-plans the admitted jobs with the new one in deadline order and
+admits it only when every plan stays feasible; its EDF-with-access-control baseline does the same
+with EDF plans. Best-effort jobs (and jobs without a deadline) are always admitted: they live on
+what the others leave.
+
+Per job, not per batch: ElasticFlow's simulator admits or declines all the jobs that arrive in one
+(merged) event together, declining the whole batch when the plan with all of them fails. Here each
+job is decided on its own, in arrival order, against the jobs already admitted (those admitted
+earlier in the same request included). A job that fits is never declined because another one
+arriving with it does not; a batch the reference admits whole is admitted here too (the same jobs
+pass one by one, each against a subset of the others).
+
+Plans start at the next slot boundary (the next decision, when the scheduler runs in rounds of one
+slot), with the running jobs' remaining steps projected there.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from msgspec import Meta, Struct
+
+from gpuyard.shared.model import JobRecord
+from gpuyard.shared.policy import (
+    AdmissionDecision,
+    AdmissionInput,
+    AdmissionPolicy,
+    JobView,
+    Needs,
+)
+from gpuyard.shared.throughput import total_steps
+
+from .demand import LevelCache, MaxLevel, by_deadline, deadline_of, job_demand, main_type
+from .planner import NO_DEADLINE, Demand, Plan, align_up, plan_all_edf, plan_all_mss
+
+
+class DeadlineAdmissionParams(Struct, forbid_unknown_fields=True):
+    slot_s: Annotated[float, Meta(gt=0)] = 240.0
+    """ElasticFlow's scheduling slot: plans are cut into slots of this length. Give it the
+    scheduler's round (`gpuyard sim --elasticflow` does)."""
+    max_level: MaxLevel = "peak"
+    """How far a job may scale in the plans (`peak`: ElasticFlow; `largest`: its EDF)."""
+
+
+class _DeadlineAdmission(AdmissionPolicy):
+    Params = DeadlineAdmissionParams
+    needs = Needs(jobs=True, throughputs=True)
+    in_order = False
+
+    def __init__(self, params: Struct | None = None) -> None:
+        super().__init__(params)
+        self.levels: LevelCache = {}
+
+    def plan(self, demands: list[Demand], start: float, slot: float, total: int) -> list[Plan]:
+        raise NotImplementedError
+
+    def decide(self, inp: AdmissionInput) -> AdmissionDecision:
+        spec = inp.job
+        if deadline_of(spec) == NO_DEADLINE:
+            return AdmissionDecision("admit", "best effort" if spec.best_effort else "no deadline")
+        gpu_type, total = main_type(inp.cluster)
+        slot = self.params.slot_s
+        start = align_up(0.0, inp.now, slot)
+        try:
+            new = self._as_view(inp)
+        except ValueError as exc:
+            return AdmissionDecision("reject", str(exc))
+        jobs = by_deadline([*inp.jobs, new])
+        demands, ids = [], []
+        for job in jobs:
+            d = job_demand(job, gpu_type, total, self.params.max_level, at=start, cache=self.levels)
+            if d is not None:
+                demands.append(d)
+                ids.append(job.job_id)
+        if new.job_id not in ids:
+            return AdmissionDecision("reject", f"cannot run on {gpu_type or 'this cluster'}")
+        plans = self.plan(demands, start, slot, total)
+        late = [(i, p) for i, p in zip(ids, plans, strict=True) if not p.feasible]
+        if not late:
+            return AdmissionDecision("admit", "")
+        mine = next((p for i, p in late if i == new.job_id), None)
+        if mine is not None:
+            return AdmissionDecision(
+                "reject",
+                f"cannot meet its deadline: finishes at {mine.finish:.0f} s > {spec.deadline:.0f} s",
+            )
+        names = ", ".join(i for i, _ in late[:3]) + (", ..." if len(late) > 3 else "")
+        return AdmissionDecision("reject", f"admitting it would make {names} miss its deadline")
+
+    @staticmethod
+    def _as_view(inp: AdmissionInput) -> JobView:
+        spec = inp.job
+        assert spec.job_id is not None
+        record = JobRecord(
+            job_id=spec.job_id, seq=2**62, spec=spec, submit_time=spec.submit_time or inp.now,
+            admit_time=inp.now, total_steps=total_steps(spec, inp.cluster.throughputs),
+            progress_at=inp.now,
+        )  # fmt: skip
+        view = JobView(record)
+        view.bind(inp.cluster.context(inp.now))
+        return view
+
+
+class ElasticFlowAdmission(_DeadlineAdmission):
+    """ElasticFlow's access control (`ef-accessctrl`): Minimum Satisfactory Share plans of every
+    admitted job and the new one, in deadline order; admitted if all are feasible.
+
+    Registry name `elasticflow`. A rejection says why: the job itself cannot make its deadline,
+    or which admitted jobs it would push past theirs."""
+
+    def plan(self, demands: list[Demand], start: float, slot: float, total: int) -> list[Plan]:
+        return plan_all_mss(demands, start, slot, total)[0]
+
+
+class EdfAdmissionParams(DeadlineAdmissionParams, forbid_unknown_fields=True):
+    max_level: MaxLevel = "largest"
+    """How far a job may scale in the plans (ElasticFlow's EDF: as far as it can run)."""
+
+
+class EdfAdmission(_DeadlineAdmission):
+    """EDF with access control (`edf-accessctrl`): the same test on EDF plans (each job as many
+    GPUs as it can use, in deadline order). Registry name `edf`."""
+
+    Params = EdfAdmissionParams
+
+    def plan(self, demands: list[Demand], start: float, slot: float, total: int) -> list[Plan]:
+        return plan_all_edf(demands, start, slot, total)[0]

@@ -1,0 +1,131 @@
+"""Buddy placement: power-of-two blocks of GPUs, whole nodes for jobs of a node or more.
+
+ElasticFlow places jobs on node sets by power-of-two size so that scaling a job up or down keeps
+it on GPUs that belong together: a job of at least a node takes whole nodes, a smaller one a block
+of its size (rounded up to a power of two) aligned within one node, and every job is placed again
+at every decision, largest first. Placing largest first on aligned blocks never fragments: if the
+sizes fit the cluster, they fit its blocks.
+"""
+
+from __future__ import annotations
+
+from msgspec import Struct
+
+from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef
+from gpuyard.shared.policy import PlacementInput, PlacementPolicy
+
+
+class BuddyParams(Struct, forbid_unknown_fields=True):
+    sticky: bool = True
+    """Keep a job on the GPUs it holds when they are still a valid block for its size (fewer
+    restarts; ElasticFlow re-places from scratch, which lands a job that did not change on the
+    same GPUs when nothing else changed either)."""
+
+
+def _block(n: int) -> int:
+    size = 1
+    while size < n:
+        size *= 2
+    return size
+
+
+class Buddy(PlacementPolicy):
+    """Registry name `buddy` (module docstring). A job of n >= a node's GPUs takes ceil(n / node)
+    whole nodes (its current ones if they are still whole and free), the last one partly if n is
+    not a multiple; a smaller job takes the first n GPUs of a free block of size next_pow2(n),
+    aligned to that size, on the fullest node that has one (its current block if `sticky`). When
+    no aligned block is left (sizes that are not powers of two), it takes free GPUs on the fewest
+    nodes. A job that does not fit is left out (it stays queued)."""
+
+    Params = BuddyParams
+
+    @property
+    def rearranges(self) -> bool:
+        return True
+
+    def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
+        free = {n.node_id: set(n.usable) for n in inp.nodes}
+        size = {n.node_id: len(n.usable) for n in inp.nodes}
+        kind = {n.node_id: n.gpu_type for n in inp.nodes}
+        order = [n.node_id for n in inp.nodes]
+        rank = {a.job_id: i for i, a in enumerate(inp.allocations)}
+        placed: dict[str, list[GpuRef]] = {}
+        for a in sorted(inp.allocations, key=lambda a: (-a.num_gpus, rank[a.job_id])):
+            nodes = [n for n in order if a.gpu_type in (ANY_GPU, kind[n])]
+            current = inp.current.get(a.job_id, []) if self.params.sticky else []
+            gpus = self._place(a, nodes, free, size, current)
+            if gpus is None:
+                continue
+            for g in gpus:
+                free[g.node_id].discard(g.index)
+            placed[a.job_id] = gpus
+        return placed
+
+    def _place(
+        self, a: Allocation, nodes: list[str], free: dict[str, set[int]], size: dict[str, int],
+        current: list[GpuRef],
+    ) -> list[GpuRef] | None:  # fmt: skip
+        n = a.num_gpus
+        whole = [x for x in nodes if size[x] and len(free[x]) == size[x]]
+        largest = max((size[x] for x in nodes), default=0)
+        if n >= largest > 0:
+            return _whole_nodes(n, whole, size, current)
+        block = _block(n)
+        kept = _block_around(current, block, free)
+        if kept is not None:
+            node, start = kept
+            return [GpuRef(node, i) for i in range(start, start + n)]
+        candidates = []
+        for x in nodes:
+            for start in range(0, size[x] - block + 1, block):
+                if all(i in free[x] for i in range(start, start + block)):
+                    candidates.append((len(free[x]), nodes.index(x), start, x))
+                    break
+        if candidates:
+            _, _, start, x = min(candidates)
+            return [GpuRef(x, i) for i in range(start, start + n)]
+        return _fewest_nodes(n, nodes, free)
+
+
+def _block_around(
+    gpus: list[GpuRef], block: int, free: dict[str, set[int]]
+) -> tuple[str, int] | None:
+    """The aligned block of `block` GPUs that holds all of `gpus` (one node), if it is all free."""
+    if not gpus or any(g.node_id != gpus[0].node_id for g in gpus):
+        return None
+    node = gpus[0].node_id
+    start = min(g.index for g in gpus) // block * block
+    inside = all(start <= g.index < start + block for g in gpus)
+    if node in free and inside and all(i in free[node] for i in range(start, start + block)):
+        return node, start
+    return None
+
+
+def _whole_nodes(
+    n: int, whole: list[str], size: dict[str, int], current: list[GpuRef]
+) -> list[GpuRef] | None:
+    held = list(dict.fromkeys(g.node_id for g in current))
+    chosen: list[str] = [x for x in held if x in whole]
+    for x in whole:
+        if sum(size[c] for c in chosen) >= n:
+            break
+        if x not in chosen:
+            chosen.append(x)
+    gpus: list[GpuRef] = []
+    for x in chosen:
+        gpus += [GpuRef(x, i) for i in range(size[x])]
+    return gpus[:n] if len(gpus) >= n else None
+
+
+def _fewest_nodes(n: int, nodes: list[str], free: dict[str, set[int]]) -> list[GpuRef] | None:
+    by_room = sorted(nodes, key=lambda x: (-len(free[x]), nodes.index(x)))
+    one = [x for x in by_room if len(free[x]) >= n]
+    if one:
+        x = min(one, key=lambda x: (len(free[x]), nodes.index(x)))
+        return [GpuRef(x, i) for i in sorted(free[x])[:n]]
+    gpus: list[GpuRef] = []
+    for x in by_room:
+        gpus += [GpuRef(x, i) for i in sorted(free[x])[: n - len(gpus)]]
+        if len(gpus) == n:
+            return gpus
+    return None

@@ -1,0 +1,159 @@
+"""ElasticFlow's elastic scheduling and its EDF baseline: deadline-ordered plans of future GPU use.
+
+Both re-plan every active job at every decision, in deadline order, from the jobs' remaining steps
+(`planner`), and run what the plans give now. Decisions come at arrivals, completions and the
+plans' own change points, at most once per scheduling slot (`slots.SlotGate`); the slot is the
+scheduler's round (`--round`), on which ElasticFlow also aligns its plans.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from msgspec import Struct
+
+from gpuyard.shared.model import Allocation
+from gpuyard.shared.policy import Needs, SchedulingInput, SchedulingPolicy
+
+from .demand import LevelCache, MaxLevel, by_deadline, job_demand, main_type
+from .planner import Plan, plan_all_edf, plan_all_mss, share_leftovers
+from .slots import SlotGate, SlotState
+
+
+class _Planned(SchedulingPolicy):
+    """A policy that plans at most once a slot and wakes where its plans change."""
+
+    State = SlotState
+    needs = Needs(throughputs=True, decide_on_exit=True)
+
+    def __init__(self, params: Struct | None = None) -> None:
+        super().__init__(params)
+        self.gate = SlotGate()
+        self._wake: tuple[float, float | None] | None = None  # (decided at, next plan change)
+        self.levels: LevelCache = {}
+
+    def snapshot(self) -> SlotState:
+        return self.gate.snapshot()
+
+    def restore(self, state: SlotState) -> None:
+        self.gate.restore(state)
+
+    def decide(self, inp: SchedulingInput) -> tuple[list[Allocation], list[Plan]]:
+        raise NotImplementedError
+
+    def schedule(self, inp: SchedulingInput) -> list[Allocation]:
+        held = self.gate.held(inp)
+        if held is not None:
+            return held
+        allocations, plans = self.decide(inp)
+        self._wake = (inp.now, _next_change(plans, inp.now))
+        return allocations
+
+    def next_decision_time(self, inp: SchedulingInput) -> float | None:
+        wanted = None
+        if self.gate.last == inp.now:
+            if self._wake is not None and self._wake[0] == inp.now:
+                wanted = self._wake[1]
+            else:
+                wanted = _next_change(self.decide(inp)[1], inp.now)
+        return self.gate.wake(inp, wanted)
+
+
+class ElasticFlowParams(Struct, forbid_unknown_fields=True):
+    marginal_order: Literal["reference", "saving"] = "reference"
+    """Which job gets the next level of the GPUs left over: `reference` as ElasticFlow's code
+    does (the largest increase in planned GPU-seconds per extra GPU first), `saving` as its paper
+    says (the smallest increase, i.e. the largest marginal return, first)."""
+    max_level: MaxLevel = "peak"
+    """How far a job scales: `peak` (ElasticFlow) or `largest`."""
+    leftovers: Literal["exact", "lazy"] = "exact"
+    """`exact`: ElasticFlow's walk, every job priced again after every level handed out (steps x
+    jobs re-plans per decision); `lazy`: only the job at the head of the line is priced again
+    (`planner.share_leftovers(lazy=True)`), for clusters of hundreds of GPUs and jobs."""
+
+
+class ElasticFlow(_Planned):
+    """ElasticFlow (ASPLOS 2023) elastic scheduling: every job gets its Minimum Satisfactory Share,
+    the GPUs left over go out one level at a time by marginal gain.
+
+    Registry name `elasticflow`. At each decision every active job is planned in deadline order on
+    one timeline of future free GPUs (`planner.plan_mss`); a job runs now on what its plan gives
+    now (a job whose plan starts later waits, a running one may pause), then the GPUs still free
+    go out by `planner.share_leftovers`. Allocations are listed largest first (the order in which
+    ElasticFlow places jobs). The policy decides at most once a slot and asks to decide again at
+    the first instant any plan changes. Best-effort jobs (and jobs without a deadline) plan after
+    every job with one and live on leftovers. Admission (`elasticflow` admission policy) keeps the
+    plans feasible; without it (ElasticFlow's `ef` scheme) jobs that cannot make it run at their
+    largest level.
+    """
+
+    Params = ElasticFlowParams
+
+    def plans(self, inp: SchedulingInput) -> tuple[list[str], list[Plan], list[int], str]:
+        """(job ids in deadline order, their plans, their GPUs now, the GPU type)."""
+        gpu_type, total = main_type(inp.cluster)
+        ids: list[str] = []
+        demands = []
+        for job in by_deadline(inp.jobs):
+            d = job_demand(job, gpu_type, total, self.params.max_level, cache=self.levels)
+            if d is not None:
+                ids.append(job.job_id)
+                demands.append(d)
+        slot = inp.cluster.round_s
+        plans, timeline = plan_all_mss(demands, inp.now, slot, total)
+        gpus = share_leftovers(
+            demands,
+            plans,
+            timeline,
+            inp.now,
+            slot,
+            total,
+            order=self.params.marginal_order,
+            lazy=self.params.leftovers == "lazy",
+        )
+        return ids, plans, gpus, gpu_type
+
+    def decide(self, inp: SchedulingInput) -> tuple[list[Allocation], list[Plan]]:
+        ids, plans, gpus, gpu_type = self.plans(inp)
+        return _largest_first(ids, gpus, gpu_type), plans
+
+
+def _largest_first(ids: list[str], gpus: list[int], gpu_type: str) -> list[Allocation]:
+    chosen = [(g, i) for i, g in enumerate(gpus) if g > 0]
+    chosen.sort(key=lambda gi: (-gi[0], gi[1]))
+    return [Allocation(ids[i], g, gpu_type) for g, i in chosen]
+
+
+def _next_change(plans: list[Plan], now: float) -> float | None:
+    changes = [t for p in plans if (t := p.next_change(now)) is not None]
+    return min(changes) if changes else None
+
+
+class EdfParams(Struct, forbid_unknown_fields=True):
+    max_level: MaxLevel = "largest"
+    """How far a job scales: `largest` (ElasticFlow's EDF: as many GPUs as the job can use)."""
+
+
+class Edf(_Planned):
+    """Earliest deadline first with elastic jobs (ElasticFlow's `edf` baseline).
+
+    Registry name `edf`. In deadline order, each job takes as many GPUs as it can use (its
+    largest level) where that many are free, else the largest level that fits, until it is done
+    (`planner.plan_edf`); a job runs now on what its plan gives now. Best-effort jobs come last.
+    Decisions come at most once a slot. With the `edf` admission policy only jobs whose plans all
+    meet their deadlines are admitted (`edf-accessctrl`).
+    """
+
+    Params = EdfParams
+
+    def decide(self, inp: SchedulingInput) -> tuple[list[Allocation], list[Plan]]:
+        gpu_type, total = main_type(inp.cluster)
+        ids: list[str] = []
+        demands = []
+        for job in by_deadline(inp.jobs):
+            d = job_demand(job, gpu_type, total, self.params.max_level, cache=self.levels)
+            if d is not None:
+                ids.append(job.job_id)
+                demands.append(d)
+        plans, _ = plan_all_edf(demands, inp.now, inp.cluster.round_s, total)
+        return _largest_first(ids, [p.at(inp.now) for p in plans], gpu_type), plans

@@ -1,0 +1,270 @@
+"""ElasticFlow's scheduling, admission and placement policies on views built by hand (no NATS)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuyard.policies.elasticflow import (
+    Buddy,
+    BuddyParams,
+    Edf,
+    EdfAdmission,
+    ElasticFlow,
+    ElasticFlowAdmission,
+    ElasticFlowParams,
+)
+from gpuyard.policies.elasticflow.demand import levels
+from gpuyard.policies.elasticflow.slots import SlotState
+from gpuyard.shared.model import Allocation, GpuRef, JobSpec
+from gpuyard.shared.policy import (
+    AdmissionInput,
+    ClusterView,
+    JobView,
+    NodeView,
+    PlacementInput,
+    SchedulingInput,
+    admission_policies,
+    placement_policies,
+    scheduling_policies,
+)
+from gpuyard.shared.throughput import ElasticFlowThroughputs
+
+# "toy@64" speeds up sublinearly and peaks at 4 GPUs; "flat@64" never speeds up.
+MODEL = ElasticFlowThroughputs(
+    {
+        "a100": {
+            "toy": {64: {1: 1.0, 2: 1.8, 4: 3.2, 8: 3.0}},
+            "flat": {64: {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0}},
+        }
+    }
+)
+
+
+def spec(job_id: str, steps: float, deadline: float | None, **more: Any) -> JobSpec:
+    more.setdefault("job_type", "toy@64")
+    return JobSpec(
+        job_id=job_id, num_gpus=1, min_gpus=1, max_gpus=64, total_steps=steps,
+        deadline=deadline, **more,
+    )  # fmt: skip
+
+
+def view(s: JobSpec, seq: int, *, gpus: int = 0, done: float = 0.0) -> JobView:
+    record: dict[str, Any] = {"steps_done": done}
+    if gpus:
+        record |= {
+            "gpus": gpus,
+            "gpu_type": "a100",
+            "rate": MODEL.throughput(s.job_type, "a100", gpus),
+        }
+    return JobView(
+        job_id=s.job_id, seq=seq, spec=s, state="running" if gpus else "queued",
+        submit_time=0.0, **record,
+    )  # fmt: skip
+
+
+def sched_input(
+    jobs: list[JobView], now: float = 0.0, gpus: int = 8, slot: float = 60.0
+) -> SchedulingInput:
+    for j in jobs:
+        j.record.run_start = j.record.progress_at = now
+    cluster = ClusterView(capacity={"a100": gpus}, round_s=slot, throughputs=MODEL)
+    return SchedulingInput(now=now, jobs=[JobView(j.record) for j in jobs], cluster=cluster)
+
+
+def counts(allocations: list[Allocation]) -> dict[str, int]:
+    return {a.job_id: a.num_gpus for a in allocations}
+
+
+def test_registered_by_name():
+    assert scheduling_policies.get("elasticflow") is ElasticFlow
+    assert scheduling_policies.get("edf") is Edf
+    assert admission_policies.get("elasticflow") is ElasticFlowAdmission
+    assert admission_policies.get("edf") is EdfAdmission
+    assert placement_policies.get("buddy") is Buddy
+
+
+def test_levels_stop_at_the_peak_as_elasticflow_caps_jobs():
+    toy = spec("a", 10, 100)
+    rate = lambda n: MODEL.throughput("toy@64", "a100", n)  # noqa: E731
+    assert levels(toy, rate, 128, "peak")[0] == (1, 2, 4)
+    assert levels(toy, rate, 128, "largest")[0] == (1, 2, 4, 8, 16, 32, 64)
+    assert levels(toy, rate, 2, "largest")[0] == (1, 2)
+
+
+def test_minimum_shares_then_leftovers():
+    # 'urgent' needs 4 GPUs to make its deadline (3.2 steps/s); 'relaxed' 1 GPU; 3 are left over.
+    urgent = view(spec("urgent", 192, 60), 0)
+    relaxed = view(spec("relaxed", 600, 1200), 1)
+    pol = ElasticFlow()
+    allocations = pol.schedule(sched_input([urgent, relaxed]))
+    assert allocations[0].job_id == "urgent"  # largest first
+    got = counts(allocations)
+    assert got["urgent"] == 4
+    assert got["relaxed"] == 4  # its share is 1; leftovers take it to its peak level
+    assert sum(got.values()) <= 8
+    assert all(a.gpu_type == "a100" for a in allocations)
+
+
+def test_without_leftovers_to_give_a_job_runs_its_minimum_share():
+    urgent = view(spec("urgent", 192, 60), 0)
+    pol = ElasticFlow()
+    assert counts(pol.schedule(sched_input([urgent], gpus=4))) == {"urgent": 4}
+
+
+def test_a_job_planned_to_start_later_gets_leftovers_first_and_runs_now():
+    a = view(spec("a", 60, 3600), 0)
+    pol = ElasticFlow()
+    assert counts(pol.schedule(sched_input([a], gpus=1))) == {"a": 1}
+
+
+def test_decides_once_a_slot_and_wakes_when_it_ends():
+    pol = ElasticFlow()
+    a = view(spec("a", 3000, 10_000), 0)
+    first = pol.schedule(sched_input([a], now=0.0))
+    assert counts(first) == {"a": 4}
+    # 20 s later a job arrives: the decision waits for the slot's end, 'a' keeps what it has.
+    running = view(spec("a", 3000, 10_000), 0, gpus=4, done=64)
+    b = view(spec("b", 100, 500), 1)
+    held = pol.schedule(sched_input([running, b], now=20.0))
+    assert counts(held) == {"a": 4}
+    assert pol.next_decision_time(sched_input([running, b], now=20.0)) == 60.0
+    decided = pol.schedule(sched_input([running, b], now=60.0))
+    assert "b" in counts(decided)
+    assert pol.snapshot() == SlotState(last_decision=60.0)
+    fresh = ElasticFlow()
+    fresh.restore(pol.snapshot())
+    assert counts(fresh.schedule(sched_input([running, b], now=70.0))) == {"a": 4}
+
+
+def test_wakes_where_a_plan_changes():
+    # One GPU: 'a' (1 GPU until 600) then 'b', planned to start only when 'a' is done.
+    a = view(spec("a", 600, 600), 0)
+    b = view(spec("b", 60, 3600, job_type="flat@64"), 1)
+    pol = ElasticFlow()
+    assert counts(pol.schedule(sched_input([a, b], gpus=1))) == {"a": 1}
+    assert pol.next_decision_time(sched_input([a, b], gpus=1)) == 600.0
+
+
+def test_best_effort_jobs_live_on_leftovers():
+    urgent = view(spec("urgent", 192, 60), 0)
+    best = view(spec("best", 1e6, None, best_effort=True), 1)
+    got = counts(ElasticFlow().schedule(sched_input([urgent, best], gpus=4)))
+    assert got == {"urgent": 4}
+    got = counts(ElasticFlow().schedule(sched_input([urgent, best], gpus=8)))
+    assert got["urgent"] == 4 and got["best"] >= 1
+
+
+def test_marginal_order_is_a_parameter():
+    pol = scheduling_policies.create("elasticflow", {"marginal_order": "saving"})
+    assert pol.params == ElasticFlowParams(marginal_order="saving")
+
+
+def test_edf_serves_the_earliest_deadline_with_all_it_can_use():
+    late = view(spec("late", 100, 5000), 0)
+    soon = view(spec("soon", 100, 1000), 1)
+    got = counts(Edf().schedule(sched_input([late, soon], gpus=8)))
+    assert got == {"soon": 8}  # its largest level (8 GPUs) fits: 'late' waits
+    got = counts(Edf().schedule(sched_input([late, soon], gpus=12)))
+    assert got == {"soon": 8, "late": 4}
+
+
+# --------------------------------------------------------------------------- admission
+
+
+def admission_input(
+    new: JobSpec, jobs: list[JobView], now: float = 0.0, gpus: int = 8
+) -> AdmissionInput:
+    cluster = ClusterView(capacity={"a100": gpus}, round_s=0.0, throughputs=MODEL)
+    return AdmissionInput(now=now, job=new, cluster=cluster, jobs=jobs)
+
+
+def test_admission_admits_what_fits_and_explains_what_does_not():
+    pol = ElasticFlowAdmission()
+    assert pol.decide(admission_input(spec("ok", 192, 60), [])).verdict == "admit"
+    no = pol.decide(admission_input(spec("hopeless", 1000, 60), []))
+    assert no.verdict == "reject"
+    assert "cannot meet its deadline" in no.reason
+    # Two jobs that each need all 4 GPUs until 60: the second would push the first past its deadline.
+    first = view(spec("first", 192, 60), 0)
+    pushed = pol.decide(admission_input(spec("second", 192, 59), [first], gpus=4))
+    assert pushed.verdict == "reject"
+    assert "first" in pushed.reason or "deadline" in pushed.reason
+
+
+def test_admission_always_admits_best_effort_jobs():
+    pol = ElasticFlowAdmission()
+    decision = pol.decide(admission_input(spec("b", 1e9, None, best_effort=True), []))
+    assert (decision.verdict, decision.reason) == ("admit", "best effort")
+
+
+def test_admission_plans_from_the_next_slot():
+    pol = admission_policies.create("elasticflow", {"slot_s": 60})
+    # 192 steps by t=90 need 4 GPUs for 60 s: from t=30 that fits, from the next slot (60) not.
+    assert pol.decide(admission_input(spec("x", 192, 90), [], now=30.0)).verdict == "reject"
+    assert pol.decide(admission_input(spec("x", 192, 120), [], now=30.0)).verdict == "admit"
+
+
+def test_edf_admission_uses_edf_plans():
+    pol = EdfAdmission()
+    assert pol.decide(admission_input(spec("ok", 100, 1000), [])).verdict == "admit"
+    assert pol.decide(admission_input(spec("no", 10_000, 100), [])).verdict == "reject"
+
+
+# --------------------------------------------------------------------------- placement
+
+
+def nodes(n: int, gpus: int = 8) -> list[NodeView]:
+    return [NodeView(node_id=f"n{i}", gpu_type="a100", usable=list(range(gpus))) for i in range(n)]
+
+
+def place(
+    allocations: list[Allocation],
+    current: dict[str, list[GpuRef]] | None = None,
+    n: int = 2,
+    sticky: bool = True,
+) -> dict[str, list[GpuRef]]:
+    pol = Buddy(BuddyParams(sticky=sticky))
+    assert pol.rearranges
+    return pol.place(
+        PlacementInput(now=0.0, allocations=allocations, current=current or {}, nodes=nodes(n))
+    )
+
+
+def test_buddy_whole_nodes_for_big_jobs_and_aligned_blocks_for_small_ones():
+    got = place(
+        [Allocation("s1", 1), Allocation("big", 8), Allocation("s2", 2), Allocation("s4", 4)]
+    )
+    assert {g.node_id for g in got["big"]} == {"n0"} and len(got["big"]) == 8
+    for job, size in (("s4", 4), ("s2", 2), ("s1", 1)):
+        indices = sorted(g.index for g in got[job])
+        assert len({g.node_id for g in got[job]}) == 1
+        assert indices[0] % size == 0 and indices == list(range(indices[0], indices[0] + size))
+    assert not set(got["s4"]) & set(got["s2"]) and not set(got["s2"]) & set(got["s1"])
+
+
+def test_buddy_spans_whole_nodes_for_jobs_larger_than_one():
+    got = place([Allocation("huge", 12), Allocation("one", 1)], n=3)
+    assert len(got["huge"]) == 12 and len({g.node_id for g in got["huge"]}) == 2
+    assert got["one"][0].node_id not in {g.node_id for g in got["huge"][:8]}
+
+
+def test_buddy_keeps_a_job_on_its_block_and_grows_it_in_place():
+    current = {"a": [GpuRef("n1", 4), GpuRef("n1", 5)]}
+    assert place([Allocation("a", 2)], current) == {"a": current["a"]}
+    grown = place([Allocation("a", 4)], current)["a"]
+    assert grown == [GpuRef("n1", i) for i in range(4, 8)]
+    assert place([Allocation("a", 2)], current, sticky=False)["a"][0].node_id == "n0"
+
+
+def test_buddy_leaves_out_what_does_not_fit():
+    got = place([Allocation("a", 8), Allocation("b", 8), Allocation("c", 1)], n=2)
+    assert set(got) == {"a", "b"}
+
+
+@pytest.mark.parametrize("gpus", [3, 5, 6])
+def test_buddy_places_sizes_that_are_not_powers_of_two(gpus: int):
+    got = place([Allocation("a", 8), Allocation("odd", gpus), Allocation("one", 1)])
+    assert len(got["odd"]) == gpus and len(got["one"]) == 1
+    assert not set(got["odd"]) & set(got["one"])

@@ -1,0 +1,184 @@
+"""ElasticFlow in complete simulations: elastic resizes across the services, restart costs, the
+`--elasticflow` option set, and fidelity against ElasticFlow's own simulator on its traces."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gpuyard.services.simclock.service import PreemptionCost, RestartCost
+from gpuyard.shared.model import ClusterSpec, JobSpec
+from gpuyard.sim import SimOptions, elasticflow_options, simulate
+
+
+@pytest.fixture
+def toy_model(tmp_path: Path) -> str:
+    """A throughput table (`toy@64`): 1, 2 and 4 steps/s on 1, 2 and 4 GPUs."""
+    folder = tmp_path / "throughputs_A100"
+    folder.mkdir()
+    (folder / "toy.csv").write_text("global_batch_size,1,2,4\n64,1.0,2.0,4.0\n")
+    return str(folder)
+
+
+def toy(job_id: str, steps: float, arrival: float, deadline: float, **kw: object) -> JobSpec:
+    return JobSpec(
+        job_id=job_id, job_type="toy@64", num_gpus=kw.pop("num_gpus", 1),  # type: ignore[arg-type]
+        min_gpus=kw.pop("min_gpus", 1), max_gpus=kw.pop("max_gpus", 64),  # type: ignore[arg-type]
+        total_steps=steps, submit_time=arrival, deadline=deadline, **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def ef_options(toy_model: str, scheme: str, round_s: float = 10.0, **kw: object) -> SimOptions:
+    options = SimOptions(
+        cluster=ClusterSpec.parse("1x4:a100"), throughputs=toy_model, round_s=round_s,
+        **elasticflow_options(scheme, round_s, 4),
+    )  # fmt: skip
+    for key, value in kw.items():
+        setattr(options, key, value)
+    return options
+
+
+async def test_elastic_resizes_end_with_the_job_and_free_its_gpus(
+    tmp_path: Path, nats_url: str, toy_model: str
+) -> None:
+    """Slots of 10 s, linear speed-up to 4 GPUs. 'a' runs on all 4 GPUs (leftovers), shrinks to 2
+    when 'b' (2 GPUs to make its deadline) arrives at 50, grows back to 4 when 'b' ends at 110
+    (80 steps left) and shrinks to 2 again when 'c' arrives at 125 (20 left): it ends at 135.
+    'd' arrives at 126, waits for the slot's end and takes 'a's GPUs at 135; 'c' grows to 4
+    when 'd' ends at 185. (A resized job's exit was once taken for an earlier run's: its GPUs were
+    never freed, and stopping it again failed the node command that started 'd'.)"""
+    jobs = [
+        toy("a", 400, 0.0, 10_000.0),
+        toy("b", 120, 50.0, 110.0),
+        toy("c", 400, 125.0, 10_000.0),
+        toy("d", 100, 126.0, 10_000.0),
+    ]
+    options = ef_options(toy_model, "ef-accessctrl", preemption_cost=PreemptionCost())
+    result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
+    by_id = {r.job_id: r for r in result.jobs}
+    assert all(r.state == "completed" for r in result.jobs)
+    assert (by_id["b"].first_start, by_id["b"].end_time) == (50.0, 110.0)
+    assert by_id["a"].end_time == pytest.approx(135.0)
+    assert by_id["a"].preemptions == 0  # resized four times, never queued
+    assert (by_id["d"].first_start, by_id["d"].end_time) == (135.0, pytest.approx(185.0))
+    assert (by_id["c"].first_start, by_id["c"].end_time) == (125.0, pytest.approx(255.0))
+
+
+async def test_restart_cost_pays_warm_ranks_less(
+    tmp_path: Path, nats_url: str, toy_model: str
+) -> None:
+    """A first launch on 4 GPUs costs 2 + 2 x (log2 4 + 1) = 8 s; a later launch on the same GPUs
+    finds warm processes and costs 2 s."""
+    restart = RestartCost(base_s=2.0, per_doubling_s=2.0, cold_s=27.0, scope="launched")
+    jobs = [toy("a", 400, 0.0, 10_000.0), toy("c", 400, 200.0, 10_000.0)]
+    options = ef_options(toy_model, "ef", preemption_cost=PreemptionCost(restart=restart))
+    result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
+    by_id = {r.job_id: r for r in result.jobs}
+    assert by_id["a"].end_time == pytest.approx(108.0)
+    assert by_id["c"].end_time == pytest.approx(302.0)
+
+
+@pytest.mark.parametrize(
+    ("scope", "a_end"), [("launched", 106.0), ("changes", 108.0), ("decisions", 108.0)]
+)
+async def test_restart_scope(
+    tmp_path: Path, nats_url: str, toy_model: str, scope: str, a_end: float
+) -> None:
+    """Rigid 2-GPU jobs: 'a' from 0, 'b' from 50. Each first launch costs 2 + 2 x 2 = 6 s; with
+    scope `changes` or `decisions` the running 'a' also restarts when 'b' starts (warm: 2 s)."""
+    restart = RestartCost(base_s=2.0, per_doubling_s=2.0, scope=scope, decision_gap_s=10.0)  # type: ignore[arg-type]
+    jobs = [
+        toy("a", 200, 0.0, 1e6, num_gpus=2, min_gpus=2, max_gpus=2),
+        toy("b", 100, 50.0, 1e6, num_gpus=2, min_gpus=2, max_gpus=2),
+    ]
+    options = SimOptions(
+        cluster=ClusterSpec.parse("1x4:a100"), throughputs=toy_model, placement="buddy",
+        preemption_cost=PreemptionCost(restart=restart),
+    )  # fmt: skip
+    result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
+    by_id = {r.job_id: r for r in result.jobs}
+    assert by_id["a"].end_time == pytest.approx(a_end)
+    assert by_id["b"].end_time == pytest.approx(106.0)
+
+
+async def test_admission_declines_what_cannot_make_it(
+    tmp_path: Path, nats_url: str, toy_model: str
+) -> None:
+    """'b' needs 8 steps/s to make its deadline: more than the cluster has; it is declined and
+    the others run."""
+    jobs = [toy("a", 400, 0.0, 10_000.0), toy("b", 800, 20.0, 120.0), toy("c", 40, 30.0, 500.0)]
+    options = ef_options(toy_model, "ef-accessctrl")
+    result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
+    assert sorted(r.job_id for r in result.jobs) == ["a", "c"]
+    assert all(r.end_time is not None and r.end_time <= r.spec.deadline for r in result.jobs)  # type: ignore[operator]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuyard.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_cli_runs_a_scheme_and_names_a_wrong_one(tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]
+    base = [
+        "sim", "--trace", str(data("elasticflow/traces/gen_200jobs_lam900.csv")),
+        "--cluster-spec", str(data("elasticflow/cluster_specs/n16g8.csv")),
+        "--throughputs", str(data("elasticflow/throughputs_A100")), "--elasticflow", "--round", "240",
+    ]  # fmt: skip
+    result = cli(*base, "--policy", "nosuch", "--out", str(tmp_path / "bad"))
+    assert result.returncode == 2
+    assert (
+        "unknown ElasticFlow scheme 'nosuch'" in result.stderr and "ef-accessctrl" in result.stderr
+    )
+    out = tmp_path / "run"
+    result = cli(*base, "--policy", "edf-accessctrl", "--out", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["scheme"] == "edf-accessctrl" and summary["jobs"] == 200
+    assert summary["accepted"] + summary["declined"] == 200
+    jobs = pd.read_csv(out / "jobs.csv")
+    assert (jobs["admission"] == "declined").sum() == summary["declined"] > 0
+    assert jobs.loc[jobs["admission"] == "declined", "reason"].str.contains("deadline").all()
+    assert (out / "efficiency.csv").exists() and (out / "deadlines.png").exists()
+    options = json.loads((out / "options.json").read_text())
+    assert (options["policy"], options["admission"], options["placement"]) == (
+        "edf",
+        "edf",
+        "buddy",
+    )
+
+
+# Figures of ElasticFlow's own simulator (gudiandian/ElasticFlow-artifact, scheduler.py, run as its
+# run_fig10.sh does: --cluster_spec=cluster_specs/n16g8.csv --scheme=elastic --schedule=S
+# --simulation=True --scheduling_slot=240 --gpu_type=A100) on fig10_100jobs.csv: jobs that met
+# their deadline, and mean JCT (s) of the jobs it ran.
+REFERENCE_FIG10 = {
+    "ef-accessctrl": (100, 23807),
+    "edf-accessctrl": (92, 39406),
+    "edf": (92, 63319),
+    "dlas-gpu": (100, 51045),
+    "themis": (99, 51243),
+}
+
+
+@pytest.mark.parametrize("scheme", sorted(REFERENCE_FIG10))
+async def test_fidelity_fig10(tmp_path: Path, nats_url: str, data, scheme: str) -> None:  # type: ignore[no-untyped-def]
+    from gpuyard.workloads import load_cluster, load_workload
+
+    cluster = load_cluster(data("elasticflow/cluster_specs/n16g8.csv"))
+    workload = load_workload(data("elasticflow/traces/fig10_100jobs.csv"), elastic=True)
+    options = SimOptions(
+        cluster=cluster, throughputs=str(data("elasticflow/throughputs_A100")), round_s=240.0,
+        **elasticflow_options(scheme, 240.0, cluster.total_gpus),
+    )  # fmt: skip
+    result = await simulate(
+        options, workload.jobs, tmp_path, nats_url=nats_url, cluster_name=scheme
+    )
+    met, mean_jct = REFERENCE_FIG10[scheme]
+    assert abs(result.summary["deadline_met"] - met) <= 2
+    assert result.summary["mean_jct"] == pytest.approx(mean_jct, rel=0.03)
