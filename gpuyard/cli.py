@@ -785,6 +785,9 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(run=cmd_service)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    # asyncio's notes on a TLS peer that hung up ("returning true from eof_received() ...") are
+    # not the user's business: the command says in one line what failed.
+    logging.getLogger("asyncio").setLevel(logging.ERROR)
     # A SIGCHLD blocked by whoever started us would hide our children's exits from the event loop.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
     args.argv = ["gpuyard", *argv]

@@ -260,7 +260,9 @@ async def open_bus(
             reconnect_time_wait=0.2, error_cb=on_error,
         )  # fmt: skip
     except (OSError, TimeoutError, nats.errors.Error) as exc:
-        why = failures[-1] if failures else exc
+        # The server's refusal says more than the broken pipe that may follow it.
+        refusals = [f for f in failures if "authoriz" in str(f).lower()]
+        why = (refusals or failures or [exc])[-1]
         raise CommandError(
             f"cannot connect to NATS at {redact(url)}: {describe_error(why)}"
         ) from None
