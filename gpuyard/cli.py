@@ -23,6 +23,7 @@ from gpuyard.cliopts import (
     LOG_LEVELS,
     CommandError,
     OneLineParser,
+    id_window,
     non_negative_float,
     number_list,
     positive_float,
@@ -331,6 +332,14 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
         "edf-accessctrl, gandiva, dlas-gpu, themis, chronus), --round its scheduling slot",
     )
     add_workload_args(p, lists=True)
+    p.add_argument(
+        "--window",
+        type=id_window,
+        metavar="FIRST:END",
+        help="Gavel's measurement window: the run ends once jobs FIRST to END-1 (in arrival "
+        "order) have ended; JCT figures are theirs (give --jobs well past END, so that arrivals "
+        "go on while they run)",
+    )
     p.add_argument("--processes", action="store_true", help="one OS process per service")
     p.add_argument(
         "--durable", action="store_true",
@@ -551,6 +560,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
             mode="rounds" if args.blox else args.mode,
             blox=args.blox,
             gavel=args.gavel,
+            window=args.window,
             churn_node_gpus=args.churn_node_gpus,
             preemption_cost=PreemptionCost(
                 checkpoint_s=args.checkpoint_s, restore_s=args.restore_s
@@ -570,6 +580,11 @@ def cmd_sim(args: argparse.Namespace) -> int:
         if "placement" not in external:
             placement_policies.create(options.placement, options.placement_params)
         workload, described = workload_from_args(args, model, load=loads[0], seed=seeds[0])
+        if args.window is not None and args.window[1] > len(workload.jobs):
+            raise ValueError(
+                f"--window {args.window[0]}:{args.window[1]}: the workload has only "
+                f"{len(workload.jobs):,} jobs"
+            )
         if workload.skipped:
             print(f"gpuyard sim: {skipped_lines(workload)}", file=sys.stderr)
         if philly_line(described):

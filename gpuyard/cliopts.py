@@ -114,6 +114,20 @@ def number_list(
     return parse
 
 
+def id_window(text: str) -> tuple[int, int]:
+    """An argparse `type` for `FIRST:END`, jobs FIRST to END - 1 (0 <= FIRST < END)."""
+    first, sep, end = text.partition(":")
+    try:
+        window = (int(first), int(end))
+    except ValueError:
+        window = None
+    if not sep or window is None or not 0 <= window[0] < window[1]:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not FIRST:END with 0 <= FIRST < END (jobs FIRST to END - 1)"
+        )
+    return window
+
+
 positive_int = number(int, gt=0)
 non_negative_int = number(int, ge=0)
 positive_float = number(float, gt=0)
