@@ -162,7 +162,8 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
     retry = RETRY_FOR_S if options.durable else 0.0
     return {
         "placement": PlacementConfig(
-            policy=options.placement, params=options.placement_params, durable=options.durable
+            policy=options.placement, params=options.placement_params, durable=options.durable,
+            simulated=True,
         ),
         "scheduler": SchedulerConfig(
             policy=options.policy,

@@ -30,6 +30,8 @@ from gpuyard.shared.contract import (
     JobExit,
     NodeCommand,
     NodeCommandReply,
+    NodeCommands,
+    NodeCommandsReply,
     NodesChanged,
     PageQuery,
     Progress,
@@ -44,6 +46,7 @@ from gpuyard.shared.endpoints import (
     CLUSTER_CHANGED,
     EXITED,
     NODE_COMMAND,
+    NODE_COMMANDS,
     NODES,
     PROGRESS,
     RUN,
@@ -235,11 +238,12 @@ class SimClock(Service):
         self.progress = Progress(now=0.0, submitted=0, finished=0, total=0, instants=0)
 
     def routes(self) -> dict[Endpoint[Any, Any], Handler]:
-        return {RUN: self.run, TIMELINE: self.get_timeline}
+        # NODE_COMMANDS: an apply's commands to every node at once (placement, `simulated`).
+        return {RUN: self.run, TIMELINE: self.get_timeline, NODE_COMMANDS: self.node_commands}
 
     async def start(self) -> None:
         await super().start()
-        await self.serve(NODE_COMMAND, self.node_command)  # every node's commands
+        await self.serve(NODE_COMMAND, self.node_command)  # or every node's, one at a time
 
     async def stop(self) -> None:
         if self.task is not None:
@@ -269,6 +273,16 @@ class SimClock(Service):
     async def get_timeline(self, req: PageQuery) -> TimelinePage:
         points = self.timeline[req.offset : req.offset + req.limit]
         return TimelinePage(points=points, total=len(self.timeline))
+
+    async def node_commands(self, batch: NodeCommands) -> NodeCommandsReply:
+        """The commands of one apply, to several nodes, in their order."""
+        reply = NodeCommandsReply()
+        for cmd in batch.commands:
+            try:
+                reply.replies[cmd.node_id] = await self.node_command(cmd)
+            except BadRequest as exc:
+                reply.failed[cmd.node_id] = str(exc)
+        return reply
 
     async def node_command(self, cmd: NodeCommand) -> NodeCommandReply:
         """Be the node agent of `cmd.node_id`: stop and start the job parts placed there."""
