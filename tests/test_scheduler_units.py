@@ -45,6 +45,24 @@ def test_counters_follow_every_transition() -> None:
     assert (again.queued, again.running, again.busy_gpus, again.finished) == (0, 0, 0, 2)
 
 
+def test_busy_gpus_count_a_shared_gpu_once_through_moves_and_stops() -> None:
+    """Space sharing: the partner that joins a job's GPUs adds none; moving it (a restart at
+    once) or stopping it takes none away either (it used to go negative under Gandiva)."""
+    table = JobTable()
+    a = table.admit(spec("a"), 0.0, total_steps=100.0)
+    b = table.admit(spec("b"), 0.0, total_steps=100.0)
+    table.start(a, 0.0, ["n1"], 1, "v100", rate=1.0)
+    table.start(b, 0.0, ["n1"], 1, "v100", rate=1.0, shares_with="a")
+    assert table.busy_gpus == 1
+    table.start(b, 10.0, ["n2"], 1, "v100", rate=1.0)  # moved, now alone
+    assert table.busy_gpus == 2
+    table.start(b, 20.0, ["n1"], 1, "v100", rate=1.0, shares_with="a")  # back with a
+    assert table.busy_gpus == 1
+    table.requeue(b, 30.0, "preempted")
+    table.end(a, 40.0, "completed")
+    assert (table.running, table.busy_gpus) == (0, 0)
+
+
 def test_progress_reports_are_taken_only_when_newer() -> None:
     table = JobTable()
     a = table.admit(spec("a"), 0.0, total_steps=100.0)
@@ -77,6 +95,13 @@ def test_views_derive_service_progress_and_remaining_time_at_now() -> None:
 # --------------------------------------------------------------------------- time shares
 
 
+class SharingModel(LinearModel):
+    """Linear, and any two jobs share a GPU at 60% of their speed, except on a k80."""
+
+    def colocated(self, job_type: str, other: str, gpu_type: str) -> tuple[float, float]:
+        return (0.0, 0.0) if gpu_type == "k80" else (0.6, 0.6)
+
+
 def time_share_input(now: float, running: dict[str, str]) -> SchedulingInput:
     """Three 1-GPU jobs on one v100 and one k80; `running`: job -> type it ran on since 0."""
     jobs = []
@@ -85,7 +110,7 @@ def time_share_input(now: float, running: dict[str, str]) -> SchedulingInput:
         if job_id in running:
             record.state, record.gpus, record.gpu_type = "running", 1, running[job_id]
         jobs.append(JobView(record))
-    cluster = ClusterView(capacity={"v100": 1, "k80": 1}, round_s=100.0)
+    cluster = ClusterView(capacity={"v100": 1, "k80": 1}, round_s=100.0, throughputs=SharingModel())
     return SchedulingInput(now=now, jobs=jobs, cluster=cluster)
 
 
@@ -140,6 +165,20 @@ def test_time_shares_pairs_share_gpus_and_count_once() -> None:
     by_id = {a.job_id: a for a in out}
     assert by_id["b"].share_with == "a" and by_id["a"].gpu_type == by_id["b"].gpu_type == "v100"
     assert by_id["c"].gpu_type == "k80"
+
+
+def test_time_shares_never_start_a_pair_where_it_cannot_share() -> None:
+    """Gavel's mechanism skips a pair whose throughput on a type is 0 (it used to be started
+    there, and the simulated jobs crashed): on a lone k80 the pair waits and one job runs alone."""
+    mech = TimeShareMechanism(TimeShareConfig(), round_s=100.0)
+    jobs = [
+        JobView(JobRecord(job_id=j, seq=i, spec=spec(j), submit_time=0.0, admit_time=0.0))
+        for i, j in enumerate("ab")
+    ]
+    cluster = ClusterView(capacity={"k80": 1}, round_s=100.0, throughputs=SharingModel())
+    decision = Decision(pair_shares={("a", "b"): {"k80": 1.0}})
+    out = mech.allocations(decision, SchedulingInput(now=0.0, jobs=jobs, cluster=cluster))
+    assert len(out) == 1 and out[0].share_with is None
 
 
 @pytest.mark.parametrize("global_queue", [False, True])

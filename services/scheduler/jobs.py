@@ -62,7 +62,7 @@ class JobTable:
         resized = record.state == "running"
         if resized:
             self._settle(record, now)
-            self.busy_gpus -= record.gpus
+            self.busy_gpus -= record.gpus if record.shares_with is None else 0  # as it was added
         else:
             self.running += 1
         record.state = "running"
