@@ -159,6 +159,9 @@ def comparison_caption(table: pd.DataFrame, args: argparse.Namespace) -> str:
         lines.append(
             f"admission {_values(table, 'admission')}, placement {_values(table, 'placement')}"
         )
+        if "window" in table and table["window"].notna().any():
+            first, end = table["window"].dropna().iloc[0]
+            lines[-1] += f"; JCT of jobs {first} to {end - 1} of each run (measurement window)"
         if table["partial"].any():
             lines.append(f"PARTIAL: {int(table['partial'].sum())} run(s) interrupted")
     return "\n".join(lines)
