@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import secrets
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -101,6 +102,7 @@ async def run_sweep(
     Cancelled (Ctrl-C), it stops waiting: what has come back is kept, the runs still queued stay
     queued on a given server (a later `gpuyard sweep` collects them), local workers stop."""
     results = await asyncio.to_thread(finished_here, sweep, out, retry_failed)
+    await asyncio.to_thread(shutil.copyfile, sweep.source, out / "sweep.toml")
     if len(results) == len(sweep.runs):
         return results
     order = secrets.token_hex(4)
@@ -246,7 +248,8 @@ def results_table(sweep: Sweep, out: Path, results: dict[str, RunResult]) -> pd.
         result = results.get(run.run_id)
         spec = {k: _cell(v) for k, v in msgspec.to_builtins(run.spec).items()}
         row: dict[str, Any] = {
-            "run_id": run.run_id, "name": run.name, "scheme": run.spec.scheme,
+            "sweep": sweep.name, "run_id": run.run_id, "name": run.name,
+            "scheme": run.spec.scheme,
             "status": "missing" if result is None else "ok" if result.ok else "failed",
             "error": None if result is None else result.error,
             "attempt": None if result is None else result.attempt,
