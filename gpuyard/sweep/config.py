@@ -167,7 +167,11 @@ def plan(config: SweepFile, source: Path) -> Sweep:
         if not values:
             raise ConfigError(f"{source}: grid.{key}: an empty list")
         for i, value in enumerate(values):
-            _spec({key: value}, f"grid.{key}[{i}]", source)
+            try:
+                msgspec.convert({key: value}, RunSpec)
+            except msgspec.ValidationError as exc:
+                text = re.sub(r" - at `\$.*`$", "", str(exc))
+                raise ConfigError(f"{source}: grid.{key}[{i}]: {text}") from None
     for i, variant in enumerate(config.runs):
         _spec(variant, f"runs[{i}]", source)
     variants = config.runs or [{}]

@@ -44,6 +44,9 @@ from gpuyard.sweep.queue import (
 
 log = structlog.get_logger("gpuyard.worker")
 
+EXPECTED = (ValueError, OSError, RuntimeError, msgspec.ValidationError)
+"""A run's failures that explain themselves (bad input, a policy's or simulation's error)."""
+
 
 class Worker:
     def __init__(self, url: str, *, auth: NatsAuth | None = None, cache: Path | None = None,
@@ -129,6 +132,7 @@ class Worker:
 
         started = time.perf_counter()
         log.info("run.started", run=order.name, run_id=order.run_id, attempt=attempt)
+        paths: dict[str, str] = {}
         with tempfile.TemporaryDirectory(prefix="gpuyard-run-") as tmp:
             folder = Path(tmp)
             try:
@@ -156,8 +160,11 @@ class Worker:
                 raise
             except Exception as exc:  # any failure of a run is its result, not the worker's end
                 log.warning("run.failed", run=order.name, exc_info=True)
-                error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                return self._result(order, attempt, time.perf_counter() - started, error)
+                error = str(exc) if isinstance(exc, EXPECTED) else f"{type(exc).__name__}: {exc}"
+                for item in order.inputs:  # the file as the sweep named it, not our copy
+                    error = error.replace(paths.get(item.field, item.path), item.path)
+                return self._result(order, attempt, time.perf_counter() - started,
+                                    error.splitlines()[0] if error else type(exc).__name__)  # fmt: skip
         return self._result(order, attempt, time.perf_counter() - started, None, result.summary)
 
 
