@@ -63,7 +63,19 @@ def add_sweep_parsers(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(run=cmd_report)
 
 
+def reachable(args: argparse.Namespace, command: str) -> int:
+    """0 once `--nats` answered; else one line naming it and 1 (rather than retrying for ever)."""
+    from gpuyard.cliopts import open_bus, run_command
+
+    async def check() -> int:
+        await (await open_bus(argparse.Namespace(**vars(args), cluster="sweep"), command)).close()
+        return 0
+
+    return run_command(command, check())
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
+    import nats.errors
     import uvloop
 
     from gpuyard.cli import stop_on_signals
@@ -90,6 +102,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 0
     from gpuyard.compare import default_parallel
 
+    if args.nats and reachable(args, "sweep"):
+        return 1
     workers = (
         (args.workers or 0) if args.nats else args.parallel or sweep.settings.parallel or default_parallel()
     )
@@ -104,8 +118,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from gpuyard.sweep.engine import finished_here
 
         results = finished_here(sweep, out, retry_failed=False)
-    except (OSError, RuntimeError, TimeoutError) as exc:
-        print(f"gpuyard sweep: {exc}", file=sys.stderr)
+    except (OSError, RuntimeError, TimeoutError, nats.errors.Error) as exc:
+        print(f"gpuyard sweep: {describe(exc)}", file=sys.stderr)
         return 1
     table = results_table(sweep, out, results)
     paths = write_table(table, out)
@@ -122,7 +136,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0 if (table["status"] == "ok").all() else 1
 
 
+def describe(exc: BaseException) -> str:
+    """A failure of the server in a few words (no JetStream is the likely one)."""
+    import nats.js.errors
+
+    if isinstance(exc, nats.js.errors.ServiceUnavailableError | nats.errors.NoRespondersError):
+        return "the NATS server has no JetStream (start it with -js): the sweep queue needs it"
+    from gpuyard.cliopts import describe_error
+
+    return describe_error(exc)
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
+    import nats.errors
     import uvloop
 
     from gpuyard.cli import library_logs_to
@@ -137,14 +163,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except CommandError as exc:
         print(f"gpuyard worker: {exc}", file=sys.stderr)
         return exc.code
+    if reachable(args, "worker"):
+        return 1
     configure_logging(args.log_level, sys.stderr)
     library_logs_to(sys.stderr)
     worker = Worker(url, auth=NatsAuth.from_args(args), cache=args.cache,
                     idle_exit_s=args.idle_exit)  # fmt: skip
     try:
         return uvloop.run(run_worker(worker))
-    except (OSError, TimeoutError) as exc:
-        print(f"gpuyard worker: cannot use NATS at {url}: {exc}", file=sys.stderr)
+    except (OSError, TimeoutError, nats.errors.Error) as exc:
+        print(f"gpuyard worker: {describe(exc)}", file=sys.stderr)
         return 1
 
 

@@ -137,11 +137,16 @@ async def run_sweep(
                 run_subject(sweep.name), msgspec.json.encode(_order(sweep, run, order)),
                 headers={"Nats-Msg-Id": f"{sweep.name}.{run.run_id}.{order}"},
             )  # fmt: skip
+        local = LocalWorkers(url, workers, out / "workers")
         if workers:
-            await stack.enter_async_context(LocalWorkers(url, workers, out / "workers"))
+            await stack.enter_async_context(local)
         bar.update(final=not results and not pending)
         while len(results) < len(sweep.runs):
-            result = await arrived.get()
+            try:
+                result = await asyncio.wait_for(arrived.get(), timeout=2)
+            except TimeoutError:
+                await local.restart_stopped()
+                continue
             if result.run_id in results:
                 continue  # the same run done twice: its first result stands
             run = by_id[result.run_id]
@@ -184,19 +189,33 @@ class LocalWorkers:
         self.count = count
         self.logs = logs
         self.procs: list[asyncio.subprocess.Process] = []
+        self.restarts = 0
 
     async def __aenter__(self) -> LocalWorkers:
         self.logs.mkdir(parents=True, exist_ok=True)
-        for i in range(self.count):
-            with (self.logs / f"worker-{i}.log").open("ab") as log:
-                self.procs.append(
-                    await asyncio.create_subprocess_exec(
-                        sys.executable, "-m", "gpuyard.cli", "worker", "--nats", self.url,
-                        stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-                        preexec_fn=die_with_parent,
-                    )
-                )
+        self.procs = [await self._start(i) for i in range(self.count)]
         return self
+
+    async def _start(self, i: int) -> asyncio.subprocess.Process:
+        with (self.logs / f"worker-{i}.log").open("ab") as log:
+            return await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "gpuyard.cli", "worker", "--nats", self.url,
+                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+                preexec_fn=die_with_parent,
+            )  # fmt: skip
+
+    async def restart_stopped(self) -> None:
+        """Start again a worker that stopped (its run goes to another after the redelivery
+        time); RuntimeError once they have stopped more than twice each."""
+        for i, proc in enumerate(self.procs):
+            if proc.returncode is None:
+                continue
+            self.restarts += 1
+            if self.restarts > 2 * self.count:
+                raise RuntimeError(f"the local workers keep stopping: see {self.logs}/")
+            print(f"gpuyard sweep: worker {i} stopped (exit {proc.returncode}, see "
+                  f"{self.logs / f'worker-{i}.log'}); starting it again", file=sys.stderr)  # fmt: skip
+            self.procs[i] = await self._start(i)
 
     async def __aexit__(self, *exc: object) -> None:
         for proc in self.procs:
