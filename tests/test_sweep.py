@@ -127,6 +127,15 @@ def test_the_sweep_writes_one_table_in_parquet_and_csv(local_sweep: Path) -> Non
     assert table.loc[0, "mean_jct"] != table.loc[1, "mean_jct"]
 
 
+def test_a_sweep_run_is_the_simulation_gpuyard_sim_runs(local_sweep: Path, tmp_path: Path) -> None:
+    result = gpuyard("sim", "--policy", "srtf", "--jobs", "80", "--load", "30", "--seed", "1",
+                     "--cluster-spec", "4x2", "--out", str(tmp_path / "sim"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    for name in ("jobs.csv", "timeline.csv"):
+        ours = (local_sweep / "runs" / "srtf-seed1" / name).read_bytes()
+        assert ours == (tmp_path / "sim" / name).read_bytes(), name
+
+
 def test_a_failed_run_is_recorded_and_a_sweep_resumes(tmp_path: Path) -> None:
     write(tmp_path, "job_id,arrival_time_s,duration_s,num_gpus\n1,0,600,1\n2,10,oops,1\n", "bad.csv")
     write(tmp_path, "[base]\ncluster_spec = '2x2'\n[[runs]]\npolicy = 'fifo'\njobs = 10\n"
@@ -249,3 +258,30 @@ def test_the_html_report_renders_with_every_figure(local_sweep: Path, tmp_path: 
 
     colours = Image.open(shot).convert("RGB").getcolors(maxcolors=1 << 20)
     assert colours is not None and len(colours) > 200  # plots, not a blank page
+
+
+# --------------------------------------------------------------------------- recipes
+
+RECIPES = Path(__file__).resolve().parents[1] / "examples" / "sweeps"
+
+
+@pytest.mark.parametrize(
+    ("recipe", "runs"),
+    [("blox-fig6", 9), ("gavel-jct-vs-load", 24), ("elasticflow-deadlines", 6)],
+)
+def test_each_recipe_is_a_valid_sweep(recipe: str, runs: int, shared_data: Path) -> None:
+    sweep = load_sweep(RECIPES / f"{recipe}.toml")
+    assert len(sweep.runs) == runs and sweep.name == recipe
+    for run in sweep.runs:  # its data files are read from ../shared/data, by content
+        assert all(Path(i.path).is_relative_to(shared_data.resolve()) for i in run.inputs)
+
+
+def test_the_bftrainer_recipe_waits_for_its_policy(shared_data: Path) -> None:
+    from gpuyard.shared.policy import scheduling_policies
+
+    path = RECIPES / "bftrainer-idle.toml"
+    if "bftrainer" in scheduling_policies.names():
+        assert len(load_sweep(path).runs) == 1
+        return
+    with pytest.raises(ConfigError, match="unknown scheduling policy 'bftrainer'"):
+        load_sweep(path)

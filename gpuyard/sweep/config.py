@@ -259,7 +259,7 @@ def _name_runs(runs: list[Run], axes: list[str]) -> None:
                 value = Path(value).stem
             shown = f"{value:g}" if isinstance(value, float) else str(value)
             parts.append(f"{axis}{shown}" if axis in ("load", "seed") else f"{axis}={shown}")
-        run.name = re.sub(r"[^A-Za-z0-9_=-]", "_", "-".join(parts))
+        run.name = "-".join(re.sub(r"[^A-Za-z0-9_=.-]+", "_", part).strip("_") for part in parts)
     seen: dict[str, int] = {}
     for run in runs:
         seen[run.name] = seen.get(run.name, 0) + 1

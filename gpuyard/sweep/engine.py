@@ -59,6 +59,8 @@ class SweepProgress:
         self.started = time.monotonic()
         self.skipped = skipped
         self.last = 0.0
+        self.shown = -1
+        """How many runs were done at the last line printed (the final one is not printed twice)."""
 
     def update(self, result: RunResult | None = None, *, final: bool = False) -> None:
         if result is not None:
@@ -67,7 +69,10 @@ class SweepProgress:
         now = time.monotonic()
         if not (final or self.tty or now - self.last >= 5):
             return
+        if final and not self.tty and self.shown == self.done:
+            return  # that line is already there
         self.last = now
+        self.shown = self.done
         elapsed = now - self.started
         ran = self.done - self.skipped
         left = self.total - self.done

@@ -11,10 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import signal
 import socket
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -178,14 +176,10 @@ async def _heartbeat(msg: Any, every_s: float) -> None:
 
 async def run_worker(worker: Worker) -> int:
     """Serve until SIGTERM or Ctrl-C (which hand the run in hand back), or idle long enough."""
-    task = asyncio.current_task()
-    assert task is not None
-    if threading.current_thread() is threading.main_thread():
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
+    from gpuyard.cli import stop_on_signals
+
     try:
-        return await worker.serve()
+        return await stop_on_signals(worker.serve())
     except asyncio.CancelledError:
         log.info("worker.stopped", worker=worker.name, runs=worker.runs)
         return 0
