@@ -60,6 +60,7 @@ def local_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = gpuyard("sweep", "twopol.toml", "--parallel", "2", "--out", "out", cwd=folder)
     assert result.returncode == 0, result.stderr
     assert "6/6 runs" in result.stderr  # the sweep's one progress bar, its last line
+    assert sorted(os.listdir(folder / "out" / "workers")) == ["worker-0.log", "worker-1.log"]
     return folder / "out"
 
 
@@ -217,6 +218,39 @@ async def test_four_workers_one_killed_give_the_single_machine_results(
             assert ours == (local_sweep / "runs" / run / name).read_bytes(), (run, name)
 
 
+async def test_a_worker_does_not_run_again_a_run_whose_result_is_stored(nats_url: str) -> None:
+    """At-least-once delivery can hand out a run twice: its stored result stands."""
+    import msgspec
+    import nats
+
+    from gpuyard.sweep.config import RunSpec
+    from gpuyard.sweep.queue import (
+        RESULTS_STREAM,
+        RUNS_STREAM,
+        RunOrder,
+        RunResult,
+        ensure_queue,
+        result_subject,
+        run_subject,
+    )  # fmt: skip
+    from gpuyard.sweep.worker import Worker
+
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await ensure_queue(js)
+    done = RunResult(sweep="d", run_id="abc", name="fifo", ok=True, summary={"mean_jct": 1.0})
+    await js.publish(result_subject("d", "abc"), msgspec.json.encode(done))
+    order = RunOrder(sweep="d", run_id="abc", name="fifo", spec=RunSpec(jobs=5))
+    await js.publish(run_subject("d"), msgspec.json.encode(order))
+    worker = Worker(nats_url, idle_exit_s=0.5)
+    assert await worker.serve() == 0
+    assert worker.runs == 0  # acknowledged, not run
+    assert (await js.stream_info(RUNS_STREAM)).state.messages == 0
+    stored = await js.get_last_msg(RESULTS_STREAM, result_subject("d", "abc"))
+    assert msgspec.json.decode(stored.data, type=RunResult) == done
+    await nc.close()
+
+
 # --------------------------------------------------------------------------- the report
 
 
@@ -228,6 +262,19 @@ def test_ci_and_fairness_figures() -> None:
     found = fairness(jobs)  # rho 1 and 4: speeds 1 and 1/4
     assert found["rho_mean"] == 2.5 and found["rho_max"] == 4.0
     assert found["rho_jain"] == pytest.approx(1.25**2 / (2 * (1 + 1 / 16)))
+
+
+def test_deadline_ratios_get_their_figure(local_sweep: Path, tmp_path: Path) -> None:
+    from gpuyard.sweep.report import write_report
+
+    table = pd.read_parquet(local_sweep / "results.parquet")
+    table["deadline_satisfactory_ratio"] = [0.5, 0.6, 0.7, 0.9, 0.8, 1.0]
+    shutil.copytree(local_sweep / "runs", tmp_path / "runs")
+    table.to_parquet(tmp_path / "results.parquet")
+    paths = write_report(tmp_path)
+    assert tmp_path / "report" / "deadlines.png" in paths
+    summary = pd.read_csv(tmp_path / "report" / "summary.csv")
+    assert summary["deadlines met (%)"].tolist() == ["60.0 ± 24.8", "90.0 ± 24.8"]
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (Debian package `chromium`) to render the report")
