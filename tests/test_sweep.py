@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -162,6 +163,29 @@ def test_a_failed_run_is_recorded_and_a_sweep_resumes(tmp_path: Path) -> None:
     assert list(table["status"]) == ["ok", "failed"] and table.loc[0, "completed"] == 10
     broken = tmp_path / "out" / "runs" / "broken" / "result.json"
     assert broken.stat().st_mtime_ns != stamps[broken]
+
+
+def test_an_interrupted_sweep_keeps_what_came_back_and_goes_on(tmp_path: Path) -> None:
+    write(tmp_path, "[base]\njobs = 60\ncluster_spec = '2x2'\n[grid]\nseed = [0, 1, 2, 3]\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuyard.cli", "sweep", "s.toml", "--out", "out", "--parallel", "1"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    first = tmp_path / "out" / "runs" / "fifo-seed0" / "result.json"
+    deadline = time.monotonic() + 120
+    while not first.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "run the same command again to go on" in err
+    table = pd.read_parquet(tmp_path / "out" / "results.parquet")
+    assert table.loc[0, "status"] == "ok" and (table["status"] == "missing").any()
+    kept = first.stat().st_mtime_ns
+    again = gpuyard("sweep", "s.toml", "--out", "out", "--parallel", "1", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert (pd.read_parquet(tmp_path / "out" / "results.parquet")["status"] == "ok").all()
+    assert first.stat().st_mtime_ns == kept  # not run again
 
 
 # --------------------------------------------------------------------------- many machines

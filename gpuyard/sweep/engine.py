@@ -100,7 +100,7 @@ def finished_here(sweep: Sweep, out: Path, retry_failed: bool) -> dict[str, RunR
 async def run_sweep(
     sweep: Sweep, out: Path, *, nats_url: str | None, workers: int,
     auth: NatsAuth | None = None, retry_failed: bool = False,
-    redeliver_after_s: float | None = None, progress: bool = True,
+    redeliver_after_s: float | None = None,
 ) -> dict[str, RunResult]:  # fmt: skip
     """Run what `out` lacks; every run's result (by run id), its files in `out/runs/<name>/`.
 
@@ -111,8 +111,7 @@ async def run_sweep(
     if len(results) == len(sweep.runs):
         return results
     order = secrets.token_hex(4)
-    bar = SweepProgress(sweep.name, len(sweep.runs), len(results), sys.stderr if progress
-                        else open_null())  # fmt: skip
+    bar = SweepProgress(sweep.name, len(sweep.runs), len(results))
     async with contextlib.AsyncExitStack() as stack:
         url = nats_url or await stack.enter_async_context(EmbeddedNats())
         nc = await connect(url, name=f"gpuyard-sweep-{sweep.name}", auth=auth if nats_url else None)
@@ -171,12 +170,6 @@ def keep_result(folder: Path, result: RunResult, files: bytes | None) -> None:
         unpack_results(files, folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / RESULT_FILE).write_bytes(msgspec.json.format(msgspec.json.encode(result)))
-
-
-def open_null() -> Any:
-    import io
-
-    return io.StringIO()
 
 
 def _order(sweep: Sweep, run: Run, order: str) -> RunOrder:
