@@ -60,17 +60,16 @@ class SweepProgress:
         self.skipped = skipped
         self.last = 0.0
         self.shown = -1
-        """How many runs were done at the last line printed (the final one is not printed twice)."""
+        """How many runs were done at the last line printed (none is printed twice)."""
 
-    def update(self, result: RunResult | None = None, *, final: bool = False) -> None:
+    def update(self, result: RunResult | None = None, *, force: bool = False) -> None:
         if result is not None:
             self.done += 1
             self.failed += not result.ok
         now = time.monotonic()
-        if not (final or self.tty or now - self.last >= 5):
+        due = self.tty or now - self.last >= 5 or self.done == self.total
+        if not (force or due) or self.shown == self.done:
             return
-        if final and not self.tty and self.shown == self.done:
-            return  # that line is already there
         self.last = now
         self.shown = self.done
         elapsed = now - self.started
@@ -81,7 +80,8 @@ class SweepProgress:
         failed = f" ({self.failed} failed)" if self.failed else ""
         line = (f"sweep {self.name} [{bar:<30}] {self.done}/{self.total} runs{failed}  "
                 f"{elapsed:,.0f} s{eta}")  # fmt: skip
-        print(line, end="\n" if final or not self.tty else "\r", file=self.stream, flush=True)
+        end = "\r" if self.tty and left else "\n"
+        print(line, end=end, file=self.stream, flush=True)
 
 
 def finished_here(sweep: Sweep, out: Path, retry_failed: bool) -> dict[str, RunResult]:
@@ -144,7 +144,7 @@ async def run_sweep(
         local = LocalWorkers(url, workers, out / "workers")
         if workers:
             await stack.enter_async_context(local)
-        bar.update(final=not results and not pending)
+        bar.update(force=True)
         while len(results) < len(sweep.runs):
             try:
                 result = await asyncio.wait_for(arrived.get(), timeout=2)
@@ -160,12 +160,14 @@ async def run_sweep(
             await asyncio.to_thread(keep_result, out / "runs" / run.name, result, data)
             results[result.run_id] = result
             bar.update(result)
-        bar.update(final=True)
     return results
 
 
 def keep_result(folder: Path, result: RunResult, files: bytes | None) -> None:
-    """A run's result files (`files`: their tar.gz) and `result.json` in its folder."""
+    """A run's result files (`files`: their tar.gz) and `result.json` in its folder (whatever
+    was there before, from another run of that name, goes)."""
+    if folder.exists():
+        shutil.rmtree(folder)
     if files is not None:
         unpack_results(files, folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,10 @@ T_975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
 """Student's t, 97.5% quantile, for 1 to 30 degrees of freedom."""
 
 
+LINES: list[Any] = ["-", "--", "-.", (0, (3, 1, 1, 1, 1, 1))]
+"""Line styles, in turn, so that series that coincide stay visible (dotted is for GPUs present)."""
+
+
 class ReportError(ValueError):
     """No results to report on, in one line."""
 
@@ -53,8 +57,10 @@ def _short(column: str, value: Any) -> str:
 def with_series(table: pd.DataFrame) -> pd.DataFrame:
     """`table` with a `series` column: the scheme and every other input that varies."""
     fixed = {"label", "policy", "load", "seed"}
+    keys = [table["scheme"], table["load"].astype(str), table["seed"].astype(str)]
+    # An input is named when it tells apart runs of the same scheme, load and seed.
     varying = [c for c in table.columns if c in RUN_FIELDS - fixed
-               and table[c].astype(str).nunique() > 1]  # fmt: skip
+               and (table[c].astype(str).groupby(keys).nunique() > 1).any()]  # fmt: skip
     table = table.copy()
 
     def name(row: pd.Series) -> str:
@@ -73,10 +79,10 @@ def _values(table: pd.DataFrame, column: str) -> str:
 def caption(table: pd.DataFrame, sweep: str) -> str:
     """What ran, for every figure: the sweep, its runs, workloads, seeds, cluster, policies."""
     failed = int((table["status"] != "ok").sum())
-    seeds = _values(table, "seed") or "-"
+    seeds = _values(table, "seed")
     lines = [
         f"sweep {sweep}: {len(table)} runs" + (f" ({failed} failed or missing)" if failed else "")
-        + f"; seeds {seeds}",
+        + (f"; seeds {seeds}" if seeds else ""),
         f"workload {_workload(table)}; cluster {_values(table, 'cluster') or _values(table, 'cluster_spec')}",
     ]  # fmt: skip
     policies = f"admission {_values(table, 'ran_admission') or _values(table, 'admission')}, "
@@ -120,9 +126,9 @@ def plot_metric(ok: pd.DataFrame, column: str, ylabel: str, title: str, path: Pa
     stats = _by_series_load(ok, column)
     fig, ax = plt.subplots(figsize=(7.5, 5))
     if _has_loads(ok):
-        for series, rows in stats.groupby("series"):
+        for i, (series, rows) in enumerate(stats.groupby("series")):
             ax.errorbar(rows["load"], rows["mean"] * scale, yerr=rows["ci"] * scale, marker="o",
-                        capsize=4, label=series)  # fmt: skip
+                        capsize=4, label=series, linestyle=LINES[i % len(LINES)])  # fmt: skip
         ax.set_xlabel("load (jobs per hour)")
         ax.legend(title="scheme", fontsize=8)
     else:
@@ -147,13 +153,13 @@ def plot_cdfs(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str) -> 
     fig, axes = plt.subplots(1, len(loads), figsize=(5.2 * len(loads), 4.6), squeeze=False)
     for ax, load in zip(axes[0], loads, strict=True):
         at = ok if load is None else ok[ok["load"] == load]
-        for series, rows in at.groupby("series"):
+        for i, (series, rows) in enumerate(at.groupby("series")):
             parts = [j.loc[j["state"] == "completed", "jct"].to_numpy(dtype=float)
                      for j in (_jobs(folder, n) for n in rows["name"]) if j is not None]  # fmt: skip
             values = np.sort(np.concatenate(parts)) / 3600 if parts else np.array([])
             if len(values):
                 ax.plot(values, np.arange(1, len(values) + 1) / len(values),
-                        label=f"{series} ({len(values):,} jobs)")  # fmt: skip
+                        linestyle=LINES[i % len(LINES)], label=f"{series} ({len(values):,} jobs)")  # fmt: skip
         ax.set_xscale("log")
         ax.set_title("JCT CDF" + ("" if load is None else f", load {load:g} jobs/h"))
         ax.set_xlabel("JCT (hours, log scale)")
@@ -205,14 +211,15 @@ def plot_timelines(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str
                 continue
             edges = np.linspace(timeline["time"].iloc[0], timeline["time"].iloc[-1], 201)
             hours = (edges[:-1] + edges[1:]) / 2 / 3600
-            color = f"C{i}"
+            color, line = f"C{i}", LINES[i % len(LINES)]
             axes[0][col].plot(hours, _binned(timeline, "busy_gpus", edges), color=color,
-                              label=series)  # fmt: skip
+                              linestyle=line, label=series)  # fmt: skip
             if timeline["gpus"].nunique() > 1:
                 churn = True
                 axes[0][col].plot(hours, _binned(timeline, "gpus", edges), color=color,
                                   linestyle=":", linewidth=1)  # fmt: skip
-            axes[1][col].plot(hours, _binned(timeline, "queued", edges), color=color)
+            axes[1][col].plot(hours, _binned(timeline, "queued", edges), color=color,
+                              linestyle=line)  # fmt: skip
         title = "" if load is None else f", load {load:g} jobs/h"
         axes[0][col].set_title(f"GPUs in use{title}")
         axes[0][col].set_ylabel("GPUs in use" + (" (dotted: present)" if churn else ""))

@@ -23,6 +23,7 @@ import nats.js.errors
 import structlog
 
 from gpuyard.shared.connection import NatsAuth, connect
+from gpuyard.shared.endpoints import Subjects
 from gpuyard.sweep.config import sim_args
 from gpuyard.sweep.queue import (
     BUCKET,
@@ -143,11 +144,16 @@ class Worker:
                 )
                 # Its own namespace, new at every attempt: a worker taken for dead may still run.
                 cluster = f"sweep-{order.run_id}-{self.name.rsplit('-', 1)[1]}-{attempt}"
-                async with asyncio.timeout(order.timeout_s):
-                    result = await simulate(
-                        options, workload.jobs, folder, nats_url=self.url, cluster_name=cluster,
-                        workload=described, log_level="warning", auth=self.auth, plots=False,
-                    )  # fmt: skip
+                try:
+                    async with asyncio.timeout(order.timeout_s):
+                        result = await simulate(
+                            options, workload.jobs, folder, nats_url=self.url,
+                            cluster_name=cluster, workload=described, log_level="warning",
+                            auth=self.auth, plots=False,
+                        )  # fmt: skip
+                finally:  # the run's event stream: its results are written, and it was private
+                    with contextlib.suppress(Exception):
+                        await js.delete_stream(Subjects(cluster).stream_name)
                 data = await asyncio.to_thread(pack_results, folder)
                 store = await js.object_store(BUCKET)
                 await store.put(results_key(order.sweep, order.run_id), data)
