@@ -353,7 +353,8 @@ def _html(sweep: str, table: pd.DataFrame, stats: pd.DataFrame,
     counts = f"{len(table) - len(failed)} of {len(table)} runs succeeded"
     parts.append(f"<p>{counts}.</p>")
     if not stats.empty:
-        parts += ["<h2>Per scheme and load (mean over seeds ± 95% CI)</h2>",
+        per = "Per scheme and load" if "load" in stats else "Per scheme"
+        parts += [f"<h2>{per} (mean over seeds ± 95% CI)</h2>",
                   stats.to_html(index=False, na_rep="-", border=0)]  # fmt: skip
     for path, title in figures:
         data = base64.b64encode(path.read_bytes()).decode()
