@@ -23,6 +23,7 @@ from gpuyard.cliopts import (
     LOG_LEVELS,
     CommandError,
     OneLineParser,
+    id_window,
     non_negative_float,
     number_list,
     positive_float,
@@ -332,6 +333,14 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
         "edf-accessctrl, gandiva, dlas-gpu, themis, chronus), --round its scheduling slot",
     )
     add_workload_args(p, lists=True)
+    p.add_argument(
+        "--window",
+        type=id_window,
+        metavar="FIRST:END",
+        help="Gavel's measurement window: the run ends once jobs FIRST to END-1 (in arrival "
+        "order) have ended; JCT figures are theirs (give --jobs well past END, so that arrivals "
+        "go on while they run)",
+    )
     p.add_argument("--processes", action="store_true", help="one OS process per service")
     p.add_argument(
         "--durable", action="store_true",
@@ -610,6 +619,7 @@ def sim_setup(
         mode="rounds" if args.blox else args.mode,
         blox=args.blox,
         gavel=args.gavel,
+        window=args.window,
         churn_node_gpus=args.churn_node_gpus,
         preemption_cost=PreemptionCost(checkpoint_s=args.checkpoint_s, restore_s=args.restore_s),
         durable=args.durable,
@@ -627,6 +637,11 @@ def sim_setup(
     if "placement" not in external:
         placement_policies.create(options.placement, options.placement_params)
     workload, described = workload_from_args(args, model, load=load, seed=seed)
+    if args.window is not None and args.window[1] > len(workload.jobs):
+        raise ValueError(
+            f"--window {args.window[0]}:{args.window[1]}: the workload has only "
+            f"{len(workload.jobs):,} jobs"
+        )
     if args.node_events is not None:
         origin = None
         if "Tsub" in workload.extras.columns:  # BFTrainer: line node and job times up
@@ -811,6 +826,9 @@ def build_parser() -> OneLineParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    # asyncio's notes on a TLS peer that hung up ("returning true from eof_received() ...") are
+    # not the user's business: the command says in one line what failed.
+    logging.getLogger("asyncio").setLevel(logging.ERROR)
     # A SIGCHLD blocked by whoever started us would hide our children's exits from the event loop.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
     args.argv = ["gpuyard", *argv]

@@ -114,6 +114,20 @@ def number_list(
     return parse
 
 
+def id_window(text: str) -> tuple[int, int]:
+    """An argparse `type` for `FIRST:END`, jobs FIRST to END - 1 (0 <= FIRST < END)."""
+    first, sep, end = text.partition(":")
+    try:
+        window = (int(first), int(end))
+    except ValueError:
+        window = None
+    if not sep or window is None or not 0 <= window[0] < window[1]:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not FIRST:END with 0 <= FIRST < END (jobs FIRST to END - 1)"
+        )
+    return window
+
+
 positive_int = number(int, gt=0)
 non_negative_int = number(int, ge=0)
 positive_float = number(float, gt=0)
@@ -260,7 +274,9 @@ async def open_bus(
             reconnect_time_wait=0.2, error_cb=on_error,
         )  # fmt: skip
     except (OSError, TimeoutError, nats.errors.Error) as exc:
-        why = failures[-1] if failures else exc
+        # The server's refusal says more than the broken pipe that may follow it.
+        refusals = [f for f in failures if "authoriz" in str(f).lower()]
+        why = (refusals or failures or [exc])[-1]
         raise CommandError(
             f"cannot connect to NATS at {redact(url)}: {describe_error(why)}"
         ) from None

@@ -46,6 +46,7 @@ from gpuyard.shared.endpoints import (
     JOBS,
     LOG_LINE,
     NODE_COMMAND,
+    NODE_COMMANDS,
     NODE_LOGS,
     NODES,
     PING,
@@ -186,7 +187,7 @@ def permissions(caller: Caller, cluster: str) -> dict[str, Any]:
         publish += [f"$JS.API.STREAM.{op}.{stream}" for op in ("INFO", "CREATE", "UPDATE")]
         subscribe += [s.of(EVENT, type="node.>")]
     elif name == "placement":
-        publish += [call(NODES), s.every(NODE_COMMAND), s.every(REREGISTER)]
+        publish += [call(NODES), s.every(NODE_COMMAND), call(NODE_COMMANDS), s.every(REREGISTER)]
         subscribe += [s.every(HEARTBEAT)]
     return _perms(publish, subscribe, caller, responds=True)
 

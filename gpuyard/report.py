@@ -135,13 +135,15 @@ def timeline_frame(points: list[TimelinePoint]) -> pd.DataFrame:
 
 def summarize(
     jobs: pd.DataFrame, timeline: pd.DataFrame, until: float | None = None,
-    efficiency: pd.DataFrame | None = None,
+    efficiency: pd.DataFrame | None = None, measured: set[str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Figures of a run. Utilisation counts up to `until` (an interrupted run: where it got to),
     by default up to the last job's end (instants after it, such as a policy's late wake-up,
-    are idle time that is not the workload's)."""
+    are idle time that is not the workload's). With `measured` (Gavel's measurement window),
+    the JCT and queueing figures are over those jobs only (`measured_jobs` of them)."""
     done = jobs[jobs["state"] == "completed"]
-    jct = done["jct"].to_numpy(dtype=float)
+    timed = done if measured is None else done[done["job_id"].isin(measured)]
+    jct = timed["jct"].to_numpy(dtype=float)
     start = float(jobs["arrival"].min()) if len(jobs) else 0.0
     end = float(done["end"].max()) if len(done) else start
     makespan = end - start
@@ -174,7 +176,7 @@ def summarize(
         "p50_jct": q(50),
         "p95_jct": q(95),
         "p99_jct": q(99),
-        "mean_queueing_delay": float(done["queueing_delay"].mean()) if len(done) else None,
+        "mean_queueing_delay": float(timed["queueing_delay"].mean()) if len(timed) else None,
         "makespan": makespan,
         "utilization": busy_gpu_seconds / gpu_seconds if gpu_seconds > 0 else 0.0,
         "preemptions": int(jobs["preemptions"].sum()),
@@ -191,6 +193,7 @@ def summarize(
             _time_mean(efficiency, "efficiency", end) if efficiency is not None else None
         ),
         "jct_jain_fairness": jain,
+        **({"measured_jobs": len(timed)} if measured is not None else {}),
     }
 
 
@@ -294,12 +297,14 @@ def write_results(
     records: list[JobRecord], points: list[TimelinePoint], out: Path,
     extra: dict[str, Any] | None = None, caption: str = "", until: float | None = None, *,
     workload: list[JobSpec] | None = None, declined: dict[str, str] | None = None,
-    efficiency: pd.DataFrame | None = None, plots: bool = True,
+    efficiency: pd.DataFrame | None = None, measured: set[str] | None = None,
+    plots: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """Write every result file into `out` and return the summary; `caption` says what ran on
     every plot (`plots=False`: no plots, as in a sweep, whose report draws its own); `until`: an
     interrupted run's last instant (see `summarize`). With the `workload`, the jobs admission
-    declined get rows too; with `efficiency` (`efficiency_frame`), `efficiency.csv`."""
+    declined get rows too; with `efficiency` (`efficiency_frame`), `efficiency.csv`; with
+    `measured` (a measurement window), JCT figures are those jobs' (see `summarize`)."""
     out.mkdir(parents=True, exist_ok=True)
     jobs = jobs_frame(records, workload, declined)
     timeline = timeline_frame(points)
@@ -307,7 +312,7 @@ def write_results(
     timeline.to_csv(out / "timeline.csv", index=False)
     if efficiency is not None:
         efficiency.to_csv(out / "efficiency.csv", index=False)
-    summary = {**(extra or {}), **summarize(jobs, timeline, until, efficiency)}
+    summary = {**(extra or {}), **summarize(jobs, timeline, until, efficiency, measured)}
     compute = summary.get("compute_gpu_s")
     if compute is not None and len(timeline):
         # Gavel's utilisation: the GPUs' compute time over the whole run, from t = 0 to its end.
@@ -347,6 +352,12 @@ def format_summary(summary: dict[str, Any]) -> str:
     total = summary.get("jobs_in_workload", summary["jobs"])
     counts = f"{summary['completed']:,} completed, {summary['failed']:,} failed"
     lines.append(f"jobs         {counts} of {total:,}")
+    if "window" in summary:
+        first, end = summary["window"]
+        lines.append(
+            f"window       jobs {first:,} to {end - 1:,} in arrival order: the JCT and queueing "
+            f"figures are theirs ({summary.get('measured_jobs', 0):,} completed)"
+        )
     lines.append(
         f"JCT          mean {_hours(summary['mean_jct'])}, p50 {_hours(summary['p50_jct'])}, "
         f"p95 {_hours(summary['p95_jct'])}, p99 {_hours(summary['p99_jct'])}"

@@ -63,6 +63,9 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     and arrivals at round ends, and the utilisation of the GPUs' compute time over the whole run."""
     elasticflow: str | None = None
     """The ElasticFlow scheme this run reproduces (`elasticflow_options` set the rest)."""
+    window: tuple[int, int] | None = None
+    """Gavel's measurement window: the run ends once jobs `window[0]` to `window[1] - 1` (in
+    arrival order) have ended, and the JCT figures of `summary.json` are theirs."""
     throughputs: str = "default"
     """Throughput model file (Gavel JSON, ElasticFlow table or folder, BFTrainer JNPs CSV)."""
     node_events: str | None = None
@@ -159,7 +162,8 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
     retry = RETRY_FOR_S if options.durable else 0.0
     return {
         "placement": PlacementConfig(
-            policy=options.placement, params=options.placement_params, durable=options.durable
+            policy=options.placement, params=options.placement_params, durable=options.durable,
+            simulated=True,
         ),
         "scheduler": SchedulerConfig(
             policy=options.policy,
@@ -191,6 +195,7 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
             completion_quantum=options.round_s if options.blox else None,
             arrival_quantum=options.round_s if options.blox else None,
             gavel_round_s=options.round_s if options.gavel else None,
+            window=options.window,
             call_timeout_s=timeout and 4 * timeout,
             retry_for_s=retry,
         ),
@@ -418,7 +423,14 @@ async def simulate(
         extra |= {"policy": options.elasticflow, "scheme": options.elasticflow,
                   "scheduling_policy": options.policy}  # fmt: skip
         deadlines = {"workload": jobs, "declined": declined, "efficiency": efficiency}
+    if options.window is not None:
+        first, end = options.window
+        in_order = sorted(jobs, key=lambda spec: spec.submit_time or 0.0)  # as the simclock
+        deadlines["measured"] = {spec.job_id for spec in in_order[first:end]}
+        extra["window"] = [first, end]
     caption = f"{policies_label(options)}\n{labels['workload']}; cluster {labels['cluster']}"
+    if options.window is not None:
+        caption += f"; JCT of jobs {first} to {end - 1} in arrival order (measurement window)"
     if options.elasticflow:
         caption = f"ElasticFlow scheme {options.elasticflow}, {options.round_s:g} s slots\n{caption}"
     if interrupted is not None:

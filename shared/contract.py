@@ -324,6 +324,20 @@ class NodeCommandReply(Struct, kw_only=True):
     """Steps done by each preempted job, as last reported (a simulated node: exactly)."""
 
 
+class NodeCommands(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`clock.cmds`: the commands of one apply to simulated nodes, in one request (the simclock
+    plays every node: one round trip instead of one per node)."""
+
+    commands: list[NodeCommand]
+
+
+class NodeCommandsReply(Struct, kw_only=True):
+    replies: dict[str, NodeCommandReply] = {}
+    """Each node's answer, by node id."""
+    failed: dict[str, str] = {}
+    """The nodes whose command was refused, and why."""
+
+
 class GpuMetrics(Struct, kw_only=True, omit_defaults=True):
     index: int
     utilization: float | None = None
@@ -455,7 +469,7 @@ MESSAGES: tuple[type[Struct], ...] = (
     ErrorReply, Ack, Ping, Pong, ServiceStats, Empty, PageQuery, SubmitRequest, SubmitResult, SubmitReply,
     EnqueueRequest, SchedulerStatus, ClusterChanged, TickRequest, JobExit, ExitReport, JobRecord, JobsPage,
     RegisterNode, NodesChanged, NodesChangedReply, ApplyRequest, StepsReport, ApplyReply, ClusterInfo, Launch,
-    NodeCommand, NodeCommandReply, RunRequest, Progress, TimelinePoint, TimelinePage, Event,
+    NodeCommand, NodeCommandReply, NodeCommands, NodeCommandsReply, RunRequest, Progress, TimelinePoint, TimelinePage, Event,
     JobQuery, CancelRequest, CancelReply, GpuMetrics, JobProgress, Heartbeat, HeartbeatsPage,
     LogsRequest, LogsReply, LogLine,
     SetPolicy, PolicyInfo,

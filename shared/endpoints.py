@@ -40,6 +40,8 @@ from .contract import (
     LogsRequest,
     NodeCommand,
     NodeCommandReply,
+    NodeCommands,
+    NodeCommandsReply,
     NodesChanged,
     NodesChangedReply,
     PageQuery,
@@ -143,6 +145,7 @@ LOG_LINE = Endpoint("logs.{job}.{node}", LogLine, None, "node agents -> `gpuyard
 
 # --------------------------------------------------------------------------- simulation clock
 
+NODE_COMMANDS = Endpoint("clock.cmds", NodeCommands, NodeCommandsReply, "placement -> simclock (simulated nodes, one request per apply)", ("simclock",))  # fmt: skip
 RUN = Endpoint("clock.run", RunRequest, Ack, "driver -> simclock", ("simclock",))
 TIMELINE = Endpoint("clock.timeline", PageQuery, TimelinePage, "driver -> simclock", ("simclock",))
 PROGRESS = Endpoint("progress", Progress, None, "simclock -> drivers")
@@ -157,7 +160,7 @@ ENDPOINTS: tuple[Endpoint[Any, Any], ...] = (
     SUBMIT, ENQUEUE, TICK, EXITED, CLUSTER_CHANGED, JOBS, STATUS, QUERY, CANCEL,
     REGISTER, NODES, APPLY, CLUSTER, HEARTBEATS,
     NODE_COMMAND, NODE_LOGS, HEARTBEAT, REREGISTER, LOG_LINE,
-    RUN, TIMELINE, PROGRESS,
+    NODE_COMMANDS, RUN, TIMELINE, PROGRESS,
     PING, STATS, POLICY, POLICY_SET, TAKEOVER, EVENT,
 )  # fmt: skip
 

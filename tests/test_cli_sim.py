@@ -64,6 +64,9 @@ BAD_OPTIONS = [
     (["--external", "clock", "--nats", "nats://127.0.0.1:1"], "--external 'clock' is not one of"),
     (["--external", "scheduler"], "--external needs --nats"),
     (["--cluster", "a.b"], "--cluster 'a.b'"),
+    (["--window", "5:3"], "argument --window: '5:3' is not FIRST:END with 0 <= FIRST < END"),
+    (["--window", "10"], "argument --window: '10' is not FIRST:END"),
+    (["--window", "0:500", "--jobs", "100"], "--window 0:500: the workload has only 100 jobs"),
 ]
 
 

@@ -104,3 +104,25 @@ async def test_heterogeneity_aware_las_beats_agnostic_las(tmp_path: Path, nats_u
         result = await simulate(options, jobs, tmp_path / policy, nats_url=nats_url, cluster_name=policy.replace("_", "-"))
         mean[policy] = result.summary["mean_jct"]
     assert mean["max_min_fairness_perf"] < 0.95 * mean["max_min_fairness"], mean
+
+
+async def test_a_measurement_window_ends_the_run_and_measures_its_jobs(
+    tmp_path: Path, nats_url: str
+) -> None:
+    """Gavel's `jobs_to_complete`: one v100, FIFO, jobs 1 and 2 (in arrival order) are the window.
+    The run ends when both have ended (job 3 still waits: it is not run to its end), and the JCT
+    figures are theirs only."""
+    options = SimOptions(
+        cluster=ClusterSpec.parse("1x1:v100"), policy="fifo_perf", gavel=True, round_s=360.0,
+        throughputs=toy_table(tmp_path / "t.json"), window=(1, 3),
+    )  # fmt: skip
+    jobs = [job(f"j{i}", "A", 360.0 * (i + 1), 10.0 * i) for i in range(5)]
+    result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
+    states = {r.job_id: r.state for r in result.jobs}
+    assert states["j1"] == states["j2"] == "completed"
+    assert states["j3"] != "completed" and states["j4"] != "completed"
+    windowed = [r.end_time - r.submit_time for r in result.jobs if r.job_id in ("j1", "j2")]
+    assert result.summary["mean_jct"] == pytest.approx(sum(windowed) / 2)
+    assert result.summary["measured_jobs"] == 2 and result.summary["window"] == [1, 3]
+    # The run stopped at j2's end: nothing simulated past it.
+    assert result.summary["simulated_s"] == max(r.end_time for r in result.jobs if r.end_time)

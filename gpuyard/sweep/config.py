@@ -61,6 +61,8 @@ class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     trace_format: str | None = None
     skip_bad: bool = False
     philly_reading: Literal["blox", "plain"] | None = None
+    window: str | None = None
+    """Gavel's measurement window, `FIRST:END` (`--window`)."""
     node_events: str | None = None
     churn_node_gpus: PositiveInt = 1
     checkpoint_s: NonNegative = 0.0

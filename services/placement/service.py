@@ -26,6 +26,7 @@ from gpuyard.shared.contract import (
     Launch,
     NodeCommand,
     NodeCommandReply,
+    NodeCommands,
     NodesChanged,
     NodesChangedReply,
     RegisterNode,
@@ -37,6 +38,7 @@ from gpuyard.shared.endpoints import (
     HEARTBEAT,
     HEARTBEATS,
     NODE_COMMAND,
+    NODE_COMMANDS,
     NODES,
     REGISTER,
     REREGISTER,
@@ -65,6 +67,9 @@ class PlacementConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     answer, as for simulated nodes, which answer in virtual time."""
     durable: bool = False
     """Keep the cluster map in a JetStream key-value bucket: a restarted placement goes on."""
+    simulated: bool = False
+    """The nodes are the simclock's: the commands of an apply go to it in one request
+    (`clock.cmds`) rather than one per node (a simulation's round trips are its cost)."""
 
 
 class StoredPlacement(Struct, kw_only=True):
@@ -582,15 +587,28 @@ class Placement(Service):
             task.add_done_callback(self._watchers.discard)
             self._last_command[node_id] = task
         awaited = [n for n in order if n not in real]
-        replies = await asyncio.gather(
-            *(
-                self.bus.call(
-                    NODE_COMMAND, commands[n], node=n, within_s=self.config.command_timeout_s
+        replies: list[NodeCommandReply | BaseException]
+        if self.config.simulated and awaited:
+            try:
+                batch = await self.bus.call(
+                    NODE_COMMANDS, NodeCommands(commands=[commands[n] for n in awaited])
                 )
-                for n in awaited
-            ),
-            return_exceptions=True,
-        )
+                replies = [
+                    batch.replies.get(n) or RuntimeError(batch.failed.get(n, "no answer"))
+                    for n in awaited
+                ]
+            except RemoteError as exc:
+                replies = [exc] * len(awaited)
+        else:
+            replies = await asyncio.gather(
+                *(
+                    self.bus.call(
+                        NODE_COMMAND, commands[n], node=n, within_s=self.config.command_timeout_s
+                    )
+                    for n in awaited
+                ),
+                return_exceptions=True,
+            )
         failed: set[str] = set()
         progress: dict[str, StepsReport] = {}
         done: set[str] = set(real)

@@ -30,6 +30,8 @@ from gpuyard.shared.contract import (
     JobExit,
     NodeCommand,
     NodeCommandReply,
+    NodeCommands,
+    NodeCommandsReply,
     NodesChanged,
     PageQuery,
     Progress,
@@ -44,6 +46,7 @@ from gpuyard.shared.endpoints import (
     CLUSTER_CHANGED,
     EXITED,
     NODE_COMMAND,
+    NODE_COMMANDS,
     NODES,
     PROGRESS,
     RUN,
@@ -142,6 +145,10 @@ class SimClockConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     leaves its GPUs idle until then, completions are reported and arrivals submitted at round
     ends, and with nothing running time jumps to the next arrival."""
     preemption_cost: PreemptionCost = msgspec.field(default_factory=PreemptionCost)
+    window: tuple[Annotated[int, Meta(ge=0)], Annotated[int, Meta(ge=1)]] | None = None
+    """Gavel's measurement window (its `jobs_to_complete`): jobs `window[0]` to `window[1] - 1`
+    of the workload in arrival order; the run ends as soon as they have all ended, the jobs
+    still running or queued then left as they are."""
     progress_interval_s: float = 0.25
     call_timeout_s: float | None = None
     """How long one request to the services may go unanswered (None: the connection's default)."""
@@ -217,6 +224,7 @@ class SimClock(Service):
         self.heap: list[tuple[float, int, str, int]] = []
         self.launches = 0
         self.finished = 0
+        self.awaited: set[str] = set()  # the window's jobs that have not ended yet
         self.held = 0  # jobs admission holds, as it last said
         self.timeline: list[TimelinePoint] = []
         self.launched: set[str] = set()  # jobs launched at the current instant
@@ -230,11 +238,12 @@ class SimClock(Service):
         self.progress = Progress(now=0.0, submitted=0, finished=0, total=0, instants=0)
 
     def routes(self) -> dict[Endpoint[Any, Any], Handler]:
-        return {RUN: self.run, TIMELINE: self.get_timeline}
+        # NODE_COMMANDS: an apply's commands to every node at once (placement, `simulated`).
+        return {RUN: self.run, TIMELINE: self.get_timeline, NODE_COMMANDS: self.node_commands}
 
     async def start(self) -> None:
         await super().start()
-        await self.serve(NODE_COMMAND, self.node_command)  # every node's commands
+        await self.serve(NODE_COMMAND, self.node_command)  # or every node's, one at a time
 
     async def stop(self) -> None:
         if self.task is not None:
@@ -248,6 +257,14 @@ class SimClock(Service):
             raise BadRequest("the simulation has already been started")
         # Reading the files (node events can be a million lines) stays off the event loop.
         workload = await asyncio.to_thread(load_workload, self.config.workload)
+        if self.config.window is not None:
+            first, end = self.config.window
+            if not first < end <= len(workload):
+                raise BadRequest(
+                    f"window {first}:{end} is not within the workload's {len(workload)} jobs",
+                    field="$.window",
+                )
+            self.awaited = {spec.job_id for spec in workload[first:end] if spec.job_id}
         churn = await asyncio.to_thread(self._load_churn)
         self.progress.total = len(workload)
         self.task = asyncio.create_task(self._run(workload, churn))
@@ -256,6 +273,16 @@ class SimClock(Service):
     async def get_timeline(self, req: PageQuery) -> TimelinePage:
         points = self.timeline[req.offset : req.offset + req.limit]
         return TimelinePage(points=points, total=len(self.timeline))
+
+    async def node_commands(self, batch: NodeCommands) -> NodeCommandsReply:
+        """The commands of one apply, to several nodes, in their order."""
+        reply = NodeCommandsReply()
+        for cmd in batch.commands:
+            try:
+                reply.replies[cmd.node_id] = await self.node_command(cmd)
+            except BadRequest as exc:
+                reply.failed[cmd.node_id] = str(exc)
+        return reply
 
     async def node_command(self, cmd: NodeCommand) -> NodeCommandReply:
         """Be the node agent of `cmd.node_id`: stop and start the job parts placed there."""
@@ -419,6 +446,7 @@ class SimClock(Service):
                     if r.verdict == "reject":
                         rejected += 1
                         self.jobs.pop(r.job_id, None)
+                        self.awaited.discard(r.job_id)
                 if reply.scheduler is not None:
                     self._note(now, reply.scheduler)
                     ticked = True
@@ -429,10 +457,12 @@ class SimClock(Service):
                 self._note(now, status)
             self._refresh(now)
             progress.finished = self.finished + rejected
+            if self._window_done():
+                break
             if time.monotonic() - last_report >= self.config.progress_interval_s:
                 last_report = time.monotonic()
                 await self._publish_progress()
-        if progress.finished != progress.total:
+        if progress.finished != progress.total and not self._window_done():
             stuck = progress.total - progress.finished
             raise RuntimeError(
                 f"{stuck} jobs never finished ({self.held} held by admission): nothing runs, "
@@ -467,9 +497,12 @@ class SimClock(Service):
                 for r in reply.results:
                     if r.verdict == "reject":
                         self.jobs.pop(r.job_id, None)
+                        self.awaited.discard(r.job_id)
             self._note(now, await self._call(TICK, TickRequest(now=now)))  # the next round
             self._refresh(now)
             progress.finished = self.finished + rejected
+            if self._window_done():
+                break
             end, busy = self._plan_round(now, round_s)
             compute_gpu_s += busy
             progress.compute_gpu_s = compute_gpu_s
@@ -493,7 +526,7 @@ class SimClock(Service):
                     now, resolved = end, False
             else:
                 break
-        if progress.finished != progress.total:
+        if progress.finished != progress.total and not self._window_done():
             raise RuntimeError(
                 f"{progress.total - progress.finished} jobs never finished ({self.held} held by "
                 f"admission): nothing runs, nothing arrives, and the scheduler starts nothing"
@@ -685,7 +718,12 @@ class SimClock(Service):
                     )
                 )  # fmt: skip
             self.finished += 1
+            self.awaited.discard(job_id)
         return exits
+
+    def _window_done(self) -> bool:
+        """Every job of the measurement window has ended (never, without one)."""
+        return self.config.window is not None and not self.awaited
 
     async def _publish_progress(self) -> None:
         await self.bus.publish(PROGRESS, self.progress)
