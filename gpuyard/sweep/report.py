@@ -141,9 +141,17 @@ def plot_metric(ok: pd.DataFrame, column: str, ylabel: str, title: str, path: Pa
     return save_figure(fig, path, f"{caption_text}\n{_seed_note(ok)}", svg=True)
 
 
-def _jobs(folder: Path, name: str) -> pd.DataFrame | None:
-    path = folder / "runs" / name / "jobs.csv"
-    return pd.read_csv(path) if path.exists() else None
+def _jobs(folder: Path, run: pd.Series) -> pd.DataFrame | None:
+    """A run's jobs; with a measurement window, only the jobs it measured (arrival order)."""
+    path = folder / "runs" / run["name"] / "jobs.csv"
+    if not path.exists():
+        return None
+    jobs = pd.read_csv(path)
+    window = run.get("window")
+    if isinstance(window, str):
+        first, end = (int(v) for v in window.split(":"))
+        jobs = jobs.sort_values("arrival", kind="stable").iloc[first:end]
+    return jobs
 
 
 def plot_cdfs(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str) -> Path:
@@ -155,7 +163,7 @@ def plot_cdfs(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str) -> 
         at = ok if load is None else ok[ok["load"] == load]
         for i, (series, rows) in enumerate(at.groupby("series")):
             parts = [j.loc[j["state"] == "completed", "jct"].to_numpy(dtype=float)
-                     for j in (_jobs(folder, n) for n in rows["name"]) if j is not None]  # fmt: skip
+                     for j in (_jobs(folder, r) for _, r in rows.iterrows()) if j is not None]  # fmt: skip
             values = np.sort(np.concatenate(parts)) / 3600 if parts else np.array([])
             if len(values):
                 ax.plot(values, np.arange(1, len(values) + 1) / len(values),
@@ -168,6 +176,9 @@ def plot_cdfs(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str) -> 
         ax.legend(fontsize=7)
     seeds = ok["seed"].nunique()
     note = f"every seed's jobs pooled ({seeds} seeds)" if seeds > 1 else "one seed"
+    windows = _values(ok, "window")
+    if windows:
+        note += f"; the measured jobs only (window {windows}, in arrival order)"
     return save_figure(fig, path, f"{caption_text}\n{note}", svg=True)
 
 
