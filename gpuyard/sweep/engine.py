@@ -238,6 +238,15 @@ def _cell(value: Any) -> Any:
     return json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
 
 
+def measured(jobs: pd.DataFrame, window: str | None) -> pd.DataFrame:
+    """A run's jobs, or with a measurement window (`FIRST:END`) the jobs it measured: FIRST to
+    END - 1 in arrival order, as the simulation counts them."""
+    if not window:
+        return jobs
+    first, end = (int(v) for v in window.split(":"))
+    return jobs.sort_values("arrival", kind="stable").iloc[first:end]
+
+
 def fairness(jobs: pd.DataFrame) -> dict[str, float | None]:
     """Finish-time fairness of a run's completed jobs: rho = JCT / the time the job ran (its JCT
     had it never waited nor been preempted); the mean and the worst rho, and Jain's index of
@@ -281,7 +290,7 @@ def results_table(sweep: Sweep, out: Path, results: dict[str, RunResult]) -> pd.
                 row[f"ran_{key}" if key in RAN else key] = _cell(value)
             jobs_path = out / "runs" / run.name / "jobs.csv"
             if jobs_path.exists():
-                row |= fairness(pd.read_csv(jobs_path))
+                row |= fairness(measured(pd.read_csv(jobs_path), run.spec.window))
         rows.append(row)
     return pd.DataFrame(rows)
 

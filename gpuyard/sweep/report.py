@@ -20,6 +20,7 @@ import pandas as pd
 
 from gpuyard.report import save_figure
 from gpuyard.sweep.config import RUN_FIELDS
+from gpuyard.sweep.engine import measured
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -146,12 +147,8 @@ def _jobs(folder: Path, run: pd.Series) -> pd.DataFrame | None:
     path = folder / "runs" / run["name"] / "jobs.csv"
     if not path.exists():
         return None
-    jobs = pd.read_csv(path)
     window = run.get("window")
-    if isinstance(window, str):
-        first, end = (int(v) for v in window.split(":"))
-        jobs = jobs.sort_values("arrival", kind="stable").iloc[first:end]
-    return jobs
+    return measured(pd.read_csv(path), window if isinstance(window, str) else None)
 
 
 def plot_cdfs(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str) -> Path:
@@ -320,9 +317,9 @@ def plot_fairness(ok: pd.DataFrame, path: Path, caption_text: str) -> Path:
                               (axes[1], "rho_jain", "Jain's index of 1/rho")):  # fmt: skip
         stats = _by_series_load(ok, column)
         if _has_loads(ok):
-            for series, rows in stats.groupby("series"):
+            for i, (series, rows) in enumerate(stats.groupby("series")):
                 ax.errorbar(rows["load"], rows["mean"], yerr=rows["ci"], marker="o", capsize=4,
-                            label=series)  # fmt: skip
+                            label=series, linestyle=LINES[i % len(LINES)])  # fmt: skip
             ax.set_xlabel("load (jobs per hour)")
         else:
             ax.bar(stats["series"], stats["mean"], yerr=stats["ci"], capsize=4)
