@@ -109,7 +109,10 @@ def main() -> None:
                             worker.terminate()
                             await worker.wait()
 
+            before = cpu_s()
             wall_q, table_q = asyncio.run(via_queue())
+            print(f"  CPU time of the sweep, its server and the {args.workers} workers: "
+                  f"{cpu_s() - before:,.0f} s")  # fmt: skip
             report(f"{args.workers} workers through one server's queue", wall_q, table_q)
             varying = ["wall_s", "worker", "attempt"]
             same = table.drop(columns=varying).equals(table_q.drop(columns=varying))
