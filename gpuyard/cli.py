@@ -33,6 +33,7 @@ from gpuyard.cliopts import (
 from gpuyard.shared.connection import NatsAuth, add_nats_arguments
 from gpuyard.shared.model import ClusterSpec
 from gpuyard.shared.policy import PolicyError, parse_params
+from gpuyard.sweep.cli import add_sweep_parsers
 
 T = TypeVar("T")
 
@@ -512,10 +513,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from gpuyard.cliopts import checked_subjects, checked_url, run_command
     from gpuyard.report import format_summary
     from gpuyard.shared.logs import configure_logging
-    from gpuyard.shared.policy import admission_policies, placement_policies, scheduling_policies
-    from gpuyard.shared.throughput import load_throughputs
-    from gpuyard.sim import PreemptionCost, ProgressBar, SimOptions, simulate
-    from gpuyard.workloads import WorkloadError, load_cluster, load_node_events, save_node_events
+    from gpuyard.sim import ProgressBar, simulate
+    from gpuyard.workloads import WorkloadError
 
     try:
         policies, loads, seeds = sim_lists(args)
@@ -541,68 +540,13 @@ def cmd_sim(args: argparse.Namespace) -> int:
         return cmd_compare(args, policies, loads, seeds)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        cluster = (
-            ClusterSpec(groups=[])
-            if args.cluster_spec == "none"
-            else load_cluster(args.cluster_spec)
-        )
-        model = load_throughputs(args.throughputs)
-        options = SimOptions(
-            cluster=cluster,
-            throughputs=args.throughputs,
-            policy=GAVEL_NAMES.get(args.policy, args.policy) if args.gavel else args.policy,
-            policy_params=parse_params(args.param),
-            admission=args.admission,
-            admission_params=parse_params(args.admission_param),
-            placement=args.placement,
-            placement_params=parse_params(args.placement_param),
-            round_s=args.round_s or (GAVEL_ROUND_S if args.gavel else 300.0),
-            mode="rounds" if args.blox else args.mode,
-            blox=args.blox,
-            gavel=args.gavel,
-            window=args.window,
-            churn_node_gpus=args.churn_node_gpus,
-            preemption_cost=PreemptionCost(
-                checkpoint_s=args.checkpoint_s, restore_s=args.restore_s
-            ),
-            durable=args.durable,
-        )
-        if args.elasticflow:
-            from gpuyard.sim import elasticflow_options
-
-            scheme = elasticflow_options(args.policy, options.round_s, cluster.total_gpus)
-            scheme["policy_params"] |= options.policy_params
-            options = msgspec.structs.replace(options, **scheme)
-        if "scheduler" not in external:
-            scheduling_policies.create(options.policy, options.policy_params)
-        if "admission" not in external:
-            admission_policies.create(options.admission, options.admission_params)
-        if "placement" not in external:
-            placement_policies.create(options.placement, options.placement_params)
-        workload, described = workload_from_args(args, model, load=loads[0], seed=seeds[0])
-        if args.window is not None and args.window[1] > len(workload.jobs):
-            raise ValueError(
-                f"--window {args.window[0]}:{args.window[1]}: the workload has only "
-                f"{len(workload.jobs):,} jobs"
-            )
-        if workload.skipped:
-            print(f"gpuyard sim: {skipped_lines(workload)}", file=sys.stderr)
-        if philly_line(described):
-            print(f"gpuyard sim: {philly_line(described)}", file=sys.stderr)
-        if args.node_events is not None:
-            origin = None
-            if "Tsub" in workload.extras.columns:  # BFTrainer: line node and job times up
-                import pandas as pd
-
-                origin = pd.to_datetime(workload.extras["Tsub"]).min().to_pydatetime()
-            events_path = args.out / "node_events.csv"
-            events = load_node_events(args.node_events, origin=origin)
-            # Events before the first job only set the nodes' state at the start.
-            events["time"] = events["time"].clip(lower=0.0)
-            save_node_events(events, events_path)
-            options.node_events = str(events_path.resolve())
+        options, workload, described = sim_setup(args, external, load=loads[0], seed=seeds[0])
     except (ValueError, OSError, msgspec.ValidationError, WorkloadError) as exc:
         return fail("sim", exc)
+    if workload.skipped:
+        print(f"gpuyard sim: {skipped_lines(workload)}", file=sys.stderr)
+    if philly_line(described):
+        print(f"gpuyard sim: {philly_line(described)}", file=sys.stderr)
     log = open(args.out / "services.log", "a")  # noqa: SIM115 (open for the whole run)
     configure_logging(args.log_level, log)
     library_logs_to(log)
@@ -635,6 +579,82 @@ def cmd_sim(args: argparse.Namespace) -> int:
     print(json.dumps(result.summary, indent=2) if args.json else format_summary(result.summary))
     print(f"results in {args.out}/", file=sys.stderr)
     return 0
+
+
+PolicyParams = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
+"""Scheduling, admission and placement parameters."""
+
+
+def sim_setup(
+    args: argparse.Namespace, external: frozenset[str] = frozenset(), *, load: float | None,
+    seed: int | None, params: PolicyParams | None = None,
+) -> tuple[Any, Any, dict[str, Any]]:  # fmt: skip
+    """The simulation `gpuyard sim`'s options describe: its SimOptions, its workload and what
+    the workload is (for options.json and captions); node events are written into `args.out`.
+    `params`: the three policies' parameters, typed (a sweep's config), instead of the
+    `--param` options' text. Raises ValueError (PolicyError), OSError, msgspec.ValidationError
+    or WorkloadError naming what is wrong; checks the policies not in `external`."""
+    from gpuyard.shared.policy import admission_policies, placement_policies, scheduling_policies
+    from gpuyard.shared.throughput import load_throughputs
+    from gpuyard.sim import PreemptionCost, SimOptions
+    from gpuyard.workloads import load_cluster, load_node_events, save_node_events
+
+    if params is None:
+        params = (parse_params(args.param), parse_params(args.admission_param),
+                  parse_params(args.placement_param))  # fmt: skip
+    cluster = (
+        ClusterSpec(groups=[]) if args.cluster_spec == "none" else load_cluster(args.cluster_spec)
+    )
+    model = load_throughputs(args.throughputs)
+    options = SimOptions(
+        cluster=cluster,
+        throughputs=args.throughputs,
+        policy=GAVEL_NAMES.get(args.policy, args.policy) if args.gavel else args.policy,
+        policy_params=params[0],
+        admission=args.admission,
+        admission_params=params[1],
+        placement=args.placement,
+        placement_params=params[2],
+        round_s=args.round_s or (GAVEL_ROUND_S if args.gavel else 300.0),
+        mode="rounds" if args.blox else args.mode,
+        blox=args.blox,
+        gavel=args.gavel,
+        window=args.window,
+        churn_node_gpus=args.churn_node_gpus,
+        preemption_cost=PreemptionCost(checkpoint_s=args.checkpoint_s, restore_s=args.restore_s),
+        durable=args.durable,
+    )
+    if args.elasticflow:
+        from gpuyard.sim import elasticflow_options
+
+        scheme = elasticflow_options(args.policy, options.round_s, cluster.total_gpus)
+        scheme["policy_params"] |= options.policy_params
+        options = msgspec.structs.replace(options, **scheme)
+    if "scheduler" not in external:
+        scheduling_policies.create(options.policy, options.policy_params)
+    if "admission" not in external:
+        admission_policies.create(options.admission, options.admission_params)
+    if "placement" not in external:
+        placement_policies.create(options.placement, options.placement_params)
+    workload, described = workload_from_args(args, model, load=load, seed=seed)
+    if args.window is not None and args.window[1] > len(workload.jobs):
+        raise ValueError(
+            f"--window {args.window[0]}:{args.window[1]}: the workload has only "
+            f"{len(workload.jobs):,} jobs"
+        )
+    if args.node_events is not None:
+        origin = None
+        if "Tsub" in workload.extras.columns:  # BFTrainer: line node and job times up
+            import pandas as pd
+
+            origin = pd.to_datetime(workload.extras["Tsub"]).min().to_pydatetime()
+        events_path = args.out / "node_events.csv"
+        events = load_node_events(args.node_events, origin=origin)
+        # Events before the first job only set the nodes' state at the start.
+        events["time"] = events["time"].clip(lower=0.0)
+        save_node_events(events, events_path)
+        options.node_events = str(events_path.resolve())
+    return options, workload, described
 
 
 async def reachable(args: argparse.Namespace) -> int:
@@ -781,7 +801,8 @@ def cmd_service(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> OneLineParser:
+    """The `gpuyard` command's parser, every subcommand in it."""
     parser = OneLineParser(prog="gpuyard", description=__doc__)
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
     add_sim_parser(sub)
@@ -789,6 +810,7 @@ def main(argv: list[str] | None = None) -> int:
     add_cluster_parsers(sub)
     add_ops_parsers(sub)
     add_auth_parser(sub)
+    add_sweep_parsers(sub)
     p = sub.add_parser("schema", help="print (or --write) the wire contract's JSON Schema")
     p.add_argument("--write", action="store_true", help=f"write it to {SCHEMA_PATH}/")
     p.set_defaults(run=cmd_schema)
@@ -798,8 +820,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name", choices=["admission", "scheduler", "placement", "simclock"])
     p.add_argument("rest", nargs=argparse.REMAINDER, help="--nats URL --cluster NAME --config FILE")
     p.set_defaults(run=cmd_service)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     # asyncio's notes on a TLS peer that hung up ("returning true from eof_received() ...") are
     # not the user's business: the command says in one line what failed.
     logging.getLogger("asyncio").setLevel(logging.ERROR)

@@ -197,9 +197,12 @@ def summarize(
     }
 
 
-def save_figure(fig: Any, path: Path, caption: str, *, title: str = "", dpi: int = 120) -> Path:
+def save_figure(
+    fig: Any, path: Path, caption: str, *, title: str = "", dpi: int = 120, svg: bool = False
+) -> Path:
     """Save a plot that says what ran: `caption` in small print under the axes (the layout leaves
-    room for it) and in the PNG's `Description` text, `title` above; then close it."""
+    room for it) and in the PNG's `Description` text, `title` above (`svg`: an SVG beside the
+    PNG too); then close it."""
     if title:
         fig.suptitle(title, fontsize=11)
     height = 0.0
@@ -209,6 +212,8 @@ def save_figure(fig: Any, path: Path, caption: str, *, title: str = "", dpi: int
         fig.text(0.01, 0.01, caption, fontsize=7, ha="left", va="bottom", color="0.25")
     fig.tight_layout(rect=(0, height, 1, 1))
     fig.savefig(path, dpi=dpi, metadata={"Title": title, "Description": caption})
+    if svg:
+        fig.savefig(path.with_suffix(".svg"), metadata={"Title": title, "Description": caption})
     plt.close(fig)
     return path
 
@@ -293,12 +298,13 @@ def write_results(
     extra: dict[str, Any] | None = None, caption: str = "", until: float | None = None, *,
     workload: list[JobSpec] | None = None, declined: dict[str, str] | None = None,
     efficiency: pd.DataFrame | None = None, measured: set[str] | None = None,
+    plots: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """Write every result file into `out` and return the summary; `caption` says what ran on
-    every plot; `until`: an interrupted run's last instant (see `summarize`). With the
-    `workload`, the jobs admission declined get rows too; with `efficiency`
-    (`efficiency_frame`), `efficiency.csv`; with `measured` (a measurement window), JCT figures
-    are those jobs' (see `summarize`)."""
+    every plot (`plots=False`: no plots, as in a sweep, whose report draws its own); `until`: an
+    interrupted run's last instant (see `summarize`). With the `workload`, the jobs admission
+    declined get rows too; with `efficiency` (`efficiency_frame`), `efficiency.csv`; with
+    `measured` (a measurement window), JCT figures are those jobs' (see `summarize`)."""
     out.mkdir(parents=True, exist_ok=True)
     jobs = jobs_frame(records, workload, declined)
     timeline = timeline_frame(points)
@@ -313,8 +319,9 @@ def write_results(
         total = float(timeline["gpus"].max()) * float(summary["simulated_s"])
         summary["utilization"] = compute / total if total > 0 else 0.0
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    with _PYPLOT:
-        plot(jobs, timeline, out, caption, summary.get("jobs_in_workload"), efficiency)
+    if plots:
+        with _PYPLOT:
+            plot(jobs, timeline, out, caption, summary.get("jobs_in_workload"), efficiency)
     return summary
 
 

@@ -317,6 +317,7 @@ async def simulate(
     on_services: Callable[[ServiceSet], object] | None = None,
     workload: dict[str, Any] | None = None,
     on_policies: Callable[[dict[str, PolicyInfo | str]], object] | None = None,
+    plots: bool = True,
 ) -> SimResult:
     """Run one simulation and write its results into `out`. Without `nats_url`, on a private server.
 
@@ -328,7 +329,7 @@ async def simulate(
     called with the services once they answer, before the run starts (tests: to kill one mid-run
     and start it again with `ServiceSet.replace`, in a durable run with `processes=True`).
     `workload`: how the jobs were made (generator, load, seed, or trace and format), for
-    `options.json` and the plots' captions.
+    `options.json` and the plots' captions. `plots=False`: result files without the PNGs.
 
     Cancelled mid-run (Ctrl-C, SIGTERM), it writes what the run got to (`collect_partial`) with
     `"partial": true` and the simulated time reached in `summary.json`, stops everything and
@@ -436,7 +437,7 @@ async def simulate(
         caption += f"\nPARTIAL: interrupted at t = {reached / 3600:,.1f} h"
     summary = await asyncio.to_thread(
         write_results, records, points, out, extra, caption,
-        reached if interrupted is not None else None, **deadlines,
+        reached if interrupted is not None else None, **deadlines, plots=plots,
     )  # fmt: skip
     if interrupted is not None:
         raise interrupted

@@ -1,0 +1,333 @@
+"""A sweep's TOML file, typed and validated, and its plan: one `Run` per combination.
+
+```toml
+[sweep]                      # optional: name (default: the file's stem), parallel, timeout_s, ...
+[base]                       # options of every run (RunSpec's fields: `gpuyard sim`'s options)
+[grid]                       # field = [values]: every combination
+[[runs]]                     # optional list of variants, each crossed with the grid
+```
+
+Paths in the file (trace, throughputs, cluster_spec files, node_events) are relative to the file's
+folder. A run is identified by a hash of its inputs (its options with the input files' contents in
+place of their paths), so a sweep run again skips what it has already done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import itertools
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+import gpuyard
+
+ParamValue = str | int | float | bool | list[str | int | float | bool]
+PositiveInt = Annotated[int, Meta(gt=0)]
+NonNegative = Annotated[float, Meta(ge=0)]
+
+
+class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """One simulation: the options of `gpuyard sim` (same names, `_` for `-`), typed."""
+
+    label: str | None = None
+    """How the run's scheme is called in tables and plots (default: the policy)."""
+    policy: str = "fifo"
+    policy_params: dict[str, ParamValue] = {}
+    admission: str = "accept-all"
+    admission_params: dict[str, ParamValue] = {}
+    placement: str = "consolidated"
+    placement_params: dict[str, ParamValue] = {}
+    preset: Literal["blox", "gavel", "elasticflow"] | None = None
+    """A reference's simulator semantics (`--blox`, `--gavel`, `--elasticflow`)."""
+    round_s: Annotated[float, Meta(gt=0)] | None = None
+    mode: Literal["rounds", "events"] = "events"
+    cluster_spec: str = "32x4"
+    throughputs: str = "default"
+    generator: Literal["blox", "gavel", "elasticflow"] | None = None
+    jobs: PositiveInt | None = None
+    load: Annotated[float, Meta(gt=0)] | None = None
+    seed: Annotated[int, Meta(ge=0)] | None = None
+    gpu_demand: str | None = None
+    multi_gpu: bool = False
+    trace: str | None = None
+    trace_format: str | None = None
+    skip_bad: bool = False
+    philly_reading: Literal["blox", "plain"] | None = None
+    window: str | None = None
+    """Gavel's measurement window, `FIRST:END` (`--window`)."""
+    node_events: str | None = None
+    churn_node_gpus: PositiveInt = 1
+    checkpoint_s: NonNegative = 0.0
+    restore_s: NonNegative = 0.0
+
+    @property
+    def scheme(self) -> str:
+        return self.label or self.policy
+
+
+FILE_FIELDS = ("trace", "throughputs", "cluster_spec", "node_events")
+"""Fields that may name a file (or, for throughputs, a folder) the run reads."""
+PARAM_FIELDS = ("policy_params", "admission_params", "placement_params")
+RUN_FIELDS = frozenset(f.name for f in msgspec.structs.fields(RunSpec))
+
+
+class SweepSettings(Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    name: str | None = None
+    """The sweep's name on the server (default: the file's stem)."""
+    parallel: PositiveInt | None = None
+    """Runs at once on this machine (default: one per CPU)."""
+    timeout_s: Annotated[float, Meta(gt=0)] | None = None
+    """A run that takes longer fails with that error."""
+    max_attempts: PositiveInt = 3
+    """A run whose worker died this many times is recorded as failed."""
+
+
+class SweepFile(Struct, kw_only=True, forbid_unknown_fields=True):
+    sweep: SweepSettings = SweepSettings()
+    base: dict[str, Any] = {}
+    grid: dict[str, list[Any]] = {}
+    runs: list[dict[str, Any]] = []
+
+
+class InputFile(Struct, frozen=True):
+    """A file (or folder) a run reads, by content: it travels to workers through the server."""
+
+    field: str
+    path: str
+    digest: str
+    folder: bool = False
+
+
+class Run(Struct, kw_only=True):
+    run_id: str
+    name: str
+    spec: RunSpec
+    inputs: list[InputFile] = []
+
+
+class Sweep(Struct, kw_only=True):
+    name: str
+    settings: SweepSettings
+    runs: list[Run]
+    source: str = ""
+
+
+class ConfigError(ValueError):
+    """A sweep file that cannot be used, in one line naming the file and the key."""
+
+
+def _where(exc: msgspec.ValidationError, prefix: str) -> str:
+    """msgspec's `... - at `$.base.load`` as `base.load: ...`."""
+    text = str(exc)
+    match = re.search(r" - at `\$(.*)`$", text)
+    path = prefix
+    if match:
+        path += match[1] if prefix else match[1].lstrip(".")
+        text = text[: match.start()]
+    unknown = re.match(r"Object contains unknown field `(.+)`", text)
+    if unknown:
+        return f"unknown key {path + '.' if path else ''}{unknown[1]}"
+    return f"{path}: {text}" if path else text
+
+
+def load_sweep(path: Path) -> Sweep:
+    """The sweep `path` describes, every run validated; ConfigError in one line otherwise."""
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not TOML: {exc}") from None
+    try:
+        config = msgspec.convert(raw, SweepFile)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{path}: {_where(exc, '')}") from None
+    return plan(config, path)
+
+
+def _spec(fields: dict[str, Any], where: str, source: Path) -> RunSpec:
+    try:
+        return msgspec.convert(fields, RunSpec)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source}: {_where(exc, where)}") from None
+
+
+def plan(config: SweepFile, source: Path) -> Sweep:
+    """Every run of the sweep: each of `runs` (or the base alone) crossed with the grid."""
+    _spec(config.base, "base", source)
+    for key, values in config.grid.items():
+        if key not in RUN_FIELDS:
+            raise ConfigError(f"{source}: unknown key grid.{key}")
+        if not values:
+            raise ConfigError(f"{source}: grid.{key}: an empty list")
+        for i, value in enumerate(values):
+            try:
+                msgspec.convert({key: value}, RunSpec)
+            except msgspec.ValidationError as exc:
+                text = re.sub(r" - at `\$.*`$", "", str(exc))
+                raise ConfigError(f"{source}: grid.{key}[{i}]: {text}") from None
+    for i, variant in enumerate(config.runs):
+        _spec(variant, f"runs[{i}]", source)
+    variants = config.runs or [{}]
+    axes = list(config.grid)
+    runs: list[Run] = []
+    folder = source.parent
+    for v, variant in enumerate(variants):
+        for values in itertools.product(*config.grid.values()):
+            fields = {**config.base, **variant, **dict(zip(axes, values, strict=True))}
+            where = f"runs[{v}]" if config.runs else "base"
+            spec = _resolve_paths(_spec(fields, where, source), folder)
+            inputs = _inputs(spec, source, where)
+            _check(spec, source, where)
+            runs.append(Run(run_id=run_id(spec, inputs), name="", spec=spec, inputs=inputs))
+    if not runs:
+        raise ConfigError(f"{source}: no runs")
+    _name_runs(runs, axes)
+    name = config.sweep.name or source.stem
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+        raise ConfigError(
+            f"{source}: sweep.name {name!r}: letters, digits, '-' and '_' only (a subject token)"
+        )
+    return Sweep(name=name, settings=config.sweep, runs=runs, source=str(source))
+
+
+def _resolve_paths(spec: RunSpec, folder: Path) -> RunSpec:
+    changes = {}
+    for field in FILE_FIELDS:
+        value = getattr(spec, field)
+        if value is None or (field == "throughputs" and value == "default"):
+            continue
+        candidate = folder / value
+        if field == "cluster_spec" and not candidate.exists():
+            continue  # `32x4`, not a file
+        changes[field] = str(candidate.resolve())
+    return msgspec.structs.replace(spec, **changes)
+
+
+def _digest(path: Path) -> str:
+    """sha256 of a file, or of a folder's files with their relative names."""
+    h = hashlib.sha256()
+    if path.is_dir():
+        for item in sorted(p for p in path.rglob("*") if p.is_file()):
+            h.update(str(item.relative_to(path)).encode() + b"\0")
+            h.update(hashlib.sha256(item.read_bytes()).digest())
+    else:
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _inputs(spec: RunSpec, source: Path, where: str) -> list[InputFile]:
+    found = []
+    for field in FILE_FIELDS:
+        value = getattr(spec, field)
+        if value is None or (field == "throughputs" and value == "default"):
+            continue
+        path = Path(value)
+        if field == "cluster_spec" and not path.exists():
+            continue
+        if not path.exists():
+            raise ConfigError(f"{source}: {where}.{field}: {value} does not exist")
+        found.append(InputFile(field, str(path), _digest(path), path.is_dir()))
+    return found
+
+
+def run_id(spec: RunSpec, inputs: list[InputFile]) -> str:
+    """A hash of what determines the run's results: its options, with the contents of the files
+    it reads in place of their paths, and gpuyard's version."""
+    digests = {i.field: i.digest for i in inputs}
+    fields = msgspec.to_builtins(spec) | digests
+    fields.pop("label", None)  # a name, not an input
+    text = msgspec.json.encode({"gpuyard": gpuyard.__version__, "run": fields}, order="sorted")
+    return hashlib.sha256(text).hexdigest()[:16]
+
+
+def _name_runs(runs: list[Run], axes: list[str]) -> None:
+    """`las-load10-seed0`: the scheme, then every grid value but the scheme's; made unique."""
+    for run in runs:
+        parts = [run.spec.scheme]
+        for axis in axes:
+            if axis in ("policy", "label"):
+                continue
+            value = getattr(run.spec, axis)
+            if axis in FILE_FIELDS and value:
+                value = Path(value).stem
+            shown = f"{value:g}" if isinstance(value, float) else str(value)
+            parts.append(f"{axis}{shown}" if axis in ("load", "seed") else f"{axis}={shown}")
+        run.name = "-".join(re.sub(r"[^A-Za-z0-9_=.-]+", "_", part).strip("_") for part in parts)
+    seen: dict[str, int] = {}
+    for run in runs:
+        seen[run.name] = seen.get(run.name, 0) + 1
+    for run in runs:
+        if seen[run.name] > 1:
+            run.name += f"-{run.run_id[:6]}"
+
+
+def sim_argv(spec: RunSpec) -> list[str]:
+    """`gpuyard sim`'s options for `spec`, but the policies' parameters (`sim_setup` takes them
+    typed) and where to run and write."""
+    argv: list[str] = []
+    for field in msgspec.structs.fields(RunSpec):
+        name = field.name
+        value = getattr(spec, name)
+        if name in ("label", *PARAM_FIELDS) or value is None or value is False:
+            continue
+        if name == "preset":
+            argv.append(f"--{value}")
+        elif name == "round_s":
+            argv += ["--round", repr(value)]
+        elif value is True:
+            argv.append(f"--{name.replace('_', '-')}")
+        elif value != field.default:
+            argv += [f"--{name.replace('_', '-')}", str(value)]
+    return argv
+
+
+def sim_args(spec: RunSpec, out: Path) -> argparse.Namespace:
+    """`gpuyard sim`'s parsed options for `spec`, writing into `out`; ValueError for a value the
+    command refuses (its one-line message)."""
+    from gpuyard.cli import build_parser, check_workload_args
+
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            args = build_parser().parse_args(["sim", *sim_argv(spec), "--out", str(out)])
+    except SystemExit:
+        text = errors.getvalue().strip().splitlines()
+        message = text[-1] if text else "bad options"
+        raise ValueError(message.removeprefix("gpuyard sim: error: ").split(" (see:")[0]) from None
+    check_workload_args(args)
+    return args
+
+
+def _check(spec: RunSpec, source: Path, where: str) -> None:
+    """What can be checked before anything runs: the options and the policies' parameters."""
+    from gpuyard.shared.policy import (
+        PolicyError,
+        admission_policies,
+        placement_policies,
+        scheduling_policies,
+    )
+    from gpuyard.sim import ELASTICFLOW_SCHEMES
+
+    try:
+        sim_args(spec, Path("unused"))
+        if spec.preset == "elasticflow":
+            if spec.policy not in ELASTICFLOW_SCHEMES:
+                raise ValueError(
+                    f"unknown ElasticFlow scheme {spec.policy!r}; known: "
+                    f"{', '.join(ELASTICFLOW_SCHEMES)}"
+                )
+        elif not (spec.preset == "gavel" and spec.policy == "fifo"):
+            scheduling_policies.create(spec.policy, spec.policy_params)
+        admission_policies.create(spec.admission, spec.admission_params)
+        placement_policies.create(spec.placement, spec.placement_params)
+    except (ValueError, PolicyError) as exc:
+        raise ConfigError(f"{source}: {where} ({spec.scheme}): {exc}") from None

@@ -1,0 +1,390 @@
+"""`gpuyard report RESULTS`: a sweep's figures (PNG and SVG, each captioned with what ran) and one
+self-contained HTML page with all of them, a table per scheme and load, and the failed runs.
+
+Runs are grouped into series: a series is a scheme (a run's label, else its policy) plus any other
+input that varies across the sweep except the load and the seed; seeds are repetitions. Means over
+seeds come with 95% confidence intervals (Student's t)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import numpy as np
+import pandas as pd
+
+from gpuyard.report import save_figure
+from gpuyard.sweep.config import RUN_FIELDS
+from gpuyard.sweep.engine import measured
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+T_975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042]  # fmt: skip
+"""Student's t, 97.5% quantile, for 1 to 30 degrees of freedom."""
+
+
+LINES: list[Any] = ["-", "--", "-.", (0, (3, 1, 1, 1, 1, 1))]
+"""Line styles, in turn, so that series that coincide stay visible (dotted is for GPUs present)."""
+
+
+class ReportError(ValueError):
+    """No results to report on, in one line."""
+
+
+def ci95(values: pd.Series) -> float:
+    """Half-width of the 95% confidence interval of the mean (0 for fewer than two values)."""
+    values = values.dropna()
+    n = len(values)
+    if n < 2:
+        return 0.0
+    t = T_975[n - 2] if n - 1 <= len(T_975) else 1.96
+    return float(t * values.std(ddof=1) / math.sqrt(n))
+
+
+def _short(column: str, value: Any) -> str:
+    if isinstance(value, str) and ("/" in value or column in ("trace", "throughputs")):
+        return Path(value).name
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def with_series(table: pd.DataFrame) -> pd.DataFrame:
+    """`table` with a `series` column: the scheme and every other input that varies."""
+    fixed = {"label", "policy", "load", "seed"}
+    keys = [table["scheme"], table["load"].astype(str), table["seed"].astype(str)]
+    # An input is named when it tells apart runs of the same scheme, load and seed.
+    varying = [c for c in table.columns if c in RUN_FIELDS - fixed
+               and (table[c].astype(str).groupby(keys).nunique() > 1).any()]  # fmt: skip
+    table = table.copy()
+
+    def name(row: pd.Series) -> str:
+        extra = ", ".join(f"{c}={_short(c, row[c])}" for c in varying)
+        return f"{row['scheme']} ({extra})" if extra else row["scheme"]
+
+    table["series"] = table.apply(name, axis=1) if len(table) else []
+    return table
+
+
+def _values(table: pd.DataFrame, column: str) -> str:
+    values = [str(v) for v in table[column].dropna().unique()] if column in table else []
+    return ", ".join(values[:4]) + (f" and {len(values) - 4} more" if len(values) > 4 else "")
+
+
+def caption(table: pd.DataFrame, sweep: str) -> str:
+    """What ran, for every figure: the sweep, its runs, workloads, seeds, cluster, policies."""
+    failed = int((table["status"] != "ok").sum())
+    seeds = _values(table, "seed")
+    lines = [
+        f"sweep {sweep}: {len(table)} runs" + (f" ({failed} failed or missing)" if failed else "")
+        + (f"; seeds {seeds}" if seeds else ""),
+        f"workload {_workload(table)}; cluster {_values(table, 'cluster') or _values(table, 'cluster_spec')}",
+    ]  # fmt: skip
+    policies = f"admission {_values(table, 'ran_admission') or _values(table, 'admission')}, "
+    policies += f"placement {_values(table, 'ran_placement') or _values(table, 'placement')}"
+    presets = _values(table, "preset")
+    lines.append(policies + (f"; {presets} semantics" if presets else ""))
+    return "\n".join(lines)
+
+
+def _workload(table: pd.DataFrame) -> str:
+    if table["trace"].notna().any():
+        return "trace " + ", ".join(sorted({Path(t).name for t in table["trace"].dropna()}))
+    generators = _values(table, "generator") or "blox"
+    jobs = _values(table, "jobs") or "400"
+    return f"{generators} generator, {jobs} jobs per run"
+
+
+def _has_loads(table: pd.DataFrame) -> bool:
+    return bool(table["load"].notna().any())
+
+
+def _by_series_load(ok: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Mean, CI half-width and count of `column` over seeds, per series and load."""
+    keys = ["series", "load"] if _has_loads(ok) else ["series"]
+    grouped = ok.groupby(keys, sort=True, dropna=False)[column]
+    stats = grouped.agg(["mean", "count"]).reset_index()
+    stats["ci"] = grouped.apply(ci95).to_numpy()
+    return stats
+
+
+def _seed_note(ok: pd.DataFrame) -> str:
+    seeds = int(ok.groupby(["series", "load"], dropna=False).size().max()) if len(ok) else 0
+    if seeds > 1:
+        return f"points: mean over {seeds} seeds; bars: 95% confidence interval (Student's t)"
+    return "one seed per point: no confidence interval"
+
+
+def plot_metric(ok: pd.DataFrame, column: str, ylabel: str, title: str, path: Path,
+                caption_text: str, scale: float = 1.0) -> Path:  # fmt: skip
+    """`column` against load, a line per series (bars per series for a trace), with 95% CIs."""
+    stats = _by_series_load(ok, column)
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    if _has_loads(ok):
+        for i, (series, rows) in enumerate(stats.groupby("series")):
+            ax.errorbar(rows["load"], rows["mean"] * scale, yerr=rows["ci"] * scale, marker="o",
+                        capsize=4, label=series, linestyle=LINES[i % len(LINES)])  # fmt: skip
+        ax.set_xlabel("load (jobs per hour)")
+        ax.legend(title="scheme", fontsize=8)
+    else:
+        bars = ax.bar(stats["series"], stats["mean"] * scale, yerr=stats["ci"] * scale, capsize=4)
+        ax.bar_label(bars, fmt="%.3g", fontsize=8)
+        ax.tick_params(axis="x", labelrotation=20)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    return save_figure(fig, path, f"{caption_text}\n{_seed_note(ok)}", svg=True)
+
+
+def _jobs(folder: Path, run: pd.Series) -> pd.DataFrame | None:
+    """A run's jobs; with a measurement window, only the jobs it measured (arrival order)."""
+    path = folder / "runs" / run["name"] / "jobs.csv"
+    if not path.exists():
+        return None
+    window = run.get("window")
+    return measured(pd.read_csv(path), window if isinstance(window, str) else None)
+
+
+def plot_cdfs(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str) -> Path:
+    """JCT CDFs: a panel per load, a line per series, every seed's completed jobs pooled."""
+    loads = sorted(ok["load"].dropna().unique()) if _has_loads(ok) else [None]
+    loads = _spread(loads, 4)
+    fig, axes = plt.subplots(1, len(loads), figsize=(5.2 * len(loads), 4.6), squeeze=False)
+    for ax, load in zip(axes[0], loads, strict=True):
+        at = ok if load is None else ok[ok["load"] == load]
+        for i, (series, rows) in enumerate(at.groupby("series")):
+            parts = [j.loc[j["state"] == "completed", "jct"].to_numpy(dtype=float)
+                     for j in (_jobs(folder, r) for _, r in rows.iterrows()) if j is not None]  # fmt: skip
+            values = np.sort(np.concatenate(parts)) / 3600 if parts else np.array([])
+            if len(values):
+                ax.plot(values, np.arange(1, len(values) + 1) / len(values),
+                        linestyle=LINES[i % len(LINES)], label=f"{series} ({len(values):,} jobs)")  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_title("JCT CDF" + ("" if load is None else f", load {load:g} jobs/h"))
+        ax.set_xlabel("JCT (hours, log scale)")
+        ax.set_ylabel("fraction of completed jobs")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    seeds = ok["seed"].nunique()
+    note = f"every seed's jobs pooled ({seeds} seeds)" if seeds > 1 else "one seed"
+    windows = _values(ok, "window")
+    if windows:
+        note += f"; the measured jobs only (window {windows}, in arrival order)"
+    return save_figure(fig, path, f"{caption_text}\n{note}", svg=True)
+
+
+def _spread(values: list[Any], most: int) -> list[Any]:
+    """At most `most` of `values`, evenly spread, first and last included."""
+    if len(values) <= most:
+        return values
+    picks = np.linspace(0, len(values) - 1, most).round().astype(int)
+    return [values[i] for i in sorted(set(picks))]
+
+
+def _binned(timeline: pd.DataFrame, column: str, edges: np.ndarray) -> np.ndarray:
+    """The time-weighted mean of a step function over each bin between `edges`."""
+    times = timeline["time"].to_numpy(dtype=float)
+    values = timeline[column].to_numpy(dtype=float)
+    # integral of the step function at each edge
+    at = np.searchsorted(times, edges, side="right") - 1
+    cumulative = np.concatenate([[0.0], np.cumsum(values[:-1] * np.diff(times))])
+    safe = np.clip(at, 0, len(times) - 1)
+    integral = cumulative[safe] + values[safe] * (edges - times[safe])
+    integral[at < 0] = 0.0
+    return np.diff(integral) / np.diff(edges)
+
+
+def plot_timelines(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str) -> Path:
+    """GPUs in use (and present, when nodes come and go) and queued jobs over time: a column per
+    load, a line per series, the lowest seed; time-weighted means over 200 bins."""
+    loads = _spread(sorted(ok["load"].dropna().unique()), 3) if _has_loads(ok) else [None]
+    fig, axes = plt.subplots(2, len(loads), figsize=(5.5 * len(loads), 6.4), squeeze=False,
+                             sharex="col")  # fmt: skip
+    churn = False
+    for col, load in enumerate(loads):
+        at = ok if load is None else ok[ok["load"] == load]
+        first = at[at["seed"] == at["seed"].min()] if at["seed"].notna().any() else at
+        for i, (series, rows) in enumerate(first.groupby("series")):
+            timeline_path = folder / "runs" / rows["name"].iloc[0] / "timeline.csv"
+            if not timeline_path.exists():
+                continue
+            timeline = pd.read_csv(timeline_path)
+            if len(timeline) < 2:
+                continue
+            edges = np.linspace(timeline["time"].iloc[0], timeline["time"].iloc[-1], 201)
+            hours = (edges[:-1] + edges[1:]) / 2 / 3600
+            color, line = f"C{i}", LINES[i % len(LINES)]
+            axes[0][col].plot(hours, _binned(timeline, "busy_gpus", edges), color=color,
+                              linestyle=line, label=series)  # fmt: skip
+            if timeline["gpus"].nunique() > 1:
+                churn = True
+                axes[0][col].plot(hours, _binned(timeline, "gpus", edges), color=color,
+                                  linestyle=":", linewidth=1)  # fmt: skip
+            axes[1][col].plot(hours, _binned(timeline, "queued", edges), color=color,
+                              linestyle=line)  # fmt: skip
+        title = "" if load is None else f", load {load:g} jobs/h"
+        axes[0][col].set_title(f"GPUs in use{title}")
+        axes[0][col].set_ylabel("GPUs in use" + (" (dotted: present)" if churn else ""))
+        axes[1][col].set_ylabel("queued jobs")
+        axes[1][col].set_xlabel("simulated time (hours)")
+        for ax in axes[:, col]:
+            ax.grid(True, alpha=0.3)
+        axes[0][col].legend(fontsize=7)
+    note = "lowest seed of each; time-weighted means over 200 bins"
+    return save_figure(fig, path, f"{caption_text}\n{note}", svg=True)
+
+
+def _num(value: float) -> str:
+    """Three significant digits or so, never in exponent form."""
+    size = abs(value)
+    return f"{value:,.0f}" if size >= 100 else f"{value:.1f}" if size >= 10 else f"{value:.3g}"
+
+
+def summary_table(ok: pd.DataFrame) -> pd.DataFrame:
+    """Per series and load: mean over seeds (± 95% CI) of the headline metrics."""
+    columns = {
+        "mean_jct": ("mean JCT (h)", 1 / 3600), "p95_jct": ("p95 JCT (h)", 1 / 3600),
+        "makespan": ("makespan (h)", 1 / 3600), "utilization": ("utilisation (%)", 100),
+        "deadline_satisfactory_ratio": ("deadlines met (%)", 100),
+        "rho_max": ("worst rho", 1), "rho_jain": ("Jain's index of 1/rho", 1),
+    }  # fmt: skip
+    keys = ["series", "load"] if _has_loads(ok) else ["series"]
+    rows = []
+    for key, group in ok.groupby(keys, sort=True, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        row: dict[str, Any] = dict(zip(keys, key, strict=True)) | {"seeds": len(group)}
+        for column, (label, scale) in columns.items():
+            values = pd.to_numeric(group[column], errors="coerce") if column in group else None
+            if values is None or values.isna().all():
+                continue
+            mean, ci = values.mean() * scale, ci95(values) * scale
+            row[label] = f"{_num(mean)} ± {_num(ci)}" if len(group) > 1 else _num(mean)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def write_report(results: Path, out: Path | None = None) -> list[Path]:
+    """Every figure (PNG and SVG) and `report.html`; the paths, the HTML last."""
+    folder = results if results.is_dir() else results.parent
+    table_path = folder / "results.parquet"
+    if not table_path.exists():
+        raise ReportError(f"{table_path} not found: give the folder `gpuyard sweep` wrote")
+    table = pd.read_parquet(table_path)
+    if table.empty:
+        raise ReportError(f"{table_path}: no runs")
+    out = out or folder / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    sweep = str(table["sweep"].iloc[0]) if "sweep" in table else folder.name
+    table = with_series(table)
+    ok = table[table["status"] == "ok"]
+    text = caption(table, sweep)
+    figures: list[tuple[Path, str]] = []
+    if not ok.empty:
+        jct_title = "mean JCT vs load" if _has_loads(ok) else "mean JCT per scheme"
+        figures.append((plot_metric(ok, "mean_jct", "mean JCT (hours)", jct_title,
+                                    out / "mean_jct.png", text, 1 / 3600), jct_title))  # fmt: skip
+        figures.append((plot_cdfs(ok, folder, out / "jct_cdfs.png", text), "JCT CDFs"))
+        figures.append((plot_metric(ok, "makespan", "makespan (hours)", "makespan",
+                                    out / "makespan.png", text, 1 / 3600), "makespan"))  # fmt: skip
+        figures.append((plot_timelines(ok, folder, out / "timelines.png", text),
+                        "utilisation and queue over time"))  # fmt: skip
+        deadline = pd.to_numeric(ok.get("deadline_satisfactory_ratio"), errors="coerce")
+        if deadline is not None and deadline.notna().any():
+            ok = ok.assign(deadline_satisfactory_ratio=deadline)
+            figures.append((plot_metric(ok, "deadline_satisfactory_ratio", "jobs that met their "
+                                        "deadline (%)", "deadline satisfactory ratio",
+                                        out / "deadlines.png", text, 100), "deadline ratio"))  # fmt: skip
+        if ok["rho_max"].notna().any():
+            figures.append((plot_fairness(ok, out / "fairness.png", text), "fairness"))
+    stats = summary_table(ok) if not ok.empty else pd.DataFrame()
+    stats.to_csv(out / "summary.csv", index=False)
+    page = out / "report.html"
+    page.write_text(_html(sweep, table, stats, figures, text, folder))
+    paths = [p for f, _ in figures for p in (f, f.with_suffix(".svg"))]
+    return [*paths, out / "summary.csv", page]
+
+
+def plot_fairness(ok: pd.DataFrame, path: Path, caption_text: str) -> Path:
+    """Finish-time fairness: the worst rho (JCT over time running) and Jain's index of 1/rho."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    for ax, column, label in ((axes[0], "rho_max", "worst finish-time fairness rho"),
+                              (axes[1], "rho_jain", "Jain's index of 1/rho")):  # fmt: skip
+        stats = _by_series_load(ok, column)
+        if _has_loads(ok):
+            for i, (series, rows) in enumerate(stats.groupby("series")):
+                ax.errorbar(rows["load"], rows["mean"], yerr=rows["ci"], marker="o", capsize=4,
+                            label=series, linestyle=LINES[i % len(LINES)])  # fmt: skip
+            ax.set_xlabel("load (jobs per hour)")
+        else:
+            ax.bar(stats["series"], stats["mean"], yerr=stats["ci"], capsize=4)
+            ax.tick_params(axis="x", labelrotation=20)
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[0].set_title("worst job: rho = JCT / time running (1 is fair)")
+    axes[1].set_title("Jain's index of 1/rho (1: all slowed alike)")
+    axes[1].set_ylim(0, 1.05)
+    if _has_loads(ok):
+        axes[0].legend(fontsize=7)
+    return save_figure(fig, path, f"{caption_text}\n{_seed_note(ok)}", svg=True)
+
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; }
+figure { margin: 1.5em 0; } figure img { max-width: 100%; border: 1px solid #ddd; }
+figcaption { font-size: 0.85em; color: #555; white-space: pre-line; }
+table { border-collapse: collapse; font-size: 0.8em; } td, th { border: 1px solid #ccc;
+padding: 2px 6px; text-align: right; } th { background: #f4f4f4; }
+pre { background: #f7f7f7; padding: 1em; font-size: 0.8em; overflow-x: auto; }
+.failed { color: #a00; }
+"""
+
+
+def _html(sweep: str, table: pd.DataFrame, stats: pd.DataFrame,
+          figures: list[tuple[Path, str]], caption_text: str, folder: Path) -> str:  # fmt: skip
+    """One page, nothing outside it: the figures are inlined as PNG data."""
+    esc = html.escape
+    parts = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>gpuyard sweep {esc(sweep)}</title><style>{STYLE}</style></head><body>",
+        f"<h1>gpuyard sweep <code>{esc(sweep)}</code></h1>",
+        f"<p>{esc(caption_text).replace(chr(10), '<br>')}</p>",
+    ]  # fmt: skip
+    failed = table[table["status"] != "ok"]
+    counts = f"{len(table) - len(failed)} of {len(table)} runs succeeded"
+    parts.append(f"<p>{counts}.</p>")
+    if not stats.empty:
+        per = "Per scheme and load" if "load" in stats else "Per scheme"
+        parts += [f"<h2>{per} (mean over seeds ± 95% CI)</h2>",
+                  stats.to_html(index=False, na_rep="-", border=0)]  # fmt: skip
+    for path, title in figures:
+        data = base64.b64encode(path.read_bytes()).decode()
+        parts.append(
+            f'<figure id="{esc(path.stem)}"><h2>{esc(title)}</h2>'
+            f'<img src="data:image/png;base64,{data}" alt="{esc(title)}" '
+            "onload=\"this.dataset.loaded='yes'\" onerror=\"this.dataset.loaded='broken'\">"
+            f"<figcaption>{esc(path.name)} and {esc(path.with_suffix('.svg').name)} beside this "
+            "page</figcaption></figure>"
+        )
+    if len(failed):
+        parts.append("<h2 class='failed'>Failed or missing runs</h2><ul>")
+        parts += [f"<li class='failed'><code>{esc(r['name'])}</code>: {esc(str(r['error']))}</li>"
+                  for _, r in failed.iterrows()]  # fmt: skip
+        parts.append("</ul>")
+    config = folder / "sweep.toml"
+    if config.exists():
+        parts += ["<h2>The sweep file</h2>", f"<pre>{esc(config.read_text())}</pre>"]
+    runs = table[["name", "run_id", "status", "mean_jct", "makespan", "utilization"]
+                 if "mean_jct" in table else ["name", "run_id", "status"]]  # fmt: skip
+    parts += ["<h2>Runs</h2>", runs.to_html(index=False, na_rep="-", border=0,
+                                            float_format=lambda v: f"{v:,.4g}")]  # fmt: skip
+    parts.append(f"<script type='application/json' id='figures'>{json.dumps([p.name for p, _ in figures])}</script>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,358 @@
+"""Sweeps as a user runs them: `gpuyard sweep` on a private server with local workers, the same
+sweep through a server's queue with four `gpuyard worker` processes (one killed mid-run),
+`gpuyard report` rendered in a real headless Chromium."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gpuyard.sweep.config import ConfigError, load_sweep
+from gpuyard.sweep.engine import fairness
+from gpuyard.sweep.report import ci95
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+SWEEP = """
+[sweep]
+name = "twopol"
+
+[base]
+jobs = 80
+load = 30
+cluster_spec = "4x2"
+
+[grid]
+seed = [0, 1, 2]
+
+[[runs]]
+policy = "fifo"
+
+[[runs]]
+policy = "srtf"
+"""
+VARYING = ("wall_s", "worker", "attempt")
+"""Columns that say how a run went, not what it gave."""
+
+
+def gpuyard(*args: str, cwd: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuyard.cli", *args], capture_output=True, text=True,
+        timeout=timeout, cwd=cwd,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def local_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sweep run on one machine: a private server, two local workers."""
+    folder = tmp_path_factory.mktemp("sweep")
+    (folder / "twopol.toml").write_text(SWEEP)
+    result = gpuyard("sweep", "twopol.toml", "--parallel", "2", "--out", "out", cwd=folder)
+    assert result.returncode == 0, result.stderr
+    assert "6/6 runs" in result.stderr  # the sweep's one progress bar, its last line
+    assert sorted(os.listdir(folder / "out" / "workers")) == ["worker-0.log", "worker-1.log"]
+    return folder / "out"
+
+
+# --------------------------------------------------------------------------- the file
+
+
+def write(tmp_path: Path, text: str, name: str = "s.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_bad_key_is_one_line_naming_file_and_key(tmp_path: Path) -> None:
+    for text, expected in (
+        ("[base]\npolcy = 'las'\n", "unknown key base.polcy"),
+        ("[grid]\nload = [10, 'high']\n", "grid.load[1]: Expected `float | null`, got `str`"),
+        ("[[runs]]\nseed = -1\n", "runs[0].seed: Expected `int` >= 0"),
+        ("[sweep]\nparralel = 2\n", "unknown key sweep.parralel"),
+        ("[grid]\nloads = [1]\n", "unknown key grid.loads"),
+    ):
+        path = write(tmp_path, text)
+        with pytest.raises(ConfigError) as err:
+            load_sweep(path)
+        assert str(err.value).startswith(f"{path}: {expected}"), err.value
+        assert "\n" not in str(err.value)
+    path = write(tmp_path, "[base]\npolicy = 'nosuch'\n")
+    result = gpuyard("sweep", str(path), "--dry-run")
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"gpuyard sweep: {path}: base (nosuch): unknown scheduling")
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_grid_and_runs_give_every_combination_named_and_hashed(tmp_path: Path) -> None:
+    trace = write(tmp_path, "job_id,arrival_time_s,duration_s,num_gpus\n1,0,600,1\n", "t.csv")
+    sweep = load_sweep(write(tmp_path, SWEEP))
+    assert [r.name for r in sweep.runs] == [f"{p}-seed{s}" for p in ("fifo", "srtf") for s in range(3)]
+    assert len({r.run_id for r in sweep.runs}) == 6
+    assert sweep.runs[4].spec.policy == "srtf" and sweep.runs[4].spec.jobs == 80
+    again = load_sweep(write(tmp_path, SWEEP.replace('"twopol"', '"other"'), "o.toml"))
+    assert [r.run_id for r in again.runs] == [r.run_id for r in sweep.runs]  # inputs, not names
+    # A trace is identified by its content, not its path.
+    text = "[base]\ntrace = 't.csv'\n[grid]\npolicy = ['fifo', 'las']\n"
+    before = load_sweep(write(tmp_path, text))
+    trace.write_text(trace.read_text() + "2,60,900,2\n")
+    after = load_sweep(write(tmp_path, text))
+    assert before.runs[0].inputs[0].path == str(trace.resolve())
+    assert {r.run_id for r in before.runs}.isdisjoint(r.run_id for r in after.runs)
+
+
+# --------------------------------------------------------------------------- one machine
+
+
+def test_the_sweep_writes_one_table_in_parquet_and_csv(local_sweep: Path) -> None:
+    table = pd.read_parquet(local_sweep / "results.parquet")
+    assert list(table["name"]) == [f"{p}-seed{s}" for p in ("fifo", "srtf") for s in range(3)]
+    assert (table["status"] == "ok").all() and (table["completed"] == 80).all()
+    assert list(table["seed"]) == [0, 1, 2] * 2 and (table["cluster_spec"] == "4x2").all()
+    for column in ("mean_jct", "p99_jct", "makespan", "utilization", "rho_max", "rho_jain"):
+        assert table[column].notna().all(), column
+    csv = pd.read_csv(local_sweep / "results.csv")
+    assert csv["mean_jct"].tolist() == pytest.approx(table["mean_jct"].tolist())
+    # Each row is that run's own summary; different seeds, different workloads.
+    run = json.loads((local_sweep / "runs" / "srtf-seed1" / "summary.json").read_text())
+    assert table.loc[4, "mean_jct"] == pytest.approx(run["mean_jct"])
+    assert table.loc[0, "mean_jct"] != table.loc[1, "mean_jct"]
+
+
+def test_a_sweep_run_is_the_simulation_gpuyard_sim_runs(local_sweep: Path, tmp_path: Path) -> None:
+    result = gpuyard("sim", "--policy", "srtf", "--jobs", "80", "--load", "30", "--seed", "1",
+                     "--cluster-spec", "4x2", "--out", str(tmp_path / "sim"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    for name in ("jobs.csv", "timeline.csv"):
+        ours = (local_sweep / "runs" / "srtf-seed1" / name).read_bytes()
+        assert ours == (tmp_path / "sim" / name).read_bytes(), name
+
+
+def test_a_failed_run_is_recorded_and_a_sweep_resumes(tmp_path: Path) -> None:
+    write(tmp_path, "job_id,arrival_time_s,duration_s,num_gpus\n1,0,600,1\n2,10,oops,1\n", "bad.csv")
+    write(tmp_path, "[base]\ncluster_spec = '2x2'\n[[runs]]\npolicy = 'fifo'\njobs = 10\n"
+          "[[runs]]\ntrace = 'bad.csv'\ntrace_format = 'blox'\nlabel = 'broken'\n")  # fmt: skip
+    result = gpuyard("sweep", "s.toml", "--out", "out", "--parallel", "1", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    table = pd.read_parquet(tmp_path / "out" / "results.parquet")
+    assert list(table["status"]) == ["ok", "failed"]
+    assert table.loc[1, "error"].startswith(f"{tmp_path / 'bad.csv'}, line 3, field 'duration_s'")
+    assert "FAILED broken:" in result.stdout
+    results = sorted((tmp_path / "out" / "runs").glob("*/result.json"))
+    stamps = {p: p.stat().st_mtime_ns for p in results}
+    # Again: nothing runs (a failed run is finished too) ...
+    again = gpuyard("sweep", "s.toml", "--out", "out", cwd=tmp_path)
+    assert again.returncode == 1
+    assert {p: p.stat().st_mtime_ns for p in results} == stamps
+    # ... unless asked; and a run whose results are gone runs again, alone.
+    shutil.rmtree(tmp_path / "out" / "runs" / "fifo")
+    third = gpuyard("sweep", "s.toml", "--out", "out", "--retry-failed", "--parallel", "1",
+                    cwd=tmp_path)  # fmt: skip
+    assert third.returncode == 1
+    table = pd.read_parquet(tmp_path / "out" / "results.parquet")
+    assert list(table["status"]) == ["ok", "failed"] and table.loc[0, "completed"] == 10
+    broken = tmp_path / "out" / "runs" / "broken" / "result.json"
+    assert broken.stat().st_mtime_ns != stamps[broken]
+
+
+def test_an_interrupted_sweep_keeps_what_came_back_and_goes_on(tmp_path: Path) -> None:
+    write(tmp_path, "[base]\njobs = 60\ncluster_spec = '2x2'\n[grid]\nseed = [0, 1, 2, 3]\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuyard.cli", "sweep", "s.toml", "--out", "out", "--parallel", "1"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    first = tmp_path / "out" / "runs" / "fifo-seed0" / "result.json"
+    deadline = time.monotonic() + 120
+    while not first.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "run the same command again to go on" in err
+    table = pd.read_parquet(tmp_path / "out" / "results.parquet")
+    assert table.loc[0, "status"] == "ok" and (table["status"] == "missing").any()
+    kept = first.stat().st_mtime_ns
+    again = gpuyard("sweep", "s.toml", "--out", "out", "--parallel", "1", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert (pd.read_parquet(tmp_path / "out" / "results.parquet")["status"] == "ok").all()
+    assert first.stat().st_mtime_ns == kept  # not run again
+
+
+# --------------------------------------------------------------------------- many machines
+
+
+async def test_four_workers_one_killed_give_the_single_machine_results(
+    local_sweep: Path, nats_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "twopol.toml").write_text(SWEEP)
+    logs = [tmp_path / f"worker-{i}.log" for i in range(4)]
+    workers = []
+    for log in logs:
+        with log.open("wb") as sink:
+            workers.append(await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "gpuyard.cli", "worker", "--nats", nats_url,
+                stdout=sink, stderr=sink,
+            ))  # fmt: skip
+    sweep = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpuyard.cli", "sweep", "twopol.toml", "--nats", nats_url,
+        "--out", "out", "--redeliver-after", "3", cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        victim = None
+        async with asyncio.timeout(120):  # kill the first worker seen starting a run, mid-run
+            while victim is None:
+                await asyncio.sleep(0.05)
+                for worker, log in zip(workers, logs, strict=True):
+                    if '"run.started"' in log.read_text():
+                        os.kill(worker.pid, signal.SIGKILL)
+                        victim = log
+                        break
+        killed_run = json.loads(next(line for line in victim.read_text().splitlines()
+                                     if '"run.started"' in line))["run"]  # fmt: skip
+        async with asyncio.timeout(180):
+            _, err = await sweep.communicate()
+        assert sweep.returncode == 0, err.decode()
+    finally:
+        for worker in workers:
+            if worker.returncode is None:
+                worker.terminate()
+            await worker.wait()
+    assert '"run.done"' not in victim.read_text()
+    table = pd.read_parquet(tmp_path / "out" / "results.parquet")
+    reference = pd.read_parquet(local_sweep / "results.parquet")
+    assert (table["status"] == "ok").all()
+    assert table.loc[table["name"] == killed_run, "attempt"].item() == 2  # delivered again
+    assert table["worker"].nunique() > 1  # shared among the workers
+    pd.testing.assert_frame_equal(table.drop(columns=list(VARYING)),
+                                  reference.drop(columns=list(VARYING)))  # fmt: skip
+    for run in table["name"]:
+        for name in ("jobs.csv", "timeline.csv"):
+            ours = (tmp_path / "out" / "runs" / run / name).read_bytes()
+            assert ours == (local_sweep / "runs" / run / name).read_bytes(), (run, name)
+
+
+async def test_a_worker_does_not_run_again_a_run_whose_result_is_stored(nats_url: str) -> None:
+    """At-least-once delivery can hand out a run twice: its stored result stands."""
+    import msgspec
+    import nats
+
+    from gpuyard.sweep.config import RunSpec
+    from gpuyard.sweep.queue import (
+        RESULTS_STREAM,
+        RUNS_STREAM,
+        RunOrder,
+        RunResult,
+        ensure_queue,
+        result_subject,
+        run_subject,
+    )  # fmt: skip
+    from gpuyard.sweep.worker import Worker
+
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await ensure_queue(js)
+    done = RunResult(sweep="d", run_id="abc", name="fifo", ok=True, summary={"mean_jct": 1.0})
+    await js.publish(result_subject("d", "abc"), msgspec.json.encode(done))
+    order = RunOrder(sweep="d", run_id="abc", name="fifo", spec=RunSpec(jobs=5))
+    await js.publish(run_subject("d"), msgspec.json.encode(order))
+    worker = Worker(nats_url, idle_exit_s=0.5)
+    assert await worker.serve() == 0
+    assert worker.runs == 0  # acknowledged, not run
+    assert (await js.stream_info(RUNS_STREAM)).state.messages == 0
+    stored = await js.get_last_msg(RESULTS_STREAM, result_subject("d", "abc"))
+    assert msgspec.json.decode(stored.data, type=RunResult) == done
+    await nc.close()
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def test_ci_and_fairness_figures() -> None:
+    assert ci95(pd.Series([1.0, 2.0, 3.0])) == pytest.approx(4.303 / math.sqrt(3))
+    assert ci95(pd.Series([5.0])) == 0.0
+    jobs = pd.DataFrame({"state": ["completed", "completed", "running"], "jct": [10.0, 40.0, None],
+                         "executed_time": [10.0, 10.0, 5.0]})  # fmt: skip
+    found = fairness(jobs)  # rho 1 and 4: speeds 1 and 1/4
+    assert found["rho_mean"] == 2.5 and found["rho_max"] == 4.0
+    assert found["rho_jain"] == pytest.approx(1.25**2 / (2 * (1 + 1 / 16)))
+
+
+def test_deadline_ratios_get_their_figure(local_sweep: Path, tmp_path: Path) -> None:
+    from gpuyard.sweep.report import write_report
+
+    table = pd.read_parquet(local_sweep / "results.parquet")
+    table["deadline_satisfactory_ratio"] = [0.5, 0.6, 0.7, 0.9, 0.8, 1.0]
+    shutil.copytree(local_sweep / "runs", tmp_path / "runs")
+    table.to_parquet(tmp_path / "results.parquet")
+    paths = write_report(tmp_path)
+    assert tmp_path / "report" / "deadlines.png" in paths
+    summary = pd.read_csv(tmp_path / "report" / "summary.csv")
+    assert summary["deadlines met (%)"].tolist() == ["60.0 ± 24.8", "90.0 ± 24.8"]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (Debian package `chromium`) to render the report")
+def test_the_html_report_renders_with_every_figure(local_sweep: Path, tmp_path: Path) -> None:
+    result = gpuyard("report", str(local_sweep), "--out", str(tmp_path / "report"))
+    assert result.returncode == 0, result.stderr
+    page = Path(result.stdout.strip())
+    assert page == tmp_path / "report" / "report.html"
+    figures = ["mean_jct", "jct_cdfs", "makespan", "timelines", "fairness"]
+    for name in figures:
+        assert (tmp_path / "report" / f"{name}.png").stat().st_size > 0
+        assert (tmp_path / "report" / f"{name}.svg").read_text().lstrip().startswith("<?xml")
+    assert "src=\"file:" not in page.read_text() and "href=" not in page.read_text()
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'chromium'}"]  # fmt: skip
+    assert CHROMIUM is not None
+    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True,
+                         text=True, timeout=120).stdout  # fmt: skip
+    for name in figures:  # each figure is in the page, and its image decoded
+        assert f'<figure id="{name}">' in dom
+    assert dom.count('data-loaded="yes"') == len(figures) and 'data-loaded="broken"' not in dom
+    assert "fifo" in dom and "srtf" in dom and "6 of 6 runs succeeded" in dom
+    shot = tmp_path / "page.png"
+    subprocess.run([CHROMIUM, *flags, "--window-size=1200,2400", f"--screenshot={shot}",
+                    page.as_uri()], capture_output=True, timeout=120)  # fmt: skip
+    from PIL import Image
+
+    colours = Image.open(shot).convert("RGB").getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 200  # plots, not a blank page
+
+
+# --------------------------------------------------------------------------- recipes
+
+RECIPES = Path(__file__).resolve().parents[1] / "examples" / "sweeps"
+
+
+@pytest.mark.parametrize(
+    ("recipe", "runs"),
+    [("blox-fig6", 9), ("gavel-jct-vs-load", 24), ("elasticflow-deadlines", 6)],
+)
+def test_each_recipe_is_a_valid_sweep(recipe: str, runs: int, shared_data: Path) -> None:
+    sweep = load_sweep(RECIPES / f"{recipe}.toml")
+    assert len(sweep.runs) == runs and sweep.name == recipe
+    for run in sweep.runs:  # its data files are read from ../shared/data, by content
+        assert all(Path(i.path).is_relative_to(shared_data.resolve()) for i in run.inputs)
+
+
+def test_the_bftrainer_recipe_waits_for_its_policy(shared_data: Path) -> None:
+    from gpuyard.shared.policy import scheduling_policies
+
+    path = RECIPES / "bftrainer-idle.toml"
+    if "bftrainer" in scheduling_policies.names():
+        assert len(load_sweep(path).runs) == 1
+        return
+    with pytest.raises(ConfigError, match="unknown scheduling policy 'bftrainer'"):
+        load_sweep(path)
