@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ import pytest
 from gpuyard.cli_cluster import job_from_args
 from gpuyard.jobclient import JobClient
 from gpuyard.services.nodeagent.nvml import Nvml, gpu_type_name
-from gpuyard.services.nodeagent.procs import Places, process_envs
+from gpuyard.services.nodeagent.procs import JobPart, Places, process_envs
 from gpuyard.services.nodeagent.run import add_agent_args, config_from_args
 from gpuyard.services.nodeagent.sdnotify import SystemdNotifier
 from gpuyard.services.nodeagent.service import NodeAgent, NodeAgentConfig
@@ -82,6 +84,30 @@ def test_process_environments_per_gpu_and_per_node(tmp_path: Path) -> None:
     assert e["GPUYARD_ATTEMPT"] == "2" and e["GPUYARD_CHECKPOINT_DIR"] == str(tmp_path / "ckpt/j1")
     (one,) = process_envs(_launch("per_node"), "n2", places, {})
     assert one["CUDA_VISIBLE_DEVICES"] == "2,3" and one["NODE_RANK"] == "1" and one["RANK"] == "2"
+
+
+async def test_a_part_stopped_while_its_processes_start_is_stopped(tmp_path: Path) -> None:
+    """A preemption that lands while the agent is still starting a part's processes (a launch and
+    the next round's preempt close together, on a loaded machine) stops them once they have
+    started: they must not run on, to their end, beside the job's next run elsewhere."""
+    spec = JobSpec(num_gpus=1, command=[sys.executable, "-c", "import time; time.sleep(60)"])
+    launch = Launch(
+        job_id="j1", spec=spec, gpus=[0], world_size=1, rank_offset=0, node_rank=0,
+        num_nodes=1, master_addr="127.0.0.1", master_port=23456,
+    )  # fmt: skip
+
+    async def no_lines(job_id: str, rank: int, line: str) -> None:
+        pass
+
+    part = JobPart(launch, "n1", Places(tmp_path / "logs", tmp_path / "ckpt"), no_lines, 5.0)
+    spawning = asyncio.create_task(part.spawn(dict(os.environ)))
+    await asyncio.sleep(0)  # the spawn is under way: no process handed back yet
+    assert not part.procs
+    part.stop()
+    await spawning
+    async with asyncio.timeout(10):
+        rank, code = await part.wait()
+    assert (rank, code) == (0, -signal.SIGTERM)
 
 
 def test_systemd_notify_sends_datagrams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
