@@ -13,6 +13,8 @@ Preemption: the agent sends SIGTERM, waits a grace period (30 s by default), the
 `JobClient` turns SIGTERM into a flag; the loop checks it, checkpoints and exits::
 
     job = JobClient.from_env()
+    if job.finished:  # an earlier run did all the work: do not do it (or its ending) again
+        sys.exit(0)
     state = job.load_checkpoint() or {"step": 0}
     while state["step"] < total:
         train_one_step()
@@ -22,6 +24,14 @@ Preemption: the agent sends SIGTERM, waits a grace period (30 s by default), the
             job.save_checkpoint(state)
             job.exit_preempted()
     job.save_checkpoint(state)
+    save_the_model()
+    job.finish()  # last: later runs find the job finished
+
+A job may be launched again after a run that finished: that run's end can be lost (a preemption's
+SIGTERM that lands while the process exits kills it) or reach the scheduler only after it
+relaunched the job (an exit reported while the scheduler restarts). `finish()` marks the work done
+beside the checkpoint, and the run that finds it (`finished`) exits 0 at once: the job's work and
+its ending are done once.
 
 Outside gpuyard (no variables) it works too: rank 0 of 1, checkpoints in `./checkpoints/<job>`.
 """
@@ -35,6 +45,9 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+FINISHED = "finished.json"
+"""Beside a rank's checkpoint once a run finished (`finish()`): which run it was."""
 
 
 class JobClient:
@@ -80,6 +93,12 @@ class JobClient:
         self.preempted = True
 
     @property
+    def finished(self) -> bool:
+        """An earlier run of this rank finished (`finish()`): the work is done, and this run
+        should exit 0 at once."""
+        return self.checkpoint_path(FINISHED).exists()
+
+    @property
     def resumed(self) -> bool:
         """A restart after a preemption or a lost node, or a checkpoint is there to resume from."""
         return self.attempt > 0 or self.checkpoint_path().exists()
@@ -113,6 +132,12 @@ class JobClient:
         path = self.checkpoint_path(name)
         _write_atomically(path, json.dumps(state).encode())
         return path
+
+    def finish(self) -> None:
+        """The work is done, and whatever ends it (the last checkpoint, results, messages): later
+        runs of the job find it `finished`. Call it last; a SIGTERM meanwhile only sets the flag."""
+        done = {"attempt": self.attempt, "time": time.time()}
+        _write_atomically(self.checkpoint_path(FINISHED), json.dumps(done).encode())
 
     def load_checkpoint(self, name: str = "state.json") -> dict[str, Any] | None:
         path = self.checkpoint_path(name)

@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -146,6 +147,30 @@ def test_jobclient_checkpoints_progress_and_sigterm(tmp_path: Path) -> None:
         assert exc.value.code == 143
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_run_launched_after_one_that_finished_exits_at_once(tmp_path: Path) -> None:
+    """A run whose end was lost (killed by a SIGTERM on its way out, or its exit still waiting at
+    its agent while the scheduler restarts) may be launched again: that run finds the job
+    finished and exits 0 at once, rather than run to completion (and its ending) a second time."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+
+    def run(attempt: int) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ, "GPUYARD_JOB_ID": "j1", "GPUYARD_ATTEMPT": str(attempt),
+            "GPUYARD_CHECKPOINT_DIR": str(tmp_path / "ck" / "j1"),
+        }  # fmt: skip
+        command = [sys.executable, str(example), "--steps", "3", "--step-time", "0"]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+
+    first, again = run(0), run(1)
+    assert first.returncode == 0 and "done at step 3 (attempt 0)" in first.stdout
+    assert again.returncode == 0, again.stderr
+    assert "done at step" not in again.stdout
+    assert "job=j1 attempt=1: finished by an earlier run" in again.stdout
+    env = {"GPUYARD_JOB_ID": "j1", "GPUYARD_CHECKPOINT_DIR": str(tmp_path / "ck" / "j1")}
+    job = JobClient.from_env(env, handle_sigterm=False)
+    assert job.finished and job.load_checkpoint() == {"step": 3, "loss": pytest.approx(0.99**3)}
 
 
 def test_submit_arguments_become_a_job(tmp_path: Path) -> None:
