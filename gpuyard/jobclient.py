@@ -27,11 +27,12 @@ Preemption: the agent sends SIGTERM, waits a grace period (30 s by default), the
     save_the_model()
     job.finish()  # last: later runs find the job finished
 
-A job may be launched again after a run that finished: that run's end can be lost (a preemption's
-SIGTERM that lands while the process exits kills it) or reach the scheduler only after it
-relaunched the job (an exit reported while the scheduler restarts). `finish()` marks the work done
-beside the checkpoint, and the run that finds it (`finished`) exits 0 at once: the job's work and
-its ending are done once.
+A job may be launched again after a run that finished: that run's end can be lost (killed on its
+way out: a SIGTERM once Python has dropped its handlers, a SIGKILL after the grace period) or
+reach the scheduler only after it relaunched the job (an exit reported while the scheduler
+restarts). `finish()` marks the work done beside the checkpoint (and ignores SIGTERM from then
+on), and the run that finds it (`finished`) exits 0 at once: the job's work and its ending are done
+once.
 
 Outside gpuyard (no variables) it works too: rank 0 of 1, checkpoints in `./checkpoints/<job>`.
 """
@@ -135,9 +136,12 @@ class JobClient:
 
     def finish(self) -> None:
         """The work is done, and whatever ends it (the last checkpoint, results, messages): later
-        runs of the job find it `finished`. Call it last; a SIGTERM meanwhile only sets the flag."""
+        runs of the job find it `finished`. Call it last (a SIGTERM meanwhile only sets the flag);
+        from then on SIGTERM is ignored, so a preemption that lands while the process exits (when
+        Python has dropped its handlers) does not turn a finished run into a stopped one."""
         done = {"attempt": self.attempt, "time": time.time()}
         _write_atomically(self.checkpoint_path(FINISHED), json.dumps(done).encode())
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def load_checkpoint(self, name: str = "state.json") -> dict[str, Any] | None:
         path = self.checkpoint_path(name)

@@ -171,6 +171,12 @@ def test_a_run_launched_after_one_that_finished_exits_at_once(tmp_path: Path) ->
     env = {"GPUYARD_JOB_ID": "j1", "GPUYARD_CHECKPOINT_DIR": str(tmp_path / "ck" / "j1")}
     job = JobClient.from_env(env, handle_sigterm=False)
     assert job.finished and job.load_checkpoint() == {"step": 3, "loss": pytest.approx(0.99**3)}
+    previous = signal.getsignal(signal.SIGTERM)
+    try:  # once finished, a SIGTERM cannot make the exit look like a stop
+        JobClient.from_env({"GPUYARD_CHECKPOINT_DIR": str(tmp_path / "ck" / "j2")}).finish()
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_submit_arguments_become_a_job(tmp_path: Path) -> None:
