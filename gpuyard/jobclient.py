@@ -71,6 +71,7 @@ class JobClient:
         self.preempted = False
         """Set by SIGTERM: checkpoint and exit soon (before the grace period ends)."""
         self._last_report = 0.0
+        self._handles_sigterm = handle_sigterm
         if handle_sigterm:
             signal.signal(signal.SIGTERM, self._on_sigterm)
 
@@ -137,11 +138,12 @@ class JobClient:
     def finish(self) -> None:
         """The work is done, and whatever ends it (the last checkpoint, results, messages): later
         runs of the job find it `finished`. Call it last (a SIGTERM meanwhile only sets the flag);
-        from then on SIGTERM is ignored, so a preemption that lands while the process exits (when
-        Python has dropped its handlers) does not turn a finished run into a stopped one."""
+        from then on SIGTERM is ignored (if we handle it), so a preemption that lands while the
+        process exits (when Python has dropped its handlers) does not make the run look stopped."""
         done = {"attempt": self.attempt, "time": time.time()}
         _write_atomically(self.checkpoint_path(FINISHED), json.dumps(done).encode())
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self._handles_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def load_checkpoint(self, name: str = "state.json") -> dict[str, Any] | None:
         path = self.checkpoint_path(name)
