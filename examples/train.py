@@ -3,7 +3,8 @@
     gpuyard submit --gpus 2 -- python examples/train.py --steps 200 --step-time 0.05
 
 Each rank "trains" (sleeps `--step-time` per step), reports progress, checkpoints every
-`--checkpoint-every` steps and when preempted (SIGTERM), and resumes from its checkpoint on restart.
+`--checkpoint-every` steps and when preempted (SIGTERM), and resumes from its checkpoint on restart;
+a run launched after one that finished (whose end was lost) exits at once.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ def main() -> int:
     args = p.parse_args()
 
     job = JobClient.from_env()
+    if job.finished:
+        # An earlier run did all the steps (its end was lost, or reached the scheduler late).
+        print(f"job={job.job_id} attempt={job.attempt}: finished by an earlier run", flush=True)
+        return 0
     state = job.load_checkpoint() or {"step": 0, "loss": 1.0}
     print(
         f"job={job.job_id} rank={job.rank}/{job.world_size} attempt={job.attempt} "
@@ -47,6 +52,7 @@ def main() -> int:
     job.save_checkpoint(state)
     job.report(iterations=state["step"], samples=state["step"] * args.batch, force=True)
     print(f"done at step {state['step']} (attempt {job.attempt})", flush=True)
+    job.finish()  # last: a later run of this job (a lost end) does nothing
     return 0
 
 

@@ -13,6 +13,8 @@ Preemption: the agent sends SIGTERM, waits a grace period (30 s by default), the
 `JobClient` turns SIGTERM into a flag; the loop checks it, checkpoints and exits::
 
     job = JobClient.from_env()
+    if job.finished:  # an earlier run did all the work: do not do it (or its ending) again
+        sys.exit(0)
     state = job.load_checkpoint() or {"step": 0}
     while state["step"] < total:
         train_one_step()
@@ -22,6 +24,15 @@ Preemption: the agent sends SIGTERM, waits a grace period (30 s by default), the
             job.save_checkpoint(state)
             job.exit_preempted()
     job.save_checkpoint(state)
+    save_the_model()
+    job.finish()  # last: later runs find the job finished
+
+A job may be launched again after a run that finished: that run's end can be lost (killed on its
+way out: a SIGTERM once Python has dropped its handlers, a SIGKILL after the grace period) or
+reach the scheduler only after it relaunched the job (an exit reported while the scheduler
+restarts). `finish()` marks the work done beside the checkpoint (and ignores SIGTERM from then
+on), and the run that finds it (`finished`) exits 0 at once: the job's work and its ending are done
+once.
 
 Outside gpuyard (no variables) it works too: rank 0 of 1, checkpoints in `./checkpoints/<job>`.
 """
@@ -35,6 +46,9 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+FINISHED = "finished.json"
+"""Beside a rank's checkpoint once a run finished (`finish()`): which run it was."""
 
 
 class JobClient:
@@ -57,6 +71,7 @@ class JobClient:
         self.preempted = False
         """Set by SIGTERM: checkpoint and exit soon (before the grace period ends)."""
         self._last_report = 0.0
+        self._handles_sigterm = handle_sigterm
         if handle_sigterm:
             signal.signal(signal.SIGTERM, self._on_sigterm)
 
@@ -78,6 +93,12 @@ class JobClient:
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.preempted = True
+
+    @property
+    def finished(self) -> bool:
+        """An earlier run of this rank finished (`finish()`): the work is done, and this run
+        should exit 0 at once."""
+        return self.checkpoint_path(FINISHED).exists()
 
     @property
     def resumed(self) -> bool:
@@ -113,6 +134,16 @@ class JobClient:
         path = self.checkpoint_path(name)
         _write_atomically(path, json.dumps(state).encode())
         return path
+
+    def finish(self) -> None:
+        """The work is done, and whatever ends it (the last checkpoint, results, messages): later
+        runs of the job find it `finished`. Call it last (a SIGTERM meanwhile only sets the flag);
+        from then on SIGTERM is ignored (if we handle it), so a preemption that lands while the
+        process exits (when Python has dropped its handlers) does not make the run look stopped."""
+        done = {"attempt": self.attempt, "time": time.time()}
+        _write_atomically(self.checkpoint_path(FINISHED), json.dumps(done).encode())
+        if self._handles_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def load_checkpoint(self, name: str = "state.json") -> dict[str, Any] | None:
         path = self.checkpoint_path(name)

@@ -222,6 +222,9 @@ class RegisterNode(Struct, kw_only=True, forbid_unknown_fields=True):
 
     now: float
     node: NodeSpec
+    jobs: list[str] | None = None
+    """The jobs the agent was told to launch since it started, whether their parts still run or
+    ended (None: not said, as by the simclock)."""
 
 
 class NodesChanged(Struct, kw_only=True, forbid_unknown_fields=True):

@@ -199,6 +199,41 @@ async def test_higher_priority_job_preempts_and_the_victim_resumes_from_its_chec
     assert "done at step 150 (attempt 1)" in log
 
 
+SLOW_EXIT = """
+import atexit, os, runpy, sys, time
+if os.environ["GPUYARD_ATTEMPT"] == "0":  # an exit slower than the grace period
+    atexit.register(time.sleep, 60)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+async def test_a_run_killed_as_it_exits_after_finishing_does_not_run_again(
+    cluster: RealCluster, tmp_path: Path
+) -> None:
+    """A run that finished its work but is killed on its way out (a preemption whose grace period
+    its exit outlasts) looks stopped to its agent: the scheduler requeues the job and launches it
+    again. That run finds the job finished and exits 0 at once, which completes it: the work and
+    its ending happened once."""
+    wrapper = tmp_path / "slow_exit.py"
+    wrapper.write_text(SLOW_EXIT)
+    low = await cluster.submit(
+        num_gpus=1, command=[sys.executable, str(wrapper), *_train(5, 0.01)[1:]], priority=0
+    )
+    await cluster.until(
+        lambda: _async(lambda: "done at step 5 (attempt 0)" in cluster.job_log(low)), "low done"
+    )
+    assert (await cluster.job(low)).state == "running"  # exiting, slowly
+    high = await cluster.submit(num_gpus=4, command=_train(5, 0.01), priority=10)
+    await cluster.until_state(high, "completed", within_s=20)
+    record = await cluster.until_state(low, "completed", "failed", within_s=30)
+    assert record.state == "completed", record.reason
+    assert record.preemptions == 1 and record.attempt == 2
+    log = cluster.job_log(low)
+    assert log.count("done at step") == 1
+    assert f"job={low} attempt=1: finished by an earlier run" in log
+
+
 async def test_killed_node_agent_requeues_the_job_and_it_completes_elsewhere(
     cluster: RealCluster,
 ) -> None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ import pytest
 from gpuyard.cli_cluster import job_from_args
 from gpuyard.jobclient import JobClient
 from gpuyard.services.nodeagent.nvml import Nvml, gpu_type_name
-from gpuyard.services.nodeagent.procs import Places, process_envs
+from gpuyard.services.nodeagent.procs import JobPart, Places, process_envs
 from gpuyard.services.nodeagent.run import add_agent_args, config_from_args
 from gpuyard.services.nodeagent.sdnotify import SystemdNotifier
 from gpuyard.services.nodeagent.service import NodeAgent, NodeAgentConfig
@@ -84,6 +87,30 @@ def test_process_environments_per_gpu_and_per_node(tmp_path: Path) -> None:
     assert one["CUDA_VISIBLE_DEVICES"] == "2,3" and one["NODE_RANK"] == "1" and one["RANK"] == "2"
 
 
+async def test_a_part_stopped_while_its_processes_start_is_stopped(tmp_path: Path) -> None:
+    """A preemption that lands while the agent is still starting a part's processes (a launch and
+    the next round's preempt close together, on a loaded machine) stops them once they have
+    started: they must not run on, to their end, beside the job's next run elsewhere."""
+    spec = JobSpec(num_gpus=1, command=[sys.executable, "-c", "import time; time.sleep(60)"])
+    launch = Launch(
+        job_id="j1", spec=spec, gpus=[0], world_size=1, rank_offset=0, node_rank=0,
+        num_nodes=1, master_addr="127.0.0.1", master_port=23456,
+    )  # fmt: skip
+
+    async def no_lines(job_id: str, rank: int, line: str) -> None:
+        pass
+
+    part = JobPart(launch, "n1", Places(tmp_path / "logs", tmp_path / "ckpt"), no_lines, 5.0)
+    spawning = asyncio.create_task(part.spawn(dict(os.environ)))
+    await asyncio.sleep(0)  # the spawn is under way: no process handed back yet
+    assert not part.procs
+    part.stop()
+    await spawning
+    async with asyncio.timeout(10):
+        rank, code = await part.wait()
+    assert (rank, code) == (0, -signal.SIGTERM)
+
+
 def test_systemd_notify_sends_datagrams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = str(tmp_path / "notify")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -118,6 +145,36 @@ def test_jobclient_checkpoints_progress_and_sigterm(tmp_path: Path) -> None:
         with pytest.raises(SystemExit) as exc:
             job.exit_preempted()
         assert exc.value.code == 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_run_launched_after_one_that_finished_exits_at_once(tmp_path: Path) -> None:
+    """A run whose end was lost (killed by a SIGTERM on its way out, or its exit still waiting at
+    its agent while the scheduler restarts) may be launched again: that run finds the job
+    finished and exits 0 at once, rather than run to completion (and its ending) a second time."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+
+    def run(attempt: int) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ, "GPUYARD_JOB_ID": "j1", "GPUYARD_ATTEMPT": str(attempt),
+            "GPUYARD_CHECKPOINT_DIR": str(tmp_path / "ck" / "j1"),
+        }  # fmt: skip
+        command = [sys.executable, str(example), "--steps", "3", "--step-time", "0"]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+
+    first, again = run(0), run(1)
+    assert first.returncode == 0 and "done at step 3 (attempt 0)" in first.stdout
+    assert again.returncode == 0, again.stderr
+    assert "done at step" not in again.stdout
+    assert "job=j1 attempt=1: finished by an earlier run" in again.stdout
+    env = {"GPUYARD_JOB_ID": "j1", "GPUYARD_CHECKPOINT_DIR": str(tmp_path / "ck" / "j1")}
+    job = JobClient.from_env(env, handle_sigterm=False)
+    assert job.finished and job.load_checkpoint() == {"step": 3, "loss": pytest.approx(0.99**3)}
+    previous = signal.getsignal(signal.SIGTERM)
+    try:  # once finished, a SIGTERM cannot make the exit look like a stop
+        JobClient.from_env({"GPUYARD_CHECKPOINT_DIR": str(tmp_path / "ck" / "j2")}).finish()
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -115,6 +115,34 @@ async def test_a_killed_service_restarts_and_every_job_ends_exactly_once(
     _assert_exactly_once(pcluster, page, ids)
 
 
+async def test_a_launch_placement_stored_but_never_sent_is_run_after_its_restart(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """Placement sends each agent its commands in order, in the background, after storing the
+    apply that needs them. Killed while a launch waits behind an unanswered command (here: the
+    agents are paused), it leaves a job placed on a node that never heard of it. The agent's next
+    registration says which jobs it was told to launch; the others are requeued and run."""
+    cluster = ProcessCluster(nats_url, tmp_path)
+    patient = {"heartbeat_timeout_s": 60.0, "command_timeout_s": 60.0}  # (while paused)
+    cluster.configs["placement"] = msgspec_replace(cluster.configs["placement"], **patient)
+    async with cluster:
+        ids = [f"p{i}" for i in range(4)]
+        for agent in cluster.agents.values():
+            agent.send_signal(signal.SIGSTOP)
+        try:
+            for job_id in ids:  # one round each: a node's second launch waits behind its first
+                await cluster.submit_retrying(job_id, steps=5)
+                await cluster.until_state(job_id, "running")
+            cluster.kill("placement")
+            await cluster.services.replace("placement")
+        finally:
+            for agent in cluster.agents.values():
+                agent.send_signal(signal.SIGCONT)
+        page = await cluster.until_all_ended(len(ids))
+        _assert_exactly_once(cluster, page, ids)
+        assert any(j.preemptions for j in page.jobs)  # (requeued: "node lost")
+
+
 async def _some_running(cluster: ProcessCluster) -> bool:
     page = await cluster.all_jobs()
     return any(j.state == "running" for j in page.jobs)

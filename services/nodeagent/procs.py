@@ -112,6 +112,7 @@ class JobPart:
         self.done = asyncio.Event()
         """Set when every process has exited (its GPUs are free again)."""
         self._stopper: asyncio.Task[None] | None = None
+        self._spawning = False
 
     async def spawn(self, base_env: dict[str, str]) -> None:
         command = self.launch.spec.command
@@ -120,16 +121,22 @@ class JobPart:
         logs = self.places.job_logs(self.job_id)
         logs.mkdir(parents=True, exist_ok=True)
         self.places.checkpoint_dir(self.job_id).mkdir(parents=True, exist_ok=True)
-        for env in process_envs(self.launch, self.node_id, self.places, base_env):
-            rank = int(env["RANK"])
-            proc = await asyncio.create_subprocess_exec(
-                *command, env=env, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_die_with_agent,
-            )  # fmt: skip
-            self.procs.append(proc)
-            self.ranks.append(rank)
-            self.progress_files.append(Path(env["GPUYARD_PROGRESS_FILE"]))
+        self._spawning = True
+        try:
+            for env in process_envs(self.launch, self.node_id, self.places, base_env):
+                rank = int(env["RANK"])
+                proc = await asyncio.create_subprocess_exec(
+                    *command, env=env, stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True, preexec_fn=_die_with_agent,
+                )  # fmt: skip
+                self.procs.append(proc)
+                self.ranks.append(rank)
+                self.progress_files.append(Path(env["GPUYARD_PROGRESS_FILE"]))
+        finally:
+            self._spawning = False
+            if self.stopping:  # stopped while its processes were starting: stop them now
+                self._terminate_soon()
 
     async def wait(self) -> tuple[int, int]:
         """Until every process has exited: (rank, exit code) of the first failure, or (-1, 0).
@@ -163,9 +170,11 @@ class JobPart:
         return await proc.wait()
 
     def stop(self) -> None:
-        """Preempt: SIGTERM now, SIGKILL after the grace period (in the background)."""
+        """Preempt: SIGTERM now, SIGKILL after the grace period (in the background). While its
+        processes are being started, once they all have (a signal now would miss the later ones)."""
         self.stopping = True
-        self._terminate_soon()
+        if not self._spawning:
+            self._terminate_soon()
 
     def _terminate_soon(self) -> None:
         if self._stopper is None:

@@ -189,9 +189,11 @@ class NodeAgent(Service):
         async with self._register_lock:
             while True:
                 sent = time.monotonic()
+                told = {*self.parts, *(e.job_id for e in self.pending_exits), *(k[0] for k in self.launched)}
                 try:
                     info = await self.bus.call(
-                        REGISTER, RegisterNode(now=time.time(), node=self.node), within_s=5.0
+                        REGISTER, RegisterNode(now=time.time(), node=self.node, jobs=sorted(told)),
+                        within_s=5.0,
                     )
                     break
                 except RemoteError as exc:

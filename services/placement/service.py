@@ -116,6 +116,10 @@ class Placement(Service):
         self._watchers: set[asyncio.Task[None]] = set()  # real agents' answers to commands
         self._last_command: dict[str, asyncio.Task[None]] = {}  # per node: its commands in order
         self.lost: list[str] = []  # stopped by a node's departure, not yet told to the scheduler
+        self.unconfirmed: dict[str, set[str]] = {}
+        """After a restart, per node agent: the jobs the stored map places there that we have sent
+        it no command about since. Its next registration says which it was told to launch: one
+        our previous instance stored just before it died may never have been sent."""
         self.changed = False  # the request in hand changed the state to store
         self.last_request = ""
         self.last_reply = ""
@@ -144,6 +148,9 @@ class Placement(Service):
             self._add_node(node)
             if node.labels.get("boot"):
                 self.last_seen[node.node_id] = now  # silent from now on: lost after the timeout
+        for job_id, gpus in state.running.items():
+            for node_id in {g.node_id for g in gpus} & self.last_seen.keys():
+                self.unconfirmed.setdefault(node_id, set()).add(job_id)
         for node_id in self.nodes:
             await self.bus.publish(REREGISTER, Empty(), node=node_id)
         self.log.info("state.cluster_restored", nodes=len(self.nodes), running=len(self.running))
@@ -223,6 +230,12 @@ class Placement(Service):
             return await self.cluster(Empty())
         if boot:
             self.last_seen[req.node.node_id] = time.time()
+        placed, told = self.unconfirmed.pop(req.node.node_id, set()), req.jobs
+        missing = sorted(j for j in placed if j in self.running and told is not None and j not in told)
+        if missing:
+            # Stored as launched there by our previous instance, which died before sending it.
+            self.log.warning("jobs.not_on_node", node_id=req.node.node_id, jobs=missing)
+            await self._lose(req.now, missing)
         self._add_node(req.node)
         await self.bus.emit(
             Event(type="node.up", now=req.now, node_id=req.node.node_id, service=self.name)
@@ -239,16 +252,12 @@ class Placement(Service):
         gone = set(req.gone)
         for node_id in req.gone:
             self.unresponsive.discard(node_id)
+            self.unconfirmed.pop(node_id, None)
             del self.nodes[node_id]
             del self.free[node_id]
             self.down[node_id] = req.now
         hit = sorted(j for j, gpus in self.running.items() if any(g.node_id in gone for g in gpus))
-        stopped = {j: self.running[j] for j in hit}
-        for job_id in hit:
-            self._free(job_id)
-        # A job's processes elsewhere cannot go on without their peers: stop them too.
-        await self._command(req.now, stopped, {}, {})  # (their progress: reported at relaunch)
-        self.lost += hit
+        await self._lose(req.now, hit)
         for node in req.up:
             self._add_node(node)
         for node_id in req.gone:
@@ -261,6 +270,16 @@ class Placement(Service):
                 Event(type="node.up", now=req.now, node_id=node.node_id, service=self.name)
             )
         return NodesChangedReply(lost_jobs=hit, capacity=self.capacity())
+
+    async def _lose(self, now: float, jobs: list[str]) -> None:
+        """These jobs no longer run where we placed them (their node left, or never got them):
+        free their GPUs and stop their other parts (they cannot go on without their peers); the
+        scheduler hears of them in the next apply's `lost` and requeues them."""
+        stopped = {j: self.running[j] for j in jobs}
+        for job_id in jobs:
+            self._free(job_id)
+        await self._command(now, stopped, {}, {})  # (their progress: reported at relaunch)
+        self.lost += jobs
 
     # ------------------------------------------------------------------ real node agents
 
@@ -556,6 +575,9 @@ class Placement(Service):
                     )
                 )  # fmt: skip
                 offset += len(indices)
+        for node_id, cmd in commands.items():  # (after a restart: told, from now on)
+            if unconfirmed := self.unconfirmed.get(node_id):
+                unconfirmed.difference_update([*cmd.preempt, *(x.job_id for x in cmd.launch)])
         failed, progress, done = await self._send(commands)
         # A job whose launch failed on one node must not go on with its parts elsewhere.
         stragglers: dict[str, NodeCommand] = {}
