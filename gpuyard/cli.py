@@ -311,6 +311,13 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
         default=0.0,
         help="preemption cost: time a resumed job needs before it progresses (s)",
     )
+    p.add_argument(
+        "--min-run-s",
+        type=non_negative_float,
+        default=0.0,
+        help="preemption guard: a started or resumed job runs at least this long before a "
+        "decision may stop it (s; default 0: off)",
+    )
     presets = p.add_mutually_exclusive_group()
     presets.add_argument(
         "--blox",
@@ -501,7 +508,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     import uvloop
 
     from gpuyard.cliopts import checked_subjects, checked_url, run_command
-    from gpuyard.report import format_summary
+    from gpuyard.report import format_summary, thrashing_line
     from gpuyard.shared.logs import configure_logging
     from gpuyard.shared.policy import admission_policies, placement_policies, scheduling_policies
     from gpuyard.shared.throughput import load_throughputs
@@ -555,6 +562,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
             preemption_cost=PreemptionCost(
                 checkpoint_s=args.checkpoint_s, restore_s=args.restore_s
             ),
+            min_run_s=args.min_run_s,
             durable=args.durable,
         )
         if args.elasticflow:
@@ -618,6 +626,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
     finally:
         log.close()
     print(json.dumps(result.summary, indent=2) if args.json else format_summary(result.summary))
+    if thrashing_line(result.summary):
+        print(f"gpuyard sim: warning: {thrashing_line(result.summary)}", file=sys.stderr)
     print(f"results in {args.out}/", file=sys.stderr)
     return 0
 

@@ -20,6 +20,7 @@ from gpuyard.cliopts import (
     check_nats_url,
     checked_subjects,
     nats_auth,
+    non_negative_float,
     non_negative_int,
     open_bus,
     positive_float,
@@ -91,6 +92,11 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--heartbeat-timeout", type=positive_float, default=5.0,
         help="seconds of silence: node lost",
+    )  # fmt: skip
+    p.add_argument(
+        "--min-run-s", type=non_negative_float, default=0.0,
+        help="preemption guard: a started or resumed job runs at least this long before a "
+        "decision may stop it (default 0: off)",
     )  # fmt: skip
     p.add_argument(
         "--no-durable", dest="durable", action="store_false",
@@ -182,6 +188,7 @@ RETRY_FOR_S = 60.0
 def control_plane_configs(
     policy: str = "fifo", placement: str = "consolidated", admission: str = "accept-all",
     round_s: float = 5.0, heartbeat_timeout_s: float = 5.0, durable: bool = True,
+    min_run_s: float = 0.0,
 ) -> dict[str, Any]:  # fmt: skip
     """The services of a real cluster's control plane: the scheduler ticks on the wall clock.
 
@@ -202,6 +209,7 @@ def control_plane_configs(
             clock="wall",
             learn_throughputs=True,
             round_s=round_s,
+            min_run_s=min_run_s,
             durable=durable,
             call_timeout_s=10.0,
             retry_for_s=RETRY_FOR_S,
@@ -253,7 +261,7 @@ async def run_control_plane(args: argparse.Namespace) -> int:
     checked_subjects(args.cluster)
     configs = control_plane_configs(
         args.policy, args.placement, args.admission, args.round, args.heartbeat_timeout,
-        durable=args.durable,
+        durable=args.durable, min_run_s=args.min_run_s,
     )  # fmt: skip
     state = (args.state_dir or default_state_dir(args.cluster)).expanduser().resolve()
     creds = Credentials(state, args.cluster)
