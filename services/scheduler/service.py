@@ -58,7 +58,7 @@ from gpuyard.shared.endpoints import (
 )
 from gpuyard.shared.errors import BadRequest
 from gpuyard.shared.identity import ANONYMOUS, Caller
-from gpuyard.shared.model import ANY_GPU, Allocation, JobRecord, JobSpec
+from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobRecord, JobSpec
 from gpuyard.shared.policy import (
     ClusterView,
     Decision,
@@ -455,12 +455,13 @@ class Scheduler(Service):
             if (why := may_cancel(record, caller)) is not None:
                 refused[job_id] = why
                 continue
-            if not self.table.end(record, now, "cancelled", "cancelled by request"):
+            why = "cancelled by request" if caller == ANONYMOUS else f"cancelled by {caller}"
+            if not self.table.end(record, now, "cancelled", why):
                 refused[job_id] = f"the job has already ended ({record.state})"
                 continue
             self.dirty = True
             cancelled.append(job_id)
-            await self.emit("job.cancelled", now, job_id, reason="cancelled by request")
+            await self.emit("job.cancelled", now, job_id, reason=why)
         self._poke()
         return CancelReply(cancelled=cancelled, refused=refused)
 
@@ -525,7 +526,8 @@ class Scheduler(Service):
         resized = set(reply.stopped) & reply.started.keys()  # stopped and relaunched at once
         for job_id in reply.stopped:
             if job_id not in resized and (record := active.get(job_id)) is not None:
-                await self._requeue(now, record, "preempted", reply.progress.get(job_id))
+                why = self._preempted_for(record, reply.started, reply.placed)
+                await self._requeue(now, record, why, reply.progress.get(job_id))
         sharing = {a.job_id: a.share_with for a in allocations if a.share_with}
         for job_id, gpu_type in reply.started.items():
             record = active[job_id]
@@ -632,6 +634,19 @@ class Scheduler(Service):
         ):
             raise RuntimeError(f"policy {self.policy_name!r} allocated more GPUs than exist")
         return kept
+
+    def _preempted_for(
+        self, record: JobRecord, started: dict[str, str], placed: dict[str, list[GpuRef]]
+    ) -> str:
+        """Why a running job was stopped: for the jobs this round started on its nodes (or, if
+        none, on its GPU type), as the policy decided."""
+        mine = set(record.nodes)
+        took = [j for j in started if mine.intersection(g.node_id for g in placed.get(j, []))]
+        took = took or [j for j, t in started.items() if t == record.gpu_type]
+        if not took:
+            return f"preempted by {self.policy_name}"
+        shown = ", ".join(took[:3]) + (f" and {len(took) - 3} more" if len(took) > 3 else "")
+        return f"preempted by {self.policy_name} for {shown}"
 
     def _guarded(
         self, now: float, allocations: list[Allocation], capacity: dict[str, int]
