@@ -333,12 +333,12 @@ def write_results(
     if efficiency is not None:
         efficiency.to_csv(out / "efficiency.csv", index=False)
     summary = {**(extra or {}), **summarize(jobs, timeline, until, efficiency)}
-    summary |= preemption_overhead(jobs, summary.get("preemption_cost_s"))
     compute = summary.get("compute_gpu_s")
     if compute is not None and len(timeline):
         # Gavel's utilisation: the GPUs' compute time over the whole run, from t = 0 to its end.
         total = float(timeline["gpus"].max()) * float(summary["simulated_s"])
         summary["utilization"] = compute / total if total > 0 else 0.0
+    summary |= preemption_overhead(jobs, summary.get("preemption_cost_s"))
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     with _PYPLOT:
         plot(jobs, timeline, out, caption, summary.get("jobs_in_workload"), efficiency)
