@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import getpass
 import sys
 import time
 from pathlib import Path
@@ -51,6 +52,7 @@ from gpuyard.shared.contract import (
     SubmitRequest,
 )
 from gpuyard.shared.endpoints import CANCEL, CLUSTER, HEARTBEATS, LOG_LINE, NODE_LOGS, QUERY, SUBMIT
+from gpuyard.shared.identity import ANONYMOUS
 from gpuyard.shared.model import JobRecord
 
 ENDED = {"completed", "failed", "cancelled"}
@@ -385,6 +387,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 2
 
     async def body(bus: Bus) -> int:
+        if bus.caller == ANONYMOUS:  # an open server: no identity, so the login names the user
+            for job in jobs:
+                if isinstance(job, dict):
+                    job.setdefault("user", getpass.getuser())
         reply = await bus.call(SUBMIT, msgspec.convert({"jobs": jobs}, SubmitRequest))
         bad = 0
         for r in reply.results:

@@ -93,7 +93,9 @@ def elapsed_s(record: JobRecord, now: float) -> float:
 
 def progress(record: JobRecord) -> dict[str, Any]:
     """Steps done as last reported (node agents' heartbeats, preemptions, exits) and of how many."""
-    done = record.total_steps if record.state == "completed" else record.steps_done
+    done = record.steps_done
+    if record.state == "completed" and record.total_steps is not None:
+        done = record.total_steps
     fraction = None
     if record.total_steps and done is not None:
         fraction = min(done / record.total_steps, 1.0)

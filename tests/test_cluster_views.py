@@ -188,7 +188,7 @@ async def test_jobs_show_current_states_reasons_users_and_progress(views: Views)
 
     done = await views.until_row(long, "COMPLETED", within_s=60)
     assert done["state_reason"] == "" and done["preemptions"] >= 1  # not "preempted" any more
-    assert done["progress"]["steps_done"] == 200 or done["progress"]["fraction"] is None
+    assert done["progress"]["steps_done"] > 0 and done["progress"]["total_steps"] is None
     op = views.c
     events = [
         s.event async for s in read_events(

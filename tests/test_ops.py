@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
 from collections.abc import AsyncIterator
 
@@ -234,3 +235,9 @@ async def test_cli_commands(plane: Bus, nats_url: str, capsys: pytest.CaptureFix
     assert code == 0 and "policy.changed" in out and "fifo -> las" in out
     code, _ = await cli("tail", "--nats", nats_url, "--cluster", "nosuchcluster")
     assert code == 1
+    # On an open server no identity names the submitter: the login does, and `jobs` shows it.
+    code, out = await cli("submit", *base, "--", "true")
+    job_id = out.split()[-1]
+    code, out = await cli("jobs", *base, "--json", job_id)
+    (row,) = json.loads(out)["jobs"]
+    assert code == 0 and row["user"] == getpass.getuser() == row["spec"]["user"]

@@ -170,7 +170,8 @@ class JobTable:
         ran = now - record.run_start
         record.executed_time += ran
         record.gpu_seconds += ran * record.gpus
-        record.steps_done += record.rate * (now - record.progress_at)
+        if record.total_steps is not None:  # unknown work: its steps are those it reported
+            record.steps_done += record.rate * (now - record.progress_at)
         record.run_start = record.progress_at = now
 
     def _touch(self, record: JobRecord) -> None:
