@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import signal
 import sys
 import threading
@@ -404,6 +405,7 @@ def cmd_compare(
         default_parallel,
         format_comparison,
         run_all,
+        run_name,
         write_comparison,
     )
 
@@ -428,6 +430,20 @@ def cmd_compare(
         print(table.to_json(orient="records", indent=2) if args.json else format_comparison(table))
     for path in paths:
         print(f"wrote {path}", file=sys.stderr)
+    if not table.empty and "thrashing" in table:
+        thrashing = table[table["thrashing"].fillna(False).astype(bool)]
+        names = [
+            run_name(r.policy, None if math.isnan(r.load) else r.load, r.seed)
+            for r in thrashing.itertuples()
+        ]
+        if names:
+            print(
+                f"gpuyard sim: warning: thrashing in {len(names)} of {len(table)} runs "
+                f"({', '.join(names[:5])}{', ...' if len(names) > 5 else ''}): their "
+                "preemptions could cost over half the time jobs ran (`thrashing`, "
+                "`preemption_overhead` in comparison.csv); --min-run-s S bounds it",
+                file=sys.stderr,
+            )
     complete = int((~table["partial"]).sum()) if not table.empty else 0
     if interrupted:
         partial = len(table) - complete

@@ -85,3 +85,25 @@ def test_guard_option_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
         main(["sim", "--min-run-s", "-1"])
     assert exc.value.code == 2
     assert "argument --min-run-s: must be 0 or more, not -1" in capsys.readouterr().err
+
+
+def test_a_comparison_names_the_runs_that_thrash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """FIFO never preempts; LAS on the same trace and cost thrashes: the comparison says which."""
+    jobs = trace(tmp_path / "four.csv", [(f"j{i}", 1, 1800.0, 0.0) for i in range(4)])
+    out = tmp_path / "cmp"
+    code, err = sim(
+        ["--trace", str(jobs), "--policy", "fifo,las", "--cluster-spec", "1x2",
+         "--checkpoint-s", "140", "--restore-s", "140", "--out", str(out)],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    table = pd.read_csv(out / "comparison.csv").set_index("policy")
+    assert bool(table.loc["las", "thrashing"]) and not bool(table.loc["fifo", "thrashing"])
+    warning = [line for line in err.splitlines() if "warning" in line]
+    assert warning == [
+        "gpuyard sim: warning: thrashing in 1 of 2 runs (las): their preemptions could cost "
+        "over half the time jobs ran (`thrashing`, `preemption_overhead` in comparison.csv); "
+        "--min-run-s S bounds it"
+    ]
