@@ -239,5 +239,31 @@ async def test_cli_commands(plane: Bus, nats_url: str, capsys: pytest.CaptureFix
     code, out = await cli("submit", *base, "--", "true")
     job_id = out.split()[-1]
     code, out = await cli("jobs", *base, "--json", job_id)
-    (row,) = json.loads(out)["jobs"]
+    (row,) = json.loads(next(x for x in out.splitlines() if x.startswith('{"jobs"')))["jobs"]
     assert code == 0 and row["user"] == getpass.getuser() == row["spec"]["user"]
+
+
+async def test_jobs_lists_held_jobs_until_admitted(
+    plane: Bus, nats_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job admission holds never reaches the scheduler: `gpuyard jobs` lists it from
+    admission's events, PENDING with admission's reason, and from the scheduler once admitted."""
+    await set_policy(plane, "admission", "queue-cap", {"cap": 1})
+    await submit(plane, 0.0, ("h1", 100.0), ("h2", 100.0))
+
+    async def row(job_id: str) -> dict[str, object]:
+        code = await asyncio.to_thread(
+            main, ["jobs", "--nats", nats_url, "--cluster", CLUSTER, "--json", job_id]
+        )
+        out = capsys.readouterr().out  # (the services' log lines too)
+        (found,) = json.loads(next(x for x in out.splitlines() if x.startswith('{"jobs"')))["jobs"]
+        assert code == 0
+        return found
+
+    held = await row("h2")
+    assert (held["job_state"], held["state"]) == ("PENDING", "held")
+    assert str(held["state_reason"]).startswith("held by admission: ")
+    await finish(plane, 100.0, "h1")
+    await plane.call(SUBMIT, SubmitRequest(jobs=[], now=100.0, tick=True))  # held ones again
+    admitted = await row("h2")
+    assert (admitted["job_state"], admitted["state_reason"]) == ("RUNNING", "")
