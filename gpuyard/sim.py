@@ -405,13 +405,12 @@ async def simulate(
         "min_run_s": options.min_run_s,
         "simulated_s": reached,
         "wall_s": round(wall, 3),
+        "jobs_in_workload": len(jobs),  # (jobs admission rejected have no record)
     }
     if interrupted is None:
         extra["instants"] = final.instants
         if final.compute_gpu_s is not None:
             extra["compute_gpu_s"] = final.compute_gpu_s
-    else:
-        extra["jobs_in_workload"] = len(jobs)
     deadlines: dict[str, Any] = {}
     if options.elasticflow and interrupted is None:
         model = await asyncio.to_thread(load_throughputs, options.throughputs)
