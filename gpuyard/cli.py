@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import signal
 import sys
 import threading
@@ -313,6 +314,13 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
         default=0.0,
         help="preemption cost: time a resumed job needs before it progresses (s)",
     )
+    p.add_argument(
+        "--min-run-s",
+        type=non_negative_float,
+        default=0.0,
+        help="preemption guard: a started or resumed job runs at least this long before a "
+        "decision may stop it (s; default 0: off)",
+    )
     presets = p.add_mutually_exclusive_group()
     presets.add_argument(
         "--blox",
@@ -407,6 +415,7 @@ def cmd_compare(
         default_parallel,
         format_comparison,
         run_all,
+        run_name,
         write_comparison,
     )
 
@@ -431,6 +440,20 @@ def cmd_compare(
         print(table.to_json(orient="records", indent=2) if args.json else format_comparison(table))
     for path in paths:
         print(f"wrote {path}", file=sys.stderr)
+    if not table.empty and "thrashing" in table:
+        thrashing = table[table["thrashing"].fillna(False).astype(bool)]
+        names = [
+            run_name(r.policy, None if math.isnan(r.load) else r.load, r.seed)
+            for r in thrashing.itertuples()
+        ]
+        if names:
+            print(
+                f"gpuyard sim: warning: thrashing in {len(names)} of {len(table)} runs "
+                f"({', '.join(names[:5])}{', ...' if len(names) > 5 else ''}): their "
+                "preemptions could cost over half the time jobs ran (`thrashing`, "
+                "`preemption_overhead` in comparison.csv); --min-run-s S bounds it",
+                file=sys.stderr,
+            )
     complete = int((~table["partial"]).sum()) if not table.empty else 0
     if interrupted:
         partial = len(table) - complete
@@ -511,7 +534,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     import uvloop
 
     from gpuyard.cliopts import checked_subjects, checked_url, run_command
-    from gpuyard.report import format_summary
+    from gpuyard.report import format_summary, thrashing_line
     from gpuyard.shared.logs import configure_logging
     from gpuyard.sim import ProgressBar, simulate
     from gpuyard.workloads import WorkloadError
@@ -577,6 +600,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
     finally:
         log.close()
     print(json.dumps(result.summary, indent=2) if args.json else format_summary(result.summary))
+    if thrashing_line(result.summary):
+        print(f"gpuyard sim: warning: {thrashing_line(result.summary)}", file=sys.stderr)
     print(f"results in {args.out}/", file=sys.stderr)
     return 0
 
@@ -622,6 +647,7 @@ def sim_setup(
         window=args.window,
         churn_node_gpus=args.churn_node_gpus,
         preemption_cost=PreemptionCost(checkpoint_s=args.checkpoint_s, restore_s=args.restore_s),
+        min_run_s=args.min_run_s,
         durable=args.durable,
     )
     if args.elasticflow:

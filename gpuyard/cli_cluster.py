@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import getpass
 import sys
 import time
 from pathlib import Path
@@ -20,12 +21,23 @@ from gpuyard.cliopts import (
     check_nats_url,
     checked_subjects,
     nats_auth,
+    non_negative_float,
     non_negative_int,
     open_bus,
     positive_float,
     positive_int,
     run_command,
     run_on_bus,
+)
+from gpuyard.jobview import (
+    JOB_STATES,
+    NotAdmitted,
+    clock,
+    duration,
+    format_jobs,
+    job_row,
+    not_admitted_row,
+    parse_states,
 )
 from gpuyard.shared.connection import Bus
 from gpuyard.shared.contract import (
@@ -40,15 +52,9 @@ from gpuyard.shared.contract import (
     SubmitRequest,
 )
 from gpuyard.shared.endpoints import CANCEL, CLUSTER, HEARTBEATS, LOG_LINE, NODE_LOGS, QUERY, SUBMIT
+from gpuyard.shared.identity import ANONYMOUS
 from gpuyard.shared.model import JobRecord
 
-SLURM_STATES = {
-    "queued": "PENDING",
-    "running": "RUNNING",
-    "completed": "COMPLETED",
-    "failed": "FAILED",
-    "cancelled": "CANCELLED",
-}
 ENDED = {"completed", "failed", "cancelled"}
 
 
@@ -93,6 +99,11 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
         help="seconds of silence: node lost",
     )  # fmt: skip
     p.add_argument(
+        "--min-run-s", type=non_negative_float, default=0.0,
+        help="preemption guard: a started or resumed job runs at least this long before a "
+        "decision may stop it (default 0: off)",
+    )  # fmt: skip
+    p.add_argument(
         "--no-durable", dest="durable", action="store_false",
         help="keep the services' state in memory only (by default in JetStream key-value buckets)",
     )  # fmt: skip
@@ -124,14 +135,28 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--job-id", default=None)
     p.add_argument("--per-node", action="store_true", help="one process per node, not per GPU")
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for the job")
+    p.add_argument(
+        "--chdir", "--workdir", dest="chdir", type=Path, default=None, metavar="DIR",
+        help="the directory the job starts in on its nodes (default: this one, as Slurm does; "
+        "a job file's own `workdir` wins)",
+    )  # fmt: skip
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     p.set_defaults(run=cmd_submit)
 
-    p = sub.add_parser("jobs", help="list jobs (queue and history)")
+    p = sub.add_parser(
+        "jobs", help="list jobs (queue and history)",
+        description="Jobs with their state and the reason for it now (states and reasons: "
+        "docs/cli.md), user, nodes, elapsed time and progress; rejected and held jobs too.",
+    )  # fmt: skip
     add_nats_options(p)
-    p.add_argument("--state", action="append", default=[], choices=sorted(SLURM_STATES))
-    p.add_argument("--json", action="store_true")
-    p.add_argument("job_ids", nargs="*")
+    p.add_argument(
+        "--state", action="append", default=[], metavar="STATE[,STATE...]",
+        help=f"only jobs in these states (any case): {', '.join(JOB_STATES)}",
+    )  # fmt: skip
+    p.add_argument("--user", action="append", default=[], help="only this user's jobs")
+    p.add_argument("--limit", type=positive_int, help="only the N most recently submitted")
+    p.add_argument("--json", action="store_true", help="the rows as JSON, with the job records")
+    p.add_argument("job_ids", nargs="*", help="only these jobs (an unknown one is an error)")
     p.set_defaults(run=cmd_jobs)
 
     p = sub.add_parser("cancel", help="cancel jobs")
@@ -182,6 +207,7 @@ RETRY_FOR_S = 60.0
 def control_plane_configs(
     policy: str = "fifo", placement: str = "consolidated", admission: str = "accept-all",
     round_s: float = 5.0, heartbeat_timeout_s: float = 5.0, durable: bool = True,
+    min_run_s: float = 0.0,
 ) -> dict[str, Any]:  # fmt: skip
     """The services of a real cluster's control plane: the scheduler ticks on the wall clock.
 
@@ -202,12 +228,14 @@ def control_plane_configs(
             clock="wall",
             learn_throughputs=True,
             round_s=round_s,
+            min_run_s=min_run_s,
             durable=durable,
             call_timeout_s=10.0,
             retry_for_s=RETRY_FOR_S,
         ),
         "admission": AdmissionConfig(
-            policy=admission, durable=durable, call_timeout_s=15.0, retry_for_s=RETRY_FOR_S
+            policy=admission, durable=durable, call_timeout_s=15.0, retry_for_s=RETRY_FOR_S,
+            require_command=True,
         ),
     }
 
@@ -253,7 +281,7 @@ async def run_control_plane(args: argparse.Namespace) -> int:
     checked_subjects(args.cluster)
     configs = control_plane_configs(
         args.policy, args.placement, args.admission, args.round, args.heartbeat_timeout,
-        durable=args.durable,
+        durable=args.durable, min_run_s=args.min_run_s,
     )  # fmt: skip
     state = (args.state_dir or default_state_dir(args.cluster)).expanduser().resolve()
     creds = Credentials(state, args.cluster)
@@ -312,16 +340,28 @@ async def run_control_plane(args: argparse.Namespace) -> int:
 
 
 def job_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The job(s) to submit, as plain dicts: admission validates them and names a bad field."""
+    """The job(s) to submit, as plain dicts: admission validates them and names a bad field.
+
+    Every job names a command, and starts in `--chdir` (default: the working directory) unless
+    its file gives a `workdir`."""
+    workdir = str((args.chdir or Path.cwd()).absolute())
     if args.file is not None:
         from gpuyard.workloads.core import read_document  # pandas: only when there is a file
 
         data = read_document(args.file)
-        return data["jobs"] if isinstance(data, dict) and "jobs" in data else [data]
+        jobs = data["jobs"] if isinstance(data, dict) and "jobs" in data else [data]
+        for i, job in enumerate(jobs):
+            if not isinstance(job, dict):
+                continue  # admission names what is wrong with it
+            if not job.get("command"):
+                where = f"job {i + 1}" if len(jobs) > 1 else "the job"
+                raise ValueError(f"{args.file}: {where} has no `command`: nothing would run")
+            job.setdefault("workdir", workdir)
+        return jobs
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise ValueError("give the job's command after `--` (or --file)")
-    job: dict[str, Any] = {"num_gpus": args.gpus, "command": command}
+    job: dict[str, Any] = {"num_gpus": args.gpus, "command": command, "workdir": workdir}
     for key in ("gpu_type", "min_gpus", "max_gpus", "priority", "deadline", "name", "job_id"):
         value = getattr(args, key)
         if value is not None:
@@ -347,6 +387,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 2
 
     async def body(bus: Bus) -> int:
+        if bus.caller == ANONYMOUS:  # an open server: no identity, so the login names the user
+            for job in jobs:
+                if isinstance(job, dict):
+                    job.setdefault("user", getpass.getuser())
         reply = await bus.call(SUBMIT, msgspec.convert({"jobs": jobs}, SubmitRequest))
         bad = 0
         for r in reply.results:
@@ -363,38 +407,70 @@ def cmd_submit(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- jobs, cancel
 
 
-def _ago(t: float | None, now: float) -> str:
-    if t is None:
-        return "-"
-    return time.strftime("%H:%M:%S", time.localtime(t))
+async def not_admitted(bus: Bus) -> dict[str, NotAdmitted]:
+    """Jobs admission held or rejected, from its events (they never reach the scheduler)."""
+    from gpuyard.ops import NoEventStream, read_events
 
-
-def format_jobs(records: list[JobRecord], now: float) -> str:
-    rows = [("JOBID", "NAME", "STATE", "GPUS", "SUBMIT", "START", "END", "PREEMPT", "REASON")]
-    for r in records:
-        reason = r.reason
-        if r.state == "queued" and not reason:
-            reason = "Resources"
-        rows.append(
-            (
-                r.job_id, (r.spec.name or " ".join(r.spec.command))[:24], SLURM_STATES[r.state],
-                str(r.spec.num_gpus), _ago(r.submit_time, now), _ago(r.first_start, now),
-                _ago(r.end_time, now), str(r.preemptions), reason,
+    try:
+        events = [
+            stored.event
+            async for stored in read_events(
+                bus.nc, bus.subjects, types=["job.held", "job.rejected"], idle_s=0.2
             )
-        )  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    )
+            if stored.event is not None
+        ]
+    except NoEventStream:
+        return {}
+    return NotAdmitted.latest(events)
+
+
+async def all_records(bus: Bus, query: JobQuery) -> list[JobRecord]:
+    records: list[JobRecord] = []
+    while True:
+        page = await bus.call(QUERY, msgspec.structs.replace(query, offset=len(records)))
+        records += page.jobs
+        if not page.jobs or len(records) >= page.total:
+            return records
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
+    try:
+        states = parse_states(args.state)
+    except ValueError as exc:
+        print(f"gpuyard jobs: {exc}", file=sys.stderr)
+        return 2
+    asked = {"PENDING": "queued", "REQUEUED": "queued", "RUNNING": "running",
+             "COMPLETED": "completed", "FAILED": "failed", "CANCELLED": "cancelled"}  # fmt: skip
+    internal = sorted({asked[s] for s in states if s in asked})
+
     async def body(bus: Bus) -> int:
-        page = await bus.call(QUERY, JobQuery(job_ids=args.job_ids, states=args.state, limit=100_000))
+        now = time.time()
+        query = JobQuery(job_ids=args.job_ids, states=internal, limit=10_000)  # type: ignore[arg-type]
+        records = await all_records(bus, query) if internal or not states else []
+        rows = [job_row(r, now) for r in records]
+        if not states or {"PENDING", "REJECTED"} & states:
+            others = await not_admitted(bus)
+            if args.job_ids:
+                others = {j: others[j] for j in args.job_ids if j in others}
+            if others:  # held, then admitted (or a rejected duplicate of a job's id): a record
+                query = JobQuery(job_ids=list(others), limit=10_000)
+                known = {r.job_id for r in await all_records(bus, query)}
+                rows += [not_admitted_row(j) for j in others.values() if j.job_id not in known]
+        if states:
+            rows = [r for r in rows if r["job_state"] in states]
+        if args.user:
+            rows = [r for r in rows if r["user"] in args.user]
+        rows.sort(key=lambda r: r["submit_time"])
+        if args.limit:
+            rows = rows[-args.limit :]
         if args.json:
-            print(msgspec.json.encode(page).decode())
+            print(msgspec.json.encode({"jobs": rows, "total": len(rows)}).decode())
         else:
-            print(format_jobs(page.jobs, time.time()))
+            print(format_jobs(rows, now))
+        missing = [j for j in args.job_ids if j not in {r["job_id"] for r in rows}]
+        if missing and not states and not args.user:
+            print(f"gpuyard jobs: no such job: {', '.join(missing)}", file=sys.stderr)
+            return 1
         return 0
 
     return run_on_bus("jobs", args, body)
@@ -481,25 +557,37 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 
 
 def format_nodes(info: ClusterInfo, beats: HeartbeatsPage, now: float) -> str:
+    """Nodes up (UP; IDLE, MIXED or ALLOC by busy GPUs, as Slurm says) and nodes that left or were
+    lost (DOWN, since when), with their last heartbeat."""
     busy: dict[str, int] = {}
     for gpus in info.busy.values():
         for g in gpus:
             busy[g.node_id] = busy.get(g.node_id, 0) + 1
     last = {b.node_id: b for b in beats.beats}
-    rows = [("NODE", "TYPE", "GPUS", "BUSY", "SOURCE", "HEARTBEAT", "UTIL%", "MEM_MIB", "ADDRESS")]
+    rows = [("NODE", "STATE", "TYPE", "GPUS", "BUSY", "SOURCE", "HEARTBEAT", "UTIL%", "MEM_MIB",
+             "ADDRESS")]  # fmt: skip
+
+    def heartbeat(node_id: str) -> str:
+        seen = beats.received.get(node_id)
+        return f"{now - seen:.1f}s ago" if seen else "-"
+
     for n in sorted(info.nodes, key=lambda n: n.node_id):
         b = last.get(n.node_id)
-        seen = beats.received.get(n.node_id)
         util = [g.utilization for g in b.gpus if g.utilization is not None] if b else []
         mem = [g.memory_used_mib for g in b.gpus if g.memory_used_mib is not None] if b else []
+        used = busy.get(n.node_id, 0)
+        state = "IDLE" if not used else "ALLOC" if used >= n.num_gpus else "MIXED"
         rows.append(
             (
-                n.node_id, n.gpu_type, str(n.num_gpus), str(busy.get(n.node_id, 0)),
-                n.labels.get("gpu_source", "-"), f"{now - seen:.1f}s ago" if seen else "-",
+                n.node_id, state, n.gpu_type, str(n.num_gpus), str(used),
+                n.labels.get("gpu_source", "-"), heartbeat(n.node_id),
                 f"{sum(util) / len(util):.0f}" if util else "-", str(sum(mem)) if mem else "-",
                 n.address or "-",
             )
         )  # fmt: skip
+    for node_id, since in sorted(info.down.items()):
+        down = f"DOWN since {clock(since, now)} ({duration(max(now - since, 0.0))} ago)"
+        rows.append((node_id, down, "-", "-", "-", "-", heartbeat(node_id), "-", "-", "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows

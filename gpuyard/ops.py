@@ -269,8 +269,10 @@ async def _service_status(bus: Bus, name: str) -> ServiceStatus:
 
 
 async def cluster_status(bus: Bus) -> ClusterStatus:
-    """Services (version, policy), the scheduler's queue, placement's nodes; whatever answers."""
+    """Services (version, policy), the scheduler's queue, placement's nodes; whatever answers.
+    The simclock is listed only when it answers: a real cluster has none."""
     services = list(await asyncio.gather(*(_service_status(bus, s) for s in ALL_SERVICES)))
+    services = [s for s in services if s.up or s.service != "simclock"]
     up = {s.service for s in services if s.up}
     status = ClusterStatus(cluster=bus.subjects.cluster, services=services)
     if "scheduler" in up:
@@ -301,7 +303,8 @@ def format_status(status: ClusterStatus) -> list[str]:
             for g in gpus:
                 busy_by_node[g.node_id] = busy_by_node.get(g.node_id, 0) + 1
         capacity = ", ".join(f"{n} {t}" for t, n in sorted(info.capacity.items())) or "no GPUs"
-        lines += ["", f"nodes: {len(info.nodes)} ({capacity})"]
+        down = f", {len(info.down)} down" if info.down else ""
+        lines += ["", f"nodes: {len(info.nodes)} up ({capacity}){down}"]
         for node in info.nodes[:50]:
             lines.append(
                 f"  {node.node_id:<20} {node.gpu_type:<8} {busy_by_node.get(node.node_id, 0)}/{node.num_gpus} GPUs busy"

@@ -197,6 +197,36 @@ def summarize(
     }
 
 
+THRASHING = 0.5
+"""A run thrashes when its preemptions' cost could take more than this share of the time its
+jobs ran: it preempts more than it progresses."""
+
+
+def preemption_overhead(jobs: pd.DataFrame, cost_s: float | None) -> dict[str, Any]:
+    """`preemption_overhead`: the share of the time jobs ran that their preemptions could cost
+    (each preemption at most `cost_s`, a checkpoint's lost progress plus a restore), and
+    `thrashing` when that is over `THRASHING`. None and False with no preemption cost."""
+    ran = float(jobs["executed_time"].sum())
+    if not cost_s or not len(jobs):
+        return {"preemption_overhead": None, "thrashing": False}
+    cost = float(jobs["preemptions"].sum()) * cost_s
+    overhead = min(cost / ran, 1.0) if ran > 0 else (1.0 if cost else 0.0)
+    return {"preemption_overhead": overhead, "thrashing": overhead > THRASHING}
+
+
+def thrashing_line(summary: dict[str, Any]) -> str:
+    """One line for people about a run that thrashes ('' if it does not)."""
+    if not summary.get("thrashing"):
+        return ""
+    per_job = summary["preemptions"] / max(summary["completed"], 1)
+    return (
+        f"thrashing: {summary['preemptions']:,} preemptions ({per_job:,.0f} per completed job) "
+        f"could cost {100 * summary['preemption_overhead']:.0f}% of the time jobs ran "
+        f"({summary['preemption_cost_s']:g} s each to checkpoint and restore); a minimum run "
+        "time between preemptions bounds it (gpuyard sim --min-run-s S)"
+    )
+
+
 def save_figure(
     fig: Any, path: Path, caption: str, *, title: str = "", dpi: int = 120, svg: bool = False
 ) -> Path:
@@ -318,6 +348,7 @@ def write_results(
         # Gavel's utilisation: the GPUs' compute time over the whole run, from t = 0 to its end.
         total = float(timeline["gpus"].max()) * float(summary["simulated_s"])
         summary["utilization"] = compute / total if total > 0 else 0.0
+    summary |= preemption_overhead(jobs, summary.get("preemption_cost_s"))
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if plots:
         with _PYPLOT:
@@ -365,7 +396,12 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines.append(f"queueing     mean {_hours(summary['mean_queueing_delay'])} before first start")
     lines.append(f"makespan     {_hours(summary['makespan'])}")
     lines.append(f"utilisation  {100 * summary['utilization']:.1f}% of GPU time")
-    lines.append(f"preemptions  {summary['preemptions']:,}")
+    overhead = summary.get("preemption_overhead")
+    lines.append(
+        f"preemptions  {summary['preemptions']:,}"
+        + (f" (could cost {100 * overhead:.0f}% of the time jobs ran)" if overhead else "")
+        + ("; THRASHING" if summary.get("thrashing") else "")
+    )
     if summary.get("deadline_jobs"):
         ratio = summary.get("deadline_satisfactory_ratio")
         met = f"{100 * ratio:.1f}%" if ratio is not None else "-"

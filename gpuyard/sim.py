@@ -71,6 +71,9 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     node_events: str | None = None
     """Normalised node events CSV `time,node,up` (see gpuyard.workloads.churn)."""
     preemption_cost: PreemptionCost = msgspec.field(default_factory=PreemptionCost)
+    min_run_s: float = 0.0
+    """The preemption guard (`SchedulerConfig.min_run_s`): a started or resumed job runs at
+    least this long before a decision may stop it; 0: off."""
     churn_node_gpus: int = 1
     churn_node_type: str = "gpu"
     event_storage: Literal["file", "memory"] = "memory"
@@ -170,6 +173,7 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
             params=options.policy_params,
             throughputs=options.throughputs,
             round_s=options.round_s,
+            min_run_s=options.min_run_s,
             mode="clock" if options.gavel else options.mode,
             event_storage=options.event_storage,
             durable=options.durable,
@@ -283,6 +287,7 @@ def policies_label(options: SimOptions) -> str:
             if cost.checkpoint_s or cost.restore_s
             else ""
         )
+        + (f", min. run {options.min_run_s:g} s" if options.min_run_s else "")
     )
 
 
@@ -402,15 +407,16 @@ async def simulate(
         "placement": options.placement,
         "placement_params": options.placement_params,
         **labels,
+        "preemption_cost_s": options.preemption_cost.checkpoint_s + options.preemption_cost.restore_s,
+        "min_run_s": options.min_run_s,
         "simulated_s": reached,
         "wall_s": round(wall, 3),
+        "jobs_in_workload": len(jobs),  # (jobs admission rejected have no record)
     }
     if interrupted is None:
         extra["instants"] = final.instants
         if final.compute_gpu_s is not None:
             extra["compute_gpu_s"] = final.compute_gpu_s
-    else:
-        extra["jobs_in_workload"] = len(jobs)
     deadlines: dict[str, Any] = {}
     if options.elasticflow and interrupted is None:
         model = await asyncio.to_thread(load_throughputs, options.throughputs)
@@ -473,9 +479,9 @@ async def deadline_events(bus: Bus) -> tuple[list[JobRun], dict[str, str]]:
 class ProgressBar:
     """One line, redrawn in place on a terminal; a line every few seconds otherwise."""
 
-    def __init__(self, label: str, stream: Any = sys.stderr) -> None:
+    def __init__(self, label: str, stream: Any = None) -> None:
         self.label = label
-        self.stream = stream
+        self.stream = stream = stream or sys.stderr  # (the one of now, not of the import)
         self.tty = stream.isatty()
         self.last = 0.0
 

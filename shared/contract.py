@@ -466,6 +466,8 @@ class Event(Struct, kw_only=True, omit_defaults=True):
     gpus: list[GpuRef] = []
     reason: str = ""
     service: str = ""
+    user: str = ""
+    """Admission's job events: who submitted the job (`JobSpec.user`)."""
 
 
 MESSAGES: tuple[type[Struct], ...] = (

@@ -51,6 +51,9 @@ class JobSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     command: list[str] = []
     env: dict[str, str] = {}
     processes: Literal["per_gpu", "per_node"] = "per_gpu"
+    workdir: str = ""
+    """The directory the job's processes start in, an absolute path on the nodes ("": the node
+    agent's own). `gpuyard submit` sets it to the submitter's directory, as Slurm does."""
 
     def __post_init__(self) -> None:
         # msgspec reports these as ValidationErrors naming the struct; name the field ourselves.
@@ -58,6 +61,8 @@ class JobSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
             raise ValueError(f"min_gpus ({self.min_gpus}) must be <= num_gpus ({self.num_gpus})")
         if self.max_gpus is not None and self.max_gpus < self.num_gpus:
             raise ValueError(f"max_gpus ({self.max_gpus}) must be >= num_gpus ({self.num_gpus})")
+        if self.workdir and not self.workdir.startswith("/"):
+            raise ValueError(f"workdir {self.workdir!r} must be an absolute path")
 
     @property
     def gpu_range(self) -> tuple[int, int]:

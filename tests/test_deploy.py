@@ -229,7 +229,8 @@ def wait_ended(compose: Compose, job_ids: list[str], within_s: float) -> dict[st
 
 
 def submit(nats: list[str], *args: str) -> str:
-    out = gpuyard("submit", *nats, *args).stdout
+    """Submitted from the host into the agents' containers: jobs start in the image's folder."""
+    out = gpuyard("submit", *nats, "--chdir", "/opt/gpuyard", *args).stdout
     return re.fullmatch(r"submitted (\S+)\n", out)[1]  # type: ignore[index]
 
 

@@ -187,17 +187,22 @@ def test_submit_arguments_become_a_job(tmp_path: Path) -> None:
     ns = argparse.Namespace(
         file=None, command=["--", "python", "t.py"], gpus=2, gpu_type="a100", min_gpus=None,
         max_gpus=4, priority=3, deadline=None, name=None, job_id=None, per_node=True,
-        env=["K=V"],
+        env=["K=V"], chdir=None,
     )  # fmt: skip
     (job,) = job_from_args(ns)
     assert job == {
         "num_gpus": 2, "command": ["python", "t.py"], "gpu_type": "a100", "max_gpus": 4,
-        "priority": 3, "processes": "per_node", "env": {"K": "V"},
+        "priority": 3, "processes": "per_node", "env": {"K": "V"}, "workdir": str(Path.cwd()),
     }  # fmt: skip
+    ns.chdir = Path("sub")  # relative to where `submit` runs
+    assert job_from_args(ns)[0]["workdir"] == str(Path.cwd() / "sub")
+    ns.chdir = None
     ns.command = []
     with pytest.raises(ValueError, match="command"):
         job_from_args(ns)
     toml = tmp_path / "job.toml"
     toml.write_text('num_gpus = 1\ncommand = ["python", "t.py"]\n')
     ns.file = toml
-    assert job_from_args(ns) == [{"num_gpus": 1, "command": ["python", "t.py"]}]
+    assert job_from_args(ns) == [
+        {"num_gpus": 1, "command": ["python", "t.py"], "workdir": str(Path.cwd())}
+    ]

@@ -72,6 +72,22 @@ def test_progress_reports_are_taken_only_when_newer() -> None:
     assert (a.steps_done, a.progress_at) == (40.0, 30.0)
 
 
+def test_reasons_are_current_and_unknown_work_counts_reported_steps() -> None:
+    """A job's reason is why it is in its state now (none while it runs, none once it completed
+    after a preemption); a job of unknown work (a real one that runs until it exits) counts the
+    steps it reported, not the throughput model's guess."""
+    table = JobTable()
+    a = table.admit(spec("a"), 0.0, total_steps=None)
+    table.start(a, 0.0, ["n"], 1, "gpu", rate=5.0)
+    table.report(a, StepsReport(40.0, 10.0))
+    assert table.requeue(a, 30.0, "preempted by las for b")
+    assert (a.reason, a.steps_done) == ("preempted by las for b", 40.0)
+    table.start(a, 40.0, ["n"], 1, "gpu", rate=5.0)
+    assert a.reason == ""
+    assert table.end(a, 90.0, "completed")
+    assert (a.state, a.reason, a.steps_done) == ("completed", "", 40.0)
+
+
 # --------------------------------------------------------------------------- views
 
 

@@ -7,12 +7,16 @@ import msgspec
 
 from gpuyard.shared.contract import SubmitRequest
 from gpuyard.shared.errors import BadRequest
-from gpuyard.shared.identity import Caller
+from gpuyard.shared.identity import ANONYMOUS, Caller
 
 
 def owned_by(req: SubmitRequest, caller: Caller) -> SubmitRequest:
     """A submitter's jobs are theirs: `user` is set to their name (a job naming someone else is
-    refused). Operators and services may submit for anyone."""
+    refused). Operators and services may submit for anyone; an operator's job that names no
+    user is the operator's."""
+    if caller.role == "op" and caller != ANONYMOUS:
+        jobs = [spec if spec.user else msgspec.structs.replace(spec, user=str(caller)) for spec in req.jobs]
+        return msgspec.structs.replace(req, jobs=jobs)
     if caller.role != "user":
         return req
     for i, spec in enumerate(req.jobs):

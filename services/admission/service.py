@@ -57,6 +57,9 @@ class AdmissionConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     """How long one request to the scheduler or placement may take (None: the default)."""
     retry_for_s: float = 0.0
     """Retry (idempotent) requests this long while the service called restarts."""
+    require_command: bool = False
+    """Real clusters: a job must name its command (node agents have nothing to run otherwise);
+    one without is rejected at submission rather than failing at launch."""
 
 
 class StoredAdmission(Struct, kw_only=True):
@@ -143,6 +146,7 @@ class Admission(Service):
             return verdict, why
 
         # Held jobs first, in order; then the new ones (behind any still held, if in order).
+        users = {s.job_id or "": s.user for s in self.held}
         still_held: list[JobSpec] = []
         held_ids = {s.job_id for s in self.held} if self.durable else set()
         for spec in self.held:
@@ -161,7 +165,8 @@ class Admission(Service):
                 submit_time=spec.submit_time if spec.submit_time is not None else now,
             )
             assert spec.job_id is not None
-            await self._event("job.submitted", now, spec.job_id)
+            users[spec.job_id] = spec.user
+            await self._event("job.submitted", now, spec.job_id, user=spec.user)
             if self._never_fits(spec) and self.cluster is not None:
                 await self._refresh_cluster()  # nodes may have joined since we last looked
                 view = self._cluster_view()
@@ -183,7 +188,7 @@ class Admission(Service):
             kind = {"admit": "job.admitted", "hold": "job.held", "reject": "job.rejected"}[
                 r.verdict
             ]
-            await self._event(kind, now, r.job_id, r.reason)
+            await self._event(kind, now, r.job_id, r.reason, user=users.get(r.job_id, ""))
         return SubmitReply(results=results, held=len(self.held), scheduler=status)
 
     def _decide(
@@ -191,6 +196,8 @@ class Admission(Service):
         blocked: bool,
     ) -> tuple[str, str]:  # fmt: skip
         """(verdict, reason) for one job; `blocked`: an earlier job is held (FIFO overflow)."""
+        if self.config.require_command and not spec.command:
+            return "reject", "no command: a job on this cluster runs a command (submit -- CMD ...)"
         never = self._never_fits(spec)
         if never:
             return "reject", f"can never run here: {never}"
@@ -266,7 +273,9 @@ class Admission(Service):
             )
         return ""
 
-    async def _event(self, kind: Any, now: float, job_id: str, reason: str = "") -> None:
+    async def _event(
+        self, kind: Any, now: float, job_id: str, reason: str = "", *, user: str = ""
+    ) -> None:
         await self.bus.emit(
-            Event(type=kind, now=now, job_id=job_id, reason=reason, service=self.name)
+            Event(type=kind, now=now, job_id=job_id, reason=reason, service=self.name, user=user)
         )

@@ -118,6 +118,9 @@ class JobPart:
         command = self.launch.spec.command
         if not command:
             raise ValueError("the job has no command")
+        workdir = self.launch.spec.workdir or None  # None: the agent's own
+        if workdir is not None and not await asyncio.to_thread(os.path.isdir, workdir):
+            raise ValueError(f"working directory {workdir} is not a directory on {self.node_id}")
         logs = self.places.job_logs(self.job_id)
         logs.mkdir(parents=True, exist_ok=True)
         self.places.checkpoint_dir(self.job_id).mkdir(parents=True, exist_ok=True)
@@ -126,7 +129,7 @@ class JobPart:
             for env in process_envs(self.launch, self.node_id, self.places, base_env):
                 rank = int(env["RANK"])
                 proc = await asyncio.create_subprocess_exec(
-                    *command, env=env, stdin=asyncio.subprocess.DEVNULL,
+                    *command, env=env, cwd=workdir, stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
                     start_new_session=True, preexec_fn=_die_with_agent,
                 )  # fmt: skip

@@ -72,6 +72,7 @@ class JobTable:
         record.nodes = sorted(set(nodes))
         record.ran_on = sorted({*record.ran_on, *record.nodes})
         record.shares_with = shares_with
+        record.reason = ""  # why it waited: no longer so
         record.attempt += 1
         if record.first_start is None:
             record.first_start = now
@@ -106,8 +107,7 @@ class JobTable:
         record.state = state
         record.queued_since = None
         record.end_time = now
-        if reason:
-            record.reason = reason
+        record.reason = reason  # why it ended (not why it once waited)
         del self.active[record.job_id]
         self.finished += 1
         self.changed = True
@@ -170,7 +170,8 @@ class JobTable:
         ran = now - record.run_start
         record.executed_time += ran
         record.gpu_seconds += ran * record.gpus
-        record.steps_done += record.rate * (now - record.progress_at)
+        if record.total_steps is not None:  # unknown work: its steps are those it reported
+            record.steps_done += record.rate * (now - record.progress_at)
         record.run_start = record.progress_at = now
 
     def _touch(self, record: JobRecord) -> None:

@@ -18,10 +18,10 @@ import asyncio
 import contextlib
 import math
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import Struct
+from msgspec import Meta, Struct
 
 from gpuyard.shared.connection import Bus, encode, ensure_event_stream
 from gpuyard.shared.contract import (
@@ -58,7 +58,7 @@ from gpuyard.shared.endpoints import (
 )
 from gpuyard.shared.errors import BadRequest
 from gpuyard.shared.identity import ANONYMOUS, Caller
-from gpuyard.shared.model import ANY_GPU, Allocation, JobRecord, JobSpec
+from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobRecord, JobSpec
 from gpuyard.shared.policy import (
     ClusterView,
     Decision,
@@ -112,6 +112,10 @@ class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     """How long one request to placement may take (None: the connection's default)."""
     retry_for_s: float = 0.0
     """Retry requests to placement this long while it restarts (real clusters)."""
+    min_run_s: Annotated[float, Meta(ge=0)] = 0.0
+    """The preemption guard, for every policy: a job that started or resumed keeps its GPUs for
+    at least this long (Gavel's lease, Tiresias' quanta); a decision that would stop it sooner
+    waits until then. 0: off (the references have none)."""
 
     def __post_init__(self) -> None:
         if self.round_s <= 0:
@@ -451,12 +455,13 @@ class Scheduler(Service):
             if (why := may_cancel(record, caller)) is not None:
                 refused[job_id] = why
                 continue
-            if not self.table.end(record, now, "cancelled", "cancelled by request"):
+            why = "cancelled by request" if caller == ANONYMOUS else f"cancelled by {caller}"
+            if not self.table.end(record, now, "cancelled", why):
                 refused[job_id] = f"the job has already ended ({record.state})"
                 continue
             self.dirty = True
             cancelled.append(job_id)
-            await self.emit("job.cancelled", now, job_id, reason="cancelled by request")
+            await self.emit("job.cancelled", now, job_id, reason=why)
         self._poke()
         return CancelReply(cancelled=cancelled, refused=refused)
 
@@ -492,6 +497,7 @@ class Scheduler(Service):
             decision = await self._decide(inp)
             self.table.changed = self.force_decision = False
         allocations = self._checked(self.mechanism.allocations(decision, inp))
+        allocations, lease_ends = self._guarded(now, allocations, cluster.capacity)
         active = self.table.active
         specs = {a.job_id: active[a.job_id].spec for a in allocations if active[a.job_id].state != "running"}  # fmt: skip
         # Every launch carries its attempt number, a running job's too (placement relaunches it
@@ -520,7 +526,8 @@ class Scheduler(Service):
         resized = set(reply.stopped) & reply.started.keys()  # stopped and relaunched at once
         for job_id in reply.stopped:
             if job_id not in resized and (record := active.get(job_id)) is not None:
-                await self._requeue(now, record, "preempted", reply.progress.get(job_id))
+                why = self._preempted_for(record, reply.started, reply.placed)
+                await self._requeue(now, record, why, reply.progress.get(job_id))
         sharing = {a.job_id: a.share_with for a in allocations if a.share_with}
         for job_id, gpu_type in reply.started.items():
             record = active[job_id]
@@ -538,6 +545,8 @@ class Scheduler(Service):
         if wake is not None and wake <= now:  # "again, now" would never end: a policy's bug
             self.log.warning("policy.wake_in_the_past", policy=self.policy_name, wake=wake)
             wake = None
+        if lease_ends is not None:  # the guard held a decision back: decide again when it ends
+            wake = lease_ends if wake is None else min(wake, lease_ends)
         self.policy_wake = wake
 
     def _input(self, now: float, info: ClusterInfo) -> SchedulingInput:
@@ -625,6 +634,73 @@ class Scheduler(Service):
         ):
             raise RuntimeError(f"policy {self.policy_name!r} allocated more GPUs than exist")
         return kept
+
+    def _preempted_for(
+        self, record: JobRecord, started: dict[str, str], placed: dict[str, list[GpuRef]]
+    ) -> str:
+        """Why a running job was stopped: for the jobs this round started on its nodes (or, if
+        none, on its GPU type), as the policy decided."""
+        mine = set(record.nodes)
+        took = [j for j in started if mine.intersection(g.node_id for g in placed.get(j, []))]
+        took = took or [j for j, t in started.items() if t == record.gpu_type]
+        if not took:
+            return f"preempted by {self.policy_name}"
+        shown = ", ".join(took[:3]) + (f" and {len(took) - 3} more" if len(took) > 3 else "")
+        return f"preempted by {self.policy_name} for {shown}"
+
+    def _guarded(
+        self, now: float, allocations: list[Allocation], capacity: dict[str, int]
+    ) -> tuple[list[Allocation], float | None]:
+        """The preemption guard (`min_run_s`): a job running for less than that keeps its GPUs,
+        even if the decision stops, resizes or moves it; the decision's other allocations follow
+        in its order while GPUs are left. Jobs sharing GPUs are not held. Returns the
+        allocations and, if the guard changed the decision, when the first lease it held ends."""
+        lease = self.config.min_run_s
+        if lease <= 0:
+            return allocations, None
+        running = [r for r in self.table.active.values() if r.state == "running"]
+        sharing = {r.shares_with for r in running if r.shares_with}
+        wanted = {a.job_id: a for a in allocations}
+        left = dict(capacity)
+        held: list[Allocation] = []
+        lease_ends: float | None = None
+        for r in running:
+            ends = r.run_start + lease  # (the very sum the wake-up below is set to)
+            if now >= ends or r.shares_with or r.job_id in sharing:
+                continue
+            assert r.gpu_type is not None
+            if left.get(r.gpu_type, 0) < r.gpus:  # its node went away: nothing to hold
+                continue
+            left[r.gpu_type] -= r.gpus
+            a = wanted.get(r.job_id)
+            if a is None or a.num_gpus != r.gpus or a.gpu_type not in (ANY_GPU, r.gpu_type):
+                a = Allocation(r.job_id, r.gpus, r.gpu_type)
+                lease_ends = ends if lease_ends is None else min(lease_ends, ends)
+            held.append(a)
+        if lease_ends is None:
+            return allocations, None  # the decision keeps every leased job as it is
+        kept = {a.job_id for a in held}
+        out = list(held)
+        for a in allocations:
+            if a.job_id in kept:
+                continue
+            if a.share_with is not None:
+                if a.share_with in kept:
+                    out.append(a)
+                    kept.add(a.job_id)
+                continue
+            types = [a.gpu_type] if a.gpu_type != ANY_GPU else list(left)
+            if a.num_gpus > sum(left.get(t, 0) for t in types):
+                continue
+            need = a.num_gpus
+            for t in types:  # (a job of any type: placement picks; count it against the total)
+                take = min(need, left.get(t, 0))
+                left[t] = left.get(t, 0) - take
+                need -= take
+            out.append(a)
+            kept.add(a.job_id)
+        self.log.debug("lease.held", jobs=len(held), until=lease_ends)
+        return out, lease_ends
 
     async def _requeue(
         self, now: float, record: JobRecord, reason: str, report: StepsReport | None = None

@@ -1,0 +1,242 @@
+"""A real cluster as its users see it, under auth: real node agents (subprocesses, GPUs from flags)
+and the CLI as separate processes. Jobs start in the submitter's directory (or `--chdir`); a job
+with no command is refused at submission by the CLI and by admission; `gpuyard jobs` shows
+Slurm's states with the reason that holds now, users, nodes, elapsed time and progress, rejected
+jobs too; `gpuyard nodes` shows a lost node DOWN since when; `gpuyard status` lists no simclock;
+a preemption names the job it made room for."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuyard.cli import main
+from gpuyard.natsauth import OPERATOR
+from gpuyard.ops import read_events
+from gpuyard.shared.contract import SubmitRequest
+from gpuyard.shared.endpoints import SUBMIT
+from gpuyard.shared.identity import Caller
+from gpuyard.shared.model import JobSpec
+
+from .secured import Secured, secured_cluster
+
+CLUSTER_IDENTITIES = ["node.a", "node.b", "user.alice", "user.bob"]
+COUNTER = """
+import os, sys, time
+from gpuyard.jobclient import JobClient
+job = JobClient.from_env()
+state = job.load_checkpoint() or {"step": 0}
+print("cwd", os.getcwd(), "attempt", job.attempt, flush=True)
+while state["step"] < int(sys.argv[1]):
+    time.sleep(0.02)
+    state["step"] += 1
+    job.report(iterations=state["step"], force=True)
+    if job.preempted:
+        job.save_checkpoint(state)
+        job.exit_preempted()
+"""
+
+
+class Views:
+    """The secured control plane, two real one-GPU agents, and the CLI as each identity."""
+
+    def __init__(self, c: Secured, root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        self.c = c
+        self.root = root
+        self.capsys = capsys
+        self.cli = asyncio.Lock()
+        self.agents: dict[str, asyncio.subprocess.Process] = {}
+
+    def profile(self, identity: str) -> str:
+        return str(self.c.creds.profile_path(Caller.parse(identity)))
+
+    async def start_agent(self, node: str) -> None:
+        log = (self.root / f"{node}.log").open("ab")
+        self.agents[node] = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gpuyard.cli", "nodeagent", "--nats-config",
+            self.profile(f"node.{node}"), "--gpus", "1", "--gpu-type", "t4", "--heartbeat",
+            "0.2", "--grace", "5", "--address", "127.0.0.1", "--state-dir",
+            str(self.root / node), "--checkpoint-root", str(self.root / "ckpt"),
+            stdout=log, stderr=log,
+        )  # fmt: skip
+        log.close()
+
+    async def gpuyard(
+        self, identity: str, command: str, *args: str, cwd: Path | None = None
+    ) -> tuple[int, str, str]:
+        """`gpuyard COMMAND --nats-config <identity's profile> ARGS` run in `cwd` (in this
+        process, beside the control plane's event loop): status, stdout, stderr."""
+        argv = [command, "--nats-config", self.profile(identity), *args]
+
+        def run() -> int:
+            with contextlib.chdir(cwd or self.root):
+                try:
+                    return main(argv)
+                except SystemExit as exc:  # argparse
+                    return int(exc.code or 0)
+
+        async with self.cli:  # one at a time: they share stdout and stderr
+            code = await asyncio.to_thread(run)
+            captured = self.capsys.readouterr()
+        return code, captured.out, captured.err
+
+    async def submit(self, identity: str, *args: str, cwd: Path | None = None) -> str:
+        code, out, err = await self.gpuyard(identity, "submit", *args, cwd=cwd)
+        assert code == 0, err
+        return out.split()[-1]
+
+    async def rows(self, *args: str, identity: str = "user.alice") -> dict[str, dict[str, Any]]:
+        code, out, err = await self.gpuyard(identity, "jobs", "--json", *args)
+        assert code == 0, err
+        return {row["job_id"]: row for row in json.loads(out)["jobs"]}
+
+    async def until_row(self, job_id: str, state: str, within_s: float = 30.0) -> dict[str, Any]:
+        async def check() -> dict[str, Any] | None:
+            row = (await self.rows(job_id)).get(job_id)
+            return row if row is not None and row["job_state"] == state else None
+
+        return await self.c.until(check, f"{job_id} {state}", within_s)
+
+    def job_log(self, job_id: str) -> str:
+        return "".join(p.read_text() for p in sorted(self.root.glob(f"*/logs/{job_id}/rank*.log")))
+
+
+@pytest.fixture
+async def views(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> AsyncIterator[Views]:
+    async with secured_cluster(tmp_path, CLUSTER_IDENTITIES) as c:
+        v = Views(c, tmp_path, capsys)
+        try:
+            await asyncio.gather(v.start_agent("a"), v.start_agent("b"))
+            yield v
+        finally:
+            for proc in v.agents.values():
+                if proc.returncode is None:
+                    proc.terminate()
+            for proc in v.agents.values():
+                async with asyncio.timeout(15):
+                    await proc.wait()
+
+
+def counter(steps: int) -> list[str]:
+    return ["--", sys.executable, "-c", COUNTER, str(steps)]
+
+
+async def test_jobs_start_where_they_were_submitted_and_need_a_command(
+    views: Views, tmp_path: Path
+) -> None:
+    project, other = tmp_path / "project", tmp_path / "other"
+    project.mkdir()
+    other.mkdir()
+    (project / "train.py").write_text("import os; print('ran in', os.getcwd())\n")
+    # The README's `gpuyard submit -- python examples/train.py`: a path relative to the checkout.
+    here = await views.submit("user.alice", "--", sys.executable, "train.py", cwd=project)
+    there = await views.submit("user.alice", "--chdir", str(other), *counter(1), cwd=project)
+    nowhere = await views.submit("user.alice", "--chdir", str(tmp_path / "nope"), *counter(1))
+    for job_id in (here, there):
+        row = await views.until_row(job_id, "COMPLETED")
+        assert row["spec"]["workdir"] in (str(project), str(other))
+    assert f"ran in {project}" in views.job_log(here)
+    assert f"cwd {other} " in views.job_log(there)
+    failed = await views.until_row(nowhere, "FAILED")
+    assert failed["state_reason"].startswith("launch failed: working directory ")
+    assert str(tmp_path / "nope") in failed["state_reason"]
+
+    # No command: the CLI refuses a job file without one, before sending anything ...
+    (tmp_path / "job.toml").write_text("num_gpus = 1\n")
+    code, _, err = await views.gpuyard("user.alice", "submit", "--file", str(tmp_path / "job.toml"))
+    assert code == 2 and err.strip().endswith("job.toml: the job has no `command`: nothing would run")
+    code, _, err = await views.gpuyard("user.alice", "submit")
+    assert code == 2 and "give the job's command after `--`" in err
+    # ... and admission refuses one that another client sends.
+    alice = await views.c.client("user.alice")
+    reply = await alice.bus.call(SUBMIT, SubmitRequest(jobs=[JobSpec(num_gpus=1)]))
+    (result,) = reply.results
+    assert result.verdict == "reject" and result.reason.startswith("no command")
+    rejected = (await views.rows("--state", "Rejected"))[result.job_id]
+    assert rejected["job_state"] == "REJECTED" and rejected["state_reason"] == result.reason
+    assert rejected["user"] == "alice"
+    code, out, _ = await views.gpuyard("user.alice", "jobs", result.job_id)
+    assert code == 0 and "REJECTED" in out and "no command" in out
+
+
+async def test_jobs_show_current_states_reasons_users_and_progress(views: Views) -> None:
+    # alice's job holds both GPUs; bob's, more important, takes one: alice's is preempted for it.
+    long = await views.submit("user.alice", "--gpus", "2", "--name", "long", *counter(200))
+    row = await views.until_row(long, "RUNNING")
+    assert sorted(row["node_list"]) == ["a", "b"] and row["num_gpus"] == 2
+    assert row["state_reason"] == "" and row["user"] == "alice"
+
+    async def progressing() -> dict[str, Any] | None:
+        r = (await views.rows(long))[long]
+        return r if (r["progress"]["steps_done"] or 0) > 0 and r["elapsed_s"] > 0 else None
+
+    await views.c.until(progressing, "steps from the heartbeats", 20)
+    urgent = await views.submit("user.bob", "--priority", "10", "--gpus", "1", *counter(100))
+    requeued = await views.until_row(long, "REQUEUED")
+    assert requeued["state_reason"] == f"preempted by fifo for {urgent}"
+    code, out, _ = await views.gpuyard("user.alice", "jobs", "--state", "requeued,PENDING")
+    assert code == 0 and long in out and f"preempted by fifo for {urgent}" in out
+    assert not any(line.startswith(f"{urgent} ") for line in out.splitlines())  # RUNNING
+
+    done = await views.until_row(long, "COMPLETED", within_s=60)
+    assert done["state_reason"] == "" and done["preemptions"] >= 1  # not "preempted" any more
+    assert done["progress"]["steps_done"] > 0 and done["progress"]["total_steps"] is None
+    op = views.c
+    events = [
+        s.event async for s in read_events(
+            (await op.client(OPERATOR.token)).bus.nc, (await op.client(OPERATOR.token)).bus.subjects,
+            types=["job.preempted"],
+        )
+        if s.event is not None and s.event.job_id == long
+    ]  # fmt: skip
+    assert events and events[0].reason == f"preempted by fifo for {urgent}"
+
+    # Filters: users, states in any case, the most recent; an unknown id is an error.
+    assert set(await views.rows("--user", "bob")) == {urgent}
+    assert set(await views.rows("--state", "completed", "--limit", "1")) == {urgent}
+    code, out, _ = await views.gpuyard("user.bob", "jobs", "--state", "Completed")
+    header, *lines = out.splitlines()
+    assert header.split() == ["JOBID", "NAME", "USER", "STATE", "GPUS", "NODES", "ELAPSED",
+                              "PROGRESS", "SUBMIT", "START", "END", "PREEMPT", "REASON"]  # fmt: skip
+    mine = next(line for line in lines if line.startswith(long))
+    assert " alice " in mine and " COMPLETED " in mine and "100%" not in mine
+    code, _, err = await views.gpuyard("user.alice", "jobs", "--state", "preempted")
+    assert code == 2 and "--state 'preempted' is not a job state" in err and "REQUEUED" in err
+    code, _, err = await views.gpuyard("user.alice", "jobs", long, "j999")
+    assert code == 1 and err.strip() == "gpuyard jobs: no such job: j999"
+
+    # A cancellation says who cancelled.
+    again = await views.submit("user.alice", *counter(100000))
+    await views.until_row(again, "RUNNING")
+    code, _, err = await views.gpuyard("user.alice", "cancel", again)
+    assert code == 0, err
+    assert (await views.until_row(again, "CANCELLED"))["state_reason"] == "cancelled by user.alice"
+
+
+async def test_a_lost_node_is_down_since_then_and_status_lists_no_simclock(views: Views) -> None:
+    async def both_up() -> bool:
+        code, out, _ = await views.gpuyard("user.alice", "nodes")
+        return code == 0 and len([line for line in out.splitlines() if " IDLE " in line]) == 2
+
+    await views.c.until(both_up, "two idle nodes", 20)
+    views.agents["b"].send_signal(signal.SIGKILL)
+    await views.agents["b"].wait()
+
+    async def b_down() -> str | None:
+        code, out, _ = await views.gpuyard("user.alice", "nodes")
+        lines = [line for line in out.splitlines() if line.startswith("b ")]
+        return lines[0] if code == 0 and lines and "DOWN since" in lines[0] else None
+
+    line = await views.c.until(b_down, "b declared lost", 20)
+    assert line.split()[1:3] == ["DOWN", "since"] and " ago)" in line
+    code, out, _ = await views.gpuyard("op.admin", "status")
+    assert code == 0 and "simclock" not in out
+    assert "nodes: 1 up (1 t4), 1 down" in out
