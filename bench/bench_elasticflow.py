@@ -145,13 +145,15 @@ def main() -> None:
                   "machine the issue names)")  # fmt: skip
             asyncio.run(
                 bench_traces(
-                    [(DATA / "itp" / "cluster10.csv", "n32g8", "ef-accessctrl", 60.0)], out
+                    [(DATA / "itp" / "cluster10.csv", "n32g8", "ef-accessctrl", 60.0)], out, params
                 )
             )
         if "themis" in only:
             print("themis on fig10_100jobs, n16g8, 240 s slots (ElasticFlow: 158 s there)")
             asyncio.run(
-                bench_traces([(EF / "traces" / "fig10_100jobs.csv", "n16g8", "themis", 240.0)], out)
+                bench_traces(
+                    [(EF / "traces" / "fig10_100jobs.csv", "n16g8", "themis", 240.0)], out, params
+                )
             )
         if "itp" in only:
             clusters = [c for c in args.clusters.split(",") if c]

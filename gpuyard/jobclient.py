@@ -9,6 +9,13 @@ The node agent starts every process of a job with these environment variables:
 - `GPUYARD_ATTEMPT`: how often the job was stopped before (0 on its first run);
 - `GPUYARD_PROGRESS_FILE`: where `report()` writes progress; the agent forwards it in heartbeats.
 
+Resizes: an elastic job given another GPU count is stopped like a preemption (it checkpoints) and
+started again with the new `WORLD_SIZE`. `job.world_size` is the new size; `job.previous_world_size`
+is the size of the run that wrote the last checkpoint, and `job.resized` says they differ. After a
+resize `load_checkpoint()` returns rank 0's checkpoint to every rank (a new rank has none of its
+own, and a rank's own may be older than the runs in between), as to a rank that has none of its
+own: data-parallel ranks hold the same state, and rank 0 always exists.
+
 Preemption: the agent sends SIGTERM, waits a grace period (30 s by default), then SIGKILL.
 `JobClient` turns SIGTERM into a flag; the loop checks it, checkpoints and exits::
 
@@ -57,6 +64,8 @@ class JobClient:
         self.preempted = False
         """Set by SIGTERM: checkpoint and exit soon (before the grace period ends)."""
         self._last_report = 0.0
+        self.previous_world_size = self._saved_world_size()
+        """The world size of the run that wrote the last checkpoint (None: no checkpoint yet)."""
         if handle_sigterm:
             signal.signal(signal.SIGTERM, self._on_sigterm)
 
@@ -78,6 +87,11 @@ class JobClient:
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.preempted = True
+
+    @property
+    def resized(self) -> bool:
+        """This run has another world size than the one that wrote the last checkpoint."""
+        return self.previous_world_size not in (None, self.world_size)
 
     @property
     def resumed(self) -> bool:
@@ -109,16 +123,32 @@ class JobClient:
         return self.checkpoint_dir / f"rank{self.rank if rank is None else rank}" / name
 
     def save_checkpoint(self, state: dict[str, Any], name: str = "state.json") -> Path:
-        """Write a JSON-able state atomically (a crash mid-write keeps the previous one)."""
+        """Write a JSON-able state atomically (a crash mid-write keeps the previous one). Rank 0
+        also records the world size it was saved at (after the state: see `load_checkpoint`)."""
         path = self.checkpoint_path(name)
         _write_atomically(path, json.dumps(state).encode())
+        if self.rank == 0:
+            record = {"world_size": self.world_size, "attempt": self.attempt}
+            _write_atomically(self._world_path(), json.dumps(record).encode())
         return path
 
     def load_checkpoint(self, name: str = "state.json") -> dict[str, Any] | None:
-        path = self.checkpoint_path(name)
+        """This rank's last checkpoint; after a resize, or for a rank without one, rank 0's
+        (module docstring). None when there is none."""
+        own = self.checkpoint_path(name)
+        path = self.checkpoint_path(name, rank=0) if self.resized or not own.exists() else own
         try:
             return json.loads(path.read_bytes())
         except FileNotFoundError:
+            return None
+
+    def _world_path(self) -> Path:
+        return self.checkpoint_dir / "world.json"
+
+    def _saved_world_size(self) -> int | None:
+        try:
+            return int(json.loads(self._world_path().read_bytes())["world_size"])
+        except (OSError, ValueError, KeyError, TypeError):
             return None
 
     def exit_preempted(self) -> None:

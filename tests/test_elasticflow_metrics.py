@@ -56,7 +56,7 @@ def test_cluster_efficiency_is_throughput_over_single_gpu_throughput_per_gpu():
     assert list(frame["time"]) == [0.0, 10.0, 20.0, 40.0]
     assert list(frame["efficiency"]) == pytest.approx([1.5 / 8, 3.5 / 8, 2.0 / 8, 0.0])
     jobs = jobs_frame([record("a", 40.0, None)])
-    assert summarize(jobs, timeline_frame([]), frame)["mean_cluster_efficiency"] == pytest.approx(
+    assert summarize(jobs, timeline_frame([]), efficiency=frame)["mean_cluster_efficiency"] == pytest.approx(
         (1.5 * 10 + 3.5 * 10 + 2.0 * 20) / 8 / 40
     )
 
@@ -65,7 +65,7 @@ def test_write_results_adds_the_deadline_files(tmp_path: Path):
     records = [record("met", 50.0, 100.0)]
     frame = pd.DataFrame({"time": [0.0, 50.0], "efficiency": [0.5, 0.0]})
     summary = write_results(
-        records, [], tmp_path, workload=[r.spec for r in records], efficiency=frame, title="t"
+        records, [], tmp_path, workload=[r.spec for r in records], efficiency=frame, caption="t"
     )
     assert summary["deadline_satisfactory_ratio"] == 1.0
     assert (tmp_path / "efficiency.csv").exists() and (tmp_path / "deadlines.png").exists()

@@ -60,6 +60,10 @@ class _DeadlineAdmission(AdmissionPolicy):
         spec = inp.job
         if deadline_of(spec) == NO_DEADLINE:
             return AdmissionDecision("admit", "best effort" if spec.best_effort else "no deadline")
+        if total_steps(spec, inp.cluster.throughputs) is None:
+            return AdmissionDecision(
+                "reject", "a deadline needs the job's work: give total_steps or duration"
+            )
         gpu_type, total = main_type(inp.cluster)
         slot = self.params.slot_s
         start = align_up(0.0, inp.now, slot)
@@ -81,10 +85,12 @@ class _DeadlineAdmission(AdmissionPolicy):
         if not late:
             return AdmissionDecision("admit", "")
         mine = next((p for i, p in late if i == new.job_id), None)
-        if mine is not None:
+        if mine is not None:  # (times from its submission: readable on a wall clock too)
+            submitted = spec.submit_time if spec.submit_time is not None else inp.now
             return AdmissionDecision(
                 "reject",
-                f"cannot meet its deadline: finishes at {mine.finish:.0f} s > {spec.deadline:.0f} s",
+                f"cannot meet its deadline: it would finish {mine.finish - submitted:.0f} s after "
+                f"submission at best, its deadline is {deadline_of(spec) - submitted:.0f} s after",
             )
         names = ", ".join(i for i, _ in late[:3]) + (", ..." if len(late) > 3 else "")
         return AdmissionDecision("reject", f"admitting it would make {names} miss its deadline")
