@@ -62,7 +62,9 @@ class _DeadlineAdmission(AdmissionPolicy):
             return AdmissionDecision("admit", "best effort" if spec.best_effort else "no deadline")
         if total_steps(spec, inp.cluster.throughputs) is None:
             return AdmissionDecision(
-                "reject", "a deadline needs the job's work: give total_steps or duration"
+                "reject",
+                "a deadline needs the job's work: give total_steps (gpuyard submit --steps) or "
+                "duration",
             )
         gpu_type, total = main_type(inp.cluster)
         slot = self.params.slot_s
