@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,31 @@ def test_jobclient_checkpoints_progress_and_sigterm(tmp_path: Path) -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
+def test_jobclient_after_a_resize_resumes_every_rank_from_rank_0(tmp_path: Path) -> None:
+    def run(rank: int, world: int) -> JobClient:
+        env = {"GPUYARD_JOB_ID": "j", "RANK": str(rank), "WORLD_SIZE": str(world),
+               "GPUYARD_CHECKPOINT_DIR": str(tmp_path)}  # fmt: skip
+        return JobClient.from_env(env, handle_sigterm=False)
+
+    first = [run(0, 2), run(1, 2)]
+    assert first[1].previous_world_size is None and not first[1].resized
+    first[0].save_checkpoint({"step": 5})
+    first[1].save_checkpoint({"step": 6})
+    shrunk = run(0, 1)  # rank 1 is gone; rank 0 goes on alone
+    assert (shrunk.previous_world_size, shrunk.resized) == (2, True)
+    assert shrunk.load_checkpoint() == {"step": 5}
+    shrunk.save_checkpoint({"step": 9})
+    grown = [run(0, 2), run(1, 2)]
+    assert all(g.resized and g.previous_world_size == 1 for g in grown)
+    # Rank 1's own checkpoint (step 6) is older than the run in between: rank 0's counts.
+    assert [g.load_checkpoint() for g in grown] == [{"step": 9}, {"step": 9}]
+    grown[1].save_checkpoint({"step": 12})
+    grown[0].save_checkpoint({"step": 12})
+    again = run(1, 2)  # same size: each rank its own
+    assert not again.resized and again.load_checkpoint() == {"step": 12}
+    assert run(2, 3).load_checkpoint() == {"step": 12}  # a new rank: rank 0's
+
+
 def test_submit_arguments_become_a_job(tmp_path: Path) -> None:
     from gpuyard.cli import main
 
@@ -137,6 +163,12 @@ def test_submit_arguments_become_a_job(tmp_path: Path) -> None:
         "num_gpus": 2, "command": ["python", "t.py"], "gpu_type": "a100", "max_gpus": 4,
         "priority": 3, "processes": "per_node", "env": {"K": "V"},
     }  # fmt: skip
+    # Deadlines are seconds from now on the command line, absolute in the job.
+    ns.deadline, ns.total_steps, ns.job_type = 600.0, 3000.0, "train"
+    before = time.time()
+    (job,) = job_from_args(ns)
+    assert before + 600 <= job["deadline"] <= time.time() + 600
+    assert (job["total_steps"], job["job_type"]) == (3000.0, "train")
     ns.command = []
     with pytest.raises(ValueError, match="command"):
         job_from_args(ns)

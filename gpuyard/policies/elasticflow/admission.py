@@ -32,7 +32,7 @@ from gpuyard.shared.policy import (
 )
 from gpuyard.shared.throughput import total_steps
 
-from .demand import LevelCache, MaxLevel, by_deadline, deadline_of, job_demand, main_type
+from .demand import Levels, MaxLevel, by_deadline, deadline_of, job_demand, main_type
 from .planner import NO_DEADLINE, Demand, Plan, align_up, plan_all_edf, plan_all_mss
 
 
@@ -51,7 +51,7 @@ class _DeadlineAdmission(AdmissionPolicy):
 
     def __init__(self, params: Struct | None = None) -> None:
         super().__init__(params)
-        self.levels: LevelCache = {}
+        self.levels = Levels()
 
     def plan(self, demands: list[Demand], start: float, slot: float, total: int) -> list[Plan]:
         raise NotImplementedError
@@ -75,8 +75,9 @@ class _DeadlineAdmission(AdmissionPolicy):
             return AdmissionDecision("reject", str(exc))
         jobs = by_deadline([*inp.jobs, new])
         demands, ids = [], []
+        cache = self.levels.of(inp.cluster.throughputs)
         for job in jobs:
-            d = job_demand(job, gpu_type, total, self.params.max_level, at=start, cache=self.levels)
+            d = job_demand(job, gpu_type, total, self.params.max_level, at=start, cache=cache)
             if d is not None:
                 demands.append(d)
                 ids.append(job.job_id)
