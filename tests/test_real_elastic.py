@@ -7,6 +7,7 @@ job's processes say what they saw. Infeasible deadlines are refused with the rea
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
@@ -21,7 +22,12 @@ from typing import Any, TypeVar
 import pytest
 
 from gpuyard.natsauth import Credentials
+from gpuyard.services.nodeagent.service import NodeAgent, NodeAgentConfig
+from gpuyard.shared.connection import Bus, connect
+from gpuyard.shared.contract import Launch, NodeCommand
+from gpuyard.shared.endpoints import Subjects
 from gpuyard.shared.identity import Caller
+from gpuyard.shared.model import JobSpec
 
 CLUSTER = "efreal"
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
@@ -187,3 +193,72 @@ def test_deadline_jobs_are_admitted_or_refused_and_elastic_ones_resized(
     stopped = [int(s) for s in re.findall(r"preempted at step (\d+): checkpointed", rank0)]
     assert stopped == firsts[1:], (stopped, firsts)
     assert len(seen) == record["attempt"]
+
+
+SLOW_CHECKPOINT = """
+import signal, sys, time
+from gpuyard.jobclient import JobClient
+job = JobClient.from_env(handle_sigterm=False)
+log = job.checkpoint_dir / "events.txt"
+def stop(*_):
+    time.sleep(0.8)  # a checkpoint that takes a while
+    with log.open("a") as f:
+        f.write(f"checkpointed {job.attempt} {time.time()}\\n")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+with log.open("a") as f:
+    f.write(f"started {job.attempt} {time.time()}\\n")
+while True:
+    time.sleep(0.05)
+"""
+
+
+async def test_a_job_moved_within_a_node_starts_after_its_stopped_part_has_checkpointed(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """A resize or move that gives a job other GPUs of the same node: the new processes wait for
+    the old ones (their checkpoint), not only for the GPUs' holders."""
+    script = tmp_path / "slow_checkpoint.py"
+    script.write_text(SLOW_CHECKPOINT)
+    config = NodeAgentConfig(
+        node_id="n1", gpus=4, use_nvml=False, grace_s=10, log_dir=str(tmp_path / "logs"),
+        checkpoint_root=str(tmp_path / "ckpt"),
+    )  # fmt: skip
+    bus = Bus(await connect(nats_url, name="agent-n1"), Subjects("mv"))
+    agent = NodeAgent(bus, config)
+    spec = JobSpec(job_id="j", num_gpus=1, command=[sys.executable, str(script)])
+    events = tmp_path / "ckpt" / "j" / "events.txt"
+
+    def launch(gpu: int, attempt: int) -> Launch:
+        return Launch(
+            job_id="j", spec=spec, gpus=[gpu], world_size=1, rank_offset=0, node_rank=0,
+            num_nodes=1, master_addr="127.0.0.1", master_port=20000, attempt=attempt,
+        )  # fmt: skip
+
+    def lines() -> list[list[str]]:
+        return [line.split() for line in events.read_text().splitlines()] if events.exists() else []
+
+    try:
+        await agent.command(NodeCommand(now=0.0, node_id="n1", launch=[launch(0, 0)]))
+        await _until(lambda: [w[:2] for w in lines()] == [["started", "0"]], "the first run")
+        # Moved from GPU 0 to GPU 2, which is free: stop and launch in one command.
+        await agent.command(
+            NodeCommand(now=1.0, node_id="n1", preempt=["j"], launch=[launch(2, 1)])
+        )
+        await _until(lambda: len(lines()) == 3, "the second run")
+        _, (what, _, saved), (again, attempt, second) = lines()
+        assert (what, again, attempt) == ("checkpointed", "started", "1")
+        assert float(second) >= float(saved)
+    finally:
+        for part in list(agent.parts.values()):
+            part.stop()
+            await part.done.wait()
+        await bus.close()
+
+
+async def _until(check: Callable[[], object], what: str, within_s: float = 20.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
