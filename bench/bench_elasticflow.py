@@ -72,15 +72,17 @@ def bench_admission(jobs: int, gpus: int, repeat: int) -> None:
     new = JobSpec(job_id="new", job_type="bert@64", num_gpus=1, min_gpus=1, max_gpus=64,
                   total_steps=5000, deadline=now + 36000, submit_time=now)  # fmt: skip
     policy = ElasticFlowAdmission(DeadlineAdmissionParams(slot_s=60.0))
-    times = []
+    times, cpu = [], []
     for _ in range(repeat):
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         decision = policy.decide(AdmissionInput(now=now, job=new, cluster=cluster, jobs=views))
         times.append(time.perf_counter() - started)
+        cpu.append(time.thread_time() - started_cpu)
     print(f"admission: {jobs} admitted jobs ({used} running) on {gpus} GPUs -> {decision.verdict}")
-    print(f"  first decision {times[0] * 1000:.1f} ms (levels computed), then best "
-          f"{min(times[1:]) * 1000:.1f} ms, median {sorted(times[1:])[len(times) // 2 - 1] * 1000:.1f} ms "
-          f"over {repeat - 1} (target < 20 ms)")  # fmt: skip
+    for what, t in (("wall", times), ("CPU", cpu)):
+        print(f"  {what}: first decision {t[0] * 1000:.1f} ms (levels computed), then best "
+              f"{min(t[1:]) * 1000:.1f} ms, median {sorted(t[1:])[len(t) // 2 - 1] * 1000:.1f} ms "
+              f"over {repeat - 1} (target < 20 ms)")  # fmt: skip
 
 
 async def run_trace(
