@@ -213,8 +213,8 @@ def main() -> None:
             unknown += [s for s in schemes if s not in ELASTICFLOW_SCHEMES]
             if unknown:
                 raise SystemExit(f"unknown clusters or schemes: {', '.join(unknown)}")
-            # The largest traces first: with --parallel, the small ones fill in around them.
-            clusters.sort(key=lambda c: -(DATA / "itp" / f"{c}.csv").stat().st_size)
+            if args.parallel > 1:  # the largest traces first: the small ones fill in around them
+                clusters.sort(key=lambda c: -(DATA / "itp" / f"{c}.csv").stat().st_size)
             runs = [
                 (DATA / "itp" / f"{c}.csv", ITP_CLUSTERS[c], s, 60.0)
                 for c in clusters
