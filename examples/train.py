@@ -42,6 +42,9 @@ def main() -> int:
     )
     if job.resized:
         print(f"resized: world size {job.previous_world_size} -> {job.world_size}", flush=True)
+    if state["step"] >= args.steps:  # it had finished as it was being stopped: nothing to redo
+        print(f"finished before, at step {state['step']}", flush=True)
+        return 0
     step_time = args.step_time / job.world_size if args.data_parallel else args.step_time
     while state["step"] < args.steps:
         time.sleep(step_time)  # one step of "training"
