@@ -5,6 +5,12 @@
 Each rank "trains" (sleeps `--step-time` per step), reports progress, checkpoints every
 `--checkpoint-every` steps and when preempted (SIGTERM), and resumes from its checkpoint on restart;
 a run launched after one that finished (whose end was lost) exits at once.
+With `--data-parallel` a step is one global batch split over the ranks (it takes `--step-time`
+divided by the world size), so an elastic job given more GPUs goes faster; after a resize it says
+so and goes on from the step it had checkpointed:
+
+    gpuyard submit --min-gpus 1 --gpus 1 --max-gpus 4 --job-type train --steps 3000 \
+        --deadline 600 -- python examples/train.py --steps 3000 --step-time 0.1 --data-parallel
 """
 
 from __future__ import annotations
@@ -22,6 +28,10 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--fail-at", type=int, default=-1, help="exit 1 at this step (for tests)")
+    p.add_argument(
+        "--data-parallel", action="store_true",
+        help="a step is one global batch shared by the ranks: it takes step-time / world size",
+    )  # fmt: skip
     args = p.parse_args()
 
     job = JobClient.from_env()
@@ -35,8 +45,14 @@ def main() -> int:
         f"resumed={job.resumed} start_step={state['step']}",
         flush=True,
     )
+    if job.resized:
+        print(f"resized: world size {job.previous_world_size} -> {job.world_size}", flush=True)
+    if state["step"] >= args.steps:  # it had finished as it was being stopped: nothing to redo
+        print(f"finished before, at step {state['step']}", flush=True)
+        return 0
+    step_time = args.step_time / job.world_size if args.data_parallel else args.step_time
     while state["step"] < args.steps:
-        time.sleep(args.step_time)  # one step of "training"
+        time.sleep(step_time)  # one step of "training"
         state["step"] += 1
         state["loss"] *= 0.99
         if state["step"] == args.fail_at:

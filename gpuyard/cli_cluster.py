@@ -10,7 +10,7 @@ import getpass
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -54,6 +54,7 @@ from gpuyard.shared.contract import (
 from gpuyard.shared.endpoints import CANCEL, CLUSTER, HEARTBEATS, LOG_LINE, NODE_LOGS, QUERY, SUBMIT
 from gpuyard.shared.identity import ANONYMOUS
 from gpuyard.shared.model import JobRecord
+from gpuyard.shared.policy import PolicyError
 
 ENDED = {"completed", "failed", "cancelled"}
 
@@ -89,8 +90,22 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
         "reaches it can run any command on every node (loopback only)",
     )  # fmt: skip
     p.add_argument("--policy", default="fifo", help="scheduling policy (default fifo)")
+    p.add_argument("--param", action="append", default=[], help="scheduling policy KEY=VALUE")
     p.add_argument("--placement", default="consolidated", help="placement policy")
+    p.add_argument("--placement-param", action="append", default=[], help="KEY=VALUE")
     p.add_argument("--admission", default="accept-all", help="admission policy")
+    p.add_argument("--admission-param", action="append", default=[], help="KEY=VALUE")
+    p.add_argument(
+        "--elasticflow", action="store_true",
+        help="--policy names an ElasticFlow scheme (ef-accessctrl, ef, edf, edf-accessctrl, "
+        "gandiva, dlas-gpu, themis, chronus): its scheduling, admission and placement policies, "
+        "--round its scheduling slot",
+    )  # fmt: skip
+    p.add_argument(
+        "--throughputs", default="default",
+        help="throughput model (ElasticFlow table or folder, Gavel JSON, BFTrainer CSV): what "
+        "deadline admission and elastic policies plan with; measured progress refines it",
+    )  # fmt: skip
     p.add_argument(
         "--round", type=positive_float, default=5.0, help="seconds between scheduling rounds"
     )
@@ -130,7 +145,17 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-gpus", type=positive_int, help="elastic: fewest GPUs it runs on")
     p.add_argument("--max-gpus", type=positive_int, help="elastic: most GPUs it can use")
     p.add_argument("--priority", type=int)
-    p.add_argument("--deadline", type=positive_float, help="seconds from submission")
+    p.add_argument(
+        "--deadline", type=positive_float,
+        help="seconds from now by which the job must finish (deadline admission needs --steps)",
+    )  # fmt: skip
+    p.add_argument(
+        "--steps", type=positive_float, dest="total_steps",
+        help="the job's work in the throughput model's steps (what its job client reports)",
+    )  # fmt: skip
+    p.add_argument(
+        "--job-type", help="the throughput model's name for the job (--throughputs of up)"
+    )
     p.add_argument("--name", default=None)
     p.add_argument("--job-id", default=None)
     p.add_argument("--per-node", action="store_true", help="one process per node, not per GPU")
@@ -206,13 +231,16 @@ RETRY_FOR_S = 60.0
 
 def control_plane_configs(
     policy: str = "fifo", placement: str = "consolidated", admission: str = "accept-all",
-    round_s: float = 5.0, heartbeat_timeout_s: float = 5.0, durable: bool = True,
-    min_run_s: float = 0.0,
+    round_s: float = 5.0, heartbeat_timeout_s: float = 5.0, durable: bool = True, *,
+    min_run_s: float = 0.0, policy_params: dict[str, Any] | None = None,
+    placement_params: dict[str, Any] | None = None, admission_params: dict[str, Any] | None = None,
+    throughputs: str = "default", mode: Literal["rounds", "events"] = "events",
 ) -> dict[str, Any]:  # fmt: skip
     """The services of a real cluster's control plane: the scheduler ticks on the wall clock.
 
     `durable`: their state lives in JetStream key-value buckets, so any of them can be killed and
     started again (or replaced) mid-run; their calls to one another retry while the callee restarts.
+    `throughputs`: the model the scheduler (learning from progress) and admission plan with.
     """
     from gpuyard.services.admission.service import AdmissionConfig
     from gpuyard.services.placement.service import PlacementConfig
@@ -220,12 +248,18 @@ def control_plane_configs(
 
     return {
         "placement": PlacementConfig(
-            policy=placement, heartbeat_timeout_s=heartbeat_timeout_s, durable=durable,
+            policy=placement,
+            params=placement_params or {},
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            durable=durable,
             command_timeout_s=3.0,
         ),
         "scheduler": SchedulerConfig(
             policy=policy,
+            params=policy_params or {},
             clock="wall",
+            mode=mode,
+            throughputs=throughputs,
             learn_throughputs=True,
             round_s=round_s,
             min_run_s=min_run_s,
@@ -234,10 +268,60 @@ def control_plane_configs(
             retry_for_s=RETRY_FOR_S,
         ),
         "admission": AdmissionConfig(
-            policy=admission, durable=durable, call_timeout_s=15.0, retry_for_s=RETRY_FOR_S,
+            policy=admission,
+            params=admission_params or {},
+            throughputs=throughputs,
+            durable=durable,
+            call_timeout_s=15.0,
+            retry_for_s=RETRY_FOR_S,
             require_command=True,
         ),
     }
+
+
+def control_plane_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """`gpuyard up`'s services from its options; ValueError or PolicyError names a bad one.
+
+    `--elasticflow`: the scheme's policies as `gpuyard sim --elasticflow` sets them (without the
+    simulated restart costs: on a real cluster restarts cost what they cost)."""
+    from gpuyard.shared.policy import (
+        admission_policies,
+        parse_params,
+        placement_policies,
+        scheduling_policies,
+    )
+
+    chosen: dict[str, Any] = {
+        "policy": args.policy, "policy_params": parse_params(args.param),
+        "placement": args.placement, "placement_params": parse_params(args.placement_param),
+        "admission": args.admission, "admission_params": parse_params(args.admission_param),
+        "mode": "events",
+    }  # fmt: skip
+    if args.elasticflow:
+        from gpuyard.sim import elasticflow_options
+
+        scheme = elasticflow_options(args.policy, args.round, 0)
+        for key in ("policy", "admission", "placement", "mode"):
+            chosen[key] = scheme[key]
+        for key in ("policy_params", "admission_params", "placement_params"):
+            chosen[key] = {**scheme[key], **chosen[key]}
+    if args.throughputs != "default" and not Path(args.throughputs).exists():
+        raise ValueError(f"--throughputs {args.throughputs}: no such file or folder")
+    for registry, name, params in [
+        (scheduling_policies, chosen["policy"], chosen["policy_params"]),
+        (admission_policies, chosen["admission"], chosen["admission_params"]),
+        (placement_policies, chosen["placement"], chosen["placement_params"]),
+    ]:
+        made = registry.create(name, params)
+        if made.needs.throughputs and args.throughputs == "default":
+            raise ValueError(
+                f"{registry.kind} policy {name!r} plans with measured throughputs: give "
+                f"--throughputs FILE (e.g. an ElasticFlow table of your job types)"
+            )
+    return control_plane_configs(
+        round_s=args.round, heartbeat_timeout_s=args.heartbeat_timeout, durable=args.durable,
+        min_run_s=args.min_run_s, throughputs=args.throughputs, **chosen,
+    )  # fmt: skip
 
 
 def _open_warning(listen: str) -> None:
@@ -279,10 +363,10 @@ async def run_control_plane(args: argparse.Namespace) -> int:
     from gpuyard.shared.identity import Caller
 
     checked_subjects(args.cluster)
-    configs = control_plane_configs(
-        args.policy, args.placement, args.admission, args.round, args.heartbeat_timeout,
-        durable=args.durable, min_run_s=args.min_run_s,
-    )  # fmt: skip
+    try:
+        configs = control_plane_from_args(args)
+    except (ValueError, PolicyError) as exc:
+        raise CommandError(str(exc), code=2) from None
     state = (args.state_dir or default_state_dir(args.cluster)).expanduser().resolve()
     creds = Credentials(state, args.cluster)
     tls = _server_tls(args)
@@ -296,7 +380,9 @@ async def run_control_plane(args: argparse.Namespace) -> int:
             url = args.nats
             operator = nats_auth(args)
             if creds.exists:  # each service as itself (`gpuyard auth init` for this server)
-                services = {n: NatsAuth.from_profile(creds.profile(Caller("svc", n))) for n in configs}
+                services = {
+                    n: NatsAuth.from_profile(creds.profile(Caller("svc", n))) for n in configs
+                }
         else:
             if args.open:
                 _open_warning(args.listen)
@@ -315,7 +401,9 @@ async def run_control_plane(args: argparse.Namespace) -> int:
                 tls_ca = str(args.tls_ca.resolve()) if args.tls_ca else None
                 creds.set_server(url, tls_ca)
                 operator = NatsAuth.from_profile(creds.profile(OPERATOR))
-                services = {n: NatsAuth.from_profile(creds.profile(Caller("svc", n))) for n in configs}
+                services = {
+                    n: NatsAuth.from_profile(creds.profile(Caller("svc", n))) for n in configs
+                }
         service_set = ServiceSet(url, args.cluster, configs, auth=operator, service_auth=services)
         await service_set.start()
         stack.push_async_callback(service_set.stop)
@@ -362,10 +450,13 @@ def job_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
     if not command:
         raise ValueError("give the job's command after `--` (or --file)")
     job: dict[str, Any] = {"num_gpus": args.gpus, "command": command, "workdir": workdir}
-    for key in ("gpu_type", "min_gpus", "max_gpus", "priority", "deadline", "name", "job_id"):
-        value = getattr(args, key)
+    for key in ("gpu_type", "min_gpus", "max_gpus", "priority", "name", "job_id", "job_type",
+                "total_steps"):  # fmt: skip
+        value = getattr(args, key, None)
         if value is not None:
             job[key] = value
+    if args.deadline is not None:  # a job's deadline is absolute, on the clock of its submission
+        job["deadline"] = time.time() + args.deadline
     if args.per_node:
         job["processes"] = "per_node"
     env = {}

@@ -7,7 +7,21 @@ The node agent starts every process of a job with these environment variables:
 - `GPUYARD_CHECKPOINT_DIR`: a folder keyed by job id under a root shared by all nodes, so a job
   resumed on another node finds its checkpoint;
 - `GPUYARD_ATTEMPT`: how often the job was stopped before (0 on its first run);
-- `GPUYARD_PROGRESS_FILE`: where `report()` writes progress; the agent forwards it in heartbeats.
+- `GPUYARD_PROGRESS_FILE`: where `report()` writes progress; the agent forwards it in heartbeats;
+- `GPUYARD_GRACE_S`: the agents' grace period between SIGTERM and SIGKILL.
+
+Resizes: an elastic job given another GPU count is stopped like a preemption (it checkpoints) and
+started again with the new `WORLD_SIZE`. `job.world_size` is the new size; `job.previous_world_size`
+is the size of the run that wrote the last checkpoint, and `job.resized` says they differ. After a
+resize `load_checkpoint()` returns rank 0's checkpoint to every rank (a new rank has none of its
+own, and a rank's own may be older than the runs in between), as to a rank that has none of its
+own: data-parallel ranks hold the same state, and rank 0 always exists.
+
+A restarted job may start before its previous run has finished checkpointing (on another node, a
+resize or a move launches the new processes while the old ones still write). So every process
+marks itself running in the checkpoint folder (`.runs/`, removed at exit), and a later run's
+`load_checkpoint()` first waits until the earlier runs' processes are gone (at most the grace
+period: by then the agent has killed them).
 
 Preemption: the agent sends SIGTERM, waits a grace period (30 s by default), then SIGKILL.
 `JobClient` turns SIGTERM into a flag; the loop checks it, checkpoints and exits::
@@ -39,9 +53,11 @@ Outside gpuyard (no variables) it works too: rank 0 of 1, checkpoints in `./chec
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -57,7 +73,7 @@ class JobClient:
     def __init__(
         self, job_id: str, rank: int, world_size: int, local_rank: int, attempt: int,
         checkpoint_dir: Path, progress_file: Path | None, *, handle_sigterm: bool = True,
-        report_every_s: float = 0.5,
+        report_every_s: float = 0.5, grace_s: float = 30.0,
     ) -> None:  # fmt: skip
         self.job_id = job_id
         self.rank = rank
@@ -72,6 +88,13 @@ class JobClient:
         """Set by SIGTERM: checkpoint and exit soon (before the grace period ends)."""
         self._last_report = 0.0
         self._handles_sigterm = handle_sigterm
+        self.grace_s = grace_s
+        """How long a process of an earlier run may still be writing its checkpoint."""
+        self._settled = False
+        self._previous_world_size: int | None = None
+        self._mark = self.checkpoint_dir / RUNS / f"a{attempt}.r{rank}"
+        _write_atomically(self._mark, f"{socket.gethostname()} {os.getpid()}".encode())
+        atexit.register(self._mark.unlink, missing_ok=True)
         if handle_sigterm:
             signal.signal(signal.SIGTERM, self._on_sigterm)
 
@@ -88,6 +111,7 @@ class JobClient:
             attempt=int(env.get("GPUYARD_ATTEMPT") or 0),
             checkpoint_dir=Path(env.get("GPUYARD_CHECKPOINT_DIR") or Path("checkpoints") / job_id),
             progress_file=Path(progress) if progress else None,
+            **({"grace_s": float(env["GPUYARD_GRACE_S"])} if env.get("GPUYARD_GRACE_S") else {}),
             **options,
         )
 
@@ -99,6 +123,17 @@ class JobClient:
         """An earlier run of this rank finished (`finish()`): the work is done, and this run
         should exit 0 at once."""
         return self.checkpoint_path(FINISHED).exists()
+
+    @property
+    def previous_world_size(self) -> int | None:
+        """The world size of the run that wrote the last checkpoint (None: no checkpoint yet)."""
+        self._settle()
+        return self._previous_world_size
+
+    @property
+    def resized(self) -> bool:
+        """This run has another world size than the one that wrote the last checkpoint."""
+        return self.previous_world_size not in (None, self.world_size)
 
     @property
     def resumed(self) -> bool:
@@ -130,9 +165,13 @@ class JobClient:
         return self.checkpoint_dir / f"rank{self.rank if rank is None else rank}" / name
 
     def save_checkpoint(self, state: dict[str, Any], name: str = "state.json") -> Path:
-        """Write a JSON-able state atomically (a crash mid-write keeps the previous one)."""
+        """Write a JSON-able state atomically (a crash mid-write keeps the previous one). Rank 0
+        also records the world size it was saved at (after the state: see `load_checkpoint`)."""
         path = self.checkpoint_path(name)
         _write_atomically(path, json.dumps(state).encode())
+        if self.rank == 0:
+            record = {"world_size": self.world_size, "attempt": self.attempt}
+            _write_atomically(self._world_path(), json.dumps(record).encode())
         return path
 
     def finish(self) -> None:
@@ -146,16 +185,73 @@ class JobClient:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def load_checkpoint(self, name: str = "state.json") -> dict[str, Any] | None:
-        path = self.checkpoint_path(name)
+        """This rank's last checkpoint; after a resize, or for a rank without one, rank 0's
+        (module docstring). None when there is none. Waits for an earlier run still writing."""
+        self._settle()
+        own = self.checkpoint_path(name)
+        path = self.checkpoint_path(name, rank=0) if self.resized or not own.exists() else own
         try:
             return json.loads(path.read_bytes())
         except FileNotFoundError:
             return None
 
+    def _world_path(self) -> Path:
+        return self.checkpoint_dir / "world.json"
+
+    def _settle(self) -> None:
+        """Once: wait for the earlier runs' processes to exit (their checkpoints are written), at
+        most `grace_s`, then read the world size the last checkpoint was saved at."""
+        if self._settled:
+            return
+        self._settled = True
+        deadline = time.monotonic() + self.grace_s
+        while (earlier := self._earlier_runs()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for mark in earlier:  # killed (SIGKILL leaves its mark): gone by now
+            mark.unlink(missing_ok=True)
+        try:
+            saved = json.loads(self._world_path().read_bytes())["world_size"]
+            self._previous_world_size = int(saved)
+        except (OSError, ValueError, KeyError, TypeError):
+            self._previous_world_size = None
+
+    def _earlier_runs(self) -> list[Path]:
+        """The marks of processes of earlier runs (of this job) that have not exited; a mark of a
+        process of this host that is gone (killed) does not count."""
+        marks = []
+        host = socket.gethostname()
+        for mark in self._mark.parent.glob("a*.r*"):
+            attempt = mark.name[1:].split(".", 1)[0]
+            if not attempt.isdigit() or int(attempt) >= self.attempt:
+                continue
+            try:
+                where, pid = mark.read_text().split()
+            except (OSError, ValueError):
+                continue
+            if where == host and not _alive(int(pid)):
+                mark.unlink(missing_ok=True)
+                continue
+            marks.append(mark)
+        return marks
+
     def exit_preempted(self) -> None:
         """Exit after a preemption's checkpoint (128 + SIGTERM, as if the signal had killed us)."""
         sys.stdout.flush()
         sys.exit(128 + signal.SIGTERM)
+
+
+RUNS = ".runs"
+"""The checkpoint folder's marks of the processes running (`a<attempt>.r<rank>`: host and pid)."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

@@ -364,6 +364,8 @@ class LearnedThroughputs:
         self.reference_gpu_type = prior.reference_gpu_type
         self.measured: dict[tuple[str, str, int], float] = {}
         self._scale: dict[str, float] = {}
+        self.version = 0
+        """Counts what was learned: a policy that caches rates computes them again when it moves."""
 
     def observe(self, job_type: str, gpu_type: str, num_gpus: int, rate: float) -> None:
         """A job of `job_type` was seen doing `rate` steps/s on `num_gpus` GPUs of `gpu_type`."""
@@ -373,6 +375,7 @@ class LearnedThroughputs:
         old = self.measured.get(key)
         self.measured[key] = rate if old is None else (1 - self.weight) * old + self.weight * rate
         self._scale.pop(job_type, None)
+        self.version += 1
 
     def scale(self, job_type: str) -> float:
         """How this job type's measurements compare with the prior (1 when never measured)."""
@@ -403,6 +406,7 @@ class LearnedThroughputs:
     def restore(self, measured: list[tuple[str, str, int, float]]) -> None:
         self.measured = {(jt, gt, int(n)): rate for jt, gt, n, rate in measured}
         self._scale.clear()
+        self.version += 1
 
 
 def load_throughputs(path: str | Path | None = None) -> ThroughputModel:

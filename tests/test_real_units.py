@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -83,8 +85,9 @@ def test_process_environments_per_gpu_and_per_node(tmp_path: Path) -> None:
     assert e["WORLD_SIZE"] == e["world_size"] == "4" and e["MASTER_ADDR"] == "10.0.0.1"
     assert e["local_accessible_gpu"] == "2,3" and e["PATH"] == "/bin" and e["A"] == "1"
     assert e["GPUYARD_ATTEMPT"] == "2" and e["GPUYARD_CHECKPOINT_DIR"] == str(tmp_path / "ckpt/j1")
-    (one,) = process_envs(_launch("per_node"), "n2", places, {})
+    (one,) = process_envs(_launch("per_node"), "n2", places, {}, grace_s=7.5)
     assert one["CUDA_VISIBLE_DEVICES"] == "2,3" and one["NODE_RANK"] == "1" and one["RANK"] == "2"
+    assert e["GPUYARD_GRACE_S"] == "30" and one["GPUYARD_GRACE_S"] == "7.5"
 
 
 async def test_a_part_stopped_while_its_processes_start_is_stopped(tmp_path: Path) -> None:
@@ -179,6 +182,69 @@ def test_a_run_launched_after_one_that_finished_exits_at_once(tmp_path: Path) ->
         signal.signal(signal.SIGTERM, previous)
 
 
+def test_jobclient_after_a_resize_resumes_every_rank_from_rank_0(tmp_path: Path) -> None:
+    def run(rank: int, world: int) -> JobClient:
+        env = {"GPUYARD_JOB_ID": "j", "RANK": str(rank), "WORLD_SIZE": str(world),
+               "GPUYARD_CHECKPOINT_DIR": str(tmp_path)}  # fmt: skip
+        return JobClient.from_env(env, handle_sigterm=False)
+
+    first = [run(0, 2), run(1, 2)]
+    assert first[1].previous_world_size is None and not first[1].resized
+    first[0].save_checkpoint({"step": 5})
+    first[1].save_checkpoint({"step": 6})
+    shrunk = run(0, 1)  # rank 1 is gone; rank 0 goes on alone
+    assert (shrunk.previous_world_size, shrunk.resized) == (2, True)
+    assert shrunk.load_checkpoint() == {"step": 5}
+    shrunk.save_checkpoint({"step": 9})
+    grown = [run(0, 2), run(1, 2)]
+    assert all(g.resized and g.previous_world_size == 1 for g in grown)
+    # Rank 1's own checkpoint (step 6) is older than the run in between: rank 0's counts.
+    assert [g.load_checkpoint() for g in grown] == [{"step": 9}, {"step": 9}]
+    grown[1].save_checkpoint({"step": 12})
+    grown[0].save_checkpoint({"step": 12})
+    again = run(1, 2)  # same size: each rank its own
+    assert not again.resized and again.load_checkpoint() == {"step": 12}
+    assert run(2, 3).load_checkpoint() == {"step": 12}  # a new rank: rank 0's
+
+
+SLOW_RANK = """
+import json, signal, sys, time
+from gpuyard.jobclient import JobClient
+job = JobClient.from_env()
+if job.attempt == 0:
+    job.save_checkpoint({"step": 1})
+    print("running", flush=True)
+    while not job.preempted:
+        time.sleep(0.01)
+    time.sleep(1.0)  # a slow checkpoint
+    job.save_checkpoint({"step": 2})
+    job.exit_preempted()
+print(json.dumps([job.load_checkpoint(), job.previous_world_size, job.resized]), flush=True)
+"""
+
+
+def test_a_restarted_job_waits_for_its_earlier_run_to_checkpoint(tmp_path: Path) -> None:
+    """As on another node after a resize: the new run starts while the old one still writes."""
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_RANK)
+    base = {**os.environ, "GPUYARD_JOB_ID": "j", "GPUYARD_CHECKPOINT_DIR": str(tmp_path / "ck"),
+            "GPUYARD_GRACE_S": "20"}  # fmt: skip
+
+    def run(attempt: int, world: int) -> subprocess.Popen[str]:
+        env = {**base, "GPUYARD_ATTEMPT": str(attempt), "WORLD_SIZE": str(world)}
+        return subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                                text=True)  # fmt: skip
+
+    old = run(0, 1)
+    assert old.stdout is not None and old.stdout.readline() == "running\n"
+    old.terminate()
+    new = run(1, 2)  # at once: the old one checkpoints for another second
+    out, _ = new.communicate(timeout=60)
+    assert old.wait(timeout=10) == 143
+    assert json.loads(out) == [{"step": 2}, 1, True]
+    assert not list((tmp_path / "ck" / ".runs").iterdir())  # every mark removed at exit
+
+
 def test_submit_arguments_become_a_job(tmp_path: Path) -> None:
     from gpuyard.cli import main
 
@@ -197,6 +263,14 @@ def test_submit_arguments_become_a_job(tmp_path: Path) -> None:
     ns.chdir = Path("sub")  # relative to where `submit` runs
     assert job_from_args(ns)[0]["workdir"] == str(Path.cwd() / "sub")
     ns.chdir = None
+
+
+    # Deadlines are seconds from now on the command line, absolute in the job.
+    ns.deadline, ns.total_steps, ns.job_type = 600.0, 3000.0, "train"
+    before = time.time()
+    (job,) = job_from_args(ns)
+    assert before + 600 <= job["deadline"] <= time.time() + 600
+    assert (job["total_steps"], job["job_type"]) == (3000.0, "train")
     ns.command = []
     with pytest.raises(ValueError, match="command"):
         job_from_args(ns)

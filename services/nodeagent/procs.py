@@ -48,7 +48,7 @@ class Places:
 
 
 def process_envs(
-    launch: Launch, node_id: str, places: Places, base: dict[str, str]
+    launch: Launch, node_id: str, places: Places, base: dict[str, str], grace_s: float = 30.0
 ) -> list[dict[str, str]]:
     """The environment of each process of this part: Blox's names, torchrun's, and gpuyard's."""
     spec = launch.spec
@@ -86,6 +86,7 @@ def process_envs(
             "GPUYARD_ATTEMPT": str(launch.attempt),
             "GPUYARD_CHECKPOINT_DIR": str(places.checkpoint_dir(launch.job_id)),
             "GPUYARD_PROGRESS_FILE": str(logs / f"progress.rank{rank}.json"),
+            "GPUYARD_GRACE_S": f"{grace_s:g}",
         }
         envs.append(env)
     return envs
@@ -126,7 +127,7 @@ class JobPart:
         self.places.checkpoint_dir(self.job_id).mkdir(parents=True, exist_ok=True)
         self._spawning = True
         try:
-            for env in process_envs(self.launch, self.node_id, self.places, base_env):
+            for env in process_envs(self.launch, self.node_id, self.places, base_env, self.grace_s):
                 rank = int(env["RANK"])
                 proc = await asyncio.create_subprocess_exec(
                     *command, env=env, cwd=workdir, stdin=asyncio.subprocess.DEVNULL,

@@ -92,6 +92,7 @@ class NodeAgent(Service):
         self.node = self._discover()
         self.parts: dict[str, JobPart] = {}
         self.holders: dict[int, JobPart] = {}  # GPU index -> the part whose processes hold it
+        self.stopping: dict[str, JobPart] = {}  # job id -> its part told to stop, until it exits
         self.pending_exits: list[JobExit] = []
         self.launched: dict[tuple[Any, ...], None] = {}  # launches handled (the latest, in order)
         self._exits_ready = asyncio.Event()
@@ -253,11 +254,17 @@ class NodeAgent(Service):
             return False
         self.log.info("job.preempting", job_id=job_id, grace_s=self.config.grace_s)
         part.stop()
+        self.stopping[job_id] = part
         return True
 
     def _start_part(self, launch: Launch) -> None:
         part = JobPart(launch, self.node_id, self.places, self._publish_line, self.config.grace_s)
-        before = [self.holders[g].done for g in launch.gpus if g in self.holders]
+        # It starts once the GPUs' holders have exited, and this job's own part told to stop
+        # (resized or moved here): that part writes the checkpoint the new one resumes from.
+        earlier = [self.holders[g] for g in launch.gpus if g in self.holders]
+        if (previous := self.stopping.get(launch.job_id)) is not None:
+            earlier.append(previous)
+        before = [p.done for p in dict.fromkeys(earlier)]
         for g in launch.gpus:
             self.holders[g] = part
         self.parts[launch.job_id] = part
@@ -294,6 +301,8 @@ class NodeAgent(Service):
                     del self.holders[g]
             if self.parts.get(job_id) is part:
                 del self.parts[job_id]
+            if self.stopping.get(job_id) is part:
+                del self.stopping[job_id]
         finished = bool(part.procs) and failure[0] < 0  # every process ran and exited 0
         if part.stopping and not finished and not reason.startswith("launch failed"):
             self.log.info("job.stopped", job_id=job_id)

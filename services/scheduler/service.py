@@ -496,7 +496,7 @@ class Scheduler(Service):
         if self.force_decision or self.mechanism.wants_decision(now, self.table.changed):
             decision = await self._decide(inp)
             self.table.changed = self.force_decision = False
-        allocations = self._checked(self.mechanism.allocations(decision, inp))
+        allocations = self._checked(self.mechanism.allocations(decision, inp), cluster)
         allocations, lease_ends = self._guarded(now, allocations, cluster.capacity)
         active = self.table.active
         specs = {a.job_id: active[a.job_id].spec for a in allocations if active[a.job_id].state != "running"}  # fmt: skip
@@ -592,12 +592,12 @@ class Scheduler(Service):
             self.policy_slow = True
         return decision if isinstance(decision, Decision) else Decision(allocations=decision)
 
-    def _checked(self, allocations: list[Allocation]) -> list[Allocation]:
+    def _checked(self, allocations: list[Allocation], cluster: ClusterInfo) -> list[Allocation]:
         """A policy's answer must name active jobs once each, within their GPU bounds and the
-        capacity. An allocation where the job cannot run (no throughput on that type) is left out
-        with a warning: no policy ever starts a job where it would only fail."""
-        assert self.cluster is not None
-        capacity = self.cluster.capacity
+        capacity of `cluster` (the round's: a node event may have dropped `self.cluster` since).
+        An allocation where the job cannot run (no throughput on that type) is left out with a
+        warning: no policy ever starts a job where it would only fail."""
+        capacity = cluster.capacity
         seen: set[str] = set()
         used: dict[str, int] = {}
         kept: list[Allocation] = []

@@ -32,7 +32,7 @@ from gpuyard.shared.policy import (
 )
 from gpuyard.shared.throughput import total_steps
 
-from .demand import LevelCache, MaxLevel, by_deadline, deadline_of, job_demand, main_type
+from .demand import Levels, MaxLevel, by_deadline, deadline_of, job_demand, main_type
 from .planner import NO_DEADLINE, Demand, Plan, align_up, plan_all_edf, plan_all_mss
 
 
@@ -51,7 +51,7 @@ class _DeadlineAdmission(AdmissionPolicy):
 
     def __init__(self, params: Struct | None = None) -> None:
         super().__init__(params)
-        self.levels: LevelCache = {}
+        self.levels = Levels()
 
     def plan(self, demands: list[Demand], start: float, slot: float, total: int) -> list[Plan]:
         raise NotImplementedError
@@ -60,6 +60,12 @@ class _DeadlineAdmission(AdmissionPolicy):
         spec = inp.job
         if deadline_of(spec) == NO_DEADLINE:
             return AdmissionDecision("admit", "best effort" if spec.best_effort else "no deadline")
+        if total_steps(spec, inp.cluster.throughputs) is None:
+            return AdmissionDecision(
+                "reject",
+                "a deadline needs the job's work: give total_steps (gpuyard submit --steps) or "
+                "duration",
+            )
         gpu_type, total = main_type(inp.cluster)
         slot = self.params.slot_s
         start = align_up(0.0, inp.now, slot)
@@ -69,8 +75,9 @@ class _DeadlineAdmission(AdmissionPolicy):
             return AdmissionDecision("reject", str(exc))
         jobs = by_deadline([*inp.jobs, new])
         demands, ids = [], []
+        cache = self.levels.of(inp.cluster.throughputs)
         for job in jobs:
-            d = job_demand(job, gpu_type, total, self.params.max_level, at=start, cache=self.levels)
+            d = job_demand(job, gpu_type, total, self.params.max_level, at=start, cache=cache)
             if d is not None:
                 demands.append(d)
                 ids.append(job.job_id)
@@ -81,10 +88,12 @@ class _DeadlineAdmission(AdmissionPolicy):
         if not late:
             return AdmissionDecision("admit", "")
         mine = next((p for i, p in late if i == new.job_id), None)
-        if mine is not None:
+        if mine is not None:  # (times from its submission: readable on a wall clock too)
+            submitted = spec.submit_time if spec.submit_time is not None else inp.now
             return AdmissionDecision(
                 "reject",
-                f"cannot meet its deadline: finishes at {mine.finish:.0f} s > {spec.deadline:.0f} s",
+                f"cannot meet its deadline: it would finish {mine.finish - submitted:.0f} s after "
+                f"submission at best, its deadline is {deadline_of(spec) - submitted:.0f} s after",
             )
         names = ", ".join(i for i, _ in late[:3]) + (", ..." if len(late) > 3 else "")
         return AdmissionDecision("reject", f"admitting it would make {names} miss its deadline")

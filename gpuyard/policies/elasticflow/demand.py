@@ -7,6 +7,7 @@ from typing import Literal
 
 from gpuyard.shared.model import JobSpec
 from gpuyard.shared.policy import ClusterView, JobView
+from gpuyard.shared.throughput import ThroughputModel
 
 from .planner import NO_DEADLINE, Demand
 
@@ -64,8 +65,23 @@ def levels(
 
 
 LevelCache = dict[tuple[str, str, int, int, int, str], tuple[tuple[int, ...], tuple[float, ...]]]
-"""Levels and rates by (job type, GPU type, cluster GPUs, min, max, max_level): a policy keeps one
-for the throughput model it is given (the model never changes while a service runs)."""
+"""Levels and rates by (job type, GPU type, cluster GPUs, min, max, max_level)."""
+
+
+class Levels:
+    """A policy's `LevelCache`, valid for one state of one throughput model: a model that learns
+    from the jobs' progress (real clusters: `LearnedThroughputs.version`) empties it when it has
+    learned something since."""
+
+    def __init__(self) -> None:
+        self.cache: LevelCache = {}
+        self.model: tuple[int, int] | None = None
+
+    def of(self, model: ThroughputModel) -> LevelCache:
+        key = (id(model), getattr(model, "version", 0))
+        if key != self.model:
+            self.cache, self.model = {}, key
+        return self.cache
 
 
 def job_demand(

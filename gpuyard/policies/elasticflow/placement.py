@@ -50,10 +50,15 @@ class Buddy(PlacementPolicy):
         order = [n.node_id for n in inp.nodes]
         rank = {a.job_id: i for i, a in enumerate(inp.allocations)}
         placed: dict[str, list[GpuRef]] = {}
+        # Per GPU type asked for: the nodes it may use, and the largest of them.
+        of_type: dict[str, tuple[list[str], int]] = {}
         for a in sorted(inp.allocations, key=lambda a: (-a.num_gpus, rank[a.job_id])):
-            nodes = [n for n in order if a.gpu_type in (ANY_GPU, kind[n])]
+            if a.gpu_type not in of_type:
+                nodes = [n for n in order if a.gpu_type in (ANY_GPU, kind[n])]
+                of_type[a.gpu_type] = (nodes, max((size[x] for x in nodes), default=0))
+            nodes, largest = of_type[a.gpu_type]
             current = inp.current.get(a.job_id, []) if self.params.sticky else []
-            gpus = self._place(a, nodes, free, size, current)
+            gpus = self._place(a, nodes, largest, free, size, current)
             if gpus is None:
                 continue
             for g in gpus:
@@ -62,27 +67,31 @@ class Buddy(PlacementPolicy):
         return placed
 
     def _place(
-        self, a: Allocation, nodes: list[str], free: dict[str, set[int]], size: dict[str, int],
-        current: list[GpuRef],
+        self, a: Allocation, nodes: list[str], largest: int, free: dict[str, set[int]],
+        size: dict[str, int], current: list[GpuRef],
     ) -> list[GpuRef] | None:  # fmt: skip
         n = a.num_gpus
-        whole = [x for x in nodes if size[x] and len(free[x]) == size[x]]
-        largest = max((size[x] for x in nodes), default=0)
         if n >= largest > 0:
+            whole = [x for x in nodes if size[x] and len(free[x]) == size[x]]
             return _whole_nodes(n, whole, size, current)
         block = _block(n)
         kept = _block_around(current, block, free)
         if kept is not None:
             node, start = kept
             return [GpuRef(node, i) for i in range(start, start + n)]
-        candidates = []
-        for x in nodes:
+        # The fullest node with a free aligned block (then the first such node, its first block).
+        best: tuple[int, int, int, str] | None = None
+        for position, x in enumerate(nodes):
+            room = free[x]
+            if len(room) < block or (best is not None and len(room) > best[0]):
+                continue
             for start in range(0, size[x] - block + 1, block):
-                if all(i in free[x] for i in range(start, start + block)):
-                    candidates.append((len(free[x]), nodes.index(x), start, x))
+                if all(i in room for i in range(start, start + block)):
+                    if best is None or (len(room), position) < best[:2]:
+                        best = (len(room), position, start, x)
                     break
-        if candidates:
-            _, _, start, x = min(candidates)
+        if best is not None:
+            _, _, start, x = best
             return [GpuRef(x, i) for i in range(start, start + n)]
         return _fewest_nodes(n, nodes, free)
 
@@ -118,10 +127,11 @@ def _whole_nodes(
 
 
 def _fewest_nodes(n: int, nodes: list[str], free: dict[str, set[int]]) -> list[GpuRef] | None:
-    by_room = sorted(nodes, key=lambda x: (-len(free[x]), nodes.index(x)))
+    position = {x: i for i, x in enumerate(nodes)}
+    by_room = sorted(nodes, key=lambda x: (-len(free[x]), position[x]))
     one = [x for x in by_room if len(free[x]) >= n]
     if one:
-        x = min(one, key=lambda x: (len(free[x]), nodes.index(x)))
+        x = min(one, key=lambda x: (len(free[x]), position[x]))
         return [GpuRef(x, i) for i in sorted(free[x])[:n]]
     gpus: list[GpuRef] = []
     for x in by_room:

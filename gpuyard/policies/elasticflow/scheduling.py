@@ -15,7 +15,7 @@ from msgspec import Struct
 from gpuyard.shared.model import Allocation
 from gpuyard.shared.policy import Needs, SchedulingInput, SchedulingPolicy
 
-from .demand import LevelCache, MaxLevel, by_deadline, job_demand, main_type
+from .demand import Levels, MaxLevel, by_deadline, job_demand, main_type
 from .planner import Plan, plan_all_edf, plan_all_mss, share_leftovers
 from .slots import SlotGate, SlotState
 
@@ -30,7 +30,7 @@ class _Planned(SchedulingPolicy):
         super().__init__(params)
         self.gate = SlotGate()
         self._wake: tuple[float, float | None] | None = None  # (decided at, next plan change)
-        self.levels: LevelCache = {}
+        self.levels = Levels()
 
     def snapshot(self) -> SlotState:
         return self.gate.snapshot()
@@ -94,8 +94,9 @@ class ElasticFlow(_Planned):
         gpu_type, total = main_type(inp.cluster)
         ids: list[str] = []
         demands = []
+        cache = self.levels.of(inp.cluster.throughputs)
         for job in by_deadline(inp.jobs):
-            d = job_demand(job, gpu_type, total, self.params.max_level, cache=self.levels)
+            d = job_demand(job, gpu_type, total, self.params.max_level, cache=cache)
             if d is not None:
                 ids.append(job.job_id)
                 demands.append(d)
@@ -150,8 +151,9 @@ class Edf(_Planned):
         gpu_type, total = main_type(inp.cluster)
         ids: list[str] = []
         demands = []
+        cache = self.levels.of(inp.cluster.throughputs)
         for job in by_deadline(inp.jobs):
-            d = job_demand(job, gpu_type, total, self.params.max_level, cache=self.levels)
+            d = job_demand(job, gpu_type, total, self.params.max_level, cache=cache)
             if d is not None:
                 ids.append(job.job_id)
                 demands.append(d)

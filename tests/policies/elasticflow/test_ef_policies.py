@@ -9,6 +9,7 @@ import pytest
 from gpuyard.policies.elasticflow import (
     Buddy,
     BuddyParams,
+    DeadlineAdmissionParams,
     Edf,
     EdfAdmission,
     ElasticFlow,
@@ -29,7 +30,7 @@ from gpuyard.shared.policy import (
     placement_policies,
     scheduling_policies,
 )
-from gpuyard.shared.throughput import ElasticFlowThroughputs
+from gpuyard.shared.throughput import ElasticFlowThroughputs, LearnedThroughputs
 
 # "toy@64" speeds up sublinearly and peaks at 4 GPUs; "flat@64" never speeds up.
 MODEL = ElasticFlowThroughputs(
@@ -191,6 +192,37 @@ def test_admission_admits_what_fits_and_explains_what_does_not():
     pushed = pol.decide(admission_input(spec("second", 192, 59), [first], gpus=4))
     assert pushed.verdict == "reject"
     assert "first" in pushed.reason or "deadline" in pushed.reason
+
+
+def test_admission_explains_refusals_from_the_submission_and_needs_the_work():
+    pol = ElasticFlowAdmission(DeadlineAdmissionParams(slot_s=10.0))
+    late = spec("late", 320, 1060.0, submit_time=1000.0)  # submitted at 1000, 60 s to go
+    no = pol.decide(admission_input(late, [], now=1000.0))
+    # 320 steps at 3.2 steps/s on its best level (4 GPUs): 100 s, more than the 60 s it has.
+    assert no.reason == (
+        "cannot meet its deadline: it would finish 100 s after submission at best, its deadline "
+        "is 60 s after"
+    )
+    unknown = JobSpec(job_id="u", job_type="toy@64", num_gpus=1, deadline=600.0)
+    no = pol.decide(admission_input(unknown, []))
+    assert (no.verdict, no.reason) == (
+        "reject",
+        "a deadline needs the job's work: give total_steps (gpuyard submit --steps) or duration",
+    )
+
+
+def test_plans_follow_what_a_learning_model_has_learned():
+    model = LearnedThroughputs(MODEL)  # a real cluster's scheduler learns from progress reports
+    pol = ElasticFlowAdmission(DeadlineAdmissionParams(slot_s=10.0))
+    tight = spec("tight", 320, 50.0)  # 100 s at best on the table (3.2 steps/s on 4 GPUs)
+
+    def verdict() -> str:
+        cluster = ClusterView(capacity={"a100": 8}, round_s=0.0, throughputs=model)
+        return pol.decide(AdmissionInput(now=0.0, job=tight, cluster=cluster, jobs=[])).verdict
+
+    assert verdict() == "reject"
+    model.observe("toy@64", "a100", 1, 4.0)  # measured: 4 times the table's speed
+    assert verdict() == "admit"  # 25 s on 4 GPUs now: the cached levels were computed again
 
 
 def test_admission_always_admits_best_effort_jobs():
