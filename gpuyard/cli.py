@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import signal
@@ -263,6 +264,16 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
         help="node churn: BFTrainer node_events.csv(.gz) or a time,node,up CSV",
     )
     p.add_argument(
+        "--nodes-from",
+        type=Path,
+        help="replay only these nodes of --node-events (a file, one node name a line)",
+    )
+    p.add_argument(
+        "--start",
+        help="replay --node-events from this time ('YYYY-MM-DD HH:MM:SS', or seconds): the nodes' "
+        "state then, the events after it; a BFTrainer trace's job times count from it too",
+    )
+    p.add_argument(
         "--churn-node-gpus", type=positive_int, default=1, help="GPUs of a node from --node-events"
     )
     p.add_argument(
@@ -506,7 +517,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from gpuyard.shared.policy import admission_policies, placement_policies, scheduling_policies
     from gpuyard.shared.throughput import load_throughputs
     from gpuyard.sim import PreemptionCost, ProgressBar, SimOptions, simulate
-    from gpuyard.workloads import WorkloadError, load_cluster, load_node_events, save_node_events
+    from gpuyard.workloads import WorkloadError, load_cluster, save_node_events
 
     try:
         policies, loads, seeds = sim_lists(args)
@@ -575,17 +586,12 @@ def cmd_sim(args: argparse.Namespace) -> int:
         if philly_line(described):
             print(f"gpuyard sim: {philly_line(described)}", file=sys.stderr)
         if args.node_events is not None:
-            origin = None
-            if "Tsub" in workload.extras.columns:  # BFTrainer: line node and job times up
-                import pandas as pd
-
-                origin = pd.to_datetime(workload.extras["Tsub"]).min().to_pydatetime()
+            workload, events = replay_from_args(args, workload)
             events_path = args.out / "node_events.csv"
-            events = load_node_events(args.node_events, origin=origin)
-            # Events before the first job only set the nodes' state at the start.
-            events["time"] = events["time"].clip(lower=0.0)
             save_node_events(events, events_path)
             options.node_events = str(events_path.resolve())
+        elif args.nodes_from is not None or args.start is not None:
+            raise ValueError("--nodes-from and --start apply to --node-events")
     except (ValueError, OSError, msgspec.ValidationError, WorkloadError) as exc:
         return fail("sim", exc)
     log = open(args.out / "services.log", "a")  # noqa: SIM115 (open for the whole run)
@@ -620,6 +626,37 @@ def cmd_sim(args: argparse.Namespace) -> int:
     print(json.dumps(result.summary, indent=2) if args.json else format_summary(result.summary))
     print(f"results in {args.out}/", file=sys.stderr)
     return 0
+
+
+def replay_from_args(args: argparse.Namespace, workload: Any) -> tuple[Any, Any]:
+    """The node events to replay (`--node-events`, `--nodes-from`, `--start`; see
+    `gpuyard.workloads.churn`) and the workload on the same clock: a BFTrainer trace's job times
+    count from `--start` (jobs submitted before it arrive at the start), or from its first job."""
+    import datetime as dt
+
+    import pandas as pd
+
+    from gpuyard.workloads import load_node_events
+    from gpuyard.workloads.churn import load_node_list, parse_start, replay_events
+
+    start = parse_start(args.start) if args.start is not None else None
+    nodes = load_node_list(args.nodes_from) if args.nodes_from is not None else None
+    origin = start if isinstance(start, dt.datetime) else None
+    if "Tsub" in workload.extras.columns:  # BFTrainer: line node and job times up
+        first = pd.to_datetime(workload.extras["Tsub"]).min().to_pydatetime()
+        if origin is None:
+            origin = first
+        shift = (first - origin).total_seconds()
+        if shift:
+            jobs = [
+                msgspec.structs.replace(j, submit_time=max((j.submit_time or 0.0) + shift, 0.0))
+                for j in workload.jobs
+            ]
+            workload = dataclasses.replace(workload, jobs=jobs)
+    events = load_node_events(args.node_events, origin=origin)
+    if isinstance(start, float):
+        events["time"] -= start
+    return workload, replay_events(events, nodes)
 
 
 async def reachable(args: argparse.Namespace) -> int:

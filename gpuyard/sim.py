@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
+import numpy as np
 from msgspec import Struct
 
 from gpuyard.embedded import EmbeddedNats
@@ -403,6 +404,8 @@ async def simulate(
         extra["instants"] = final.instants
         if final.compute_gpu_s is not None:
             extra["compute_gpu_s"] = final.compute_gpu_s
+        if options.node_events is not None:
+            extra |= churn_figures(final, stats)
     else:
         extra["jobs_in_workload"] = len(jobs)
     deadlines: dict[str, Any] = {}
@@ -425,10 +428,25 @@ async def simulate(
     summary = await asyncio.to_thread(
         write_results, records, points, out, extra, caption,
         reached if interrupted is not None else None, **deadlines,
+        node_churn=options.node_events is not None,
     )  # fmt: skip
     if interrupted is not None:
         raise interrupted
     return SimResult(summary=summary, jobs=records, timeline=points, wall_s=wall, stats=stats)
+
+
+def churn_figures(final: Progress, stats: list[ServiceStats]) -> dict[str, Any]:
+    """Node-churn runs (BFTrainer): steps trained and lost, and each decision's policy time."""
+    decisions = np.array(next((s.decision_s for s in stats if s.service == "scheduler"), []))
+    return {
+        "samples_trained": final.steps_done,
+        "rescale_cost_samples": final.rescale_steps,
+        "preemption_cost_samples": final.preemption_steps,
+        "decisions": len(decisions),
+        "decision_s_p50": float(np.percentile(decisions, 50)) if len(decisions) else None,
+        "decision_s_p99": float(np.percentile(decisions, 99)) if len(decisions) else None,
+        "decision_s_total": float(decisions.sum()),
+    }
 
 
 async def deadline_events(bus: Bus) -> tuple[list[JobRun], dict[str, str]]:

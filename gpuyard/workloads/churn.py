@@ -6,6 +6,11 @@ ran on it is preempted). Times are datetimes; they become seconds after `origin`
 first event), so that they line up with a workload's submit times.
 
 Our own normalised form, written for the simclock, is a CSV `time,node,up` with times in seconds.
+
+`replay_events` cuts a log the way BFTrainer's replayer (`BFTrainer-replay.py`) does: a subset of
+the nodes (`--nodes-from`), their state at the start time (the last event at or before it; busy if
+none), then only the events that change some node's state (its `trace.deduplicate_events` over the
+subset keeps an event time only if the state vector differs from the last kept one).
 """
 
 from __future__ import annotations
@@ -45,6 +50,47 @@ def load_node_events(path: str | Path, *, origin: dt.datetime | None = None) -> 
     up = df[state].astype(str).str.strip().str.lower().isin(["1", "true", "yes"]).to_numpy()
     out = pd.DataFrame({"time": seconds, "node": df["node"].to_numpy(), "up": up})
     return out.sort_values("time", kind="stable").reset_index(drop=True)
+
+
+def parse_start(text: str) -> dt.datetime | float:
+    """`--start`: a date and time ("2021-02-10 20:21:15", for datetime logs) or seconds."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return dt.datetime.strptime(text.strip(), "%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        raise ValueError(
+            f"--start {text!r}: expected 'YYYY-MM-DD HH:MM:SS' or a number of seconds"
+        ) from None
+
+
+def load_node_list(path: str | Path) -> list[str]:
+    """Node names, one a line (blank lines and `#` comments skipped)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise WorkloadError(path, 0, "node", f"cannot read the node list: {exc}") from None
+    nodes = [s for line in lines if (s := line.split("#", 1)[0].strip())]
+    if not nodes:
+        raise WorkloadError(path, 1, "node", "no node names in the file")
+    return nodes
+
+
+def replay_events(events: pd.DataFrame, nodes: list[str] | None = None) -> pd.DataFrame:
+    """The events of a replay that starts at time 0 (see the module docstring): each node of
+    `nodes` (all if None) up at 0 if its last event at or before 0 left it idle, then only the
+    events after 0 that change its state. Sorted by time, file order on ties."""
+    if nodes is not None:
+        events = events[events["node"].isin(set(nodes))]
+    before = events[events["time"] <= 0].groupby("node", sort=False).tail(1)
+    initial = before[before["up"]].assign(time=0.0)
+    later = events[events["time"] > 0]
+    combined = pd.concat([initial, later], ignore_index=True)
+    previous = combined.groupby("node", sort=False)["up"].shift(fill_value=False)
+    kept = combined[combined["up"].to_numpy() != previous.to_numpy(dtype=bool)]
+    return kept.reset_index(drop=True)
 
 
 def save_node_events(events: pd.DataFrame, path: str | Path) -> None:

@@ -579,6 +579,7 @@ class Scheduler(Service):
             decision = self.policy.schedule(inp)
         took = time.perf_counter() - started
         self.policy_s += took
+        self.decision_s.append(took)
         if took * 1000 > self.config.max_policy_ms_inline:
             self.policy_slow = True
         return decision if isinstance(decision, Decision) else Decision(allocations=decision)

@@ -153,8 +153,9 @@ class SimJob:
     """A simulated job's processes: which GPUs of which nodes run its parts, and its progress."""
 
     __slots__ = (
-        "attempt", "done", "failure", "floor", "gpu_type", "job_type", "parts", "rate",
-        "restarting", "restoring", "round_steps", "since", "total", "version",
+        "attempt", "base", "done", "down_s", "failure", "floor", "gpu_type", "held", "job_type",
+        "min_gpus", "parts", "placed", "rate", "restarting", "restoring", "round_steps", "since",
+        "total", "up_s", "version",
     )  # fmt: skip
 
     def __init__(self, spec: JobSpec, total: float) -> None:
@@ -172,6 +173,13 @@ class SimJob:
         self.restarting = False  # some part was stopped at this instant
         self.restoring = False  # resumed after a preemption: the restore time is still to pay
         self.floor = 0.0  # progress at the current launch: a pause never takes it below
+        # Rescale costs (JobSpec.rescale_up_s/down_s): the GPUs per node it ran on since the last
+        # instant, and what it kept after this instant's node losses (None: none lost).
+        self.up_s, self.down_s = spec.rescale_up_s, spec.rescale_down_s
+        self.min_gpus = spec.gpu_range[0]
+        self.placed: dict[str, int] = {}
+        self.held = 0
+        self.base: int | None = None
 
     def settle(self, now: float) -> None:
         if self.rate:
@@ -228,6 +236,7 @@ class SimClock(Service):
         self.sched_wake: float | None = None
         self.task: asyncio.Task[None] | None = None
         self.progress = Progress(now=0.0, submitted=0, finished=0, total=0, instants=0)
+        self.finished_steps = 0.0  # steps of the jobs that completed
 
     def routes(self) -> dict[Endpoint[Any, Any], Handler]:
         return {RUN: self.run, TIMELINE: self.get_timeline}
@@ -546,6 +555,11 @@ class SimClock(Service):
         for job_id in reply.lost_jobs:
             job = self.jobs[job_id]
             job.settle(now)
+            if job.down_s and job.rate > 0:  # its share on the departed nodes is preempted
+                lost = job.down_s * job.rate
+                job.done -= lost
+                self.progress.preemption_steps += lost
+            job.base = sum(n for node, n in job.placed.items() if node not in final or final[node])
             for node in gone:
                 self._detach(job_id, node)
             if not job.restarting:
@@ -592,6 +606,7 @@ class SimClock(Service):
             else:
                 job.rate = self.model.throughput(job.job_type, job.gpu_type, gpus) if gpus else 0.0
             job.since = now
+            self._charge_rescale(job, gpus)
             job.floor = job.done
             pause = pauses.get(job_id, 0.0)
             if job.restoring and job.rate > 0:
@@ -612,6 +627,18 @@ class SimClock(Service):
                 heapq.heappush(self.heap, (finish, self.launches, job_id, job.version))
         self.changed.clear()
         self.launched.clear()
+
+    def _charge_rescale(self, job: SimJob, gpus: int) -> None:
+        """A job that grew (shrank) loses `up_s` (`down_s`) seconds of the rate it had before, at
+        the size this instant's node losses left it (BFTrainer's rescale cost)."""
+        before = job.held if job.base is None else job.base
+        if gpus != before and (job.up_s or job.down_s) and before >= job.min_gpus and before:
+            rate = self.model.throughput(job.job_type, job.gpu_type, before)
+            lost = (job.up_s if gpus > before else job.down_s) * rate
+            job.done -= lost
+            self.progress.rescale_steps += lost
+        job.held, job.base = gpus, None
+        job.placed = {node: len(part) for node, part in job.parts.items()}
 
     def _restarts(self, now: float) -> dict[str, float]:
         """Seconds each job spends (re)starting at `now` (`RestartCost`), if jobs were launched."""
@@ -673,6 +700,8 @@ class SimClock(Service):
             for node in list(self.jobs[job_id].parts):
                 self.changed.update(self._detach(job_id, node))  # a partner runs alone now
             job = self.jobs.pop(job_id)
+            if not job.failure:
+                self.finished_steps += job.total
             if job.failure:
                 exits.append(
                     JobExit(job_id=job_id, status="failed", reason=job.failure, attempt=job.attempt)
@@ -688,6 +717,9 @@ class SimClock(Service):
         return exits
 
     async def _publish_progress(self) -> None:
+        self.progress.steps_done = self.finished_steps + sum(
+            max(j.done, 0.0) for j in self.jobs.values()
+        )
         await self.bus.publish(PROGRESS, self.progress)
 
 
