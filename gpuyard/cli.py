@@ -336,6 +336,12 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
         "(gavel_fifo)",
     )
     presets.add_argument(
+        "--bftrainer",
+        action="store_true",
+        help="BFTrainer's replayer: jobs admitted and seen finished only at --node-events' "
+        "events; with --policy bftrainer, --param reference_step=true solves its MILP as it runs",
+    )
+    presets.add_argument(
         "--elasticflow",
         action="store_true",
         help="ElasticFlow's simulator: --policy names its scheme (ef-accessctrl, ef, edf, "
@@ -562,6 +568,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
             mode="rounds" if args.blox else args.mode,
             blox=args.blox,
             gavel=args.gavel,
+            bftrainer=args.bftrainer,
             churn_node_gpus=args.churn_node_gpus,
             preemption_cost=PreemptionCost(
                 checkpoint_s=args.checkpoint_s, restore_s=args.restore_s
@@ -590,8 +597,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
             events_path = args.out / "node_events.csv"
             save_node_events(events, events_path)
             options.node_events = str(events_path.resolve())
-        elif args.nodes_from is not None or args.start is not None:
-            raise ValueError("--nodes-from and --start apply to --node-events")
+        elif args.nodes_from is not None or args.start is not None or args.bftrainer:
+            raise ValueError("--nodes-from, --start and --bftrainer apply to --node-events")
     except (ValueError, OSError, msgspec.ValidationError, WorkloadError) as exc:
         return fail("sim", exc)
     log = open(args.out / "services.log", "a")  # noqa: SIM115 (open for the whole run)

@@ -62,6 +62,9 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     """Gavel's simulator semantics: rounds of `round_s` (360 s there) in which each running job
     runs `int(rate * round)` steps, rounds that end when their last micro-task does, completions
     and arrivals at round ends, and the utilisation of the GPUs' compute time over the whole run."""
+    bftrainer: bool = False
+    """BFTrainer's replayer semantics: jobs are admitted, and seen finished, only at node events
+    (so decisions happen only there); a finished job holds its nodes until the next one."""
     elasticflow: str | None = None
     """The ElasticFlow scheme this run reproduces (`elasticflow_options` set the rest)."""
     throughputs: str = "default"
@@ -189,6 +192,7 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
             churn_node_gpus=options.churn_node_gpus,
             churn_node_type=options.churn_node_type,
             preemption_cost=options.preemption_cost,
+            at_node_events=options.bftrainer,
             completion_quantum=options.round_s if options.blox else None,
             arrival_quantum=options.round_s if options.blox else None,
             gavel_round_s=options.round_s if options.gavel else None,

@@ -13,6 +13,7 @@ or a tick the scheduler asked for. Same inputs, same sequence of messages, same 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import heapq
 import math
 import time
@@ -135,6 +136,10 @@ class SimClockConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     arrival_quantum: float | None = None
     """If set, jobs are submitted at the next multiple of this (Blox admits at round starts);
     their submit_time, and so their JCT, stays the true arrival."""
+    at_node_events: bool = False
+    """BFTrainer's replayer: jobs are submitted, and their exits reported, only at node events
+    (the first at or after their arrival, completion); their submit_time, and so their JCT,
+    stays the true arrival, and a finished job holds its nodes until that event."""
     gavel_round_s: Annotated[float, Meta(gt=0)] | None = None
     """Gavel's simulator semantics, rounds of this length (Gavel: 360 s): every round, each
     running job runs `min(int(rate * round), steps left)` steps; the round ends when the last of
@@ -234,6 +239,7 @@ class SimClock(Service):
         self.decided: float | None = None  # the last instant at which the scheduler decided
         self.charged: float | None = None  # the last decision at which restarts were charged
         self.sched_wake: float | None = None
+        self.churn_times: list[float] = []  # instants with node events (`at_node_events`)
         self.task: asyncio.Task[None] | None = None
         self.progress = Progress(now=0.0, submitted=0, finished=0, total=0, instants=0)
         self.finished_steps = 0.0  # steps of the jobs that completed
@@ -258,6 +264,7 @@ class SimClock(Service):
         # Reading the files (node events can be a million lines) stays off the event loop.
         workload = await asyncio.to_thread(load_workload, self.config.workload)
         churn = await asyncio.to_thread(self._load_churn)
+        self.churn_times = [t for t, _ in churn]
         self.progress.total = len(workload)
         self.task = asyncio.create_task(self._run(workload, churn))
         return Ack()
@@ -574,7 +581,14 @@ class SimClock(Service):
         """When the job is submitted: its arrival, or the next arrival quantum."""
         arrival = spec.submit_time or 0.0
         quantum = self.config.arrival_quantum
+        if self.config.at_node_events:
+            return self._next_node_event(arrival)
         return math.ceil(arrival / quantum - 1e-9) * quantum if quantum else arrival
+
+    def _next_node_event(self, t: float) -> float:
+        """The first node-event instant at or after `t` (`t` itself after the last)."""
+        i = bisect.bisect_left(self.churn_times, t)
+        return self.churn_times[i] if i < len(self.churn_times) else t
 
     def _note(self, now: float, status: SchedulerStatus) -> None:
         self.sched_wake = status.wake_at
@@ -623,6 +637,8 @@ class SimClock(Service):
                 quantum = self.config.completion_quantum
                 if quantum:
                     finish = math.ceil(finish / quantum - 1e-9) * quantum
+                if self.config.at_node_events:
+                    finish = self._next_node_event(finish)
                 self.launches += 1
                 heapq.heappush(self.heap, (finish, self.launches, job_id, job.version))
         self.changed.clear()

@@ -53,6 +53,11 @@ class Problem:
     """Tcup: seconds of the current throughput a job loses when it grows."""
     down_s: np.ndarray
     """Tcdw: seconds of the current throughput a job loses when it shrinks."""
+    max_step: int | None = None
+    """At most this many nodes more or fewer per job (None: any; see `reference_step`)."""
+    done: np.ndarray | None = None
+    """Steps each job has trained: among jobs the MILP cannot tell apart, those that trained
+    least get at least as many nodes (None: queue order)."""
 
     @property
     def jobs(self) -> int:
@@ -65,7 +70,9 @@ class Problem:
         return float(self.rates[j][count])
 
     def alike_pairs(self) -> list[tuple[int, int]]:
-        """(a, b), a before b, for consecutive jobs of each group alike in every figure."""
+        """(a, b): a gets at least as many nodes as b. Jobs alike in every figure the MILP sees
+        are chained, those that trained least first (later arrivals first on ties): the
+        objective is indifferent between them, and this is the least-attained-service choice."""
         groups: dict[tuple[object, ...], list[int]] = {}
         for j in range(self.jobs):
             key = (
@@ -74,16 +81,32 @@ class Problem:
                 np.asarray(self.rates[j], dtype=np.float64).tobytes(),
             )  # fmt: skip
             groups.setdefault(key, []).append(j)
-        return [(g[i], g[i + 1]) for g in groups.values() for i in range(len(g) - 1)]
+        done = self.done if self.done is not None else np.zeros(self.jobs)
+        chains = [sorted(g, key=lambda j: (float(done[j]), -j)) for g in groups.values()]
+        return [(g[i], g[i + 1]) for g in chains for i in range(len(g) - 1)]
+
+    def key(self) -> bytes:
+        """Everything the MILP's answer depends on, as bytes (equal keys, equal answers)."""
+        parts = [
+            np.array([self.nodes, -1 if self.max_step is None else self.max_step]),
+            self.jmin, self.jmax, self.current, self.up_s, self.down_s,
+            np.array(self.alike_pairs(), dtype=np.int64),
+            *(np.asarray(r, dtype=np.float64) for r in self.rates),
+        ]  # fmt: skip
+        return b"|".join(np.ascontiguousarray(p, dtype=np.float64).tobytes() for p in parts)
 
     def current_rates(self) -> np.ndarray:
         return np.array([self.rate(j, int(c)) for j, c in enumerate(self.current)])
 
     def sizes(self, j: int) -> np.ndarray:
-        """The node counts job j may get: 0, or Jmin..min(Jmax, nodes)."""
+        """The node counts job j may get: 0, or Jmin..min(Jmax, nodes) (within `max_step` of its
+        current size)."""
         high = int(min(self.jmax[j], self.nodes))
         low = int(max(self.jmin[j], 1))
-        return np.concatenate([[0], np.arange(low, high + 1)]).astype(np.int64)
+        sizes = np.concatenate([[0], np.arange(low, high + 1)]).astype(np.int64)
+        if self.max_step is not None:
+            sizes = sizes[np.abs(sizes - int(self.current[j])) <= self.max_step]
+        return sizes
 
     def rescale_cost(self, counts: np.ndarray) -> np.ndarray:
         """Samples each job loses going from `current` to `counts`."""
@@ -116,8 +139,9 @@ def runs(problem: Problem, j: int) -> list[tuple[int, int]]:
     of a piecewise-linear curve; at every count for a curved one). Within a run the throughput is
     linear and the rescale cost constant, so a run is one binary and one integer offset."""
     current = int(problem.current[j])
-    sizes = problem.sizes(j)[1:]
-    out = [(0, 0)]
+    sizes = problem.sizes(j)
+    out = [(0, 0)] if sizes.size and sizes[0] == 0 else []
+    sizes = sizes[sizes > 0]
     if not sizes.size:
         return out
     rates = np.asarray(problem.rates[j], dtype=np.float64)[sizes]
@@ -131,6 +155,13 @@ def runs(problem: Problem, j: int) -> list[tuple[int, int]]:
             first = i
     out.append((int(sizes[first]), int(sizes[-1])))
     return out
+
+
+def reference_step(nodes: int) -> int:
+    """How far the reference's MILP lets a job grow or shrink at one event: its no-migration
+    constraints use bigM = idle nodes + 1 on both sides of `new - old = +-(nodes changed)`, so a
+    change of d nodes needs 2 d <= bigM (see docs/fidelity.md)."""
+    return (nodes + 1) // 2
 
 
 def solve_milp(
@@ -167,8 +198,8 @@ def solve_milp(
     size_cols = np.concatenate([z, t])
     size_coefs = np.concatenate([lo, np.ones(m)])
     lp.add_constraints(np.zeros(2 * m), size_cols, size_coefs, ub=float(problem.nodes))
-    # Jobs alike in every figure are interchangeable: order their sizes, or the solver spends its
-    # time proving that permutations of one allocation are no better.
+    # Jobs alike in every figure are interchangeable: order their sizes (`alike_pairs`), or the
+    # solver spends its time proving that permutations of one allocation are no better.
     pairs = problem.alike_pairs()
     if pairs:
         sign = np.concatenate([np.ones(m), np.ones(m)])

@@ -16,6 +16,8 @@ rescale-cost terms start from.
 
 from __future__ import annotations
 
+import dataclasses
+from collections import OrderedDict
 from typing import Annotated, Literal
 
 import numpy as np
@@ -24,12 +26,14 @@ from msgspec import Meta, Struct
 from gpuyard.shared.model import ANY_GPU, Allocation
 from gpuyard.shared.policy import JobView, Needs, SchedulingInput, SchedulingPolicy
 
-from .milp import Problem, equal_share, node_map, solve_milp
+from .milp import Problem, equal_share, node_map, reference_step, solve_milp
 
 
 class BFTrainerState(Struct, kw_only=True):
     nodes: dict[str, list[str]] = {}
     """The nodes each job held after the last decision (a node once per GPU)."""
+    decided: bool = False
+    """A decision was made (`reference_step` spares the first)."""
 
 
 class EqualShareParams(Struct, forbid_unknown_fields=True):
@@ -42,8 +46,12 @@ class BFTrainerParams(EqualShareParams, forbid_unknown_fields=True):
     """Forward-looking time (s): the MILP weighs Tfwd x throughput against the rescale costs."""
     time_limit_s: Annotated[float, Meta(gt=0)] = 10.0
     """The solver's time limit per decision; with no solution by then, the allocation stays."""
-    solver: Literal["scip", "cp_sat", "highs"] = "scip"
+    solver: Literal["cp_sat", "scip", "highs"] = "cp_sat"
     """OR-Tools backend (single-threaded, fixed seed: deterministic)."""
+    reference_step: bool = False
+    """Solve the reference's MILP as it is, big-M flaw included: a job grows or shrinks by at
+    most (idle nodes + 1) / 2 at one event (`milp.reference_step`, docs/fidelity.md); the first
+    decision is spared, as the reference's initial map does not come from its MILP."""
 
 
 class EqualShare(SchedulingPolicy):
@@ -58,12 +66,16 @@ class EqualShare(SchedulingPolicy):
     def __init__(self, params: Struct | None = None) -> None:
         super().__init__(params)
         self._nodes: dict[str, list[str]] = {}
+        self._decided = False
 
     def snapshot(self) -> BFTrainerState:
-        return BFTrainerState(nodes={j: list(n) for j, n in self._nodes.items()})
+        return BFTrainerState(
+            nodes={j: list(n) for j, n in self._nodes.items()}, decided=self._decided
+        )
 
     def restore(self, state: BFTrainerState) -> None:
         self._nodes = {j: list(n) for j, n in state.nodes.items()}
+        self._decided = state.decided
 
     def schedule(self, inp: SchedulingInput) -> list[Allocation]:
         slots = [n.node_id for n in inp.cluster.nodes if n.up for _ in range(n.num_gpus)]
@@ -74,6 +86,7 @@ class EqualShare(SchedulingPolicy):
         gpu_type = inp.cluster.types[0] if inp.cluster.types else ANY_GPU
         problem = _problem(queue, current, len(slots), gpu_type)
         counts = self.counts(problem)
+        self._decided = True
         mapping = node_map(current, counts, free)
         self._nodes = {j.job_id: nodes for j, nodes in zip(queue, mapping, strict=True) if nodes}
         return [
@@ -109,10 +122,28 @@ class BFTrainer(EqualShare):
     allocation stays as it is (jobs that fell below their minimum stop)."""
 
     Params = BFTrainerParams
+    MEMO_SIZE = 4096
+
+    def __init__(self, params: Struct | None = None) -> None:
+        super().__init__(params)
+        # Replays meet the same problem again and again (half the events of the 64-node one):
+        # a solve is deterministic, so its answer is kept (not state: it changes no decision).
+        self._memo: OrderedDict[bytes, np.ndarray] = OrderedDict()
 
     def counts(self, problem: Problem) -> np.ndarray:
         p = self.params
-        return solve_milp(problem, tfwd=p.tfwd, time_limit_s=p.time_limit_s, solver=p.solver).counts
+        if p.reference_step and self._decided:  # (its first map is not the MILP's)
+            problem = dataclasses.replace(problem, max_step=reference_step(problem.nodes))
+        key = problem.key()
+        if (known := self._memo.get(key)) is not None:
+            self._memo.move_to_end(key)
+            return known.copy()
+        outcome = solve_milp(problem, tfwd=p.tfwd, time_limit_s=p.time_limit_s, solver=p.solver)
+        if outcome.solved:  # (a timed-out solve may succeed another time)
+            self._memo[key] = outcome.counts
+            if len(self._memo) > self.MEMO_SIZE:
+                self._memo.popitem(last=False)
+        return outcome.counts.copy()
 
 
 def _problem(queue: list[JobView], current: list[list[str]], nodes: int, gpu_type: str) -> Problem:
@@ -128,6 +159,7 @@ def _problem(queue: list[JobView], current: list[list[str]], nodes: int, gpu_typ
         ],
         up_s=np.array([j.spec.rescale_up_s for j in queue], dtype=np.float64),
         down_s=np.array([j.spec.rescale_down_s for j in queue], dtype=np.float64),
+        done=np.array([j.steps_done for j in queue], dtype=np.float64),
     )
 
 
