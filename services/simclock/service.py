@@ -565,6 +565,7 @@ class SimClock(Service):
             if job.down_s and job.rate > 0:  # its share on the departed nodes is preempted
                 lost = job.down_s * job.rate
                 job.done -= lost
+                job.floor = min(job.floor, job.done)  # (its checkpoint saved no more)
                 self.progress.preemption_steps += lost
             job.base = sum(n for node, n in job.placed.items() if node not in final or final[node])
             for node in gone:
