@@ -17,7 +17,7 @@ rescale-cost terms start from.
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Annotated, Literal
 
 import numpy as np
@@ -101,15 +101,18 @@ class EqualShare(SchedulingPolicy):
     def _current(self, queue: list[JobView], slots: list[str]) -> list[list[str]]:
         """The nodes each queued job holds now: what it runs on, or, for a job stopped because
         a node of its was taken back, what it held less the nodes that left."""
-        left = list(slots)
+        pool = Counter(slots)  # what is still up and not claimed by a job before
         current: list[list[str]] = []
         for job in queue:
             if job.running and job.nodes and set(job.nodes) != set(self._nodes.get(job.job_id, ())):
                 mine = [n for n in job.nodes for _ in range(max(job.gpus // len(job.nodes), 1))]
             else:
                 mine = self._nodes.get(job.job_id, [])
-            kept = _within(mine, left)
-            left = _minus(left, kept)
+            kept = []
+            for node in mine:
+                if pool[node] > 0:
+                    pool[node] -= 1
+                    kept.append(node)
             current.append(kept)
         return current
 
@@ -163,24 +166,9 @@ def _problem(queue: list[JobView], current: list[list[str]], nodes: int, gpu_typ
     )
 
 
-def _within(wanted: list[str], available: list[str]) -> list[str]:
-    """The entries of `wanted` that `available` has (as multisets), in `wanted`'s order."""
-    pool: dict[str, int] = {}
-    for node in available:
-        pool[node] = pool.get(node, 0) + 1
-    kept = []
-    for node in wanted:
-        if pool.get(node, 0) > 0:
-            pool[node] -= 1
-            kept.append(node)
-    return kept
-
-
 def _minus(slots: list[str], taken: list[str]) -> list[str]:
     """`slots` less `taken` (as multisets), in `slots`' order."""
-    out: dict[str, int] = {}
-    for node in taken:
-        out[node] = out.get(node, 0) + 1
+    out = Counter(taken)
     left = []
     for node in slots:
         if out.get(node, 0) > 0:
