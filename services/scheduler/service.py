@@ -132,6 +132,7 @@ class Scheduler(Service):
         self.install_policy(config.policy, config.params)
         self.released: list[str] = []  # ended on their own since the last apply
         self.cluster: ClusterInfo | None = None  # placement's, as last heard; None: ask again
+        self._node_list: tuple[ClusterInfo, list[NodeStatus]] | None = None  # its node views
         self.dirty = False
         self.force_decision = False  # the clock asked for a decision now (`TickRequest.resolve`)
         self.last_round: float | None = None
@@ -541,9 +542,14 @@ class Scheduler(Service):
         self.policy_wake = wake
 
     def _input(self, now: float, info: ClusterInfo) -> SchedulingInput:
+        nodes: list[NodeStatus] = []
+        if self.policy.needs.nodes:  # (once per cluster answer: thousands of nodes in a replay)
+            if self._node_list is None or self._node_list[0] is not info:
+                self._node_list = (info, self._nodes(info))
+            nodes = list(self._node_list[1])
         cluster = ClusterView(
-            capacity=dict(info.capacity), round_s=self.config.round_s,
-            nodes=self._nodes(info) if self.policy.needs.nodes else [], throughputs=self.model,
+            capacity=dict(info.capacity), round_s=self.config.round_s, nodes=nodes,
+            throughputs=self.model,
         )  # fmt: skip
         context = cluster.context(now)
         finished: list[JobView] = []
