@@ -524,6 +524,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from gpuyard.shared.throughput import load_throughputs
     from gpuyard.sim import PreemptionCost, ProgressBar, SimOptions, simulate
     from gpuyard.workloads import WorkloadError, load_cluster, save_node_events
+    from gpuyard.workloads.churn import load_node_list
 
     try:
         policies, loads, seeds = sim_lists(args)
@@ -594,6 +595,13 @@ def cmd_sim(args: argparse.Namespace) -> int:
             print(f"gpuyard sim: {philly_line(described)}", file=sys.stderr)
         if args.node_events is not None:
             workload, events = replay_from_args(args, workload)
+            described["node_events"] = {
+                "file": str(args.node_events), "nodes_from": args.nodes_from and str(args.nodes_from),
+                "nodes": len(load_node_list(args.nodes_from)) if args.nodes_from else
+                int(events["node"].nunique()),
+                "start": args.start,
+                "bftrainer": args.bftrainer,
+            }  # fmt: skip
             events_path = args.out / "node_events.csv"
             save_node_events(events, events_path)
             options.node_events = str(events_path.resolve())

@@ -11,6 +11,7 @@ throughput(1 GPU), over the cluster's GPUs, at every instant it changes."""
 from __future__ import annotations
 
 import json
+import textwrap
 import threading
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from gpuyard.shared.throughput import ThroughputModel
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 _PYPLOT = threading.Lock()
 """pyplot is not thread-safe: simulations in one process write their results one at a time."""
@@ -200,7 +202,11 @@ def save_figure(fig: Any, path: Path, caption: str, *, title: str = "", dpi: int
     if title:
         fig.suptitle(title, fontsize=11)
     height = 0.0
-    if caption:
+    if caption:  # wrapped to the figure's width (7 pt text: about 4.3 pt a character)
+        width = max(int(fig.get_figwidth() * 72 / 4.3), 40)
+        caption = "\n".join(
+            textwrap.fill(line, width, subsequent_indent="  ") for line in caption.split("\n")
+        )
         lines = caption.count("\n") + 1
         height = (lines * 9 + 6) / (fig.get_figheight() * 72)  # 9 pt per line of 7 pt text
         fig.text(0.01, 0.01, caption, fontsize=7, ha="left", va="bottom", color="0.25")
@@ -354,6 +360,7 @@ def plot_node_churn(
     bottom.step(hours, timeline["running"], where="post", color="tab:green", label="running")
     bottom.step(hours, timeline["queued"], where="post", color="tab:orange", label="queued")
     bottom.set_ylabel("jobs")
+    bottom.yaxis.set_major_locator(MaxNLocator(integer=True))
     bottom.set_xlabel("time since the replay's start (hours)")
     bottom.legend(loc="upper right", fontsize=8)
     end = summary.get("makespan")

@@ -256,12 +256,27 @@ def workload_label(workload: dict[str, Any] | None) -> str:
         how = workload["format"]
         if "philly_reading" in workload:
             how += f", {workload['philly_reading']} reading"
-        return f"trace {Path(workload['trace']).name} ({how}, {workload['jobs']:,} jobs)"
+        label = f"trace {Path(workload['trace']).name} ({how}, {workload['jobs']:,} jobs)"
+        return label + node_events_label(workload)
     label = (
         f"{workload['generator']} generator: {workload['jobs']:,} jobs, "
         f"{workload['load']:g} jobs/h, seed {workload['seed']}"
     )
-    return label + (", multi-GPU" if workload.get("multi_gpu") else "")
+    label += ", multi-GPU" if workload.get("multi_gpu") else ""
+    return label + node_events_label(workload)
+
+
+def node_events_label(workload: dict[str, Any]) -> str:
+    """`; idle nodes of node_events.csv.gz: 64 of replay_nodes_64.txt from 2021-02-10 20:21:15`."""
+    churn = workload.get("node_events")
+    if not churn:
+        return ""
+    label = f"; nodes from {Path(churn['file']).name}"
+    if churn.get("nodes_from"):
+        label += f": the {churn['nodes']:,} of {Path(churn['nodes_from']).name}"
+    if churn.get("start"):
+        label += f" from {churn['start']}"
+    return label + (", BFTrainer's replayer semantics" if churn.get("bftrainer") else "")
 
 
 def policies_label(options: SimOptions) -> str:
