@@ -34,7 +34,9 @@ START = "2021-02-10 20:21:15"
 REFERENCE_CBC_S = 34.0
 
 
-def run(name: str, jobs: str, tfwd: float, out: Path, *, nodes: str | None, reference: bool) -> dict:
+def run(
+    name: str, jobs: str, tfwd: float, out: Path, *, nodes: str | None, reference: bool
+) -> dict:
     command = [
         sys.executable, "-m", "gpuyard.cli", "sim", "--policy", "bftrainer",
         "--param", f"tfwd={tfwd}", "--trace", str(DATA / f"hps-shufflenet-Jbnd-{jobs}.csv"),
@@ -94,8 +96,12 @@ def compare(out: Path, summary: dict, folder: Path) -> None:
           f"{share:.2%} there ({100 * (summary['idle_node_utilization'] - share):+.1f} points)")  # fmt: skip
     print(f"    mean JCT {ours_mean / 3600:.2f} h here, {ref_mean / 3600:.2f} h there "
           f"({100 * (ours_mean / ref_mean - 1):+.1f}%)")  # fmt: skip
-    print(f"    JCTs, sorted (h): here  {' '.join(f'{v / 3600:.1f}' for v in sorted(jct.values()))}")
-    print(f"                      there {' '.join(f'{v / 3600:.1f}' for v in sorted(ref.values()))}")
+    print(
+        f"    JCTs, sorted (h): here  {' '.join(f'{v / 3600:.1f}' for v in sorted(jct.values()))}"
+    )
+    print(
+        f"                      there {' '.join(f'{v / 3600:.1f}' for v in sorted(ref.values()))}"
+    )
 
 
 def main() -> None:

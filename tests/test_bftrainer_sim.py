@@ -26,7 +26,12 @@ CURVE = "job,Ns,Ps,Os,Tsub\nA,0 1 2 4,0 10 20 40,0 10 20 40,2021-02-10 00:00:00\
         # Tfwd x 10 and costs Tcup x 30 = 60: worth it at Tfwd 10 (10,900 samples: done at 300)...
         (10.0, 300.0, 60.0, 1.0),
         # ... not at Tfwd 5: A stays on 3 nodes, 3,940 samples left at 30/s after t=200.
-        (5.0, 200.0 + 3940.0 / 30.0, 0.0, (400 + 300 + 3 * 3940 / 30) / (400 + 300 + 4 * 3940 / 30)),
+        (
+            5.0,
+            200.0 + 3940.0 / 30.0,
+            0.0,
+            (400 + 300 + 3 * 3940 / 30) / (400 + 300 + 4 * 3940 / 30),
+        ),
     ],
 )
 async def test_a_node_taken_back_preempts_its_share_and_growth_pays_its_cost(
@@ -35,9 +40,7 @@ async def test_a_node_taken_back_preempts_its_share_and_growth_pays_its_cost(
     curve = tmp_path / "JNPs.csv"
     curve.write_text(CURVE)
     events = tmp_path / "node_events.csv"
-    events.write_text(
-        "time,node,up\n0,n1,1\n0,n2,1\n0,n3,1\n0,n4,1\n100,n4,0\n200,n4,1\n"
-    )
+    events.write_text("time,node,up\n0,n1,1\n0,n2,1\n0,n3,1\n0,n4,1\n100,n4,0\n200,n4,1\n")
     job = JobSpec(
         job_id="A", job_type="A", num_gpus=4, min_gpus=1, max_gpus=4, total_steps=10_900.0,
         submit_time=0.0, rescale_up_s=2.0, rescale_down_s=1.0,
@@ -73,7 +76,9 @@ def test_replay_of_the_reference_window_matches_its_replayer(data: Callable[[str
         ["g13n14", "e29n02", "f03n15", "f03n11"]
     )
     # every kept event changes its node's state
-    flips = events.groupby("node")["up"].apply(lambda s: bool((s.to_numpy()[1:] != s.to_numpy()[:-1]).all()))
+    flips = events.groupby("node")["up"].apply(
+        lambda s: bool((s.to_numpy()[1:] != s.to_numpy()[:-1]).all())
+    )
     assert flips.all()
 
 
@@ -107,7 +112,10 @@ def test_cli_replays_a_node_subset_from_a_start_time(tmp_path: Path, nats_url: s
     assert proc.returncode == 0, proc.stderr
     replayed = pd.read_csv(out / "node_events.csv")
     assert replayed.values.tolist() == [
-        [0.0, "n2", True], [10.0, "n3", True], [120.0, "n1", True], [3600.0, "n2", False]
+        [0.0, "n2", True],
+        [10.0, "n3", True],
+        [120.0, "n1", True],
+        [3600.0, "n2", False],
     ]
     jobs = pd.read_csv(out / "jobs.csv").set_index("job_id")
     assert jobs.loc["A", "arrival"] == 0.0  # submitted before the start: there at the start

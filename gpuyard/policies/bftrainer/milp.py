@@ -215,8 +215,13 @@ def solve_milp(
                 rows_.append(np.full(int(mine.sum()), r))
                 cols_.append(size_cols[mine])
                 coefs_.append(s * size_coefs[mine] * sign[mine])
-        lp.add_constraints(np.concatenate(rows_), np.concatenate(cols_), np.concatenate(coefs_),
-                           lb=0.0, num_rows=len(pairs))
+        lp.add_constraints(
+            np.concatenate(rows_),
+            np.concatenate(cols_),
+            np.concatenate(coefs_),
+            lb=0.0,
+            num_rows=len(pairs),
+        )
     lp.set_objective(size_cols, np.concatenate([tfwd * at_lo - cost, tfwd * slope]), maximize=True)
     try:
         solution = lp.solve(solver, time_limit=time_limit_s)
@@ -232,8 +237,8 @@ def solve_milp(
 def _each_alone(problem: Problem, tfwd: float) -> np.ndarray | None:
     """The optimum when the node constraint cannot bind: every job's best size on its own (the
     fewest nodes among equally good ones), if those fit together; else None. The objective is a
-    sum over jobs, so this is the MILP's answer without a search (on the whole 4,734-node log,
-    idle nodes outnumber what ten jobs of at most 64 nodes can take)."""
+    sum over jobs, so this is the MILP's answer without a search (often so on the whole 4,734-node
+    log, when idle nodes outnumber what ten jobs of at most 64 nodes can take)."""
     best = np.zeros(problem.jobs, dtype=np.int64)
     rate_now = problem.current_rates()
     for j in range(problem.jobs):
