@@ -134,3 +134,27 @@ def test_cli_refuses_a_node_list_without_node_events(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode != 0
     assert "apply to --node-events" in proc.stderr and "Traceback" not in proc.stderr
+
+
+async def test_replayer_semantics_admit_and_end_jobs_at_node_events(
+    tmp_path: Path, nats_url: str
+) -> None:
+    """`bftrainer=True` (`--bftrainer`): A arrives at 50 but is admitted at the next node event,
+    100, where it takes both idle nodes (20 samples/s); its 1,000 samples are done at 150, which
+    the replayer sees at the next node event, 400: A holds its nodes until then."""
+    curve = tmp_path / "JNPs.csv"
+    curve.write_text(CURVE)
+    events = tmp_path / "node_events.csv"
+    events.write_text("time,node,up\n0,n1,1\n100,n2,1\n400,n2,0\n")
+    job = JobSpec(
+        job_id="A", job_type="A", num_gpus=2, min_gpus=1, max_gpus=2, total_steps=1000.0,
+        submit_time=50.0, rescale_up_s=2.0, rescale_down_s=1.0,
+    )  # fmt: skip
+    options = SimOptions(
+        cluster=ClusterSpec(groups=[]), policy="bftrainer", throughputs=str(curve),
+        node_events=str(events), bftrainer=True,
+    )  # fmt: skip
+    result = await simulate(options, [job], tmp_path / "out", nats_url=nats_url)
+    (record,) = result.jobs
+    assert (record.submit_time, record.first_start, record.end_time) == (50.0, 100.0, 400.0)
+    assert result.summary["idle_node_utilization"] == pytest.approx(600 / 700)
