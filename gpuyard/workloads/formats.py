@@ -89,7 +89,10 @@ _EF_ALIASES = {
     "ddl": ("ddl", "deadline"),
 }
 _INT_FIELDS = ("num_gpus", "min_gpus", "max_gpus", "priority")
-_FLOAT_FIELDS = ("duration", "total_steps", "weight", "deadline", "submit_time")
+_FLOAT_FIELDS = (
+    "duration", "total_steps", "weight", "deadline", "submit_time", "rescale_up_s",
+    "rescale_down_s",
+)  # fmt: skip
 _STR_FIELDS = ("job_id", "name", "job_type", "gpu_type", "user", "tenant", "processes")
 _SKIP_RE = re.compile(r"[Ss]kipping line (\d+): ([^\n]*)")
 
@@ -747,6 +750,8 @@ def save_workload(
         "command": "",
         "env": "",
         "processes": "per_gpu",
+        "rescale_up_s": 0.0,
+        "rescale_down_s": 0.0,
     }
     drop = [
         c
