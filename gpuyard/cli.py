@@ -547,6 +547,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
         if code:
             return code
     if len(policies) * len(loads) * len(seeds) > 1:
+        if args.node_events is not None:  # (comparisons do not replay node events yet)
+            return fail("sim", ValueError("--node-events: one run at a time, not a comparison"))
         return cmd_compare(args, policies, loads, seeds)
     args.out.mkdir(parents=True, exist_ok=True)
     try:

@@ -125,15 +125,24 @@ def test_cli_replays_a_node_subset_from_a_start_time(tmp_path: Path, nats_url: s
     assert 0 < summary["idle_node_utilization"] <= 1
 
 
-def test_cli_refuses_a_node_list_without_node_events(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nodes-from", "nodes.txt"], "apply to --node-events"),
+        (["--node-events", "nodes.txt", "--policy", "bftrainer,bftrainer-equal"],
+         "--node-events: one run at a time, not a comparison"),
+    ],
+)  # fmt: skip
+def test_cli_refuses_node_options_it_would_ignore(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
     (tmp_path / "nodes.txt").write_text("n1\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "gpuyard.cli", "sim", "--nodes-from", str(tmp_path / "nodes.txt"),
-         "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "gpuyard.cli", "sim", *args, "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )  # fmt: skip
-    assert proc.returncode != 0
-    assert "apply to --node-events" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
 async def test_replayer_semantics_admit_and_end_jobs_at_node_events(
