@@ -670,7 +670,7 @@ def replay_from_args(args: argparse.Namespace, workload: Any) -> tuple[Any, Any]
                 for j in workload.jobs
             ]
             workload = dataclasses.replace(workload, jobs=jobs)
-    events = load_node_events(args.node_events, origin=origin)
+    events = load_node_events(args.node_events, origin=origin, nodes=nodes)
     if isinstance(start, float):
         events["time"] -= start
     return workload, replay_events(events, nodes)
