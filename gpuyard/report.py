@@ -202,14 +202,15 @@ def save_figure(fig: Any, path: Path, caption: str, *, title: str = "", dpi: int
     if title:
         fig.suptitle(title, fontsize=11)
     height = 0.0
+    drawn = caption
     if caption:  # wrapped to the figure's width (7 pt text: about 4.3 pt a character)
         width = max(int(fig.get_figwidth() * 72 / 4.3), 40)
-        caption = "\n".join(
+        drawn = "\n".join(
             textwrap.fill(line, width, subsequent_indent="  ") for line in caption.split("\n")
         )
-        lines = caption.count("\n") + 1
+        lines = drawn.count("\n") + 1
         height = (lines * 9 + 6) / (fig.get_figheight() * 72)  # 9 pt per line of 7 pt text
-        fig.text(0.01, 0.01, caption, fontsize=7, ha="left", va="bottom", color="0.25")
+        fig.text(0.01, 0.01, drawn, fontsize=7, ha="left", va="bottom", color="0.25")
     fig.tight_layout(rect=(0, height, 1, 1))
     fig.savefig(path, dpi=dpi, metadata={"Title": title, "Description": caption})
     plt.close(fig)
