@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -266,6 +267,16 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
         help="node churn: BFTrainer node_events.csv(.gz) or a time,node,up CSV",
     )
     p.add_argument(
+        "--nodes-from",
+        type=Path,
+        help="replay only these nodes of --node-events (a file, one node name a line)",
+    )
+    p.add_argument(
+        "--start",
+        help="replay --node-events from this time ('YYYY-MM-DD HH:MM:SS', or seconds): the nodes' "
+        "state then, the events after it; a BFTrainer trace's job times count from it too",
+    )
+    p.add_argument(
         "--churn-node-gpus", type=positive_int, default=1, help="GPUs of a node from --node-events"
     )
     p.add_argument(
@@ -333,6 +344,12 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
         help="Gavel semantics: 360 s rounds of int(rate x round) steps that end with their last "
         "micro-task, arrivals and completions at round ends; `--policy fifo` is Gavel's FIFO "
         "(gavel_fifo)",
+    )
+    presets.add_argument(
+        "--bftrainer",
+        action="store_true",
+        help="BFTrainer's replayer: jobs admitted and seen finished only at --node-events' "
+        "events; with --policy bftrainer, --param reference_step=true solves its MILP as it runs",
     )
     presets.add_argument(
         "--elasticflow",
@@ -560,6 +577,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
         if code:
             return code
     if len(policies) * len(loads) * len(seeds) > 1:
+        if args.node_events is not None:  # (comparisons do not replay node events yet)
+            return fail("sim", ValueError("--node-events: one run at a time, not a comparison"))
         return cmd_compare(args, policies, loads, seeds)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
@@ -622,7 +641,8 @@ def sim_setup(
     from gpuyard.shared.policy import admission_policies, placement_policies, scheduling_policies
     from gpuyard.shared.throughput import load_throughputs
     from gpuyard.sim import PreemptionCost, SimOptions
-    from gpuyard.workloads import load_cluster, load_node_events, save_node_events
+    from gpuyard.workloads import load_cluster, save_node_events
+    from gpuyard.workloads.churn import load_node_list
 
     if params is None:
         params = (parse_params(args.param), parse_params(args.admission_param),
@@ -645,6 +665,7 @@ def sim_setup(
         blox=args.blox,
         gavel=args.gavel,
         window=args.window,
+        bftrainer=args.bftrainer,
         churn_node_gpus=args.churn_node_gpus,
         preemption_cost=PreemptionCost(checkpoint_s=args.checkpoint_s, restore_s=args.restore_s),
         min_run_s=args.min_run_s,
@@ -669,18 +690,51 @@ def sim_setup(
             f"{len(workload.jobs):,} jobs"
         )
     if args.node_events is not None:
-        origin = None
-        if "Tsub" in workload.extras.columns:  # BFTrainer: line node and job times up
-            import pandas as pd
-
-            origin = pd.to_datetime(workload.extras["Tsub"]).min().to_pydatetime()
+        workload, events = replay_from_args(args, workload)
+        described["node_events"] = {
+            "file": str(args.node_events), "nodes_from": args.nodes_from and str(args.nodes_from),
+            "nodes": len(load_node_list(args.nodes_from)) if args.nodes_from else
+            int(events["node"].nunique()),
+            "start": args.start,
+            "bftrainer": args.bftrainer,
+        }  # fmt: skip
         events_path = args.out / "node_events.csv"
-        events = load_node_events(args.node_events, origin=origin)
-        # Events before the first job only set the nodes' state at the start.
-        events["time"] = events["time"].clip(lower=0.0)
         save_node_events(events, events_path)
         options.node_events = str(events_path.resolve())
+    elif args.nodes_from is not None or args.start is not None or args.bftrainer:
+        raise ValueError("--nodes-from, --start and --bftrainer apply to --node-events")
     return options, workload, described
+
+
+def replay_from_args(args: argparse.Namespace, workload: Any) -> tuple[Any, Any]:
+    """The node events to replay (`--node-events`, `--nodes-from`, `--start`; see
+    `gpuyard.workloads.churn`) and the workload on the same clock: a BFTrainer trace's job times
+    count from `--start` (jobs submitted before it arrive at the start), or from its first job."""
+    import datetime as dt
+
+    import pandas as pd
+
+    from gpuyard.workloads import load_node_events
+    from gpuyard.workloads.churn import load_node_list, parse_start, replay_events
+
+    start = parse_start(args.start) if args.start is not None else None
+    nodes = load_node_list(args.nodes_from) if args.nodes_from is not None else None
+    origin = start if isinstance(start, dt.datetime) else None
+    if "Tsub" in workload.extras.columns:  # BFTrainer: line node and job times up
+        first = pd.to_datetime(workload.extras["Tsub"]).min().to_pydatetime()
+        if origin is None:
+            origin = first
+        shift = (first - origin).total_seconds()
+        if shift:
+            jobs = [
+                msgspec.structs.replace(j, submit_time=max((j.submit_time or 0.0) + shift, 0.0))
+                for j in workload.jobs
+            ]
+            workload = dataclasses.replace(workload, jobs=jobs)
+    events = load_node_events(args.node_events, origin=origin, nodes=nodes)
+    if isinstance(start, float):
+        events["time"] -= start
+    return workload, replay_events(events, nodes)
 
 
 async def reachable(args: argparse.Namespace) -> int:

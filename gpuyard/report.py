@@ -11,6 +11,7 @@ throughput(1 GPU), over the cluster's GPUs, at every instant it changes."""
 from __future__ import annotations
 
 import json
+import textwrap
 import threading
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from gpuyard.shared.throughput import ThroughputModel
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 _PYPLOT = threading.Lock()
 """pyplot is not thread-safe: simulations in one process write their results one at a time."""
@@ -236,10 +238,15 @@ def save_figure(
     if title:
         fig.suptitle(title, fontsize=11)
     height = 0.0
-    if caption:
-        lines = caption.count("\n") + 1
+    drawn = caption
+    if caption:  # wrapped to the figure's width (7 pt text: about 4.3 pt a character)
+        width = max(int(fig.get_figwidth() * 72 / 4.3), 40)
+        drawn = "\n".join(
+            textwrap.fill(line, width, subsequent_indent="  ") for line in caption.split("\n")
+        )
+        lines = drawn.count("\n") + 1
         height = (lines * 9 + 6) / (fig.get_figheight() * 72)  # 9 pt per line of 7 pt text
-        fig.text(0.01, 0.01, caption, fontsize=7, ha="left", va="bottom", color="0.25")
+        fig.text(0.01, 0.01, drawn, fontsize=7, ha="left", va="bottom", color="0.25")
     fig.tight_layout(rect=(0, height, 1, 1))
     fig.savefig(path, dpi=dpi, metadata={"Title": title, "Description": caption})
     if svg:
@@ -328,13 +335,15 @@ def write_results(
     extra: dict[str, Any] | None = None, caption: str = "", until: float | None = None, *,
     workload: list[JobSpec] | None = None, declined: dict[str, str] | None = None,
     efficiency: pd.DataFrame | None = None, measured: set[str] | None = None,
-    plots: bool = True,
+    plots: bool = True, node_churn: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Write every result file into `out` and return the summary; `caption` says what ran on
     every plot (`plots=False`: no plots, as in a sweep, whose report draws its own); `until`: an
     interrupted run's last instant (see `summarize`). With the `workload`, the jobs admission
     declined get rows too; with `efficiency` (`efficiency_frame`), `efficiency.csv`; with
-    `measured` (a measurement window), JCT figures are those jobs' (see `summarize`)."""
+    `measured` (a measurement window), JCT figures are those jobs' (see `summarize`); with
+    `node_churn` (nodes came and went: BFTrainer's idle nodes), `idle_node_utilization` and
+    `idle_nodes.png`."""
     out.mkdir(parents=True, exist_ok=True)
     jobs = jobs_frame(records, workload, declined)
     timeline = timeline_frame(points)
@@ -349,11 +358,61 @@ def write_results(
         total = float(timeline["gpus"].max()) * float(summary["simulated_s"])
         summary["utilization"] = compute / total if total > 0 else 0.0
     summary |= preemption_overhead(jobs, summary.get("preemption_cost_s"))
+    if node_churn:
+        summary["idle_node_utilization"] = idle_node_utilization(timeline, until, jobs)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if plots:
         with _PYPLOT:
             plot(jobs, timeline, out, caption, summary.get("jobs_in_workload"), efficiency)
+            if node_churn:
+                plot_node_churn(timeline, out / "idle_nodes.png", caption, summary)
     return summary
+
+
+def idle_node_utilization(
+    timeline: pd.DataFrame, until: float | None, jobs: pd.DataFrame
+) -> float | None:
+    """Node-time in use over the node-time present (idle nodes, in BFTrainer's replays), from time
+    0 (the replay's start) to `until`, by default the last job's end."""
+    if until is None and jobs["end"].notna().any():
+        until = float(jobs["end"].max())
+    if until is None or timeline.empty or until <= 0:
+        return None
+    times = np.minimum(np.append(timeline["time"].to_numpy(dtype=float), until), until)
+    times = np.maximum(times, 0.0)
+    spans = np.diff(times)
+    present = float(np.sum(timeline["gpus"].to_numpy(dtype=float) * spans))
+    used = float(np.sum(timeline["busy_gpus"].to_numpy(dtype=float) * spans))
+    return used / present if present > 0 else None
+
+
+def plot_node_churn(
+    timeline: pd.DataFrame, path: Path, caption: str, summary: dict[str, Any]
+) -> Path:
+    """Idle nodes and the nodes jobs use, over time; below, running and queued jobs."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True,
+                                      gridspec_kw={"height_ratios": [2, 1]})  # fmt: skip
+    hours = timeline["time"].to_numpy(dtype=float) / 3600
+    top.fill_between(hours, timeline["gpus"], step="post", color="0.85", label="idle nodes")
+    top.step(hours, timeline["busy_gpus"], where="post", color="tab:blue", lw=0.8,
+             label="nodes in use")  # fmt: skip
+    share = summary.get("idle_node_utilization")
+    used = "" if share is None else f": {share:.1%} of idle node-time used"
+    top.set_title(f"idle nodes and their use{used}")
+    top.set_ylabel("nodes")
+    top.legend(loc="upper right", fontsize=8)
+    bottom.step(hours, timeline["running"], where="post", color="tab:green", label="running")
+    bottom.step(hours, timeline["queued"], where="post", color="tab:orange", label="queued")
+    bottom.set_ylabel("jobs")
+    bottom.yaxis.set_major_locator(MaxNLocator(integer=True))
+    bottom.set_xlabel("time since the replay's start (hours)")
+    bottom.legend(loc="upper right", fontsize=8)
+    end = summary.get("makespan")
+    if end:
+        top.set_xlim(0, (float(summary.get("simulated_s") or end)) / 3600)
+    for ax in (top, bottom):
+        ax.grid(True, alpha=0.3)
+    return save_figure(fig, path, caption)
 
 
 def _hours(seconds: float | None) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
+import numpy as np
 from msgspec import Struct
 
 from gpuyard.embedded import EmbeddedNats
@@ -61,6 +62,9 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     """Gavel's simulator semantics: rounds of `round_s` (360 s there) in which each running job
     runs `int(rate * round)` steps, rounds that end when their last micro-task does, completions
     and arrivals at round ends, and the utilisation of the GPUs' compute time over the whole run."""
+    bftrainer: bool = False
+    """BFTrainer's replayer semantics: jobs are admitted, and seen finished, only at node events
+    (so decisions happen only there); a finished job holds its nodes until the next one."""
     elasticflow: str | None = None
     """The ElasticFlow scheme this run reproduces (`elasticflow_options` set the rest)."""
     window: tuple[int, int] | None = None
@@ -196,6 +200,7 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
             churn_node_gpus=options.churn_node_gpus,
             churn_node_type=options.churn_node_type,
             preemption_cost=options.preemption_cost,
+            at_node_events=options.bftrainer,
             completion_quantum=options.round_s if options.blox else None,
             arrival_quantum=options.round_s if options.blox else None,
             gavel_round_s=options.round_s if options.gavel else None,
@@ -260,12 +265,27 @@ def workload_label(workload: dict[str, Any] | None) -> str:
         how = workload["format"]
         if "philly_reading" in workload:
             how += f", {workload['philly_reading']} reading"
-        return f"trace {Path(workload['trace']).name} ({how}, {workload['jobs']:,} jobs)"
+        label = f"trace {Path(workload['trace']).name} ({how}, {workload['jobs']:,} jobs)"
+        return label + node_events_label(workload)
     label = (
         f"{workload['generator']} generator: {workload['jobs']:,} jobs, "
         f"{workload['load']:g} jobs/h, seed {workload['seed']}"
     )
-    return label + (", multi-GPU" if workload.get("multi_gpu") else "")
+    label += ", multi-GPU" if workload.get("multi_gpu") else ""
+    return label + node_events_label(workload)
+
+
+def node_events_label(workload: dict[str, Any]) -> str:
+    """`; idle nodes of node_events.csv.gz: 64 of replay_nodes_64.txt from 2021-02-10 20:21:15`."""
+    churn = workload.get("node_events")
+    if not churn:
+        return ""
+    label = f"; nodes from {Path(churn['file']).name}"
+    if churn.get("nodes_from"):
+        label += f": the {churn['nodes']:,} of {Path(churn['nodes_from']).name}"
+    if churn.get("start"):
+        label += f" from {churn['start']}"
+    return label + (", BFTrainer's replayer semantics" if churn.get("bftrainer") else "")
 
 
 def policies_label(options: SimOptions) -> str:
@@ -417,6 +437,8 @@ async def simulate(
         extra["instants"] = final.instants
         if final.compute_gpu_s is not None:
             extra["compute_gpu_s"] = final.compute_gpu_s
+        if options.node_events is not None:
+            extra |= churn_figures(final, stats)
     deadlines: dict[str, Any] = {}
     if options.elasticflow and interrupted is None:
         model = await asyncio.to_thread(load_throughputs, options.throughputs)
@@ -444,10 +466,25 @@ async def simulate(
     summary = await asyncio.to_thread(
         write_results, records, points, out, extra, caption,
         reached if interrupted is not None else None, **deadlines, plots=plots,
+        node_churn=options.node_events is not None,
     )  # fmt: skip
     if interrupted is not None:
         raise interrupted
     return SimResult(summary=summary, jobs=records, timeline=points, wall_s=wall, stats=stats)
+
+
+def churn_figures(final: Progress, stats: list[ServiceStats]) -> dict[str, Any]:
+    """Node-churn runs (BFTrainer): steps trained and lost, and each decision's policy time."""
+    decisions = np.array(next((s.decision_s for s in stats if s.service == "scheduler"), []))
+    return {
+        "samples_trained": final.steps_done,
+        "rescale_cost_samples": final.rescale_steps,
+        "preemption_cost_samples": final.preemption_steps,
+        "decisions": len(decisions),
+        "decision_s_p50": float(np.percentile(decisions, 50)) if len(decisions) else None,
+        "decision_s_p99": float(np.percentile(decisions, 99)) if len(decisions) else None,
+        "decision_s_total": float(decisions.sum()),
+    }
 
 
 async def deadline_events(bus: Bus) -> tuple[list[JobRun], dict[str, str]]:

@@ -58,6 +58,8 @@ class ServiceStats(Struct, kw_only=True):
     """Seconds spent in request handlers, nested requests included."""
     policy_s: float
     """Seconds spent in policy code."""
+    decision_s: list[float] = []
+    """Seconds of each scheduling decision, in order (the scheduler's policy calls)."""
     requests: dict[str, list[float]]
     """Requests this service made, per subject: [count, seconds waited for the reply]."""
 
@@ -418,6 +420,12 @@ class Progress(Struct, kw_only=True):
     compute_gpu_s: float | None = None
     """Round-based simulations (Gavel's semantics): GPU-seconds jobs spent computing (a GPU that
     idles after its job's last step of a round is not counted), for the utilisation."""
+    steps_done: float = 0.0
+    """Steps (BFTrainer: samples) trained so far, by every job (costs deducted)."""
+    rescale_steps: float = 0.0
+    """Steps lost to growing and shrinking jobs (`JobSpec.rescale_up_s`, `rescale_down_s`)."""
+    preemption_steps: float = 0.0
+    """Steps lost by jobs whose nodes left (`JobSpec.rescale_down_s` of the rate they ran at)."""
 
 
 class TimelinePoint(Struct, array_like=True):

@@ -54,6 +54,12 @@ class JobSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     workdir: str = ""
     """The directory the job's processes start in, an absolute path on the nodes ("": the node
     agent's own). `gpuyard submit` sets it to the submitter's directory, as Slurm does."""
+    rescale_up_s: Annotated[float, Meta(ge=0)] = 0.0
+    """Growing costs the job this many seconds of its throughput before the change, as lost
+    steps (checkpoint, restart at the new size; BFTrainer's Tcup)."""
+    rescale_down_s: Annotated[float, Meta(ge=0)] = 0.0
+    """Shrinking, or losing a node, costs this many seconds of its throughput (BFTrainer's
+    Tcdw)."""
 
     def __post_init__(self) -> None:
         # msgspec reports these as ValidationErrors naming the struct; name the field ourselves.

@@ -116,6 +116,8 @@ class Service:
         self.handler_s = 0.0
         self.policy_s = 0.0
         """Subclasses add the time their policy takes here."""
+        self.decision_s: list[float] = []
+        """The scheduler: each decision's policy time, in order."""
         self.policy: Any = None
         self.policy_name: str | None = None
         self.store: NullStore = NullStore()
@@ -216,7 +218,7 @@ class Service:
     async def stats(self, _: Empty) -> ServiceStats:
         return ServiceStats(
             service=self.name, handled=self.handled, handler_s=self.handler_s,
-            policy_s=self.policy_s, requests=self.bus.request_stats,
+            policy_s=self.policy_s, requests=self.bus.request_stats, decision_s=self.decision_s,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ durable state, takeover

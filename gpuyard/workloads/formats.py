@@ -27,7 +27,8 @@ elasticflow / itp (CSV with header)
 bftrainer (`*-Jbnd-*.csv`: job,Tcup,Tcdw,Jmin,Jmax,Pmax,Tsub)
     Counts are NODES, not GPUs: num_gpus = max_gpus = Jmax, min_gpus = Jmin (nodes),
     total_steps = Pmax (samples), job_id = job_type = job (BFTrainer's scalability curve is per
-    job, see `gpuyard.shared.throughput.BFTrainerThroughputs`), submit_time = Tsub - earliest Tsub (s).
+    job, see `gpuyard.shared.throughput.BFTrainerThroughputs`), submit_time = Tsub - earliest Tsub (s),
+    rescale_up_s = Tcup, rescale_down_s = Tcdw.
     extras: Tcup, Tcdw (rescale costs, seconds of lost throughput), Tsub.
 
 blox (`*_jobs.csv`: job_id,arrival_time_s,duration_s,num_gpus)
@@ -88,7 +89,10 @@ _EF_ALIASES = {
     "ddl": ("ddl", "deadline"),
 }
 _INT_FIELDS = ("num_gpus", "min_gpus", "max_gpus", "priority")
-_FLOAT_FIELDS = ("duration", "total_steps", "weight", "deadline", "submit_time")
+_FLOAT_FIELDS = (
+    "duration", "total_steps", "weight", "deadline", "submit_time", "rescale_up_s",
+    "rescale_down_s",
+)  # fmt: skip
 _STR_FIELDS = ("job_id", "name", "job_type", "gpu_type", "user", "tenant", "processes")
 _SKIP_RE = re.compile(r"[Ss]kipping line (\d+): ([^\n]*)")
 
@@ -408,6 +412,8 @@ def load_bftrainer(path: str | Path, *, skip_bad: bool = False) -> Workload:
         "max_gpus": nan_to_none(num["Jmax"], int),
         "total_steps": nan_to_none(num["Pmax"]),
         "submit_time": nan_to_none(submit),
+        "rescale_up_s": nan_to_none(num["Tcup"]),
+        "rescale_down_s": nan_to_none(num["Tcdw"]),
     }
     extras = pd.DataFrame({"Tcup": num["Tcup"], "Tcdw": num["Tcdw"], "Tsub": df["Tsub"].to_numpy()})
     w = build_jobs(
@@ -744,6 +750,8 @@ def save_workload(
         "command": "",
         "env": "",
         "processes": "per_gpu",
+        "rescale_up_s": 0.0,
+        "rescale_down_s": 0.0,
     }
     drop = [
         c

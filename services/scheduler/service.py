@@ -136,6 +136,8 @@ class Scheduler(Service):
         self.install_policy(config.policy, config.params)
         self.released: list[str] = []  # ended on their own since the last apply
         self.cluster: ClusterInfo | None = None  # placement's, as last heard; None: ask again
+        self._node_list: tuple[ClusterInfo, list[NodeStatus]] | None = None  # its node views
+        self._node_views: dict[str, NodeStatus] = {}  # the last view of each node
         self.dirty = False
         self.force_decision = False  # the clock asked for a decision now (`TickRequest.resolve`)
         self.last_round: float | None = None
@@ -550,9 +552,14 @@ class Scheduler(Service):
         self.policy_wake = wake
 
     def _input(self, now: float, info: ClusterInfo) -> SchedulingInput:
+        nodes: list[NodeStatus] = []
+        if self.policy.needs.nodes:  # (once per cluster answer: thousands of nodes in a replay)
+            if self._node_list is None or self._node_list[0] is not info:
+                self._node_list = (info, self._nodes(info))
+            nodes = list(self._node_list[1])
         cluster = ClusterView(
-            capacity=dict(info.capacity), round_s=self.config.round_s,
-            nodes=self._nodes(info) if self.policy.needs.nodes else [], throughputs=self.model,
+            capacity=dict(info.capacity), round_s=self.config.round_s, nodes=nodes,
+            throughputs=self.model,
         )  # fmt: skip
         context = cluster.context(now)
         finished: list[JobView] = []
@@ -565,11 +572,26 @@ class Scheduler(Service):
             cluster=cluster, finished=finished,
         )  # fmt: skip
 
-    @staticmethod
-    def _nodes(info: ClusterInfo) -> list[NodeStatus]:
-        up = [NodeStatus(n.node_id, n.gpu_type, n.num_gpus) for n in info.nodes]
-        down = [NodeStatus(node_id, "", 0, False, t) for node_id, t in info.down.items()]
-        return up + down
+    def _nodes(self, info: ClusterInfo) -> list[NodeStatus]:
+        """The node views, reusing those of nodes that did not change (node replays list
+        thousands, most of them as they were at the last decision)."""
+        known = self._node_views
+        views: list[NodeStatus] = []
+        for n in info.nodes:
+            view = known.get(n.node_id)
+            if (
+                view is None
+                or not view.up
+                or (view.gpu_type, view.num_gpus) != (n.gpu_type, n.num_gpus)
+            ):
+                view = known[n.node_id] = NodeStatus(n.node_id, n.gpu_type, n.num_gpus)
+            views.append(view)
+        for node_id, t in info.down.items():
+            view = known.get(node_id)
+            if view is None or view.up or view.down_since != t:
+                view = known[node_id] = NodeStatus(node_id, "", 0, False, t)
+            views.append(view)
+        return views
 
     def _rate(
         self, record: JobRecord, gpu_type: str, gpus: int, partner: str | None = None
@@ -588,6 +610,7 @@ class Scheduler(Service):
             decision = self.policy.schedule(inp)
         took = time.perf_counter() - started
         self.policy_s += took
+        self.decision_s.append(took)
         if took * 1000 > self.config.max_policy_ms_inline:
             self.policy_slow = True
         return decision if isinstance(decision, Decision) else Decision(allocations=decision)

@@ -13,6 +13,7 @@ or a tick the scheduler asked for. Same inputs, same sequence of messages, same 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import heapq
 import math
 import time
@@ -138,6 +139,10 @@ class SimClockConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     arrival_quantum: float | None = None
     """If set, jobs are submitted at the next multiple of this (Blox admits at round starts);
     their submit_time, and so their JCT, stays the true arrival."""
+    at_node_events: bool = False
+    """BFTrainer's replayer: jobs are submitted, and their exits reported, only at node events
+    (the first at or after their arrival, completion); their submit_time, and so their JCT,
+    stays the true arrival, and a finished job holds its nodes until that event."""
     gavel_round_s: Annotated[float, Meta(gt=0)] | None = None
     """Gavel's simulator semantics, rounds of this length (Gavel: 360 s): every round, each
     running job runs `min(int(rate * round), steps left)` steps; the round ends when the last of
@@ -160,8 +165,9 @@ class SimJob:
     """A simulated job's processes: which GPUs of which nodes run its parts, and its progress."""
 
     __slots__ = (
-        "attempt", "done", "failure", "floor", "gpu_type", "job_type", "parts", "rate",
-        "restarting", "restoring", "round_steps", "since", "total", "version",
+        "attempt", "base", "done", "down_s", "failure", "floor", "gpu_type", "held", "job_type",
+        "min_gpus", "parts", "placed", "rate", "restarting", "restoring", "round_steps", "since",
+        "total", "up_s", "version",
     )  # fmt: skip
 
     def __init__(self, spec: JobSpec, total: float) -> None:
@@ -179,6 +185,13 @@ class SimJob:
         self.restarting = False  # some part was stopped at this instant
         self.restoring = False  # resumed after a preemption: the restore time is still to pay
         self.floor = 0.0  # progress at the current launch: a pause never takes it below
+        # Rescale costs (JobSpec.rescale_up_s/down_s): the GPUs per node it ran on since the last
+        # instant, and what it kept after this instant's node losses (None: none lost).
+        self.up_s, self.down_s = spec.rescale_up_s, spec.rescale_down_s
+        self.min_gpus = spec.gpu_range[0]
+        self.placed: dict[str, int] = {}
+        self.held = 0
+        self.base: int | None = None
 
     def settle(self, now: float) -> None:
         if self.rate:
@@ -234,8 +247,10 @@ class SimClock(Service):
         self.decided: float | None = None  # the last instant at which the scheduler decided
         self.charged: float | None = None  # the last decision at which restarts were charged
         self.sched_wake: float | None = None
+        self.churn_times: list[float] = []  # instants with node events (`at_node_events`)
         self.task: asyncio.Task[None] | None = None
         self.progress = Progress(now=0.0, submitted=0, finished=0, total=0, instants=0)
+        self.finished_steps = 0.0  # steps of the jobs that completed
 
     def routes(self) -> dict[Endpoint[Any, Any], Handler]:
         # NODE_COMMANDS: an apply's commands to every node at once (placement, `simulated`).
@@ -266,6 +281,7 @@ class SimClock(Service):
                 )
             self.awaited = {spec.job_id for spec in workload[first:end] if spec.job_id}
         churn = await asyncio.to_thread(self._load_churn)
+        self.churn_times = [t for t, _ in churn]
         self.progress.total = len(workload)
         self.task = asyncio.create_task(self._run(workload, churn))
         return Ack()
@@ -579,6 +595,12 @@ class SimClock(Service):
         for job_id in reply.lost_jobs:
             job = self.jobs[job_id]
             job.settle(now)
+            if job.down_s and job.rate > 0:  # its share on the departed nodes is preempted
+                lost = job.down_s * job.rate
+                job.done -= lost
+                job.floor = min(job.floor, job.done)  # (its checkpoint saved no more)
+                self.progress.preemption_steps += lost
+            job.base = sum(n for node, n in job.placed.items() if node not in final or final[node])
             for node in gone:
                 self._detach(job_id, node)
             if not job.restarting:
@@ -593,7 +615,14 @@ class SimClock(Service):
         """When the job is submitted: its arrival, or the next arrival quantum."""
         arrival = spec.submit_time or 0.0
         quantum = self.config.arrival_quantum
+        if self.config.at_node_events:
+            return self._next_node_event(arrival)
         return math.ceil(arrival / quantum - 1e-9) * quantum if quantum else arrival
+
+    def _next_node_event(self, t: float) -> float:
+        """The first node-event instant at or after `t` (`t` itself after the last)."""
+        i = bisect.bisect_left(self.churn_times, t)
+        return self.churn_times[i] if i < len(self.churn_times) else t
 
     def _note(self, now: float, status: SchedulerStatus) -> None:
         self.sched_wake = status.wake_at
@@ -625,6 +654,7 @@ class SimClock(Service):
             else:
                 job.rate = self.model.throughput(job.job_type, job.gpu_type, gpus) if gpus else 0.0
             job.since = now
+            self._charge_rescale(job, gpus)
             job.floor = job.done
             pause = pauses.get(job_id, 0.0)
             if job.restoring and job.rate > 0:
@@ -641,10 +671,24 @@ class SimClock(Service):
                 quantum = self.config.completion_quantum
                 if quantum:
                     finish = math.ceil(finish / quantum - 1e-9) * quantum
+                if self.config.at_node_events:
+                    finish = self._next_node_event(finish)
                 self.launches += 1
                 heapq.heappush(self.heap, (finish, self.launches, job_id, job.version))
         self.changed.clear()
         self.launched.clear()
+
+    def _charge_rescale(self, job: SimJob, gpus: int) -> None:
+        """A job that grew (shrank) loses `up_s` (`down_s`) seconds of the rate it had before, at
+        the size this instant's node losses left it (BFTrainer's rescale cost)."""
+        before = job.held if job.base is None else job.base
+        if gpus != before and (job.up_s or job.down_s) and before >= job.min_gpus and before:
+            rate = self.model.throughput(job.job_type, job.gpu_type, before)
+            lost = (job.up_s if gpus > before else job.down_s) * rate
+            job.done -= lost
+            self.progress.rescale_steps += lost
+        job.held, job.base = gpus, None
+        job.placed = {node: len(part) for node, part in job.parts.items()}
 
     def _restarts(self, now: float) -> dict[str, float]:
         """Seconds each job spends (re)starting at `now` (`RestartCost`), if jobs were launched."""
@@ -706,6 +750,8 @@ class SimClock(Service):
             for node in list(self.jobs[job_id].parts):
                 self.changed.update(self._detach(job_id, node))  # a partner runs alone now
             job = self.jobs.pop(job_id)
+            if not job.failure:
+                self.finished_steps += job.total
             if job.failure:
                 exits.append(
                     JobExit(job_id=job_id, status="failed", reason=job.failure, attempt=job.attempt)
@@ -726,6 +772,9 @@ class SimClock(Service):
         return self.config.window is not None and not self.awaited
 
     async def _publish_progress(self) -> None:
+        self.progress.steps_done = self.finished_steps + sum(
+            max(j.done, 0.0) for j in self.jobs.values()
+        )
         await self.bus.publish(PROGRESS, self.progress)
 
 
