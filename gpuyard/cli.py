@@ -252,9 +252,9 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster", default="sim", help="namespace of this run's subjects")
     p.add_argument(
         "--cluster-spec",
-        default="32x4",
+        default=None,
         help="NODESxGPUS[:TYPE],..., a TOML/JSON file, an ElasticFlow cluster CSV, or "
-        "'none' (only nodes from --node-events)",
+        "'none' (only nodes from --node-events); default 32x4, or none with --node-events",
     )
     p.add_argument(
         "--throughputs",
@@ -647,8 +647,10 @@ def sim_setup(
     if params is None:
         params = (parse_params(args.param), parse_params(args.admission_param),
                   parse_params(args.placement_param))  # fmt: skip
+    # A replay of node availability brings its own nodes (BFTrainer's idle nodes): no others.
+    cluster_spec = args.cluster_spec or ("none" if args.node_events is not None else "32x4")
     cluster = (
-        ClusterSpec(groups=[]) if args.cluster_spec == "none" else load_cluster(args.cluster_spec)
+        ClusterSpec(groups=[]) if cluster_spec == "none" else load_cluster(cluster_spec)
     )
     model = load_throughputs(args.throughputs)
     options = SimOptions(

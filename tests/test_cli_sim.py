@@ -326,3 +326,17 @@ def test_a_durable_simulation_gives_the_same_results(tmp_path: Path) -> None:
     for run, restored in (("durable", 3), ("plain", 0)):
         log = (tmp_path / run / "services.log").read_text()
         assert log.count('"event": "state.restored"') == restored, run
+
+
+def test_a_node_availability_replay_brings_its_own_nodes(tmp_path: Path) -> None:
+    """`--node-events` without `--cluster-spec`: only the replay's nodes (BFTrainer's idle nodes),
+    not the default 32x4 beside them (which ran the issue's BFTrainer command on 128 other GPUs)."""
+    from gpuyard.cli import build_parser, sim_setup
+
+    events = tmp_path / "events.csv"
+    events.write_text("time,node,up\n0,n1,True\n100,n1,False\n")
+    argv = ["sim", "--node-events", str(events), "--jobs", "5", "--out", str(tmp_path)]
+    options, _, _ = sim_setup(build_parser().parse_args(argv), load=None, seed=None)
+    assert options.cluster.total_gpus == 0 and options.node_events is not None
+    plain = build_parser().parse_args(["sim", "--jobs", "5", "--out", str(tmp_path / "p")])
+    assert sim_setup(plain, load=None, seed=None)[0].cluster.total_gpus == 128
