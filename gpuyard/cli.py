@@ -67,7 +67,8 @@ def parse_demand(text: str) -> dict[int, float]:
 
 GENERATOR_DEFAULTS = {"jobs": 400, "load": [20.0], "seed": [0]}
 DEFAULT_DEMAND = {1: 0.7, 2: 0.1, 4: 0.15, 8: 0.05}
-GENERATOR_OPTIONS = ("--generator", "--jobs", "--load", "--seed", "--gpu-demand")
+GENERATOR_OPTIONS = ("--generator", "--jobs", "--load", "--gpu-demand")
+"""Options a --trace refuses (`--seed` is not among them: it also seeds the policies)."""
 TRACE_OPTIONS = ("--trace-format", "--skip-bad", "--philly-reading")
 
 
@@ -499,8 +500,8 @@ async def stop_on_signals(work: Coroutine[Any, Any, T]) -> T:
 def sim_lists(args: argparse.Namespace) -> tuple[list[str], list[float | None], list[int | None]]:
     """The policies, loads and seeds to run; a trace has no load or seed (None)."""
     policies = names_list("--policy", args.policy)
-    if args.trace is not None:
-        return policies, [None], [None]
+    if args.trace is not None:  # a seed then seeds only the policies' random choices
+        return policies, [None], args.seed or [None]
     return (
         policies,
         args.load or GENERATOR_DEFAULTS["load"],
@@ -679,6 +680,8 @@ def sim_setup(
         scheme = elasticflow_options(args.policy, options.round_s, cluster.total_gpus)
         scheme["policy_params"] |= options.policy_params
         options = msgspec.structs.replace(options, **scheme)
+    if args.trace is not None and seed is not None:
+        options = seeded_policies(options, seed)
     if "scheduler" not in external:
         scheduling_policies.create(options.policy, options.policy_params)
     if "admission" not in external:
@@ -706,6 +709,25 @@ def sim_setup(
     elif args.nodes_from is not None or args.start is not None or args.bftrainer:
         raise ValueError("--nodes-from, --start and --bftrainer apply to --node-events")
     return options, workload, described
+
+
+def seeded_policies(options: Any, seed: int) -> Any:
+    """`options` with `seed` as the `seed` parameter of each policy that has one and was not
+    given it (a trace's jobs are fixed: `--seed` then seeds the policies' random choices, as
+    Gavel's `--seed` does)."""
+    from gpuyard.shared.policy import admission_policies, placement_policies, scheduling_policies
+
+    changes: dict[str, Any] = {}
+    for registry, name, field in [
+        (scheduling_policies, options.policy, "policy_params"),
+        (admission_policies, options.admission, "admission_params"),
+        (placement_policies, options.placement, "placement_params"),
+    ]:
+        params = getattr(options, field)
+        made = registry.create(name, params).params
+        if "seed" not in params and made is not None and "seed" in made.__struct_fields__:
+            changes[field] = {**params, "seed": seed}
+    return msgspec.structs.replace(options, **changes)
 
 
 def replay_from_args(args: argparse.Namespace, workload: Any) -> tuple[Any, Any]:

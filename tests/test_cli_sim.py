@@ -113,7 +113,7 @@ def test_bad_numeric_option_of_other_commands(
         (["--generator", "elasticflow", "--multi-gpu"], "--multi-gpu applies to the gavel"),
         (["--skip-bad"], "--skip-bad applies to --trace only"),
         (["--philly-reading", "plain"], "--philly-reading applies to --trace only"),
-        (["--trace", "t.csv", "--jobs", "5", "--seed", "1"], "--jobs, --seed describe generated"),
+        (["--trace", "t.csv", "--jobs", "5", "--load", "1"], "--jobs, --load describe generated"),
     ],
     ids=lambda v: " ".join(v)[:30],
 )
@@ -340,3 +340,19 @@ def test_a_node_availability_replay_brings_its_own_nodes(tmp_path: Path) -> None
     assert options.cluster.total_gpus == 0 and options.node_events is not None
     plain = build_parser().parse_args(["sim", "--jobs", "5", "--out", str(tmp_path / "p")])
     assert sim_setup(plain, load=None, seed=None)[0].cluster.total_gpus == 128
+
+
+def test_a_seed_with_a_trace_seeds_the_policies(tmp_path: Path) -> None:
+    """Gavel's `--seed` with a trace: the jobs are the trace's, the seed goes to the policies that
+    draw at random (gandiva's pairs), unless `--param seed=` says otherwise."""
+    from gpuyard.cli import build_parser, sim_setup
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,num_gpus,submit_time,duration\na,1,0,100\nb,1,10,100\n")
+    base = ["sim", "--trace", str(trace), "--out", str(tmp_path)]
+    for extra, seed in [(["--seed", "3"], 3), (["--seed", "3", "--param", "seed=5"], 5), ([], 0)]:
+        args = build_parser().parse_args([*base, "--policy", "gandiva", *extra])
+        options, _, _ = sim_setup(args, load=None, seed=(args.seed or [None])[0])
+        assert int(options.policy_params.get("seed", 0)) == seed
+    args = build_parser().parse_args([*base, "--seed", "3"])  # fifo draws nothing: accepted
+    assert sim_setup(args, load=None, seed=3)[0].policy_params == {}
