@@ -4,7 +4,6 @@ a retry loop or a hang (the node agent alone keeps trying, one log line per atte
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpuyard.embedded import nats_server_binary
+from tests.polling import free_port
 
 
 def gpuyard(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -19,13 +19,6 @@ def gpuyard(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
         [sys.executable, "-m", "gpuyard.cli", *args], capture_output=True, text=True,
         timeout=timeout,
     )  # fmt: skip
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize(

@@ -19,18 +19,19 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+
+from tests.polling import free_port, until
 
 # A first run builds the base image and the wheelhouse (about two minutes) within the first test.
 pytestmark = [pytest.mark.deploy, pytest.mark.timeout(600)]
@@ -40,7 +41,6 @@ DEPLOY = ROOT / "deploy"
 README = ROOT / "README.md"
 IMAGE = f"gpuyard:test-{hashlib.sha1(str(ROOT).encode()).hexdigest()[:10]}"
 CLUSTER = "demo"  # the compose files' cluster
-T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------- plumbing
@@ -58,24 +58,6 @@ def run(*cmd: str, timeout: float = 120, check: bool = True, **kw: Any) -> subpr
             f"{' '.join(cmd)} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         )
     return result
-
-
-def until(check: Callable[[], T | None], what: str, within_s: float, every_s: float = 0.5) -> T:
-    """Poll `check` until it returns something truthy; fail naming `what` after `within_s`."""
-    deadline = time.monotonic() + within_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {within_s:.0f} s (last: {value!r})")
-        time.sleep(every_s)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def docker_problem() -> str | None:

@@ -11,13 +11,12 @@ import asyncio
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -28,29 +27,12 @@ from gpuyard.shared.contract import Launch, NodeCommand
 from gpuyard.shared.endpoints import Subjects
 from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import JobSpec
+from tests.polling import free_port, until
 
 CLUSTER = "efreal"
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
-T = TypeVar("T")
 STEP_S = 0.02
 """train.py's step time on one GPU (`--data-parallel`: halved on two): 50 and 100 steps/s."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def until(check: Callable[[], T | None], what: str, within_s: float = 60.0) -> T:
-    deadline = time.monotonic() + within_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 class ElasticCluster:

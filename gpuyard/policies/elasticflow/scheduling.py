@@ -16,7 +16,7 @@ from gpuyard.shared.model import Allocation
 from gpuyard.shared.policy import Needs, SchedulingInput, SchedulingPolicy
 
 from .demand import Levels, MaxLevel, by_deadline, job_demand, main_type
-from .planner import Plan, plan_all_edf, plan_all_mss, share_leftovers
+from .planner import Demand, Plan, plan_all_edf, plan_all_mss, share_leftovers
 from .slots import SlotGate, SlotState
 
 
@@ -40,6 +40,20 @@ class _Planned(SchedulingPolicy):
 
     def decide(self, inp: SchedulingInput) -> tuple[list[Allocation], list[Plan]]:
         raise NotImplementedError
+
+    def demands(self, inp: SchedulingInput) -> tuple[str, int, list[str], list[Demand]]:
+        """(the GPU type, its GPUs, the ids of the jobs with a demand in deadline order, their
+        demands)."""
+        gpu_type, total = main_type(inp.cluster)
+        ids: list[str] = []
+        demands: list[Demand] = []
+        cache = self.levels.of(inp.cluster.throughputs)
+        for job in by_deadline(inp.jobs):
+            d = job_demand(job, gpu_type, total, self.params.max_level, cache=cache)  # type: ignore[attr-defined]
+            if d is not None:
+                ids.append(job.job_id)
+                demands.append(d)
+        return gpu_type, total, ids, demands
 
     def schedule(self, inp: SchedulingInput) -> list[Allocation]:
         held = self.gate.held(inp)
@@ -91,15 +105,7 @@ class ElasticFlow(_Planned):
 
     def plans(self, inp: SchedulingInput) -> tuple[list[str], list[Plan], list[int], str]:
         """(job ids in deadline order, their plans, their GPUs now, the GPU type)."""
-        gpu_type, total = main_type(inp.cluster)
-        ids: list[str] = []
-        demands = []
-        cache = self.levels.of(inp.cluster.throughputs)
-        for job in by_deadline(inp.jobs):
-            d = job_demand(job, gpu_type, total, self.params.max_level, cache=cache)
-            if d is not None:
-                ids.append(job.job_id)
-                demands.append(d)
+        gpu_type, total, ids, demands = self.demands(inp)
         slot = inp.cluster.round_s
         plans, timeline = plan_all_mss(demands, inp.now, slot, total)
         gpus = share_leftovers(
@@ -148,14 +154,6 @@ class Edf(_Planned):
     Params = EdfParams
 
     def decide(self, inp: SchedulingInput) -> tuple[list[Allocation], list[Plan]]:
-        gpu_type, total = main_type(inp.cluster)
-        ids: list[str] = []
-        demands = []
-        cache = self.levels.of(inp.cluster.throughputs)
-        for job in by_deadline(inp.jobs):
-            d = job_demand(job, gpu_type, total, self.params.max_level, cache=cache)
-            if d is not None:
-                ids.append(job.job_id)
-                demands.append(d)
+        gpu_type, total, ids, demands = self.demands(inp)
         plans, _ = plan_all_edf(demands, inp.now, inp.cluster.round_s, total)
         return _largest_first(ids, [p.at(inp.now) for p in plans], gpu_type), plans

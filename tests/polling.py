@@ -1,0 +1,34 @@
+"""Helpers the end-to-end tests share: a free loopback port, and polling until something holds."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def until(
+    check: Callable[[], T | None], what: str, within_s: float = 60.0, every_s: float = 0.2
+) -> T:
+    """Poll `check` until it returns something truthy, and return that; fail naming `what` after
+    `within_s`."""
+    deadline = time.monotonic() + within_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out waiting for {what} ({within_s:.0f} s; last: {value!r})"
+            )
+        time.sleep(every_s)
