@@ -331,8 +331,8 @@ def test_the_broker_keeps_the_event_stream_on_its_volume(cluster: Compose) -> No
     events = until(after, "the stored events from the new broker", 60)
     assert events[: len(before)] == before
     # The durable services reconnect to it and go on: a job submitted now runs.
-    job = until(lambda: gpuyard("submit", *cluster.nats, "--", "python", "-c", "print(1)",
-                                check=False).stdout.split()[-1:], "a submission", 60)[0]  # fmt: skip
+    submission = ["submit", *cluster.nats, "--chdir", "/opt/gpuyard", "--", "python", "-c", "print(1)"]
+    job = until(lambda: gpuyard(*submission, check=False).stdout.split()[-1:], "a submission", 60)[0]
     assert wait_ended(cluster, [job], 60) == {job: "completed"}
 
 
