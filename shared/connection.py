@@ -75,7 +75,7 @@ def read_profile(path: str | Path) -> ConnectionProfile:
     except OSError as exc:
         raise ValueError(f"--nats-config {path}: {exc.strerror or exc}") from None
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise ValueError(f"--nats-config {path}: {exc}") from None
+        raise ValueError(f"--nats-config {path}: not a connection profile (JSON): {exc}") from None
 
 
 @dataclass(frozen=True)

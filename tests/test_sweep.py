@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpuyard.sweep.config import ConfigError, load_sweep
+from gpuyard.sweep.config import ConfigError, load_sweep, sim_args
 from gpuyard.sweep.engine import fairness
 from gpuyard.sweep.report import ci95
 
@@ -275,6 +275,28 @@ async def test_a_worker_does_not_run_again_a_run_whose_result_is_stored(nats_url
     await nc.close()
 
 
+async def test_workers_started_by_the_sweep_connect_as_it_does(tmp_path: Path) -> None:
+    """`sweep --nats URL --workers N` on a server with users: the workers it starts get its
+    identity (the password through their environment, not their command line)."""
+    from gpuyard.embedded import EmbeddedNats
+
+    (tmp_path / "one.toml").write_text('[sweep]\nname = "one"\n[base]\njobs = 10\ncluster_spec = "2x2"\n')
+    users = 'authorization { users = [ { user: "sweeper", password: "s3cret" } ] }'
+    async with EmbeddedNats(extra_config=users) as url:
+        sweep = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gpuyard.cli", "sweep", "one.toml", "--nats", url,
+            "--nats-user", "sweeper", "--workers", "1", "--out", "out", cwd=tmp_path,
+            env={**os.environ, "GPUYARD_NATS_PASSWORD": "s3cret"},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        async with asyncio.timeout(120):
+            _, err = await sweep.communicate()
+    log = (tmp_path / "out" / "workers" / "worker-0.log").read_text()
+    assert sweep.returncode == 0, err.decode() + log
+    assert "Authorization Violation" not in log
+    assert pd.read_csv(tmp_path / "out" / "results.csv")["status"].tolist() == ["ok"]
+
+
 # --------------------------------------------------------------------------- the report
 
 
@@ -347,12 +369,10 @@ def test_each_recipe_is_a_valid_sweep(recipe: str, runs: int, shared_data: Path)
         assert all(Path(i.path).is_relative_to(shared_data.resolve()) for i in run.inputs)
 
 
-def test_the_bftrainer_recipe_waits_for_its_policy(shared_data: Path) -> None:
-    from gpuyard.shared.policy import scheduling_policies
-
-    path = RECIPES / "bftrainer-idle.toml"
-    if "bftrainer" in scheduling_policies.names():
-        assert len(load_sweep(path).runs) == 1
-        return
-    with pytest.raises(ConfigError, match="unknown scheduling policy 'bftrainer'"):
-        load_sweep(path)
+def test_the_bftrainer_recipe_replays_the_reference_window(shared_data: Path) -> None:
+    sweep = load_sweep(RECIPES / "bftrainer-idle.toml")
+    assert [r.spec.policy for r in sweep.runs] == ["bftrainer", "bftrainer", "bftrainer-equal"]
+    args = sim_args(sweep.runs[0].spec, Path("unused"))
+    assert args.bftrainer and args.start == "2021-02-10 20:21:15" and args.cluster_spec is None
+    assert Path(args.nodes_from).name == "replay_nodes_64.txt"
+    assert {i.field for i in sweep.runs[0].inputs} >= {"node_events", "nodes_from"}

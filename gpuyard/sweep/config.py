@@ -7,7 +7,7 @@
 [[runs]]                     # optional list of variants, each crossed with the grid
 ```
 
-Paths in the file (trace, throughputs, cluster_spec files, node_events) are relative to the file's
+Paths in the file (trace, throughputs, cluster_spec files, node_events, nodes_from) are relative to the file's
 folder. A run is identified by a hash of its inputs (its options with the input files' contents in
 place of their paths), so a sweep run again skips what it has already done.
 """
@@ -45,11 +45,12 @@ class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     admission_params: dict[str, ParamValue] = {}
     placement: str = "consolidated"
     placement_params: dict[str, ParamValue] = {}
-    preset: Literal["blox", "gavel", "elasticflow"] | None = None
-    """A reference's simulator semantics (`--blox`, `--gavel`, `--elasticflow`)."""
+    preset: Literal["blox", "gavel", "elasticflow", "bftrainer"] | None = None
+    """A reference's simulator semantics (`--blox`, `--gavel`, `--elasticflow`, `--bftrainer`)."""
     round_s: Annotated[float, Meta(gt=0)] | None = None
     mode: Literal["rounds", "events"] = "events"
-    cluster_spec: str = "32x4"
+    cluster_spec: str | None = None
+    """Default: `32x4`, or no nodes but the replay's with `node_events` (as `gpuyard sim`)."""
     throughputs: str = "default"
     generator: Literal["blox", "gavel", "elasticflow"] | None = None
     jobs: PositiveInt | None = None
@@ -64,6 +65,8 @@ class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     window: str | None = None
     """Gavel's measurement window, `FIRST:END` (`--window`)."""
     node_events: str | None = None
+    nodes_from: str | None = None
+    start: str | None = None
     churn_node_gpus: PositiveInt = 1
     checkpoint_s: NonNegative = 0.0
     restore_s: NonNegative = 0.0
@@ -73,7 +76,7 @@ class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
         return self.label or self.policy
 
 
-FILE_FIELDS = ("trace", "throughputs", "cluster_spec", "node_events")
+FILE_FIELDS = ("trace", "throughputs", "cluster_spec", "node_events", "nodes_from")
 """Fields that may name a file (or, for throughputs, a folder) the run reads."""
 PARAM_FIELDS = ("policy_params", "admission_params", "placement_params")
 RUN_FIELDS = frozenset(f.name for f in msgspec.structs.fields(RunSpec))

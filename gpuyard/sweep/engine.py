@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import secrets
 import shutil
 import sys
@@ -141,7 +142,7 @@ async def run_sweep(
                 run_subject(sweep.name), msgspec.json.encode(_order(sweep, run, order)),
                 headers={"Nats-Msg-Id": f"{sweep.name}.{run.run_id}.{order}"},
             )  # fmt: skip
-        local = LocalWorkers(url, workers, out / "workers")
+        local = LocalWorkers(url, workers, out / "workers", auth if nats_url else None)
         if workers:
             await stack.enter_async_context(local)
         bar.update(force=True)
@@ -182,10 +183,12 @@ def _order(sweep: Sweep, run: Run, order: str) -> RunOrder:
 
 
 class LocalWorkers:
-    """`async with LocalWorkers(url, n, logs):` n `gpuyard worker` processes on this machine."""
+    """`async with LocalWorkers(url, n, logs, auth):` n `gpuyard worker` processes on this
+    machine, connecting as `auth` (the sweep's own identity: secrets through the environment)."""
 
-    def __init__(self, url: str, count: int, logs: Path) -> None:
+    def __init__(self, url: str, count: int, logs: Path, auth: NatsAuth | None = None) -> None:
         self.url = url
+        self.auth = auth or NatsAuth()
         self.count = count
         self.logs = logs
         self.procs: list[asyncio.subprocess.Process] = []
@@ -200,6 +203,7 @@ class LocalWorkers:
         with (self.logs / f"worker-{i}.log").open("ab") as log:
             return await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "gpuyard.cli", "worker", "--nats", self.url,
+                *self.auth.argv(), env={**os.environ, **self.auth.env()},
                 stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
                 preexec_fn=die_with_parent,
             )  # fmt: skip

@@ -210,27 +210,31 @@ def plot_timelines(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str
     for col, load in enumerate(loads):
         at = ok if load is None else ok[ok["load"] == load]
         first = at[at["seed"] == at["seed"].min()] if at["seed"].notna().any() else at
-        for i, (series, rows) in enumerate(first.groupby("series")):
+        timelines = {}
+        for series, rows in first.groupby("series"):
             timeline_path = folder / "runs" / rows["name"].iloc[0] / "timeline.csv"
-            if not timeline_path.exists():
-                continue
-            timeline = pd.read_csv(timeline_path)
-            if len(timeline) < 2:
-                continue
-            edges = np.linspace(timeline["time"].iloc[0], timeline["time"].iloc[-1], 201)
-            hours = (edges[:-1] + edges[1:]) / 2 / 3600
+            if timeline_path.exists() and len(timeline := pd.read_csv(timeline_path)) >= 2:
+                timelines[series] = timeline
+        if not timelines:
+            continue
+        # One time axis per column: the series' curves (and the GPUs present) line up.
+        edges = np.linspace(min(t["time"].iloc[0] for t in timelines.values()),
+                            max(t["time"].iloc[-1] for t in timelines.values()), 201)  # fmt: skip
+        hours = (edges[:-1] + edges[1:]) / 2 / 3600
+        present = []
+        for i, (series, timeline) in enumerate(timelines.items()):
             color, line = f"C{i}", LINES[i % len(LINES)]
             axes[0][col].plot(hours, _binned(timeline, "busy_gpus", edges), color=color,
                               linestyle=line, label=series)  # fmt: skip
             if timeline["gpus"].nunique() > 1:
-                churn = True
-                axes[0][col].plot(hours, _binned(timeline, "gpus", edges), color=color,
-                                  linestyle=":", linewidth=1)  # fmt: skip
+                present.append((timeline, color))
             axes[1][col].plot(hours, _binned(timeline, "queued", edges), color=color,
                               linestyle=line)  # fmt: skip
+        churn = churn or bool(present)
+        _plot_present(axes[0][col], present, edges)
         title = "" if load is None else f", load {load:g} jobs/h"
         axes[0][col].set_title(f"GPUs in use{title}")
-        axes[0][col].set_ylabel("GPUs in use" + (" (dotted: present)" if churn else ""))
+        axes[0][col].set_ylabel("GPUs in use" + (" (grey: present)" if churn else ""))
         axes[1][col].set_ylabel("queued jobs")
         axes[1][col].set_xlabel("simulated time (hours)")
         for ax in axes[:, col]:
@@ -238,6 +242,29 @@ def plot_timelines(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str
         axes[0][col].legend(fontsize=7)
     note = "lowest seed of each; time-weighted means over 200 bins"
     return save_figure(fig, path, f"{caption_text}\n{note}", svg=True)
+
+
+def _plot_present(ax: Any, present: list[tuple[pd.DataFrame, str]], edges: np.ndarray) -> None:
+    """The GPUs present over time where nodes come and go, behind the lines of GPUs in use: one
+    grey area when the series replay the same nodes (the same GPUs present while both ran),
+    else a dotted line per series."""
+    if not present:
+        return
+    hours = (edges[:-1] + edges[1:]) / 2 / 3600
+    longest = max(present, key=lambda p: p[0]["time"].iloc[-1])[0]
+    if all(_same_steps(timeline, longest) for timeline, _ in present):
+        ax.fill_between(hours, _binned(longest, "gpus", edges), step=None, color="0.85",
+                        linewidth=0, zorder=0, label="GPUs present")  # fmt: skip
+        return
+    for timeline, color in present:
+        ax.plot(hours, _binned(timeline, "gpus", edges), color=color, linestyle=":", linewidth=1)
+
+
+def _same_steps(timeline: pd.DataFrame, longest: pd.DataFrame) -> bool:
+    """Whether `timeline`'s GPUs present are `longest`'s wherever `timeline` ran."""
+    at = np.searchsorted(longest["time"].to_numpy(), timeline["time"].to_numpy(), side="right") - 1
+    theirs = longest["gpus"].to_numpy()[np.clip(at, 0, None)]
+    return bool(np.array_equal(theirs, timeline["gpus"].to_numpy()))
 
 
 def _num(value: float) -> str:
