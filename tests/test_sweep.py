@@ -111,6 +111,33 @@ def test_grid_and_runs_give_every_combination_named_and_hashed(tmp_path: Path) -
     assert {r.run_id for r in before.runs}.isdisjoint(r.run_id for r in after.runs)
 
 
+def test_a_run_is_run_again_once_its_policys_code_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run id covers the code that decides results: a third-party policy's module too."""
+    from gpuyard.shared.policy import scheduling_policies
+    from gpuyard.sweep import config
+
+    source = """
+from gpuyard.policies.blox import Fifo
+
+class Mine(Fifo):
+    pass  # VERSION
+"""
+    (tmp_path / "mypolicy.py").write_text(source.replace("VERSION", "1"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import mypolicy  # type: ignore[import-not-found]
+
+    monkeypatch.setitem(scheduling_policies._classes, "mine", mypolicy.Mine)
+    text = "[base]\njobs = 5\n[[runs]]\npolicy = 'mine'\n[[runs]]\npolicy = 'fifo'\n"
+    before = load_sweep(write(tmp_path, text))
+    (tmp_path / "mypolicy.py").write_text(source.replace("VERSION", "2"))
+    config._source_digest.cache_clear()  # a sweep reads the code once; this one changed since
+    after = load_sweep(write(tmp_path, text))
+    assert before.runs[0].run_id != after.runs[0].run_id  # the policy's module changed
+    assert before.runs[1].run_id == after.runs[1].run_id  # fifo's did not
+
+
 # --------------------------------------------------------------------------- one machine
 
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
+import importlib.util
 import io
 import itertools
 import re
@@ -244,12 +246,67 @@ def _inputs(spec: RunSpec, source: Path, where: str) -> list[InputFile]:
 
 def run_id(spec: RunSpec, inputs: list[InputFile]) -> str:
     """A hash of what determines the run's results: its options, with the contents of the files
-    it reads in place of their paths, and gpuyard's version."""
+    it reads in place of their paths, and the code that runs it (`code_digest`): a sweep run
+    again after its policy's code changed runs again."""
     digests = {i.field: i.digest for i in inputs}
     fields = msgspec.to_builtins(spec) | digests
     fields.pop("label", None)  # a name, not an input
-    text = msgspec.json.encode({"gpuyard": gpuyard.__version__, "run": fields}, order="sorted")
+    text = msgspec.json.encode({"code": code_digest(spec), "run": fields}, order="sorted")
     return hashlib.sha256(text).hexdigest()[:16]
+
+
+RESULT_CODE = ("shared", "services", "policies", "workloads", "sim.py")
+"""gpuyard's parts that decide a simulation's results (not the CLI, sweeps or reports)."""
+
+
+def code_digest(spec: RunSpec) -> str:
+    """sha256 (16 hex digits) of the source a run's results depend on: gpuyard's services, wire
+    contract, policies, workloads and simulation driver, and the modules of any third-party
+    policy the run names."""
+    from gpuyard.shared.policy import admission_policies, placement_policies, scheduling_policies
+
+    roots = set(_gpuyard_sources())
+    for registry, name in ((scheduling_policies, spec.policy), (admission_policies, spec.admission),
+                           (placement_policies, spec.placement)):  # fmt: skip
+        with contextlib.suppress(Exception):  # an unknown policy fails the run, with its message
+            module = registry.get(name).__module__
+            if module.split(".")[0] != "gpuyard":  # gpuyard's own policies are counted above
+                roots.add(_package_source(module))
+    h = hashlib.sha256(gpuyard.__version__.encode())
+    for root in sorted(roots):
+        h.update(_source_digest(root).encode())
+    return h.hexdigest()[:16]
+
+
+@functools.cache
+def _gpuyard_sources() -> tuple[str, ...]:
+    import gpuyard.services
+    import gpuyard.shared
+
+    here = Path(gpuyard.__file__).parent
+    found = {Path(gpuyard.shared.__file__).parent, Path(gpuyard.services.__file__).parent}
+    found |= {here / name for name in RESULT_CODE[2:]}
+    return tuple(sorted(str(path) for path in found))
+
+
+def _package_source(module: str) -> str:
+    """The folder of a module's top-level package (or the module's own file)."""
+    top = importlib.util.find_spec(module.split(".")[0])
+    if top is not None and top.submodule_search_locations:
+        return str(next(iter(top.submodule_search_locations)))
+    return top.origin if top is not None and top.origin else module
+
+
+@functools.cache
+def _source_digest(root: str) -> str:
+    """sha256 of the Python files under `root` (or of `root` itself), with their names."""
+    path = Path(root)
+    files = sorted(path.rglob("*.py")) if path.is_dir() else [path] if path.exists() else []
+    h = hashlib.sha256(root.encode() if not files else b"")
+    for item in files:
+        h.update(str(item.relative_to(path) if path.is_dir() else item.name).encode() + b"\0")
+        h.update(hashlib.sha256(item.read_bytes()).digest())
+    return h.hexdigest()
 
 
 def _name_runs(runs: list[Run], axes: list[str]) -> None:

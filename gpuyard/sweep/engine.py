@@ -27,7 +27,7 @@ import pandas as pd
 
 from gpuyard.embedded import EmbeddedNats, die_with_parent
 from gpuyard.shared.connection import NatsAuth, connect
-from gpuyard.sweep.config import PARAM_FIELDS, Run, RunSpec, Sweep
+from gpuyard.sweep.config import PARAM_FIELDS, Run, RunSpec, Sweep, code_digest
 from gpuyard.sweep.queue import (
     BUCKET,
     RESULT_DECODER,
@@ -161,6 +161,11 @@ async def run_sweep(
             await asyncio.to_thread(keep_result, out / "runs" / run.name, result, data)
             results[result.run_id] = result
             bar.update(result)
+    other = [r.worker for r in results.values() if r.code and r.code != code_digest(by_id[r.run_id].spec)]
+    if other:
+        print(f"gpuyard sweep: {len(other)} runs ran on workers whose code differs from this one's "
+              f"({', '.join(sorted(set(other))[:3])}): their results may differ (column `code`)",
+              file=sys.stderr)  # fmt: skip
     return results
 
 
@@ -179,6 +184,7 @@ def _order(sweep: Sweep, run: Run, order: str) -> RunOrder:
     return RunOrder(
         sweep=sweep.name, run_id=run.run_id, name=run.name, spec=run.spec, inputs=run.inputs,
         timeout_s=sweep.settings.timeout_s, max_attempts=sweep.settings.max_attempts, order=order,
+        code=code_digest(run.spec),
     )  # fmt: skip
 
 
@@ -286,6 +292,7 @@ def results_table(sweep: Sweep, out: Path, results: dict[str, RunResult]) -> pd.
             "error": None if result is None else result.error,
             "attempt": None if result is None else result.attempt,
             "worker": None if result is None else result.worker,
+            "code": None if result is None else result.code,
             **{k: _cell(v) for k, v in SPEC_DEFAULTS.items()},
             **spec,
         }  # fmt: skip

@@ -53,6 +53,8 @@ class RunOrder(Struct, kw_only=True):
     max_attempts: int = 3
     order: str = ""
     """Which publication of the sweep sent it (a failed run is tried again only by a later one)."""
+    code: str = ""
+    """The sweep's `code_digest` of the run: a worker whose code differs says so in its result."""
 
 
 class RunResult(Struct, kw_only=True):
@@ -66,6 +68,8 @@ class RunResult(Struct, kw_only=True):
     worker: str = ""
     wall_s: float = 0.0
     order: str = ""
+    code: str = ""
+    """The `code_digest` of the worker that ran it."""
 
 
 async def ensure_queue(js: JetStreamContext, redeliver_after_s: float | None = None) -> None:

@@ -24,7 +24,7 @@ import structlog
 
 from gpuyard.shared.connection import NatsAuth, connect
 from gpuyard.shared.endpoints import Subjects
-from gpuyard.sweep.config import sim_args
+from gpuyard.sweep.config import code_digest, sim_args
 from gpuyard.sweep.queue import (
     BUCKET,
     ORDER_DECODER,
@@ -121,7 +121,7 @@ class Worker:
         return RunResult(
             sweep=order.sweep, run_id=order.run_id, name=order.name, ok=error is None,
             error=error, summary=summary or {}, attempt=attempt, worker=self.name,
-            wall_s=round(wall, 3), order=order.order,
+            wall_s=round(wall, 3), order=order.order, code=code_digest(order.spec),
         )  # fmt: skip
 
     async def execute(self, js: Any, order: RunOrder, attempt: int) -> RunResult:
