@@ -311,6 +311,9 @@ class Launch(Struct, kw_only=True):
     master_port: int
     attempt: int = 0
     """How often the job was stopped before (its restart count)."""
+    share_with: str | None = None
+    """Space sharing: the job already running on these GPUs that this one runs beside (its
+    processes start at once); without it, a launch waits for the GPUs' holders to exit."""
 
 
 class NodeCommand(Struct, kw_only=True, forbid_unknown_fields=True):

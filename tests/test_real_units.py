@@ -280,3 +280,60 @@ def test_submit_arguments_become_a_job(tmp_path: Path) -> None:
     assert job_from_args(ns) == [
         {"num_gpus": 1, "command": ["python", "t.py"], "workdir": str(Path.cwd())}
     ]
+
+
+SHARER = """
+import sys, time
+from pathlib import Path
+Path(sys.argv[1]).write_text("running")
+while True:
+    time.sleep(0.05)
+"""
+
+
+async def test_a_job_told_to_share_gpus_runs_beside_their_holder_and_others_wait(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """Space sharing on a real node: a launch that names the job it shares with starts at once
+    beside it; a launch on the same GPU that does not waits until both have exited."""
+    from gpuyard.shared.connection import connect
+    from gpuyard.shared.contract import NodeCommand
+
+    script = tmp_path / "sharer.py"
+    script.write_text(SHARER)
+    config = NodeAgentConfig(node_id="n1", gpus=1, use_nvml=False, grace_s=5,
+                             log_dir=str(tmp_path / "logs"), checkpoint_root=str(tmp_path / "ckpt"))  # fmt: skip
+    bus = Bus(await connect(nats_url, name="agent-n1"), Subjects("share"))
+    agent = NodeAgent(bus, config)
+
+    def launch(job: str, share_with: str | None = None) -> Launch:
+        spec = JobSpec(job_id=job, num_gpus=1, command=[sys.executable, str(script), str(tmp_path / job)])
+        return Launch(job_id=job, spec=spec, gpus=[0], world_size=1, rank_offset=0, node_rank=0,
+                      num_nodes=1, master_addr="127.0.0.1", master_port=20000, share_with=share_with)  # fmt: skip
+
+    async def running(job: str) -> None:
+        deadline = time.monotonic() + 20
+        while not (tmp_path / job).exists():
+            assert time.monotonic() < deadline, f"{job} did not start"
+            await asyncio.sleep(0.05)
+
+    try:
+        await agent.command(NodeCommand(now=0.0, node_id="n1", launch=[launch("a")]))
+        await running("a")
+        await agent.command(NodeCommand(now=1.0, node_id="n1", launch=[launch("b", share_with="a")]))
+        await running("b")  # beside a, which goes on
+        assert set(agent.parts) == {"a", "b"} and not agent.parts["a"].stopping
+        await agent.command(NodeCommand(now=2.0, node_id="n1", launch=[launch("c")]))
+        await asyncio.sleep(1.0)
+        assert not (tmp_path / "c").exists()  # the GPU is held by a and b
+        await agent.command(NodeCommand(now=3.0, node_id="n1", preempt=["a"]))
+        await asyncio.sleep(1.0)
+        assert not (tmp_path / "c").exists()  # b still holds it
+        await agent.command(NodeCommand(now=4.0, node_id="n1", preempt=["b"]))
+        await running("c")
+        assert agent.holders == {0: [agent.parts["c"]]}
+    finally:
+        for part in [*agent.parts.values(), *agent.stopping.values()]:
+            part.stop()
+            await part.done.wait()
+        await bus.close()

@@ -91,7 +91,7 @@ class NodeAgent(Service):
         self.nvml: Nvml | None = None
         self.node = self._discover()
         self.parts: dict[str, JobPart] = {}
-        self.holders: dict[int, JobPart] = {}  # GPU index -> the part whose processes hold it
+        self.holders: dict[int, list[JobPart]] = {}  # GPU index -> the parts whose processes hold it
         self.stopping: dict[str, JobPart] = {}  # job id -> its part told to stop, until it exits
         self.pending_exits: list[JobExit] = []
         self.launched: dict[tuple[Any, ...], None] = {}  # launches handled (the latest, in order)
@@ -259,14 +259,18 @@ class NodeAgent(Service):
 
     def _start_part(self, launch: Launch) -> None:
         part = JobPart(launch, self.node_id, self.places, self._publish_line, self.config.grace_s)
-        # It starts once the GPUs' holders have exited, and this job's own part told to stop
-        # (resized or moved here): that part writes the checkpoint the new one resumes from.
-        earlier = [self.holders[g] for g in launch.gpus if g in self.holders]
+        # It starts once the GPUs' holders have exited (but the running job it is to share them
+        # with), and this job's own part told to stop (resized or moved here): that part writes
+        # the checkpoint the new one resumes from.
+        earlier = [
+            holder for g in launch.gpus for holder in self.holders.get(g, ())
+            if holder.job_id != launch.share_with or holder.stopping
+        ]  # fmt: skip
         if (previous := self.stopping.get(launch.job_id)) is not None:
             earlier.append(previous)
         before = [p.done for p in dict.fromkeys(earlier)]
         for g in launch.gpus:
-            self.holders[g] = part
+            self.holders.setdefault(g, []).append(part)
         self.parts[launch.job_id] = part
         self._tasks.append(asyncio.create_task(self._run_part(part, before)))
 
@@ -297,8 +301,11 @@ class NodeAgent(Service):
         finally:
             part.done.set()
             for g in part.launch.gpus:
-                if self.holders.get(g) is part:
-                    del self.holders[g]
+                holders = self.holders.get(g, [])
+                if part in holders:
+                    holders.remove(part)
+                if not holders:
+                    self.holders.pop(g, None)
             if self.parts.get(job_id) is part:
                 del self.parts[job_id]
             if self.stopping.get(job_id) is part:

@@ -424,8 +424,9 @@ class Placement(Service):
             self._free(job_id)
         self._check(req, started)
         self.specs.update(req.specs)  # a running job that is resized is launched again
+        shares = {a.job_id: a.share_with for a in req.allocations if a.share_with is not None}
         failed, progress = await self._command(
-            req.now, {**ended, **stopped}, started, self.specs, req.attempts
+            req.now, {**ended, **stopped}, started, self.specs, req.attempts, shares
         )
         launched = {j: g for j, g in started.items() if j not in failed}
         for job_id, gpus in launched.items():
@@ -545,9 +546,11 @@ class Placement(Service):
         start: dict[str, list[GpuRef]],
         specs: dict[str, JobSpec],
         attempts: dict[str, int] | None = None,
+        shares: dict[str, str] | None = None,
     ) -> tuple[set[str], dict[str, StepsReport]]:
-        """Send each affected node one command (preempts, then launches). Returns the jobs whose
-        launch failed, and the progress the nodes reported of the jobs they stopped."""
+        """Send each affected node one command (preempts, then launches; `shares`: the job each
+        started one shares its GPUs with). Returns the jobs whose launch failed, and the progress
+        the nodes reported of the jobs they stopped."""
         commands: dict[str, NodeCommand] = {}
 
         def command(node_id: str) -> NodeCommand:
@@ -572,6 +575,7 @@ class Placement(Service):
                         rank_offset=offset, node_rank=rank, num_nodes=len(by_node),
                         master_addr=master.address or master.node_id, master_port=master_port(job_id),
                         attempt=(attempts or {}).get(job_id, 0),
+                        share_with=(shares or {}).get(job_id),
                     )
                 )  # fmt: skip
                 offset += len(indices)
