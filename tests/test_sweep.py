@@ -324,6 +324,28 @@ async def test_workers_started_by_the_sweep_connect_as_it_does(tmp_path: Path) -
     assert pd.read_csv(tmp_path / "out" / "results.csv")["status"].tolist() == ["ok"]
 
 
+async def test_a_server_that_refuses_the_sweep_queue_is_one_line(tmp_path: Path) -> None:
+    """An identity without JetStream (e.g. a cluster's, from `gpuyard auth`): the refusal, named."""
+    from gpuyard.embedded import EmbeddedNats
+
+    (tmp_path / "one.toml").write_text('[base]\njobs = 10\ncluster_spec = "2x2"\n')
+    users = ('authorization { users = [ { user: "u", password: "p", '
+             'permissions: { publish: { deny: "$JS.API.>" } } } ] }')  # fmt: skip
+    async with EmbeddedNats(extra_config=users) as url:
+        for command in (["sweep", "one.toml"], ["worker"]):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "gpuyard.cli", *command, "--nats", url, "--nats-user", "u",
+                cwd=tmp_path, env={**os.environ, "GPUYARD_NATS_PASSWORD": "p"},
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            async with asyncio.timeout(60):
+                _, err = await proc.communicate()
+            (line,) = err.decode().splitlines()
+            assert proc.returncode == 1
+            assert line.startswith(f"gpuyard {command[0]}: the server refused: permissions violation")
+            assert "$js.api.stream" in line.lower()
+
+
 # --------------------------------------------------------------------------- the report
 
 

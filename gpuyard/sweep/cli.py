@@ -171,7 +171,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
                     idle_exit_s=args.idle_exit)  # fmt: skip
     try:
         return uvloop.run(run_worker(worker))
-    except (OSError, TimeoutError, nats.errors.Error) as exc:
+    except (OSError, RuntimeError, TimeoutError, nats.errors.Error) as exc:
         print(f"gpuyard worker: {describe(exc)}", file=sys.stderr)
         return 1
 

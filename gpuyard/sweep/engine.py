@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.errors
 import numpy as np
 import pandas as pd
 
@@ -32,6 +33,7 @@ from gpuyard.sweep.queue import (
     BUCKET,
     RESULT_DECODER,
     RESULTS_STREAM,
+    Refusals,
     RunOrder,
     RunResult,
     ensure_queue,
@@ -111,11 +113,26 @@ async def run_sweep(
     await asyncio.to_thread(shutil.copyfile, sweep.source, out / "sweep.toml")
     if len(results) == len(sweep.runs):
         return results
+    refusals = Refusals("gpuyard sweep")
+    try:
+        return await _run_sweep(sweep, out, results, nats_url=nats_url, workers=workers, auth=auth,
+                                retry_failed=retry_failed, redeliver_after_s=redeliver_after_s,
+                                refusals=refusals)  # fmt: skip
+    except (TimeoutError, nats.errors.Error):
+        refusals.check()  # what timed out was refused: say so rather than "no answer in time"
+        raise
+
+
+async def _run_sweep(
+    sweep: Sweep, out: Path, results: dict[str, RunResult], *, nats_url: str | None, workers: int,
+    auth: NatsAuth | None, retry_failed: bool, redeliver_after_s: float | None, refusals: Refusals,
+) -> dict[str, RunResult]:  # fmt: skip
     order = secrets.token_hex(4)
     bar = SweepProgress(sweep.name, len(sweep.runs), len(results))
     async with contextlib.AsyncExitStack() as stack:
         url = nats_url or await stack.enter_async_context(EmbeddedNats())
-        nc = await connect(url, name=f"gpuyard-sweep-{sweep.name}", auth=auth if nats_url else None)
+        nc = await connect(url, name=f"gpuyard-sweep-{sweep.name}", auth=auth if nats_url else None,
+                           error_cb=refusals.on_error)  # fmt: skip
         stack.push_async_callback(nc.drain)
         js = nc.jetstream()
         await ensure_queue(js, redeliver_after_s)

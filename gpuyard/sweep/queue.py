@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import sys
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,33 @@ class RunResult(Struct, kw_only=True):
     order: str = ""
     code: str = ""
     """The `code_digest` of the worker that ran it."""
+
+
+class Refusals:
+    """`on_error`, a connection's `error_cb`: the server's refusals (permission violations) are
+    kept, for `check` to explain what then timed out; any other error is one line on stderr, once."""
+
+    def __init__(self, who: str) -> None:
+        self.who = who
+        self.seen: list[str] = []
+        self.reported: set[str] = set()
+
+    async def on_error(self, exc: Exception) -> None:
+        text = str(exc).removeprefix("nats: ")
+        if "permissions violation" in text.lower():
+            self.seen.append(text)
+        elif text not in self.reported:
+            self.reported.add(text)
+            print(f"{self.who}: {text}", file=sys.stderr)
+
+    def check(self) -> None:
+        """RuntimeError naming the first refusal, if there was one."""
+        if self.seen:
+            raise RuntimeError(
+                f"the server refused: {self.seen[0]}. A sweep keeps its queue, inputs and results "
+                "in JetStream streams and stores of its own: use a server (or an identity) that "
+                "allows them, not a cluster identity from `gpuyard auth`"
+            )
 
 
 async def ensure_queue(js: JetStreamContext, redeliver_after_s: float | None = None) -> None:

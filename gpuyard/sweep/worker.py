@@ -32,6 +32,7 @@ from gpuyard.sweep.queue import (
     RESULTS_STREAM,
     RUNS_STREAM,
     WORKERS,
+    Refusals,
     RunOrder,
     RunResult,
     ensure_queue,
@@ -59,25 +60,34 @@ class Worker:
         self.runs = 0
 
     async def serve(self) -> int:
-        nc = await connect(self.url, name=f"gpuyard-worker-{self.name}", auth=self.auth)
+        refusals = Refusals("gpuyard worker")
+        nc = await connect(self.url, name=f"gpuyard-worker-{self.name}", auth=self.auth,
+                           error_cb=refusals.on_error)  # fmt: skip
         try:
-            js = nc.jetstream()
-            await ensure_queue(js)
-            sub = await js.pull_subscribe_bind(durable=WORKERS, stream=RUNS_STREAM)
-            log.info("worker.ready", worker=self.name)
-            idle_since = time.monotonic()
-            while True:
-                try:
-                    msgs = await sub.fetch(1, timeout=2)
-                except (nats.errors.TimeoutError, TimeoutError):
-                    if self.idle_exit_s is not None and time.monotonic() - idle_since > self.idle_exit_s:
-                        return 0
-                    continue
-                await self.take(js, msgs[0])
-                idle_since = time.monotonic()
+            return await self._serve(nc)
+        except (TimeoutError, nats.errors.Error):
+            refusals.check()
+            raise
         finally:
             with contextlib.suppress(Exception):
                 await nc.drain()
+
+    async def _serve(self, nc: Any) -> int:
+        """Take runs from the queue, one at a time, until idle long enough."""
+        js = nc.jetstream()
+        await ensure_queue(js)
+        sub = await js.pull_subscribe_bind(durable=WORKERS, stream=RUNS_STREAM)
+        log.info("worker.ready", worker=self.name)
+        idle_since = time.monotonic()
+        while True:
+            try:
+                msgs = await sub.fetch(1, timeout=2)
+            except (nats.errors.TimeoutError, TimeoutError):
+                if self.idle_exit_s is not None and time.monotonic() - idle_since > self.idle_exit_s:
+                    return 0
+                continue
+            await self.take(js, msgs[0])
+            idle_since = time.monotonic()
 
     async def take(self, js: Any, msg: Any) -> None:
         order = ORDER_DECODER.decode(msg.data)
