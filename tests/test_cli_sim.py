@@ -61,6 +61,12 @@ BAD_OPTIONS = [
     (["--gpu-demand", "2:0"], "argument --gpu-demand: '2:0': every weight is 0"),
     (["--log-level", "loud"], "argument --log-level: invalid choice: 'loud'"),
     (["--policy", "fifo,,las"], "--policy 'fifo,,las' has an empty name"),
+    # An enum parameter's error lists the values it takes.
+    (
+        ["--policy", "las", "--param", "key=bogus"],
+        "scheduling policy 'las': bad parameter: Invalid enum value 'bogus' - at `$.key` "
+        "(valid: gpu_seconds, rounds)",
+    ),
     (["--external", "clock", "--nats", "nats://127.0.0.1:1"], "--external 'clock' is not one of"),
     (["--external", "scheduler"], "--external needs --nats"),
     (["--cluster", "a.b"], "--cluster 'a.b'"),
