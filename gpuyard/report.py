@@ -26,6 +26,7 @@ from gpuyard.shared.throughput import ThroughputModel
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.ticker import MaxNLocator
 
 _PYPLOT = threading.Lock()
@@ -505,20 +506,27 @@ def plot_workload(
         axes[1].set_title("duration CDF (no durations: the jobs give steps)")
     axes[1].set_xlabel("duration (hours, log scale)")
     axes[1].set_ylabel("fraction of jobs")
-    counts = jobs["num_gpus"].value_counts().sort_index()
-    bars = axes[2].bar([str(k) for k in counts.index], counts.to_numpy(), color="tab:blue")
-    axes[2].bar_label(bars, labels=[f"{c:,}" for c in counts.to_numpy()], fontsize=8)
-    if len(counts) and counts.max() > 100 * counts.min():
-        axes[2].set_yscale("log")
-        axes[2].set_ylabel("jobs (log scale)")
-    else:
-        axes[2].set_ylabel("jobs")
-    axes[2].set_xlabel("GPUs requested")
-    axes[2].set_title("GPU demand")
+    plot_gpu_demand(axes[2], jobs["num_gpus"])
     for ax in axes:
         ax.grid(True, alpha=0.3)
     title = f"workload {_workload_title(stem, len(jobs), info)}"
     return [save_figure(fig, out / f"{stem}_workload.png", "", title=title, dpi=110)]
+
+
+def plot_gpu_demand(ax: Axes, num_gpus: pd.Series) -> None:
+    """The histogram of GPUs requested: each bar labelled with its count, and a log scale when the
+    counts span more than two orders of magnitude, so that a handful of 8-GPU jobs among
+    thousands of 1-GPU jobs is still visible (on a linear scale its bar is a line of one pixel)."""
+    counts = num_gpus.value_counts().sort_index()
+    bars = ax.bar([str(k) for k in counts.index], counts.to_numpy(), color="tab:blue")
+    ax.bar_label(bars, labels=[f"{c:,}" for c in counts.to_numpy()], fontsize=8)
+    if len(counts) and counts.max() > 100 * counts.min():
+        ax.set_yscale("log")
+        ax.set_ylabel("jobs (log scale)")
+    else:
+        ax.set_ylabel("jobs")
+    ax.set_xlabel("GPUs requested")
+    ax.set_title("GPU demand")
 
 
 def _workload_title(stem: str, n: int, info: dict[str, Any] | None) -> str:

@@ -14,10 +14,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import structlog
+from matplotlib.figure import Figure
 from PIL import Image
 
 from gpuyard.cli import main
 from gpuyard.launcher import ServiceSet
+from gpuyard.report import plot_gpu_demand
 from gpuyard.shared.model import ClusterSpec
 from gpuyard.sim import SimOptions, service_configs
 
@@ -61,6 +63,12 @@ BAD_OPTIONS = [
     (["--gpu-demand", "2:0"], "argument --gpu-demand: '2:0': every weight is 0"),
     (["--log-level", "loud"], "argument --log-level: invalid choice: 'loud'"),
     (["--policy", "fifo,,las"], "--policy 'fifo,,las' has an empty name"),
+    # An enum parameter's error lists the values it takes.
+    (
+        ["--policy", "las", "--param", "key=bogus"],
+        "scheduling policy 'las': bad parameter: Invalid enum value 'bogus' - at `$.key` "
+        "(valid: gpu_seconds, rounds)",
+    ),
     (["--external", "clock", "--nats", "nats://127.0.0.1:1"], "--external 'clock' is not one of"),
     (["--external", "scheduler"], "--external needs --nats"),
     (["--cluster", "a.b"], "--cluster 'a.b'"),
@@ -311,6 +319,20 @@ def test_describe_writes_its_plot_where_asked_never_beside_the_input(tmp_path: P
     plot = Image.open(work / "jobs_workload.png")
     assert plot.text["Title"] == "workload jobs.csv (blox): 500 jobs"
     assert json.loads(result.stdout)["gpu_demand"] == {"1": 499, "8": 1}
+
+
+@pytest.mark.parametrize(
+    ("counts", "scale"),
+    [({1: 1200, 8: 3}, "log"), ({1: 60, 2: 30, 4: 5}, "linear"), ({}, "linear")],
+)
+def test_describe_shows_small_gpu_demand_counts(counts: dict[int, int], scale: str) -> None:
+    """`trace describe`'s GPU-demand bars each carry their count, on a log scale when the counts
+    span more than two orders of magnitude: three 8-GPU jobs among 1,200 stay visible."""
+    num_gpus = pd.Series([gpus for gpus, n in counts.items() for _ in range(n)], dtype=int)
+    ax = Figure().subplots()
+    plot_gpu_demand(ax, num_gpus)
+    assert ax.get_yscale() == scale
+    assert [text.get_text() for text in ax.texts] == [f"{n:,}" for n in counts.values()]
 
 
 def test_a_durable_simulation_gives_the_same_results(tmp_path: Path) -> None:

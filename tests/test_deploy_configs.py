@@ -1,10 +1,12 @@
 """deploy/'s configurations say what the README says they are (no Docker needed): the control plane's
 are `gpuyard up`'s (wall clock, durable), the compose simulation's are `gpuyard sim`'s; and the
-containers' health check tells a live service from a missing one."""
+containers' health check tells a live service from a missing one; the image's Python is the one its
+pinned dependencies are for."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,13 +14,16 @@ from typing import Any
 
 import msgspec
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from gpuyard.cli_cluster import control_plane_configs
 from gpuyard.launcher import ServiceSet
 from gpuyard.shared.model import ClusterSpec
 from gpuyard.sim import SimOptions, service_configs
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
 CONTROL_PLANE = ("admission", "placement", "scheduler")
 
 
@@ -75,3 +80,58 @@ def test_the_health_check_names_an_unreachable_server() -> None:
     result = healthcheck("nats://127.0.0.1:1", "scheduler")
     assert result.returncode == 1
     assert result.stderr.startswith("unhealthy: ") and len(result.stderr.splitlines()) == 1
+
+
+DEBIAN_PYTHON = {"bookworm": "3.11", "trixie": "3.13"}
+"""The python3 of each Debian release that deploy/build-images.sh may bootstrap."""
+
+
+def lock_python() -> str:
+    """The Python deploy/requirements.lock was made for, from the header deploy/lock.py writes."""
+    header = re.search(r"for Python (\d+\.\d+)\b", (DEPLOY / "requirements.lock").read_text())
+    assert header, (
+        "deploy/requirements.lock does not say its Python: refresh it with deploy/lock.py"
+    )
+    return header[1]
+
+
+def test_the_images_python_is_the_locks() -> None:
+    """Some pins hold on one Python only (numpy, contourpy): the default base of the Dockerfile and
+    of both compose files, and the Debian base of build-images.sh, run the lock's Python."""
+    python = lock_python()
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    assert re.findall(r"^ARG BASE=python:(\S+)-slim$", dockerfile, re.M) == [python]
+    for compose in ("docker-compose.yml", "docker-compose.cluster.yml"):
+        defaults = re.findall(r"GPUYARD_BASE:-python:([^-}]+)-slim", (DEPLOY / compose).read_text())
+        assert defaults and set(defaults) == {python}, compose
+    script = (DEPLOY / "build-images.sh").read_text()
+    (release,) = re.findall(r"^BASE=gpuyard-base:(\w+)$", script, re.M)
+    assert f'{release} "$rootfs"' in script  # the release debootstrap installs
+    assert DEBIAN_PYTHON[release] == python
+
+
+def test_the_locks_pins_are_the_tested_ones_for_its_python() -> None:
+    """Each pin of deploy/requirements.lock is requirements-lock.txt's (what the tests run with) for
+    the lock's Python on Linux: a lock made on another Python fails here."""
+    python = lock_python()
+    environment = {
+        "python_version": python, "python_full_version": f"{python}.0", "sys_platform": "linux",
+        "platform_system": "Linux", "os_name": "posix", "implementation_name": "cpython",
+        "platform_python_implementation": "CPython", "platform_machine": "x86_64",
+    }  # fmt: skip
+    tested: dict[str, str] = {}
+    for line in (ROOT / "requirements-lock.txt").read_text().splitlines():
+        if line and not line[0].isspace() and not line.startswith("#"):
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate(environment):
+                (spec,) = req.specifier
+                tested[canonicalize_name(req.name)] = spec.version
+    pins = [
+        Requirement(line)
+        for line in (DEPLOY / "requirements.lock").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert pins
+    for pin in pins:
+        (spec,) = pin.specifier
+        assert (spec.operator, spec.version) == ("==", tested.get(canonicalize_name(pin.name))), pin

@@ -81,6 +81,7 @@ def test_a_bad_key_is_one_line_naming_file_and_key(tmp_path: Path) -> None:
         ("[[runs]]\nseed = -1\n", "runs[0].seed: Expected `int` >= 0"),
         ("[sweep]\nparralel = 2\n", "unknown key sweep.parralel"),
         ("[grid]\nloads = [1]\n", "unknown key grid.loads"),
+        ("[base]\npolicy = 'las'\nload = \n", "not TOML: Invalid value (at line 3, column 8)"),
     ):
         path = write(tmp_path, text)
         with pytest.raises(ConfigError) as err:
