@@ -11,6 +11,13 @@ so and goes on from the step it had checkpointed:
 
     gpuyard submit --min-gpus 1 --gpus 1 --max-gpus 4 --job-type train --steps 3000 \
         --deadline 600 -- python examples/train.py --steps 3000 --step-time 0.1 --data-parallel
+
+`--step-time-on TYPE=SECONDS` (repeatable) makes a step take that long on GPUs of TYPE (the node
+agent says which in `GPUYARD_GPU_TYPE`), as a real model is faster on some GPU types than on
+others: a heterogeneity-aware policy learns that from the progress reports.
+
+    gpuyard submit --job-type resnet --steps 20000 -- python examples/train.py --steps 20000 \
+        --step-time-on v100=0.01 --step-time-on k80=0.05
 """
 
 from __future__ import annotations
@@ -25,6 +32,10 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--step-time", type=float, default=0.05)
+    p.add_argument(
+        "--step-time-on", action="append", default=[], metavar="TYPE=SECONDS",
+        help="the step time on GPUs of TYPE (GPUYARD_GPU_TYPE; other types: --step-time)",
+    )  # fmt: skip
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--fail-at", type=int, default=-1, help="exit 1 at this step (for tests)")
@@ -34,6 +45,13 @@ def main() -> int:
     )  # fmt: skip
     args = p.parse_args()
 
+    per_type = {}
+    for item in args.step_time_on:
+        gpu_type, sep, seconds = item.partition("=")
+        if not sep:
+            p.error(f"--step-time-on {item!r}: expected TYPE=SECONDS")
+        per_type[gpu_type] = float(seconds)
+
     job = JobClient.from_env()
     if job.finished:
         # An earlier run did all the steps (its end was lost, or reached the scheduler late).
@@ -42,7 +60,7 @@ def main() -> int:
     state = job.load_checkpoint() or {"step": 0, "loss": 1.0}
     print(
         f"job={job.job_id} rank={job.rank}/{job.world_size} attempt={job.attempt} "
-        f"resumed={job.resumed} start_step={state['step']}",
+        f"resumed={job.resumed} start_step={state['step']} gpu_type={job.gpu_type or '-'}",
         flush=True,
     )
     if job.resized:
@@ -50,7 +68,9 @@ def main() -> int:
     if state["step"] >= args.steps:  # it had finished as it was being stopped: nothing to redo
         print(f"finished before, at step {state['step']}", flush=True)
         return 0
-    step_time = args.step_time / job.world_size if args.data_parallel else args.step_time
+    step_time = per_type.get(job.gpu_type, args.step_time)
+    if args.data_parallel:
+        step_time /= job.world_size
     while state["step"] < args.steps:
         time.sleep(step_time)  # one step of "training"
         state["step"] += 1

@@ -8,7 +8,13 @@ The node agent starts every process of a job with these environment variables:
   resumed on another node finds its checkpoint;
 - `GPUYARD_ATTEMPT`: how often the job was stopped before (0 on its first run);
 - `GPUYARD_PROGRESS_FILE`: where `report()` writes progress; the agent forwards it in heartbeats;
-- `GPUYARD_GRACE_S`: the agents' grace period between SIGTERM and SIGKILL.
+- `GPUYARD_GRACE_S`: the agents' grace period between SIGTERM and SIGKILL;
+- `GPUYARD_GPU_TYPE`: the type of the node's GPUs the process runs on (`job.gpu_type`; a job may
+  tune itself to it). A heterogeneity-aware policy moves a job between types, each run on one.
+
+The node agent measures each run's rate from the reports (steps per second by the job's own clock,
+from the run's first report on): on a real cluster that is how the scheduler learns how fast each
+job type runs on each GPU type.
 
 Resizes: an elastic job given another GPU count is stopped like a preemption (it checkpoints) and
 started again with the new `WORLD_SIZE`. `job.world_size` is the new size; `job.previous_world_size`
@@ -73,9 +79,11 @@ class JobClient:
     def __init__(
         self, job_id: str, rank: int, world_size: int, local_rank: int, attempt: int,
         checkpoint_dir: Path, progress_file: Path | None, *, handle_sigterm: bool = True,
-        report_every_s: float = 0.5, grace_s: float = 30.0,
+        report_every_s: float = 0.5, grace_s: float = 30.0, gpu_type: str = "",
     ) -> None:  # fmt: skip
         self.job_id = job_id
+        self.gpu_type = gpu_type
+        """The GPU type this run got ("" outside gpuyard or where the agent does not know it)."""
         self.rank = rank
         self.world_size = world_size
         self.local_rank = local_rank
@@ -112,6 +120,7 @@ class JobClient:
             checkpoint_dir=Path(env.get("GPUYARD_CHECKPOINT_DIR") or Path("checkpoints") / job_id),
             progress_file=Path(progress) if progress else None,
             **({"grace_s": float(env["GPUYARD_GRACE_S"])} if env.get("GPUYARD_GRACE_S") else {}),
+            gpu_type=env.get("GPUYARD_GPU_TYPE", ""),
             **options,
         )
 

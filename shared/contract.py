@@ -264,10 +264,13 @@ class ApplyRequest(Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class StepsReport(Struct, array_like=True):
-    """A job's progress: `steps` done as of time `at` (the clock's)."""
+    """A job's progress: `steps` done as of time `at` (the clock's), and `rate`: the steps/s its
+    current run showed by the job's own clock (real nodes: `JobProgress.rate`; 0 = not measured,
+    the scheduler then measures between the reports it receives)."""
 
     steps: float
     at: float
+    rate: float = 0.0
 
 
 class ApplyReply(Struct, kw_only=True):
@@ -364,6 +367,9 @@ class JobProgress(Struct, kw_only=True, omit_defaults=True):
     metrics: dict[str, float] = {}
     attempt: int = 0
     time: float = 0.0
+    rate: float = 0.0
+    """Steps/s of this run so far by the job's own clock, from its first report of the run to this
+    one (the node agent computes it; 0 until the run has reported twice)."""
 
 
 class Heartbeat(Struct, kw_only=True, omit_defaults=True):

@@ -347,15 +347,50 @@ class BFTrainerThroughputs(_CurveModel):
 # ----------------------------------------------------------------------------------------------
 
 
+_BATCH_SUFFIX = (re.compile(r"^(.*?)\s*\(batch size (\d+)\)$"), re.compile(r"^(.*)@(\d+)$"))
+
+
+def split_job_type(name: str) -> tuple[str, int | None]:
+    """A job type's model and batch size, as the reference tables name them: Gavel's
+    "ResNet-50 (batch size 64)" and ElasticFlow's "resnet50@64" -> ("resnet-50", 64) and
+    ("resnet50", 64); any other name is a model of unknown batch size. Models are lower-cased."""
+    for pattern in _BATCH_SUFFIX:
+        if m := pattern.match(name):
+            return m[1].strip().lower(), int(m[2])
+    return name.strip().lower(), None
+
+
 class LearnedThroughputs:
     """A throughput model that learns from what jobs report (real clusters).
 
-    `prior` (a table, or the default) answers until a job type is measured. A measured
-    (job type, GPU type, GPU count) answers with the measurement (an exponential moving average,
-    `weight` for the newest); a job type's other entries are its prior scaled by how its
-    measurements compare with their prior (the geometric mean of measured / prior), so a job
-    type seen twice as fast as the table on one type is taken to be twice as fast elsewhere too.
-    Pair throughputs (space sharing) stay the prior's.
+    An entry T[job type J, GPU type, GPU count] is, in this order:
+
+    1. measured: the measurement (an exponential moving average, `weight` for the newest);
+    2. otherwise J's *reference row* R_J scaled by how J's measurements compare with it: R_J[e] x
+       the geometric mean over J's measured entries m of measured[m] / R_J[m] (1 when J has no
+       measurement), so a job type seen twice as fast as its reference row on one type is taken to
+       be twice as fast on the others. Where R_J is 0 (unsupported) the estimate is 0.
+
+    J's reference row (`reference()`):
+
+    a. the prior's row for J, when the prior knows J (a table that lists J; a model without a list
+       of job types, such as the default linear one, knows every type);
+    b. otherwise, when J has measurements, the prior's row of the *most similar* listed job type:
+       the K, among those the prior supports on every entry J was measured on, whose row best
+       explains J's measurements up to one factor (the smallest variance over J's measured
+       entries of log measured - log prior[K], i.e. the same ratios between GPU types and counts);
+       ties, as when J was measured on one entry only, go to the K whose figures are closest to
+       J's (the smallest |mean log difference|), then to the first name. Gavel estimates unseen
+       entries by matrix completion over the job types; this is a one-nearest-neighbour version of
+       that idea, exact where J behaves like a known type and cheap enough to run at every solve;
+    c. otherwise (J not in the prior, and never measured or measured only where no listed type
+       runs) by name: the listed type of the same model (`split_job_type`) with the nearest batch
+       size (in log scale; ties: the smaller batch, then the first name), as is; with no such
+       model, a typical job: per entry, the geometric mean of the listed job types that run there.
+
+    Only the prior's job types are neighbours (a learned type's own row is mostly estimates). A
+    job type's choice is remembered until it is measured again. Pair throughputs (space sharing)
+    stay the prior's. Deterministic: the same prior and measurements give the same answers.
     """
 
     def __init__(self, prior: ThroughputModel, weight: float = 0.5) -> None:
@@ -364,6 +399,11 @@ class LearnedThroughputs:
         self.reference_gpu_type = prior.reference_gpu_type
         self.measured: dict[tuple[str, str, int], float] = {}
         self._scale: dict[str, float] = {}
+        self._reference: dict[str, str | None] = {}
+        known = getattr(prior, "job_types", None)
+        self._known: list[str] | None = sorted(known) if known is not None else None
+        """The prior's job types, sorted (None: it answers for any job type)."""
+        self._typical: dict[tuple[str, int], float] = {}
         self.version = 0
         """Counts what was learned: a policy that caches rates computes them again when it moves."""
 
@@ -375,17 +415,96 @@ class LearnedThroughputs:
         old = self.measured.get(key)
         self.measured[key] = rate if old is None else (1 - self.weight) * old + self.weight * rate
         self._scale.pop(job_type, None)
+        self._reference.pop(job_type, None)
         self.version += 1
 
+    def knows(self, job_type: str) -> bool:
+        """The prior has a row for this job type."""
+        return self._known is None or job_type in self._known
+
+    def reference(self, job_type: str) -> str | None:
+        """The job type whose prior row `job_type`'s estimates follow (None: a typical job)."""
+        if job_type in self._reference:
+            return self._reference[job_type]
+        if self.knows(job_type):
+            found: str | None = job_type
+        else:
+            found = self._most_similar(job_type)
+            if found is None:
+                found = self._same_model(job_type)
+        self._reference[job_type] = found
+        return found
+
+    def _reference_rate(self, job_type: str, gpu_type: str, num_gpus: int) -> float:
+        """R_J[gpu_type, num_gpus] (class docstring)."""
+        ref = self.reference(job_type)
+        if ref is not None:
+            return self.prior.throughput(ref, gpu_type, num_gpus)
+        return self._typical_rate(gpu_type, num_gpus)
+
+    def _measurements(self, job_type: str) -> list[tuple[str, int, float]]:
+        return [(gt, n, rate) for (jt, gt, n), rate in self.measured.items() if jt == job_type]
+
+    def _most_similar(self, job_type: str) -> str | None:
+        """Rule b: the listed job type whose row best explains `job_type`'s measurements."""
+        seen = self._measurements(job_type)
+        if not seen or not self._known:
+            return None
+        best: tuple[float, float, str] | None = None
+        for other in self._known:  # sorted: ties go to the first name
+            rows = [self.prior.throughput(other, gt, n) for gt, n, _ in seen]
+            if min(rows) <= 0:
+                continue  # it cannot run where this job type ran: not alike
+            diffs = [math.log(rate / row) for (_, _, rate), row in zip(seen, rows, strict=True)]
+            mean = sum(diffs) / len(diffs)
+            spread = round(sum((d - mean) ** 2 for d in diffs) / len(diffs), 12)
+            key = (spread, abs(mean), other)
+            if best is None or key < best:
+                best = key
+        return best[2] if best is not None else None
+
+    def _same_model(self, job_type: str) -> str | None:
+        """Rule c: the listed type of the same model with the nearest batch size, or None."""
+        model, batch = split_job_type(job_type)
+        best: tuple[float, int, str] | None = None
+        for other in self._known or []:
+            other_model, other_batch = split_job_type(other)
+            if other_model != model:
+                continue
+            if batch is None or other_batch is None:
+                distance = 0.0 if batch == other_batch else math.inf
+            else:
+                distance = abs(math.log(other_batch / batch))
+            key = (distance, other_batch or 0, other)
+            if best is None or key < best:
+                best = key
+        return best[2] if best is not None else None
+
+    def _typical_rate(self, gpu_type: str, num_gpus: int) -> float:
+        """A typical listed job type on this entry: the geometric mean of those that run there."""
+        key = (gpu_type, num_gpus)
+        hit = self._typical.get(key)
+        if hit is not None:
+            return hit
+        logs = [
+            math.log(rate)
+            for other in self._known or []
+            if (rate := self.prior.throughput(other, gpu_type, num_gpus)) > 0
+        ]
+        value = math.exp(sum(logs) / len(logs)) if logs else 0.0
+        self._typical[key] = value
+        return value
+
     def scale(self, job_type: str) -> float:
-        """How this job type's measurements compare with the prior (1 when never measured)."""
+        """How this job type's measurements compare with its reference row (1 when never
+        measured)."""
         cached = self._scale.get(job_type)
         if cached is not None:
             return cached
         logs = [
             math.log(rate / base)
-            for (jt, gt, n), rate in self.measured.items()
-            if jt == job_type and (base := self.prior.throughput(jt, gt, n)) > 0
+            for gt, n, rate in self._measurements(job_type)
+            if (base := self._reference_rate(job_type, gt, n)) > 0
         ]
         value = math.exp(sum(logs) / len(logs)) if logs else 1.0
         self._scale[job_type] = value
@@ -395,7 +514,7 @@ class LearnedThroughputs:
         measured = self.measured.get((job_type, gpu_type, num_gpus))
         if measured is not None:
             return measured
-        return self.prior.throughput(job_type, gpu_type, num_gpus) * self.scale(job_type)
+        return self._reference_rate(job_type, gpu_type, num_gpus) * self.scale(job_type)
 
     def colocated(self, job_type: str, other: str, gpu_type: str) -> tuple[float, float]:
         return self.prior.colocated(job_type, other, gpu_type)
@@ -406,6 +525,7 @@ class LearnedThroughputs:
     def restore(self, measured: list[tuple[str, str, int, float]]) -> None:
         self.measured = {(jt, gt, int(n)): rate for jt, gt, n, rate in measured}
         self._scale.clear()
+        self._reference.clear()
         self.version += 1
 
 

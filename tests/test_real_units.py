@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gpuyard.cli_cluster import job_from_args
@@ -88,6 +89,37 @@ def test_process_environments_per_gpu_and_per_node(tmp_path: Path) -> None:
     (one,) = process_envs(_launch("per_node"), "n2", places, {}, grace_s=7.5)
     assert one["CUDA_VISIBLE_DEVICES"] == "2,3" and one["NODE_RANK"] == "1" and one["RANK"] == "2"
     assert e["GPUYARD_GRACE_S"] == "30" and one["GPUYARD_GRACE_S"] == "7.5"
+    assert "GPUYARD_GPU_TYPE" not in e
+    (typed,) = process_envs(_launch("per_node"), "n2", places, {}, gpu_type="k80")
+    assert typed["GPUYARD_GPU_TYPE"] == "k80"
+    assert JobClient.from_env(typed, handle_sigterm=False).gpu_type == "k80"
+
+
+def test_the_agent_measures_each_runs_rate_from_the_jobs_reports(tmp_path: Path) -> None:
+    """Steps per second by the job's own clock, from the rank's first report of this run (its
+    attempt) to the latest; a report left by an earlier run, or a rate the job wrote, is not."""
+    launch = msgspec.structs.replace(_launch("per_gpu"), attempt=3)
+
+    async def no_lines(job_id: str, rank: int, line: str) -> None:
+        pass
+
+    part = JobPart(launch, "n1", Places(tmp_path / "logs", tmp_path / "ckpt"), no_lines, 5.0)
+    files = [tmp_path / "p2.json", tmp_path / "p3.json"]
+    part.ranks, part.progress_files = [2, 3], files
+
+    def write(path: Path, attempt: int, iterations: int, at: float, rate: float = 0.0) -> None:
+        record = {"job_id": "j1", "rank": 2, "iterations": iterations, "attempt": attempt,
+                  "time": at, "rate": rate}  # fmt: skip
+        path.write_text(json.dumps(record))
+
+    write(files[0], 2, 500, 100.0, rate=9.0)  # the previous run's, on this node
+    assert [p.rate for p in part.progress()] == [0.0]
+    write(files[0], 3, 510, 200.0, rate=99.0)  # this run's first report
+    write(files[1], 3, 510, 200.5)
+    assert [p.rate for p in part.progress()] == [0.0, 0.0]
+    write(files[0], 3, 530, 202.0)
+    write(files[1], 3, 520, 201.5)
+    assert [p.rate for p in part.progress()] == [10.0, 10.0]
 
 
 async def test_a_part_stopped_while_its_processes_start_is_stopped(tmp_path: Path) -> None:

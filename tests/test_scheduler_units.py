@@ -72,6 +72,20 @@ def test_progress_reports_are_taken_only_when_newer() -> None:
     assert (a.steps_done, a.progress_at) == (40.0, 30.0)
 
 
+def test_a_runs_rate_comes_from_its_agent_or_from_two_reports() -> None:
+    """The rate a node agent measured from the job's own reports counts from the run's first
+    report on (a run of one round is measured); without it the scheduler needs two reports of
+    the run."""
+    table = JobTable()
+    a = table.admit(spec("a"), 0.0, total_steps=1000.0)
+    table.start(a, 0.0, ["n"], 1, "v100", rate=1.0)
+    assert table.report(a, StepsReport(40.0, 10.0, 5.0)) == 5.0 and a.rate == 5.0
+    b = table.admit(spec("b"), 0.0, total_steps=1000.0)
+    table.start(b, 0.0, ["n"], 1, "v100", rate=1.0)
+    assert table.report(b, StepsReport(40.0, 10.0)) is None and b.rate == 1.0
+    assert table.report(b, StepsReport(70.0, 20.0)) == 3.0 and b.rate == 3.0
+
+
 def test_reasons_are_current_and_unknown_work_counts_reported_steps() -> None:
     """A job's reason is why it is in its state now (none while it runs, none once it completed
     after a preemption); a job of unknown work (a real one that runs until it exits) counts the

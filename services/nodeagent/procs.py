@@ -48,9 +48,11 @@ class Places:
 
 
 def process_envs(
-    launch: Launch, node_id: str, places: Places, base: dict[str, str], grace_s: float = 30.0
-) -> list[dict[str, str]]:
-    """The environment of each process of this part: Blox's names, torchrun's, and gpuyard's."""
+    launch: Launch, node_id: str, places: Places, base: dict[str, str], grace_s: float = 30.0,
+    gpu_type: str = "",
+) -> list[dict[str, str]]:  # fmt: skip
+    """The environment of each process of this part: Blox's names, torchrun's, and gpuyard's
+    (`gpu_type`: the node's GPU type, as `GPUYARD_GPU_TYPE` when known)."""
     spec = launch.spec
     gpus = [str(g) for g in launch.gpus]
     per_gpu = spec.processes == "per_gpu"
@@ -88,6 +90,8 @@ def process_envs(
             "GPUYARD_PROGRESS_FILE": str(logs / f"progress.rank{rank}.json"),
             "GPUYARD_GRACE_S": f"{grace_s:g}",
         }
+        if gpu_type:
+            env["GPUYARD_GPU_TYPE"] = gpu_type
         envs.append(env)
     return envs
 
@@ -96,9 +100,11 @@ class JobPart:
     """This node's processes of one job."""
 
     def __init__(
-        self, launch: Launch, node_id: str, places: Places, on_line: LineSink, grace_s: float
-    ) -> None:
+        self, launch: Launch, node_id: str, places: Places, on_line: LineSink, grace_s: float,
+        gpu_type: str = "",
+    ) -> None:  # fmt: skip
         self.launch = launch
+        self.gpu_type = gpu_type
         self.job_id = launch.job_id
         self.node_id = node_id
         self.places = places
@@ -110,6 +116,8 @@ class JobPart:
         self.procs: list[asyncio.subprocess.Process] = []
         self.ranks: list[int] = []
         self.progress_files: list[Path] = []
+        self._first: dict[int, JobProgress] = {}
+        """Per rank: its first report of this run (the baseline of the run's rate)."""
         self.done = asyncio.Event()
         """Set when every process has exited (its GPUs are free again)."""
         self._stopper: asyncio.Task[None] | None = None
@@ -127,7 +135,10 @@ class JobPart:
         self.places.checkpoint_dir(self.job_id).mkdir(parents=True, exist_ok=True)
         self._spawning = True
         try:
-            for env in process_envs(self.launch, self.node_id, self.places, base_env, self.grace_s):
+            envs = process_envs(
+                self.launch, self.node_id, self.places, base_env, self.grace_s, self.gpu_type
+            )
+            for env in envs:
                 rank = int(env["RANK"])
                 proc = await asyncio.create_subprocess_exec(
                     *command, env=env, cwd=workdir, stdin=asyncio.subprocess.DEVNULL,
@@ -199,9 +210,20 @@ class JobPart:
                     os.killpg(proc.pid, sig)  # the process group: the job's children too
 
     def progress(self) -> list[JobProgress]:
-        """What the processes last wrote through gpuyard.jobclient."""
+        """What the processes last wrote through gpuyard.jobclient, each with the rate of this
+        run so far (`JobProgress.rate`): steps per second of the job's own clock between the
+        rank's first report of this run and this one. A report of an earlier run (the file a
+        previous run on this node left, until this run writes) has no rate."""
         out = []
-        for path in self.progress_files:
-            with contextlib.suppress(OSError, msgspec.DecodeError, msgspec.ValidationError):
-                out.append(msgspec.json.decode(path.read_bytes(), type=JobProgress))
+        for rank, path in zip(self.ranks, self.progress_files, strict=True):
+            try:
+                p = msgspec.json.decode(path.read_bytes(), type=JobProgress)
+            except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            p.rate = 0.0  # ours to measure, not the job's to claim
+            if p.attempt == self.launch.attempt and p.time > 0:
+                first = self._first.setdefault(rank, p)
+                if p.time > first.time and p.iterations >= first.iterations:
+                    p.rate = (p.iterations - first.iterations) / (p.time - first.time)
+            out.append(p)
         return out

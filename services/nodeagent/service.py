@@ -258,7 +258,10 @@ class NodeAgent(Service):
         return True
 
     def _start_part(self, launch: Launch) -> None:
-        part = JobPart(launch, self.node_id, self.places, self._publish_line, self.config.grace_s)
+        part = JobPart(
+            launch, self.node_id, self.places, self._publish_line, self.config.grace_s,
+            self.node.gpu_type,
+        )  # fmt: skip
         # It starts once the GPUs' holders have exited (but the running job it is to share them
         # with), and this job's own part told to stop (resized or moved here): that part writes
         # the checkpoint the new one resumes from.

@@ -444,17 +444,31 @@ class Placement(Service):
             unplaced=[a.job_id for a in req.allocations if a.job_id not in self.running],
             lost=lost,
             capacity=self.capacity(),
-            progress={**reported, **progress},
+            progress={**reported, **self._with_rates(progress, reported)},
         )
 
     def _reported_progress(self) -> dict[str, StepsReport]:
-        """What the node agents' last heartbeats said of the running jobs (rank 0's steps)."""
+        """What the node agents' last heartbeats said of the running jobs (rank 0's steps, and
+        the rate its run showed), from the nodes they run on: a job that moved may still be
+        reported by its old node while its old part stops, at the old GPU type's rate."""
         progress: dict[str, StepsReport] = {}
         for beat in self.beats.values():
             for p in beat.jobs:
-                if p.rank == 0 and p.job_id in self.running and p.iterations:
-                    progress[p.job_id] = StepsReport(float(p.iterations), beat.now)
+                gpus = self.running.get(p.job_id, ())
+                here = any(g.node_id == beat.node_id for g in gpus)
+                if p.rank == 0 and here and p.iterations:
+                    progress[p.job_id] = StepsReport(float(p.iterations), beat.now, p.rate)
         return progress
+
+    @staticmethod
+    def _with_rates(
+        final: dict[str, StepsReport], reported: dict[str, StepsReport]
+    ) -> dict[str, StepsReport]:
+        """The steps stopped jobs had done, with the rate their run showed in the heartbeats."""
+        return {
+            job_id: StepsReport(r.steps, r.at, seen.rate) if (seen := reported.get(job_id)) else r
+            for job_id, r in final.items()
+        }
 
     def _split(self, allocations: list[Allocation]) -> tuple[dict[str, list[GpuRef]], list[Allocation]]:
         """Running jobs whose allocation did not change (they stay put), and the rest to place.

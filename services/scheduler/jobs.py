@@ -116,15 +116,18 @@ class JobTable:
 
     def report(self, record: JobRecord, report: StepsReport) -> float | None:
         """Progress measured by the job's node agents (steps done as of `report.at`). Returns
-        the rate it shows since the last report of the same run (None: nothing to measure)."""
+        the rate of this run: the one the agent measured from the job's own reports
+        (`report.rate`), else the rate since the last report of the same run that reached us
+        (None: nothing to measure). The agent's needs no earlier report here, so a run that
+        lasts one round (Gavel's mechanism moves jobs every round) is measured too."""
         if record.state != "running" or report.at < record.progress_at:
             return None
         measured = record.progress_at > record.run_start  # a report of this run came before
-        rate = (
-            (report.steps - record.steps_done) / (report.at - record.progress_at)
-            if measured and report.at > record.progress_at
-            else None
-        )
+        rate: float | None = None
+        if report.rate > 0:
+            rate = report.rate
+        elif measured and report.at > record.progress_at:
+            rate = (report.steps - record.steps_done) / (report.at - record.progress_at)
         record.steps_done, record.progress_at = report.steps, report.at
         if rate is not None and rate > 0:
             record.rate = rate

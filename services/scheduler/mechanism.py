@@ -12,6 +12,9 @@ round the mechanism picks what runs so that the time each receives tracks those 
 - each round, per GPU type in order, the (job, type) entries are taken in descending (priority,
   deficit, X) order while GPUs of that type are left, each job at most once;
 - the policy is asked again when jobs came or went, at most every `min_resolve_s` (Gavel: 1920 s);
+  on a real cluster, whose scheduler learns throughputs from progress reports, also when it
+  learned something since the last decision (`resolve_on_learning`; Gavel re-solves on arrivals
+  and completions only, so what it learns waits for the next of those);
   a new allocation resets the counts, carrying each job's deficit X * elapsed - received;
 - allocations are handed to placement largest first, and a job that keeps its type and GPU count
   keeps its GPUs (placement's lease extension).
@@ -40,6 +43,10 @@ UNSEEN_PRIORITY = 1e9
 class TimeShareConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     min_resolve_s: Annotated[float, Meta(ge=0)] = 1920.0
     """Ask the policy again (when jobs came or went) at most this often (Gavel: 1920 s)."""
+    resolve_on_learning: bool = True
+    """A learning throughput model (real clusters) that learned since the last decision counts as
+    a change, as an arrival or a completion does: the allocation follows the measured rates
+    within `min_resolve_s` even when no job comes or goes. Simulations do not learn."""
     initial_credit_rounds: Annotated[float, Meta(ge=0)] = 0.5
     """Time credited to every job on every type at its arrival and at each reset, in rounds."""
     global_queue: bool = False

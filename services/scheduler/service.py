@@ -140,6 +140,7 @@ class Scheduler(Service):
         self._node_views: dict[str, NodeStatus] = {}  # the last view of each node
         self.dirty = False
         self.force_decision = False  # the clock asked for a decision now (`TickRequest.resolve`)
+        self.decided_with = 0  # the learning model's version when the policy last decided
         self.last_round: float | None = None
         self.policy_wake: float | None = None
         self.wake_at: float | None = None
@@ -495,9 +496,12 @@ class Scheduler(Service):
         await self.persist()
         inp = self._input(now, cluster)
         decision: Decision | None = None
-        if self.force_decision or self.mechanism.wants_decision(now, self.table.changed):
+        changed = self.table.changed or self._learned_since_decision()
+        if self.force_decision or self.mechanism.wants_decision(now, changed):
             decision = await self._decide(inp)
             self.table.changed = self.force_decision = False
+            if isinstance(self.model, LearnedThroughputs):
+                self.decided_with = self.model.version
         allocations = self._checked(self.mechanism.allocations(decision, inp), cluster)
         allocations, lease_ends = self._guarded(now, allocations, cluster.capacity)
         active = self.table.active
@@ -550,6 +554,15 @@ class Scheduler(Service):
         if lease_ends is not None:  # the guard held a decision back: decide again when it ends
             wake = lease_ends if wake is None else min(wake, lease_ends)
         self.policy_wake = wake
+
+    def _learned_since_decision(self) -> bool:
+        """The model learned from progress since the policy last decided, and that counts as a
+        change (`TimeShareConfig.resolve_on_learning`)."""
+        return (
+            self.config.time_shares.resolve_on_learning
+            and isinstance(self.model, LearnedThroughputs)
+            and self.model.version != self.decided_with
+        )
 
     def _input(self, now: float, info: ClusterInfo) -> SchedulingInput:
         nodes: list[NodeStatus] = []
