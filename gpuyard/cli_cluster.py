@@ -252,7 +252,6 @@ def control_plane_configs(
             params=placement_params or {},
             heartbeat_timeout_s=heartbeat_timeout_s,
             durable=durable,
-            command_timeout_s=3.0,
         ),
         "scheduler": SchedulerConfig(
             policy=policy,

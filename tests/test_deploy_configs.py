@@ -19,6 +19,7 @@ from gpuyard.cli_cluster import control_plane_configs
 from gpuyard.embedded import nats_server_binary
 from gpuyard.launcher import ServiceSet
 from gpuyard.natsauth import OPERATOR, Credentials
+from gpuyard.services.placement.service import PlacementConfig
 from gpuyard.shared.connection import NatsAuth, connect
 from gpuyard.shared.model import ClusterSpec
 from gpuyard.sim import SimOptions, service_configs
@@ -47,6 +48,18 @@ def test_the_scheduler_config_ticks_on_the_wall_clock_and_is_durable() -> None:
 def test_the_swap_scheduler_differs_only_in_its_policy() -> None:
     expected = control_plane_configs(policy="las")["scheduler"]
     assert load(DEPLOY / "config" / "scheduler-las.json", expected) == expected
+
+
+def test_a_placement_without_a_config_bounds_its_node_commands() -> None:
+    # `gpuyard service placement` with no --config decodes `{}`: a dead agent must cost it
+    # seconds, as under `gpuyard up` (deploy/config/placement.json), not the connection's 120 s.
+    bare = msgspec.json.decode(b"{}", type=PlacementConfig)
+    up = control_plane_configs()["placement"]
+    assert bare.command_timeout_s == up.command_timeout_s == 3.0
+    assert bare.command_timeout_s < bare.heartbeat_timeout_s
+    # Simulated nodes answer in virtual time: simulations keep awaiting every answer.
+    sim = service_configs(SimOptions(cluster=ClusterSpec(groups=[])), Path("w.jsonl"))["placement"]
+    assert sim.command_timeout_s is None and sim.simulated
 
 
 @pytest.mark.parametrize("service", CONTROL_PLANE)
