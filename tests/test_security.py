@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from gpuyard.natsauth import OPERATOR
 from gpuyard.ops import read_events
@@ -168,6 +169,47 @@ async def test_a_node_that_registers_itself_must_heartbeat(cluster: Secured) -> 
         return "n3" in info.down and not info.nodes
 
     await cluster.until(gone, "n3 declared lost", within_s=10)
+
+
+async def test_a_stale_exit_of_an_earlier_run_on_the_same_node_is_ignored(cluster: Secured) -> None:
+    """Attempt numbers: n3's agent restarts (its job is requeued, "agent restarted") and the job
+    runs again on n3. A `failed` exit of the earlier run, reported late by n3 as itself, is
+    ignored and logged (`exit.stale`): the new run goes on. A `completed` exit of the earlier run
+    does end the job, by design (docs/security.md: the runs share the checkpoint, the work is
+    done)."""
+    n3 = await cluster.client("node.n3")
+    beat = await fake_agent(n3, "n3")
+    job = await submit(cluster, "user.alice")
+    assert await running_on(cluster, job) == "n3"
+    first = (await cluster.job(job)).attempt
+    beat.cancel()
+    await n3.bus.close()  # the agent dies; it comes back with a new boot id
+    n3 = await cluster.client("node.n3")
+    beat = await fake_agent(n3, "n3", boot="n3-boot-2")
+
+    async def relaunched() -> bool:
+        record = await cluster.job(job)
+        return record.state == "running" and record.attempt == first + 1
+
+    await cluster.until(relaunched, "the job running again on n3")
+    assert (await cluster.job(job)).nodes == ["n3"]
+
+    earlier = first - 1  # (JobRecord.attempt counts the launches; Launch.attempt from 0)
+    stale = JobExit(job_id=job, node_id="n3", status="failed", exit_code=137, attempt=earlier)
+    with capture_logs() as logs:
+        await n3.bus.call(EXITED, ExitReport(now=time.time(), exits=[stale], tick=True))
+    record = await cluster.job(job)
+    assert (record.state, record.nodes, record.attempt) == ("running", ["n3"], first + 1)
+    (logged,) = [e for e in logs if e["event"] == "exit.stale"]
+    assert (logged["log_level"], logged["service"], logged["job_id"], logged["node_id"]) == (
+        "warning", "scheduler", job, "n3",
+    )  # fmt: skip
+    assert (logged["attempt"], logged["current"]) == (earlier, first)
+
+    done = JobExit(job_id=job, node_id="n3", status="completed", attempt=earlier)
+    await n3.bus.call(EXITED, ExitReport(now=time.time(), exits=[done]))
+    assert (await cluster.job(job)).state == "completed"
+    beat.cancel()
 
 
 async def test_a_submitter_acts_only_for_themselves(cluster: Secured) -> None:
