@@ -9,7 +9,9 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
+from nats.aio.msg import Msg
 from structlog.testing import capture_logs
 
 from gpuyard.natsauth import OPERATOR
@@ -26,6 +28,7 @@ from gpuyard.shared.contract import (
     JobExit,
     JobQuery,
     LogLine,
+    LogsReply,
     NodeCommand,
     NodesChanged,
     RegisterNode,
@@ -43,6 +46,7 @@ from gpuyard.shared.endpoints import (
     HEARTBEATS,
     LOG_LINE,
     NODE_COMMAND,
+    NODE_LOGS,
     NODES,
     POLICY_SET,
     QUERY,
@@ -310,7 +314,8 @@ async def test_a_stuck_node_agent_does_not_stall_the_rounds(cluster: Secured) ->
 
 async def test_logs_follow_believes_only_the_nodes_a_job_runs_on(cluster: Secured) -> None:
     """`gpuyard logs -f`: a node may write log lines only as itself (the server), and the command
-    shows them only from a node the job is placed on."""
+    asks for the job's files only the nodes it ran on and shows live lines only from a node the
+    job is placed on."""
     import sys
 
     n1, n2 = await cluster.client("node.n1"), await cluster.client("node.n2")
@@ -318,13 +323,21 @@ async def test_logs_follow_believes_only_the_nodes_a_job_runs_on(cluster: Secure
     job = await submit(cluster, "user.alice")
     victim = await running_on(cluster, job)
     runs, other = (n1, n2) if victim == "n1" else (n2, n1)
+    other_id = "n2" if victim == "n1" else "n1"
+    # Both nodes answer for the job's log files (`node.<id>.logs`), the other one with made-up lines.
+    for client, node, text in ((runs, victim, "genuine file"), (other, other_id, "forged file")):
+        reply = msgspec.json.encode(LogsReply(lines=[text]))
+
+        async def files(msg: Msg, reply: bytes = reply) -> None:
+            await msg.respond(reply)
+
+        await client.bus.nc.subscribe(S.of(NODE_LOGS, node=node), cb=files)
     profile = cluster.creds.profile_path(Caller("user", "alice"))
     follow = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gpuyard.cli", "logs", "-f", job, "--nats-config", str(profile),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     await asyncio.sleep(2.0)  # (it subscribed)
-    other_id = "n2" if victim == "n1" else "n1"
     for client, node, text in ((runs, victim, "genuine"), (other, other_id, "forged")):
         line = LogLine(job_id=job, node_id=node, rank=0, line=text, time=time.time())
         await client.bus.publish(LOG_LINE, line, job=job, node=node)
@@ -334,5 +347,6 @@ async def test_logs_follow_believes_only_the_nodes_a_job_runs_on(cluster: Secure
     out, err = await asyncio.wait_for(follow.communicate(), 30)
     assert follow.returncode == 0, err.decode()
     assert f"[{victim} rank0] genuine" in out.decode() and "forged" not in out.decode()
+    assert "genuine file" in out.decode()
     for beat in beats:
         beat.cancel()
