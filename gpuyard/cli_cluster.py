@@ -260,7 +260,6 @@ def control_plane_configs(
             params=placement_params or {},
             heartbeat_timeout_s=heartbeat_timeout_s,
             durable=durable,
-            command_timeout_s=3.0,
         ),
         "scheduler": SchedulerConfig(
             policy=policy,
@@ -608,15 +607,18 @@ def cmd_logs(args: argparse.Namespace) -> int:
             await bus.nc.subscribe(bus.subjects.every(LOG_LINE, job=args.job_id), cb=on_line)
         info = await bus.call(CLUSTER, Empty())
         placed = {g.node_id for g in info.busy.get(args.job_id, [])}
+        # The files only from the nodes the job ran on: any other node's would be made up.
+        page = await bus.call(QUERY, JobQuery(job_ids=[args.job_id]))
+        ran_on = sorted({*placed, *(node for job in page.jobs for node in job.ran_on)})
         replies = await asyncio.gather(
             *(
                 bus.call(
                     NODE_LOGS,
                     LogsRequest(job_id=args.job_id, tail_bytes=args.tail),
                     within_s=5.0,
-                    node=n.node_id,
+                    node=node,
                 )
-                for n in info.nodes
+                for node in ran_on
             ),
             return_exceptions=True,
         )

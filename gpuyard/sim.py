@@ -170,7 +170,7 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
     return {
         "placement": PlacementConfig(
             policy=options.placement, params=options.placement_params, durable=options.durable,
-            simulated=True,
+            simulated=True, command_timeout_s=None,  # virtual time: every answer is awaited
         ),
         "scheduler": SchedulerConfig(
             policy=options.policy,

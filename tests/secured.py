@@ -108,10 +108,13 @@ async def connect_as(stack: AsyncExitStack, url: str, auth: NatsAuth) -> Client:
 
 
 async def fake_agent(
-    c: Client, node: str, gpus: int = 2, *, answer: bool = True, beat_s: float = 0.1
-) -> asyncio.Task[None]:
+    c: Client, node: str, gpus: int = 2, *, answer: bool = True, beat_s: float = 0.1,
+    boot: str = "",
+) -> asyncio.Task[None]:  # fmt: skip
     """A node agent over `c`'s connection: it registers, heartbeats, and answers its commands at
-    once (or never, with `answer=False`: an agent stuck in the middle of a command)."""
+    once (or never, with `answer=False`: an agent stuck in the middle of a command). Its boot id
+    is `boot` (default `<node>-boot`): another one is the agent restarted."""
+    boot = boot or f"{node}-boot"
     decoder = msgspec.json.Decoder(NodeCommand)
 
     async def on_command(msg: Any) -> None:
@@ -121,12 +124,12 @@ async def fake_agent(
             await msg.respond(msgspec.json.encode(reply))
 
     await c.bus.nc.subscribe(S.of(NODE_COMMAND, node=node), cb=on_command)
-    spec = NodeSpec(node_id=node, num_gpus=gpus, gpu_type="t4", labels={"boot": f"{node}-boot"})
+    spec = NodeSpec(node_id=node, num_gpus=gpus, gpu_type="t4", labels={"boot": boot})
     await c.bus.call(REGISTER, RegisterNode(now=time.time(), node=spec))
 
     async def beat() -> None:
         while True:
-            hb = Heartbeat(now=time.time(), node_id=node, boot_id=f"{node}-boot")
+            hb = Heartbeat(now=time.time(), node_id=node, boot_id=boot)
             await c.bus.publish(HEARTBEAT, hb, node=node)
             await asyncio.sleep(beat_s)
 

@@ -1,12 +1,13 @@
 """deploy/'s configurations say what the README says they are (no Docker needed): the control plane's
-are `gpuyard up`'s (wall clock, durable), the compose simulation's are `gpuyard sim`'s; and the
-containers' health check tells a live service from a missing one; the image's Python is the one its
-pinned dependencies are for."""
+are `gpuyard up`'s (wall clock, durable), the compose simulation's are `gpuyard sim`'s; every NATS
+server config shipped requires gpuyard's credentials; the containers' health check tells a live
+service from a missing one; and the image's Python is the one its pinned dependencies are for."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,11 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from gpuyard.cli_cluster import control_plane_configs
+from gpuyard.embedded import nats_server_binary
 from gpuyard.launcher import ServiceSet
+from gpuyard.natsauth import OPERATOR, Credentials
+from gpuyard.services.placement.service import PlacementConfig
+from gpuyard.shared.connection import NatsAuth, connect
 from gpuyard.shared.model import ClusterSpec
 from gpuyard.sim import SimOptions, service_configs
 
@@ -49,11 +54,68 @@ def test_the_swap_scheduler_differs_only_in_its_policy() -> None:
     assert load(DEPLOY / "config" / "scheduler-las.json", expected) == expected
 
 
+def test_a_placement_without_a_config_bounds_its_node_commands() -> None:
+    # `gpuyard service placement` with no --config decodes `{}`: a dead agent must cost it
+    # seconds, as under `gpuyard up` (deploy/config/placement.json), not the connection's 120 s.
+    bare = msgspec.json.decode(b"{}", type=PlacementConfig)
+    up = control_plane_configs()["placement"]
+    assert bare.command_timeout_s == up.command_timeout_s == 3.0
+    assert bare.command_timeout_s < bare.heartbeat_timeout_s
+    # Simulated nodes answer in virtual time: simulations keep awaiting every answer.
+    sim = service_configs(SimOptions(cluster=ClusterSpec(groups=[])), Path("w.jsonl"))["placement"]
+    assert sim.command_timeout_s is None and sim.simulated
+
+
 @pytest.mark.parametrize("service", CONTROL_PLANE)
 def test_the_compose_simulation_configs_are_gpuyard_sims(service: str) -> None:
     options = SimOptions(cluster=ClusterSpec(groups=[]))  # `gpuyard sim`'s defaults
     expected = service_configs(options, Path("workload.jsonl"))[service]
     assert load(DEPLOY / "config" / "sim" / f"{service}.json", expected) == expected
+
+
+NATS_CONFIGS = sorted((DEPLOY / "nats").glob("*.conf"))
+
+
+def test_there_are_nats_configs_to_check() -> None:
+    assert NATS_CONFIGS, "deploy/nats/*.conf moved: point NATS_CONFIGS at the shipped configs"
+
+
+@pytest.mark.parametrize("conf", NATS_CONFIGS, ids=lambda p: p.name)
+async def test_a_shipped_nats_config_requires_credentials(conf: Path, tmp_path: Path) -> None:
+    # Installed as the README says: the config as /etc/gpuyard/nats.conf beside the identities of
+    # `gpuyard auth init --state-dir /etc/gpuyard/cluster`. Only the ports are ours (free ones).
+    shutil.copy(conf, tmp_path / "nats.conf")
+    creds = Credentials(tmp_path / "cluster", "demo")
+    creds.init()
+    server = await asyncio.create_subprocess_exec(
+        nats_server_binary(), "-c", str(tmp_path / "nats.conf"), "-a", "127.0.0.1", "-p", "-1",
+        "-m", "-1", "--store_dir", str(tmp_path / "js"),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert server.stderr is not None
+    log: list[str] = []
+    try:
+        async with asyncio.timeout(15):
+            while line := (await server.stderr.readline()).decode():
+                log.append(line)
+                if "Listening for client connections on" in line:
+                    break
+        assert log and "Listening for" in log[-1], f"{conf.name} did not start:\n" + "".join(log)
+        url = "nats://" + log[-1].rsplit(" ", 1)[1].strip()
+        # Monitoring (it has no auth of its own), if any, on loopback only.
+        monitors = [line.rsplit(" ", 1)[1] for line in log if "Starting http monitor on" in line]
+        assert all(m.startswith("127.0.0.1:") for m in monitors), monitors
+        with pytest.raises(Exception, match=r"[Aa]uthorization"):
+            await connect(url, name="x", max_reconnect_attempts=0, allow_reconnect=False)
+        nc = await connect(
+            url, name="op", auth=NatsAuth.from_profile(creds.profile(OPERATOR)),
+            max_reconnect_attempts=0, allow_reconnect=False,
+        )  # fmt: skip
+        await nc.close()
+    finally:
+        if server.returncode is None:
+            server.terminate()
+        await server.wait()
 
 
 def healthcheck(url: str, *target: str) -> subprocess.CompletedProcess[str]:

@@ -18,6 +18,7 @@ import pytest
 
 from gpuyard.cli_cluster import control_plane_configs
 from gpuyard.launcher import ServiceSet
+from gpuyard.services.placement.service import PlacementConfig
 from gpuyard.shared.connection import Bus, connect
 from gpuyard.shared.contract import CancelRequest, Empty, JobQuery
 from gpuyard.shared.endpoints import CANCEL, HEARTBEATS, QUERY, SUBMIT, Endpoint, Subjects
@@ -46,23 +47,31 @@ time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0)
 class RealCluster:
     """Control plane in this process, node agents as subprocesses."""
 
-    def __init__(self, url: str, root: Path) -> None:
+    def __init__(
+        self, url: str, root: Path, configs: dict[str, Any] | None = None, *,
+        heartbeat_s: float = 0.2, agent: tuple[str, ...] = ("-m", "gpuyard.services.nodeagent"),
+    ) -> None:  # fmt: skip
+        """`configs`: the control plane's (default: fast rounds, nodes lost after 1 s of
+        silence); agents heartbeat every `heartbeat_s` and run as `python <agent>`."""
         self.url = url
         self.root = root
         self.checkpoints = root / "ckpt"
         self.agents: dict[str, asyncio.subprocess.Process] = {}
-        configs = control_plane_configs(round_s=0.5, heartbeat_timeout_s=1.0)
-        configs["placement"].heartbeat_check_s = 0.1
+        if configs is None:
+            configs = control_plane_configs(round_s=0.5, heartbeat_timeout_s=1.0)
+            configs["placement"].heartbeat_check_s = 0.1
         configs["scheduler"].event_storage = "memory"
         self.services = ServiceSet(url, CLUSTER, configs)
+        self.heartbeat_s = heartbeat_s
+        self.agent = agent
         self.bus: Bus | None = None
 
-    async def start_agent(self, node_id: str, gpus: int = 2) -> None:
+    async def start_agent(self, node_id: str, gpus: int = 2, gpu_type: str = "t4") -> None:
         log = (self.root / f"{node_id}.log").open("ab")
         self.agents[node_id] = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpuyard.services.nodeagent", "--nats", self.url,
-            "--cluster", CLUSTER, "--node-id", node_id, "--gpus", str(gpus), "--gpu-type", "t4",
-            "--heartbeat", "0.2", "--grace", "5", "--address", "127.0.0.1",
+            sys.executable, *self.agent, "--nats", self.url,
+            "--cluster", CLUSTER, "--node-id", node_id, "--gpus", str(gpus), "--gpu-type", gpu_type,
+            "--heartbeat", str(self.heartbeat_s), "--grace", "5", "--address", "127.0.0.1",
             "--state-dir", str(self.root / node_id), "--checkpoint-root", str(self.checkpoints),
             stdout=log, stderr=log,
         )  # fmt: skip
@@ -253,6 +262,51 @@ async def test_killed_node_agent_requeues_the_job_and_it_completes_elsewhere(
     resumed = (cluster.root / other / "logs" / job_id / "rank0.log").read_text()
     assert "attempt=1 resumed=True" in resumed and "done at step 60 (attempt 1)" in resumed
     assert await cluster.node_count(1)
+
+
+async def test_a_node_agent_killed_mid_command_stalls_no_round(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """Issue 10's fault, for real: a `gpuyard nodeagent` killed -9 while placement's command to it
+    is unanswered. Placement as `gpuyard service placement` runs it without a config (its default
+    `command_timeout_s`, nodes lost after 5 s of silence), agents heartbeating every second as by
+    default: the next round runs within two heartbeat intervals, the node is declared lost within
+    the heartbeat timeout of its silence, and its job is requeued."""
+    placement = PlacementConfig()
+    configs = {**control_plane_configs(round_s=0.5), "placement": placement}
+    beat_s = 1.0
+    cli = ("-m", "gpuyard.cli", "nodeagent")
+    async with RealCluster(nats_url, tmp_path, configs, heartbeat_s=beat_s, agent=cli) as cluster:
+        await cluster.start_agent("victim", gpus=4, gpu_type="a100")
+        await cluster.until(lambda: cluster.node_count(3), "the victim registered")
+        victim = cluster.agents["victim"]
+        os.kill(victim.pid, signal.SIGSTOP)  # it will not answer: the command stays in flight
+        silent = time.monotonic()
+        big = await cluster.submit(num_gpus=4, gpu_type="a100", command=["sleep", "60"])
+        record = await cluster.until_state(big, "running", within_s=5)  # its launch is sent
+        assert record.nodes == ["victim"]
+        os.kill(victim.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        await victim.wait()
+
+        small = await cluster.submit(num_gpus=1, command=["sleep", "30"])
+        record = await cluster.until_state(small, "running", within_s=2 * beat_s)
+        assert record.nodes[0] in ("a", "b")
+        assert time.monotonic() - killed < 2 * beat_s  # the next round did not wait for the victim
+
+        async def lost() -> bool:
+            return "victim" in (await cluster.call(CLUSTER_INFO, Empty())).down
+
+        lost_within_s = placement.heartbeat_timeout_s + placement.heartbeat_check_s
+        await cluster.until(lost, "the victim declared lost", within_s=lost_within_s)
+        assert time.monotonic() - silent < lost_within_s
+        record = await cluster.job(big)
+        assert (record.state, record.reason, record.preemptions) == ("queued", "node lost", 1)
+        assert (await cluster.job(small)).state == "running"
+        # Rounds go on (once the 4-GPU job, which fits nowhere now, is out of FIFO's way).
+        await cluster.call(CANCEL, CancelRequest(job_ids=[big]))
+        after = await cluster.submit(num_gpus=1, command=["sleep", "30"])
+        await cluster.until_state(after, "running", within_s=2 * beat_s)
 
 
 async def test_cancel_heartbeats_and_malformed_submissions(cluster: RealCluster) -> None:

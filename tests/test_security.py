@@ -9,7 +9,10 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
+from nats.aio.msg import Msg
+from structlog.testing import capture_logs
 
 from gpuyard.natsauth import OPERATOR
 from gpuyard.ops import read_events
@@ -25,6 +28,7 @@ from gpuyard.shared.contract import (
     JobExit,
     JobQuery,
     LogLine,
+    LogsReply,
     NodeCommand,
     NodesChanged,
     RegisterNode,
@@ -42,6 +46,7 @@ from gpuyard.shared.endpoints import (
     HEARTBEATS,
     LOG_LINE,
     NODE_COMMAND,
+    NODE_LOGS,
     NODES,
     POLICY_SET,
     QUERY,
@@ -170,6 +175,47 @@ async def test_a_node_that_registers_itself_must_heartbeat(cluster: Secured) -> 
     await cluster.until(gone, "n3 declared lost", within_s=10)
 
 
+async def test_a_stale_exit_of_an_earlier_run_on_the_same_node_is_ignored(cluster: Secured) -> None:
+    """Attempt numbers: n3's agent restarts (its job is requeued, "agent restarted") and the job
+    runs again on n3. A `failed` exit of the earlier run, reported late by n3 as itself, is
+    ignored and logged (`exit.stale`): the new run goes on. A `completed` exit of the earlier run
+    does end the job, by design (docs/security.md: the runs share the checkpoint, the work is
+    done)."""
+    n3 = await cluster.client("node.n3")
+    beat = await fake_agent(n3, "n3")
+    job = await submit(cluster, "user.alice")
+    assert await running_on(cluster, job) == "n3"
+    first = (await cluster.job(job)).attempt
+    beat.cancel()
+    await n3.bus.close()  # the agent dies; it comes back with a new boot id
+    n3 = await cluster.client("node.n3")
+    beat = await fake_agent(n3, "n3", boot="n3-boot-2")
+
+    async def relaunched() -> bool:
+        record = await cluster.job(job)
+        return record.state == "running" and record.attempt == first + 1
+
+    await cluster.until(relaunched, "the job running again on n3")
+    assert (await cluster.job(job)).nodes == ["n3"]
+
+    earlier = first - 1  # (JobRecord.attempt counts the launches; Launch.attempt from 0)
+    stale = JobExit(job_id=job, node_id="n3", status="failed", exit_code=137, attempt=earlier)
+    with capture_logs() as logs:
+        await n3.bus.call(EXITED, ExitReport(now=time.time(), exits=[stale], tick=True))
+    record = await cluster.job(job)
+    assert (record.state, record.nodes, record.attempt) == ("running", ["n3"], first + 1)
+    (logged,) = [e for e in logs if e["event"] == "exit.stale"]
+    assert (logged["log_level"], logged["service"], logged["job_id"], logged["node_id"]) == (
+        "warning", "scheduler", job, "n3",
+    )  # fmt: skip
+    assert (logged["attempt"], logged["current"]) == (earlier, first)
+
+    done = JobExit(job_id=job, node_id="n3", status="completed", attempt=earlier)
+    await n3.bus.call(EXITED, ExitReport(now=time.time(), exits=[done]))
+    assert (await cluster.job(job)).state == "completed"
+    beat.cancel()
+
+
 async def test_a_submitter_acts_only_for_themselves(cluster: Secured) -> None:
     n1 = await cluster.client("node.n1")
     beat = await fake_agent(n1, "n1", gpus=1)
@@ -268,7 +314,8 @@ async def test_a_stuck_node_agent_does_not_stall_the_rounds(cluster: Secured) ->
 
 async def test_logs_follow_believes_only_the_nodes_a_job_runs_on(cluster: Secured) -> None:
     """`gpuyard logs -f`: a node may write log lines only as itself (the server), and the command
-    shows them only from a node the job is placed on."""
+    asks for the job's files only the nodes it ran on and shows live lines only from a node the
+    job is placed on."""
     import sys
 
     n1, n2 = await cluster.client("node.n1"), await cluster.client("node.n2")
@@ -276,13 +323,21 @@ async def test_logs_follow_believes_only_the_nodes_a_job_runs_on(cluster: Secure
     job = await submit(cluster, "user.alice")
     victim = await running_on(cluster, job)
     runs, other = (n1, n2) if victim == "n1" else (n2, n1)
+    other_id = "n2" if victim == "n1" else "n1"
+    # Both nodes answer for the job's log files (`node.<id>.logs`), the other one with made-up lines.
+    for client, node, text in ((runs, victim, "genuine file"), (other, other_id, "forged file")):
+        reply = msgspec.json.encode(LogsReply(lines=[text]))
+
+        async def files(msg: Msg, reply: bytes = reply) -> None:
+            await msg.respond(reply)
+
+        await client.bus.nc.subscribe(S.of(NODE_LOGS, node=node), cb=files)
     profile = cluster.creds.profile_path(Caller("user", "alice"))
     follow = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gpuyard.cli", "logs", "-f", job, "--nats-config", str(profile),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     await asyncio.sleep(2.0)  # (it subscribed)
-    other_id = "n2" if victim == "n1" else "n1"
     for client, node, text in ((runs, victim, "genuine"), (other, other_id, "forged")):
         line = LogLine(job_id=job, node_id=node, rank=0, line=text, time=time.time())
         await client.bus.publish(LOG_LINE, line, job=job, node=node)
@@ -292,5 +347,6 @@ async def test_logs_follow_believes_only_the_nodes_a_job_runs_on(cluster: Secure
     out, err = await asyncio.wait_for(follow.communicate(), 30)
     assert follow.returncode == 0, err.decode()
     assert f"[{victim} rank0] genuine" in out.decode() and "forged" not in out.decode()
+    assert "genuine file" in out.decode()
     for beat in beats:
         beat.cancel()

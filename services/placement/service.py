@@ -59,12 +59,13 @@ class PlacementConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     that never sent a heartbeat (simulated ones) are never declared lost."""
     heartbeat_check_s: float = 0.5
     """How often the heartbeat checker looks."""
-    command_timeout_s: float | None = None
+    command_timeout_s: float | None = 3.0
     """Real node agents (those that heartbeat): placement sends them their commands without
     waiting (one slow or dead agent must not hold up the cluster) and watches for the answers in
     the background; an agent that has not answered within this (it answers at once: launches
-    run in the background) is declared lost at once, its jobs requeued. None: wait for every
-    answer, as for simulated nodes, which answer in virtual time."""
+    run in the background) is declared lost at once, its jobs requeued. Other nodes' answers are
+    awaited this long. None (`gpuyard sim`): wait for every answer, as for simulated nodes,
+    which answer in virtual time."""
     durable: bool = False
     """Keep the cluster map in a JetStream key-value bucket: a restarted placement goes on."""
     simulated: bool = False
