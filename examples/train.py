@@ -65,12 +65,11 @@ def main() -> int:
     )
     if job.resized:
         print(f"resized: world size {job.previous_world_size} -> {job.world_size}", flush=True)
-    if state["step"] >= args.steps:  # it had finished as it was being stopped: nothing to redo
-        print(f"finished before, at step {state['step']}", flush=True)
-        return 0
     step_time = per_type.get(job.gpu_type, args.step_time)
     if args.data_parallel:
         step_time /= job.world_size
+    # A run stopped just after its last step checkpointed it: the run after it skips the loop and
+    # ends the job as that run would have (done, then finish), so the end is counted once.
     while state["step"] < args.steps:
         time.sleep(step_time)  # one step of "training"
         state["step"] += 1

@@ -279,7 +279,9 @@ def test_a_scheduler_with_another_policy_takes_over_mid_run(cluster: Compose) ->
     tail = Tail(cluster.nats)
     try:
         time.sleep(2)  # the tail's consumer is in place (--new: events from then on)
-        train = ["python", "examples/train.py", "--steps", "60", "--step-time", "0.05"]
+        # 10 s jobs: the window with jobs running and others queued lasts two waves (~20 s), long
+        # enough to be seen by `gpuyard jobs` calls on a busy machine.
+        train = ["python", "examples/train.py", "--steps", "200", "--step-time", "0.05"]
         jobs = [submit(cluster.nats, "--gpus", "2", "--", *train) for _ in range(8)]
 
         def mid_run() -> bool:  # some jobs ran, most wait: 4 GPUs for 8 two-GPU jobs

@@ -214,6 +214,31 @@ def test_a_run_launched_after_one_that_finished_exits_at_once(tmp_path: Path) ->
         signal.signal(signal.SIGTERM, previous)
 
 
+def test_a_run_after_one_stopped_at_its_last_step_ends_the_job_once(tmp_path: Path) -> None:
+    """A run stopped just after its last step checkpoints it and exits as preempted; the next run
+    finds the work done and ends the job as that run would have (`done`, then finished), so the
+    job's end is counted once and a run after that does nothing."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+    checkpoints = tmp_path / "ck" / "j1"
+    JobClient.from_env(
+        {"GPUYARD_JOB_ID": "j1", "GPUYARD_CHECKPOINT_DIR": str(checkpoints)}, handle_sigterm=False
+    ).save_checkpoint({"step": 3, "loss": 0.5})  # what the stopped run left
+
+    def run(attempt: int) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ, "GPUYARD_JOB_ID": "j1", "GPUYARD_ATTEMPT": str(attempt),
+            "GPUYARD_CHECKPOINT_DIR": str(checkpoints),
+        }  # fmt: skip
+        command = [sys.executable, str(example), "--steps", "3", "--step-time", "0"]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+
+    resumed, later = run(1), run(2)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "start_step=3" in resumed.stdout and "done at step 3 (attempt 1)" in resumed.stdout
+    assert later.returncode == 0 and "done at step" not in later.stdout
+    assert "finished by an earlier run" in later.stdout
+
+
 def test_jobclient_after_a_resize_resumes_every_rank_from_rank_0(tmp_path: Path) -> None:
     def run(rank: int, world: int) -> JobClient:
         env = {"GPUYARD_JOB_ID": "j", "RANK": str(rank), "WORLD_SIZE": str(world),
