@@ -65,6 +65,13 @@ def test_agent_options_are_checked() -> None:
             config_from_args(p.parse_args(bad))
     config = config_from_args(p.parse_args(["--node-id", "n1", "--gpus", "2", "--label", "r=1"]))
     assert config.gpus == 2 and config.labels == {"r": "1"}
+    # Relative folders are the agent's: its jobs start elsewhere and get them absolute.
+    config = config_from_args(p.parse_args(["--node-id", "n1", "--state-dir", "s"]))
+    assert (config.log_dir, config.checkpoint_root) == (
+        str(Path.cwd() / "s" / "logs"), str(Path.cwd() / "s" / "checkpoints")
+    )
+    config = config_from_args(p.parse_args(["--node-id", "n1", "--checkpoint-root", "ck"]))
+    assert config.checkpoint_root == str(Path.cwd() / "ck")
 
 
 def _launch(processes: str) -> Launch:
