@@ -161,6 +161,15 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--job-type", help="the throughput model's name for the job (--throughputs of up)"
     )
+    p.add_argument(
+        "--rescale-up-s", type=non_negative_float, dest="rescale_up_s", metavar="S",
+        help="what growing costs the job, in seconds of its throughput (BFTrainer's Tcup; "
+        "default 0)",
+    )  # fmt: skip
+    p.add_argument(
+        "--rescale-down-s", type=non_negative_float, dest="rescale_down_s", metavar="S",
+        help="what shrinking, or losing a node, costs it (BFTrainer's Tcdw; default 0)",
+    )  # fmt: skip
     p.add_argument("--name", default=None)
     p.add_argument("--job-id", default=None)
     p.add_argument("--per-node", action="store_true", help="one process per node, not per GPU")
@@ -460,7 +469,7 @@ def job_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
         raise ValueError("give the job's command after `--` (or --file)")
     job: dict[str, Any] = {"num_gpus": args.gpus, "command": command, "workdir": workdir}
     for key in ("gpu_type", "min_gpus", "max_gpus", "priority", "name", "job_id", "job_type",
-                "total_steps"):  # fmt: skip
+                "total_steps", "rescale_up_s", "rescale_down_s"):  # fmt: skip
         value = getattr(args, key, None)
         if value is not None:
             job[key] = value

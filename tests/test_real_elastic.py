@@ -36,10 +36,17 @@ STEP_S = 0.02
 
 
 class ElasticCluster:
-    def __init__(self, root: Path) -> None:
+    """`gpuyard up` on an embedded nats-server under credentials, node agents with GPUs from flags
+    (each its own identity, logs under ROOT/NODE, one shared checkpoint folder), and alice, who
+    submits. `start()` is the ElasticFlow cluster of this file; other tests call `up` and
+    `agent` themselves (tests/test_real_bftrainer.py: agents that join and leave)."""
+
+    def __init__(self, root: Path, nodes: tuple[str, ...] = ("a",)) -> None:
         self.root = root
+        self.nodes = nodes
         self.state = root / "state"
         self.procs: list[subprocess.Popen[str]] = []
+        self.agents: dict[str, subprocess.Popen[str]] = {}
         self.profiles = self.state / "profiles"
         self.alice = str(self.profiles / "user.alice.json")
         tables = root / "throughputs_t4"  # the GPU type is the folder's suffix
@@ -57,14 +64,21 @@ class ElasticCluster:
         return result
 
     def start(self) -> None:
+        self.up("--elasticflow", "--policy", "ef-accessctrl", "--round", "1", "--throughputs",
+                str(self.throughputs))  # fmt: skip
+        self.agent("a", gpus=2)
+
+    def up(self, *options: str) -> None:
+        """The control plane with these policy options."""
         # The identities an operator would issue with `gpuyard auth add-node a` / `add-user
         # alice` (tests/test_ops_auth.py runs those); `up` writes its address into the profiles.
-        Credentials(self.state, CLUSTER).init([Caller("node", "a"), Caller("user", "alice")])
+        Credentials(self.state, CLUSTER).init(
+            [*(Caller("node", n) for n in self.nodes), Caller("user", "alice")]
+        )
         log = (self.root / "up.log").open("a")
         up = subprocess.Popen(
             [sys.executable, "-m", "gpuyard.cli", "up", "--cluster", CLUSTER, "--state-dir",
-             str(self.state), "--listen", f"127.0.0.1:{free_port()}", "--elasticflow",
-             "--policy", "ef-accessctrl", "--round", "1", "--throughputs", str(self.throughputs),
+             str(self.state), "--listen", f"127.0.0.1:{free_port()}", *options,
              "--heartbeat-timeout", "5"],
             stdout=subprocess.PIPE, stderr=log, text=True,
         )  # fmt: skip
@@ -72,16 +86,29 @@ class ElasticCluster:
         assert up.stdout is not None
         first = up.stdout.readline()
         assert first.startswith("gpuyard control plane up: --nats nats://127.0.0.1:"), first
-        log = (self.root / "a.log").open("a")
+
+    def agent(self, node: str, gpus: int) -> subprocess.Popen[str]:
+        """Node `node`'s agent with `gpus` GPUs, once it has registered."""
+        out = self.root / f"{node}.log"
+        log = out.open("a")
+        seen = out.read_text().count("node.registered")
         agent = subprocess.Popen(
             [sys.executable, "-m", "gpuyard.cli", "nodeagent", "--nats-config",
-             str(self.profiles / "node.a.json"), "--gpus", "2", "--gpu-type", "t4",
+             str(self.profiles / f"node.{node}.json"), "--gpus", str(gpus), "--gpu-type", "t4",
              "--heartbeat", "0.2", "--grace", "10", "--address", "127.0.0.1", "--state-dir",
-             str(self.root / "a"), "--checkpoint-root", str(self.root / "ckpt")],
+             str(self.root / node), "--checkpoint-root", str(self.root / "ckpt")],
             stdout=log, stderr=log, text=True,
         )  # fmt: skip
         self.procs.append(agent)
-        until(lambda: "node.registered" in (self.root / "a.log").read_text(), "the agent up")
+        self.agents[node] = agent
+        until(lambda: out.read_text().count("node.registered") > seen, f"agent {node} up")
+        return agent
+
+    def stop_agent(self, node: str) -> None:
+        """SIGTERM, as a batch system taking its node back: its job parts checkpoint, it leaves."""
+        agent = self.agents.pop(node)
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=30) == 0
 
     def submit(self, *args: str) -> subprocess.CompletedProcess[str]:
         return self.gpuyard("submit", "--nats-config", self.alice, *args, check=False)
@@ -90,12 +117,12 @@ class ElasticCluster:
         out = self.gpuyard("jobs", "--json", "--nats-config", self.alice).stdout
         return {j["job_id"]: j for j in json.loads(out)["jobs"]}
 
-    def log(self, job_id: str, rank: int = 0) -> str:
-        path = self.root / "a" / "logs" / job_id / f"rank{rank}.log"
+    def log(self, job_id: str, rank: int = 0, node: str = "a") -> str:
+        path = self.root / node / "logs" / job_id / f"rank{rank}.log"
         return path.read_text() if path.exists() else ""
 
     def close(self) -> None:
-        for p in reversed(self.procs):  # the agent first: it leaves while `up` still listens
+        for p in reversed(self.procs):  # the agents first: they leave while `up` still listens
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
             try:

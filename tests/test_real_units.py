@@ -66,6 +66,13 @@ def test_agent_options_are_checked() -> None:
             config_from_args(p.parse_args(bad))
     config = config_from_args(p.parse_args(["--node-id", "n1", "--gpus", "2", "--label", "r=1"]))
     assert config.gpus == 2 and config.labels == {"r": "1"}
+    # Relative folders are the agent's: its jobs start elsewhere and get them absolute.
+    config = config_from_args(p.parse_args(["--node-id", "n1", "--state-dir", "s"]))
+    assert (config.log_dir, config.checkpoint_root) == (
+        str(Path.cwd() / "s" / "logs"), str(Path.cwd() / "s" / "checkpoints")
+    )
+    config = config_from_args(p.parse_args(["--node-id", "n1", "--checkpoint-root", "ck"]))
+    assert config.checkpoint_root == str(Path.cwd() / "ck")
 
 
 def _launch(processes: str) -> Launch:
@@ -328,6 +335,13 @@ def test_submit_arguments_become_a_job(tmp_path: Path) -> None:
     (job,) = job_from_args(ns)
     assert before + 600 <= job["deadline"] <= time.time() + 600
     assert (job["total_steps"], job["job_type"]) == (3000.0, "train")
+    # BFTrainer's rescale costs (Tcup, Tcdw), seconds of the job's throughput; unset: 0.
+    assert "rescale_up_s" not in job and "rescale_down_s" not in job
+    ns.rescale_up_s, ns.rescale_down_s = 20.0, 0.0
+    (job,) = job_from_args(ns)
+    assert (job["rescale_up_s"], job["rescale_down_s"]) == (20.0, 0.0)
+    with pytest.raises(SystemExit):
+        main(["submit", "--rescale-down-s", "-1", "--", "x"])
     ns.command = []
     with pytest.raises(ValueError, match="command"):
         job_from_args(ns)

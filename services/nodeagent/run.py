@@ -90,12 +90,15 @@ def config_from_args(args: argparse.Namespace) -> NodeAgentConfig:
         if not sep:
             raise ValueError(f"--label {item!r} is not KEY=VALUE")
         labels[key] = value
-    state = args.state_dir or default_state_dir()
+    # Absolute: a job's processes start in their own directory (the submitter's) and find their
+    # checkpoints and progress file by these paths.
+    state = Path(args.state_dir or default_state_dir()).expanduser().absolute()
+    checkpoints = Path(args.checkpoint_root or state / "checkpoints").expanduser().absolute()
     return NodeAgentConfig(
         node_id=args.node_id, gpus=args.gpus, gpu_type=args.gpu_type,
         address=args.address or default_address(), use_nvml=not args.no_nvml,
         heartbeat_s=args.heartbeat, grace_s=args.grace, log_dir=str(state / "logs"),
-        checkpoint_root=str(args.checkpoint_root or state / "checkpoints"), labels=labels,
+        checkpoint_root=str(checkpoints), labels=labels,
     )  # fmt: skip
 
 

@@ -526,9 +526,14 @@ class Scheduler(Service):
             if rate is not None and isinstance(self.model, LearnedThroughputs):
                 assert record.gpu_type is not None
                 self.model.observe(record.spec.job_type, record.gpu_type, record.gpus, rate)
+        # Jobs whose node left before this decision (a real cluster hears of it here, not
+        # before the round as a simulation does): they wait again, and are decided on at once,
+        # not a round later (placement left them out of this apply).
+        relost = False
         for job_id in reply.lost:
-            if (record := active.get(job_id)) is not None:
+            if (record := active.get(job_id)) is not None and record.state == "running":
                 await self._requeue(now, record, "node lost")
+                relost = True
         resized = set(reply.stopped) & reply.started.keys()  # stopped and relaunched at once
         for job_id in reply.stopped:
             if job_id not in resized and (record := active.get(job_id)) is not None:
@@ -545,7 +550,7 @@ class Scheduler(Service):
             kind = "job.resized" if was_resized else "job.started"
             await self.emit(kind, now, job_id, gpus=gpus)
         self.last_round = now
-        self.dirty = False
+        self.dirty = relost
         # When to decide again with time alone, from the jobs as this round left them.
         wake = self.policy.next_decision_time(self._input(now, cluster))
         if wake is not None and wake <= now:  # "again, now" would never end: a policy's bug
@@ -770,8 +775,12 @@ class Scheduler(Service):
         return due
 
     def _after(self, now: float) -> None:
-        """After a clock-driven request: when the scheduler next needs a tick."""
+        """After a clock-driven request: when the scheduler next needs a tick. On the wall clock
+        one due already (a round left jobs to decide on: their node left) goes out at once: the
+        ticker may be waiting out a round, having read `wake_at` before the round changed it."""
         self.wake_at = self.next_wake(now)
+        if self.wake_at is not None and self.wake_at <= now:
+            self._poke()
 
     def _status(
         self, now: float, *, ran_round: bool = False, rejected: dict[str, str] | None = None
