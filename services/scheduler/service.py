@@ -552,7 +552,9 @@ class Scheduler(Service):
         self.last_round = now
         self.dirty = relost
         # When to decide again with time alone, from the jobs as this round left them.
-        wake = self.policy.next_decision_time(self._input(now, cluster))
+        # (The views read their records live: this round's changes show through the same views;
+        # only the capacity is new.)
+        wake = self.policy.next_decision_time(self._input(now, cluster, inp.jobs, inp.finished))
         if wake is not None and wake <= now:  # "again, now" would never end: a policy's bug
             self.log.warning("policy.wake_in_the_past", policy=self.policy_name, wake=wake)
             wake = None
@@ -569,7 +571,12 @@ class Scheduler(Service):
             and self.model.version != self.decided_with
         )
 
-    def _input(self, now: float, info: ClusterInfo) -> SchedulingInput:
+    def _input(
+        self, now: float, info: ClusterInfo, jobs: list[JobView] | None = None,
+        finished: list[JobView] | None = None,
+    ) -> SchedulingInput:
+        """The policy's input at `now`; `jobs` and `finished`: views of the same records at the
+        same instant, to reuse (thousands of jobs in a long queue, twice a round)."""
         nodes: list[NodeStatus] = []
         if self.policy.needs.nodes:  # (once per cluster answer: thousands of nodes in a replay)
             if self._node_list is None or self._node_list[0] is not info:
@@ -580,15 +587,15 @@ class Scheduler(Service):
             throughputs=self.model,
         )  # fmt: skip
         context = cluster.context(now)
-        finished: list[JobView] = []
-        if self.policy.needs.finished_jobs:
-            finished = [
-                JobView.of(r, context) for r in self.table.jobs.values() if r.end_time is not None
-            ]
-        return SchedulingInput(
-            now=now, jobs=[JobView.of(r, context) for r in self.table.active.values()],
-            cluster=cluster, finished=finished,
-        )  # fmt: skip
+        if finished is None:
+            finished = []
+            if self.policy.needs.finished_jobs:
+                finished = [
+                    JobView.of(r, context) for r in self.table.jobs.values() if r.end_time is not None
+                ]
+        if jobs is None:
+            jobs = [JobView.of(r, context) for r in self.table.active.values()]
+        return SchedulingInput(now=now, jobs=jobs, cluster=cluster, finished=finished)
 
     def _nodes(self, info: ClusterInfo) -> list[NodeStatus]:
         """The node views, reusing those of nodes that did not change (node replays list
@@ -633,6 +640,12 @@ class Scheduler(Service):
             self.policy_slow = True
         return decision if isinstance(decision, Decision) else Decision(allocations=decision)
 
+    def _runs_there(self, record: JobRecord, a: Allocation, capacity: dict[str, int]) -> bool:
+        """The job has throughput on `a`'s GPU type (every type with GPUs, for any type)."""
+        types = [a.gpu_type] if a.gpu_type != ANY_GPU else [t for t in capacity if capacity[t]]
+        job_type = record.spec.job_type
+        return all(self.model.throughput(job_type, t, a.num_gpus) > 0 for t in types)
+
     def _checked(self, allocations: list[Allocation], cluster: ClusterInfo) -> list[Allocation]:
         """A policy's answer must name active jobs once each, within their GPU bounds and the
         capacity of `cluster` (the round's: a node event may have dropped `self.cluster` since).
@@ -653,9 +666,11 @@ class Scheduler(Service):
                     f"policy {self.policy_name!r} gave {a.job_id!r} {a.num_gpus} GPUs "
                     f"outside [{low}, {high}]"
                 )
-            types = [a.gpu_type] if a.gpu_type != ANY_GPU else [t for t in capacity if capacity[t]]
-            job_type = record.spec.job_type
-            if any(self.model.throughput(job_type, t, a.num_gpus) <= 0 for t in types):
+            kept_as_is = (  # a run goes on as it is: it was checked when it started
+                record.state == "running" and record.gpus == a.num_gpus
+                and a.gpu_type in (ANY_GPU, record.gpu_type)
+            )  # fmt: skip
+            if not kept_as_is and not self._runs_there(record, a, capacity):
                 self.log.warning(
                     "allocation.unsupported", job_id=a.job_id, gpu_type=a.gpu_type,
                     gpus=a.num_gpus, policy=self.policy_name,

@@ -258,11 +258,13 @@ class SchedulingInput:
     """Jobs that ended, in admission order (only for policies with `Needs.finished_jobs`)."""
 
     def __post_init__(self) -> None:
-        context = self.cluster.context(self.now)
-        for view in self.jobs:
-            view.bind(context)
-        for view in self.finished:
-            view.bind(context)
+        # Views built by hand (tests) take this input's time and model; the services' come bound.
+        unbound = [v for v in self.jobs if v._ctx is None]
+        unbound += [v for v in self.finished if v._ctx is None]
+        if unbound:
+            context = self.cluster.context(self.now)
+            for view in unbound:
+                view.bind(context)
 
 
 @dataclass(kw_only=True)
