@@ -87,14 +87,14 @@ class ElasticCluster:
         first = up.stdout.readline()
         assert first.startswith("gpuyard control plane up: --nats nats://127.0.0.1:"), first
 
-    def agent(self, node: str, gpus: int) -> subprocess.Popen[str]:
-        """Node `node`'s agent with `gpus` GPUs, once it has registered."""
+    def agent(self, node: str, gpus: int, gpu_type: str = "t4") -> subprocess.Popen[str]:
+        """Node `node`'s agent with `gpus` GPUs of `gpu_type`, once it has registered."""
         out = self.root / f"{node}.log"
         log = out.open("a")
         seen = out.read_text().count("node.registered")
         agent = subprocess.Popen(
             [sys.executable, "-m", "gpuyard.cli", "nodeagent", "--nats-config",
-             str(self.profiles / f"node.{node}.json"), "--gpus", str(gpus), "--gpu-type", "t4",
+             str(self.profiles / f"node.{node}.json"), "--gpus", str(gpus), "--gpu-type", gpu_type,
              "--heartbeat", "0.2", "--grace", "10", "--address", "127.0.0.1", "--state-dir",
              str(self.root / node), "--checkpoint-root", str(self.root / "ckpt")],
             stdout=log, stderr=log, text=True,

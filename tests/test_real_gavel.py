@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -23,11 +21,9 @@ from typing import Any
 
 import pytest
 
-from gpuyard.natsauth import Credentials
-from gpuyard.shared.identity import Caller
-from tests.polling import free_port, until
+from tests.polling import until
+from tests.test_real_elastic import ElasticCluster
 
-CLUSTER = "gavelreal"
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
 ROUND_S = 2.0
 STEPS = 1_000_000  # more than the test lasts: the jobs run until the agents stop
@@ -42,56 +38,22 @@ PRIOR = {  # the table: v100 twice as fast as k80 for both (wrong for fast-on-k8
 NODES = {"a": "v100", "b": "k80"}
 
 
-class GavelCluster:
+class GavelCluster(ElasticCluster):
+    """The control plane under Gavel's policy with the table as its prior, and two agents of one
+    GPU each, of two types."""
+
     def __init__(self, root: Path) -> None:
-        self.root = root
-        self.state = root / "state"
-        self.profiles = self.state / "profiles"
-        self.alice = str(self.profiles / "user.alice.json")
-        self.procs: list[subprocess.Popen[str]] = []
+        super().__init__(root, nodes=tuple(NODES))
         self.prior = root / "prior.json"
         self.prior.write_text(json.dumps(PRIOR))
 
-    def gpuyard(self, *args: str) -> str:
-        result = subprocess.run(
-            [sys.executable, "-m", "gpuyard.cli", *args, "--nats-config", self.alice],
-            capture_output=True, text=True, timeout=60, cwd=self.root,
-        )  # fmt: skip
-        if result.returncode != 0:
-            raise AssertionError(f"gpuyard {' '.join(args)}: {result.returncode}\n{result.stderr}")
-        return result.stdout
-
     def start(self) -> None:
-        callers = [Caller("node", n) for n in NODES] + [Caller("user", "alice")]
-        Credentials(self.state, CLUSTER).init(callers)
-        log = (self.root / "up.log").open("a")
-        up = subprocess.Popen(
-            [sys.executable, "-m", "gpuyard.cli", "up", "--cluster", CLUSTER, "--state-dir",
-             str(self.state), "--listen", f"127.0.0.1:{free_port()}", "--no-durable",
-             "--policy", "max_min_fairness_perf", "--throughputs", str(self.prior),
-             "--round", str(ROUND_S), "--min-resolve-s", str(2 * ROUND_S),
-             "--heartbeat-timeout", "5"],
-            stdout=subprocess.PIPE, stderr=log, text=True,
-        )  # fmt: skip
-        self.procs.append(up)
-        assert up.stdout is not None
-        first = up.stdout.readline()
-        assert first.startswith("gpuyard control plane up: --nats nats://127.0.0.1:"), first
+        self.up("--no-durable", "--policy", "max_min_fairness_perf", "--throughputs",
+                str(self.prior), "--round", str(ROUND_S), "--min-resolve-s", str(2 * ROUND_S))  # fmt: skip
         for node, gpu_type in NODES.items():
-            log = (self.root / f"{node}.log").open("a")
-            agent = subprocess.Popen(
-                [sys.executable, "-m", "gpuyard.cli", "nodeagent", "--nats-config",
-                 str(self.profiles / f"node.{node}.json"), "--gpus", "1", "--gpu-type", gpu_type,
-                 "--heartbeat", "0.2", "--grace", "5", "--address", "127.0.0.1", "--state-dir",
-                 str(self.root / node), "--checkpoint-root", str(self.root / "ckpt")],
-                stdout=log, stderr=log, text=True,
-            )  # fmt: skip
-            self.procs.append(agent)
-        for node in NODES:
-            log = self.root / f"{node}.log"
-            until(lambda log=log: "node.registered" in log.read_text(), f"agent {node} up")
+            self.agent(node, 1, gpu_type)
 
-    def submit(self) -> None:
+    def submit_both(self) -> None:
         jobs = [
             {"job_id": job_type, "job_type": job_type, "num_gpus": 1, "total_steps": STEPS,
              "command": train(job_type)}
@@ -99,12 +61,8 @@ class GavelCluster:
         ]  # fmt: skip
         path = self.root / "jobs.json"
         path.write_text(json.dumps({"jobs": jobs}))
-        out = self.gpuyard("submit", "--file", str(path))
+        out = self.gpuyard("submit", "--nats-config", self.alice, "--file", str(path)).stdout
         assert out.split() == ["submitted", "fast-on-v100", "submitted", "fast-on-k80"], out
-
-    def jobs(self) -> dict[str, dict[str, Any]]:
-        out = self.gpuyard("jobs", "--json")
-        return {j["job_id"]: j for j in json.loads(out)["jobs"]}
 
     def types_run_on(self, job_id: str) -> list[str]:
         """The GPU type of each run of the job, in order, from train.py's start lines."""
@@ -116,15 +74,6 @@ class GavelCluster:
                 (int(m[1]), m[2]) for m in re.finditer(r"attempt=(\d+) .* gpu_type=(\w+)", text)
             ]
         return [gpu_type for _, gpu_type in sorted(runs)]
-
-    def close(self) -> None:
-        for p in reversed(self.procs):  # the agents first: they leave while `up` still listens
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
 def train(job_type: str) -> list[str]:
@@ -147,7 +96,7 @@ def cluster(tmp_path: Path) -> Iterator[GavelCluster]:
 def test_learned_throughputs_move_each_job_to_the_type_it_is_faster_on(
     cluster: GavelCluster,
 ) -> None:
-    cluster.submit()
+    cluster.submit_both()
     # On the table's word both jobs are alike: each spends half its time on each type, and
     # every run on a type is measured there.
     for job_id in STEP_S:

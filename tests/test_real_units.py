@@ -227,9 +227,9 @@ def test_a_run_after_one_stopped_at_its_last_step_ends_the_job_once(tmp_path: Pa
     job's end is counted once and a run after that does nothing."""
     example = Path(__file__).resolve().parents[1] / "examples" / "train.py"
     checkpoints = tmp_path / "ck" / "j1"
-    JobClient.from_env(
-        {"GPUYARD_JOB_ID": "j1", "GPUYARD_CHECKPOINT_DIR": str(checkpoints)}, handle_sigterm=False
-    ).save_checkpoint({"step": 3, "loss": 0.5})  # what the stopped run left
+    stopped = "from gpuyard.jobclient import JobClient; JobClient.from_env().save_checkpoint({'step': 3, 'loss': 0.5})"  # fmt: skip
+    env = {**os.environ, "GPUYARD_JOB_ID": "j1", "GPUYARD_CHECKPOINT_DIR": str(checkpoints)}
+    subprocess.run([sys.executable, "-c", stopped], env=env, check=True, timeout=60)  # it exited
 
     def run(attempt: int) -> subprocess.CompletedProcess[str]:
         env = {
