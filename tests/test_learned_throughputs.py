@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import msgspec
 import pytest
@@ -29,24 +30,33 @@ from gpuyard.shared.model import JobRecord, JobSpec, NodeSpec
 from gpuyard.shared.throughput import GavelThroughputs, LearnedThroughputs, split_job_type
 
 
-async def test_heartbeat_steps_become_the_runs_measured_rate(nats_url: str) -> None:
-    configs = {
+def learning_control_plane() -> dict[str, Any]:
+    """Services on the wall clock, in fast rounds, whose scheduler learns throughputs."""
+    return {
         "placement": PlacementConfig(heartbeat_timeout_s=60.0),
         "scheduler": SchedulerConfig(
             event_storage="memory", learn_throughputs=True, clock="wall", round_s=0.1
         ),
         "admission": AdmissionConfig(),
     }
-    async with ServiceSet(nats_url, "learn", configs):
+
+
+async def answer_node_commands(bus: Bus) -> None:
+    """Answer every node command as an agent would: launched and preempted as asked."""
+    decoder = msgspec.json.Decoder(NodeCommand)
+
+    async def agent(msg) -> None:  # type: ignore[no-untyped-def]
+        cmd = decoder.decode(msg.data)
+        reply = NodeCommandReply(preempted=cmd.preempt, launched=[x.job_id for x in cmd.launch])
+        await msg.respond(msgspec.json.encode(reply))
+
+    await bus.nc.subscribe(bus.subjects.every(NODE_COMMAND), cb=agent)
+
+
+async def test_heartbeat_steps_become_the_runs_measured_rate(nats_url: str) -> None:
+    async with ServiceSet(nats_url, "learn", learning_control_plane()):
         bus = Bus(await connect(nats_url, name="test"), Subjects("learn"))
-        decoder = msgspec.json.Decoder(NodeCommand)
-
-        async def agent(msg) -> None:  # type: ignore[no-untyped-def]
-            cmd = decoder.decode(msg.data)
-            reply = NodeCommandReply(preempted=cmd.preempt, launched=[x.job_id for x in cmd.launch])
-            await msg.respond(msgspec.json.encode(reply))
-
-        await bus.nc.subscribe(bus.subjects.every(NODE_COMMAND), cb=agent)
+        await answer_node_commands(bus)
         node = NodeSpec(node_id="n1", num_gpus=1, gpu_type="a", labels={"boot": "x"})
         await bus.call(REGISTER, RegisterNode(now=0.0, node=node))
         spec = JobSpec(job_id="j", num_gpus=1, job_type="t", total_steps=1e6)
@@ -86,23 +96,9 @@ async def test_an_agents_measured_rate_counts_from_a_runs_first_report(nats_url:
     """A run that lasts one round (Gavel's mechanism moves jobs every round) reaches the
     scheduler in one report: the rate its node agent measured from the job's own reports is the
     run's rate. A node the job does not run on (its old part still stopping) is not heard."""
-    configs = {
-        "placement": PlacementConfig(heartbeat_timeout_s=60.0),
-        "scheduler": SchedulerConfig(
-            event_storage="memory", learn_throughputs=True, clock="wall", round_s=0.1
-        ),
-        "admission": AdmissionConfig(),
-    }
-    async with ServiceSet(nats_url, "learn1", configs):
+    async with ServiceSet(nats_url, "learn1", learning_control_plane()):
         bus = Bus(await connect(nats_url, name="test"), Subjects("learn1"))
-        decoder = msgspec.json.Decoder(NodeCommand)
-
-        async def agent(msg) -> None:  # type: ignore[no-untyped-def]
-            cmd = decoder.decode(msg.data)
-            reply = NodeCommandReply(preempted=cmd.preempt, launched=[x.job_id for x in cmd.launch])
-            await msg.respond(msgspec.json.encode(reply))
-
-        await bus.nc.subscribe(bus.subjects.every(NODE_COMMAND), cb=agent)
+        await answer_node_commands(bus)
         for node_id, gpus in (("n1", 1), ("n2", 0)):
             node = NodeSpec(node_id=node_id, num_gpus=gpus, gpu_type="a", labels={"boot": "x"})
             await bus.call(REGISTER, RegisterNode(now=0.0, node=node))
