@@ -68,8 +68,7 @@ class GavelCluster(ElasticCluster):
         """The GPU type of each run of the job, in order, from train.py's start lines."""
         runs = []
         for node in NODES:
-            path = self.root / node / "logs" / job_id / "rank0.log"
-            text = path.read_text() if path.exists() else ""
+            text = self.log(job_id, node=node)
             runs += [
                 (int(m[1]), m[2]) for m in re.finditer(r"attempt=(\d+) .* gpu_type=(\w+)", text)
             ]
