@@ -12,6 +12,8 @@ from collections.abc import Iterable
 
 from gpuyard.shared.contract import StepsReport
 from gpuyard.shared.model import JobRecord, JobSpec, JobState
+from gpuyard.shared.policy import JobView, ViewContext
+from gpuyard.shared.throughput import LinearModel
 
 
 class JobTable:
@@ -27,6 +29,11 @@ class JobTable:
         """Jobs changed since the last write (durable: what to store)."""
         self.changed = False
         """The set of active jobs changed (a job came or went) since this was last cleared."""
+        self.context = ViewContext(0.0, 0.0, LinearModel())
+        """What the views see: the scheduler sets the time and model before each decision."""
+        self.views: dict[str, JobView] = {}
+        """A view of each active job, in admission order: made once, not at every decision
+        (thousands of jobs wait in a long queue)."""
 
     @property
     def queued(self) -> int:
@@ -49,6 +56,7 @@ class JobTable:
             admit_time=now, queued_since=now, total_steps=total_steps, progress_at=now,
         )  # fmt: skip
         self.jobs[record.job_id] = self.active[record.job_id] = record
+        self.views[record.job_id] = JobView.of(record, self.context)
         self._touch(record)
         self.changed = True
         return record
@@ -109,6 +117,7 @@ class JobTable:
         record.end_time = now
         record.reason = reason  # why it ended (not why it once waited)
         del self.active[record.job_id]
+        del self.views[record.job_id]
         self.finished += 1
         self.changed = True
         self._touch(record)
@@ -149,6 +158,7 @@ class JobTable:
             self.jobs[record.job_id] = record
             if record.state in ("queued", "running"):
                 self.active[record.job_id] = record
+                self.views[record.job_id] = JobView.of(record, self.context)
             else:
                 self.finished += 1
             if record.state == "running":

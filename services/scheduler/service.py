@@ -505,10 +505,16 @@ class Scheduler(Service):
         allocations = self._checked(self.mechanism.allocations(decision, inp), cluster)
         allocations, lease_ends = self._guarded(now, allocations, cluster.capacity)
         active = self.table.active
-        specs = {a.job_id: active[a.job_id].spec for a in allocations if active[a.job_id].state != "running"}  # fmt: skip
+        specs: dict[str, JobSpec] = {}
         # Every launch carries its attempt number, a running job's too (placement relaunches it
         # when it resizes or moves it), so that its exit is not taken for an earlier run's.
-        attempts = {a.job_id: n for a in allocations if (n := active[a.job_id].attempt)}
+        attempts: dict[str, int] = {}
+        for a in allocations:
+            record = active[a.job_id]
+            if record.state != "running":
+                specs[a.job_id] = record.spec
+            if record.attempt:
+                attempts[a.job_id] = record.attempt
         reply = await self._placement(
             APPLY,
             ApplyRequest(
@@ -574,7 +580,7 @@ class Scheduler(Service):
     def _input(
         self, now: float, info: ClusterInfo, jobs: list[JobView] | None = None,
         finished: list[JobView] | None = None,
-    ) -> SchedulingInput:
+    ) -> SchedulingInput:  # fmt: skip
         """The policy's input at `now`; `jobs` and `finished`: views of the same records at the
         same instant, to reuse (thousands of jobs in a long queue, twice a round)."""
         nodes: list[NodeStatus] = []
@@ -586,7 +592,8 @@ class Scheduler(Service):
             capacity=dict(info.capacity), round_s=self.config.round_s, nodes=nodes,
             throughputs=self.model,
         )  # fmt: skip
-        context = cluster.context(now)
+        context = self.table.context
+        context.now, context.round_s, context.model = now, self.config.round_s, self.model
         if finished is None:
             finished = []
             if self.policy.needs.finished_jobs:
@@ -594,7 +601,7 @@ class Scheduler(Service):
                     JobView.of(r, context) for r in self.table.jobs.values() if r.end_time is not None
                 ]
         if jobs is None:
-            jobs = [JobView.of(r, context) for r in self.table.active.values()]
+            jobs = list(self.table.views.values())
         return SchedulingInput(now=now, jobs=jobs, cluster=cluster, finished=finished)
 
     def _nodes(self, info: ClusterInfo) -> list[NodeStatus]:
@@ -652,21 +659,31 @@ class Scheduler(Service):
         An allocation where the job cannot run (no throughput on that type) is left out with a
         warning: no policy ever starts a job where it would only fail."""
         capacity = cluster.capacity
+        active = self.table.active
         seen: set[str] = set()
         used: dict[str, int] = {}
         kept: list[Allocation] = []
         for a in allocations:
-            record = self.table.active.get(a.job_id)
+            record = active.get(a.job_id)
             if record is None or a.job_id in seen:
                 raise RuntimeError(f"policy {self.policy_name!r} allocated {a.job_id!r} wrongly")
             seen.add(a.job_id)
+            if (
+                record.state == "running" and record.gpus == a.num_gpus
+                and (a.gpu_type == ANY_GPU or a.gpu_type == record.gpu_type)
+                and a.share_with is None
+            ):  # fmt: skip
+                # A run that goes on as it is: its bounds and type were checked when it started.
+                used[a.gpu_type] = used.get(a.gpu_type, 0) + a.num_gpus
+                kept.append(a)
+                continue
             low, high = record.spec.gpu_range
             if not low <= a.num_gpus <= high:
                 raise RuntimeError(
                     f"policy {self.policy_name!r} gave {a.job_id!r} {a.num_gpus} GPUs "
                     f"outside [{low}, {high}]"
                 )
-            kept_as_is = (  # a run goes on as it is: it was checked when it started
+            kept_as_is = (  # a run goes on as it is (sharing GPUs): checked when it started
                 record.state == "running" and record.gpus == a.num_gpus
                 and a.gpu_type in (ANY_GPU, record.gpu_type)
             )  # fmt: skip

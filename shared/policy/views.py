@@ -181,7 +181,9 @@ class JobView:
 
     @property
     def remaining_steps(self) -> float | None:
-        total = self.total_steps
+        total = self.record.total_steps
+        if total is None:
+            total = self.total_steps
         return None if total is None else max(total - self.steps_done, 0.0)
 
     @property
@@ -192,7 +194,9 @@ class JobView:
         if left is None:
             return None
         r = self.record
-        rate = r.rate if r.state == "running" and r.rate > 0 else self.rate(ANY_GPU, r.spec.num_gpus)
+        rate = (
+            r.rate if r.state == "running" and r.rate > 0 else self.rate(ANY_GPU, r.spec.num_gpus)
+        )
         return left / rate if rate > 0 else None
 
     def rate(self, gpu_type: str, num_gpus: int) -> float:

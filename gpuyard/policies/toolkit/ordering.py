@@ -22,11 +22,12 @@ TypeOrder = Callable[[JobView, list[str], int], list[str]]
 def held_or_requested(job: JobView) -> int:
     """GPUs a job asks for in a rigid policy: what it holds while running (when within its
     [min, max] range, e.g. after an elastic policy resized it), else `num_gpus`."""
-    if job.state == "running" and job.gpus:
-        low, high = job.spec.gpu_range
-        if low <= job.gpus <= high:
-            return job.gpus
-    return job.spec.num_gpus
+    r = job.record  # (the walk's hot path: the record's fields, not the view's properties)
+    spec = r.spec
+    low, high = spec.min_gpus or spec.num_gpus, spec.max_gpus or spec.num_gpus
+    if r.state == "running" and r.gpus and low <= r.gpus <= high:
+        return r.gpus
+    return spec.num_gpus
 
 
 def agnostic_types(job: JobView, types: list[str], need: int) -> list[str]:
@@ -76,32 +77,47 @@ def fill_in_order(
     """
     if not isinstance(cluster, ClusterView):
         cluster = ClusterView(capacity=dict(cluster))
-    free = dict(cluster.capacity)
+    capacity = cluster.capacity
+    free = dict(capacity)
+    types = cluster.types
+    supported: dict[tuple[str, str, int], bool] = {}  # (job type, GPU type, GPUs): rate > 0
+
+    def supports(job: JobView, t: str, need: int) -> bool:
+        key = (job.record.spec.job_type, t, need)
+        ok = supported.get(key)
+        if ok is None:
+            ok = supported[key] = cluster.supports(job, t, need)
+        return ok
+
     # Running jobs per type in walk order; entries [head:] are still "after" the walk position and
     # may be preempted from the tail. after[t] = their GPU total.
     running: dict[str, list[tuple[int, JobView]]] = {}
     after: dict[str, int] = {}
     for pos, job in enumerate(order):
-        t = job.gpu_type
-        if job.state == "running" and job.gpus > 0 and t is not None and t in free:
-            free[t] -= job.gpus
+        r = job.record
+        t = r.gpu_type
+        if r.state == "running" and r.gpus > 0 and t in free:
+            free[t] -= r.gpus
             running.setdefault(t, []).append((pos, job))
-            after[t] = after.get(t, 0) + job.gpus
+            after[t] = after.get(t, 0) + r.gpus
     head = dict.fromkeys(running, 0)
     result: list[tuple[int, Allocation]] = []
     stopped = False
     for pos, job in enumerate(order):
         need = demand(job)
-        t = job.gpu_type
-        lst = running.get(t) if t is not None else None
+        r = job.record
+        t = r.gpu_type
+        lst = running.get(t)  # type: ignore[arg-type]  (None is never a key)
         if lst is not None and head[t] < len(lst) and lst[head[t]][0] == pos:
             # Running and not preempted: it competes for its own GPUs first, on its own type.
             head[t] += 1
-            after[t] -= job.gpus
-            free[t] += job.gpus
-            cands = [t] if cluster.supports(job, t, need) else []
+            after[t] -= r.gpus
+            free[t] += r.gpus
+            cands = [t] if supports(job, t, need) else []
         else:
-            cands = type_order(job, runnable_types(job, cluster, need), need)
+            wanted = types if r.spec.gpu_type == ANY_GPU else [r.spec.gpu_type]
+            runnable = [c for c in wanted if capacity.get(c, 0) > 0 and supports(job, c, need)]
+            cands = type_order(job, runnable, need) if len(runnable) > 1 else runnable
         chosen = next((c for c in cands if free.get(c, 0) >= need), None)
         if chosen is None:
             chosen = next((c for c in cands if free.get(c, 0) + after.get(c, 0) >= need), None)
@@ -112,12 +128,14 @@ def fill_in_order(
             break
         while free[chosen] < need:  # preempt the last running job after this one
             _, victim = running[chosen].pop()
-            free[chosen] += victim.gpus
-            after[chosen] -= victim.gpus
+            free[chosen] += victim.record.gpus
+            after[chosen] -= victim.record.gpus
         free[chosen] -= need
-        result.append((pos, Allocation(job.job_id, need, chosen)))
+        result.append((pos, Allocation(job.record.job_id, need, chosen)))
     if stopped:  # running jobs after the blocking job keep running
         for t, lst in running.items():
-            result.extend((p, Allocation(j.job_id, j.gpus, t)) for p, j in lst[head[t] :])
+            result.extend(
+                (p, Allocation(j.record.job_id, j.record.gpus, t)) for p, j in lst[head[t] :]
+            )
         result.sort(key=lambda pa: pa[0])
     return [a for _, a in result]

@@ -12,17 +12,18 @@ BLOX_STARVATION_S = 3.6e6
 
 def is_starved(job: JobView, now: float, starvation_s: float | None) -> bool:
     """The job has waited `starvation_s` seconds in a row."""
+    r = job.record  # (every job, every decision: the record's fields, not the view's properties)
     return (
         starvation_s is not None
-        and job.state == "queued"
-        and job.queued_since is not None
-        and now - job.queued_since >= starvation_s
+        and r.state == "queued"
+        and r.queued_since is not None
+        and now - r.queued_since >= starvation_s
     )
 
 
 def priority_class(job: JobView, now: float, starvation_s: float | None) -> int:
     """Sort key part (smaller first): the job's priority, one class better once starved."""
-    return -(job.spec.priority + (1 if is_starved(job, now, starvation_s) else 0))
+    return -(job.record.spec.priority + (1 if is_starved(job, now, starvation_s) else 0))
 
 
 def next_starvation(
@@ -32,11 +33,11 @@ def next_starvation(
     if starvation_s is None:
         return None
     times = [
-        j.queued_since + starvation_s
+        since + starvation_s
         for j in jobs
-        if j.state == "queued"
-        and j.queued_since is not None
-        and j.queued_since + starvation_s > now
+        if (since := j.record.queued_since) is not None
+        and j.record.state == "queued"
+        and since + starvation_s > now
     ]
     return min(times, default=None)
 
