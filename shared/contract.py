@@ -295,6 +295,9 @@ class ClusterInfo(Struct, kw_only=True):
     busy: dict[str, list[GpuRef]]
     down: dict[str, float] = {}
     """Nodes that were up and left, with the time they left (until they come back)."""
+    rearranges: bool = False
+    """Placement's policy moves running jobs at every apply (`PlacementPolicy.rearranges`): an
+    apply of the allocations that run now may still change where they run."""
 
 
 # --------------------------------------------------------------------------- node agents

@@ -206,7 +206,7 @@ class Placement(Service):
     async def cluster(self, _: Empty) -> ClusterInfo:
         return ClusterInfo(
             nodes=list(self.nodes.values()), capacity=self.capacity(), busy=dict(self.running),
-            down=dict(self.down),
+            down=dict(self.down), rearranges=self.policy.rearranges,
         )  # fmt: skip
 
     async def register(self, req: RegisterNode, caller: Caller) -> ClusterInfo:
@@ -381,30 +381,30 @@ class Placement(Service):
                 if a.job_id not in lost or a.job_id in running or a.job_id in req.specs
             ]
             req = msgspec.structs.replace(req, allocations=allocations)
+        # Jobs that share GPUs go where their partner goes; the policy places the others.
+        own: list[Allocation] = []
+        sharing: list[Allocation] = []
         for a in req.allocations:
             if a.job_id not in running and a.job_id not in req.specs:
                 raise BadRequest(
                     f"job {a.job_id!r} is not running and has no spec", field="$.specs"
                 )
-        # Jobs that share GPUs go where their partner goes; the policy places the others.
-        own = [a for a in req.allocations if a.share_with is None]
+            (own if a.share_with is None else sharing).append(a)
         if self.policy.rearranges:
             keep: dict[str, list[GpuRef]] = {}
             to_place = own
             nodes = self._all_views()
         else:
-            keep, to_place = self._split(own)
-            for a in req.allocations:  # a job that goes on sharing its kept partner's GPUs
+            keep, to_place, held = self._split(own)
+            for a in sharing:  # a job that goes on sharing its kept partner's GPUs
                 gpus = running.get(a.job_id)
                 if a.share_with in keep and gpus is not None and gpus == keep[a.share_with]:
                     keep[a.job_id] = gpus
-            held = {g for gpus in keep.values() for g in gpus}  # (a stopped job's partner may stay)
             movable: dict[str, list[int]] = {}
-            for job_id, gpus in running.items():
-                if job_id not in keep:
-                    for g in gpus:
-                        if g not in held:
-                            movable.setdefault(g.node_id, []).append(g.index)
+            for job_id in running.keys() - keep.keys():  # (a stopped job's partner may stay)
+                for g in running[job_id]:
+                    if g not in held:
+                        movable.setdefault(g.node_id, []).append(g.index)
             nodes = self._views(movable)
         inp = PlacementInput(
             now=req.now,
@@ -413,19 +413,22 @@ class Placement(Service):
             nodes=nodes,
         )
         started_at = time.perf_counter()
-        placed = self.policy.place(inp)
+        moved = self.policy.place(inp)
         self.policy_s += time.perf_counter() - started_at
-        placed.update(keep)
-        for a in req.allocations:
-            if a.share_with is not None and a.share_with in placed:
-                placed[a.job_id] = placed[a.share_with]
-        started = {j: gpus for j, gpus in placed.items() if running.get(j) != gpus}
+        started = {j: gpus for j, gpus in moved.items() if running.get(j) != gpus}
+        placed = {**moved, **keep}
+        for a in sharing:
+            if a.share_with in placed:
+                gpus = placed[a.job_id] = placed[a.share_with]
+                if running.get(a.job_id) != gpus:
+                    started[a.job_id] = gpus
         stopped = {j: running[j] for j in running if j not in placed or j in started}
         for job_id in stopped:
             self._free(job_id)
-        self._check(req, started)
+        if started:
+            self._check([*to_place, *sharing], started)
         self.specs.update(req.specs)  # a running job that is resized is launched again
-        shares = {a.job_id: a.share_with for a in req.allocations if a.share_with is not None}
+        shares = {a.job_id: a.share_with for a in sharing}
         failed, progress = await self._command(
             req.now, {**ended, **stopped}, started, self.specs, req.attempts, shares
         )
@@ -471,8 +474,11 @@ class Placement(Service):
             for job_id, r in final.items()
         }
 
-    def _split(self, allocations: list[Allocation]) -> tuple[dict[str, list[GpuRef]], list[Allocation]]:
-        """Running jobs whose allocation did not change (they stay put), and the rest to place.
+    def _split(
+        self, allocations: list[Allocation]
+    ) -> tuple[dict[str, list[GpuRef]], list[Allocation], set[GpuRef]]:
+        """Running jobs whose allocation did not change (they stay put), the rest to place, and
+        the GPUs the first keep.
 
         Of two jobs that shared GPUs and now run apart, the first in the allocation's order
         keeps them."""
@@ -484,14 +490,14 @@ class Placement(Service):
             if (
                 gpus is not None
                 and len(gpus) == a.num_gpus
-                and a.gpu_type in (ANY_GPU, self.nodes[gpus[0].node_id].gpu_type)
+                and (a.gpu_type == ANY_GPU or a.gpu_type == self.nodes[gpus[0].node_id].gpu_type)
                 and claimed.isdisjoint(gpus)
             ):
                 keep[a.job_id] = gpus
                 claimed.update(gpus)
             else:
                 to_place.append(a)
-        return keep, to_place
+        return keep, to_place, claimed
 
     def _hold(self, job_id: str, gpus: list[GpuRef]) -> None:
         """`job_id` runs on `gpus` (which a job sharing them may hold too)."""
@@ -512,16 +518,17 @@ class Placement(Service):
             if g.node_id in self.free:
                 self.free[g.node_id].add(g.index)
 
-    def _check(self, req: ApplyRequest, started: dict[str, list[GpuRef]]) -> None:
+    def _check(self, allocations: list[Allocation], started: dict[str, list[GpuRef]]) -> None:
         """Newly placed jobs must get free, existing GPUs, once each, of the allocated count and type
-        (a job sharing GPUs: exactly its partner's).
+        (a job sharing GPUs: exactly its partner's). `allocations`: those of the jobs that did not
+        keep their GPUs.
 
         Jobs that keep their GPUs need no check: they hold exactly the GPUs missing from `free`.
         """
-        wanted = {a.job_id: a for a in req.allocations}
+        wanted = {a.job_id: a for a in allocations}
         # A job may join the GPUs of a job that will share them with it and stays where it is.
         joined: dict[str, set[GpuRef]] = {}
-        for a in req.allocations:
+        for a in allocations:
             if a.share_with is not None and a.job_id in self.running:
                 joined.setdefault(a.share_with, set()).update(self.running[a.job_id])
         used: set[GpuRef] = set()

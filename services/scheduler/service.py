@@ -25,6 +25,7 @@ from msgspec import Meta, Struct
 
 from gpuyard.shared.connection import Bus, encode, ensure_event_stream
 from gpuyard.shared.contract import (
+    ApplyReply,
     ApplyRequest,
     CancelReply,
     CancelRequest,
@@ -136,6 +137,7 @@ class Scheduler(Service):
         self.install_policy(config.policy, config.params)
         self.released: list[str] = []  # ended on their own since the last apply
         self.cluster: ClusterInfo | None = None  # placement's, as last heard; None: ask again
+        self._applied: tuple[ClusterInfo, list[Allocation]] | None = None  # the last apply's
         self._node_list: tuple[ClusterInfo, list[NodeStatus]] | None = None  # its node views
         self._node_views: dict[str, NodeStatus] = {}  # the last view of each node
         self.dirty = False
@@ -515,13 +517,20 @@ class Scheduler(Service):
                 specs[a.job_id] = record.spec
             if record.attempt:
                 attempts[a.job_id] = record.attempt
-        reply = await self._placement(
-            APPLY,
-            ApplyRequest(
-                now=now, allocations=allocations, specs=specs, released=self.released,
-                attempts=attempts,
-            ),
-        )  # fmt: skip
+        if self._confirms_what_runs(cluster, allocations, specs):
+            reply = ApplyReply(
+                placed={}, started={}, stopped=[], unplaced=[], lost=[], capacity=cluster.capacity
+            )
+        else:
+            self._applied = None
+            reply = await self._placement(
+                APPLY,
+                ApplyRequest(
+                    now=now, allocations=allocations, specs=specs, released=self.released,
+                    attempts=attempts,
+                ),
+            )  # fmt: skip
+            self._applied = (cluster, allocations)
         self.released = []
         cluster.capacity = reply.capacity
         for job_id, steps in reply.progress.items():
@@ -567,6 +576,24 @@ class Scheduler(Service):
         if lease_ends is not None:  # the guard held a decision back: decide again when it ends
             wake = lease_ends if wake is None else min(wake, lease_ends)
         self.policy_wake = wake
+
+    def _confirms_what_runs(
+        self, cluster: ClusterInfo, allocations: list[Allocation], specs: dict[str, JobSpec]
+    ) -> bool:
+        """A simulation's apply would change nothing: the very allocations of the last apply, on
+        the same cluster, no job to launch or release, and a placement that keeps running jobs
+        where they are. (Half the decisions of a long FIFO queue: an arrival that waits.) A real
+        cluster applies every decision: the reply brings the heartbeats' progress and lost jobs."""
+        last = self._applied
+        return (
+            self.config.clock == "external"
+            and last is not None
+            and last[0] is cluster
+            and not cluster.rearranges
+            and not specs
+            and not self.released
+            and last[1] == allocations
+        )
 
     def _learned_since_decision(self) -> bool:
         """The model learned from progress since the policy last decided, and that counts as a
