@@ -105,7 +105,9 @@ class Srtf(SchedulingPolicy):
         p, now = self.params, inp.now
 
         def key(j: JobView) -> tuple[int, float, int]:
-            rem = j.remaining_time if j.remaining_time is not None else INF
+            rem = j.remaining_time
+            if rem is None:
+                rem = INF
             return (priority_class(j, now, p.starvation_s), rem, j.seq)
 
         return fill_in_order(sorted(inp.jobs, key=key), inp.cluster, backfill=p.backfill)

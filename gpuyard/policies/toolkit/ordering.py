@@ -118,9 +118,16 @@ def fill_in_order(
             wanted = types if r.spec.gpu_type == ANY_GPU else [r.spec.gpu_type]
             runnable = [c for c in wanted if capacity.get(c, 0) > 0 and supports(job, c, need)]
             cands = type_order(job, runnable, need) if len(runnable) > 1 else runnable
-        chosen = next((c for c in cands if free.get(c, 0) >= need), None)
-        if chosen is None:
-            chosen = next((c for c in cands if free.get(c, 0) + after.get(c, 0) >= need), None)
+        chosen = None
+        for c in cands:  # a type with room, else one where preempting later jobs makes room
+            if free.get(c, 0) >= need:
+                chosen = c
+                break
+        else:
+            for c in cands:
+                if free.get(c, 0) + after.get(c, 0) >= need:
+                    chosen = c
+                    break
         if chosen is None:
             if backfill:
                 continue
