@@ -42,6 +42,38 @@ async def test_fifo_exact_times(tmp_path: Path, nats_url: str) -> None:
     assert result.summary["makespan"] == 150.0
 
 
+async def test_a_decision_that_changes_nothing_is_not_sent_to_placement(
+    tmp_path: Path, nats_url: str
+) -> None:
+    """Arrivals behind a blocked FIFO queue change no allocation: the scheduler does not ask
+    placement to apply them, unless placement re-places running jobs at every apply. Either
+    way the jobs run exactly as before."""
+    jobs = poisson_workload(40, 60.0, seed=3)
+
+    async def run(name: str, **placement: object) -> tuple[int, int, list[tuple]]:
+        options = SimOptions(cluster=ClusterSpec.parse("2x2"), **placement)
+        result = await simulate(options, jobs, tmp_path / name, nats_url=nats_url, plots=False)
+        scheduler = next(s for s in result.stats if s.service == "scheduler")
+        applies = sum(
+            int(c) for subject, (c, _) in scheduler.requests.items() if "apply" in subject
+        )
+        times = [(r.job_id, r.first_start, r.end_time) for r in result.jobs]
+        return applies, len(scheduler.decision_s), times
+
+    applies, decisions, times = await run("kept")
+    assert all(end is not None for _, _, end in times)
+    assert applies < decisions * 0.9, (applies, decisions)
+    moved_applies, moved_decisions, moved_times = await run(
+        "moved", placement="first-fit", placement_params={"keep_running": False}
+    )
+    assert moved_applies == moved_decisions
+    # (Moved jobs' runs are settled at every move: the sums agree to rounding.)
+    assert [j for j, *_ in moved_times] == [j for j, *_ in times]
+    assert [t for _, *ts in moved_times for t in ts] == pytest.approx(
+        [t for _, *ts in times for t in ts]
+    )
+
+
 async def test_blox_round_semantics(tmp_path: Path, nats_url: str) -> None:
     """Blox: jobs are admitted and seen finished only at round starts (here every 60 s)."""
     options = SimOptions(cluster=ClusterSpec.parse("1x2"), mode="rounds", blox=True, round_s=60.0)
