@@ -77,17 +77,16 @@ def fill_in_order(
     """
     if not isinstance(cluster, ClusterView):
         cluster = ClusterView(capacity=dict(cluster))
-    capacity = cluster.capacity
-    free = dict(capacity)
-    types = cluster.types
-    supported: dict[tuple[str, str, int], bool] = {}  # (job type, GPU type, GPUs): rate > 0
+    free = dict(cluster.capacity)
+    known: dict[tuple[str, str, int], list[str]] = {}  # (type asked, job type, GPUs): runnable on
 
-    def supports(job: JobView, t: str, need: int) -> bool:
-        key = (job.record.spec.job_type, t, need)
-        ok = supported.get(key)
-        if ok is None:
-            ok = supported[key] = cluster.supports(job, t, need)
-        return ok
+    def runnable(job: JobView, need: int) -> list[str]:
+        spec = job.record.spec
+        key = (spec.gpu_type, spec.job_type, need)
+        types = known.get(key)
+        if types is None:
+            types = known[key] = runnable_types(job, cluster, need)
+        return types
 
     # Running jobs per type in walk order; entries [head:] are still "after" the walk position and
     # may be preempted from the tail. after[t] = their GPU total.
@@ -113,11 +112,11 @@ def fill_in_order(
             head[t] += 1
             after[t] -= r.gpus
             free[t] += r.gpus
-            cands = [t] if supports(job, t, need) else []
+            cands = [t] if t in runnable(job, need) else []
         else:
-            wanted = types if r.spec.gpu_type == ANY_GPU else [r.spec.gpu_type]
-            runnable = [c for c in wanted if capacity.get(c, 0) > 0 and supports(job, c, need)]
-            cands = type_order(job, runnable, need) if len(runnable) > 1 else runnable
+            cands = runnable(job, need)
+            if len(cands) > 1:
+                cands = type_order(job, cands, need)
         chosen = None
         for c in cands:  # a type with room, else one where preempting later jobs makes room
             if free.get(c, 0) >= need:
