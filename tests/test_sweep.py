@@ -20,7 +20,7 @@ import pytest
 
 from gpuyard.sweep.config import ConfigError, load_sweep, sim_args
 from gpuyard.sweep.engine import fairness
-from gpuyard.sweep.report import ci95
+from gpuyard.sweep.report import ci95, summary_table, with_series
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -81,6 +81,8 @@ def test_a_bad_key_is_one_line_naming_file_and_key(tmp_path: Path) -> None:
         ("[[runs]]\nseed = -1\n", "runs[0].seed: Expected `int` >= 0"),
         ("[sweep]\nparralel = 2\n", "unknown key sweep.parralel"),
         ("[grid]\nloads = [1]\n", "unknown key grid.loads"),
+        ("[base]\npreset = 'elasticflow'\npolicy = 'edf'\npolicy_params = { leftovers = 'lazy' }\n",
+         "base (edf): scheduling policy 'edf': bad parameter"),
         ("[base]\npolicy = 'las'\nload = \n", "not TOML: Invalid value (at line 3, column 8)"),
     ):
         path = write(tmp_path, text)
@@ -110,6 +112,14 @@ def test_grid_and_runs_give_every_combination_named_and_hashed(tmp_path: Path) -
     after = load_sweep(write(tmp_path, text))
     assert before.runs[0].inputs[0].path == str(trace.resolve())
     assert {r.run_id for r in before.runs}.isdisjoint(r.run_id for r in after.runs)
+    # Variants are named by the options they change (a file by its stem), not by a hash.
+    write(tmp_path, trace.read_text(), "u.csv")
+    text = ("[grid]\npolicy = ['fifo', 'las']\n[[runs]]\ntrace = 't.csv'\ncluster_spec = '1x4'\n"
+            "[[runs]]\ntrace = 'u.csv'\ncluster_spec = '2x4'\n")  # fmt: skip
+    variants = load_sweep(write(tmp_path, text))
+    assert [r.name for r in variants.runs] == [
+        f"{p}-trace={t}-cluster_spec={c}" for t, c in (("t", "1x4"), ("u", "2x4")) for p in ("fifo", "las")
+    ]
 
 
 def test_a_run_is_run_again_once_its_policys_code_changed(
@@ -360,6 +370,22 @@ def test_ci_and_fairness_figures() -> None:
     assert found["rho_jain"] == pytest.approx(1.25**2 / (2 * (1 + 1 / 16)))
 
 
+def test_runs_without_loads_or_seeds_are_kept_apart_by_the_inputs_that_vary() -> None:
+    """Ten clusters' traces under two schemes (no load, no seed): a row per cluster and scheme,
+    not the clusters averaged as if they were seeds."""
+    table = pd.DataFrame({
+        "scheme": ["ef", "edf", "ef", "edf"], "load": [None] * 4, "seed": [None] * 4,
+        "trace": ["c1.csv", "c1.csv", "c2.csv", "c2.csv"], "status": ["ok"] * 4,
+        "deadline_satisfactory_ratio": [1.0, 0.5, 0.9, 0.25],
+    })  # fmt: skip
+    summary = summary_table(with_series(table))
+    assert summary["series"].tolist() == [
+        "edf (trace=c1.csv)", "edf (trace=c2.csv)", "ef (trace=c1.csv)", "ef (trace=c2.csv)"
+    ]
+    assert summary["seeds"].tolist() == [1, 1, 1, 1]
+    assert summary["deadlines met (%)"].tolist() == ["50.0", "25.0", "100", "90.0"]
+
+
 def test_deadline_ratios_get_their_figure(local_sweep: Path, tmp_path: Path) -> None:
     from gpuyard.sweep.report import write_report
 
@@ -410,7 +436,7 @@ RECIPES = Path(__file__).resolve().parents[1] / "examples" / "sweeps"
 
 @pytest.mark.parametrize(
     ("recipe", "runs"),
-    [("blox-fig6", 9), ("gavel-jct-vs-load", 24), ("elasticflow-deadlines", 6)],
+    [("blox-fig6", 9), ("gavel-jct-vs-load", 24), ("elasticflow-deadlines", 6), ("itp-deadlines", 20)],
 )
 def test_each_recipe_is_a_valid_sweep(recipe: str, runs: int, shared_data: Path) -> None:
     sweep = load_sweep(RECIPES / f"{recipe}.toml")

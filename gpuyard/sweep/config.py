@@ -195,7 +195,15 @@ def plan(config: SweepFile, source: Path) -> Sweep:
             runs.append(Run(run_id=run_id(spec, inputs), name="", spec=spec, inputs=inputs))
     if not runs:
         raise ConfigError(f"{source}: no runs")
-    _name_runs(runs, axes)
+    # Runs that the grid's values leave alike are told apart by the scalar options their
+    # variants change (the trace of each of ten clusters, say) rather than by a hash.
+    varying = [
+        key for key in dict.fromkeys(k for variant in config.runs for k in variant)
+        if key not in axes
+        and all(isinstance(v.get(key), str | int | float | bool | None) for v in config.runs)
+        and len({repr(v.get(key)) for v in config.runs}) > 1
+    ]  # fmt: skip
+    _name_runs(runs, axes, varying)
     name = config.sweep.name or source.stem
     if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
         raise ConfigError(
@@ -309,25 +317,39 @@ def _source_digest(root: str) -> str:
     return h.hexdigest()
 
 
-def _name_runs(runs: list[Run], axes: list[str]) -> None:
-    """`las-load10-seed0`: the scheme, then every grid value but the scheme's; made unique."""
+def _name_runs(runs: list[Run], axes: list[str], variants: list[str]) -> None:
+    """`las-load10-seed0`: the scheme, then the run's value of each of `axes` but the scheme's
+    (a file: its name's stem); runs still alike get their value of each of `variants` too (those
+    it has), and any still alike a part of their run id."""
     for run in runs:
-        parts = [run.spec.scheme]
-        for axis in axes:
-            if axis in ("policy", "label"):
-                continue
-            value = getattr(run.spec, axis)
-            if axis in FILE_FIELDS and value:
-                value = Path(value).stem
-            shown = f"{value:g}" if isinstance(value, float) else str(value)
-            parts.append(f"{axis}{shown}" if axis in ("load", "seed") else f"{axis}={shown}")
-        run.name = "-".join(re.sub(r"[^A-Za-z0-9_=.-]+", "_", part).strip("_") for part in parts)
-    seen: dict[str, int] = {}
-    for run in runs:
-        seen[run.name] = seen.get(run.name, 0) + 1
-    for run in runs:
-        if seen[run.name] > 1:
+        run.name = _name(run, axes)
+    for alike in _alike(runs):
+        for run in alike:
+            run.name = _name(run, [*axes, *(v for v in variants if getattr(run.spec, v) is not None)])
+    for alike in _alike(runs):
+        for run in alike:
             run.name += f"-{run.run_id[:6]}"
+
+
+def _name(run: Run, axes: list[str]) -> str:
+    parts = [run.spec.scheme]
+    for axis in axes:
+        if axis in ("policy", "label"):
+            continue
+        value = getattr(run.spec, axis)
+        if axis in FILE_FIELDS and value:
+            value = Path(value).stem
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        parts.append(f"{axis}{shown}" if axis in ("load", "seed") else f"{axis}={shown}")
+    return "-".join(re.sub(r"[^A-Za-z0-9_=.-]+", "_", part).strip("_") for part in parts)
+
+
+def _alike(runs: list[Run]) -> list[list[Run]]:
+    """The groups of runs that share a name."""
+    by_name: dict[str, list[Run]] = {}
+    for run in runs:
+        by_name.setdefault(run.name, []).append(run)
+    return [group for group in by_name.values() if len(group) > 1]
 
 
 def sim_argv(spec: RunSpec) -> list[str]:
@@ -385,6 +407,8 @@ def _check(spec: RunSpec, source: Path, where: str) -> None:
                     f"unknown ElasticFlow scheme {spec.policy!r}; known: "
                     f"{', '.join(ELASTICFLOW_SCHEMES)}"
                 )
+            policy, params, _ = ELASTICFLOW_SCHEMES[spec.policy]  # the scheme's, then the run's
+            scheduling_policies.create(policy, {**params, **spec.policy_params})
         elif not (spec.preset == "gavel" and spec.policy == "fifo"):
             scheduling_policies.create(spec.policy, spec.policy_params)
         admission_policies.create(spec.admission, spec.admission_params)

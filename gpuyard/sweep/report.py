@@ -61,7 +61,7 @@ def with_series(table: pd.DataFrame) -> pd.DataFrame:
     keys = [table["scheme"], table["load"].astype(str), table["seed"].astype(str)]
     # An input is named when it tells apart runs of the same scheme, load and seed.
     varying = [c for c in table.columns if c in RUN_FIELDS - fixed
-               and (table[c].astype(str).groupby(keys).nunique() > 1).any()]  # fmt: skip
+               and (table[c].astype(str).groupby(keys, dropna=False).nunique() > 1).any()]  # fmt: skip
     table = table.copy()
 
     def name(row: pd.Series) -> str:
@@ -125,18 +125,23 @@ def plot_metric(ok: pd.DataFrame, column: str, ylabel: str, title: str, path: Pa
                 caption_text: str, scale: float = 1.0) -> Path:  # fmt: skip
     """`column` against load, a line per series (bars per series for a trace), with 95% CIs."""
     stats = _by_series_load(ok, column)
-    fig, ax = plt.subplots(figsize=(7.5, 5))
     if _has_loads(ok):
+        fig, ax = plt.subplots(figsize=(7.5, 5))
         for i, (series, rows) in enumerate(stats.groupby("series")):
             ax.errorbar(rows["load"], rows["mean"] * scale, yerr=rows["ci"] * scale, marker="o",
                         capsize=4, label=series, linestyle=LINES[i % len(LINES)])  # fmt: skip
         ax.set_xlabel("load (jobs per hour)")
+        ax.set_ylabel(ylabel)
         ax.legend(title="scheme", fontsize=8)
     else:
-        bars = ax.bar(stats["series"], stats["mean"] * scale, yerr=stats["ci"] * scale, capsize=4)
-        ax.bar_label(bars, fmt="%.3g", fontsize=8)
-        ax.tick_params(axis="x", labelrotation=20)
-    ax.set_ylabel(ylabel)
+        # A bar per series, sideways: its name (the scheme and the inputs that vary: ten
+        # clusters' traces, say) stays readable however many there are.
+        fig, ax = plt.subplots(figsize=(7.5, max(3.5, 1.8 + 0.35 * len(stats))))
+        bars = ax.barh(stats["series"], stats["mean"] * scale, xerr=stats["ci"] * scale, capsize=4)
+        ax.bar_label(bars, fmt="%.3g", fontsize=8, padding=3)
+        ax.invert_yaxis()  # the first series on top
+        ax.set_xlabel(ylabel)
+        ax.margins(x=0.12)  # room for the values beside the longest bar
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     return save_figure(fig, path, f"{caption_text}\n{_seed_note(ok)}", svg=True)
