@@ -136,7 +136,10 @@ def plot_metric(ok: pd.DataFrame, column: str, ylabel: str, title: str, path: Pa
     else:
         # A bar per series, sideways: its name (the scheme and the inputs that vary: ten
         # clusters' traces, say) stays readable however many there are.
-        fig, ax = plt.subplots(figsize=(7.5, max(3.5, 1.8 + 0.35 * len(stats))))
+        longest = max((len(str(name)) for name in stats["series"]), default=0)
+        fig, ax = plt.subplots(
+            figsize=(max(7.5, 4.5 + 0.09 * longest), max(3.5, 1.8 + 0.35 * len(stats)))
+        )  # (wide enough for the names beside a readable plot)
         bars = ax.barh(stats["series"], stats["mean"] * scale, xerr=stats["ci"] * scale, capsize=4)
         ax.bar_label(bars, fmt="%.3g", fontsize=8, padding=3)
         ax.invert_yaxis()  # the first series on top
