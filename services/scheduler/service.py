@@ -695,12 +695,11 @@ class Scheduler(Service):
             if record is None or a.job_id in seen:
                 raise RuntimeError(f"policy {self.policy_name!r} allocated {a.job_id!r} wrongly")
             seen.add(a.job_id)
-            if (
+            kept_as_is = (  # a run goes on as it is: its bounds and type were checked at its start
                 record.state == "running" and record.gpus == a.num_gpus
-                and (a.gpu_type == ANY_GPU or a.gpu_type == record.gpu_type)
-                and a.share_with is None
-            ):  # fmt: skip
-                # A run that goes on as it is: its bounds and type were checked when it started.
+                and a.gpu_type in (ANY_GPU, record.gpu_type)
+            )  # fmt: skip
+            if kept_as_is and a.share_with is None:
                 used[a.gpu_type] = used.get(a.gpu_type, 0) + a.num_gpus
                 kept.append(a)
                 continue
@@ -710,10 +709,6 @@ class Scheduler(Service):
                     f"policy {self.policy_name!r} gave {a.job_id!r} {a.num_gpus} GPUs "
                     f"outside [{low}, {high}]"
                 )
-            kept_as_is = (  # a run goes on as it is (sharing GPUs): checked when it started
-                record.state == "running" and record.gpus == a.num_gpus
-                and a.gpu_type in (ANY_GPU, record.gpu_type)
-            )  # fmt: skip
             if not kept_as_is and not self._runs_there(record, a, capacity):
                 self.log.warning(
                     "allocation.unsupported", job_id=a.job_id, gpu_type=a.gpu_type,

@@ -181,28 +181,19 @@ class JobView:
 
     @property
     def remaining_steps(self) -> float | None:
-        total = self.record.total_steps
-        if total is None:
-            total = self.total_steps
+        total = self.total_steps
         return None if total is None else max(total - self.steps_done, 0.0)
 
     @property
     def remaining_time(self) -> float | None:
         """Seconds left: at the current run's rate while running, else at the requested GPU count
         on the throughput model's reference type. None when the work is unknown (or no rate)."""
-        r = self.record  # (every job at every decision of SRTF-like policies: no nested properties)
-        total = r.total_steps if r.total_steps is not None else self.total_steps
-        if total is None:
+        left = self.remaining_steps
+        if left is None:
             return None
-        done = r.steps_done
-        rate = 0.0
-        if r.state == "running":
-            if self._ctx is not None:
-                done += r.rate * (self._ctx.now - r.progress_at)
-            rate = r.rate
-        if rate <= 0:
-            rate = self.rate(ANY_GPU, r.spec.num_gpus)
-        return max(total - done, 0.0) / rate if rate > 0 else None
+        r = self.record
+        rate = r.rate if r.state == "running" and r.rate > 0 else self.rate(ANY_GPU, r.spec.num_gpus)
+        return left / rate if rate > 0 else None
 
     def rate(self, gpu_type: str, num_gpus: int) -> float:
         """This job's steps/s on `num_gpus` GPUs of `gpu_type` (0: it cannot run there)."""
