@@ -62,7 +62,7 @@ class Views:
         log = (self.root / f"{node}.log").open("ab")
         self.agents[node] = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gpuyard.cli", "nodeagent", "--nats-config",
-            self.profile(f"node.{node}"), "--gpus", "1", "--gpu-type", "t4", "--heartbeat",
+            self.profile(f"node.{node}"), "--gpus", "1", "--gpu-type", "t4", "--no-nvml", "--heartbeat",
             "0.2", "--grace", "5", "--address", "127.0.0.1", "--state-dir",
             str(self.root / node), "--checkpoint-root", str(self.root / "ckpt"),
             stdout=log, stderr=log,

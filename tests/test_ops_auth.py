@@ -67,7 +67,7 @@ class Flow:
         self.procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "gpuyard.cli", "nodeagent", "--nats-config",
-                 str(self.root / f"{node}.json"), "--gpus", "2", "--gpu-type", "t4",
+                 str(self.root / f"{node}.json"), "--gpus", "2", "--gpu-type", "t4", "--no-nvml",
                  "--heartbeat", "0.2", "--grace", "5", "--address", "127.0.0.1", "--state-dir",
                  str(self.root / node), "--checkpoint-root", str(self.root / "ckpt")],
                 stdout=log, stderr=log, text=True,

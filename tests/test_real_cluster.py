@@ -50,9 +50,11 @@ class RealCluster:
     def __init__(
         self, url: str, root: Path, configs: dict[str, Any] | None = None, *,
         heartbeat_s: float = 0.2, agent: tuple[str, ...] = ("-m", "gpuyard.services.nodeagent"),
+        nodes: tuple[str, ...] = ("a", "b"),
     ) -> None:  # fmt: skip
         """`configs`: the control plane's (default: fast rounds, nodes lost after 1 s of
-        silence); agents heartbeat every `heartbeat_s` and run as `python <agent>`."""
+        silence); agents heartbeat every `heartbeat_s`, run as `python <agent>`, and those of
+        `nodes` start with the cluster."""
         self.url = url
         self.root = root
         self.checkpoints = root / "ckpt"
@@ -64,13 +66,17 @@ class RealCluster:
         self.services = ServiceSet(url, CLUSTER, configs)
         self.heartbeat_s = heartbeat_s
         self.agent = agent
+        self.nodes = nodes
         self.bus: Bus | None = None
 
-    async def start_agent(self, node_id: str, gpus: int = 2, gpu_type: str = "t4") -> None:
+    async def start_agent(self, node_id: str, gpus: int | None = 2, gpu_type: str = "t4") -> None:
+        """An agent offering `gpus` of `gpu_type` whether the machine has GPUs or not (None: the
+        GPUs NVML finds, as they are)."""
+        offer = ["--gpus", str(gpus), "--gpu-type", gpu_type, "--no-nvml"] if gpus is not None else []
         log = (self.root / f"{node_id}.log").open("ab")
         self.agents[node_id] = await asyncio.create_subprocess_exec(
             sys.executable, *self.agent, "--nats", self.url,
-            "--cluster", CLUSTER, "--node-id", node_id, "--gpus", str(gpus), "--gpu-type", gpu_type,
+            "--cluster", CLUSTER, "--node-id", node_id, *offer,
             "--heartbeat", str(self.heartbeat_s), "--grace", "5", "--address", "127.0.0.1",
             "--state-dir", str(self.root / node_id), "--checkpoint-root", str(self.checkpoints),
             stdout=log, stderr=log,
@@ -80,8 +86,8 @@ class RealCluster:
     async def __aenter__(self) -> RealCluster:
         await self.services.start()
         self.bus = Bus(await connect(self.url, name="test"), Subjects(CLUSTER), request_timeout=10)
-        await asyncio.gather(self.start_agent("a"), self.start_agent("b"))
-        await self.until(lambda: self.node_count(2), "two nodes registered")
+        await asyncio.gather(*(self.start_agent(node) for node in self.nodes))
+        await self.until(lambda: self.node_count(len(self.nodes)), f"nodes {self.nodes} registered")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -206,6 +212,7 @@ async def test_higher_priority_job_preempts_and_the_victim_resumes_from_its_chec
     assert stopped_at > 0
     assert f"attempt=1 resumed=True start_step={stopped_at}" in log
     assert "done at step 150 (attempt 1)" in log
+    assert record.steps_done == 150  # its last report, which its exit carries (not a heartbeat's)
 
 
 SLOW_EXIT = """

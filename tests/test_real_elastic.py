@@ -95,8 +95,8 @@ class ElasticCluster:
         agent = subprocess.Popen(
             [sys.executable, "-m", "gpuyard.cli", "nodeagent", "--nats-config",
              str(self.profiles / f"node.{node}.json"), "--gpus", str(gpus), "--gpu-type", gpu_type,
-             "--heartbeat", "0.2", "--grace", "10", "--address", "127.0.0.1", "--state-dir",
-             str(self.root / node), "--checkpoint-root", str(self.root / "ckpt")],
+             "--no-nvml", "--heartbeat", "0.2", "--grace", "10", "--address", "127.0.0.1",
+             "--state-dir", str(self.root / node), "--checkpoint-root", str(self.root / "ckpt")],
             stdout=log, stderr=log, text=True,
         )  # fmt: skip
         self.procs.append(agent)

@@ -88,6 +88,7 @@ def test_process_environments_per_gpu_and_per_node(tmp_path: Path) -> None:
     envs = process_envs(_launch("per_gpu"), "n2", places, {"PATH": "/bin"})
     assert [e["RANK"] for e in envs] == ["2", "3"] == [e["dist_rank"] for e in envs]
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["2", "3"]
+    assert {e["CUDA_DEVICE_ORDER"] for e in envs} == {"PCI_BUS_ID"}  # NVML's order
     assert [e["LOCAL_RANK"] for e in envs] == ["0", "1"]
     e = envs[0]
     assert e["WORLD_SIZE"] == e["world_size"] == "4" and e["MASTER_ADDR"] == "10.0.0.1"

@@ -72,7 +72,9 @@ def process_envs(
             "dist_rank": str(rank),
             "master_ip_address": launch.master_addr,
             "local_accessible_gpu": ",".join(gpus),
-            # CUDA and torchrun
+            # CUDA and torchrun. CUDA numbers GPUs fastest first unless told otherwise; NVML, and
+            # so the node's GPU indexes, in PCI bus order: the same order makes index 1 the same GPU.
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             "CUDA_VISIBLE_DEVICES": visible,
             "MASTER_ADDR": launch.master_addr,
             "MASTER_PORT": str(launch.master_port),
@@ -208,6 +210,15 @@ class JobPart:
             if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, sig)  # the process group: the job's children too
+
+    def steps_done(self) -> float | None:
+        """The steps rank 0 of this run last reported (None: rank 0 is not here, or it reported
+        none): the job's progress at its exit, which the heartbeats may not have carried yet."""
+        return next(
+            (float(p.iterations) for p in self.progress()
+             if p.rank == 0 and p.attempt == self.launch.attempt and p.iterations),
+            None,
+        )  # fmt: skip
 
     def progress(self) -> list[JobProgress]:
         """What the processes last wrote through gpuyard.jobclient, each with the rate of this

@@ -323,7 +323,7 @@ class NodeAgent(Service):
         self.log.info("job.exited", job_id=job_id, status=status, exit_code=failure[1])
         self.pending_exits.append(
             JobExit(job_id=job_id, node_id=self.node_id, status=status, exit_code=failure[1],
-                    attempt=part.launch.attempt, reason=reason)
+                    steps_done=part.steps_done(), attempt=part.launch.attempt, reason=reason)
         )  # fmt: skip
         self._exits_ready.set()
 

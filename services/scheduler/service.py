@@ -369,6 +369,8 @@ class Scheduler(Service):
                 and ex.node_id
                 and not self.table.part_exited(record, ex.node_id)
             ):
+                if ex.steps_done is not None:  # rank 0's part: the job's progress as it ended
+                    self.table.report(record, StepsReport(ex.steps_done, req.now))
                 continue
             self._end(record, req.now, ex)
             await self.emit(f"job.{ex.status}", req.now, ex.job_id, reason=ex.reason)
