@@ -239,14 +239,14 @@ def test_summary_for_people(tmp_path: Path) -> None:
     out = tmp_path / "run"
     result = gpuyard(
         "sim", "--jobs", "30", "--cluster-spec", "4x4", "--policy", "las",
-        "--param", "starvation_s=60", "--out", str(out),
+        "--param", "starvation_s=7200", "--out", str(out),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "warning" not in result.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["policy_params"]["starvation_s"] == 60.0 and "key" in summary["policy_params"]
+    assert summary["policy_params"]["starvation_s"] == 7200.0 and "key" in summary["policy_params"]
     text = result.stdout
-    assert "policy       las key=" in text and "starvation_s=60.0" in text
+    assert "policy       las key=" in text and "starvation_s=7200.0" in text
     assert "workload     blox generator: 30 jobs, 20 jobs/h, seed 0" in text
     assert "cluster      4x4:gpu (16 GPUs)" in text
     assert "jobs         30 completed, 0 failed of 30" in text
