@@ -94,6 +94,25 @@ class _Route:
     last_error: str = ""
 
 
+@dataclass
+class _Answer:
+    """A reply to send once the state the request changed is written."""
+
+    msg: Msg
+    route: _Route | None
+    data: bytes | None
+    """The encoded reply (None: the request expects none)."""
+    error: bool = False
+
+
+GROUP_MAX = 64
+"""A service that commits in groups answers at least every this many requests."""
+
+
+def _describe(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, RemoteError) else f"{type(exc).__name__}: {exc}"
+
+
 class Service:
     """Base of every service: one ordered subscription on its prefix, typed routes, error replies.
 
@@ -104,6 +123,11 @@ class Service:
     name: ClassVar[str] = ""
     policies: ClassVar[Registry[Any] | None] = None
     """The registry this service's policy comes from (None: the service has no policy)."""
+    commits_in_groups: ClassVar[bool] = False
+    """Under load, handle the requests already queued before writing the state once and answering
+    them all (group commit: one write to the store for many requests, not one each). Only for a
+    service that nothing it calls ever calls back from a handler: an answer held back would hold
+    up a caller that the service is itself waiting for."""
 
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
@@ -112,6 +136,8 @@ class Service:
         self.log = structlog.get_logger().bind(service=self.name, cluster=bus.subjects.cluster)
         self._subs: list[Any] = []
         self._routes: dict[str, _Route] = {}
+        self._unanswered: list[_Answer] = []
+        """Requests handled whose state is not written yet (a group being committed)."""
         self.handled = 0
         self.handler_s = 0.0
         self.policy_s = 0.0
@@ -286,16 +312,16 @@ class Service:
                 subject, endpoint, handler
             )
 
-        async def dispatch(msg: Msg) -> None:
+        async def dispatch(msg: Msg, waiting: Callable[[], int]) -> None:
             suffix = msg.subject[len(prefix) + 1 :]
             route = table.get(suffix)
             if route is None or route.endpoint.sender == "caller":
                 route = table.get(suffix.rsplit(".", 2)[0])
                 if route is not None and route.endpoint.sender != "caller":
                     route = None
-            await self._dispatch(msg, route, table, suffix)
+            await self._dispatch(msg, route, table, suffix, waiting)
 
-        self._subs.append(await self.bus.nc.subscribe(f"{prefix}.>", queue=self.name, cb=dispatch))
+        await self._subscribe(f"{prefix}.>", dispatch)
 
     async def serve(self, endpoint: Endpoint[Any, Any], handler: Handler, **params: str) -> None:
         """Serve one endpoint on a subscription of its own; placeholders not given in `params` are
@@ -304,21 +330,43 @@ class Service:
         route = self._route(subject, endpoint, handler)
         table = {endpoint.name: route}
 
-        async def dispatch(msg: Msg) -> None:
-            await self._dispatch(msg, route, table, endpoint.name)
+        async def dispatch(msg: Msg, waiting: Callable[[], int]) -> None:
+            await self._dispatch(msg, route, table, endpoint.name, waiting)
 
-        self._subs.append(await self.bus.nc.subscribe(subject, queue=self.name, cb=dispatch))
+        await self._subscribe(subject, dispatch)
+
+    async def _subscribe(
+        self, subject: str, dispatch: Callable[[Msg, Callable[[], int]], Awaitable[None]]
+    ) -> None:
+        """Hand `dispatch` each message in turn, with a way to ask how many wait behind it."""
+        sub: Any = None
+
+        def waiting() -> int:
+            return sub.pending_msgs if sub is not None else 0
+
+        async def handle(msg: Msg) -> None:
+            await dispatch(msg, waiting)
+
+        sub = await self.bus.nc.subscribe(subject, queue=self.name, cb=handle)
+        self._subs.append(sub)
 
     def _route(self, subject: str, endpoint: Endpoint[Any, Any], handler: Handler) -> _Route:
         route = self._routes[subject] = _Route(endpoint, handler, decoder(endpoint.request))
         return route
 
     async def _dispatch(
-        self, msg: Msg, route: _Route | None, table: dict[str, _Route], suffix: str
-    ) -> None:
+        self, msg: Msg, route: _Route | None, table: dict[str, _Route], suffix: str,
+        waiting: Callable[[], int],
+    ) -> None:  # fmt: skip
+        """Handle one request; then write the state and answer, unless this service commits in
+        groups and requests wait behind it (`waiting()`: the last of them answers them all)."""
         started = time.perf_counter()
         try:
-            await self._handle(msg, route, table, suffix)
+            answer = await self._handle(msg, route, table, suffix)
+            if answer is not None:
+                self._unanswered.append(answer)
+            if not (self.commits_in_groups and waiting() and len(self._unanswered) < GROUP_MAX):
+                await self._commit()
         finally:
             took = time.perf_counter() - started
             self.handled += 1
@@ -329,11 +377,12 @@ class Service:
 
     async def _handle(
         self, msg: Msg, route: _Route | None, table: dict[str, _Route], suffix: str
-    ) -> None:
+    ) -> _Answer | None:
+        """Run the request's handler: its answer (None: a publish, which gets none)."""
         try:
             if route is None:
                 if not msg.reply:
-                    return  # a publish this service does not serve (its own heartbeats, say)
+                    return None  # a publish this service does not serve (its own heartbeats, say)
                 raise BadRequest(f"unknown request {suffix!r}; known: {', '.join(sorted(table))}")
             version = msg.headers.get(VERSION_HEADER) if msg.headers else None
             if version is not None and version != str(CONTRACT_VERSION):
@@ -352,40 +401,46 @@ class Service:
                 caller = self.bus.subjects.sender(route.endpoint, msg.subject)
                 if caller is None:
                     raise BadRequest(f"subject {msg.subject!r} names no valid identity")
-                call = route.handler(request, caller=caller)
+                reply = await route.handler(request, caller=caller)
             else:
-                call = route.handler(request)
-            try:
-                reply = await call
-            finally:
-                await self.persist()  # a reply means "durable"
+                reply = await route.handler(request)
         except BadRequest as exc:
             self.log.warning(
                 "request.rejected", subject=msg.subject, error=exc.error, field=exc.field
             )
-            self._count_error(route, exc.error)
-            await self._respond(
-                msg, ErrorReply(error=exc.error, field=exc.field, subject=msg.subject)
-            )
-            return
+            error = ErrorReply(error=exc.error, field=exc.field, subject=msg.subject)
+            return self._failed(msg, route, error)
         except Exception as exc:  # a bug or a failed downstream call: answer, log, keep serving
             self.log.exception("request.failed", subject=msg.subject)
-            error = str(exc) if isinstance(exc, RemoteError) else f"{type(exc).__name__}: {exc}"
-            self._count_error(route, error)
-            await self._respond(msg, ErrorReply(error=error, subject=msg.subject))
-            return
+            return self._failed(msg, route, ErrorReply(error=_describe(exc), subject=msg.subject))
         if msg.reply and route.endpoint.reply is not None:
-            await self.bus.nc.publish(msg.reply, encode(reply))
+            return _Answer(msg, route, encode(reply))
+        return _Answer(msg, route, None)
+
+    async def _commit(self) -> None:
+        """Write what the requests handled changed, then answer them: a reply means durable."""
+        answers, self._unanswered = self._unanswered, []
+        try:
+            await self.persist()
+        except Exception as exc:  # not written: the callers must not take it as done
+            self.log.exception("state.not_written", requests=len(answers))
+            answers = [
+                a if a.error else self._failed(a.msg, a.route, ErrorReply(
+                    error=_describe(exc), subject=a.msg.subject))
+                for a in answers
+            ]  # fmt: skip
+        for answer in answers:
+            if answer.data is None or not answer.msg.reply:
+                continue
+            headers = _ERROR_HEADERS if answer.error else None
+            await self.bus.nc.publish(answer.msg.reply, answer.data, headers=headers)
 
     @staticmethod
-    def _count_error(route: _Route | None, error: str) -> None:
+    def _failed(msg: Msg, route: _Route | None, error: ErrorReply) -> _Answer:
         if route is not None:
             route.errors += 1
-            route.last_error = error
-
-    async def _respond(self, msg: Msg, error: ErrorReply) -> None:
-        if msg.reply:
-            await self.bus.nc.publish(msg.reply, encode(error), headers=_ERROR_HEADERS)
+            route.last_error = error.error
+        return _Answer(msg, route, encode(error), error=True)
 
     # ------------------------------------------------------------------ NATS micro discovery
 

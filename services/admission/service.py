@@ -73,6 +73,7 @@ STATE_KEY = "state"
 class Admission(Service):
     name = "admission"
     policies = admission_policies
+    commits_in_groups = True  # it calls the scheduler and placement, which never call it
 
     def __init__(self, bus: Bus, config: AdmissionConfig) -> None:
         super().__init__(bus)
@@ -82,6 +83,9 @@ class Admission(Service):
         self.model: ThroughputModel = LinearModel()  # the configured one is loaded at start
         self.counter = 0
         self.held: list[JobSpec] = []  # the overflow queue, in arrival order
+        self._stored = msgspec.json.encode(StoredAdmission())
+        """The state as last written (or read): a request that changed neither the counter nor
+        the held jobs writes nothing."""
         self._retry: asyncio.Task[None] | None = None
         self.cluster: ClusterInfo | None = None
 
@@ -89,13 +93,17 @@ class Admission(Service):
         return {SUBMIT: self.submit}
 
     async def persist(self) -> None:
-        await self.store.put_many(
-            {STATE_KEY: StoredAdmission(counter=self.counter, held=self.held)}
-        )
+        if not self.store.durable:
+            return
+        state = msgspec.json.encode(StoredAdmission(counter=self.counter, held=self.held))
+        if state != self._stored:
+            await self.store.put_many({STATE_KEY: state})
+            self._stored = state
 
     async def restore(self, values: dict[str, bytes]) -> None:
         if STATE_KEY in values:
-            state = msgspec.json.decode(values[STATE_KEY], type=StoredAdmission)
+            self._stored = values[STATE_KEY]
+            state = msgspec.json.decode(self._stored, type=StoredAdmission)
             self.counter, self.held = state.counter, list(state.held)
             self.log.info("state.admission_restored", counter=self.counter, held=len(self.held))
 

@@ -126,6 +126,7 @@ class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
 class Scheduler(Service):
     name = "scheduler"
     policies = scheduling_policies
+    commits_in_groups = True  # it calls placement only, which never calls it back
 
     def __init__(self, bus: Bus, config: SchedulerConfig) -> None:
         super().__init__(bus)
