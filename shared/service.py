@@ -100,8 +100,8 @@ class _Answer:
 
     msg: Msg
     route: _Route | None
-    data: bytes | None
-    """The encoded reply (None: the request expects none)."""
+    data: bytes
+    """The encoded reply, or error reply."""
     error: bool = False
 
 
@@ -135,6 +135,8 @@ class Service:
             bus.caller = Caller("svc", self.name)
         self.log = structlog.get_logger().bind(service=self.name, cluster=bus.subjects.cluster)
         self._subs: list[Any] = []
+        self._serving: list[Any] = []
+        """The subscriptions whose messages go through `_dispatch`."""
         self._routes: dict[str, _Route] = {}
         self._unanswered: list[_Answer] = []
         """Requests handled whose state is not written yet (a group being committed)."""
@@ -285,6 +287,7 @@ class Service:
             with contextlib.suppress(Exception):
                 await sub.drain()
         self._subs.clear()
+        self._serving.clear()
         await msg.respond(encode(self.policy_info()))
         self.handed_over.set()
 
@@ -312,14 +315,14 @@ class Service:
                 subject, endpoint, handler
             )
 
-        async def dispatch(msg: Msg, waiting: Callable[[], int]) -> None:
+        async def dispatch(msg: Msg) -> None:
             suffix = msg.subject[len(prefix) + 1 :]
             route = table.get(suffix)
             if route is None or route.endpoint.sender == "caller":
                 route = table.get(suffix.rsplit(".", 2)[0])
                 if route is not None and route.endpoint.sender != "caller":
                     route = None
-            await self._dispatch(msg, route, table, suffix, waiting)
+            await self._dispatch(msg, route, table, suffix)
 
         await self._subscribe(f"{prefix}.>", dispatch)
 
@@ -330,42 +333,35 @@ class Service:
         route = self._route(subject, endpoint, handler)
         table = {endpoint.name: route}
 
-        async def dispatch(msg: Msg, waiting: Callable[[], int]) -> None:
-            await self._dispatch(msg, route, table, endpoint.name, waiting)
+        async def dispatch(msg: Msg) -> None:
+            await self._dispatch(msg, route, table, endpoint.name)
 
         await self._subscribe(subject, dispatch)
 
-    async def _subscribe(
-        self, subject: str, dispatch: Callable[[Msg, Callable[[], int]], Awaitable[None]]
-    ) -> None:
-        """Hand `dispatch` each message in turn, with a way to ask how many wait behind it."""
-        sub: Any = None
-
-        def waiting() -> int:
-            return sub.pending_msgs if sub is not None else 0
-
-        async def handle(msg: Msg) -> None:
-            await dispatch(msg, waiting)
-
-        sub = await self.bus.nc.subscribe(subject, queue=self.name, cb=handle)
+    async def _subscribe(self, subject: str, dispatch: Callable[[Msg], Awaitable[None]]) -> None:
+        sub = await self.bus.nc.subscribe(subject, queue=self.name, cb=dispatch)
         self._subs.append(sub)
+        self._serving.append(sub)
+
+    def queued(self) -> int:
+        """Requests received and not yet handled (the load: they wait behind the one in hand)."""
+        return sum(sub.pending_msgs for sub in self._serving)
 
     def _route(self, subject: str, endpoint: Endpoint[Any, Any], handler: Handler) -> _Route:
         route = self._routes[subject] = _Route(endpoint, handler, decoder(endpoint.request))
         return route
 
     async def _dispatch(
-        self, msg: Msg, route: _Route | None, table: dict[str, _Route], suffix: str,
-        waiting: Callable[[], int],
-    ) -> None:  # fmt: skip
+        self, msg: Msg, route: _Route | None, table: dict[str, _Route], suffix: str
+    ) -> None:
         """Handle one request; then write the state and answer, unless this service commits in
-        groups and requests wait behind it (`waiting()`: the last of them answers them all)."""
+        groups and requests wait behind it (the last of them answers them all)."""
         started = time.perf_counter()
         try:
             answer = await self._handle(msg, route, table, suffix)
             if answer is not None:
                 self._unanswered.append(answer)
-            if not (self.commits_in_groups and waiting() and len(self._unanswered) < GROUP_MAX):
+            if not (self.commits_in_groups and self.queued() and len(self._unanswered) < GROUP_MAX):
                 await self._commit()
         finally:
             took = time.perf_counter() - started
@@ -415,7 +411,7 @@ class Service:
             return self._failed(msg, route, ErrorReply(error=_describe(exc), subject=msg.subject))
         if msg.reply and route.endpoint.reply is not None:
             return _Answer(msg, route, encode(reply))
-        return _Answer(msg, route, None)
+        return None
 
     async def _commit(self) -> None:
         """Write what the requests handled changed, then answer them: a reply means durable."""
@@ -430,10 +426,9 @@ class Service:
                 for a in answers
             ]  # fmt: skip
         for answer in answers:
-            if answer.data is None or not answer.msg.reply:
-                continue
-            headers = _ERROR_HEADERS if answer.error else None
-            await self.bus.nc.publish(answer.msg.reply, answer.data, headers=headers)
+            if answer.msg.reply:
+                headers = _ERROR_HEADERS if answer.error else None
+                await self.bus.nc.publish(answer.msg.reply, answer.data, headers=headers)
 
     @staticmethod
     def _failed(msg: Msg, route: _Route | None, error: ErrorReply) -> _Answer:

@@ -117,6 +117,11 @@ class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     """The preemption guard, for every policy: a job that started or resumed keeps its GPUs for
     at least this long (Gavel's lease, Tiresias' quanta); a decision that would stop it sooner
     waits until then. 0: off (the references have none)."""
+    min_round_interval_s: Annotated[float, Meta(ge=0)] = 0.02
+    """Wall clock under load: the least time from one round to the next. Arrivals and exits ask
+    for a round at once; while requests wait to be handled, those that come within this interval
+    share one (a job waits at most this much longer for its round), rather than a round each.
+    0: a round for every one."""
 
     def __post_init__(self) -> None:
         if self.round_s <= 0:
@@ -153,6 +158,7 @@ class Scheduler(Service):
         self._wake = asyncio.Event()  # wall clock: tick now (jobs arrived or ended, nodes changed)
         self._ticked = asyncio.Event()  # wall clock: the tick we sent is being handled
         self._tick_sent = -math.inf  # ... sent then (monotonic), not handled yet
+        self._round_at = -math.inf  # wall clock: when the last round began (monotonic)
 
     # ------------------------------------------------------------------ policy
 
@@ -223,6 +229,9 @@ class Scheduler(Service):
                 # since (arrivals under load share one round). Wait for it to be handled.
                 await self._ticked.wait()
                 continue
+            gap = self._round_at + self.config.min_round_interval_s - time.monotonic()
+            if gap > 0 and self.queued():  # under load: what comes in meanwhile shares the round
+                await asyncio.sleep(gap)
             self._ticked.clear()
             self._tick_sent = time.monotonic()
             await self.bus.nc.publish(subject, encode(TickRequest(now=time.time())))
@@ -492,6 +501,7 @@ class Scheduler(Service):
     # ------------------------------------------------------------------ the round
 
     async def run_round(self, now: float) -> None:
+        self._round_at = time.monotonic()
         if self.cluster is None:
             self.cluster = await self._placement(CLUSTER, Empty())
         cluster = self.cluster  # (a node event may drop `self.cluster` while we wait below)
