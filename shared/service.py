@@ -3,7 +3,8 @@ replies, a swappable policy, durable state, takeover by a replacement, and NATS 
 
 A `Service` listens on its subject prefix through one subscription: its requests are handled one at
 a time, in arrival order, which keeps each service's state a simple sequential state machine and makes
-simulations deterministic. Handlers must not call (directly or through others) back into their own
+simulations deterministic (a service that `commits_in_groups` still handles them so, and only defers
+its write and answers while more wait). Handlers must not call (directly or through others) back into their own
 service, or the chain deadlocks; the call graph is admission -> scheduler -> placement -> node agents.
 
 Discovery: every service also answers the NATS micro protocol (`$SRV.PING|INFO|STATS[.<name>[.<id>]]`)

@@ -21,7 +21,7 @@ from gpuyard.shared.contract import CancelRequest, Empty, GpuMetrics
 from gpuyard.shared.endpoints import CANCEL, HEARTBEATS
 from gpuyard.shared.endpoints import CLUSTER as CLUSTER_INFO
 
-from .test_real_cluster import RealCluster
+from .test_real_cluster import RealCluster, _async
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_torch.py"
 STEPS = 20_000
@@ -116,7 +116,8 @@ async def test_a_cuda_job_trains_on_its_gpu_and_its_use_shows_in_heartbeats(
         if job_id not in info.busy:
             return False
         metrics = await _gpu(gpu_node, info.busy[job_id][0].index)
-        if metrics and (metrics.memory_used_mib or 0) >= baseline + HOLD_MIB and metrics.utilization:
+        held = metrics is not None and (metrics.memory_used_mib or 0) >= baseline + HOLD_MIB
+        if held and metrics.utilization:
             busy.append(metrics)
         return bool(busy)
 
@@ -142,8 +143,10 @@ async def test_a_cancelled_cuda_job_checkpoints_and_frees_its_gpu(
     record = await gpu_node.until_state(job_id, "cancelled", within_s=60)
     assert record.state == "cancelled"
     # SIGTERM reached it: it saved its model on its way out (the cancel does not wait for that).
-    await gpu_node.until(lambda: _async("checkpointed" in gpu_node.job_log(job_id)),
-                         "the job's checkpoint on SIGTERM")  # fmt: skip
+    await gpu_node.until(
+        lambda: _async(lambda: "checkpointed" in gpu_node.job_log(job_id)),
+        "the job's checkpoint on SIGTERM",
+    )
     assert (gpu_node.checkpoints / job_id / "rank0" / "model.pt").stat().st_size > 0
     await gpu_node.until(lambda: _freed(gpu_node, baseline), "the GPU's memory freed")
 
@@ -157,29 +160,28 @@ async def test_a_killed_agent_leaves_no_cuda_job_holding_the_gpu(
     job_id = await gpu_node.submit(num_gpus=1, command=_job(1_000_000, checkpoint_every=100))
     await gpu_node.until(lambda: _holds(gpu_node, baseline), "the job holding GPU memory", 120)
     checkpoint = gpu_node.checkpoints / job_id / "rank0" / "model.pt"
-    await gpu_node.until(lambda: _async(checkpoint.exists()), "a checkpoint", within_s=60)
+    await gpu_node.until(lambda: _async(lambda: checkpoint.exists()), "a checkpoint", within_s=60)
     agent = gpu_node.agents["g"]
     os.kill(agent.pid, signal.SIGKILL)
     await agent.wait()
     nvml, why = Nvml.open()
     assert nvml is not None, why
     try:
-        await gpu_node.until(lambda: _async(nvml.metrics()[0].memory_used_mib <= baseline + 256),
-                             "the orphan gone", within_s=30)  # fmt: skip
+        await gpu_node.until(
+            lambda: _async(lambda: nvml.metrics()[0].memory_used_mib <= baseline + 256),
+            "the orphan gone", within_s=30,
+        )  # fmt: skip
     finally:
         nvml.close()
     await gpu_node.start_agent("g", gpus=None)
     resumed = "attempt=1"
-    await gpu_node.until(lambda: _async(resumed in gpu_node.job_log(job_id)), "the job's next run",
-                         within_s=60)  # fmt: skip
+    await gpu_node.until(
+        lambda: _async(lambda: resumed in gpu_node.job_log(job_id)), "the job's next run", 60
+    )
     await gpu_node.until(lambda: _holds(gpu_node, baseline), "the job on the GPU again", 120)
     next_run = gpu_node.job_log(job_id).split(resumed)[1]
     start_step = int(next_run.split("start_step=")[1].split()[0])
     assert start_step >= 100, next_run  # from its checkpoint, not from scratch
-
-
-async def _async(value: bool) -> bool:
-    return value
 
 
 async def _wait_metrics(cluster: RealCluster) -> int:
