@@ -308,7 +308,7 @@ class SimClock(Service):
         for job_id in cmd.preempt:
             job = self.jobs[job_id]
             job.settle(cmd.now)
-            self._detach(job_id, cmd.node_id)
+            self._partners_alone(self._detach(job_id, cmd.node_id), cmd.now)
             if not job.restarting:  # a distributed job restarts as a whole: checkpoint once
                 self._checkpoint(job)
             progress[job_id] = job.done
@@ -316,7 +316,7 @@ class SimClock(Service):
         for launch in cmd.launch:
             job = self.jobs[launch.job_id]
             job.settle(cmd.now)
-            self._detach(launch.job_id, cmd.node_id)
+            self._partners_alone(self._detach(launch.job_id, cmd.node_id), cmd.now)
             job.parts[cmd.node_id] = tuple(launch.gpus)
             for g in launch.gpus:
                 self.holding.setdefault((cmd.node_id, g), []).append(launch.job_id)
@@ -343,6 +343,13 @@ class SimClock(Service):
         if not job.parts:
             self.running.discard(job_id)
         return left
+
+    def _partners_alone(self, partners: list[str], now: float) -> None:
+        """Jobs whose space-sharing partner just left their GPUs: they keep the progress made
+        at the pair's rate until `now`, and run on at their own rate from then on."""
+        for job_id in partners:
+            self.jobs[job_id].settle(now)
+            self.changed.add(job_id)
 
     def _checkpoint(self, job: SimJob) -> None:
         """The job stops: it keeps what its last checkpoint saved, and pays a restore to resume."""
@@ -748,7 +755,7 @@ class SimClock(Service):
         while (finish := self._next_completion()) is not None and finish <= now:
             _, _, job_id, _ = heapq.heappop(self.heap)
             for node in list(self.jobs[job_id].parts):
-                self.changed.update(self._detach(job_id, node))  # a partner runs alone now
+                self._partners_alone(self._detach(job_id, node), now)
             job = self.jobs.pop(job_id)
             if not job.failure:
                 self.finished_steps += job.total
