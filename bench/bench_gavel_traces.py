@@ -49,6 +49,7 @@ REFERENCE = {
     ("multi", "finish_time_fairness_perf"): (56_344, 0.450, 896_423),
     ("multi", "max_sum_throughput_perf"): (52_960, 0.379, 952_599),
     ("multi", "min_total_duration_perf"): (68_093, 0.519, 847_168),
+    ("multi", "gandiva"): (59_890, 0.435, 912_467),
 }
 
 

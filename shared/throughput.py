@@ -20,7 +20,8 @@ limits this way; Gavel's table has a few 0.0 entries on K80).
 Models:
 - `GavelThroughputs`: Gavel's `simulation_throughputs.json` (GPU types v100/p100/k80 and their
   `*_unconsolidated` variants), job types as Gavel names them ("ResNet-50 (batch size 64)"),
-  reference v100; `colocated()` gives space-sharing pair throughputs (scale factor 1 only).
+  reference v100; `colocated()` gives space-sharing pair throughputs by GPU count (Gavel
+  measured pairs of 1-GPU jobs only: every pair of multi-GPU jobs is 0, it never shares).
 - `ElasticFlowThroughputs`: `throughputs_<GPU>/<model>.csv` tables, iterations/s by global batch
   size x GPU count. job_type is "<model>@<global batch size>" (as the ElasticFlow/ITP loaders name
   jobs) or "<model>" (= its smallest listed batch size). GPU type = lower-cased directory suffix
@@ -53,7 +54,9 @@ class ThroughputModel(Protocol):
 
     def throughput(self, job_type: str, gpu_type: str, num_gpus: int) -> float: ...
 
-    def colocated(self, job_type: str, other: str, gpu_type: str) -> tuple[float, float]: ...
+    def colocated(
+        self, job_type: str, other: str, gpu_type: str, num_gpus: int
+    ) -> tuple[float, float]: ...
 
 
 class LinearModel:
@@ -70,7 +73,9 @@ class LinearModel:
     def throughput(self, job_type: str, gpu_type: str, num_gpus: int) -> float:
         return num_gpus * self.factors.get(gpu_type, 1.0)
 
-    def colocated(self, job_type: str, other: str, gpu_type: str) -> tuple[float, float]:
+    def colocated(
+        self, job_type: str, other: str, gpu_type: str, num_gpus: int
+    ) -> tuple[float, float]:
         return (0.0, 0.0)
 
 
@@ -166,7 +171,9 @@ class _CurveModel:
     def _curve(self, job_type: str, gpu_type: str) -> Curve | None:
         return self.curves.get(gpu_type, {}).get(job_type)
 
-    def colocated(self, job_type: str, other: str, gpu_type: str) -> tuple[float, float]:
+    def colocated(
+        self, job_type: str, other: str, gpu_type: str, num_gpus: int
+    ) -> tuple[float, float]:
         """No pair was measured: (0, 0), no space sharing (Gavel's model overrides this)."""
         return (0.0, 0.0)
 
@@ -203,21 +210,19 @@ class GavelThroughputs(_CurveModel):
         self, raw: Mapping[str, Mapping[str, Mapping[str, Any]]], reference_gpu_type: str = "v100"
     ):
         curves: dict[str, dict[str, Curve]] = {}
-        pairs: dict[str, dict[tuple[str, str], tuple[float, float]]] = {}
+        pairs: dict[str, dict[tuple[str, str, int], tuple[float, float]]] = {}
         for gpu_type, jobs in raw.items():
             points: dict[str, dict[int, float]] = {}
             pairs[gpu_type] = {}
             for key, entry in jobs.items():
                 name, sf = parse_gavel_key(key)
                 points.setdefault(name, {})[sf] = entry.get("null", 0.0)
-                if sf != 1:
-                    continue
                 for other_key, value in entry.items():
                     if other_key == "null":
                         continue
                     other, other_sf = parse_gavel_key(other_key)
-                    if other_sf == 1 and isinstance(value, list) and len(value) == 2:
-                        pairs[gpu_type][(name, other)] = (
+                    if other_sf == sf and isinstance(value, list) and len(value) == 2:
+                        pairs[gpu_type][(name, other, sf)] = (
                             _supported(value[0]),
                             _supported(value[1]),
                         )
@@ -232,11 +237,14 @@ class GavelThroughputs(_CurveModel):
         with open(path) as f:
             return cls(json.load(f))
 
-    def colocated(self, job_type: str, other: str, gpu_type: str) -> tuple[float, float]:
-        """(this job's, the other's) steps/s when the two share one GPU of `gpu_type`; (0, 0)
-        when Gavel did not measure the pair (or it does not fit)."""
+    def colocated(
+        self, job_type: str, other: str, gpu_type: str, num_gpus: int
+    ) -> tuple[float, float]:
+        """(this job's, the other's) steps/s when the two share the same `num_gpus` GPUs of
+        `gpu_type`; (0, 0) when Gavel did not measure the pair (or it does not fit). Gavel
+        measured only pairs of jobs of the same GPU count, and found every multi-GPU pair 0."""
         gt = self.reference_gpu_type if gpu_type == ANY_GPU else gpu_type
-        return self.pairs.get(gt, {}).get((job_type, other), (0.0, 0.0))
+        return self.pairs.get(gt, {}).get((job_type, other, num_gpus), (0.0, 0.0))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -516,8 +524,10 @@ class LearnedThroughputs:
             return measured
         return self._reference_rate(job_type, gpu_type, num_gpus) * self.scale(job_type)
 
-    def colocated(self, job_type: str, other: str, gpu_type: str) -> tuple[float, float]:
-        return self.prior.colocated(job_type, other, gpu_type)
+    def colocated(
+        self, job_type: str, other: str, gpu_type: str, num_gpus: int
+    ) -> tuple[float, float]:
+        return self.prior.colocated(job_type, other, gpu_type, num_gpus)
 
     def snapshot(self) -> list[tuple[str, str, int, float]]:
         return [(*key, rate) for key, rate in self.measured.items()]

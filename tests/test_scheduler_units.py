@@ -128,7 +128,9 @@ def test_views_derive_service_progress_and_remaining_time_at_now() -> None:
 class SharingModel(LinearModel):
     """Linear, and any two jobs share a GPU at 60% of their speed, except on a k80."""
 
-    def colocated(self, job_type: str, other: str, gpu_type: str) -> tuple[float, float]:
+    def colocated(
+        self, job_type: str, other: str, gpu_type: str, num_gpus: int
+    ) -> tuple[float, float]:
         return (0.0, 0.0) if gpu_type == "k80" else (0.6, 0.6)
 
 

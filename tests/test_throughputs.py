@@ -53,8 +53,18 @@ def test_gavel_model(data: Callable[[str], Path]) -> None:
     assert m.throughput("No such model", "v100", 1) == 0.0
     assert m.throughput("A3C", "h100", 1) == 0.0
     pair = raw["k80"]["('A3C', 1)"]["('CycleGAN', 1)"]
-    assert m.colocated("A3C", "CycleGAN", "k80") == tuple(pair)
-    assert m.colocated("A3C", "nothing", "k80") == (0.0, 0.0)
+    assert m.colocated("A3C", "CycleGAN", "k80", 1) == tuple(pair)
+    assert m.colocated("A3C", "nothing", "k80", 1) == (0.0, 0.0)
+    # Pairs by GPU count: Gavel measured 4-GPU pairs too (and found none that shares).
+    four = raw["v100"]["('ResNet-18 (batch size 128)', 4)"]["('ResNet-50 (batch size 128)', 4)"]
+    one = raw["v100"]["('ResNet-18 (batch size 128)', 1)"]["('ResNet-50 (batch size 128)', 1)"]
+    assert min(one) > 0 and four == [0.0, 0.0]
+    assert m.colocated("ResNet-18 (batch size 128)", "ResNet-50 (batch size 128)", "v100", 1) == (
+        tuple(one)
+    )
+    assert m.colocated(
+        "ResNet-18 (batch size 128)", "ResNet-50 (batch size 128)", "v100", 4
+    ) == (0.0, 0.0)
     # The job's work: duration on the reference type x its throughput.
     job = JobSpec(num_gpus=2, job_type="LM (batch size 20)", duration=100.0)
     assert total_steps(job, m) == pytest.approx(100 * m.throughput("LM (batch size 20)", "v100", 2))

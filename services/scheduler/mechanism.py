@@ -194,9 +194,9 @@ class TimeShareMechanism:
                     continue
                 if any(inp.cluster.rate(by_id[m], t, by_id[m].spec.num_gpus) <= 0 for m in members):
                     continue
-                if len(members) == 2 and min(
-                    inp.cluster.pair_rates(by_id[members[0]], by_id[members[1]], t)
-                ) <= 0:
+                if len(members) == 2 and min(inp.cluster.pair_rates(
+                    by_id[members[0]], by_id[members[1]], t, by_id[members[0]].spec.num_gpus
+                )) <= 0:
                     continue  # a pair that cannot share this type (Gavel: 0 throughput) waits
                 used = state.type_time.get(t, 0.0)
                 got = state.received.get(key, {}).get(t, 0.0)

@@ -671,7 +671,7 @@ class Scheduler(Service):
         """The steps/s of a run, from the throughput model (space sharing: the pair's figure)."""
         job_type = record.spec.job_type
         if partner is not None and (other := self.table.get(partner)) is not None:
-            return self.model.colocated(job_type, other.spec.job_type, gpu_type)[0]
+            return self.model.colocated(job_type, other.spec.job_type, gpu_type, gpus)[0]
         return self.model.throughput(job_type, gpu_type, gpus)
 
     async def _decide(self, inp: SchedulingInput) -> Decision:

@@ -657,7 +657,7 @@ class SimClock(Service):
             partner = sharing.get(job_id)
             if partner is not None:  # space sharing: the pair's measured throughput
                 other = self.jobs[partner].job_type
-                job.rate = self.model.colocated(job.job_type, other, job.gpu_type)[0]
+                job.rate = self.model.colocated(job.job_type, other, job.gpu_type, gpus)[0]
             else:
                 job.rate = self.model.throughput(job.job_type, job.gpu_type, gpus) if gpus else 0.0
             job.since = now

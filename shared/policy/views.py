@@ -240,9 +240,14 @@ class ClusterView:
     def supports(self, job: JobView, gpu_type: str, num_gpus: int) -> bool:
         return self.rate(job, gpu_type, num_gpus) > 0
 
-    def pair_rates(self, job: JobView, other: JobView, gpu_type: str) -> tuple[float, float]:
-        """The steps/s of `job` and `other` sharing GPUs of `gpu_type` (0: they may not)."""
-        return self.throughputs.colocated(job.spec.job_type, other.spec.job_type, gpu_type)
+    def pair_rates(
+        self, job: JobView, other: JobView, gpu_type: str, num_gpus: int
+    ) -> tuple[float, float]:
+        """The steps/s of `job` and `other` sharing the same `num_gpus` GPUs of `gpu_type` (0:
+        they may not)."""
+        return self.throughputs.colocated(
+            job.spec.job_type, other.spec.job_type, gpu_type, num_gpus
+        )
 
     def context(self, now: float) -> ViewContext:
         return ViewContext(now, self.round_s, self.throughputs)

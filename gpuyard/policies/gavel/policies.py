@@ -78,16 +78,20 @@ class Arrays:
         )  # fmt: skip
 
     def packing(self, inp: SchedulingInput) -> Packing:
-        """Pair throughputs by job type from the model's co-located measurements."""
-        names = sorted({j.spec.job_type for j in self.jobs})
-        index = {name: i for i, name in enumerate(names)}
-        table = np.zeros((len(names), len(names), len(self.types)))
+        """Pair throughputs by job type and GPU count from the model's co-located measurements
+        (jobs of different GPU counts never share)."""
+        kinds = sorted({(j.spec.job_type, j.spec.num_gpus) for j in self.jobs})
+        index = {kind: i for i, kind in enumerate(kinds)}
+        table = np.zeros((len(kinds), len(kinds), len(self.types)))
         model = inp.cluster.throughputs
-        for a, first in enumerate(names):
-            for b, second in enumerate(names):
-                for k, t in enumerate(self.types):
-                    table[a, b, k] = model.colocated(first, second, t)[0]
-        job_types = np.array([index[j.spec.job_type] for j in self.jobs], dtype=np.int64)
+        for a, (first, gpus) in enumerate(kinds):
+            for b, (second, other_gpus) in enumerate(kinds):
+                if gpus == other_gpus:
+                    for k, t in enumerate(self.types):
+                        table[a, b, k] = model.colocated(first, second, t, gpus)[0]
+        job_types = np.array(
+            [index[(j.spec.job_type, j.spec.num_gpus)] for j in self.jobs], dtype=np.int64
+        )
         return Packing(job_types=job_types, pair_throughputs=table)
 
     def decision(self, allocation: programs.Allocation, **flags: Any) -> Decision:

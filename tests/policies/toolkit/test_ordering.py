@@ -67,7 +67,9 @@ class ToyModel:
             return 0.0
         return num_gpus * (3.0 if gpu_type in ("v100", "any") else 1.0)
 
-    def colocated(self, job_type: str, other: str, gpu_type: str) -> tuple[float, float]:
+    def colocated(
+        self, job_type: str, other: str, gpu_type: str, num_gpus: int
+    ) -> tuple[float, float]:
         return (0.0, 0.0)
 
 
