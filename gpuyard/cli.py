@@ -44,6 +44,10 @@ GAVEL_ROUND_S = 360.0
 """Gavel's round length (`--time_per_iteration`)."""
 GAVEL_NAMES = {"fifo": "gavel_fifo"}
 """Under `--gavel`, Gavel's names for the policies whose names gpuyard uses for others."""
+GAVEL_PARAMS: dict[str, Any] = {"costs": {}}
+"""Under `--gavel`, the scheduling policy's parameters as Gavel's simulator sets them, where the
+policy has them and `--param` does not give them: its driver passes no price table, so the
+cost-normalised policies see every GPU type cost 1 (and allocate as `max_sum_throughput_perf`)."""
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "shared" / "schema"
 
@@ -674,6 +678,8 @@ def sim_setup(
         min_run_s=args.min_run_s,
         durable=args.durable,
     )
+    if args.gavel:
+        options = gavel_defaults(options)
     if args.elasticflow:
         from gpuyard.sim import elasticflow_options
 
@@ -709,6 +715,17 @@ def sim_setup(
     elif args.nodes_from is not None or args.start is not None or args.bftrainer:
         raise ValueError("--nodes-from, --start and --bftrainer apply to --node-events")
     return options, workload, described
+
+
+def gavel_defaults(options: Any) -> Any:
+    """`options` with `GAVEL_PARAMS` for the scheduling policy's parameters it has and was not
+    given."""
+    from gpuyard.shared.policy import scheduling_policies
+
+    made = scheduling_policies.create(options.policy, options.policy_params).params
+    fields = made.__struct_fields__ if made is not None else ()
+    extra = {k: v for k, v in GAVEL_PARAMS.items() if k in fields and k not in options.policy_params}
+    return msgspec.structs.replace(options, policy_params={**options.policy_params, **extra})
 
 
 def seeded_policies(options: Any, seed: int) -> Any:

@@ -178,6 +178,9 @@ class JobExit(Struct, kw_only=True, forbid_unknown_fields=True):
     attempt: int | None = None
     """The run that exited (`Launch.attempt`); an exit of an earlier run is stale and ignored."""
     reason: str = ""
+    ended_at: float | None = None
+    """When the job's work ended, if before the report's `now` (Gavel's rounds: a job's last
+    micro-task ends before the round does, while its GPUs stay held until the round's end)."""
 
 
 class ExitReport(Struct, kw_only=True, forbid_unknown_fields=True):

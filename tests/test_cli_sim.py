@@ -378,3 +378,25 @@ def test_a_seed_with_a_trace_seeds_the_policies(tmp_path: Path) -> None:
         assert int(options.policy_params.get("seed", 0)) == seed
     args = build_parser().parse_args([*base, "--seed", "3"])  # fifo draws nothing: accepted
     assert sim_setup(args, load=None, seed=3)[0].policy_params == {}
+
+
+def test_gavel_runs_the_cost_normalised_policy_as_its_simulator_does(tmp_path: Path) -> None:
+    """Gavel's simulator passes no price table: under `--gavel` every GPU type costs 1 unless
+    `--param costs=` gives prices; without `--gavel` the policy's default prices hold."""
+    from gpuyard.cli import build_parser, sim_setup
+    from gpuyard.shared.policy import scheduling_policies
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,num_gpus,submit_time,duration\na,1,0,100\n")
+    base = ["sim", "--trace", str(trace), "--out", str(tmp_path),
+            "--cluster-spec", "1x1:v100,1x1:k80", "--policy", "max_sum_throughput_normalized_by_cost_perf"]  # fmt: skip
+
+    def costs(*extra: str) -> dict[str, float]:
+        options, _, _ = sim_setup(build_parser().parse_args([*base, *extra]), load=None, seed=None)
+        return scheduling_policies.create(options.policy, options.policy_params).params.costs
+
+    assert costs("--gavel") == {}
+    assert costs("--gavel", "--param", 'costs={"v100": 2.0}') == {"v100": 2.0}
+    assert costs()["v100"] == 3.06
+    args = build_parser().parse_args([*base[:-2], "--gavel"])  # fifo has no costs: nothing added
+    assert sim_setup(args, load=None, seed=None)[0].policy_params == {}

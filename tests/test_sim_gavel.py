@@ -50,8 +50,8 @@ async def test_rounds_micro_tasks_idle_gpus_and_arrivals_at_round_ends(
     tmp_path: Path, nats_url: str
 ) -> None:
     """Two v100s, 360 s rounds. B runs int(0.77 x 360) = 277 steps a round, so a round lasts
-    277 / 0.77 = 359.74 s; A (100 steps) is done after 100 s but its completion, and its GPU, wait
-    for the round's end; C arrives at 50 s and is admitted then."""
+    277 / 0.77 = 359.74 s; A (100 steps) is done after 100 s, its JCT counts to then (as Gavel's),
+    but its GPU waits for the round's end; C arrives at 50 s and is admitted then."""
     options = SimOptions(
         cluster=ClusterSpec.parse("2x1:v100"), policy="fifo_perf", gavel=True, round_s=360.0,
         throughputs=toy_table(tmp_path / "t.json"),
@@ -60,9 +60,9 @@ async def test_rounds_micro_tasks_idle_gpus_and_arrivals_at_round_ends(
     result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
     by_id = {r.job_id: r for r in result.jobs}
     first_round = 277 / 0.77
-    assert by_id["a"].end_time == pytest.approx(first_round)
+    assert by_id["a"].end_time == pytest.approx(100.0)
     assert by_id["c"].first_start == pytest.approx(first_round)  # admitted at the round's end
-    assert by_id["c"].end_time == pytest.approx(2 * first_round)  # 50 s of work, a whole round
+    assert by_id["c"].end_time == pytest.approx(first_round + 50.0)  # 50 s of work
     # B: three full rounds (831 steps), then 169 steps that end the last round early.
     assert by_id["b"].end_time == pytest.approx(3 * first_round + 169 / 0.77)
     # Utilisation counts compute time only: A's 100 s, C's 50 s and B's 1000 / 0.77 s.

@@ -382,8 +382,10 @@ class Scheduler(Service):
                 if ex.steps_done is not None:  # rank 0's part: the job's progress as it ended
                     self.table.report(record, StepsReport(ex.steps_done, req.now))
                 continue
-            self._end(record, req.now, ex)
-            await self.emit(f"job.{ex.status}", req.now, ex.job_id, reason=ex.reason)
+            # (within what the scheduler has accounted of this run already)
+            at = req.now if ex.ended_at is None else min(max(ex.ended_at, record.progress_at), req.now)
+            self._end(record, at, ex)
+            await self.emit(f"job.{ex.status}", at, ex.job_id, reason=ex.reason)
         self._poke()
         ran = await self._round_if_due(req.now, req.tick)
         return self._status(req.now, ran_round=ran)

@@ -165,9 +165,9 @@ class SimJob:
     """A simulated job's processes: which GPUs of which nodes run its parts, and its progress."""
 
     __slots__ = (
-        "attempt", "base", "done", "down_s", "failure", "floor", "gpu_type", "held", "job_type",
-        "min_gpus", "parts", "placed", "rate", "restarting", "restoring", "round_steps", "since",
-        "total", "up_s", "version",
+        "attempt", "base", "done", "down_s", "ended_at", "failure", "floor", "gpu_type", "held",
+        "job_type", "min_gpus", "parts", "placed", "rate", "restarting", "restoring", "round_steps",
+        "since", "total", "up_s", "version",
     )  # fmt: skip
 
     def __init__(self, spec: JobSpec, total: float) -> None:
@@ -179,6 +179,7 @@ class SimJob:
         self.parts: dict[str, tuple[int, ...]] = {}  # node -> GPU indices
         self.attempt = 0
         self.round_steps = 0.0  # Gavel's rounds: the steps of this round's micro-task
+        self.ended_at: float | None = None  # Gavel's rounds: its last micro-task's end
         self.gpu_type = ""
         self.version = 0
         self.failure = ""  # why the job crashes as soon as it starts, if it does
@@ -580,7 +581,8 @@ class SimClock(Service):
             job = self.jobs[job_id]
             job.done += job.round_steps
             job.since = end
-            if job.done >= job.total:
+            if job.done >= job.total:  # it exits at the round's end, its work done before
+                job.ended_at = now + job.round_steps / job.rate
                 job.version += 1
                 self.launches += 1
                 heapq.heappush(self.heap, (end, self.launches, job_id, job.version))
@@ -767,7 +769,7 @@ class SimClock(Service):
                 exits.append(
                     JobExit(
                         job_id=job_id, status="completed", steps_done=job.total,
-                        attempt=job.attempt,
+                        attempt=job.attempt, ended_at=job.ended_at,
                     )
                 )  # fmt: skip
             self.finished += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import typing
 from collections.abc import Mapping
@@ -24,6 +25,30 @@ def _allowed(tp: Any) -> list[Any]:
     if typing.get_origin(tp) is typing.Literal:
         return list(typing.get_args(tp))
     return [v for arg in typing.get_args(tp) for v in _allowed(arg)]
+
+
+_COMPOUND = (msgspec.inspect.DictType, msgspec.inspect.ListType, msgspec.inspect.TupleType,
+             msgspec.inspect.StructType, msgspec.inspect.VarTupleType)
+
+
+def _structured(params: Mapping[str, Any], cls: type[msgspec.Struct]) -> dict[str, Any]:
+    """`params` with the command line's JSON text decoded where the field holds a mapping or a
+    list (`--param costs='{"v100": 2.5}'`); other strings are converted by type later."""
+    info = msgspec.inspect.type_info(cls)
+    compound = {
+        f.name for f in getattr(info, "fields", ())
+        if isinstance(f.type, _COMPOUND) or (
+            isinstance(f.type, msgspec.inspect.UnionType)
+            and any(isinstance(t, _COMPOUND) for t in f.type.types)
+        )
+    }  # fmt: skip
+    out = dict(params)
+    for name in compound & out.keys():
+        # not JSON: the conversion that follows names the field and the type it expects
+        if isinstance(out[name], str):
+            with contextlib.suppress(msgspec.DecodeError):
+                out[name] = msgspec.json.decode(out[name])
+    return out
 
 
 class Registry(Generic[P]):
@@ -71,7 +96,7 @@ class Registry(Generic[P]):
         """Instantiate by name; string values (from a command line) are converted to the field types."""
         cls = self.get(name)
         try:
-            parsed = msgspec.convert(dict(params or {}), cls.Params, strict=False)
+            parsed = msgspec.convert(_structured(params or {}, cls.Params), cls.Params, strict=False)
         except msgspec.ValidationError as exc:
             fields = {f.name: f.type for f in msgspec.structs.fields(cls.Params)}
             text = str(exc)

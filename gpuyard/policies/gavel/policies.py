@@ -121,8 +121,12 @@ class GavelPolicy(SchedulingPolicy):
             return Decision()
         packing = arrays.packing(inp) if self.variant == "packed" else None
         allocation = self.solve(arrays, packing)
-        # Gavel shuffles the GPU types' order every round for its agnostic policies.
-        return arrays.decision(allocation, shuffle_types=self.variant == "agnostic")
+        return arrays.decision(allocation, shuffle_types=self.shuffles_types())
+
+    def shuffles_types(self) -> bool:
+        """Whether the mechanism walks the GPU types in a new random order every round: Gavel
+        does for the policies whose names say neither Perf nor Packing (the agnostic ones)."""
+        return self.variant == "agnostic"
 
     def solve(self, a: Arrays, packing: Packing | None) -> programs.Allocation:
         raise NotImplementedError
@@ -382,6 +386,9 @@ class Isolated(GavelPolicy):
             skip_unsupported=self.params.skip_unsupported,
         )  # fmt: skip
 
+    def shuffles_types(self) -> bool:
+        return True  # Gavel's `Isolated` (its name says neither Perf nor Packing)
+
 
 class AlloxState(Struct, kw_only=True):
     running: dict[str, list[float]] = field(default_factory=dict)
@@ -485,12 +492,18 @@ class Gandiva(GavelPolicy):
 class FifoState(Struct, kw_only=True):
     assigned: dict[str, str] = field(default_factory=dict)
     """The GPU type each started job keeps until it ends (Gavel's FIFO does not preempt)."""
+    rng: Any = None
+    """The generator's state (`random.Random.getstate()`), to draw the same types after a
+    restart."""
 
 
 class GavelFifo(GavelPolicy):
-    """Gavel's `fifo`: jobs in arrival order, each given one GPU type (a random one with room;
-    the reference's code always takes V100 first, a bug) and kept there until it ends; a job
-    that does not fit waits, and no later job goes ahead of it. Registry name `gavel_fifo`."""
+    """Gavel's `fifo`: jobs in arrival order, each given one GPU type and kept there until it
+    ends. As the reference does: the GPUs a finished job leaves go to the job at the head of the
+    queue if it fits and can run there; then each waiting job, in order, draws a type at random
+    among those with room for it (the reference's code draws one and then uses another, V100
+    first: a bug; gpuyard uses the one drawn), is skipped for now if it cannot run on the type
+    drawn, and the walk stops at the first job that fits no type. Registry name `gavel_fifo`."""
 
     class Params(Struct, forbid_unknown_fields=True):
         seed: int = 0
@@ -504,41 +517,61 @@ class GavelFifo(GavelPolicy):
     def __init__(self, params: Struct | None = None) -> None:
         super().__init__(params)
         self.state = FifoState()
+        self.rng = random.Random(self.params.seed)
 
     def snapshot(self) -> Struct:
-        return self.state
+        return FifoState(assigned=self.state.assigned, rng=self.rng.getstate())
 
     def restore(self, state: FifoState) -> None:
-        self.state = state
+        self.state = FifoState(assigned=dict(state.assigned))
+        if state.rng is not None:
+            version, internal, gauss = state.rng
+            self.rng.setstate((version, tuple(internal), gauss))
 
     def schedule(self, inp: SchedulingInput) -> Decision:
         a = Arrays.of(inp)
-        live = {j.job_id for j in a.jobs}
-        kept = {} if self.perf else {j: t for j, t in self.state.assigned.items() if j in live}
+        index = {j.job_id: i for i, j in enumerate(a.jobs)}
+        kept = {} if self.perf else {j: t for j, t in self.state.assigned.items() if j in index}
         free = dict(zip(a.types, a.num_gpus.tolist(), strict=True))
         for job_id, t in kept.items():
-            free[t] -= next(j.spec.num_gpus for j in a.jobs if j.job_id == job_id)
-        rng = random.Random(f"{self.params.seed}:{inp.now!r}")
-        for i, job in enumerate(a.jobs):
-            if job.job_id in kept:
-                continue
-            need = job.spec.num_gpus
-            fits = [
-                t for k, t in enumerate(a.types)
-                if free[t] >= need and a.throughputs[i, k] > 0
-                and job.spec.gpu_type in (ANY_GPU, t)
-            ]  # fmt: skip
-            if not fits:
-                break  # FIFO: nobody overtakes the job at the head
+            free[t] -= a.jobs[index[job_id]].spec.num_gpus
+        queue = [i for i, job in enumerate(a.jobs) if job.job_id not in kept]
+
+        def runs(i: int, t: str) -> bool:
+            spec = a.jobs[i].spec
+            return a.throughputs[i, a.types.index(t)] > 0 and spec.gpu_type in (ANY_GPU, t)
+
+        def assign(i: int, t: str) -> None:
+            kept[a.jobs[i].job_id] = t
+            free[t] -= a.jobs[i].spec.num_gpus
+
+        if not self.perf:  # a finished job's GPUs go to the head of the queue first
+            ended = sorted(set(self.state.assigned) - index.keys(), key=_job_order)
+            for t in (self.state.assigned[j] for j in ended):
+                if queue and free.get(t, 0) >= a.jobs[queue[0]].spec.num_gpus and runs(queue[0], t):
+                    assign(queue.pop(0), t)
+        for i in queue:
+            need = a.jobs[i].spec.num_gpus
             if self.perf:
-                t = max(fits, key=lambda t: a.throughputs[i, a.types.index(t)])
-            else:
-                t = rng.choice(fits)
-            kept[job.job_id] = t
-            free[t] -= need
+                fits = [t for t in a.types if free[t] >= need and runs(i, t)]
+                if not fits:
+                    break  # FIFO: nobody overtakes the job at the head
+                assign(i, max(fits, key=lambda t: a.throughputs[i, a.types.index(t)]))
+                continue
+            fits = sorted(t for t in a.types if free[t] >= need)
+            if not fits:
+                break
+            t = fits[self.rng.randrange(len(fits))]
+            if runs(i, t):
+                assign(i, t)
         self.state.assigned = kept
         shares = {job_id: {t: 1.0} for job_id, t in kept.items()}
         return Decision(shares=shares, only_allocated=True)
+
+
+def _job_order(job_id: str) -> tuple[int, int | str]:
+    """Job ids in the reference's order: numerically where they are numbers."""
+    return (0, int(job_id)) if job_id.isdigit() else (1, job_id)
 
 
 class FifoPerf(GavelFifo):
