@@ -283,7 +283,22 @@ class FinishTimeFairnessPacked(FinishTimeFairnessPerf):
 # --------------------------------------------------------------------------- makespan
 
 
-class MinTotalDurationParams(MaxMinParams, forbid_unknown_fields=True):
+class MinTotalDurationParams(Struct, forbid_unknown_fields=True):
+    respect_unsupported: bool = False
+    """Agnostic variant: keep throughput 0 where a job cannot run (the reference writes 1 there)."""
+    search: Literal["reference", "exact"] = "reference"
+    """The reference's binary search (stops within a factor 1.05) or the exact optimum."""
+    tie_break: Literal["interior", "center", "vertex"] = "interior"
+    """Which of the allocations that meet the makespan bound: the one the reference's
+    interior-point solver returns (its search only), a central one, or a simplex corner."""
+
+    def __post_init__(self) -> None:
+        if self.tie_break == "interior" and self.search != "reference":
+            raise ValueError("tie_break 'interior' goes with search 'reference' (the "
+                             "reference's answer to its own search): use 'center' or 'vertex'")
+
+
+class MinTotalDurationPackedParams(MaxMinParams, forbid_unknown_fields=True):
     search: Literal["reference", "exact"] = "reference"
     """The reference's binary search (stops within a factor 1.05) or the exact optimum."""
 
@@ -307,8 +322,10 @@ class MinTotalDuration(MinTotalDurationPerf):
 
 
 class MinTotalDurationPacked(MinTotalDurationPerf):
-    """`min_total_duration_packed`."""
+    """`min_total_duration_packed` (the reference's own simulator fails on it: a central point
+    of ours among the allocations that meet the bound)."""
 
+    Params = MinTotalDurationPackedParams
     variant = "packed"
 
 

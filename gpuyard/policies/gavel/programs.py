@@ -91,6 +91,8 @@ from ortools.graph.python import min_cost_flow
 
 from gpuyard.policies.toolkit.lp import Infeasible, LinearProgram, Solution, SolveError, Solver
 
+from . import interior
+
 __all__ = [
     "ALONE",
     "UNASSIGNED",
@@ -1091,7 +1093,7 @@ def min_total_duration(
     *,
     packing: Packing | None = None,
     search: Literal["reference", "exact"] = "reference",
-    tie_break: TieBreak = "center",
+    tie_break: TieBreak | Literal["interior"] = "center",
     solver: Solver | None = None,
     time_limit: float | None = None,
 ) -> Allocation:
@@ -1105,6 +1107,9 @@ def min_total_duration(
     1.05 lo >= hi, so it ends on a T up to ~5% above T* (and never below ~100 s); we replay its
     probes against T* (same T, two LPs instead of ~20) and return a feasible X for that T from a
     constant-objective LP, as it does. `search="exact"` returns T* and the LP's X.
+    Every X that meets the bound is optimal there: `tie_break="interior"` returns the one the
+    reference's solver (ECOS) returns (`interior.feasible_point`; unpacked programs with the
+    reference's search only), "center" a central one of ours, "vertex" a simplex corner.
     Jobs with R_j = 0 take no part; a job with R_j > 0 that can run nowhere is left out and gets
     nothing (the reference's search never ends on it)."""
     started = time.perf_counter()
@@ -1112,9 +1117,14 @@ def min_total_duration(
     remaining = _per_job(remaining_steps, "remaining_steps", jobs.n)
     if search not in ("reference", "exact"):
         raise ValueError(f"search: 'reference' or 'exact', not {search!r}")
+    ecos_point = tie_break == "interior"
+    if ecos_point and (packing is not None or search != "reference"):
+        raise ValueError("tie_break 'interior' is the reference's answer to its own search, for "
+                         "the unpacked programs: use 'center' or 'vertex' here")  # fmt: skip
     if jobs.n == 0:
         return _nothing(jobs, objective=0.0)
-    _check_tie_break(tie_break)
+    if not ecos_point:
+        _check_tie_break(tie_break)
     stats = SolveStats()
     skeleton = _skeleton(jobs, packing, [remaining])
     rep = skeleton.classes.representative
@@ -1135,6 +1145,21 @@ def min_total_duration(
         values = _tie_break(skeleton, best.values, tie_break, stats, solver, time_limit)
         return _finish(skeleton, values, optimum, stats, started, jobs.k)
     bound = _gavel_makespan_search(optimum)
+    if ecos_point:  # each job on its own rows, as the reference writes them
+        taking_part = (remaining <= 0) | (jobs.throughputs > 0).any(axis=1)
+        shares = np.zeros((jobs.n, jobs.k))
+        try:
+            shares[taking_part] = interior.feasible_point(
+                jobs.throughputs[taking_part], jobs.scale_factors[taking_part], jobs.num_gpus,
+                np.maximum(remaining[taking_part], 0.0) / bound,
+            )  # fmt: skip
+        except interior.NoPoint as exc:  # ECOS would report no optimum either: take our central one
+            stats.fallback = f"{exc}: the central allocation instead"
+        else:
+            pairs, pair_shares = _empty_pairs(jobs.k)
+            stats.build_seconds = time.perf_counter() - started
+            return Allocation(shares, pairs, pair_shares, bound, stats)
+        tie_break = "center"
     feasible = skeleton.lp.copy()
     skeleton.add_rate_rows(feasible, np.ones(skeleton.classes.count), rows,
                            lb=r_c[rows] / bound)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gpuyard.policies.gavel import interior
 from gpuyard.policies.gavel import programs as gp
 from gpuyard.policies.toolkit.lp import Infeasible, LinearProgram
 
@@ -457,6 +458,38 @@ def test_min_total_duration_closed_form_on_one_gpu() -> None:
                                        np.array([1000.0, 3000.0]), search="exact")
     assert allocation.objective == pytest.approx(4000.0)
     assert allocation.shares[:, 0] == pytest.approx([0.25, 0.75])
+
+
+def test_the_interior_tie_break_is_the_point_ecos_returns() -> None:
+    """Gavel asks cvxpy/ECOS for any X meeting the bound (a constant objective). ECOS's answer on
+    this instance (ECOS 2.0.14 through cvxpy 1.9.3, `Maximize(1)` over Gavel's base constraints
+    and the rows r_j(X) >= R_j / 2000, clipped to [0, 1] as Gavel does), to 1e-8:"""
+    ecos = np.array([
+        [0.13008113, 0.3606262, 0.30263101],
+        [0.08863474, 0.40424902, 0.32723991],
+        [0.29863519, 0.34668381, 0.23098608],
+        [0.12456056, 0.26774711, 0.33644046],
+        [0.76401004, 0.15961941, 0.04994446],
+    ])  # fmt: skip
+    tput = np.array([[2.0, 1.0, 0.5], [1.0, 0.9, 0.0], [3.0, 1.5, 1.0], [0.8, 0.8, 0.3],
+                     [5.0, 2.0, 0.0]])  # fmt: skip
+    sf, gpus = np.array([1.0, 2.0, 1.0, 1.0, 4.0]), np.array([4.0, 4.0, 4.0])
+    remaining = np.array([1000.0, 500.0, 3000.0, 200.0, 8000.0])
+    point = interior.feasible_point(tput, sf, gpus, remaining / 2000.0)
+    assert np.abs(point - ecos).max() < 1e-5
+    # As the reference, it may give time where a job cannot run (T = 0): it is ECOS's point.
+    assert point[1, 2] > 0.3
+    # In the program, with the bound the reference's search ends on (here 2,000 s is not
+    # probed; the search's own bound gives another point, still strictly inside the constraints).
+    allocation = gp.min_total_duration(tput, sf, gpus, remaining, tie_break="interior")
+    x = allocation.shares
+    assert np.all(x > 0) and np.all(x.sum(axis=1) < 1)
+    assert np.all((x * sf[:, None]).sum(axis=0) < gpus)
+    assert np.all((tput * x).sum(axis=1) * allocation.objective >= remaining * (1 - 1e-7))
+    vertex = gp.min_total_duration(tput, sf, gpus, remaining, tie_break="vertex")
+    assert vertex.objective == allocation.objective and np.abs(vertex.shares - x).max() > 0.05
+    with pytest.raises(ValueError, match="interior"):
+        gp.min_total_duration(tput, sf, gpus, remaining, tie_break="interior", search="exact")
 
 
 # ------------------------------------------------------------------------------------------------
