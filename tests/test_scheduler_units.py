@@ -222,3 +222,22 @@ def test_time_shares_never_exceed_capacity(global_queue: bool) -> None:
     for a in out:
         per_type[a.gpu_type] = per_type.get(a.gpu_type, 0) + a.num_gpus
     assert all(n <= 1 for n in per_type.values()) and len(out) == 2
+
+
+@pytest.mark.parametrize("new_jobs_wait", [True, False])
+def test_a_job_newer_than_the_allocation_waits_for_one(new_jobs_wait: bool) -> None:
+    """Gavel: a job that arrived since the last allocation runs only once one includes it; its
+    place in the round's walk is counted and its GPU stays idle (the k80 here). Without
+    `new_jobs_wait` it takes the GPU the allocated jobs leave free."""
+    mech = TimeShareMechanism(TimeShareConfig(new_jobs_wait=new_jobs_wait), round_s=100.0)
+    first = time_share_input(0.0, {})
+    first.jobs = first.jobs[:1]  # only a was there when the policy decided
+    mech.allocations(Decision(shares={"a": {"v100": 1.0}}), first)
+    later = time_share_input(100.0, {"a": "v100"})
+    out = {(a.job_id, a.gpu_type) for a in mech.allocations(None, later)}
+    assert ("a", "v100") in out
+    assert (out == {("a", "v100")}) == new_jobs_wait
+    # Once an allocation includes them, they run.
+    out = mech.allocations(Decision(shares={"a": {"v100": 1.0}, "b": {"k80": 1.0}}),
+                           time_share_input(200.0, {"a": "v100"}))  # fmt: skip
+    assert {(a.job_id, a.gpu_type) for a in out} == {("a", "v100"), ("b", "k80")}

@@ -11,6 +11,9 @@ round the mechanism picks what runs so that the time each receives tracks those 
   when j has not run on k yet, 0 where j cannot run on k;
 - each round, per GPU type in order, the (job, type) entries are taken in descending (priority,
   deficit, X) order while GPUs of that type are left, each job at most once;
+- a job that arrived since the last allocation waits for one that includes it: as in Gavel, it
+  takes its place in the walk (priority 0) but gets no GPUs, which stay idle that round
+  (`new_jobs_wait`);
 - the policy is asked again when jobs came or went, at most every `min_resolve_s` (Gavel: 1920 s);
   on a real cluster, whose scheduler learns throughputs from progress reports, also when it
   learned something since the last decision (`resolve_on_learning`; Gavel re-solves on arrivals
@@ -52,6 +55,10 @@ class TimeShareConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     global_queue: bool = False
     """Sort the entries of all GPU types together (Gavel's `--enable_global_queue`) rather than
     type by type."""
+    new_jobs_wait: bool = True
+    """A job that arrived since the last allocation runs once an allocation includes it, as in
+    Gavel (whose round walk counts it but then gives it no workers, so the GPUs it was counted
+    on stay idle); False: it may run meanwhile on GPUs the allocated jobs leave free."""
 
 
 class AllocationsMechanism:
@@ -86,6 +93,8 @@ class TimeShareState(Struct, kw_only=True):
     only_allocated: bool = False
     shuffle_types: bool = False
     """The decision's flags (see `Decision`)."""
+    allocated: list[str] | None = None
+    """The jobs the last allocation was computed for (None: not known, every job counts)."""
 
 
 class TimeShareMechanism:
@@ -138,6 +147,7 @@ class TimeShareMechanism:
                 state.shares[f"{a}{PAIR}{b}"] = x
             state.only_allocated = decision.only_allocated
             state.shuffle_types = decision.shuffle_types
+            state.allocated = sorted(live)
         state.last_round = now
         return self._select(inp, types)
 
@@ -183,6 +193,8 @@ class TimeShareMechanism:
             random.Random(f"gpuyard-types:{inp.now!r}").shuffle(types)
         order = {t: i for i, t in enumerate(types)}
         keys = list(by_id) + [k for k in state.shares if PAIR in k]
+        known = None if state.allocated is None or not self.config.new_jobs_wait else set(
+            state.allocated)
         for key in keys:
             members = key.split(PAIR)
             if not all(m in by_id for m in members):
@@ -222,6 +234,10 @@ class TimeShareMechanism:
                 continue
             left[t] -= size
             taken.update(members)
+            job = by_id[members[0]]
+            new = known is not None and not known.issuperset(members)
+            if new and not (job.running and job.gpu_type == t):
+                continue  # new since the allocation: counted, but no GPUs (lease aside)
             chosen.append((size, t, key))
         chosen.sort(key=lambda c: -c[0])  # largest first: placement keeps them on few servers
         out: list[Allocation] = []
