@@ -1,21 +1,24 @@
-"""The allocation Gavel's solver returns for a program with nothing to optimise.
+"""The allocations Gavel's solver returns where many are optimal.
 
-Gavel's `min_total_duration` programs ask cvxpy for *any* X that lets every job finish within a
-bound T (`Maximize(1)` over its base constraints), and cvxpy hands that to ECOS. Every feasible
-X is then optimal, and which one comes back is wherever ECOS's interior-point path stops; that
-point decides how much of each type every job gets, and the simulated JCTs with it (a simplex
-corner or another central point moved the mean JCT by 9 to 19% on Gavel's traces).
+Gavel's programs go through cvxpy to ECOS, an interior-point solver. Where the optimum is not
+unique, which allocation comes back is wherever ECOS's path stops, and that decides how much of
+each type every job gets, and the simulated JCTs with it: `min_total_duration` asks for *any* X
+that lets every job finish within a bound (`Maximize(1)`), where a simplex corner or another
+central point moved the mean JCT by 9 to 19% on Gavel's traces; `max_min_fairness` has a whole
+face of optimal X, where another central point moved it by 3.6%.
 
-`feasible_point` reproduces it: ECOS 2.0's method for a linear cone (Domahidi, Chu and Boyd,
-ECC 2013; embotech/ecos `ecos.c`, `equil.c`, `cone.c`): three passes of Ruiz equilibration, its
+This module reproduces ECOS 2.0's method for a linear cone (Domahidi, Chu and Boyd, ECC 2013;
+embotech/ecos `ecos.c`, `equil.c`, `cone.c`, `kkt.c`): three passes of Ruiz equilibration, its
 starting point (the least-squares x and the slack brought into the cone), its homogeneous
-self-dual embedding and Mehrotra predictor-corrector steps, its step rules and its stopping
-test, on the constraint rows cvxpy gives it. ECOS solves its linear systems with a sparse LDL
-factorisation, regularisation and iterative refinement; here they are solved exactly with the
-structure of Gavel's constraints (each job's k variables are coupled only by its own rows and by
-k capacity rows across jobs): k x k blocks per job and a k x k correction for the capacity rows
-(Woodbury), O(n k^3) per solve, all numpy. On Gavel's traces the X agrees with ECOS's to 1e-4
-and the simulated JCTs to 0.1%.
+self-dual embedding and Mehrotra predictor-corrector steps, its step rules and stopping tests,
+its best-iterate fallback ("close to optimal"), on the rows cvxpy writes for these programs
+(for a max-min objective, an epigraph variable after X). ECOS factors its regularised KKT system
+(sparse LDL) and refines the solutions; here the same regularised system is solved through its
+normal equations with the structure of Gavel's constraints (each job's k variables are coupled
+only by its own rows and by k capacity rows across jobs: k x k blocks per job, a Woodbury
+correction for the capacity rows, a Schur complement for the epigraph variable), O(n k^3) per
+solve in numpy, and refined as ECOS refines. On Gavel's traces the X agree with ECOS's to 1e-9
+and the simulated results to the second.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ TOLERANCE = 1e-8  # ECOS's feasibility, absolute and relative gap tolerances
 EQUILIBRATION_PASSES = 3
 TINY = 1e-13
 MAX_ITERATIONS = 100
+REGULARIZATION = 7e-8  # ECOS's static regularisation of its linear systems
+REFINEMENTS = 9  # and its iterative refinement of their solutions
+DENSE_UP_TO = 1000  # variables up to which the normal matrix is formed and solved whole
+STALL = 10  # iterations without a better iterate after which we take the best (see `_solve`)
 
 
 class NoPoint(RuntimeError):
@@ -36,76 +43,131 @@ class NoPoint(RuntimeError):
 
 
 class _Rows:
-    """G (as cvxpy writes the program: s = h - G x >= 0) by blocks, over X of shape (n, k):
-    x >= 0 (one row per entry), capacity (one row per type), each job's time (one row per job)
-    and each job's throughput (one row per job). Entries are kept as (n, k) arrays."""
+    """G (as cvxpy writes the program: s = h - G x >= 0) by blocks, over X of shape (n, k) and,
+    for a max-min program, the epigraph variable t after it: x >= 0 (one row per entry),
+    capacity (one row per type), each job's time (one row per job) and each job's throughput row
+    (one per job: -T[j] X[j] <= -need_j, or -W[j] X[j] - t <= 0). Entries are (n, k) arrays."""
 
-    def __init__(self, throughputs: np.ndarray, scale_factors: np.ndarray, num_gpus: np.ndarray,
-                 need: np.ndarray) -> None:  # fmt: skip
-        n, k = throughputs.shape
+    def __init__(self, rate: np.ndarray, scale_factors: np.ndarray, num_gpus: np.ndarray,
+                 rate_bound: np.ndarray, epigraph: bool) -> None:  # fmt: skip
+        n, k = rate.shape
+        self.shape = (n, k)
+        self.size = n * k + (1 if epigraph else 0)
         self.nonneg = -np.ones((n, k))
         self.capacity = np.broadcast_to(scale_factors[:, None], (n, k)).astype(np.float64)
         self.time = np.ones((n, k))
-        self.rate = -throughputs.astype(np.float64)
-        self.h = (np.zeros((n, k)), num_gpus.astype(np.float64), np.ones(n), -need)
+        self.rate = -rate.astype(np.float64)
+        self.level = -np.ones(n) if epigraph else np.zeros(n)  # t's coefficient in rate rows
+        self.h = (np.zeros((n, k)), num_gpus.astype(np.float64), np.ones(n), -rate_bound)
 
     def equilibrate(self) -> np.ndarray:
         """Scale rows and columns as ECOS's Ruiz passes do (h with its rows); returns the
-        columns' factors (x = x_scaled / factor)."""
-        column = np.ones_like(self.nonneg)
+        columns' factors, flat (x = x_scaled / factor)."""
+        n, k = self.shape
+        column = np.ones(self.size)
         h_nonneg, h_capacity, h_time, h_rate = self.h
         for _ in range(EQUILIBRATION_PASSES):
-            col = np.maximum.reduce([np.abs(self.nonneg), np.abs(self.capacity),
-                                     np.abs(self.time), np.abs(self.rate)])  # fmt: skip
+            col_x = np.maximum.reduce([np.abs(self.nonneg), np.abs(self.capacity),
+                                       np.abs(self.time), np.abs(self.rate)])  # fmt: skip
+            col = np.concatenate([col_x.ravel(), [np.abs(self.level).max()]])[: self.size]
             rows = (np.abs(self.nonneg), np.abs(self.capacity).max(axis=0),
-                    np.abs(self.time).max(axis=1), np.abs(self.rate).max(axis=1))  # fmt: skip
+                    np.abs(self.time).max(axis=1),
+                    np.maximum(np.abs(self.rate).max(axis=1), np.abs(self.level)))  # fmt: skip
             col, r_nonneg, r_capacity, r_time, r_rate = (
                 np.where(v < 1e-6, 1.0, np.sqrt(v)) for v in (col, *rows)
             )
-            self.nonneg = self.nonneg / r_nonneg / col
-            self.capacity = self.capacity / r_capacity[None, :] / col
-            self.time = self.time / r_time[:, None] / col
-            self.rate = self.rate / r_rate[:, None] / col
+            col_x = col[: n * k].reshape(n, k)
+            self.nonneg = self.nonneg / r_nonneg / col_x
+            self.capacity = self.capacity / r_capacity[None, :] / col_x
+            self.time = self.time / r_time[:, None] / col_x
+            self.rate = self.rate / r_rate[:, None] / col_x
+            if self.size > n * k:
+                self.level = self.level / r_rate / col[-1]
             h_nonneg, h_capacity = h_nonneg / r_nonneg, h_capacity / r_capacity
             h_time, h_rate = h_time / r_time, h_rate / r_rate
             column = column * col
         self.h = (h_nonneg, h_capacity, h_time, h_rate)
         return column
 
-    # Row vectors are tuples (nonneg (n, k), capacity (k,), time (n,), rate (n,)).
+    # Primal vectors are flat (X.ravel(), then t); row vectors are tuples (nonneg (n, k),
+    # capacity (k,), time (n,), rate (n,)).
+
+    def _parts(self, x: np.ndarray) -> tuple[np.ndarray, float]:
+        n, k = self.shape
+        return x[: n * k].reshape(n, k), (float(x[-1]) if self.size > n * k else 0.0)
 
     def times(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
         """G x."""
-        return (self.nonneg * x, (self.capacity * x).sum(axis=0), (self.time * x).sum(axis=1),
-                (self.rate * x).sum(axis=1))  # fmt: skip
+        xs, level = self._parts(x)
+        return (self.nonneg * xs, (self.capacity * xs).sum(axis=0), (self.time * xs).sum(axis=1),
+                (self.rate * xs).sum(axis=1) + self.level * level)  # fmt: skip
 
     def transposed_times(self, z: tuple[np.ndarray, ...]) -> np.ndarray:
         """G' z."""
         nonneg, capacity, time, rate = z
-        return (self.nonneg * nonneg + self.capacity * capacity[None, :]
-                + self.time * time[:, None] + self.rate * rate[:, None])  # fmt: skip
+        xs = (self.nonneg * nonneg + self.capacity * capacity[None, :]
+              + self.time * time[:, None] + self.rate * rate[:, None])  # fmt: skip
+        if self.size > xs.size:
+            return np.concatenate([xs.ravel(), [float(self.level @ rate)]])
+        return xs.ravel()
 
-    def normal_solver(self, v: tuple[np.ndarray, ...]):  # type: ignore[no-untyped-def]
-        """A solver of (G' diag(1/v) G) x = b: per-job k x k blocks (a job's own rows) and the k
-        capacity rows added back by the Woodbury identity."""
+    def normal_solver(self, v: tuple[np.ndarray, ...], delta: float):  # type: ignore[no-untyped-def]
+        """A solver of (delta I + G' diag(1/v) G) x = b: per-job k x k blocks (a job's own rows),
+        the k capacity rows added back by the Woodbury identity, and t's row and column
+        (max-min) by a Schur complement."""
         v_nonneg, v_capacity, v_time, v_rate = v
-        n, k = self.nonneg.shape
+        n, k = self.shape
         blocks = np.zeros((n, k, k))
-        blocks[:, np.arange(k), np.arange(k)] = self.nonneg**2 / v_nonneg
+        blocks[:, np.arange(k), np.arange(k)] = self.nonneg**2 / v_nonneg + delta
         blocks += np.einsum("ja,jb->jab", self.time, self.time) / v_time[:, None, None]
         blocks += np.einsum("ja,jb->jab", self.rate, self.rate) / v_rate[:, None, None]
+        if self.size <= DENSE_UP_TO:  # small: the normal matrix itself, more accurate
+            inverse_normal = np.linalg.inv(self._dense_normal(v, delta, blocks))
+            return lambda b: inverse_normal @ b  # (refined by the caller)
         inverse = np.linalg.inv(blocks)
         # U's column t is the capacity row t: entries capacity[j, t] at (j, t).
         inverse_u = inverse * self.capacity[:, None, :]  # (n, k, k): B_j^-1 U_j
         small = np.diag(v_capacity) + np.einsum("ja,jab->ab", self.capacity, inverse_u)
         small_inverse = np.linalg.inv(small)
 
-        def solve(b: np.ndarray) -> np.ndarray:
+        def solve_x(b: np.ndarray) -> np.ndarray:
             y = np.einsum("jab,jb->ja", inverse, b)
             correction = small_inverse @ (self.capacity * y).sum(axis=0)
             return y - np.einsum("jab,b->ja", inverse_u, correction)
 
+        if self.size == n * k:
+            return lambda b: solve_x(b.reshape(n, k)).ravel()
+        border = self.rate * (self.level / v_rate)[:, None]  # G_x' V^-1 G_t
+        corner = float((self.level**2 / v_rate).sum()) + delta
+        border_solved = solve_x(border)
+        schur = corner - float((border * border_solved).sum())
+
+        def solve(b: np.ndarray) -> np.ndarray:
+            bx = b[: n * k].reshape(n, k)
+            y = solve_x(bx)
+            level = (float(b[-1]) - float((border * y).sum())) / schur
+            return np.concatenate([(y - border_solved * level).ravel(), [level]])
+
         return solve
+
+
+    def _dense_normal(self, v: tuple[np.ndarray, ...], delta: float, blocks: np.ndarray
+                      ) -> np.ndarray:  # fmt: skip
+        """delta I + G' diag(1/v) G as a dense matrix (`blocks`: its per-job k x k blocks)."""
+        n, k = self.shape
+        normal = np.zeros((self.size, self.size))
+        jobs = np.arange(n)[:, None, None] * k
+        normal[jobs + np.arange(k)[None, :, None], jobs + np.arange(k)[None, None, :]] = blocks
+        capacity_rows = np.zeros((k, self.size))
+        capacity_rows[:, : n * k] = np.stack([
+            (self.capacity * (np.arange(k) == t)[None, :]).ravel() for t in range(k)])  # fmt: skip
+        normal += capacity_rows.T @ (capacity_rows / v[1][:, None])
+        if self.size > n * k:
+            column = np.concatenate([(self.rate * (self.level / v[3])[:, None]).ravel(),
+                                     [float((self.level**2 / v[3]).sum()) + delta]])  # fmt: skip
+            normal[:, -1] = column
+            normal[-1, :] = column
+        return normal
 
 
 def _dot(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]) -> float:
@@ -148,62 +210,121 @@ def _step(lam: np.ndarray, ds: np.ndarray, dz: np.ndarray, tau: float, dtau: flo
 def feasible_point(
     throughputs: np.ndarray, scale_factors: np.ndarray, num_gpus: np.ndarray, need: np.ndarray
 ) -> np.ndarray:
-    """The X ECOS returns (cvxpy's clip to [0, 1] applied) for: find X >= 0 with
-    sum_j sf_j X[j, k] <= N_k, sum_k X[j, k] <= 1 and sum_k T[j, k] X[j, k] >= need_j, every
-    point being optimal. Raises NoPoint where ECOS would not report one as optimal."""
-    rows = _Rows(throughputs, scale_factors, num_gpus, need)
+    """The X ECOS returns (cvxpy's clip to [0, 1] applied) for `min_total_duration`: any X >= 0
+    with sum_j sf_j X[j, k] <= N_k, sum_k X[j, k] <= 1 and sum_k T[j, k] X[j, k] >= need_j,
+    every such point being optimal. Raises NoPoint where ECOS would not report an optimum."""
+    rows = _Rows(throughputs, scale_factors, num_gpus, need, epigraph=False)
+    return _solve(rows, np.zeros(rows.size))
+
+
+def max_min_point(weighted: np.ndarray, scale_factors: np.ndarray, num_gpus: np.ndarray) -> np.ndarray:
+    """The X ECOS returns (clipped to [0, 1]) for `max_min_fairness`: maximise
+    min_j sum_k W[j, k] X[j, k] over the same base constraints, which cvxpy writes as: minimise
+    t' subject to -W[j] X[j] - t' <= 0 (t' = -t, after X in its variable order)."""
+    rows = _Rows(weighted, scale_factors, num_gpus, np.zeros(weighted.shape[0]), epigraph=True)
+    c = np.zeros(rows.size)
+    c[-1] = 1.0
+    return _solve(rows, c)
+
+
+def _solve(rows: _Rows, c: np.ndarray) -> np.ndarray:
+    """ECOS's iterations on `rows` with objective c'x; returns X (n, k)."""
     column = rows.equilibrate()
+    c = c / column
     h = rows.h
-    shape = rows.nonneg.shape
     degree = sum(p.size for p in h)
 
+    def factor(v):  # type: ignore[no-untyped-def]
+        """Solves [0 G'; G -diag(v)] [dx; dz] = [rx; rz] as ECOS does: regularised,
+        [delta I, G'; G, -diag(v + delta)], and refined against that system while the error
+        falls (ECOS: at most 9 times, while it falls 6-fold)."""
+        vd = tuple(w + REGULARIZATION for w in v)
+        normal = rows.normal_solver(vd, REGULARIZATION)
+
+        def once(rx, rz):  # type: ignore[no-untyped-def]
+            dx = normal(rx + rows.transposed_times(tuple(r / w for r, w in zip(rz, vd, strict=True))))
+            return dx, tuple((g - r) / w for g, r, w in zip(rows.times(dx), rz, vd, strict=True))
+
+        def error(rx, rz, dx, dz):  # type: ignore[no-untyped-def]
+            ex = rx - rows.transposed_times(dz) - REGULARIZATION * dx
+            ez = tuple(r - g + w * d for r, g, w, d in zip(rz, rows.times(dx), vd, dz, strict=True))
+            return ex, ez, max(float(np.abs(ex).max()), float(np.abs(_flat(ez)).max()))
+
+        def solve(rx, rz):  # type: ignore[no-untyped-def]
+            dx, dz = once(rx, rz)
+            limit = (1.0 + max(float(np.abs(rx).max()), float(np.abs(_flat(rz)).max()))) * 1e-14
+            before, last = np.inf, (dx, dz)
+            for refinement in range(REFINEMENTS + 1):
+                ex, ez, err = error(rx, rz, dx, dz)
+                if refinement > 0 and err > before:  # worse: undo the last refinement
+                    dx, dz = last
+                    break
+                if refinement == REFINEMENTS or err < limit or (refinement > 0 and before < 6 * err):
+                    break
+                before, last = err, (dx, dz)
+                ddx, ddz = once(ex, ez)
+                dx = dx + ddx
+                dz = tuple(a + b for a, b in zip(dz, ddz, strict=True))
+            return dx, dz
+
+        return solve
+
     def kkt(solver, v, rx, rz):  # type: ignore[no-untyped-def]
-        """[0 G'; G -diag(v)] [dx; dz] = [rx; rz]."""
-        dx = solver(rx + rows.transposed_times(tuple(r / w for r, w in zip(rz, v, strict=True))))
-        gdx = rows.times(dx)
-        return dx, tuple((g - r) / w for g, r, w in zip(gdx, rz, v, strict=True))
+        return solver(rx, rz)
 
     ones = tuple(np.ones_like(p) for p in h)
-    start = rows.normal_solver(ones)
-    x, minus_r = kkt(start, ones, np.zeros(shape), h)
+    start = factor(ones)
+    x, minus_r = kkt(start, ones, np.zeros(rows.size), h)
     s = _split(_into_cone(-_flat(minus_r)), h)
-    z = _split(_into_cone(np.zeros(degree)), h)  # (c = 0: the dual start is 0, shifted)
+    _, z_start = kkt(start, ones, -c, tuple(np.zeros_like(p) for p in h))
+    z = _split(_into_cone(_flat(z_start)), h)
     tau = kap = 1.0
+    resx0 = max(1.0, float(np.linalg.norm(c)))
     resz0 = max(1.0, float(np.linalg.norm(_flat(h))))
-    pres_before = np.nan
+    pres_before, step, since_best = np.nan, 0.0, 0
+    best: _Iterate | None = None
     for iteration in range(MAX_ITERATIONS + 1):
-        gz = rows.transposed_times(z)
-        rx = -gz
+        rx = -rows.transposed_times(z)
+        hresx = float(np.linalg.norm(rx))
+        rx = rx - tau * c
         gx = rows.times(x)
         rz = tuple(si + g - tau * hi for si, g, hi in zip(s, gx, h, strict=True))
-        hz = _dot(h, z)
-        rt = kap + hz
+        cx, hz = float(c @ x), _dot(h, z)
+        rt = kap + cx + hz
         sf, zf = _flat(s), _flat(z)
         gap = float(sf @ zf)
         mu = (gap + kap * tau) / (degree + 1)
+        nz = float(np.linalg.norm(zf))
         pres = float(np.linalg.norm(_flat(rz))) / max(
             resz0 + float(np.linalg.norm(x)) + float(np.linalg.norm(sf)), 1.0) / tau
-        dres = float(np.linalg.norm(rx)) / max(1.0 + float(np.linalg.norm(zf)), 1.0) / tau
+        dres = float(np.linalg.norm(rx)) / max(resx0 + nz, 1.0) / tau
+        pcost, dcost = cx / tau, -hz / tau
+        relgap = gap / -pcost if pcost < 0 else (gap / dcost if dcost > 0 else np.nan)
+        pinfres = hresx / max(nz, 1.0) if hz / max(nz, 1.0) < -TOLERANCE else np.nan
+        now = _Iterate(x, tau, cx, hz, gap, mu, pres, dres, relgap, pinfres, kap / tau)
         if iteration > 0 and (pres > 500 * pres_before or gap < 0):
-            raise NoPoint("the interior-point method's safeguard stopped it")
+            return _close_enough(best, rows, column, "the method's safeguard stopped it")
         pres_before = pres
-        dcost = -hz / tau
-        relgap = gap / dcost if dcost > 0 else np.nan
-        if (-hz >= -TOLERANCE and pres < TOLERANCE and dres < TOLERANCE
-                and (gap < TOLERANCE or relgap < TOLERANCE)):  # fmt: skip
+        if now.optimal(TOLERANCE, TOLERANCE, TOLERANCE):
             break
-        if iteration == MAX_ITERATIONS:
-            raise NoPoint("the interior-point method ran out of iterations")
+        if best is None or now.better_than(best):
+            best, since_best = now, 0
+        else:
+            since_best += 1
+        # ECOS goes on to its iteration limit where numerics stall it, and then takes its best
+        # iterate; so do we, but stop once 10 iterations in a row did not improve on it.
+        if iteration == MAX_ITERATIONS or step == STEP_MIN * GAMMA or since_best >= STALL:
+            return _close_enough(best, rows, column, "the method stalled")
         v = np.where(zf < TINY, sf / TINY, sf / zf)
         w = np.sqrt(v)
         lam = w * zf
         vs = _split(v, h)
-        solver = rows.normal_solver(vs)
-        dx1, dz1 = kkt(solver, vs, np.zeros(shape), h)
+        solver = factor(vs)
+        dx1, dz1 = kkt(solver, vs, -c, h)
         dz1f = _flat(dz1)
         dx2, dz2 = kkt(solver, vs, rx, _split(sf - _flat(rz), h))
-        denominator = kap / tau - _dot(h, dz1)
-        dtau_affine = (rt - kap + _dot(h, dz2)) / denominator
+        denominator = kap / tau - (float(c @ dx1) + _dot(h, dz1))
+        dtau_affine = (rt - kap + float(c @ dx2) + _dot(h, dz2)) / denominator
         w_dz_affine = w * (_flat(dz2) + dtau_affine * dz1f)
         ds_affine = -w_dz_affine - lam
         dkap_affine = -kap - kap / tau * dtau_affine
@@ -213,7 +334,7 @@ def feasible_point(
         dx2, dz2 = kkt(solver, vs, (1 - sigma) * rx,
                        _split(-(1 - sigma) * _flat(rz) + w * lam_ds, h))  # fmt: skip
         bkap = kap * tau + dkap_affine * dtau_affine - sigma * mu
-        dtau = ((1 - sigma) * rt - bkap / tau + _dot(h, dz2)) / denominator
+        dtau = ((1 - sigma) * rt - bkap / tau + float(c @ dx2) + _dot(h, dz2)) / denominator
         dx = dx2 + dtau * dx1
         dz = _flat(dz2) + dtau * dz1f
         w_dz = w * dz
@@ -225,4 +346,43 @@ def feasible_point(
         s = _split(sf + step * w * ds_w, h)
         kap += step * dkap
         tau += step * dtau
-    return np.clip(x / (column * tau), 0.0, 1.0)
+    return now.point(rows, column)
+
+
+class _Iterate:
+    """An iterate and the figures ECOS judges it by (its `stats`)."""
+
+    def __init__(self, x: np.ndarray, tau: float, cx: float, hz: float, gap: float, mu: float,
+                 pres: float, dres: float, relgap: float, pinfres: float,
+                 kapovert: float) -> None:  # fmt: skip
+        self.x, self.tau, self.cx, self.hz = x, tau, cx, hz
+        self.gap, self.mu, self.pres, self.dres = gap, mu, pres, dres
+        self.relgap, self.pinfres, self.kapovert = relgap, pinfres, kapovert
+
+    def optimal(self, feastol: float, abstol: float, reltol: float) -> bool:
+        """ECOS's test for an optimum (`checkExitConditions`) at these tolerances."""
+        return bool((-self.cx > 0 or -self.hz >= -abstol) and self.pres < feastol
+                    and self.dres < feastol and (self.gap < abstol or self.relgap < reltol))
+
+    def better_than(self, best: _Iterate) -> bool:
+        """ECOS's `compareStatistics` (no equality rows)."""
+        gap = 0 < self.gap < best.gap and best.gap > 0
+        mu = 0 < self.mu < best.mu
+        if self.pinfres == self.pinfres and self.kapovert > 1:
+            if best.pinfres == best.pinfres:
+                return gap and 0 < self.pinfres < best.pres and mu
+            return gap and mu
+        return (gap and 0 < self.pres < best.pres and 0 < self.dres < best.dres
+                and 0 < self.kapovert < best.kapovert and mu)  # fmt: skip
+
+    def point(self, rows: _Rows, column: np.ndarray) -> np.ndarray:
+        n, k = rows.shape
+        return np.clip((self.x / (column * self.tau))[: n * k].reshape(n, k), 0.0, 1.0)
+
+
+def _close_enough(best: _Iterate | None, rows: _Rows, column: np.ndarray, why: str) -> np.ndarray:
+    """ECOS's way out when it stalls: its best iterate, if that is optimal to its reduced
+    tolerances ("close to optimal"); else no point."""
+    if best is None or not best.optimal(1e-4, 5e-5, 5e-5):
+        raise NoPoint(why)
+    return best.point(rows, column)

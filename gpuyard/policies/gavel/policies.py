@@ -159,11 +159,20 @@ class MaxMinParams(Struct, forbid_unknown_fields=True):
     simplex corner."""
 
 
+class MaxMinInteriorParams(Struct, forbid_unknown_fields=True):
+    respect_unsupported: bool = False
+    """Agnostic variant: keep throughput 0 where a job cannot run (the reference writes 1 there,
+    and can give a job time on a type where it makes no progress)."""
+    tie_break: Literal["interior", "center", "vertex"] = "interior"
+    """Among optimal allocations: the one the reference's interior-point solver returns, a
+    central one of ours, or a simplex corner."""
+
+
 class MaxMinFairnessPerf(GavelPolicy):
     """`max_min_fairness_perf`: heterogeneity-aware LAS (maximise the minimum normalised
     throughput)."""
 
-    Params = MaxMinParams
+    Params = MaxMinInteriorParams
 
     def solve(self, a: Arrays, packing: Packing | None) -> programs.Allocation:
         return programs.max_min_fairness(
@@ -182,6 +191,7 @@ class MaxMinFairness(MaxMinFairnessPerf):
 class MaxMinFairnessPacked(MaxMinFairnessPerf):
     """`max_min_fairness_packed`: with space sharing (pairs of jobs on the same GPUs)."""
 
+    Params = MaxMinParams  # (the reference fails on it in its own simulator: no point to follow)
     variant = "packed"
 
 

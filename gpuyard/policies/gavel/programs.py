@@ -765,7 +765,7 @@ def max_min_fairness(
     num_gpus: np.ndarray,
     *,
     packing: Packing | None = None,
-    tie_break: TieBreak = "center",
+    tie_break: TieBreak | Literal["interior"] = "center",
     solver: Solver | None = None,
     time_limit: float | None = None,
 ) -> Allocation:
@@ -775,14 +775,24 @@ def max_min_fairness(
 
     The agnostic `max_min_fairness` (LAS) is this program on `agnostic_throughputs(T)` (all 1).
     A job that can run nowhere (p_j = 0) is left out of the minimum and gets nothing (the
-    reference divides by zero)."""
+    reference divides by zero). Among the optimal allocations, `tie_break="interior"` returns
+    the one the reference's solver (ECOS) returns (`interior.max_min_point`; unpacked only)."""
     started = time.perf_counter()
     jobs = _jobs(throughputs, scale_factors, num_gpus, priority_weights)
     if jobs.n == 0:
         return _nothing(jobs, objective=0.0)
-    _check_tie_break(tie_break)
     stats = SolveStats()
     prop = proportional_throughputs(jobs.throughputs, jobs.num_gpus)
+    if tie_break == "interior":
+        if packing is not None:
+            raise ValueError("tie_break 'interior' is the reference's answer for the unpacked "
+                             "programs: use 'center' or 'vertex' with packing")  # fmt: skip
+        try:
+            return _max_min_interior(jobs, prop, stats, started)
+        except interior.NoPoint as exc:  # ECOS would report no optimum either: ours, central
+            stats.fallback = f"{exc}: the central allocation instead"
+            tie_break = "center"
+    _check_tie_break(tie_break)
     skeleton = _skeleton(jobs, packing, [jobs.weights])
     rep = skeleton.classes.representative
     active = np.flatnonzero((prop[rep] > 0) & skeleton.can_run)
@@ -797,6 +807,22 @@ def max_min_fairness(
     solution = _solve(lp, stats, solver, time_limit)
     values = _tie_break(skeleton, solution.values, tie_break, stats, solver, time_limit)
     return _finish(skeleton, values, solution.objective, stats, started, jobs.k)
+
+
+def _max_min_interior(jobs: _Jobs, prop: np.ndarray, stats: SolveStats, started: float
+                      ) -> Allocation:  # fmt: skip
+    """`max_min_fairness` as ECOS solves the reference's program, over the jobs that can run."""
+    active = prop > 0
+    weighted = jobs.throughputs[active] * (
+        jobs.scale_factors[active] / (jobs.weights[active] * prop[active]))[:, None]
+    shares = np.zeros((jobs.n, jobs.k))
+    pairs, pair_shares = _empty_pairs(jobs.k)
+    if not active.any():
+        return Allocation(shares, pairs, pair_shares, objective=float("nan"))
+    shares[active] = interior.max_min_point(weighted, jobs.scale_factors[active], jobs.num_gpus)
+    level = float((weighted * shares[active]).sum(axis=1).min())
+    stats.build_seconds = time.perf_counter() - started
+    return Allocation(shares, pairs, pair_shares, level, stats)
 
 
 def max_min_fairness_water_filling(

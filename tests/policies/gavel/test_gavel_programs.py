@@ -492,6 +492,31 @@ def test_the_interior_tie_break_is_the_point_ecos_returns() -> None:
         gp.min_total_duration(tput, sf, gpus, remaining, tie_break="interior", search="exact")
 
 
+def test_max_min_fairness_interior_is_the_optimum_ecos_returns() -> None:
+    """Gavel's max-min program has a face of optima; ECOS's answer on this instance (ECOS 2.0.14
+    through cvxpy 1.9.3, Gavel's `MaxMinFairnessPolicyWithPerf` objective over its base
+    constraints, clipped to [0, 1]), to 1e-8:"""
+    ecos = np.array([
+        [0.41750326, 0.24751255, 0.19025358],
+        [0.25321666, 0.25200219, 0.28678009],
+        [1.0, 0.0, 0.0],
+        [0.35346497, 0.33979082, 0.17862907],
+        [0.17598826, 0.29911077, 0.33487208],
+    ])  # fmt: skip
+    tput = np.array([[2.0, 1.0, 0.5], [1.0, 0.9, 0.0], [3.0, 1.5, 1.0], [0.8, 0.8, 0.3],
+                     [5.0, 2.0, 0.0]])  # fmt: skip
+    sf, gpus = np.array([1.0, 2.0, 1.0, 1.0, 4.0]), np.array([4.0, 4.0, 4.0])
+    weights = np.array([1.0, 1.0, 2.0, 1.0, 1.0])
+    found = gp.max_min_fairness(tput, sf, weights, gpus, tie_break="interior")
+    assert np.abs(found.shares - ecos).max() < 1e-6
+    vertex = gp.max_min_fairness(tput, sf, weights, gpus, tie_break="vertex")
+    assert found.objective == pytest.approx(vertex.objective, rel=1e-7)  # the same optimum
+    assert np.abs(vertex.shares - found.shares).max() > 0.1  # at another point of the face
+    with pytest.raises(ValueError, match="interior"):
+        gp.max_min_fairness(tput, sf, weights, gpus, tie_break="interior",
+                            packing=gp.Packing(np.zeros(5, dtype=np.int64), np.zeros((1, 1, 3))))
+
+
 # ------------------------------------------------------------------------------------------------
 # Throughput
 
