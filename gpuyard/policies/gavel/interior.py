@@ -121,9 +121,6 @@ class _Rows:
         blocks[:, np.arange(k), np.arange(k)] = self.nonneg**2 / v_nonneg + delta
         blocks += np.einsum("ja,jb->jab", self.time, self.time) / v_time[:, None, None]
         blocks += np.einsum("ja,jb->jab", self.rate, self.rate) / v_rate[:, None, None]
-        if self.size <= DENSE_UP_TO:  # small: the normal matrix itself, more accurate
-            inverse_normal = np.linalg.inv(self._dense_normal(v, delta, blocks))
-            return lambda b: inverse_normal @ b  # (refined by the caller)
         inverse = np.linalg.inv(blocks)
         # U's column t is the capacity row t: entries capacity[j, t] at (j, t).
         inverse_u = inverse * self.capacity[:, None, :]  # (n, k, k): B_j^-1 U_j
@@ -151,27 +148,21 @@ class _Rows:
         return solve
 
 
-    def _dense_normal(self, v: tuple[np.ndarray, ...], delta: float, blocks: np.ndarray
-                      ) -> np.ndarray:  # fmt: skip
-        """delta I + G' diag(1/v) G as a dense matrix (`blocks`: its per-job k x k blocks)."""
+    def matrix(self) -> np.ndarray:
+        """G as a dense matrix: rows in `h`'s order, columns X.ravel() then t."""
         n, k = self.shape
-        normal = np.zeros((self.size, self.size))
-        jobs = np.arange(n)[:, None, None] * k
-        normal[jobs + np.arange(k)[None, :, None], jobs + np.arange(k)[None, None, :]] = blocks
-        capacity_rows = np.zeros((k, self.size))
-        capacity_rows[:, : n * k] = np.stack([
-            (self.capacity * (np.arange(k) == t)[None, :]).ravel() for t in range(k)])  # fmt: skip
-        normal += capacity_rows.T @ (capacity_rows / v[1][:, None])
+        entries = np.arange(n * k).reshape(n, k)
+        g_nonneg = np.zeros((n * k, self.size))
+        g_nonneg[np.arange(n * k), np.arange(n * k)] = self.nonneg.ravel()
+        g_capacity = np.zeros((k, self.size))
+        g_capacity[np.arange(k)[None, :].repeat(n, 0), entries] = self.capacity
+        g_time = np.zeros((n, self.size))
+        g_time[np.arange(n)[:, None], entries] = self.time
+        g_rate = np.zeros((n, self.size))
+        g_rate[np.arange(n)[:, None], entries] = self.rate
         if self.size > n * k:
-            column = np.concatenate([(self.rate * (self.level / v[3])[:, None]).ravel(),
-                                     [float((self.level**2 / v[3]).sum()) + delta]])  # fmt: skip
-            normal[:, -1] = column
-            normal[-1, :] = column
-        return normal
-
-
-def _dot(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]) -> float:
-    return float(sum(float(np.vdot(x, y)) for x, y in zip(a, b, strict=True)))
+            g_rate[:, -1] = self.level
+        return np.vstack([g_nonneg, g_capacity, g_time, g_rate])
 
 
 def _flat(parts: tuple[np.ndarray, ...]) -> np.ndarray:
@@ -227,35 +218,60 @@ def max_min_point(weighted: np.ndarray, scale_factors: np.ndarray, num_gpus: np.
     return _solve(rows, c)
 
 
+class _Operator:
+    """G, G' and the regularised normal solves, on flat vectors: a dense G for small programs
+    (as accurate as it gets, and fast), the structured blocks of `_Rows` for large ones."""
+
+    def __init__(self, rows: _Rows) -> None:
+        self.rows = rows
+        self.like = rows.h
+        self.dense = rows.matrix() if rows.size <= DENSE_UP_TO else None
+
+    def times(self, x: np.ndarray) -> np.ndarray:
+        return self.dense @ x if self.dense is not None else _flat(self.rows.times(x))
+
+    def transposed(self, z: np.ndarray) -> np.ndarray:
+        if self.dense is not None:
+            return self.dense.T @ z
+        return self.rows.transposed_times(_split(z, self.like))
+
+    def normal_solver(self, v: np.ndarray):  # type: ignore[no-untyped-def]
+        """A solver of (delta I + G' diag(1/v) G) x = b."""
+        if self.dense is not None:
+            g = self.dense
+            normal = g.T @ (g / v[:, None])
+            normal[np.diag_indices_from(normal)] += REGULARIZATION
+            inverse = np.linalg.inv(normal)
+            return lambda b: inverse @ b  # (refined by the caller)
+        return self.rows.normal_solver(_split(v, self.like), REGULARIZATION)
+
+
 def _solve(rows: _Rows, c: np.ndarray) -> np.ndarray:
     """ECOS's iterations on `rows` with objective c'x; returns X (n, k)."""
     column = rows.equilibrate()
     c = c / column
-    h = rows.h
-    degree = sum(p.size for p in h)
+    h = _flat(rows.h)
+    op = _Operator(rows)
 
-    def factor(v):  # type: ignore[no-untyped-def]
+    def factor(v: np.ndarray):  # type: ignore[no-untyped-def]
         """Solves [0 G'; G -diag(v)] [dx; dz] = [rx; rz] as ECOS does: regularised,
         [delta I, G'; G, -diag(v + delta)], and refined against that system while the error
         falls (ECOS: at most 9 times, while it falls 6-fold)."""
-        vd = tuple(w + REGULARIZATION for w in v)
-        normal = rows.normal_solver(vd, REGULARIZATION)
+        vd = v + REGULARIZATION
+        normal = op.normal_solver(vd)
 
-        def once(rx, rz):  # type: ignore[no-untyped-def]
-            dx = normal(rx + rows.transposed_times(tuple(r / w for r, w in zip(rz, vd, strict=True))))
-            return dx, tuple((g - r) / w for g, r, w in zip(rows.times(dx), rz, vd, strict=True))
+        def once(rx: np.ndarray, rz: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            dx = normal(rx + op.transposed(rz / vd))
+            return dx, (op.times(dx) - rz) / vd
 
-        def error(rx, rz, dx, dz):  # type: ignore[no-untyped-def]
-            ex = rx - rows.transposed_times(dz) - REGULARIZATION * dx
-            ez = tuple(r - g + w * d for r, g, w, d in zip(rz, rows.times(dx), vd, dz, strict=True))
-            return ex, ez, max(float(np.abs(ex).max()), float(np.abs(_flat(ez)).max()))
-
-        def solve(rx, rz):  # type: ignore[no-untyped-def]
+        def solve(rx: np.ndarray, rz: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             dx, dz = once(rx, rz)
-            limit = (1.0 + max(float(np.abs(rx).max()), float(np.abs(_flat(rz)).max()))) * 1e-14
+            limit = (1.0 + max(float(np.abs(rx).max()), float(np.abs(rz).max()))) * 1e-14
             before, last = np.inf, (dx, dz)
             for refinement in range(REFINEMENTS + 1):
-                ex, ez, err = error(rx, rz, dx, dz)
+                ex = rx - op.transposed(dz) - REGULARIZATION * dx
+                ez = rz - op.times(dx) + vd * dz
+                err = max(float(np.abs(ex).max()), float(np.abs(ez).max()))
                 if refinement > 0 and err > before:  # worse: undo the last refinement
                     dx, dz = last
                     break
@@ -263,40 +279,34 @@ def _solve(rows: _Rows, c: np.ndarray) -> np.ndarray:
                     break
                 before, last = err, (dx, dz)
                 ddx, ddz = once(ex, ez)
-                dx = dx + ddx
-                dz = tuple(a + b for a, b in zip(dz, ddz, strict=True))
+                dx, dz = dx + ddx, dz + ddz
             return dx, dz
 
         return solve
 
-    def kkt(solver, v, rx, rz):  # type: ignore[no-untyped-def]
-        return solver(rx, rz)
-
-    ones = tuple(np.ones_like(p) for p in h)
-    start = factor(ones)
-    x, minus_r = kkt(start, ones, np.zeros(rows.size), h)
-    s = _split(_into_cone(-_flat(minus_r)), h)
-    _, z_start = kkt(start, ones, -c, tuple(np.zeros_like(p) for p in h))
-    z = _split(_into_cone(_flat(z_start)), h)
+    degree = h.size
+    start = factor(np.ones(degree))
+    x, minus_r = start(np.zeros(rows.size), h)
+    s = _into_cone(-minus_r)
+    _, z_start = start(-c, np.zeros(degree))
+    z = _into_cone(z_start)
     tau = kap = 1.0
     resx0 = max(1.0, float(np.linalg.norm(c)))
-    resz0 = max(1.0, float(np.linalg.norm(_flat(h))))
+    resz0 = max(1.0, float(np.linalg.norm(h)))
     pres_before, step, since_best = np.nan, 0.0, 0
     best: _Iterate | None = None
     for iteration in range(MAX_ITERATIONS + 1):
-        rx = -rows.transposed_times(z)
+        rx = -op.transposed(z)
         hresx = float(np.linalg.norm(rx))
         rx = rx - tau * c
-        gx = rows.times(x)
-        rz = tuple(si + g - tau * hi for si, g, hi in zip(s, gx, h, strict=True))
-        cx, hz = float(c @ x), _dot(h, z)
+        rz = s + op.times(x) - tau * h
+        cx, hz = float(c @ x), float(h @ z)
         rt = kap + cx + hz
-        sf, zf = _flat(s), _flat(z)
-        gap = float(sf @ zf)
+        gap = float(s @ z)
         mu = (gap + kap * tau) / (degree + 1)
-        nz = float(np.linalg.norm(zf))
-        pres = float(np.linalg.norm(_flat(rz))) / max(
-            resz0 + float(np.linalg.norm(x)) + float(np.linalg.norm(sf)), 1.0) / tau
+        nz = float(np.linalg.norm(z))
+        pres = float(np.linalg.norm(rz)) / max(
+            resz0 + float(np.linalg.norm(x)) + float(np.linalg.norm(s)), 1.0) / tau
         dres = float(np.linalg.norm(rx)) / max(resx0 + nz, 1.0) / tau
         pcost, dcost = cx / tau, -hz / tau
         relgap = gap / -pcost if pcost < 0 else (gap / dcost if dcost > 0 else np.nan)
@@ -315,35 +325,32 @@ def _solve(rows: _Rows, c: np.ndarray) -> np.ndarray:
         # iterate; so do we, but stop once 10 iterations in a row did not improve on it.
         if iteration == MAX_ITERATIONS or step == STEP_MIN * GAMMA or since_best >= STALL:
             return _close_enough(best, rows, column, "the method stalled")
-        v = np.where(zf < TINY, sf / TINY, sf / zf)
+        v = np.where(z < TINY, s / TINY, s / z)
         w = np.sqrt(v)
-        lam = w * zf
-        vs = _split(v, h)
-        solver = factor(vs)
-        dx1, dz1 = kkt(solver, vs, -c, h)
-        dz1f = _flat(dz1)
-        dx2, dz2 = kkt(solver, vs, rx, _split(sf - _flat(rz), h))
-        denominator = kap / tau - (float(c @ dx1) + _dot(h, dz1))
-        dtau_affine = (rt - kap + float(c @ dx2) + _dot(h, dz2)) / denominator
-        w_dz_affine = w * (_flat(dz2) + dtau_affine * dz1f)
+        lam = w * z
+        solve = factor(v)
+        dx1, dz1 = solve(-c, h)
+        dx2, dz2 = solve(rx, s - rz)
+        denominator = kap / tau - (float(c @ dx1) + float(h @ dz1))
+        dtau_affine = (rt - kap + float(c @ dx2) + float(h @ dz2)) / denominator
+        w_dz_affine = w * (dz2 + dtau_affine * dz1)
         ds_affine = -w_dz_affine - lam
         dkap_affine = -kap - kap / tau * dtau_affine
         step_affine = _step(lam, ds_affine, w_dz_affine, tau, dtau_affine, kap, dkap_affine)
         sigma = min(max((1 - step_affine) ** 3, SIGMA_MIN), SIGMA_MAX)
         lam_ds = (lam * lam + ds_affine * w_dz_affine - sigma * mu) / lam
-        dx2, dz2 = kkt(solver, vs, (1 - sigma) * rx,
-                       _split(-(1 - sigma) * _flat(rz) + w * lam_ds, h))  # fmt: skip
+        dx2, dz2 = solve((1 - sigma) * rx, -(1 - sigma) * rz + w * lam_ds)
         bkap = kap * tau + dkap_affine * dtau_affine - sigma * mu
-        dtau = ((1 - sigma) * rt - bkap / tau + float(c @ dx2) + _dot(h, dz2)) / denominator
+        dtau = ((1 - sigma) * rt - bkap / tau + float(c @ dx2) + float(h @ dz2)) / denominator
         dx = dx2 + dtau * dx1
-        dz = _flat(dz2) + dtau * dz1f
+        dz = dz2 + dtau * dz1
         w_dz = w * dz
         ds_w = -(lam_ds + w_dz)
         dkap = -(bkap + kap * dtau) / tau
         step = _step(lam, ds_w, w_dz, tau, dtau, kap, dkap) * GAMMA
         x = x + step * dx
-        z = _split(zf + step * dz, h)
-        s = _split(sf + step * w * ds_w, h)
+        z = z + step * dz
+        s = s + step * w * ds_w
         kap += step * dkap
         tau += step * dtau
     return now.point(rows, column)
