@@ -460,10 +460,16 @@ def test_min_total_duration_closed_form_on_one_gpu() -> None:
     assert allocation.shares[:, 0] == pytest.approx([0.25, 0.75])
 
 
-def test_the_interior_tie_break_is_the_point_ecos_returns() -> None:
+@pytest.mark.parametrize("structured", [False, True])
+def test_the_interior_tie_break_is_the_point_ecos_returns(
+    structured: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Gavel asks cvxpy/ECOS for any X meeting the bound (a constant objective). ECOS's answer on
     this instance (ECOS 2.0.14 through cvxpy 1.9.3, `Maximize(1)` over Gavel's base constraints
-    and the rows r_j(X) >= R_j / 2000, clipped to [0, 1] as Gavel does), to 1e-8:"""
+    and the rows r_j(X) >= R_j / 2000, clipped to [0, 1] as Gavel does), to 1e-8. `structured`:
+    the solves large programs take (per-job blocks), here on a small one."""
+    if structured:
+        monkeypatch.setattr(interior, "DENSE_UP_TO", 0)
     ecos = np.array([
         [0.13008113, 0.3606262, 0.30263101],
         [0.08863474, 0.40424902, 0.32723991],
@@ -492,10 +498,15 @@ def test_the_interior_tie_break_is_the_point_ecos_returns() -> None:
         gp.min_total_duration(tput, sf, gpus, remaining, tie_break="interior", search="exact")
 
 
-def test_max_min_fairness_interior_is_the_optimum_ecos_returns() -> None:
+@pytest.mark.parametrize("structured", [False, True])
+def test_max_min_fairness_interior_is_the_optimum_ecos_returns(
+    structured: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Gavel's max-min program has a face of optima; ECOS's answer on this instance (ECOS 2.0.14
     through cvxpy 1.9.3, Gavel's `MaxMinFairnessPolicyWithPerf` objective over its base
-    constraints, clipped to [0, 1]), to 1e-8:"""
+    constraints, clipped to [0, 1]), to 1e-8; `structured` as above."""
+    if structured:
+        monkeypatch.setattr(interior, "DENSE_UP_TO", 0)
     ecos = np.array([
         [0.41750326, 0.24751255, 0.19025358],
         [0.25321666, 0.25200219, 0.28678009],
@@ -508,6 +519,7 @@ def test_max_min_fairness_interior_is_the_optimum_ecos_returns() -> None:
     sf, gpus = np.array([1.0, 2.0, 1.0, 1.0, 4.0]), np.array([4.0, 4.0, 4.0])
     weights = np.array([1.0, 1.0, 2.0, 1.0, 1.0])
     found = gp.max_min_fairness(tput, sf, weights, gpus, tie_break="interior")
+    assert found.stats is not None and found.stats.fallback is None
     assert np.abs(found.shares - ecos).max() < 1e-6
     vertex = gp.max_min_fairness(tput, sf, weights, gpus, tie_break="vertex")
     assert found.objective == pytest.approx(vertex.objective, rel=1e-7)  # the same optimum
