@@ -147,7 +147,6 @@ class _Rows:
 
         return solve
 
-
     def matrix(self) -> np.ndarray:
         """G as a dense matrix: rows in `h`'s order, columns X.ravel() then t."""
         n, k = self.shape

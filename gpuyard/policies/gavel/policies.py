@@ -159,11 +159,10 @@ class MaxMinParams(Struct, forbid_unknown_fields=True):
     simplex corner."""
 
 
-class MaxMinInteriorParams(Struct, forbid_unknown_fields=True):
-    respect_unsupported: bool = False
-    """Agnostic variant: keep throughput 0 where a job cannot run (the reference writes 1 there,
-    and can give a job time on a type where it makes no progress)."""
-    tie_break: Literal["interior", "center", "vertex"] = "interior"
+class MaxMinInteriorParams(MaxMinParams, forbid_unknown_fields=True):
+    tie_break: Literal["interior", "center", "vertex"] = "interior"  # type: ignore[assignment]
+    """Among optimal allocations: the one the reference's solver (ECOS) returns
+    (`interior.py`), a central one of ours, or a simplex corner."""
     """Among optimal allocations: the one the reference's interior-point solver returns, a
     central one of ours, or a simplex corner."""
 
@@ -293,14 +292,10 @@ class FinishTimeFairnessPacked(FinishTimeFairnessPerf):
 # --------------------------------------------------------------------------- makespan
 
 
-class MinTotalDurationParams(Struct, forbid_unknown_fields=True):
-    respect_unsupported: bool = False
-    """Agnostic variant: keep throughput 0 where a job cannot run (the reference writes 1 there)."""
+class MinTotalDurationParams(MaxMinInteriorParams, forbid_unknown_fields=True):
     search: Literal["reference", "exact"] = "reference"
-    """The reference's binary search (stops within a factor 1.05) or the exact optimum."""
-    tie_break: Literal["interior", "center", "vertex"] = "interior"
-    """Which of the allocations that meet the makespan bound: the one the reference's
-    interior-point solver returns (its search only), a central one, or a simplex corner."""
+    """The reference's binary search (stops within a factor 1.05) or the exact optimum;
+    `tie_break="interior"` (the reference's answer to its own search) goes with the first."""
 
     def __post_init__(self) -> None:
         if self.tie_break == "interior" and self.search != "reference":
