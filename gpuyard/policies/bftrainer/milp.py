@@ -71,8 +71,12 @@ class Problem:
         return float(self.rates[j][count])
 
     def alike_pairs(self) -> list[tuple[int, int]]:
-        """(a, b): a gets at least as many nodes as b. Jobs alike in every figure the MILP sees
-        are chained, those that trained least first (later arrivals first on ties): the
+        """(a, b): a gets at least as many nodes as b (`alike_chains`, link by link)."""
+        return [(g[i], g[i + 1]) for g in self.alike_chains() for i in range(len(g) - 1)]
+
+    def alike_chains(self) -> list[list[int]]:
+        """Jobs alike in every figure the MILP sees, each group in the order of the nodes they
+        get (most first): those that trained least first (later arrivals first on ties). The
         objective is indifferent between them, and this is the least-attained-service choice."""
         groups: dict[tuple[object, ...], list[int]] = {}
         for j in range(self.jobs):
@@ -83,8 +87,7 @@ class Problem:
             )  # fmt: skip
             groups.setdefault(key, []).append(j)
         done = self.done if self.done is not None else np.zeros(self.jobs)
-        chains = [sorted(g, key=lambda j: (float(done[j]), -j)) for g in groups.values()]
-        return [(g[i], g[i + 1]) for g in chains for i in range(len(g) - 1)]
+        return [sorted(g, key=lambda j: (float(done[j]), -j)) for g in groups.values()]
 
     def key(self) -> bytes:
         """Everything the MILP's answer depends on, as bytes (equal keys, equal answers)."""
@@ -166,16 +169,22 @@ def reference_step(nodes: int) -> int:
 
 
 def solve_milp(
-    problem: Problem, *, tfwd: float, time_limit_s: float, solver: Solver = "scip"
-) -> Outcome:
+    problem: Problem, *, tfwd: float, time_limit_s: float, solver: Solver = "scip",
+    table_cells: int = 0,
+) -> Outcome:  # fmt: skip
     """BFTrainer's MILP over node counts (module docstring); the current allocation when the
     solver returns no solution within `time_limit_s`. A solution found by the time limit but
-    not proven optimal is used (the reference throws it away and keeps the old map)."""
+    not proven optimal is used (the reference throws it away and keeps the old map).
+
+    `table_cells`: find the optimum by dynamic programming (`best_counts`) instead of the solver
+    when its table has at most this many cells (0: always the solver)."""
     jobs = problem.jobs
     if jobs == 0:
         return Outcome(np.zeros(0, dtype=np.int64), True, 0.0)
     started = time.perf_counter()
     alone = _each_alone(problem, tfwd)
+    if alone is None and table_cells > 0:
+        alone = best_counts(problem, tfwd, table_cells)
     if alone is not None:
         return Outcome(alone, True, time.perf_counter() - started)
     cuts = [runs(problem, j) for j in range(jobs)]
@@ -245,13 +254,68 @@ def _each_alone(problem: Problem, tfwd: float) -> np.ndarray | None:
         sizes = problem.sizes(j)
         if not sizes.size:
             return None
-        rates = np.where(sizes > 0, np.asarray(problem.rates[j], dtype=np.float64)[sizes], 0.0)
-        current = problem.current[j]
-        cost = np.where(sizes > current, problem.up_s[j] * rate_now[j], 0.0) + np.where(
-            sizes < current, problem.down_s[j] * rate_now[j], 0.0
-        )
-        best[j] = sizes[int(np.argmax(tfwd * rates - cost))]
+        best[j] = sizes[int(np.argmax(_values(problem, j, sizes, tfwd, rate_now)))]
     return best if best.sum() <= problem.nodes else None
+
+
+def _values(
+    problem: Problem, j: int, sizes: np.ndarray, tfwd: float, rate_now: np.ndarray
+) -> np.ndarray:
+    """The objective's terms for job j at each of `sizes`: Tfwd x throughput less the rescale
+    cost of getting there."""
+    rates = np.where(sizes > 0, np.asarray(problem.rates[j], dtype=np.float64)[sizes], 0.0)
+    current = problem.current[j]
+    cost = np.where(sizes > current, problem.up_s[j] * rate_now[j], 0.0) + np.where(
+        sizes < current, problem.down_s[j] * rate_now[j], 0.0
+    )
+    return tfwd * rates - cost
+
+
+def best_counts(problem: Problem, tfwd: float, max_cells: int) -> np.ndarray | None:
+    """The MILP's optimum by dynamic programming, or None when its table would have more than
+    `max_cells` cells (or no allocation is feasible: the solver then says why).
+
+    Over counts the MILP is a multiple-choice knapsack: each job takes one of its sizes, whose
+    value is known (`_values`), and the sizes fit in the idle nodes. best[c], the best total of
+    the jobs so far on c nodes, grows one job at a time: a table of (sizes of the job) x (nodes
+    + 1) cells per job, where nodes need not exceed what the jobs can take together. Exact, with
+    ties to fewer nodes (the smaller size for each job, the smallest total), like `_each_alone`;
+    alike jobs then get their sizes in `alike_chains` order (they are interchangeable). A few
+    milliseconds where the solver's fixed cost alone is several."""
+    sizes = [problem.sizes(j) for j in range(problem.jobs)]
+    if any(not s.size for s in sizes):
+        return None
+    top = int(min(problem.nodes, sum(int(s[-1]) for s in sizes)))
+    if sum(len(s) for s in sizes) * (top + 1) > max_cells:
+        return None
+    rate_now = problem.current_rates()
+    nodes = np.arange(top + 1)
+    best = np.full(top + 1, -np.inf)
+    best[0] = 0.0
+    picks = []
+    for j, mine in enumerate(sizes):
+        mine = mine[mine <= top]
+        if not mine.size:
+            return None
+        before = nodes[None, :] - mine[:, None]  # nodes used by the jobs before j
+        total = np.where(
+            before >= 0,
+            best[np.maximum(before, 0)] + _values(problem, j, mine, tfwd, rate_now)[:, None],
+            -np.inf,
+        )
+        pick = np.argmax(total, axis=0)  # (the first of equals: the smaller size)
+        best = total[pick, nodes]
+        picks.append(mine[pick])
+    used = int(np.argmax(best))
+    if not np.isfinite(best[used]):
+        return None
+    counts = np.zeros(problem.jobs, dtype=np.int64)
+    for j in range(problem.jobs - 1, -1, -1):
+        counts[j] = picks[j][used]
+        used -= int(counts[j])
+    for chain in problem.alike_chains():
+        counts[chain] = np.sort(counts[chain])[::-1]
+    return counts
 
 
 def equal_share(problem: Problem) -> np.ndarray:

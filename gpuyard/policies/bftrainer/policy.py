@@ -48,6 +48,11 @@ class BFTrainerParams(EqualShareParams, forbid_unknown_fields=True):
     """The solver's time limit per decision; with no solution by then, the allocation stays."""
     solver: Literal["cp_sat", "scip", "highs"] = "cp_sat"
     """OR-Tools backend (single-threaded, fixed seed: deterministic)."""
+    table_cells: Annotated[int, Meta(ge=0)] = 2_000_000
+    """Find the MILP's optimum by dynamic programming over node counts (exact; `milp.best_counts`)
+    when its table has at most this many cells (job sizes x idle nodes the jobs can take), the
+    solver otherwise; 0: always the solver. A solver's fixed cost per call (~6 ms for CP-SAT)
+    is most of a decision's time on small problems."""
     reference_step: bool = False
     """Solve the reference's MILP as it is, big-M flaw included: a job grows or shrinks by at
     most (idle nodes + 1) / 2 at one event (`milp.reference_step`, docs/fidelity.md); the first
@@ -141,7 +146,10 @@ class BFTrainer(EqualShare):
         if (known := self._memo.get(key)) is not None:
             self._memo.move_to_end(key)
             return known.copy()
-        outcome = solve_milp(problem, tfwd=p.tfwd, time_limit_s=p.time_limit_s, solver=p.solver)
+        outcome = solve_milp(
+            problem, tfwd=p.tfwd, time_limit_s=p.time_limit_s, solver=p.solver,
+            table_cells=p.table_cells,
+        )  # fmt: skip
         if outcome.solved:  # (a timed-out solve may succeed another time)
             self._memo[key] = outcome.counts
             if len(self._memo) > self.MEMO_SIZE:

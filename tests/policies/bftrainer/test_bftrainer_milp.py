@@ -11,6 +11,7 @@ from gpuyard.policies.bftrainer import (
     BFTrainer,
     EqualShare,
     Problem,
+    best_counts,
     equal_share,
     node_map,
     reference_step,
@@ -49,7 +50,7 @@ def brute_force(p: Problem, tfwd: float) -> float:
     return best
 
 
-@pytest.mark.parametrize("solver", ["cp_sat", "scip"])
+@pytest.mark.parametrize(("solver", "table_cells"), [("cp_sat", 0), ("scip", 0), ("cp_sat", 10**6)])
 @pytest.mark.parametrize(
     ("nodes", "current", "tfwd", "jmin", "jmax"),
     [
@@ -60,15 +61,71 @@ def brute_force(p: Problem, tfwd: float) -> float:
     ],
 )
 def test_the_milp_finds_the_best_allocation_within_every_bound(
-    solver: str, nodes: int, current: list[int], tfwd: float, jmin: list[int], jmax: list[int]
-) -> None:
+    solver: str, table_cells: int, nodes: int, current: list[int], tfwd: float, jmin: list[int],
+    jmax: list[int],
+) -> None:  # fmt: skip
     p = problem(nodes, current, jmin=np.array(jmin), jmax=np.array(jmax))
-    out = solve_milp(p, tfwd=tfwd, time_limit_s=10.0, solver=solver)  # type: ignore[arg-type]
+    out = solve_milp(p, tfwd=tfwd, time_limit_s=10.0, solver=solver, table_cells=table_cells)  # type: ignore[arg-type]
     assert out.solved
     assert out.counts.sum() <= nodes
     for c, low, high in zip(out.counts, jmin, jmax, strict=True):
         assert c == 0 or low <= c <= high
     assert objective(p, out.counts, tfwd) == pytest.approx(brute_force(p, tfwd), rel=1e-9)
+
+
+def random_problem(rng: np.random.Generator) -> Problem:
+    """Up to five jobs on up to 16 idle nodes: random bounds, holdings, costs and curves (some
+    jobs alike, some sizes cut by `max_step`)."""
+    jobs = int(rng.integers(1, 6))
+    nodes = int(rng.integers(1, 17))
+    curves = [np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1000, 16))]) for _ in range(2)]
+    pick = rng.integers(0, 2, jobs)
+    jmin = rng.integers(1, 4, jobs)
+    current = np.minimum(rng.integers(0, 6, jobs), nodes // jobs)
+    alike = pick == 0  # jobs on curve 0 share every figure
+    return Problem(
+        nodes=nodes,
+        jmin=np.where(alike, 1, jmin),
+        jmax=np.where(alike, 16, jmin + rng.integers(0, 12, jobs)),
+        current=np.where(alike, 0, current),
+        rates=[curves[k] for k in pick],
+        up_s=np.where(alike, 18.0, rng.uniform(0, 40, jobs)),
+        down_s=np.where(alike, 12.0, rng.uniform(0, 40, jobs)),
+        max_step=int(rng.integers(1, 9)) if rng.random() < 0.3 else None,
+        done=rng.uniform(0, 100, jobs),
+    )
+
+
+def test_the_dynamic_programme_finds_the_milps_optimum() -> None:
+    """On random problems the table gives the brute-force optimum, the solver's objective, and
+    alike jobs their nodes least-trained first."""
+    rng = np.random.default_rng(7)
+    checked = 0
+    for _ in range(60):
+        p, tfwd = random_problem(rng), float(rng.choice([10.0, 120.0]))
+        counts = best_counts(p, tfwd, max_cells=10**6)
+        if counts is None:  # (no feasible allocation under max_step: the solver says why)
+            continue
+        checked += 1
+        assert counts.sum() <= p.nodes
+        assert all(c in p.sizes(j) for j, c in enumerate(counts))
+        best = brute_force(p, tfwd)
+        assert objective(p, counts, tfwd) == pytest.approx(best, rel=1e-9, abs=1e-6)
+        solved = solve_milp(p, tfwd=tfwd, time_limit_s=10.0, solver="cp_sat")
+        assert objective(p, solved.counts, tfwd) == pytest.approx(best, rel=1e-9, abs=1e-6)
+        for a, b in p.alike_pairs():
+            assert counts[a] >= counts[b]
+    assert checked >= 40
+
+
+def test_a_table_too_large_is_left_to_the_solver() -> None:
+    p = problem(40, [3, 0, 5])  # 3 jobs x 41 sizes x 41 nodes: 5,043 cells
+    assert best_counts(p, 10.0, max_cells=5_042) is None
+    counts = best_counts(p, 10.0, max_cells=5_043)
+    assert counts is not None
+    assert objective(p, counts, 10.0) == pytest.approx(
+        objective(p, solve_milp(p, tfwd=10.0, time_limit_s=10.0).counts, 10.0), rel=1e-12
+    )
 
 
 def test_growth_pays_its_rescale_cost_against_tfwd() -> None:
@@ -99,9 +156,10 @@ def test_alike_jobs_get_nodes_least_trained_first() -> None:
     """Ten nodes, three identical new jobs: the objective cannot tell them apart; the one that
     trained least gets at least as many nodes as the others."""
     p = problem(10, [0, 0, 0], done=np.array([500.0, 0.0, 100.0]))
-    counts = solve_milp(p, tfwd=10.0, time_limit_s=10.0).counts
-    assert counts.sum() == 10
-    assert counts[1] >= counts[2] >= counts[0]
+    for table_cells in (0, 10**6):  # the solver, the table
+        counts = solve_milp(p, tfwd=10.0, time_limit_s=10.0, table_cells=table_cells).counts
+        assert counts.sum() == 10
+        assert counts[1] >= counts[2] >= counts[0]
 
 
 def test_node_map_grows_and_shrinks_without_migration() -> None:
