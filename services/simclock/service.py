@@ -34,6 +34,7 @@ from gpuyard.shared.contract import (
     NodeCommands,
     NodeCommandsReply,
     NodesChanged,
+    NodesChangedReply,
     PageQuery,
     Progress,
     RunRequest,
@@ -446,9 +447,9 @@ class SimClock(Service):
 
             # Nodes, then exits, then arrivals, then the round: the tick rides on the last request
             # of the instant (the scheduler runs the round if one is due), or goes alone.
-            lost: list[str] | None = None
+            nodes: NodesChangedReply | None = None
             if next_churn < len(churn) and churn[next_churn][0] == now:
-                lost = await self._churn(now, churn[next_churn][1])
+                nodes = await self._churn(now, churn[next_churn][1])
                 next_churn += 1
             exits = self._pop_exits(now)
             batch: list[JobSpec] = []
@@ -458,11 +459,12 @@ class SimClock(Service):
             # Jobs held by admission get another chance when others have left.
             retry_held = self.held > 0 and bool(exits)
             ticked = False
-            if lost is not None:
+            if nodes is not None:
                 last = not exits and not batch and not retry_held
-                status = await self._call(
-                    CLUSTER_CHANGED, ClusterChanged(now=now, lost_jobs=lost, tick=last)
+                changed = ClusterChanged(
+                    now=now, lost_jobs=nodes.lost_jobs, cluster=nodes.cluster, tick=last
                 )
+                status = await self._call(CLUSTER_CHANGED, changed)
                 self._note(now, status)
                 ticked = last
             if exits:
@@ -596,9 +598,11 @@ class SimClock(Service):
                 heapq.heappush(self.heap, (end, self.launches, job_id, job.version))
         return end, busy
 
-    async def _churn(self, now: float, events: list[tuple[str, bool]]) -> list[str] | None:
+    async def _churn(
+        self, now: float, events: list[tuple[str, bool]]
+    ) -> NodesChangedReply | None:
         """Nodes join and leave; jobs on a departed node lose that part (placement stops the rest).
-        Returns those jobs, for the scheduler (None: no node changed)."""
+        Returns placement's answer, for the scheduler (None: no node changed)."""
         final: dict[str, bool] = {}
         for node, up in events:
             final[node] = up  # a node that flips twice in one instant ends in its last state
@@ -624,7 +628,7 @@ class SimClock(Service):
             if not job.restarting:
                 self._checkpoint(job)
             self.changed.add(job_id)
-        return reply.lost_jobs
+        return reply
 
     def _delivery(self, spec: JobSpec) -> float:
         """When the job is submitted: its arrival, or the next arrival quantum."""

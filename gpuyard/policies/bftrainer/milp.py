@@ -184,9 +184,10 @@ def solve_milp(
     if jobs == 0:
         return Outcome(np.zeros(0, dtype=np.int64), True, 0.0)
     started = time.perf_counter()
-    alone = _each_alone(problem, tfwd)
+    choices = _choices(problem, tfwd)
+    alone = _each_alone(problem, choices)
     if alone is None and table_cells > 0:
-        alone = best_counts(problem, tfwd, table_cells)
+        alone = _best_counts(problem, choices, table_cells)
     if alone is not None:
         return Outcome(alone, True, time.perf_counter() - started)
     # (imported here: OR-Tools takes a quarter of a second to import, and the table, above,
@@ -249,32 +250,37 @@ def solve_milp(
     return Outcome(counts, True, solution.export_seconds + solution.solve_seconds)
 
 
-def _each_alone(problem: Problem, tfwd: float) -> np.ndarray | None:
-    """The optimum when the node constraint cannot bind: every job's best size on its own (the
-    fewest nodes among equally good ones), if those fit together; else None. The objective is a
-    sum over jobs, so this is the MILP's answer without a search (often so on the whole 4,734-node
-    log, when idle nodes outnumber what ten jobs of at most 64 nodes can take)."""
-    best = np.zeros(problem.jobs, dtype=np.int64)
+Choices = list[tuple[np.ndarray, np.ndarray]] | None
+"""Per job, the sizes it may take and the objective's term at each (None: a job has none)."""
+
+
+def _choices(problem: Problem, tfwd: float) -> Choices:
+    """Each job's sizes and, at each, Tfwd x throughput less the rescale cost of getting there."""
     rate_now = problem.current_rates()
+    out = []
     for j in range(problem.jobs):
         sizes = problem.sizes(j)
         if not sizes.size:
             return None
-        best[j] = sizes[int(np.argmax(_values(problem, j, sizes, tfwd, rate_now)))]
+        rates = np.asarray(problem.rates[j], dtype=np.float64)[sizes]
+        rates[sizes == 0] = 0.0
+        current = problem.current[j]
+        cost = np.where(sizes > current, problem.up_s[j] * rate_now[j], 0.0) + np.where(
+            sizes < current, problem.down_s[j] * rate_now[j], 0.0
+        )
+        out.append((sizes, tfwd * rates - cost))
+    return out
+
+
+def _each_alone(problem: Problem, choices: Choices) -> np.ndarray | None:
+    """The optimum when the node constraint cannot bind: every job's best size on its own (the
+    fewest nodes among equally good ones), if those fit together; else None. The objective is a
+    sum over jobs, so this is the MILP's answer without a search (often so on the whole 4,734-node
+    log, when idle nodes outnumber what ten jobs of at most 64 nodes can take)."""
+    if choices is None:
+        return None
+    best = np.array([sizes[int(np.argmax(values))] for sizes, values in choices], dtype=np.int64)
     return best if best.sum() <= problem.nodes else None
-
-
-def _values(
-    problem: Problem, j: int, sizes: np.ndarray, tfwd: float, rate_now: np.ndarray
-) -> np.ndarray:
-    """The objective's terms for job j at each of `sizes`: Tfwd x throughput less the rescale
-    cost of getting there."""
-    rates = np.where(sizes > 0, np.asarray(problem.rates[j], dtype=np.float64)[sizes], 0.0)
-    current = problem.current[j]
-    cost = np.where(sizes > current, problem.up_s[j] * rate_now[j], 0.0) + np.where(
-        sizes < current, problem.down_s[j] * rate_now[j], 0.0
-    )
-    return tfwd * rates - cost
 
 
 def best_counts(problem: Problem, tfwd: float, max_cells: int) -> np.ndarray | None:
@@ -282,32 +288,33 @@ def best_counts(problem: Problem, tfwd: float, max_cells: int) -> np.ndarray | N
     `max_cells` cells (or no allocation is feasible: the solver then says why).
 
     Over counts the MILP is a multiple-choice knapsack: each job takes one of its sizes, whose
-    value is known (`_values`), and the sizes fit in the idle nodes. best[c], the best total of
+    value is known (`_choices`), and the sizes fit in the idle nodes. best[c], the best total of
     the jobs so far on c nodes, grows one job at a time: a table of (sizes of the job) x (nodes
     + 1) cells per job, where nodes need not exceed what the jobs can take together. Exact, with
     ties to fewer nodes (the smaller size for each job, the smallest total), like `_each_alone`;
     alike jobs then get their sizes in `alike_chains` order (they are interchangeable). A few
     milliseconds where the solver's fixed cost alone is several."""
-    sizes = [problem.sizes(j) for j in range(problem.jobs)]
-    if any(not s.size for s in sizes):
+    return _best_counts(problem, _choices(problem, tfwd), max_cells)
+
+
+def _best_counts(problem: Problem, choices: Choices, max_cells: int) -> np.ndarray | None:
+    if choices is None:
         return None
-    top = int(min(problem.nodes, sum(int(s[-1]) for s in sizes)))
-    if sum(len(s) for s in sizes) * (top + 1) > max_cells:
+    top = int(min(problem.nodes, sum(int(sizes[-1]) for sizes, _ in choices)))
+    if sum(len(sizes) for sizes, _ in choices) * (top + 1) > max_cells:
         return None
-    rate_now = problem.current_rates()
     nodes = np.arange(top + 1)
     best = np.full(top + 1, -np.inf)
     best[0] = 0.0
     picks = []
-    for j, mine in enumerate(sizes):
-        mine = mine[mine <= top]
+    for sizes, values in choices:
+        fits = sizes <= top
+        mine = sizes[fits]
         if not mine.size:
             return None
-        before = nodes[None, :] - mine[:, None]  # nodes used by the jobs before j
+        before = nodes[None, :] - mine[:, None]  # nodes used by the jobs before this one
         total = np.where(
-            before >= 0,
-            best[np.maximum(before, 0)] + _values(problem, j, mine, tfwd, rate_now)[:, None],
-            -np.inf,
+            before >= 0, best[np.maximum(before, 0)] + values[fits][:, None], -np.inf
         )
         pick = np.argmax(total, axis=0)  # (the first of equals: the smaller size)
         best = total[pick, nodes]
