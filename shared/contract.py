@@ -158,9 +158,6 @@ class ClusterChanged(Struct, kw_only=True, forbid_unknown_fields=True):
     now: float
     lost_jobs: list[str] = []
     """Jobs that were running on nodes that left (placement has stopped them): requeue them."""
-    cluster: ClusterInfo | None = None
-    """The cluster after the change, as placement answered it (`NodesChangedReply.cluster`);
-    None: the scheduler asks placement for it."""
     tick: bool = False
     """Also the clock's tick: run the round if one is due (`ExitReport.tick`)."""
 
@@ -253,8 +250,6 @@ class NodesChangedReply(Struct, kw_only=True):
     lost_jobs: list[str]
     """Jobs that ran on a departed node and were stopped everywhere; the scheduler requeues them."""
     capacity: dict[str, int]
-    cluster: ClusterInfo | None = None
-    """The cluster now (what `place.cluster` answers), for the scheduler."""
 
 
 class ApplyRequest(Struct, kw_only=True, forbid_unknown_fields=True):

@@ -270,9 +270,7 @@ class Placement(Service):
             await self.bus.emit(
                 Event(type="node.up", now=req.now, node_id=node.node_id, service=self.name)
             )
-        return NodesChangedReply(
-            lost_jobs=hit, capacity=self.capacity(), cluster=await self.cluster(Empty())
-        )
+        return NodesChangedReply(lost_jobs=hit, capacity=self.capacity())
 
     async def _lose(self, now: float, jobs: list[str]) -> None:
         """These jobs no longer run where we placed them (their node left, or never got them):

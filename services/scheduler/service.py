@@ -410,7 +410,7 @@ class Scheduler(Service):
         self.dirty = self.dirty or self.policy.needs.decide_on_exit or self.table.queued > 0
 
     async def cluster_changed(self, req: ClusterChanged) -> SchedulerStatus:
-        self.cluster = req.cluster  # (None: asked of placement at the round)
+        self.cluster = None
         self.dirty = True
         for job_id in req.lost_jobs:
             record = self.table.get(job_id)

@@ -34,7 +34,6 @@ from gpuyard.shared.contract import (
     NodeCommands,
     NodeCommandsReply,
     NodesChanged,
-    NodesChangedReply,
     PageQuery,
     Progress,
     RunRequest,
@@ -447,9 +446,9 @@ class SimClock(Service):
 
             # Nodes, then exits, then arrivals, then the round: the tick rides on the last request
             # of the instant (the scheduler runs the round if one is due), or goes alone.
-            nodes: NodesChangedReply | None = None
+            lost: list[str] | None = None
             if next_churn < len(churn) and churn[next_churn][0] == now:
-                nodes = await self._churn(now, churn[next_churn][1])
+                lost = await self._churn(now, churn[next_churn][1])
                 next_churn += 1
             exits = self._pop_exits(now)
             batch: list[JobSpec] = []
@@ -459,12 +458,11 @@ class SimClock(Service):
             # Jobs held by admission get another chance when others have left.
             retry_held = self.held > 0 and bool(exits)
             ticked = False
-            if nodes is not None:
+            if lost is not None:
                 last = not exits and not batch and not retry_held
-                changed = ClusterChanged(
-                    now=now, lost_jobs=nodes.lost_jobs, cluster=nodes.cluster, tick=last
+                status = await self._call(
+                    CLUSTER_CHANGED, ClusterChanged(now=now, lost_jobs=lost, tick=last)
                 )
-                status = await self._call(CLUSTER_CHANGED, changed)
                 self._note(now, status)
                 ticked = last
             if exits:
@@ -598,11 +596,9 @@ class SimClock(Service):
                 heapq.heappush(self.heap, (end, self.launches, job_id, job.version))
         return end, busy
 
-    async def _churn(
-        self, now: float, events: list[tuple[str, bool]]
-    ) -> NodesChangedReply | None:
+    async def _churn(self, now: float, events: list[tuple[str, bool]]) -> list[str] | None:
         """Nodes join and leave; jobs on a departed node lose that part (placement stops the rest).
-        Returns placement's answer, for the scheduler (None: no node changed)."""
+        Returns those jobs, for the scheduler (None: no node changed)."""
         final: dict[str, bool] = {}
         for node, up in events:
             final[node] = up  # a node that flips twice in one instant ends in its last state
@@ -628,7 +624,7 @@ class SimClock(Service):
             if not job.restarting:
                 self._checkpoint(job)
             self.changed.add(job_id)
-        return reply
+        return reply.lost_jobs
 
     def _delivery(self, spec: JobSpec) -> float:
         """When the job is submitted: its arrival, or the next arrival quantum."""
