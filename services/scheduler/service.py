@@ -702,22 +702,27 @@ class Scheduler(Service):
         warning: no policy ever starts a job where it would only fail."""
         capacity = cluster.capacity
         active = self.table.active
-        seen: set[str] = set()
+        ids = [a.job_id for a in allocations]
+        if len(set(ids)) != len(ids):
+            twice = next(j for j in ids if ids.count(j) > 1)
+            raise RuntimeError(f"policy {self.policy_name!r} allocated {twice!r} twice")
         used: dict[str, int] = {}
         kept: list[Allocation] = []
         for a in allocations:
             record = active.get(a.job_id)
-            if record is None or a.job_id in seen:
+            if record is None:
                 raise RuntimeError(f"policy {self.policy_name!r} allocated {a.job_id!r} wrongly")
-            seen.add(a.job_id)
-            kept_as_is = (  # a run goes on as it is: its bounds and type were checked at its start
+            if (  # a run goes on as it is: its bounds and type were checked at its start
                 record.state == "running" and record.gpus == a.num_gpus
-                and a.gpu_type in (ANY_GPU, record.gpu_type)
-            )  # fmt: skip
-            if kept_as_is and a.share_with is None:
+                and (a.gpu_type == record.gpu_type or a.gpu_type == ANY_GPU)
+                and a.share_with is None
+            ):  # fmt: skip
                 used[a.gpu_type] = used.get(a.gpu_type, 0) + a.num_gpus
                 kept.append(a)
                 continue
+            kept_as_is = record.state == "running" and record.gpus == a.num_gpus and (
+                a.gpu_type in (ANY_GPU, record.gpu_type)
+            )
             low, high = record.spec.gpu_range
             if not low <= a.num_gpus <= high:
                 raise RuntimeError(

@@ -181,8 +181,16 @@ class JobView:
 
     @property
     def remaining_steps(self) -> float | None:
-        total = self.total_steps
-        return None if total is None else max(total - self.steps_done, 0.0)
+        # (`total_steps` and `steps_done` written out: sort keys read this for every job at
+        # every decision, and the properties' calls were most of an SRTF decision)
+        r = self.record
+        total = r.total_steps if r.total_steps is not None else self.total_steps
+        if total is None:
+            return None
+        done = r.steps_done
+        if r.state == "running" and self._ctx is not None:
+            done += r.rate * (self._ctx.now - r.progress_at)
+        return max(total - done, 0.0)
 
     @property
     def remaining_time(self) -> float | None:

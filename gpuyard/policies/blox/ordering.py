@@ -46,8 +46,9 @@ class Fifo(SchedulingPolicy):
         backfill = self.params.backfill
 
         def key(j: JobView) -> tuple[int, int, float, int]:
-            first = 0 if backfill and j.running else 1
-            return (-j.spec.priority, first, j.submit_time, j.seq)
+            r = j.record  # (every job, every decision: the record's fields, not the properties)
+            first = 0 if backfill and r.state == "running" else 1
+            return (-r.spec.priority, first, r.submit_time, r.seq)
 
         return fill_in_order(sorted(inp.jobs, key=key), inp.cluster, backfill=backfill)
 

@@ -111,8 +111,12 @@ def fill_in_order(
             # Running and not preempted: it competes for its own GPUs first, on its own type.
             head[t] += 1
             after[t] -= r.gpus
+            ok = t in runnable(job, need)
+            if ok and need == r.gpus and free[t] >= 0:  # it keeps them (most of a long walk)
+                result.append((pos, Allocation(r.job_id, need, t)))
+                continue
             free[t] += r.gpus
-            cands = [t] if t in runnable(job, need) else []
+            cands = [t] if ok else []
         else:
             cands = runnable(job, need)
             if len(cands) > 1:
