@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -40,6 +43,25 @@ def test_registry_and_capacity_invariant(name: str):
         assert lo <= a.num_gpus <= hi
     nxt = pol.next_decision_time(inp(jobs, gpus={"gpu": 16}, now=1000.0))
     assert nxt is None or nxt > 1000.0
+
+
+def test_registry_imports_a_policy_only_when_it_is_named():
+    """Listing names imports no policy; creating `fifo` imports Blox's family, not Gavel's
+    programs or OR-Tools (a third of a second at every process start)."""
+    code = (
+        "import sys\n"
+        "from gpuyard.shared.policy import scheduling_policies\n"
+        "names = scheduling_policies.names()\n"
+        "assert 'max_min_fairness_perf' in names and 'bftrainer' in names, names\n"
+        "assert not any(m.startswith('gpuyard.policies.') for m in sys.modules), 'listed'\n"
+        "scheduling_policies.create('fifo')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('gpuyard.policies.', 'ortools'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    loaded = out.stdout
+    assert "gpuyard.policies.blox" in loaded
+    assert "gpuyard.policies.gavel" not in loaded and "ortools" not in loaded
 
 
 def test_registry_rejects_unknown_params():
