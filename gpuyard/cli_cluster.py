@@ -119,6 +119,12 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
         "throughputs at most every S seconds (default 1920, Gavel's)",
     )  # fmt: skip
     p.add_argument(
+        "--new-jobs-run", action="store_true",
+        help="Gavel's policies (time shares): a job that arrived since the last solve may run on "
+        "GPUs the allocated jobs leave free (default: it waits for a solve that includes it, as "
+        "in Gavel, up to --min-resolve-s)",
+    )  # fmt: skip
+    p.add_argument(
         "--min-run-s", type=non_negative_float, default=0.0,
         help="preemption guard: a started or resumed job runs at least this long before a "
         "decision may stop it (default 0: off)",
@@ -249,14 +255,15 @@ def control_plane_configs(
     min_run_s: float = 0.0, policy_params: dict[str, Any] | None = None,
     placement_params: dict[str, Any] | None = None, admission_params: dict[str, Any] | None = None,
     throughputs: str = "default", mode: Literal["rounds", "events"] = "events",
-    min_resolve_s: float = 1920.0,
+    min_resolve_s: float = 1920.0, new_jobs_wait: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """The services of a real cluster's control plane: the scheduler ticks on the wall clock.
 
     `durable`: their state lives in JetStream key-value buckets, so any of them can be killed and
     started again (or replaced) mid-run; their calls to one another retry while the callee restarts.
     `throughputs`: the model the scheduler (learning from progress) and admission plan with.
-    `min_resolve_s`: how often Gavel's policies may be asked again (`TimeShareConfig`).
+    `min_resolve_s`: how often Gavel's policies may be asked again, `new_jobs_wait`: whether a
+    job newer than their allocation waits for one that includes it (`TimeShareConfig`).
     """
     from gpuyard.services.admission.service import AdmissionConfig
     from gpuyard.services.placement.service import PlacementConfig
@@ -277,7 +284,7 @@ def control_plane_configs(
             mode=mode,
             throughputs=throughputs,
             learn_throughputs=True,
-            time_shares=TimeShareConfig(min_resolve_s=min_resolve_s),
+            time_shares=TimeShareConfig(min_resolve_s=min_resolve_s, new_jobs_wait=new_jobs_wait),
             round_s=round_s,
             min_run_s=min_run_s,
             durable=durable,
@@ -338,7 +345,7 @@ def control_plane_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return control_plane_configs(
         round_s=args.round, heartbeat_timeout_s=args.heartbeat_timeout, durable=args.durable,
         min_run_s=args.min_run_s, throughputs=args.throughputs,
-        min_resolve_s=args.min_resolve_s, **chosen,
+        min_resolve_s=args.min_resolve_s, new_jobs_wait=not args.new_jobs_run, **chosen,
     )  # fmt: skip
 
 

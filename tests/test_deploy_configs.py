@@ -29,6 +29,7 @@ from gpuyard.sim import SimOptions, service_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
+SHARED = ROOT.parent / "shared"
 CONTROL_PLANE = ("admission", "placement", "scheduler")
 
 
@@ -47,6 +48,20 @@ def test_the_scheduler_config_ticks_on_the_wall_clock_and_is_durable() -> None:
     scheduler = control_plane_configs()["scheduler"]
     config = load(DEPLOY / "config" / "scheduler.json", scheduler)
     assert (config.clock, config.durable) == ("wall", True)
+
+
+@pytest.mark.parametrize(("flags", "wait"), [([], True), (["--new-jobs-run"], False)])
+def test_up_says_whether_a_new_job_waits_for_gavels_next_solve(flags: list[str], wait: bool) -> None:
+    from gpuyard.cli import build_parser
+    from gpuyard.cli_cluster import control_plane_from_args
+
+    table = SHARED / "data" / "gavel" / "simulation_throughputs.json"
+    if not table.exists():
+        pytest.skip("no ../shared/data beside the checkout")
+    argv = ["up", "--policy", "max_min_fairness_perf", "--throughputs", str(table), *flags]
+    args = build_parser().parse_args(argv)
+    shares = control_plane_from_args(args)["scheduler"].time_shares
+    assert (shares.new_jobs_wait, shares.min_resolve_s) == (wait, 1920.0)
 
 
 def test_the_swap_scheduler_differs_only_in_its_policy() -> None:
