@@ -248,6 +248,9 @@ class Scheduler(Service):
 
     async def persist(self) -> None:
         """Write the jobs the request changed, and the scheduler's own state, before the reply."""
+        if not self.store.durable:  # (twice a request: build nothing that would not be written)
+            self.table.touched.clear()
+            return
         learned = self.model.snapshot() if isinstance(self.model, LearnedThroughputs) else None
         await self.durability.write(
             self.table, self._meta(), self.policy.snapshot(), self.mechanism.snapshot(), learned
