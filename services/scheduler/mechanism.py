@@ -35,7 +35,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from gpuyard.shared.model import Allocation
-from gpuyard.shared.policy import Decision, SchedulingInput
+from gpuyard.shared.policy import Decision, JobView, SchedulingInput
 
 PAIR = "+"
 """Joins two job ids into a pair key (job ids never contain it)."""
@@ -195,6 +195,23 @@ class TimeShareMechanism:
         keys = list(by_id) + [k for k in state.shares if PAIR in k]
         known = None if state.allocated is None or not self.config.new_jobs_wait else set(
             state.allocated)
+        model = inp.cluster.throughputs
+        runs: dict[tuple[str, str, int], bool] = {}  # (job type, GPU type, GPUs): it can run there
+        shares_there: dict[tuple[str, str, str, int], bool] = {}  # a pair can share that type
+
+        def can_run(job: JobView, t: str) -> bool:
+            spec = job.record.spec
+            k = (spec.job_type, t, spec.num_gpus)
+            if (ok := runs.get(k)) is None:
+                ok = runs[k] = model.throughput(*k) > 0
+            return ok
+
+        def can_share(a: JobView, b: JobView, t: str) -> bool:
+            k = (a.record.spec.job_type, b.record.spec.job_type, t, a.record.spec.num_gpus)
+            if (ok := shares_there.get(k)) is None:
+                ok = shares_there[k] = min(model.colocated(*k)) > 0
+            return ok
+
         for key in keys:
             members = key.split(PAIR)
             if not all(m in by_id for m in members):
@@ -204,11 +221,9 @@ class TimeShareMechanism:
                 x = shares.get(t, 0.0)
                 if x <= 0 and (PAIR in key or state.only_allocated):
                     continue
-                if any(inp.cluster.rate(by_id[m], t, by_id[m].spec.num_gpus) <= 0 for m in members):
+                if not all(can_run(by_id[m], t) for m in members):
                     continue
-                if len(members) == 2 and min(inp.cluster.pair_rates(
-                    by_id[members[0]], by_id[members[1]], t, by_id[members[0]].spec.num_gpus
-                )) <= 0:
+                if len(members) == 2 and not can_share(by_id[members[0]], by_id[members[1]], t):
                     continue  # a pair that cannot share this type (Gavel: 0 throughput) waits
                 used = state.type_time.get(t, 0.0)
                 got = state.received.get(key, {}).get(t, 0.0)
