@@ -715,17 +715,14 @@ class Scheduler(Service):
             record = active.get(a.job_id)
             if record is None:
                 raise RuntimeError(f"policy {self.policy_name!r} allocated {a.job_id!r} wrongly")
-            if (  # a run goes on as it is: its bounds and type were checked at its start
+            kept_as_is = (  # a run goes on as it is: its bounds and type were checked at its start
                 record.state == "running" and record.gpus == a.num_gpus
-                and (a.gpu_type == record.gpu_type or a.gpu_type == ANY_GPU)
-                and a.share_with is None
-            ):  # fmt: skip
+                and a.gpu_type in (ANY_GPU, record.gpu_type)
+            )  # fmt: skip
+            if kept_as_is and a.share_with is None:
                 used[a.gpu_type] = used.get(a.gpu_type, 0) + a.num_gpus
                 kept.append(a)
                 continue
-            kept_as_is = record.state == "running" and record.gpus == a.num_gpus and (
-                a.gpu_type in (ANY_GPU, record.gpu_type)
-            )
             low, high = record.spec.gpu_range
             if not low <= a.num_gpus <= high:
                 raise RuntimeError(
