@@ -460,6 +460,14 @@ def test_min_total_duration_closed_form_on_one_gpu() -> None:
     assert allocation.shares[:, 0] == pytest.approx([0.25, 0.75])
 
 
+ECOS_INSTANCE = (
+    np.array([[2.0, 1.0, 0.5], [1.0, 0.9, 0.0], [3.0, 1.5, 1.0], [0.8, 0.8, 0.3], [5.0, 2.0, 0.0]]),
+    np.array([1.0, 2.0, 1.0, 1.0, 4.0]),
+    np.array([4.0, 4.0, 4.0]),
+)
+"""(throughputs, scale factors, GPUs per type) of the instance ECOS was run on for the tests below."""
+
+
 @pytest.mark.parametrize("structured", [False, True])
 def test_the_interior_tie_break_is_the_point_ecos_returns(
     structured: bool, monkeypatch: pytest.MonkeyPatch
@@ -477,9 +485,7 @@ def test_the_interior_tie_break_is_the_point_ecos_returns(
         [0.12456056, 0.26774711, 0.33644046],
         [0.76401004, 0.15961941, 0.04994446],
     ])  # fmt: skip
-    tput = np.array([[2.0, 1.0, 0.5], [1.0, 0.9, 0.0], [3.0, 1.5, 1.0], [0.8, 0.8, 0.3],
-                     [5.0, 2.0, 0.0]])  # fmt: skip
-    sf, gpus = np.array([1.0, 2.0, 1.0, 1.0, 4.0]), np.array([4.0, 4.0, 4.0])
+    tput, sf, gpus = ECOS_INSTANCE
     remaining = np.array([1000.0, 500.0, 3000.0, 200.0, 8000.0])
     point = interior.feasible_point(tput, sf, gpus, remaining / 2000.0)
     assert np.abs(point - ecos).max() < 1e-5
@@ -514,9 +520,7 @@ def test_max_min_fairness_interior_is_the_optimum_ecos_returns(
         [0.35346497, 0.33979082, 0.17862907],
         [0.17598826, 0.29911077, 0.33487208],
     ])  # fmt: skip
-    tput = np.array([[2.0, 1.0, 0.5], [1.0, 0.9, 0.0], [3.0, 1.5, 1.0], [0.8, 0.8, 0.3],
-                     [5.0, 2.0, 0.0]])  # fmt: skip
-    sf, gpus = np.array([1.0, 2.0, 1.0, 1.0, 4.0]), np.array([4.0, 4.0, 4.0])
+    tput, sf, gpus = ECOS_INSTANCE
     weights = np.array([1.0, 1.0, 2.0, 1.0, 1.0])
     found = gp.max_min_fairness(tput, sf, weights, gpus, tie_break="interior")
     assert found.stats is not None and found.stats.fallback is None
