@@ -121,11 +121,14 @@ class Timeline:
 
     def merged(self) -> Timeline:
         """Without breakpoints whose free count equals the one before."""
-        times, free = self.times, self.free
-        keep = [0] + [i for i in range(1, len(free)) if free[i] != free[i - 1]]
-        if len(keep) == len(free):
+        free = self.free
+        repeats = [i for i in range(1, len(free)) if free[i] == free[i - 1]]
+        if not repeats:
             return self
-        return Timeline([times[i] for i in keep], [free[i] for i in keep])
+        merged = self.copy()
+        for i in reversed(repeats):
+            del merged.times[i], merged.free[i]
+        return merged
 
 
 @dataclass(slots=True)
@@ -197,9 +200,9 @@ def plan_mss(
         start, left = _hold_first(timeline, new, job, now, slot, aligned, first, allocations)
         if start is None:  # done within the first segment
             return _finish_first(timeline, new, job, now, slot, first, allocations, total)
-    for t in new.times:
-        if start <= t < aligned:
-            allocations.setdefault(t, 0)
+    times = new.times
+    for i in range(bisect.bisect_left(times, start), bisect.bisect_left(times, aligned)):
+        allocations.setdefault(times[i], 0)
     tried = 0  # the level tried last
     for q in job.levels:
         if q > total:
@@ -254,14 +257,15 @@ def _forward(
 ) -> tuple[Plan, Timeline]:  # fmt: skip
     """Run the plan forwards from `start`: `smaller` before `point`, `q` from it, until done."""
     times, free = new.times, new.free
-    fitting, rate, deadline = job.fitting, job._rate, job.deadline
+    fit, rate, deadline = job._fit, job._rate, job.deadline
+    top = len(fit) - 1
     last = -1
     g = 0
     end = finish = None
-    for i in range(bisect.bisect_left(times, start), len(times)):
+    # With no smaller level the job holds nothing before `point` (planned as 0 already): skip there.
+    first = bisect.bisect_left(times, start if smaller else point)
+    for i in range(first, bisect.bisect_right(times, aligned)):
         t = times[i]
-        if t > aligned:
-            break
         if last >= 0:
             t0 = times[last]
             allocations[t0] = g
@@ -274,7 +278,8 @@ def _forward(
                     break
                 left -= work
         last = i
-        g = min(q if t >= point else smaller, fitting(free[i]))
+        f = free[i]  # the largest level that fits, as Demand.fitting, inline: the hottest loop
+        g = min(q if t >= point else smaller, fit[f] if 0 <= f <= top else fit[top] if f > 0 else 0)
     if end is None:
         t0 = times[last]
         allocations[t0] = g
@@ -420,16 +425,10 @@ def release(timeline: Timeline, plan: Plan) -> Timeline:
     hi = (
         min(bisect.bisect_right(times, last) + 1, len(times)) if math.isfinite(last) else len(times)
     )
-    keep_t, keep_f = times[:lo], free[:lo]
-    for i in range(lo, hi):
-        if free[i] != keep_f[-1]:
-            keep_t.append(times[i])
-            keep_f.append(free[i])
-    if hi < len(times):  # the rest was merged and unchanged: only its first may repeat
-        rest = hi + 1 if free[hi] == keep_f[-1] else hi
-        keep_t += times[rest:]
-        keep_f += free[rest:]
-    return Timeline(keep_t, keep_f)
+    # The rest was merged and unchanged: only its first may repeat.
+    for i in reversed([i for i in range(lo, min(hi + 1, len(times))) if free[i] == free[i - 1]]):
+        del times[i], free[i]
+    return new
 
 
 def share_leftovers(
@@ -458,6 +457,7 @@ def share_leftovers(
     sign = 1.0 if order == "reference" else -1.0
     score = [-math.inf] * len(jobs)
     pending: list[tuple[Plan, Timeline] | None] = [None] * len(jobs)
+    cost = [p.gpu_time() for p in plans]  # of each job's current plan
 
     def price(i: int) -> None:
         step = jobs[i].above(gpus[i])
@@ -466,7 +466,7 @@ def share_leftovers(
             return
         plan, after = plan_mss(release(timeline, plans[i]), jobs[i], now, slot, total, first=step)
         pending[i] = plan, after
-        gain = (plan.gpu_time() - plans[i].gpu_time()) / (step - gpus[i])
+        gain = (plan.gpu_time() - cost[i]) / (step - gpus[i])
         score[i] = math.inf if gpus[i] == 0 else sign * gain
 
     for i in range(len(jobs)):
@@ -489,6 +489,7 @@ def share_leftovers(
             entry = pending[i]
             assert entry is not None
             plans[i], timeline = entry
+            cost[i] = plans[i].gpu_time()
             step = jobs[i].above(gpus[i])
             spare -= step - gpus[i]
             gpus[i] = step
@@ -510,6 +511,7 @@ def share_leftovers(
         entry = pending[chosen]
         assert entry is not None
         plans[chosen], timeline = entry
+        cost[chosen] = plans[chosen].gpu_time()
         step = jobs[chosen].above(gpus[chosen])
         spare -= step - gpus[chosen]
         gpus[chosen] = step
