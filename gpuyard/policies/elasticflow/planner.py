@@ -447,55 +447,82 @@ def share_leftovers(
     `order="saving"` ascending (the paper's marginal return: the largest saving first).
     `plans` is updated in place for the jobs that grow; returns each job's GPUs now.
 
-    Pricing every job after every step costs steps x jobs re-plans, which on clusters of hundreds
-    of GPUs with hundreds of jobs is most of a simulation's time. With `lazy`, prices are only
-    refreshed for the job about to be served: it is served if its fresh price still ranks first,
-    else it goes back in line (lazy greedy evaluation; ties by deadline order). Not ElasticFlow's
-    exact walk: a job's price can rise when others grow."""
+    Pricing every job again after every step costs steps x jobs re-plans. The walk skips the
+    re-plans whose answer it knows: a job with no GPUs keeps its infinite gain, and a job whose
+    pricing read only a part of the timeline that the step left as it was (`_PriceScope`) keeps
+    its price; the result is the same as pricing every job every time. With `lazy`, prices are
+    only refreshed for the job about to be served: it is served if its fresh price still ranks
+    first, else it goes back in line (lazy greedy evaluation; ties by deadline order). Not
+    ElasticFlow's exact walk: a job's price can rise when others grow."""
     gpus = [p.at(now) for p in plans]
     spare = total - sum(gpus)
     sign = 1.0 if order == "reference" else -1.0
     score = [-math.inf] * len(jobs)
     pending: list[tuple[Plan, Timeline] | None] = [None] * len(jobs)
+    scope: list[_PriceScope | None] = [None] * len(jobs)
+    current = [True] * len(jobs)  # whether a job's pending plan was made on this timeline
     cost = [p.gpu_time() for p in plans]  # of each job's current plan
 
     def price(i: int) -> None:
         step = jobs[i].above(gpus[i])
+        current[i] = True
         if step == gpus[i] or step - gpus[i] > spare:
             score[i], pending[i] = -math.inf, None
             return
-        plan, after = plan_mss(release(timeline, plans[i]), jobs[i], now, slot, total, first=step)
+        released = release(timeline, plans[i])
+        plan, after = plan_mss(released, jobs[i], now, slot, total, first=step)
         pending[i] = plan, after
+        scope[i] = _PriceScope.of(released, plans[i], plan, jobs[i], now, slot)
         gain = (plan.gpu_time() - cost[i]) / (step - gpus[i])
         score[i] = math.inf if gpus[i] == 0 else sign * gain
+
+    def reprice(i: int, changed: float) -> None:
+        """Price `i` again, unless its price holds on a timeline changed from `changed` on."""
+        kept = scope[i]
+        if (
+            pending[i] is not None
+            and jobs[i].above(gpus[i]) - gpus[i] <= spare
+            and (gpus[i] == 0 or (kept is not None and kept.holds(timeline, changed)))
+        ):
+            current[i] = False
+        else:
+            price(i)
+
+    def grow(i: int) -> float:
+        """Give `i` its next level; returns where the timeline changed (`_first_change`)."""
+        nonlocal spare, timeline
+        if not current[i]:  # its price held, but its plan was made on an earlier timeline
+            price(i)
+        entry = pending[i]
+        assert entry is not None
+        before = timeline
+        plans[i], timeline = entry
+        cost[i] = plans[i].gpu_time()
+        step = jobs[i].above(gpus[i])
+        spare -= step - gpus[i]
+        gpus[i] = step
+        return _first_change(before, timeline)
 
     for i in range(len(jobs)):
         price(i)
     if lazy:
-        version = 0
+        changes: list[float] = []  # where each step changed the timeline
         priced = [0] * len(jobs)  # the step each price was computed at
         line = [(-score[i], i) for i in range(len(jobs)) if score[i] > -math.inf]
         heapq.heapify(line)
         while line and spare > 0:
             _, i = heapq.heappop(line)
-            if priced[i] != version:  # stale: price again, serve only if still first in line
-                price(i)
-                priced[i] = version
+            if priced[i] != len(changes):  # stale: price again, serve only if still first in line
+                reprice(i, min(changes[priced[i] :]))
+                priced[i] = len(changes)
                 if score[i] == -math.inf:
                     continue
                 if line and (-score[i], i) > line[0]:
                     heapq.heappush(line, (-score[i], i))
                     continue
-            entry = pending[i]
-            assert entry is not None
-            plans[i], timeline = entry
-            cost[i] = plans[i].gpu_time()
-            step = jobs[i].above(gpus[i])
-            spare -= step - gpus[i]
-            gpus[i] = step
-            version += 1
+            changes.append(grow(i))
             price(i)
-            priced[i] = version
+            priced[i] = len(changes)
             if score[i] > -math.inf:
                 heapq.heappush(line, (-score[i], i))
         return gpus
@@ -508,18 +535,67 @@ def share_leftovers(
         )  # fmt: skip
         if chosen is None:
             break
-        entry = pending[chosen]
-        assert entry is not None
-        plans[chosen], timeline = entry
-        cost[chosen] = plans[chosen].gpu_time()
-        step = jobs[chosen].above(gpus[chosen])
-        spare -= step - gpus[chosen]
-        gpus[chosen] = step
+        changed = grow(chosen)
         for i in queue:
             if jobs[i].above(gpus[i]) > gpus[i]:
-                price(i)
+                if i == chosen:
+                    price(i)
+                else:
+                    reprice(i, changed)
         queue.sort(key=lambda i: -score[i])
     return gpus
+
+
+@dataclass(frozen=True, slots=True)
+class _PriceScope:
+    """What a job's price read of the timeline (it was priced held at a level until the first
+    breakpoint after now, planned from there on): the breakpoint it started from, its plan's
+    GPUs then and before, and the last instant whose free count it read (its aligned deadline or
+    its end, whichever is later; for ever if it could not finish in time)."""
+
+    start: float
+    gpus_before: int
+    gpus_at_start: int
+    horizon: float
+
+    @classmethod
+    def of(
+        cls, released: Timeline, plan: Plan, priced: Plan, job: Demand, now: float, slot: float
+    ) -> _PriceScope | None:
+        if len(released.times) < 2:
+            return None
+        start = released.times[1]
+        in_time = priced.finish <= job.deadline and math.isfinite(priced.end)
+        horizon = max(align_up(now, job.deadline, slot), priced.end) if in_time else math.inf
+        return cls(start, plan.at(now), plan.at(start), horizon)
+
+    def holds(self, timeline: Timeline, changed: float) -> bool:
+        """Whether the price is the same on `timeline`, which differs from the one it was made
+        on from `changed` on (and in the count free now): the same free counts and breakpoints
+        up to its horizon, and the same breakpoint to start from once the job's plan is given
+        back (the count free now plus its GPUs now still differ from the next segment's)."""
+        times, free = timeline.times, timeline.free
+        return (
+            changed > self.horizon
+            and len(times) > 1
+            and times[1] == self.start
+            and free[0] + self.gpus_before != free[1] + self.gpus_at_start
+        )
+
+
+def _first_change(before: Timeline, after: Timeline) -> float:
+    """The first instant after the first segment at which two timelines (merged, from the same
+    instant) differ, in a breakpoint or a free count (-inf if their first breakpoints differ)."""
+    bt, bf, at, af = before.times, before.free, after.times, after.free
+    if len(bt) < 2 or len(at) < 2 or bt[1] != at[1]:
+        return -math.inf if len(bt) != len(at) or len(bt) >= 2 else math.inf
+    n = min(len(bt), len(at))
+    for k in range(1, n):
+        if bt[k] != at[k] or bf[k] != af[k]:
+            return min(bt[k], at[k])
+    if len(bt) == len(at):
+        return math.inf
+    return bt[n] if len(bt) > n else at[n]
 
 
 # --------------------------------------------------------------------------- EDF

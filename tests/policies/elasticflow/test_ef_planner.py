@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -175,3 +176,66 @@ def test_lazy_leftovers_stay_within_the_cluster_and_the_levels():
     gpus = share_leftovers(jobs, plans, timeline, 0, 10, 12, lazy=True)
     assert sum(gpus) <= 12 and all(g in (0, *LEVELS) for g in gpus)
     assert [p.at(0) for p in plans] == gpus  # each job's plan starts at the GPUs it got
+
+
+def _plain_walk(jobs: list[Demand], plans: list[Plan], timeline: Timeline, now: float,
+                slot: float, total: int, order: str) -> list[int]:  # fmt: skip
+    """ElasticFlow's leftover walk as it is written: every job priced again after every step."""
+    gpus = [p.at(now) for p in plans]
+    spare = total - sum(gpus)
+    score = [-math.inf] * len(jobs)
+    pending: list[tuple[Plan, Timeline] | None] = [None] * len(jobs)
+
+    def price(i: int) -> None:
+        step = jobs[i].above(gpus[i])
+        if step == gpus[i] or step - gpus[i] > spare:
+            score[i], pending[i] = -math.inf, None
+            return
+        plan, after = plan_mss(release(timeline, plans[i]), jobs[i], now, slot, total, first=step)
+        pending[i] = plan, after
+        gain = (plan.gpu_time() - plans[i].gpu_time()) / (step - gpus[i])
+        score[i] = math.inf if gpus[i] == 0 else (gain if order == "reference" else -gain)
+
+    for i in range(len(jobs)):
+        price(i)
+    queue = sorted(range(len(jobs)), key=lambda i: -score[i])
+    while spare > 0:
+        grows = [i for i in queue if gpus[i] < jobs[i].above(gpus[i]) <= gpus[i] + spare]
+        if not grows:
+            break
+        entry = pending[grows[0]]
+        assert entry is not None
+        plans[grows[0]], timeline = entry
+        spare -= jobs[grows[0]].above(gpus[grows[0]]) - gpus[grows[0]]
+        gpus[grows[0]] = jobs[grows[0]].above(gpus[grows[0]])
+        for i in queue:
+            if jobs[i].above(gpus[i]) > gpus[i]:
+                price(i)
+        queue.sort(key=lambda i: -score[i])
+    return gpus
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_leftover_walk_keeps_only_prices_that_hold(seed):
+    """The walk re-plans only the jobs whose price a step may have changed: on random clusters,
+    deadlines and speed-ups it hands out the same GPUs and leaves the same plans as the walk
+    that prices every job after every step."""
+    rng = random.Random(seed)
+    for _ in range(150):
+        total, slot, now = rng.choice([8, 32, 256]), rng.choice([60.0, 240.0]), 1234.5
+        jobs = []
+        for _ in range(rng.randint(1, 12)):
+            levels = rng.choice([(1, 2, 4), (1, 2, 4, 8), (1, 2, 4, 8, 16, 32)])
+            base = rng.uniform(0.5, 5)
+            rates = tuple(base * g ** rng.uniform(0.3, 1.0) for g in levels)
+            remaining = rng.uniform(100, 50_000)
+            deadline = now + rng.uniform(0.05, 4) * remaining / rates[0]
+            jobs.append(Demand(remaining, deadline if rng.random() < 0.9 else NO_DEADLINE,
+                               levels, rates))  # fmt: skip
+        jobs.sort(key=lambda job: job.deadline)
+        order = rng.choice(["reference", "saving"])
+        expected, timeline = plan_all_mss(jobs, now, slot, total)
+        walked = [Plan(list(p.starts), list(p.gpus), p.end, p.finish, p.deadline) for p in expected]
+        want = _plain_walk(jobs, expected, timeline, now, slot, total, order)
+        assert share_leftovers(jobs, walked, timeline, now, slot, total, order=order) == want
+        assert walked == expected
