@@ -560,14 +560,17 @@ class _PriceScope:
 
     @classmethod
     def of(
-        cls, released: Timeline, plan: Plan, priced: Plan, job: Demand, now: float, slot: float
-    ) -> _PriceScope | None:
+        cls, released: Timeline, given_back: Plan, priced: Plan, job: Demand, now: float,
+        slot: float,
+    ) -> _PriceScope | None:  # fmt: skip
+        """The scope of pricing `job` on `released` (the timeline with its plan `given_back`),
+        which made the plan `priced`."""
         if len(released.times) < 2:
             return None
         start = released.times[1]
         in_time = priced.finish <= job.deadline and math.isfinite(priced.end)
         horizon = max(align_up(now, job.deadline, slot), priced.end) if in_time else math.inf
-        return cls(start, plan.at(now), plan.at(start), horizon)
+        return cls(start, given_back.at(now), given_back.at(start), horizon)
 
     def holds(self, timeline: Timeline, changed: float) -> bool:
         """Whether the price is the same on `timeline`, which differs from the one it was made
@@ -587,8 +590,10 @@ def _first_change(before: Timeline, after: Timeline) -> float:
     """The first instant after the first segment at which two timelines (merged, from the same
     instant) differ, in a breakpoint or a free count (-inf if their first breakpoints differ)."""
     bt, bf, at, af = before.times, before.free, after.times, after.free
+    if len(bt) < 2 and len(at) < 2:
+        return math.inf  # both flat from now on
     if len(bt) < 2 or len(at) < 2 or bt[1] != at[1]:
-        return -math.inf if len(bt) != len(at) or len(bt) >= 2 else math.inf
+        return -math.inf
     n = min(len(bt), len(at))
     for k in range(1, n):
         if bt[k] != at[k] or bf[k] != af[k]:
