@@ -257,8 +257,7 @@ def _forward(
 ) -> tuple[Plan, Timeline]:  # fmt: skip
     """Run the plan forwards from `start`: `smaller` before `point`, `q` from it, until done."""
     times, free = new.times, new.free
-    fit, rate, deadline = job._fit, job._rate, job.deadline
-    top = len(fit) - 1
+    fitting, rate, deadline = job.fitting, job._rate, job.deadline
     last = -1
     g = 0
     end = finish = None
@@ -278,8 +277,7 @@ def _forward(
                     break
                 left -= work
         last = i
-        f = free[i]  # the largest level that fits, as Demand.fitting, inline: the hottest loop
-        g = min(q if t >= point else smaller, fit[f] if 0 <= f <= top else fit[top] if f > 0 else 0)
+        g = min(q if t >= point else smaller, fitting(free[i]))
     if end is None:
         t0 = times[last]
         allocations[t0] = g
