@@ -203,11 +203,13 @@ def _plain_walk(jobs: list[Demand], plans: list[Plan], timeline: Timeline, now: 
         grows = [i for i in queue if gpus[i] < jobs[i].above(gpus[i]) <= gpus[i] + spare]
         if not grows:
             break
-        entry = pending[grows[0]]
+        chosen = grows[0]
+        entry = pending[chosen]
         assert entry is not None
-        plans[grows[0]], timeline = entry
-        spare -= jobs[grows[0]].above(gpus[grows[0]]) - gpus[grows[0]]
-        gpus[grows[0]] = jobs[grows[0]].above(gpus[grows[0]])
+        plans[chosen], timeline = entry
+        step = jobs[chosen].above(gpus[chosen])
+        spare -= step - gpus[chosen]
+        gpus[chosen] = step
         for i in queue:
             if jobs[i].above(gpus[i]) > gpus[i]:
                 price(i)
