@@ -270,7 +270,8 @@ async def connect(url: str, *, name: str, auth: NatsAuth | None = None, **option
         **(auth.options() if auth is not None else {}),
         **options,
     }
-    _one_write_per_flush()
+    if settings.get("tls") is not None or "tls://" in url:
+        _one_write_per_flush()
     return await nats.connect(url.split(",") if "," in url else url, **settings)
 
 
@@ -280,7 +281,8 @@ def _one_write_per_flush() -> None:
     Its flusher calls `writelines` with every pending message as a separate buffer, and a TLS
     transport encrypts each buffer as a TLS record of its own: under load most of a service's time
     went there (bench/bench_real.py, auth + TLS, 20 agents at 80 submissions/s: p99 submit ->
-    running 790 ms, 114 ms with one buffer). Joining them first costs a copy of what is sent.
+    running 790 ms, 114 ms with one buffer). Joining them first costs a copy of what is sent, and
+    a call per flush: done for TLS connections only (from the first on, in that process).
     """
     from nats.aio import transport
 
@@ -310,6 +312,10 @@ class Bus:
         """Who this connection's requests act for: the `{caller}` of the subjects it sends on."""
         self.request_stats: dict[str, list[float]] = {}
         """Per endpoint pattern: [count, seconds waited for the reply], for benchmarks."""
+        self._subjects: dict[tuple[str, Caller], str] = {}
+        """Subjects with no placeholder to fill, by pattern and caller, and events' by type: a
+        request or an event costs a lookup rather than a format."""
+        self._event_subjects: dict[str, str] = {}
 
     async def call(
         self, endpoint: Endpoint[Any, Rep], msg: Any, *, within_s: float | None = None,
@@ -362,6 +368,15 @@ class Bus:
 
     def subject(self, endpoint: Endpoint[Any, Any], **params: str) -> str:
         """The subject of `endpoint`, acting for `self.caller` where it names the caller."""
+        if not params:
+            key = (endpoint.pattern, self.caller)
+            subject = self._subjects.get(key)
+            if subject is None:
+                subject = self._subjects[key] = self._filled(endpoint, {})
+            return subject
+        return self._filled(endpoint, params)
+
+    def _filled(self, endpoint: Endpoint[Any, Any], params: dict[str, str]) -> str:
         if endpoint.sender == "caller" and "caller" not in params:
             params["caller"] = self.caller.token
         return self.subjects.of(endpoint, **params)
@@ -371,7 +386,10 @@ class Bus:
         await self.nc.publish(self.subject(endpoint, **params), encode(msg))
 
     async def emit(self, event: Event) -> None:
-        await self.publish(EVENT, event, type=event.type)
+        subject = self._event_subjects.get(event.type)
+        if subject is None:  # (by type: a simulation emits several events per job)
+            subject = self._event_subjects[event.type] = self.subject(EVENT, type=event.type)
+        await self.nc.publish(subject, encode(event))
 
     async def close(self) -> None:
         if not self.nc.is_closed:

@@ -165,6 +165,11 @@ ENDPOINTS: tuple[Endpoint[Any, Any], ...] = (
 )  # fmt: skip
 
 
+SENDERS_KEPT = 4096
+"""Subjects whose sender (`Subjects.sender`) or route (a service's) is remembered: all are
+forgotten beyond (identities that come and go on a real cluster)."""
+
+
 class Subjects:
     """One cluster's namespace, `gpuyard.<cluster>.`: the concrete subjects of the endpoints."""
 
@@ -174,6 +179,7 @@ class Subjects:
             raise ValueError(f"cluster name {cluster!r} must not contain '.'")
         self.cluster = cluster
         self.root = f"gpuyard.{cluster}"
+        self._senders: dict[tuple[str, str], Caller | None] = {}
 
     def of(self, endpoint: Endpoint[Any, Any], **params: str) -> str:
         """The subject of `endpoint` with its placeholders filled in (`node="n1"`, `svc="sched"`)."""
@@ -189,6 +195,15 @@ class Subjects:
         """Who `subject` (of `endpoint`) says sent it; None when it names nobody, or badly."""
         if endpoint.sender is None:
             return None
+        key = (endpoint.pattern, subject)
+        if key in self._senders:  # (a service hears the same few callers at every request)
+            return self._senders[key]
+        if len(self._senders) >= SENDERS_KEPT:
+            self._senders.clear()
+        caller = self._senders[key] = self._parse_sender(endpoint, subject)
+        return caller
+
+    def _parse_sender(self, endpoint: Endpoint[Any, Any], subject: str) -> Caller | None:
         tokens = subject.split(".")
         try:
             if endpoint.sender == "caller":  # always the last two tokens

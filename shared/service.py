@@ -63,6 +63,7 @@ from .endpoints import (
     PING,
     POLICY,
     POLICY_SET,
+    SENDERS_KEPT,
     SERVICE_TOKENS,
     STATS,
     TAKEOVER,
@@ -95,9 +96,8 @@ class _Route:
     last_error: str = ""
 
 
-@dataclass
-class _Answer:
-    """A reply to send once the state the request changed is written."""
+class _Answer(msgspec.Struct):
+    """A reply to send once the state the request changed is written (a Struct: one a request)."""
 
     msg: Msg
     route: _Route | None
@@ -316,13 +316,22 @@ class Service:
                 subject, endpoint, handler
             )
 
-        async def dispatch(msg: Msg) -> None:
-            suffix = msg.subject[len(prefix) + 1 :]
+        routed: dict[str, _Route | None] = {}  # suffix -> route, as found the first time
+
+        def find(suffix: str) -> _Route | None:
             route = table.get(suffix)
             if route is None or route.endpoint.sender == "caller":
                 route = table.get(suffix.rsplit(".", 2)[0])
                 if route is not None and route.endpoint.sender != "caller":
                     route = None
+            if len(routed) >= SENDERS_KEPT:
+                routed.clear()
+            routed[suffix] = route
+            return route
+
+        async def dispatch(msg: Msg) -> None:
+            suffix = msg.subject[len(prefix) + 1 :]
+            route = routed[suffix] if suffix in routed else find(suffix)
             await self._dispatch(msg, route, table, suffix)
 
         await self._subscribe(f"{prefix}.>", dispatch)

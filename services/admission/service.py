@@ -146,8 +146,8 @@ class Admission(Service):
         results: list[SubmitResult] = []
         admitted: list[JobSpec] = []
 
-        def decide(spec: JobSpec, blocked: bool) -> tuple[str, str]:
-            verdict, why = self._decide(now, spec, view, jobs, blocked=blocked)
+        def decide(spec: JobSpec, blocked: bool, never: str | None = None) -> tuple[str, str]:
+            verdict, why = self._decide(now, spec, view, jobs, blocked=blocked, never=never)
             if verdict == "admit":
                 admitted.append(spec)
                 jobs.append(self._admitted_view(spec, now))  # counts for the jobs after it
@@ -175,10 +175,12 @@ class Admission(Service):
             assert spec.job_id is not None
             users[spec.job_id] = spec.user
             await self._event("job.submitted", now, spec.job_id, user=spec.user)
-            if self._never_fits(spec) and self.cluster is not None:
+            never = self._never_fits(spec)
+            if never and self.cluster is not None:
                 await self._refresh_cluster()  # nodes may have joined since we last looked
                 view = self._cluster_view()
-            verdict, why = decide(spec, blocked=bool(self.held))
+                never = self._never_fits(spec)
+            verdict, why = decide(spec, blocked=bool(self.held), never=never)
             results.append(SubmitResult(job_id=spec.job_id, verdict=verdict, reason=why))
             if verdict == "hold":
                 self.held.append(spec)
@@ -201,12 +203,14 @@ class Admission(Service):
 
     def _decide(
         self, now: float, spec: JobSpec, cluster: ClusterView, jobs: list[JobView], *,
-        blocked: bool,
+        blocked: bool, never: str | None = None,
     ) -> tuple[str, str]:  # fmt: skip
-        """(verdict, reason) for one job; `blocked`: an earlier job is held (FIFO overflow)."""
+        """(verdict, reason) for one job; `blocked`: an earlier job is held (FIFO overflow);
+        `never`: `_never_fits(spec)`, where the caller has it already."""
         if self.config.require_command and not spec.command:
             return "reject", "no command: a job on this cluster runs a command (submit -- CMD ...)"
-        never = self._never_fits(spec)
+        if never is None:
+            never = self._never_fits(spec)
         if never:
             return "reject", f"can never run here: {never}"
         decision = self.policy.decide(AdmissionInput(now=now, job=spec, cluster=cluster, jobs=jobs))

@@ -105,6 +105,7 @@ class Placement(Service):
         self.policy: PlacementPolicy
         self.install_policy(config.policy, config.params)
         self.nodes: dict[str, NodeSpec] = {}
+        self._capacity: dict[str, int] | None = None  # of `nodes`, while they do not change
         self.running: dict[str, list[GpuRef]] = {}
         self.free: dict[str, set[int]] = {}  # free GPU indices per node
         self.holders: dict[GpuRef, int] = {}  # how many running jobs hold each busy GPU
@@ -126,7 +127,8 @@ class Placement(Service):
         self.last_reply = ""
 
     async def persist(self) -> None:
-        if not self.changed:
+        if not self.changed or not self.store.durable:  # (build nothing that is not written)
+            self.changed = False
             return
         state = StoredPlacement(
             nodes=list(self.nodes.values()), running=self.running, specs=self.specs, lost=self.lost,
@@ -193,15 +195,19 @@ class Placement(Service):
     def _add_node(self, node: NodeSpec) -> None:
         """A node joins, or registers again (after an agent restart: what runs there stays)."""
         self.nodes[node.node_id] = node
+        self._capacity = None
         self.down.pop(node.node_id, None)
         busy = {g.index for g in self.holders if g.node_id == node.node_id}
         self.free[node.node_id] = set(range(node.num_gpus)) - busy
 
     def capacity(self) -> dict[str, int]:
-        totals: dict[str, int] = {}
-        for node in self.nodes.values():
-            totals[node.gpu_type] = totals.get(node.gpu_type, 0) + node.num_gpus
-        return totals
+        """GPUs per type (every apply's reply carries it: summed again only when nodes change)."""
+        if self._capacity is None:
+            totals: dict[str, int] = {}
+            for node in self.nodes.values():
+                totals[node.gpu_type] = totals.get(node.gpu_type, 0) + node.num_gpus
+            self._capacity = totals
+        return dict(self._capacity)
 
     async def cluster(self, _: Empty) -> ClusterInfo:
         return ClusterInfo(
@@ -255,6 +261,7 @@ class Placement(Service):
             self.unresponsive.discard(node_id)
             self.unconfirmed.pop(node_id, None)
             del self.nodes[node_id]
+            self._capacity = None
             del self.free[node_id]
             self.down[node_id] = req.now
         hit = sorted(j for j, gpus in self.running.items() if any(g.node_id in gone for g in gpus))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from msgspec import Struct
@@ -37,8 +37,7 @@ class Needs:
     which hand the freed GPUs to running jobs)."""
 
 
-@dataclass
-class Decision:
+class Decision(Struct):
     """A scheduling policy's answer.
 
     `allocations` (the `allocations` mechanism): run exactly these from now on, most important
@@ -48,9 +47,9 @@ class Decision:
     for two jobs sharing the same GPUs (space sharing), keyed by the pair of job ids.
     """
 
-    allocations: list[Allocation] = field(default_factory=list)
-    shares: dict[str, dict[str, float]] = field(default_factory=dict)
-    pair_shares: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+    allocations: list[Allocation] = []
+    shares: dict[str, dict[str, float]] = {}
+    pair_shares: dict[tuple[str, str], dict[str, float]] = {}
     only_allocated: bool = False
     """Time shares: a job with no share waits (Gavel's FIFO); otherwise it may use GPUs that the
     jobs with shares leave idle in a round."""
@@ -59,14 +58,12 @@ class Decision:
     rather than in the cluster's order."""
 
 
-@dataclass(frozen=True)
-class AdmissionDecision:
+class AdmissionDecision(Struct, frozen=True):
     verdict: Literal["admit", "hold", "reject"]
     reason: str = ""
 
 
-@dataclass(kw_only=True)
-class PlacementInput:
+class PlacementInput(Struct, kw_only=True):
     """What to place and where it can go.
 
     Normally (`PlacementPolicy.rearranges` False) the service keeps every running job whose

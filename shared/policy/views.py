@@ -3,14 +3,16 @@
 A `JobView` is a job's `JobRecord` (the scheduler's own record, never copied) seen at `now`: it adds
 what changes with time alone, the current run's service and progress. Views are read-only for
 policies. `ClusterView` has the usable GPUs per type, the nodes when a policy needs them
-(`Needs.nodes`), and the throughput model behind `rate()`.
+(`Needs.nodes`), and the throughput model behind `rate()`. Inputs and node views are msgspec
+Structs, as the policies' answers are: the services build several for every request.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct
 
 from ..model import ANY_GPU, JobRecord, JobSpec
 from ..throughput import LinearModel, ThroughputModel
@@ -211,8 +213,7 @@ class JobView:
         return self._ctx.model if self._ctx is not None else _NEUTRAL_MODEL
 
 
-@dataclass(frozen=True, slots=True)
-class NodeStatus:
+class NodeStatus(Struct, frozen=True):
     """A node as the scheduler sees it (`Needs.nodes`)."""
 
     node_id: str
@@ -222,14 +223,13 @@ class NodeStatus:
     down_since: float | None = None
 
 
-@dataclass(kw_only=True)
-class ClusterView:
+class ClusterView(Struct, kw_only=True):
     """Usable GPUs per type (nodes that are up), the round length, the nodes (when the policy
     needs them) and the throughput model behind `rate()`."""
 
     capacity: dict[str, int]
     round_s: float = 300.0
-    nodes: list[NodeStatus] = field(default_factory=list)
+    nodes: list[NodeStatus] = []
     throughputs: ThroughputModel = _NEUTRAL_MODEL
 
     @property
@@ -261,13 +261,12 @@ class ClusterView:
         return ViewContext(now, self.round_s, self.throughputs)
 
 
-@dataclass(kw_only=True)
-class SchedulingInput:
+class SchedulingInput(Struct, kw_only=True):
     now: float
     jobs: list[JobView]
     """Active jobs (queued and running) in admission order."""
     cluster: ClusterView
-    finished: list[JobView] = field(default_factory=list)
+    finished: list[JobView] = []
     """Jobs that ended, in admission order (only for policies with `Needs.finished_jobs`)."""
 
     def __post_init__(self) -> None:
@@ -280,13 +279,12 @@ class SchedulingInput:
                 view.bind(context)
 
 
-@dataclass(kw_only=True)
-class AdmissionInput:
+class AdmissionInput(Struct, kw_only=True):
     now: float
     job: JobSpec
     """The job to decide on (with its id and submit time)."""
     cluster: ClusterView
-    jobs: list[JobView] = field(default_factory=list)
+    jobs: list[JobView] = []
     """Admitted jobs that have not ended, those admitted earlier in this request included (only for
     policies with `Needs.jobs`)."""
 
@@ -296,8 +294,7 @@ class AdmissionInput:
             view.bind(context)
 
 
-@dataclass(frozen=True, slots=True)
-class NodeView:
+class NodeView(Struct, frozen=True):
     """A node as placement shows it to its policy: the GPU indices this decision may give out."""
 
     node_id: str
