@@ -11,6 +11,7 @@ import math
 import signal
 import sys
 import threading
+import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -597,6 +598,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     log = open(args.out / "services.log", "a")  # noqa: SIM115 (open for the whole run)
     configure_logging(args.log_level, log)
     library_logs_to(log)
+    started = time.time()
     try:
         result = uvloop.run(
             stop_on_signals(
@@ -617,7 +619,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
             )
         )
     except (KeyboardInterrupt, asyncio.CancelledError):
-        return interrupted(args)
+        return interrupted(args, started)
     except (RuntimeError, OSError, PolicyError, nats.errors.Error) as exc:
         print(f"gpuyard sim: {exc}", file=sys.stderr)
         return 1
@@ -806,14 +808,20 @@ def library_logs_to(stream: Any) -> None:
     nats_log.propagate = False
 
 
-def interrupted(args: argparse.Namespace) -> int:
-    """After Ctrl-C or SIGTERM: say what was written (the partial summary, if the run had begun)."""
+def interrupted(args: argparse.Namespace, started: float) -> int:
+    """After Ctrl-C or SIGTERM: say what was written (the partial summary, if the run had begun;
+    the whole one, if it had ended). `started`: when the run began (an older summary is not its)."""
     from gpuyard.report import format_summary
 
     path = args.out / "summary.json"
-    summary = json.loads(path.read_text()) if path.exists() else {}
-    if not summary.get("partial"):
+    ours = path.exists() and path.stat().st_mtime >= started
+    summary = json.loads(path.read_text()) if ours else {}
+    if not summary:
         print("gpuyard sim: interrupted before the run began; nothing written", file=sys.stderr)
+        return 130
+    if not summary.get("partial"):  # (stopping after its results were written)
+        print(f"gpuyard sim: interrupted after the run ended: its results are whole in {args.out}/",
+              file=sys.stderr)  # fmt: skip
         return 130
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
     print(

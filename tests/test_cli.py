@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -159,6 +160,39 @@ def test_interrupted_run_writes_partial_results(
     assert out.startswith("PARTIAL RESULTS")
     for png in ("jct_cdf.png", "timeline.png"):
         assert (run / png).stat().st_size > 0
+
+
+async def test_a_killed_comparison_stops_its_runs(tmp_path: Path, nats_url: str) -> None:
+    """`kill -9` of a comparison: its runs, which a fork server started (they are not its
+    children), stop as a run sent SIGTERM does: partial results written, nothing left alive.
+    (On a server of its own the runs would lose the server with it: here it stays up.)"""
+    runs = [tmp_path / "cmp" / f"{p}-load1-seed0" for p in ("fifo", "las")]
+
+    def kill_mid_run() -> int:
+        with (tmp_path / "stderr.log").open("w") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gpuyard.cli", "sim", "--policy", "fifo,las", "--jobs",
+                 "20000", "--load", "1", "--parallel", "2", "--nats", nats_url,
+                 "--out", str(tmp_path / "cmp")],
+                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+            )  # fmt: skip
+            deadline = time.monotonic() + 120
+            while not all(progressing(r / "stderr.log")() for r in runs):
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+            proc.kill()
+            proc.wait()
+        deadline = time.monotonic() + 30
+        while session_pids(proc.pid):
+            assert time.monotonic() < deadline, f"left alive: {session_pids(proc.pid)}"
+            time.sleep(0.1)
+        return proc.returncode
+
+    assert await asyncio.to_thread(kill_mid_run) == -signal.SIGKILL
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["partial"] is True and summary["simulated_s"] > 0
+        assert "interrupted at t = " in (run / "stderr.log").read_text()
 
 
 def test_interrupted_comparison_keeps_what_each_run_got_to(tmp_path: Path) -> None:
