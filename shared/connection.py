@@ -313,9 +313,10 @@ class Bus:
         self.request_stats: dict[str, list[float]] = {}
         """Per endpoint pattern: [count, seconds waited for the reply], for benchmarks."""
         self._subjects: dict[tuple[str, Caller], str] = {}
-        """Subjects with no placeholder to fill, by pattern and caller, and events' by type: a
-        request or an event costs a lookup rather than a format."""
+        """Subjects with no placeholder to fill, by pattern and caller: a request costs a lookup
+        rather than a format."""
         self._event_subjects: dict[str, str] = {}
+        """Events' subjects, by type (a simulation emits several events per job)."""
 
     async def call(
         self, endpoint: Endpoint[Any, Rep], msg: Any, *, within_s: float | None = None,
@@ -387,7 +388,7 @@ class Bus:
 
     async def emit(self, event: Event) -> None:
         subject = self._event_subjects.get(event.type)
-        if subject is None:  # (by type: a simulation emits several events per job)
+        if subject is None:
             subject = self._event_subjects[event.type] = self.subject(EVENT, type=event.type)
         await self.nc.publish(subject, encode(event))
 
