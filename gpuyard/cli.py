@@ -514,6 +514,19 @@ def sim_lists(args: argparse.Namespace) -> tuple[list[str], list[float | None], 
     )
 
 
+def check_policy_names(args: argparse.Namespace, policies: list[str]) -> None:
+    """ValueError naming the first unknown policy (ElasticFlow scheme with `--elasticflow`), before
+    any run starts: a comparison would otherwise run the others and fail that one."""
+    from gpuyard.shared.policy import scheduling_policies
+    from gpuyard.sim import elasticflow_scheme
+
+    for policy in policies:
+        if args.elasticflow:
+            elasticflow_scheme(policy)
+        else:
+            scheduling_policies.get(GAVEL_NAMES.get(policy, policy) if args.gavel else policy)
+
+
 def warn_policies(options: Any, ran: dict[str, Any]) -> None:
     """On stderr: each service whose policy or parameters are not those `options` (SimOptions)
     asked for (services started elsewhere, `--external`, run their own)."""
@@ -576,6 +589,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
         if args.nats:
             checked_url(args.nats)
         checked_subjects(args.cluster)
+        if "scheduler" not in external:
+            check_policy_names(args, policies)
     except (ValueError, CommandError) as exc:
         return fail("sim", exc)
     if args.nats:  # reachable? one line now rather than services retrying forever

@@ -106,6 +106,15 @@ ELASTICFLOW_SCHEMES: dict[str, tuple[str, dict[str, Any], str]] = {
 """ElasticFlow's schemes: (scheduling policy, its parameters, admission policy)."""
 
 
+def elasticflow_scheme(scheme: str) -> tuple[str, dict[str, Any], str]:
+    """A scheme's (scheduling policy, its parameters, admission policy); ValueError if unknown."""
+    if scheme not in ELASTICFLOW_SCHEMES:
+        raise ValueError(
+            f"unknown ElasticFlow scheme {scheme!r}; known: {', '.join(ELASTICFLOW_SCHEMES)}"
+        )
+    return ELASTICFLOW_SCHEMES[scheme]
+
+
 def elasticflow_options(scheme: str, round_s: float, total_gpus: int) -> dict[str, Any]:
     """SimOptions fields for an ElasticFlow scheme, as its simulator runs it (`--elasticflow`).
 
@@ -122,11 +131,7 @@ def elasticflow_options(scheme: str, round_s: float, total_gpus: int) -> dict[st
     nothing. Cold starts come every `round_s`-th decision (ElasticFlow counts events against its
     slot length there).
     """
-    if scheme not in ELASTICFLOW_SCHEMES:
-        raise ValueError(
-            f"unknown ElasticFlow scheme {scheme!r}; known: {', '.join(ELASTICFLOW_SCHEMES)}"
-        )
-    policy, params, admission = ELASTICFLOW_SCHEMES[scheme]
+    policy, params, admission = elasticflow_scheme(scheme)
     large = total_gpus >= 256  # ElasticFlow's figures for large clusters
     every = RestartCost(
         base_s=7.0 if large else 2.0, cold_s=47.0 if large else 27.0,

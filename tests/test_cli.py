@@ -46,6 +46,12 @@ def test_bad_input_gets_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode == 2 and "backfill" in result.stderr
     result = gpuyard("sim", "--cluster-spec", "lots", "--out", str(tmp_path))
     assert result.returncode == 2 and "NODESxGPUS" in result.stderr
+    # A comparison names an unknown policy before any run starts (none ran, none wrote).
+    result = gpuyard("sim", "--policy", "fifo,nosuch", "--out", str(tmp_path / "cmp"))
+    assert result.returncode == 2 and "unknown scheduling policy 'nosuch'" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "cmp").exists()
+    result = gpuyard("sim", "--elasticflow", "--policy", "ef,nosuch", "--out", str(tmp_path))
+    assert result.returncode == 2 and "unknown ElasticFlow scheme 'nosuch'" in result.stderr
 
 
 def test_broken_trace_line_is_named_or_skipped(tmp_path: Path) -> None:
