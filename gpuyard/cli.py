@@ -514,6 +514,11 @@ def sim_lists(args: argparse.Namespace) -> tuple[list[str], list[float | None], 
     )
 
 
+def scheduling_name(args: argparse.Namespace, policy: str) -> str:
+    """The scheduling policy `--policy NAME` means (under `--gavel`, Gavel's own names)."""
+    return GAVEL_NAMES.get(policy, policy) if args.gavel else policy
+
+
 def check_policy_names(args: argparse.Namespace, policies: list[str]) -> None:
     """ValueError naming the first unknown policy (ElasticFlow scheme with `--elasticflow`), before
     any run starts: a comparison would otherwise run the others and fail that one."""
@@ -524,7 +529,7 @@ def check_policy_names(args: argparse.Namespace, policies: list[str]) -> None:
         if args.elasticflow:
             elasticflow_scheme(policy)
         else:
-            scheduling_policies.get(GAVEL_NAMES.get(policy, policy) if args.gavel else policy)
+            scheduling_policies.get(scheduling_name(args, policy))
 
 
 def warn_policies(options: Any, ran: dict[str, Any]) -> None:
@@ -678,7 +683,7 @@ def sim_setup(
     options = SimOptions(
         cluster=cluster,
         throughputs=args.throughputs,
-        policy=GAVEL_NAMES.get(args.policy, args.policy) if args.gavel else args.policy,
+        policy=scheduling_name(args, args.policy),
         policy_params=params[0],
         admission=args.admission,
         admission_params=params[1],

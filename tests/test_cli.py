@@ -107,8 +107,8 @@ def interrupt(
 ) -> tuple[int, str, str]:
     """Start `gpuyard ARGV` in a session of its own (stderr into `log`), wait until `ready()`, then
     send `sig` as a terminal would (Ctrl-C: SIGINT to the whole foreground process group) or as
-    `kill` would (SIGTERM to the process alone). Returns its exit status, stdout and stderr, once
-    nothing of the run is left alive."""
+    `kill` would (SIGTERM or SIGKILL to the process alone). Returns its exit status, stdout and
+    stderr, once nothing of the run is left alive."""
     with log.open("w") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gpuyard.cli", *argv],
@@ -174,27 +174,14 @@ async def test_a_killed_comparison_stops_its_runs(tmp_path: Path, nats_url: str)
     (On a server of its own the runs would lose the server with it: here it stays up.)"""
     runs = [tmp_path / "cmp" / f"{p}-load1-seed0" for p in ("fifo", "las")]
 
-    def kill_mid_run() -> int:
-        with (tmp_path / "stderr.log").open("w") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "gpuyard.cli", "sim", "--policy", "fifo,las", "--jobs",
-                 "20000", "--load", "1", "--parallel", "2", "--nats", nats_url,
-                 "--out", str(tmp_path / "cmp")],
-                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
-            )  # fmt: skip
-            deadline = time.monotonic() + 120
-            while not all(progressing(r / "stderr.log")() for r in runs):
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.1)
-            proc.kill()
-            proc.wait()
-        deadline = time.monotonic() + 30
-        while session_pids(proc.pid):
-            assert time.monotonic() < deadline, f"left alive: {session_pids(proc.pid)}"
-            time.sleep(0.1)
-        return proc.returncode
-
-    assert await asyncio.to_thread(kill_mid_run) == -signal.SIGKILL
+    code, _, _ = await asyncio.to_thread(
+        interrupt,
+        ["sim", "--policy", "fifo,las", "--jobs", "20000", "--load", "1", "--parallel", "2",
+         "--nats", nats_url, "--out", str(tmp_path / "cmp")],
+        signal.SIGKILL, tmp_path / "stderr.log",
+        lambda: all(progressing(r / "stderr.log")() for r in runs),
+    )  # fmt: skip
+    assert code == -signal.SIGKILL
     for run in runs:
         summary = json.loads((run / "summary.json").read_text())
         assert summary["partial"] is True and summary["simulated_s"] > 0
