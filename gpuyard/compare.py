@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from multiprocessing import forkserver
 from multiprocessing.connection import Connection
@@ -31,6 +32,13 @@ from gpuyard.report import save_figure
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+
+# Started as `python -m gpuyard.cli`, a comparison's runs each execute that module again (as
+# multiprocessing's `__mp_main__`, before their target runs); runpy then warns, once a run, that
+# the fork server imported it already. Harmless: the fork server imports this module first.
+warnings.filterwarnings(
+    "ignore", r"'gpuyard\.cli' found in sys\.modules after import", RuntimeWarning, "runpy"
+)
 
 Combo = tuple[str, float | None, int | None]
 """(policy, load, seed); a trace has no load or seed."""
@@ -118,7 +126,7 @@ async def run_all(
 
 
 PRELOADED = [
-    "gpuyard.cli", "gpuyard.sim", "gpuyard.report", "gpuyard.workloads", "uvloop",
+    "gpuyard.compare", "gpuyard.cli", "gpuyard.sim", "gpuyard.report", "gpuyard.workloads", "uvloop",
     "gpuyard.services.admission.service", "gpuyard.services.scheduler.service",
     "gpuyard.services.placement.service", "gpuyard.services.nodeagent.service",
     "gpuyard.policies.gavel.policies",  # (OR-Tools: the dearest import of the policies)
