@@ -51,14 +51,14 @@ class Buddy(PlacementPolicy):
         rank = {a.job_id: i for i, a in enumerate(inp.allocations)}
         placed: dict[str, list[GpuRef]] = {}
         # Per GPU type asked for: the nodes it may use, and the largest of them.
-        of_type: dict[str, tuple[list[str], int]] = {}
+        of_type: dict[str, tuple[list[str], int, set[str]]] = {}
         for a in sorted(inp.allocations, key=lambda a: (-a.num_gpus, rank[a.job_id])):
             if a.gpu_type not in of_type:
                 nodes = [n for n in order if a.gpu_type in (ANY_GPU, kind[n])]
-                of_type[a.gpu_type] = (nodes, max((size[x] for x in nodes), default=0))
-            nodes, largest = of_type[a.gpu_type]
+                of_type[a.gpu_type] = (nodes, max((size[x] for x in nodes), default=0), set(nodes))
+            nodes, largest, allowed = of_type[a.gpu_type]
             current = inp.current.get(a.job_id, []) if self.params.sticky else []
-            gpus = self._place(a, nodes, largest, free, size, current)
+            gpus = self._place(a, nodes, allowed, largest, free, size, current)
             if gpus is None:
                 continue
             for g in gpus:
@@ -67,13 +67,12 @@ class Buddy(PlacementPolicy):
         return placed
 
     def _place(
-        self, a: Allocation, nodes: list[str], largest: int, free: dict[str, set[int]],
-        size: dict[str, int], current: list[GpuRef],
+        self, a: Allocation, nodes: list[str], allowed: set[str], largest: int,
+        free: dict[str, set[int]], size: dict[str, int], current: list[GpuRef],
     ) -> list[GpuRef] | None:  # fmt: skip
         n = a.num_gpus
         if n >= largest > 0:
-            whole = [x for x in nodes if size[x] and len(free[x]) == size[x]]
-            return _whole_nodes(n, whole, size, current)
+            return _whole_nodes(n, nodes, allowed, free, size, current)
         block = _block(n)
         kept = _block_around(current, block, free)
         if kept is not None:
@@ -111,15 +110,24 @@ def _block_around(
 
 
 def _whole_nodes(
-    n: int, whole: list[str], size: dict[str, int], current: list[GpuRef]
-) -> list[GpuRef] | None:
-    held = list(dict.fromkeys(g.node_id for g in current))
-    chosen: list[str] = [x for x in held if x in whole]
-    for x in whole:
-        if sum(size[c] for c in chosen) >= n:
+    n: int, nodes: list[str], allowed: set[str], free: dict[str, set[int]],
+    size: dict[str, int], current: list[GpuRef],
+) -> list[GpuRef] | None:  # fmt: skip
+    """The job's current nodes that are whole and free, then the first other such nodes of
+    `nodes` (`allowed`: the same, as a set), until they hold `n` GPUs."""
+
+    def whole(x: str) -> bool:
+        return x in allowed and size[x] > 0 and len(free[x]) == size[x]
+
+    chosen = [x for x in dict.fromkeys(g.node_id for g in current) if whole(x)]
+    taken, held = set(chosen), sum(size[x] for x in chosen)
+    for x in nodes:
+        if held >= n:
             break
-        if x not in chosen:
+        if x not in taken and whole(x):
             chosen.append(x)
+            taken.add(x)
+            held += size[x]
     gpus: list[GpuRef] = []
     for x in chosen:
         gpus += [GpuRef(x, i) for i in range(size[x])]
