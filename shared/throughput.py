@@ -34,13 +34,13 @@ Models:
 from __future__ import annotations
 
 import csv
-import json
 import math
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
 import numpy as np
 
 from .model import ANY_GPU, JobSpec
@@ -211,16 +211,23 @@ class GavelThroughputs(_CurveModel):
     ):
         curves: dict[str, dict[str, Curve]] = {}
         pairs: dict[str, dict[tuple[str, str, int], tuple[float, float]]] = {}
+        parsed: dict[str, tuple[str, int]] = {}  # (each key comes back once per pair it is in)
+
+        def parse(key: str) -> tuple[str, int]:
+            if (hit := parsed.get(key)) is None:
+                hit = parsed[key] = parse_gavel_key(key)
+            return hit
+
         for gpu_type, jobs in raw.items():
             points: dict[str, dict[int, float]] = {}
             pairs[gpu_type] = {}
             for key, entry in jobs.items():
-                name, sf = parse_gavel_key(key)
+                name, sf = parse(key)
                 points.setdefault(name, {})[sf] = entry.get("null", 0.0)
                 for other_key, value in entry.items():
                     if other_key == "null":
                         continue
-                    other, other_sf = parse_gavel_key(other_key)
+                    other, other_sf = parse(other_key)
                     if other_sf == sf and isinstance(value, list) and len(value) == 2:
                         pairs[gpu_type][(name, other, sf)] = (
                             _supported(value[0]),
@@ -234,8 +241,11 @@ class GavelThroughputs(_CurveModel):
 
     @classmethod
     def from_file(cls, path: str | Path) -> GavelThroughputs:
-        with open(path) as f:
-            return cls(json.load(f))
+        try:
+            raw = msgspec.json.decode(Path(path).read_bytes())
+        except msgspec.DecodeError as exc:
+            raise ValueError(f"throughputs file {str(path)!r}: not valid JSON ({exc})") from None
+        return cls(raw)
 
     def colocated(
         self, job_type: str, other: str, gpu_type: str, num_gpus: int

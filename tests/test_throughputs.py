@@ -106,6 +106,10 @@ def test_default_model_and_errors(tmp_path: Path) -> None:
         load_throughputs(bad)
     with pytest.raises(FileNotFoundError):
         load_throughputs(tmp_path / "missing.json")
+    truncated = tmp_path / "gavel.json"
+    truncated.write_text('{"v100": {"(\'ResNet-18 (batch size 16)\', 1)": {"null": 1.5')
+    with pytest.raises(ValueError, match=r"gavel\.json': not valid JSON \(Input data was trunc"):
+        load_throughputs(truncated)
 
 
 def test_default_speeds_match_gavel_table(data: Callable[[str], Path]) -> None:

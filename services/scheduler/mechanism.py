@@ -34,8 +34,8 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta, Struct
 
-from gpuyard.shared.model import Allocation
-from gpuyard.shared.policy import Decision, JobView, SchedulingInput
+from gpuyard.shared.model import Allocation, JobRecord
+from gpuyard.shared.policy import Decision, SchedulingInput
 
 PAIR = "+"
 """Joins two job ids into a pair key (job ids never contain it)."""
@@ -130,7 +130,11 @@ class TimeShareMechanism:
         now, state = inp.now, self.state
         self._account(inp)
         live = {j.job_id for j in inp.jobs}
-        for key in [k for k in state.received if not set(k.split(PAIR)) <= live]:
+        gone = [
+            k for k in state.received
+            if (k not in live if PAIR not in k else not live.issuperset(k.split(PAIR)))
+        ]  # fmt: skip
+        for key in gone:
             state.received.pop(key)
             state.deficits.pop(key, None)
         credit = self.config.initial_credit_rounds * self.round_s
@@ -158,17 +162,20 @@ class TimeShareMechanism:
         state = self.state
         if state.last_round is None:
             return
-        sharing = {j.shares_with for j in inp.jobs if j.shares_with}
-        for j in inp.jobs:
-            if not j.running or j.job_id in sharing or j.gpu_type is None:
+        records = [j.record for j in inp.jobs]  # (the records' fields: this runs every round)
+        sharing = {r.shares_with for r in records if r.shares_with}
+        now, last_round = inp.now, state.last_round
+        received, type_time = state.received, state.type_time
+        for r in records:
+            if r.state != "running" or r.gpu_type is None or r.job_id in sharing:
                 continue
-            ran = inp.now - max(j.record.run_start, state.last_round)
+            ran = now - max(r.run_start, last_round)
             if ran <= 0:
                 continue
-            key = f"{j.shares_with}{PAIR}{j.job_id}" if j.shares_with else j.job_id
-            got = state.received.setdefault(key, {})
-            got[j.gpu_type] = got.get(j.gpu_type, 0.0) + ran
-            state.type_time[j.gpu_type] = state.type_time.get(j.gpu_type, 0.0) + ran
+            key = f"{r.shares_with}{PAIR}{r.job_id}" if r.shares_with else r.job_id
+            got = received.setdefault(key, {})
+            got[r.gpu_type] = got.get(r.gpu_type, 0.0) + ran
+            type_time[r.gpu_type] = type_time.get(r.gpu_type, 0.0) + ran
 
     def _reset(self, now: float, types: list[str], credit: float) -> None:
         """A new allocation: carry each job's deficit, start counting afresh."""
@@ -186,60 +193,69 @@ class TimeShareMechanism:
 
     def _select(self, inp: SchedulingInput, types: list[str]) -> list[Allocation]:
         state = self.state
-        by_id = {j.job_id: j for j in inp.jobs}
-        entries: list[tuple[float, float, float, int, str, str]] = []
+        by_id = {j.job_id: j.record for j in inp.jobs}
         if state.shuffle_types:  # seeded by the time: the same order after a restart
             types = list(types)
             random.Random(f"gpuyard-types:{inp.now!r}").shuffle(types)
-        order = {t: i for i, t in enumerate(types)}
-        keys = list(by_id) + [k for k in state.shares if PAIR in k]
+        # Pairs are rare: a key is a job id or, with PAIR in it, a pair's.
+        members_of: dict[str, tuple[str, ...]] = {key: (key,) for key in by_id}
+        for key in state.shares:
+            if PAIR in key:
+                members = tuple(key.split(PAIR))
+                if all(m in by_id for m in members):
+                    members_of[key] = members
         known = None if state.allocated is None or not self.config.new_jobs_wait else set(
             state.allocated)
         model = inp.cluster.throughputs
         runs: dict[tuple[str, str, int], bool] = {}  # (job type, GPU type, GPUs): it can run there
         shares_there: dict[tuple[str, str, str, int], bool] = {}  # a pair can share that type
 
-        def can_run(job: JobView, t: str) -> bool:
-            spec = job.record.spec
+        def can_run(job: JobRecord, t: str) -> bool:
+            spec = job.spec
             k = (spec.job_type, t, spec.num_gpus)
             if (ok := runs.get(k)) is None:
                 ok = runs[k] = model.throughput(*k) > 0
             return ok
 
-        def can_share(a: JobView, b: JobView, t: str) -> bool:
-            k = (a.record.spec.job_type, b.record.spec.job_type, t, a.record.spec.num_gpus)
+        def can_share(a: JobRecord, b: JobRecord, t: str) -> bool:
+            k = (a.spec.job_type, b.spec.job_type, t, a.spec.num_gpus)
             if (ok := shares_there.get(k)) is None:
                 ok = shares_there[k] = min(model.colocated(*k)) > 0
             return ok
 
-        for key in keys:
-            members = key.split(PAIR)
-            if not all(m in by_id for m in members):
-                continue
-            shares = state.shares.get(key, {})
-            for t in types:
+        # Entries (type's place, -priority, -deficit, -X, place in the walk, type, key): sorted as
+        # tuples they come per type (or all types together: `global_queue`) in descending
+        # (priority, deficit, X) order, ties in the order the walk met them.
+        entries: list[tuple[int, float, float, float, int, str, str]] = []
+        none: dict[str, float] = {}
+        only_allocated, type_time = state.only_allocated, state.type_time
+        for key, members in members_of.items():
+            pair = len(members) > 1
+            shares = state.shares.get(key, none)
+            received = state.received.get(key, none)
+            deficits = state.deficits.get(key, none)
+            for place, t in enumerate(types):
                 x = shares.get(t, 0.0)
-                if x <= 0 and (PAIR in key or state.only_allocated):
+                if x <= 0 and (pair or only_allocated):
                     continue
                 if not all(can_run(by_id[m], t) for m in members):
                     continue
-                if len(members) == 2 and not can_share(by_id[members[0]], by_id[members[1]], t):
+                if pair and not can_share(by_id[members[0]], by_id[members[1]], t):
                     continue  # a pair that cannot share this type (Gavel: 0 throughput) waits
-                used = state.type_time.get(t, 0.0)
-                got = state.received.get(key, {}).get(t, 0.0)
+                used = type_time.get(t, 0.0)
+                got = received.get(t, 0.0)
                 priority = x / (got / used) if used > 0 and got > 0 else x * UNSEEN_PRIORITY
-                deficit = state.deficits.get(key, {}).get(t, 0.0)
-                entries.append((priority, deficit, x, order[t], t, key))
+                entries.append((place, -priority, -deficits.get(t, 0.0), -x, len(entries), t, key))
         if self.config.global_queue:
-            entries.sort(key=lambda e: (-e[0], -e[1], -e[2]))
+            entries.sort(key=lambda e: e[1:5])
         else:
-            entries.sort(key=lambda e: (e[3], -e[0], -e[1], -e[2]))
+            entries.sort()
         left = dict(inp.cluster.capacity)
         taken: set[str] = set()
         chosen: list[tuple[int, str, str]] = []
-        for _, _, _, _, t, key in entries:
-            members = key.split(PAIR)
-            if left.get(t, 0) <= 0 or taken.intersection(members):
+        for *_, t, key in entries:
+            members = members_of[key]
+            if left.get(t, 0) <= 0 or not taken.isdisjoint(members):
                 continue
             sizes = {by_id[m].spec.num_gpus for m in members}
             if len(sizes) != 1:
@@ -251,13 +267,13 @@ class TimeShareMechanism:
             taken.update(members)
             job = by_id[members[0]]
             new = known is not None and not known.issuperset(members)
-            if new and not (job.running and job.gpu_type == t):
+            if new and not (job.state == "running" and job.gpu_type == t):
                 continue  # new since the allocation: counted, but no GPUs (lease aside)
             chosen.append((size, t, key))
         chosen.sort(key=lambda c: -c[0])  # largest first: placement keeps them on few servers
         out: list[Allocation] = []
         for size, t, key in chosen:
-            first, *rest = key.split(PAIR)
+            first, *rest = members_of[key]
             out.append(Allocation(first, size, t))
             out += [Allocation(other, size, t, share_with=first) for other in rest]
         return out
