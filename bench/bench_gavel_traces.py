@@ -74,8 +74,12 @@ def run_trace(name: str, policies: list[str], parallel: int | None, out: Path) -
     cpu, started = machine_cpu_s(), time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True)
     wall, cpu = time.perf_counter() - started, machine_cpu_s() - cpu
-    if result.returncode != 0:
-        sys.exit(f"{name}: gpuyard sim failed ({result.returncode}): {result.stderr.strip()[-400:]}")
+    if result.returncode != 0:  # (the runs' own logs go with the temporary folder: show them)
+        logs = [f"{log.parent.name}: {log.read_text().strip()[-600:]}"
+                for log in sorted((out / name).glob("*/stderr.log"))
+                if "FAILED" in result.stderr and log.parent.name in result.stderr]  # fmt: skip
+        sys.exit("\n".join([f"{name}: gpuyard sim failed ({result.returncode}): "
+                             f"{result.stderr.strip()[-400:]}", *logs]))  # fmt: skip
     print(f"{name}: {len(policies)} runs in {wall:.1f} s wall, {cpu:.1f} CPU-s", flush=True)
     table = pd.read_csv(out / name / "comparison.csv")
     table["trace"] = name
