@@ -605,6 +605,10 @@ def cmd_sim(args: argparse.Namespace) -> int:
     if len(policies) * len(loads) * len(seeds) > 1:
         if args.node_events is not None:  # (comparisons do not replay node events yet)
             return fail("sim", ValueError("--node-events: one run at a time, not a comparison"))
+        try:  # what every run reads (throughputs, trace, cluster): one line now, not one a run
+            sim_setup(first_run(args, policies[0]), external, load=loads[0], seed=seeds[0])
+        except (ValueError, OSError, msgspec.ValidationError, WorkloadError) as exc:
+            return fail("sim", exc)
         return cmd_compare(args, policies, loads, seeds)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
@@ -650,6 +654,14 @@ def cmd_sim(args: argparse.Namespace) -> int:
         print(f"gpuyard sim: warning: {thrashing_line(result.summary)}", file=sys.stderr)
     print(f"results in {args.out}/", file=sys.stderr)
     return 0
+
+
+def first_run(args: argparse.Namespace, policy: str) -> argparse.Namespace:
+    """A comparison's options as its run of `policy` gets them (`gpuyard.compare.run_all`)."""
+    from gpuyard.compare import policy_params
+
+    return argparse.Namespace(**{**vars(args), "policy": policy,
+                                 "param": policy_params(policy, args.param)})  # fmt: skip
 
 
 PolicyParams = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]

@@ -52,6 +52,13 @@ def test_bad_input_gets_a_clear_error(tmp_path: Path) -> None:
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "cmp").exists()
     result = gpuyard("sim", "--elasticflow", "--policy", "ef,nosuch", "--out", str(tmp_path))
     assert result.returncode == 2 and "unknown ElasticFlow scheme 'nosuch'" in result.stderr
+    # ... and what every run would read: one line, not a failure per run.
+    broken = tmp_path / "throughputs.json"
+    broken.write_text('{"v100": {')
+    result = gpuyard("sim", "--policy", "fifo,las", "--throughputs", str(broken),
+                     "--out", str(tmp_path / "cmp"))  # fmt: skip
+    assert result.returncode == 2 and "throughputs.json': not valid JSON" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "cmp").exists()
 
 
 def test_broken_trace_line_is_named_or_skipped(tmp_path: Path) -> None:
