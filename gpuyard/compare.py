@@ -220,8 +220,13 @@ def _values(table: pd.DataFrame, column: str) -> str:
     return ", ".join(str(v) for v in values) or "-"
 
 
+PRESETS = ("blox", "gavel", "elasticflow", "bftrainer")
+"""`gpuyard sim`'s option sets that stand for a reference simulator."""
+
+
 def comparison_caption(table: pd.DataFrame, args: argparse.Namespace) -> str:
-    """What ran, for every plot of a comparison: workload, seeds, cluster, the other policies."""
+    """What ran, for every plot of a comparison: workload, seeds, simulator semantics, rounds
+    and throughputs where given, cluster, the other policies."""
     if args.trace is not None:
         workload = f"trace {Path(args.trace).name}"
     else:
@@ -229,6 +234,14 @@ def comparison_caption(table: pd.DataFrame, args: argparse.Namespace) -> str:
         if not table.empty:
             workload += f", seeds {_values(table, 'seed')}"
     lines = [workload]
+    setting = [f"{preset}'s simulator semantics (--{preset})" for preset in PRESETS
+               if getattr(args, preset, False)]  # fmt: skip
+    if getattr(args, "round_s", None):
+        setting.append(f"{args.round_s:g} s rounds")
+    if getattr(args, "throughputs", None):
+        setting.append(f"throughputs {Path(args.throughputs).name}")
+    if setting:
+        lines.append("; ".join(setting))
     if not table.empty and "cluster" in table:
         lines[0] += f"; cluster {_values(table, 'cluster')}"
         lines.append(

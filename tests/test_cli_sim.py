@@ -4,6 +4,7 @@ the Philly reading, captions on every plot), a summary for people."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -18,7 +19,13 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from gpuyard.cli import main
-from gpuyard.compare import BLAS_THREADS, _environment, blas_threads_env, default_parallel
+from gpuyard.compare import (
+    BLAS_THREADS,
+    _environment,
+    blas_threads_env,
+    comparison_caption,
+    default_parallel,
+)
 from gpuyard.launcher import ServiceSet
 from gpuyard.report import plot_gpu_demand
 from gpuyard.shared.model import ClusterSpec
@@ -321,6 +328,21 @@ def test_runs_at_once_share_the_cores_for_linear_algebra(monkeypatch: pytest.Mon
     with _environment(chosen):
         assert os.environ["MKL_NUM_THREADS"] == "1"
     assert "MKL_NUM_THREADS" not in os.environ and os.environ["OPENBLAS_NUM_THREADS"] == "3"
+
+
+def test_a_comparison_caption_names_the_simulator_semantics() -> None:
+    """A comparison's plots say which reference simulator's semantics ran, and on which table."""
+    args = argparse.Namespace(
+        trace="traces/continuous_multi_gpu.trace", gavel=True, blox=False, round_s=None,
+        throughputs="data/simulation_throughputs.json",
+    )  # fmt: skip
+    caption = comparison_caption(pd.DataFrame(), args)
+    assert caption.splitlines() == [
+        "trace continuous_multi_gpu.trace",
+        "gavel's simulator semantics (--gavel); throughputs simulation_throughputs.json",
+    ]
+    plain = argparse.Namespace(trace=None, generator=None, jobs=20, round_s=120.0)
+    assert comparison_caption(pd.DataFrame(), plain).splitlines()[1] == "120 s rounds"
 
 
 def test_describe_writes_its_plot_where_asked_never_beside_the_input(tmp_path: Path) -> None:
