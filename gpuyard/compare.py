@@ -220,8 +220,8 @@ def _values(table: pd.DataFrame, column: str) -> str:
     return ", ".join(str(v) for v in values) or "-"
 
 
-PRESETS = ("blox", "gavel", "elasticflow", "bftrainer")
-"""`gpuyard sim`'s option sets that stand for a reference simulator."""
+PRESETS = {"blox": "Blox", "gavel": "Gavel", "elasticflow": "ElasticFlow", "bftrainer": "BFTrainer"}
+"""`gpuyard sim`'s option sets that stand for a reference simulator, and its name."""
 
 
 def comparison_caption(table: pd.DataFrame, args: argparse.Namespace) -> str:
@@ -234,7 +234,7 @@ def comparison_caption(table: pd.DataFrame, args: argparse.Namespace) -> str:
         if not table.empty:
             workload += f", seeds {_values(table, 'seed')}"
     lines = [workload]
-    setting = [f"{preset}'s simulator semantics (--{preset})" for preset in PRESETS
+    setting = [f"{name}'s simulator semantics (--{preset})" for preset, name in PRESETS.items()
                if getattr(args, preset, False)]  # fmt: skip
     if getattr(args, "round_s", None):
         setting.append(f"{args.round_s:g} s rounds")

@@ -339,7 +339,7 @@ def test_a_comparison_caption_names_the_simulator_semantics() -> None:
     caption = comparison_caption(pd.DataFrame(), args)
     assert caption.splitlines() == [
         "trace continuous_multi_gpu.trace",
-        "gavel's simulator semantics (--gavel); throughputs simulation_throughputs.json",
+        "Gavel's simulator semantics (--gavel); throughputs simulation_throughputs.json",
     ]
     plain = argparse.Namespace(trace=None, generator=None, jobs=20, round_s=120.0)
     assert comparison_caption(pd.DataFrame(), plain).splitlines()[1] == "120 s rounds"
