@@ -171,7 +171,7 @@ class TickRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     when nothing runs and nothing more will arrive)."""
 
 
-class JobExit(Struct, kw_only=True, forbid_unknown_fields=True):
+class JobExit(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
     job_id: str
     node_id: str = ""
     status: Literal["completed", "failed"]
@@ -252,7 +252,7 @@ class NodesChangedReply(Struct, kw_only=True):
     capacity: dict[str, int]
 
 
-class ApplyRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+class ApplyRequest(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
     """`place.apply`: make the cluster run exactly `allocations` (scheduler -> placement).
 
     `specs` carries the spec of every allocated job not running now (the node agents need it to
@@ -278,7 +278,7 @@ class StepsReport(Struct, array_like=True):
     rate: float = 0.0
 
 
-class ApplyReply(Struct, kw_only=True):
+class ApplyReply(Struct, kw_only=True, omit_defaults=True):
     placed: dict[str, list[GpuRef]]
     """The GPUs of each job started by this apply."""
     started: dict[str, str]
@@ -308,7 +308,7 @@ class ClusterInfo(Struct, kw_only=True):
 # --------------------------------------------------------------------------- node agents
 
 
-class Launch(Struct, kw_only=True):
+class Launch(Struct, kw_only=True, omit_defaults=True):
     """Start this node's part of a job."""
 
     job_id: str
@@ -327,7 +327,7 @@ class Launch(Struct, kw_only=True):
     processes start at once); without it, a launch waits for the GPUs' holders to exit."""
 
 
-class NodeCommand(Struct, kw_only=True, forbid_unknown_fields=True):
+class NodeCommand(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
     """`node.<id>.cmd`: stop these jobs (preempt: checkpoint and exit), then launch those."""
 
     now: float
@@ -336,7 +336,7 @@ class NodeCommand(Struct, kw_only=True, forbid_unknown_fields=True):
     launch: list[Launch] = []
 
 
-class NodeCommandReply(Struct, kw_only=True):
+class NodeCommandReply(Struct, kw_only=True, omit_defaults=True):
     preempted: list[str] = []
     launched: list[str] = []
     progress: dict[str, float] = {}
@@ -350,7 +350,7 @@ class NodeCommands(Struct, kw_only=True, forbid_unknown_fields=True):
     commands: list[NodeCommand]
 
 
-class NodeCommandsReply(Struct, kw_only=True):
+class NodeCommandsReply(Struct, kw_only=True, omit_defaults=True):
     replies: dict[str, NodeCommandReply] = {}
     """Each node's answer, by node id."""
     failed: dict[str, str] = {}
