@@ -34,7 +34,8 @@ import pytest
 from tests.polling import free_port, until
 
 # A first run builds the base image and the wheelhouse (about two minutes) within the first test.
-pytestmark = [pytest.mark.deploy, pytest.mark.timeout(600)]
+# One test process runs them all (`--dist loadgroup`): the image builds and Docker are shared.
+pytestmark = [pytest.mark.deploy, pytest.mark.timeout(600), pytest.mark.xdist_group("deploy")]
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
