@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Collection, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -403,8 +403,9 @@ def names_list(option: str, text: str) -> list[str]:
     return names
 
 
-def without_options(argv: list[str], names: set[str]) -> list[str]:
-    """`argv` without the options in `names` and their values (`--x v` and `--x=v`)."""
+def without_options(argv: list[str], names: set[str], flags: Collection[str] = ()) -> list[str]:
+    """`argv` without the options in `names` and their values (`--x v` and `--x=v`), and without
+    the `flags` (options that take no value)."""
     kept: list[str] = []
     skip = False
     for arg in argv:
@@ -414,6 +415,8 @@ def without_options(argv: list[str], names: set[str]) -> list[str]:
         name = arg.split("=", 1)[0]
         if name in names:
             skip = "=" not in arg
+            continue
+        if arg in flags:
             continue
         kept.append(arg)
     return kept
@@ -444,8 +447,8 @@ def cmd_compare(
 
     base = without_options(
         args.argv[2:],  # after "gpuyard sim"
-        {"--policy", "--param", "--load", "--seed", "--out", "--cluster", "--nats", "--parallel",
-         "--json"},
+        {"--policy", "--param", "--load", "--seed", "--out", "--cluster", "--nats", "--parallel"},
+        flags={"--json"},
     )  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     combos = list(itertools.product(policies, loads, seeds))

@@ -38,6 +38,15 @@ def test_sim_runs_on_an_embedded_server_and_writes_results(tmp_path: Path) -> No
     assert len(pd.read_csv(out / "jobs.csv")) == 30
 
 
+def test_a_comparison_takes_its_options_in_any_order(tmp_path: Path) -> None:
+    # `--json` before `--parallel N` once left N in every run's options ("unrecognized arguments").
+    result = gpuyard("sim", "--policy", "fifo,las", "--jobs", "20", "--cluster-spec", "2x4",
+                     "--json", "--parallel", "2", "--out", str(tmp_path / "cmp"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    table = json.loads(result.stdout)
+    assert [(row["policy"], row["completed"]) for row in table] == [("fifo", 20), ("las", 20)]
+
+
 def test_bad_input_gets_a_clear_error(tmp_path: Path) -> None:
     result = gpuyard("sim", "--policy", "nosuch", "--out", str(tmp_path))
     assert result.returncode == 2
