@@ -164,6 +164,33 @@ class _Rows:
         return np.vstack([g_nonneg, g_capacity, g_time, g_rate])
 
 
+class _DenseRows:
+    """G (s = h - G x >= 0) and h given whole, over X of shape (n, k) and one epigraph variable
+    after it: for programs whose rows do not fit `_Rows`' blocks (solved dense only)."""
+
+    def __init__(self, g: np.ndarray, h: np.ndarray, shape: tuple[int, int]) -> None:
+        self.g, self.shape, self.size = g, shape, g.shape[1]
+        self.h = (h,)
+
+    def equilibrate(self) -> np.ndarray:
+        """ECOS's Ruiz passes on the whole matrix (each row and column by the square root of its
+        largest entry), h with its rows; returns the columns' factors."""
+        column = np.ones(self.size)
+        (h,) = self.h
+        for _ in range(EQUILIBRATION_PASSES):
+            magnitude = np.abs(self.g)
+            col, row = magnitude.max(axis=0), magnitude.max(axis=1)
+            col, row = (np.where(v < 1e-6, 1.0, np.sqrt(v)) for v in (col, row))
+            self.g = self.g / row[:, None] / col[None, :]
+            h = h / row
+            column = column * col
+        self.h = (h,)
+        return column
+
+    def matrix(self) -> np.ndarray:
+        return self.g
+
+
 def _flat(parts: tuple[np.ndarray, ...]) -> np.ndarray:
     return np.concatenate([p.ravel() for p in parts])
 
@@ -217,14 +244,49 @@ def max_min_point(weighted: np.ndarray, scale_factors: np.ndarray, num_gpus: np.
     return _solve(rows, c)
 
 
+def water_filling_point(
+    throughputs: np.ndarray, scale_factors: np.ndarray, num_gpus: np.ndarray,
+    inv_prop: np.ndarray, mult: np.ndarray, so_far: np.ndarray, frozen: np.ndarray,
+    lower: np.ndarray, big_m: float,
+) -> np.ndarray:
+    """The X ECOS returns (clipped to [0, 1]) for one of Gavel's water-filling LPs: maximise
+    min_j (mult_j (e_j - so_far_j) + add_j), e_j = T[j] X[j] * inv_prop_j its level, add_j = M
+    (`big_m`) for a frozen job (whose term then has no X in it) and 0 otherwise, over the base
+    constraints and e_j >= lower_j. cvxpy writes the minimum as an epigraph over every job:
+    minimise t' s.t. -mult_j e_j - t' <= add_j - mult_j so_far_j (frozen: -t' <= M), with the
+    lower bounds as rows of their own: two rows per job, which `_Rows`' blocks do not hold, so
+    this program is solved dense, up to `DENSE_UP_TO` variables (NoPoint beyond)."""
+    n, k = throughputs.shape
+    size = n * k + 1
+    if size > DENSE_UP_TO:  # (a dense solve there takes seconds: the caller's own point instead)
+        raise NoPoint(f"{n} jobs: too many for the dense solve")
+    entries = np.arange(n * k).reshape(n, k)
+    rate = throughputs * inv_prop[:, None]  # e_j's coefficients
+    weight = np.where(frozen, 0.0, mult)
+    g = np.zeros((n * k + k + 3 * n, size))
+    g[np.arange(n * k), np.arange(n * k)] = -1.0
+    g[n * k + np.arange(k)[None, :].repeat(n, 0), entries] = scale_factors[:, None]
+    g[n * k + k + np.arange(n)[:, None], entries] = 1.0
+    epigraph = n * k + k + n
+    g[epigraph + np.arange(n)[:, None], entries] = -weight[:, None] * rate
+    g[epigraph + np.arange(n), -1] = -1.0
+    g[epigraph + n + np.arange(n)[:, None], entries] = -rate
+    h = np.concatenate([np.zeros(n * k), num_gpus.astype(np.float64), np.ones(n),
+                        np.where(frozen, big_m, 0.0) - weight * so_far, -lower])  # fmt: skip
+    c = np.zeros(size)
+    c[-1] = 1.0
+    return _solve(_DenseRows(g, h, (n, k)), c)
+
+
 class _Operator:
     """G, G' and the regularised normal solves, on flat vectors: a dense G for small programs
     (as accurate as it gets, and fast), the structured blocks of `_Rows` for large ones."""
 
-    def __init__(self, rows: _Rows) -> None:
+    def __init__(self, rows: _Rows | _DenseRows) -> None:
         self.rows = rows
         self.like = rows.h
-        self.dense = rows.matrix() if rows.size <= DENSE_UP_TO else None
+        small = isinstance(rows, _DenseRows) or rows.size <= DENSE_UP_TO
+        self.dense = rows.matrix() if small else None
 
     def times(self, x: np.ndarray) -> np.ndarray:
         return self.dense @ x if self.dense is not None else _flat(self.rows.times(x))
@@ -245,7 +307,7 @@ class _Operator:
         return self.rows.normal_solver(_split(v, self.like), REGULARIZATION)
 
 
-def _solve(rows: _Rows, c: np.ndarray) -> np.ndarray:
+def _solve(rows: _Rows | _DenseRows, c: np.ndarray) -> np.ndarray:
     """ECOS's iterations on `rows` with objective c'x; returns X (n, k)."""
     column = rows.equilibrate()
     c = c / column
@@ -381,12 +443,14 @@ class _Iterate:
         return (gap and 0 < self.pres < best.pres and 0 < self.dres < best.dres
                 and 0 < self.kapovert < best.kapovert and mu)  # fmt: skip
 
-    def point(self, rows: _Rows, column: np.ndarray) -> np.ndarray:
+    def point(self, rows: _Rows | _DenseRows, column: np.ndarray) -> np.ndarray:
         n, k = rows.shape
         return np.clip((self.x / (column * self.tau))[: n * k].reshape(n, k), 0.0, 1.0)
 
 
-def _close_enough(best: _Iterate | None, rows: _Rows, column: np.ndarray, why: str) -> np.ndarray:
+def _close_enough(
+    best: _Iterate | None, rows: _Rows | _DenseRows, column: np.ndarray, why: str
+) -> np.ndarray:
     """ECOS's way out when it stalls: its best iterate, if that is optimal to its reduced
     tolerances ("close to optimal"); else no point."""
     if best is None or not best.optimal(1e-4, 5e-5, 5e-5):

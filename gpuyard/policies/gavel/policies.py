@@ -194,10 +194,16 @@ class MaxMinFairnessPacked(MaxMinFairnessPerf):
     variant = "packed"
 
 
-class WaterFillingParams(MaxMinParams, forbid_unknown_fields=True):
+class WaterFillingParams(MaxMinInteriorParams, forbid_unknown_fields=True):
     bottleneck_test: Literal["reference", "exact"] = "reference"
     """How bottleneck jobs are found: the reference's MILP (silently falls back to plain max-min
     when a level is below 0.1) or exact LPs."""
+
+
+class WaterFillingPackedParams(WaterFillingParams, forbid_unknown_fields=True):
+    tie_break: Literal["center", "vertex"] = "center"  # type: ignore[assignment]
+    """Among optimal allocations: a central one or a simplex corner (ECOS's point is the
+    unpacked programs' only)."""
 
 
 class MaxMinFairnessWaterFillingPerf(GavelPolicy):
@@ -223,6 +229,7 @@ class MaxMinFairnessWaterFilling(MaxMinFairnessWaterFillingPerf):
 class MaxMinFairnessWaterFillingPacked(MaxMinFairnessWaterFillingPerf):
     """`max_min_fairness_water_filling_packed`."""
 
+    Params = WaterFillingPackedParams
     variant = "packed"
 
 

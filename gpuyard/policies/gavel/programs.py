@@ -833,7 +833,7 @@ def max_min_fairness_water_filling(
     *,
     packing: Packing | None = None,
     bottleneck_test: Literal["reference", "exact"] = "reference",
-    tie_break: TieBreak = "center",
+    tie_break: TieBreak | Literal["interior"] = "center",
     solver: Solver | None = None,
     milp_solver: Solver | None = None,
     time_limit: float | None = None,
@@ -857,14 +857,21 @@ def max_min_fairness_water_filling(
     then plain max-min fairness). `"exact"` (intended) asks LPs instead: maximise the sum of the
     unfrozen jobs' rises (each capped small) while everyone keeps their level; jobs that rose can
     rise, and the LP is repeated on the rest until none rises, so a job freezes exactly when it
-    cannot rise at all (to 1e-6 of its level), at any level."""
+    cannot rise at all (to 1e-6 of its level), at any level.
+
+    The last LP has a face of optima; `tie_break="interior"` returns the point the reference's
+    solver (ECOS) returns on it (`interior.water_filling_point`; unpacked only)."""
     started = time.perf_counter()
     jobs = _jobs(throughputs, scale_factors, num_gpus, priority_weights)
     if bottleneck_test not in ("reference", "exact"):
         raise ValueError(f"bottleneck_test: 'reference' or 'exact', not {bottleneck_test!r}")
+    if tie_break == "interior" and packing is not None:
+        raise ValueError("tie_break 'interior' is the reference's answer for the unpacked "
+                         "programs: use 'center' or 'vertex' with packing")  # fmt: skip
     if jobs.n == 0:
         return _nothing(jobs, objective=0.0)
-    _check_tie_break(tie_break)
+    if tie_break != "interior":
+        _check_tie_break(tie_break)
     stats = SolveStats()
     prop = proportional_throughputs(jobs.throughputs, jobs.num_gpus)
     skeleton = _skeleton(jobs, packing, [jobs.weights])
@@ -882,14 +889,16 @@ def max_min_fairness_water_filling(
     frozen = ~active  # classes that cannot run take no part
     values: np.ndarray | None = None
     first_level = float("nan")
+    last_lp = (so_far, frozen, so_far)  # (levels so far, frozen, lower bounds) of the last LP
     for _ in range(count + 1):
+        lower = np.where(frozen, final, so_far)
+        this_lp = (so_far.copy(), frozen.copy(), lower)
         unfrozen = np.flatnonzero(~frozen)
         lp = skeleton.lp.copy()
         level = lp.add_variables(1, lb=-math.inf, ub=big_m if frozen[active].any() else math.inf)
         skeleton.add_rate_rows(lp, -mult * inv_prop, unfrozen, extra_cols=level[0],
                                extra_coefs=1.0, ub=-mult[unfrozen] * so_far[unfrozen])
         active_rows = np.flatnonzero(active)
-        lower = np.where(frozen, final, so_far)
         skeleton.add_rate_rows(lp, inv_prop, active_rows, lb=lower[active_rows])
         lp.set_objective(level, 1.0, maximize=True)
         try:
@@ -897,7 +906,7 @@ def max_min_fairness_water_filling(
         except SolveError:
             stats.fallback = "water-filling LP failed: kept the previous level"
             break
-        values = solution.values
+        values, last_lp = solution.values, this_lp
         if math.isnan(first_level):
             first_level = solution.objective
         so_far[unfrozen] += solution.objective / mult[unfrozen]
@@ -917,6 +926,25 @@ def max_min_fairness_water_filling(
             break
     if values is None:
         return _nothing(jobs)
+    if tie_break == "interior":
+        # Per job, as the reference writes its rows (our LPs are over classes of equal jobs).
+        of = skeleton.classes.of_job
+        taking_part = active[of]
+        so_far_then, frozen_then, lower_then = (v[of][taking_part] for v in last_lp)
+        shares = np.zeros((jobs.n, jobs.k))
+        try:
+            shares[taking_part] = interior.water_filling_point(
+                jobs.throughputs[taking_part], jobs.scale_factors[taking_part], jobs.num_gpus,
+                inv_prop[of][taking_part], mult[of][taking_part], so_far_then, frozen_then,
+                lower_then, big_m,
+            )  # fmt: skip
+        except interior.NoPoint as exc:  # ECOS would report no optimum either: ours, central
+            stats.fallback = f"{exc}: the central allocation instead"
+            tie_break = "center"
+        else:
+            pairs, pair_shares = _empty_pairs(jobs.k)
+            stats.build_seconds = time.perf_counter() - started
+            return Allocation(shares, pairs, pair_shares, first_level, stats)
     values = _tie_break(skeleton, values, tie_break, stats, solver, time_limit)
     return _finish(skeleton, values, first_level, stats, started, jobs.k)
 

@@ -533,6 +533,39 @@ def test_max_min_fairness_interior_is_the_optimum_ecos_returns(
                             packing=gp.Packing(np.zeros(5, dtype=np.int64), np.zeros((1, 1, 3))))
 
 
+def test_water_filling_interior_is_the_allocation_gavel_returns() -> None:
+    """Gavel's water-filling ends on an LP with a face of optima. What Gavel's
+    `MaxMinFairnessWaterFillingPolicyWithPerf` returns on this instance (ECOS 2.0.14 and GLPK_MI
+    through cvxpy 1.9.3), to 1e-8: job 4 even gets time on a type where it cannot run."""
+    ecos = np.array([
+        [1.0, 0.0, 0.0],
+        [0.796875, 0.203125, 0.0],
+        [1.0, 0.0, 0.0],
+        [0.0, 1.0, 0.0],
+        [0.1015625, 0.6484375, 0.12427489],
+    ])  # fmt: skip
+    tput, sf, gpus = ECOS_INSTANCE
+    weights = np.array([1.0, 1.0, 2.0, 1.0, 1.0])
+    found = gp.max_min_fairness_water_filling(tput, sf, weights, gpus, tie_break="interior")
+    assert found.stats is not None and found.stats.fallback is None
+    assert np.abs(found.shares - ecos).max() < 1e-6
+    center = gp.max_min_fairness_water_filling(tput, sf, weights, gpus)
+    assert found.objective == pytest.approx(center.objective, rel=1e-7)  # the same levels
+    assert found.job_throughputs(tput) == pytest.approx(center.job_throughputs(tput), rel=1e-6)
+    assert center.shares[4, 2] < 1e-6  # ours spends no time where the job cannot run
+    # Beyond the dense solve's size, the central point (and the fallback says so).
+    many = 400
+    rng = np.random.default_rng(3)
+    large = gp.max_min_fairness_water_filling(
+        rng.uniform(0.5, 3.0, (many, 3)), np.ones(many), np.ones(many), gpus, tie_break="interior")
+    assert large.stats is not None and "too many" in (large.stats.fallback or "")
+    with pytest.raises(ValueError, match="interior"):
+        gp.max_min_fairness_water_filling(
+            tput, sf, weights, gpus, tie_break="interior",
+            packing=gp.Packing(np.zeros(5, dtype=np.int64), np.zeros((1, 1, 3))),
+        )  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------------
 # Throughput
 
