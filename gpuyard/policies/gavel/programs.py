@@ -83,6 +83,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -710,6 +711,24 @@ def _nothing(jobs: _Jobs, objective: float = float("nan")) -> Allocation:
     return Allocation(np.zeros((jobs.n, jobs.k)), pairs, pair_shares, objective)
 
 
+def _ecos_allocation(
+    jobs: _Jobs, taking_part: np.ndarray, point: Callable[[], np.ndarray], objective: float,
+    stats: SolveStats, started: float,
+) -> Allocation | None:  # fmt: skip
+    """`point()`, ECOS's X for the jobs `taking_part` (the others get nothing), as an allocation;
+    None where ECOS would report no optimum either (`stats.fallback` says so): the caller's
+    central point instead."""
+    shares = np.zeros((jobs.n, jobs.k))
+    try:
+        shares[taking_part] = point()
+    except interior.NoPoint as exc:
+        stats.fallback = f"{exc}: the central allocation instead"
+        return None
+    pairs, pair_shares = _empty_pairs(jobs.k)
+    stats.build_seconds = time.perf_counter() - started
+    return Allocation(shares, pairs, pair_shares, objective, stats)
+
+
 TieBreak = Literal["center", "vertex"]
 _KEEP = 1e-9  # relative slack on the throughputs (and objective) a tie-break must keep
 
@@ -931,20 +950,13 @@ def max_min_fairness_water_filling(
         of = skeleton.classes.of_job
         taking_part = active[of]
         so_far_then, frozen_then, lower_then = (v[of][taking_part] for v in last_lp)
-        shares = np.zeros((jobs.n, jobs.k))
-        try:
-            shares[taking_part] = interior.water_filling_point(
-                jobs.throughputs[taking_part], jobs.scale_factors[taking_part], jobs.num_gpus,
-                inv_prop[of][taking_part], mult[of][taking_part], so_far_then, frozen_then,
-                lower_then, big_m,
-            )  # fmt: skip
-        except interior.NoPoint as exc:  # ECOS would report no optimum either: ours, central
-            stats.fallback = f"{exc}: the central allocation instead"
-            tie_break = "center"
-        else:
-            pairs, pair_shares = _empty_pairs(jobs.k)
-            stats.build_seconds = time.perf_counter() - started
-            return Allocation(shares, pairs, pair_shares, first_level, stats)
+        found = _ecos_allocation(jobs, taking_part, lambda: interior.water_filling_point(
+            jobs.throughputs[taking_part], jobs.scale_factors[taking_part], jobs.num_gpus,
+            inv_prop[of][taking_part], mult[of][taking_part], so_far_then, frozen_then,
+            lower_then, big_m), first_level, stats, started)  # fmt: skip
+        if found is not None:
+            return found
+        tie_break = "center"
     values = _tie_break(skeleton, values, tie_break, stats, solver, time_limit)
     return _finish(skeleton, values, first_level, stats, started, jobs.k)
 
@@ -1201,18 +1213,11 @@ def min_total_duration(
     bound = _gavel_makespan_search(optimum)
     if ecos_point:  # each job on its own rows, as the reference writes them
         taking_part = (remaining <= 0) | (jobs.throughputs > 0).any(axis=1)
-        shares = np.zeros((jobs.n, jobs.k))
-        try:
-            shares[taking_part] = interior.feasible_point(
-                jobs.throughputs[taking_part], jobs.scale_factors[taking_part], jobs.num_gpus,
-                np.maximum(remaining[taking_part], 0.0) / bound,
-            )  # fmt: skip
-        except interior.NoPoint as exc:  # ECOS would report no optimum either: take our central one
-            stats.fallback = f"{exc}: the central allocation instead"
-        else:
-            pairs, pair_shares = _empty_pairs(jobs.k)
-            stats.build_seconds = time.perf_counter() - started
-            return Allocation(shares, pairs, pair_shares, bound, stats)
+        found = _ecos_allocation(jobs, taking_part, lambda: interior.feasible_point(
+            jobs.throughputs[taking_part], jobs.scale_factors[taking_part], jobs.num_gpus,
+            np.maximum(remaining[taking_part], 0.0) / bound), bound, stats, started)  # fmt: skip
+        if found is not None:
+            return found
         tie_break = "center"
     feasible = skeleton.lp.copy()
     skeleton.add_rate_rows(feasible, np.ones(skeleton.classes.count), rows,
