@@ -163,8 +163,6 @@ class MaxMinInteriorParams(MaxMinParams, forbid_unknown_fields=True):
     tie_break: Literal["interior", "center", "vertex"] = "interior"  # type: ignore[assignment]
     """Among optimal allocations: the one the reference's solver (ECOS) returns
     (`interior.py`), a central one of ours, or a simplex corner."""
-    """Among optimal allocations: the one the reference's interior-point solver returns, a
-    central one of ours, or a simplex corner."""
 
 
 class MaxMinFairnessPerf(GavelPolicy):
@@ -236,10 +234,19 @@ class MaxMinFairnessWaterFillingPacked(MaxMinFairnessWaterFillingPerf):
 # --------------------------------------------------------------------------- finish-time fairness
 
 
-class FinishTimeParams(MaxMinParams, forbid_unknown_fields=True):
+class FinishTimeParams(MaxMinInteriorParams, forbid_unknown_fields=True):
     priority_weighting: Literal["reference", "slowdown"] = "reference"
     """The reference ignores priority weights (`_perf`) or divides throughputs by them
     (`_packed`); "slowdown" minimises the weighted finish-time ratio instead."""
+
+    def __post_init__(self) -> None:
+        if self.tie_break == "interior" and self.priority_weighting != "reference":
+            raise ValueError("tie_break 'interior' goes with priority_weighting 'reference' (the "
+                             "reference's own program): use 'center' or 'vertex'")
+
+
+class FinishTimePackedParams(FinishTimeParams, forbid_unknown_fields=True):
+    tie_break: Literal["center", "vertex"] = "center"  # type: ignore[assignment]
 
 
 class FinishTimeState(Struct, kw_only=True):
@@ -293,6 +300,7 @@ class FinishTimeFairness(FinishTimeFairnessPerf):
 class FinishTimeFairnessPacked(FinishTimeFairnessPerf):
     """`finish_time_fairness_packed`."""
 
+    Params = FinishTimePackedParams
     variant = "packed"
 
 

@@ -1036,7 +1036,7 @@ def finish_time_fairness(
     isolated_time_elapsed: np.ndarray | None = None,
     packing: Packing | None = None,
     priority_weighting: Literal["reference", "slowdown"] = "reference",
-    tie_break: TieBreak = "center",
+    tie_break: TieBreak | Literal["interior"] = "center",
     solver: Solver | None = None,
     time_limit: float | None = None,
     tolerance: float = 1e-7,
@@ -1056,7 +1056,11 @@ def finish_time_fairness(
     Priority weights (`priority_weighting`): "reference" does what Gavel does: the `_perf`
     program ignores them, the `_packed` one divides every throughput of job j by w_j. "slowdown"
     minimises max_j w_j rho_j instead (a heavier job gets a proportionally smaller slowdown).
-    If the first LP fails the reference's fallback is returned: the isolated allocation."""
+    If the first LP fails the reference's fallback is returned: the isolated allocation.
+
+    Where several allocations reach the optimal max rho, `tie_break="interior"` returns the one
+    the reference's solver (ECOS) returns (`interior.finish_time_point`: its path through the
+    program's second-order cones; unpacked, reference weighting)."""
     started = time.perf_counter()
     jobs = _jobs(throughputs, scale_factors, num_gpus, priority_weights)
     n = jobs.n
@@ -1067,9 +1071,14 @@ def finish_time_fairness(
     if priority_weighting not in ("reference", "slowdown"):
         raise ValueError(
             f"priority_weighting: 'reference' or 'slowdown', not {priority_weighting!r}")
+    ecos_point = tie_break == "interior"
+    if ecos_point and (packing is not None or priority_weighting != "reference"):
+        raise ValueError("tie_break 'interior' is the reference's answer for the unpacked program "
+                         "with its weighting: use 'center' or 'vertex' here")  # fmt: skip
     if jobs.n == 0:
         return _nothing(jobs, objective=0.0)
-    _check_tie_break(tie_break)
+    if not ecos_point:
+        _check_tie_break(tie_break)
     stats = SolveStats()
     iso = isolated_throughputs(jobs.throughputs, jobs.scale_factors, jobs.num_gpus)
     skeleton = _skeleton(jobs, packing, [jobs.weights, remaining, since_start, accrued])
@@ -1125,6 +1134,16 @@ def finish_time_fairness(
         level, rates = new_level, new_rates
     if best_values is None:
         return _nothing(jobs)
+    if ecos_point:  # each job on its own rows, as the reference writes them
+        taking_part = active[skeleton.classes.of_job]
+        found = _ecos_allocation(jobs, taking_part, lambda: interior.finish_time_point(
+            jobs.throughputs[taking_part], jobs.scale_factors[taking_part], jobs.num_gpus,
+            remaining[taking_part], since_start[taking_part],
+            (accrued + remaining / np.where(iso > 0, iso, 1.0))[taking_part]),
+            level, stats, started)  # fmt: skip
+        if found is not None:
+            return found
+        tie_break = "center"
     best_values = _tie_break(skeleton, best_values, tie_break, stats, solver, time_limit)
     return _finish(skeleton, best_values, level, stats, started, jobs.k)
 

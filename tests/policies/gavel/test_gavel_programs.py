@@ -566,6 +566,41 @@ def test_water_filling_interior_is_the_allocation_gavel_returns() -> None:
         )  # fmt: skip
 
 
+def test_finish_time_fairness_interior_is_the_allocation_gavel_returns() -> None:
+    """Gavel's finish-time fairness program minimises the largest ratio, so every job with slack
+    can be anywhere on a face of optima; what comes back is where ECOS's path through the
+    program's second-order cones (its 1/r terms) stops. What Gavel's
+    `FinishTimeFairnessPolicyWithPerf` returns on this instance, its first call (ECOS 2.0.14
+    through cvxpy 1.9.3), to 1e-6."""
+    ecos = np.array([
+        [0.26712625, 0.25916865, 0.25115934],
+        [0.30980394, 0.28425659, 0.21935428],
+        [0.24598036, 0.25145852, 0.26608007],
+        [0.50456928, 0.49543072, 0.0],
+        [0.25215269, 0.24798092, 0.27426921],
+    ])  # fmt: skip
+    tput, sf, gpus = ECOS_INSTANCE
+    remaining = np.array([1000.0, 500.0, 3000.0, 200.0, 8000.0])
+    since_start = np.array([100.0, 400.0, 0.0, 900.0, 50.0])
+    found = gp.finish_time_fairness(tput, sf, np.ones(5), gpus, remaining, since_start,
+                                    tie_break="interior")
+    assert found.stats is not None and found.stats.fallback is None
+    assert np.abs(found.shares - ecos).max() < 1e-6
+    center = gp.finish_time_fairness(tput, sf, np.ones(5), gpus, remaining, since_start)
+    assert found.objective == pytest.approx(center.objective, rel=1e-9)  # the same optimum
+    assert np.abs(center.shares - found.shares).max() > 0.1  # at another point of the face
+    # Beyond the dense solve's size, the central point (and the fallback says so).
+    many = 300
+    rng = np.random.default_rng(3)
+    large = gp.finish_time_fairness(
+        rng.uniform(0.5, 3.0, (many, 3)), np.ones(many), np.ones(many), gpus,
+        np.full(many, 1000.0), np.zeros(many), tie_break="interior")  # fmt: skip
+    assert large.stats is not None and "not solved" in (large.stats.fallback or "")
+    with pytest.raises(ValueError, match="interior"):
+        gp.finish_time_fairness(tput, sf, np.ones(5), gpus, remaining, since_start,
+                                priority_weighting="slowdown", tie_break="interior")
+
+
 # ------------------------------------------------------------------------------------------------
 # Throughput
 
