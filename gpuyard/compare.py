@@ -17,7 +17,6 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
 from multiprocessing import forkserver
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -76,8 +75,7 @@ async def run_all(
     """
     forks = multiprocessing.get_context("forkserver")
     forks.set_forkserver_preload(PRELOADED)
-    with _environment(blas_threads_env(min(parallel, len(combos)))):  # every run inherits it
-        await asyncio.to_thread(forkserver.ensure_running)
+    await asyncio.to_thread(forkserver.ensure_running)
     # Every run holds the read end; nothing is ever written: it reads end-of-file when this
     # process ends, however it ends, and stops (its parent is the fork server, not us).
     comparison_lives, _writer = forks.Pipe(duplex=False)
@@ -372,33 +370,3 @@ def _plot_cdfs(table: pd.DataFrame, out: Path, caption: str) -> Path:
 
 def default_parallel() -> int:
     return max(1, len(os.sched_getaffinity(0)))
-
-
-BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-def blas_threads_env(runs_at_once: int) -> dict[str, str]:
-    """The environment that gives each of `runs_at_once` runs on this machine its share of the
-    cores for numpy's linear algebra (the Gavel programs' interior-point solves). BLAS threads
-    spin while they wait for work, so one run's threads took the cores from the others: issue
-    12's fourteen Gavel runs, two at a time on two cores, took 127 s and 234 CPU-s with a BLAS
-    thread per core in each run, 77 s and 135 CPU-s with one. What the environment already sets
-    is kept."""
-    share = str(max(1, default_parallel() // runs_at_once))
-    return {name: os.environ.get(name, share) for name in BLAS_THREADS}
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """`values` in this process's environment (what a child started meanwhile inherits), then
-    the environment as it was."""
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value

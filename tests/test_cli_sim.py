@@ -19,13 +19,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from gpuyard.cli import main
-from gpuyard.compare import (
-    BLAS_THREADS,
-    _environment,
-    blas_threads_env,
-    comparison_caption,
-    default_parallel,
-)
+from gpuyard.compare import comparison_caption
 from gpuyard.launcher import ServiceSet
 from gpuyard.report import plot_gpu_demand
 from gpuyard.shared.model import ClusterSpec
@@ -311,23 +305,6 @@ def test_every_plot_says_what_ran(tmp_path: Path) -> None:
     run = Image.open(out / "las-load20-seed1" / "timeline.png").text["Description"]
     assert run.startswith("scheduling las (")
     assert "blox generator: 20 jobs, 20 jobs/h, seed 1; cluster 2x4:gpu (8 GPUs)" in run
-
-
-def test_runs_at_once_share_the_cores_for_linear_algebra(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A comparison's (or a sweep's) runs each get their share of the cores for BLAS, and what
-    the user set is kept; the environment is put back after the fork server has started."""
-    for name in BLAS_THREADS:
-        monkeypatch.delenv(name, raising=False)
-    cores = default_parallel()
-    assert set(blas_threads_env(cores).values()) == {"1"}
-    assert set(blas_threads_env(1).values()) == {str(cores)}
-    assert set(blas_threads_env(4 * cores).values()) == {"1"}
-    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")
-    chosen = blas_threads_env(cores)
-    assert chosen["OPENBLAS_NUM_THREADS"] == "3" and chosen["MKL_NUM_THREADS"] == "1"
-    with _environment(chosen):
-        assert os.environ["MKL_NUM_THREADS"] == "1"
-    assert "MKL_NUM_THREADS" not in os.environ and os.environ["OPENBLAS_NUM_THREADS"] == "3"
 
 
 def test_a_comparison_caption_names_the_simulator_semantics() -> None:

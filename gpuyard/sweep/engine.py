@@ -26,7 +26,6 @@ import nats.errors
 import numpy as np
 import pandas as pd
 
-from gpuyard.compare import blas_threads_env
 from gpuyard.embedded import EmbeddedNats, die_with_parent
 from gpuyard.shared.connection import NatsAuth, connect
 from gpuyard.sweep.config import PARAM_FIELDS, Run, RunSpec, Sweep, code_digest
@@ -228,7 +227,7 @@ class LocalWorkers:
             return await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "gpuyard.cli", "worker", "--nats", self.url,
                 *self.auth.argv(),
-                env={**os.environ, **self.auth.env(), **blas_threads_env(self.count)},
+                env={**os.environ, **self.auth.env()},
                 stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
                 preexec_fn=die_with_parent,
             )  # fmt: skip

@@ -29,7 +29,10 @@ capacity rows solved by blocks (`_JobBlocks`).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 GAMMA = 0.99  # final step scaling (and the slack's initial margin)
 STEP_MIN, STEP_MAX = 1e-6, 0.999
@@ -629,8 +632,21 @@ class _Scaling:
         return _Block(self.v, None if self.soc is None else _ConeBlock(self.soc))
 
 
+@functools.cache
+def _blas() -> ThreadpoolController:
+    return ThreadpoolController()
+
+
 def _solve(rows: _Rows | _DenseRows, c: np.ndarray) -> np.ndarray:
-    """ECOS's iterations on `rows` with objective c'x; returns X (n, k)."""
+    """ECOS's iterations on `rows` with objective c'x; returns X (n, k). On one BLAS thread:
+    a threaded product or inverse rounds differently with the number of threads, which moves
+    the point on a face of optima, and the results with it, from one machine (or `--parallel`)
+    to the next."""
+    with _blas().limit(limits=1, user_api="blas"):
+        return _iterate(rows, c)
+
+
+def _iterate(rows: _Rows | _DenseRows, c: np.ndarray) -> np.ndarray:
     column = rows.equilibrate()
     c = c / column
     h = _flat(rows.h)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
 from gpuyard.policies.gavel import interior
 from gpuyard.policies.gavel import programs as gp
@@ -599,6 +600,20 @@ def test_finish_time_fairness_interior_is_the_allocation_gavel_returns() -> None
     with pytest.raises(ValueError, match="interior"):
         gp.finish_time_fairness(tput, sf, np.ones(5), gpus, remaining, since_start,
                                 priority_weighting="slowdown", tie_break="interior")
+
+
+def test_interior_points_do_not_depend_on_the_blas_threads() -> None:
+    """A threaded product or inverse rounds differently with the number of threads, and on a
+    face of optima that moves the point (a run's results moved with `--parallel` and with the
+    machine's cores): the solves run on one BLAS thread, whatever the caller's setting."""
+    rng = np.random.default_rng(60)
+    weighted = rng.uniform(0.2, 3.0, (60, 3))
+    scale_factors = rng.choice([1.0, 2.0], 60)
+    points = []
+    for threads in (1, 2):
+        with threadpool_limits(limits=threads, user_api="blas"):
+            points.append(interior.max_min_point(weighted, scale_factors, np.full(3, 10.0)))
+    assert np.array_equal(points[0], points[1])
 
 
 # ------------------------------------------------------------------------------------------------
