@@ -233,7 +233,8 @@ class _JobBlocks:
 
 class _DenseRows:
     """G (s = h - G x in the cones) and h given whole, over X of shape (n, k) and other
-    variables: for programs whose rows do not fit `_Rows`' blocks (solved dense only). The last
+    variables: for programs whose rows do not fit `_Rows`' blocks (G kept dense; its normal
+    solves dense, or by `blocks` where the program gives its structure). The last
     `socs` triples of rows are second-order cones (s0 >= ||(s1, s2)||), the rows before them
     linear; X[j, c] is variable `x_columns[j, c]` (default: X.ravel() first)."""
 
