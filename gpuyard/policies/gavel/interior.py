@@ -773,6 +773,8 @@ def _iterate(rows: _Rows | _DenseRows, c: np.ndarray) -> np.ndarray:
         dkap_affine = -kap - kap / tau * dtau_affine
         step_affine = cones.step(lam, ds_affine, w_dz_affine, tau, dtau_affine, kap, dkap_affine)
         sigma = min(max((1 - step_affine) ** 3, SIGMA_MIN), SIGMA_MAX)
+        # lambda \ (lambda o lambda + W\ds_a o W dz_a - sigma mu e); a linear program's keeps
+        # the order of operations its results were validated with (so below for s).
         if socs:
             combined = cones.product(lam, lam) + (cones.product(ds_affine, w_dz_affine)
                                                   - sigma * mu * cones.identity)
