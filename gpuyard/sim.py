@@ -166,6 +166,7 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
     # Imported here: the configs belong to their services, and only the launcher needs them all.
     from gpuyard.services.admission.service import AdmissionConfig
     from gpuyard.services.placement.service import PlacementConfig
+    from gpuyard.services.scheduler.mechanism import TimeShareConfig
     from gpuyard.services.scheduler.service import SchedulerConfig
 
     # Durable: calls are sent again while their callee restarts, inner calls first (see
@@ -184,6 +185,7 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
             round_s=options.round_s,
             min_run_s=options.min_run_s,
             mode="clock" if options.gavel else options.mode,
+            time_shares=TimeShareConfig(credit_whole_steps=options.gavel),
             event_storage=options.event_storage,
             durable=options.durable,
             call_timeout_s=timeout,

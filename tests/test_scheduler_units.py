@@ -224,6 +224,24 @@ def test_time_shares_never_exceed_capacity(global_queue: bool) -> None:
     assert all(n <= 1 for n in per_type.values()) and len(out) == 2
 
 
+@pytest.mark.parametrize("whole_steps", [True, False])
+def test_a_round_credits_the_time_of_its_whole_steps(whole_steps: bool) -> None:
+    """Gavel's simulator runs `int(rate x round)` steps a round and credits each job the time
+    its own took: at 0.337 steps/s, 33 steps of a 100 s round, 97.92 s. Those fractions of a
+    second order the jobs of equal allocations. Otherwise the round's whole 100 s."""
+    mech = TimeShareMechanism(TimeShareConfig(credit_whole_steps=whole_steps), round_s=100.0)
+    decision = Decision(shares={"a": {"v100": 1.0}, "b": {"k80": 1.0}})
+    mech.allocations(decision, time_share_input(0.0, {}))
+    before = dict(mech.state.received["a"])
+    later = time_share_input(100.0, {"a": "v100", "b": "k80"})
+    for view, rate in zip(later.jobs[:2], (0.337, 0.5), strict=True):
+        view.record.run_start, view.record.rate = 0.0, rate
+    mech.allocations(None, later)
+    got = mech.state.received["a"]["v100"] - before["v100"]
+    assert got == pytest.approx(33 / 0.337 if whole_steps else 100.0)
+    assert mech.state.received["b"]["k80"] - before["k80"] == pytest.approx(100.0)  # 50 steps
+
+
 @pytest.mark.parametrize("new_jobs_wait", [True, False])
 def test_a_job_newer_than_the_allocation_waits_for_one(new_jobs_wait: bool) -> None:
     """Gavel: a job that arrived since the last allocation runs only once one includes it; its

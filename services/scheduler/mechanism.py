@@ -55,6 +55,11 @@ class TimeShareConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     global_queue: bool = False
     """Sort the entries of all GPU types together (Gavel's `--enable_global_queue`) rather than
     type by type."""
+    credit_whole_steps: bool = False
+    """Credit a running job, for each round, the time its whole steps of the round take at its
+    rate, `int(rate * round) / rate` (Gavel's simulator, whose micro-tasks run whole steps and
+    credit each job the time its own took), rather than the time since the last round. The
+    difference is a fraction of a second a round, and it orders jobs of equal allocations."""
     new_jobs_wait: bool = True
     """A job that arrived since the last allocation runs once an allocation includes it, as in
     Gavel (whose round walk counts it but then gives it no workers, so the GPUs it was counted
@@ -166,16 +171,25 @@ class TimeShareMechanism:
         sharing = {r.shares_with for r in records if r.shares_with}
         now, last_round = inp.now, state.last_round
         received, type_time = state.received, state.type_time
+        by_id = {r.job_id: r for r in records} if self.config.credit_whole_steps else None
         for r in records:
             if r.state != "running" or r.gpu_type is None or r.job_id in sharing:
                 continue
             ran = now - max(r.run_start, last_round)
             if ran <= 0:
                 continue
+            if by_id is not None:  # a pair's micro-task lasts as long as its longer half
+                halves = [r, by_id.get(r.shares_with, r)] if r.shares_with else [r]
+                ran = min(ran, max(self._whole_steps_s(m) for m in halves))
             key = f"{r.shares_with}{PAIR}{r.job_id}" if r.shares_with else r.job_id
             got = received.setdefault(key, {})
             got[r.gpu_type] = got.get(r.gpu_type, 0.0) + ran
             type_time[r.gpu_type] = type_time.get(r.gpu_type, 0.0) + ran
+
+    def _whole_steps_s(self, record: JobRecord) -> float:
+        """How long a round's whole steps take at the job's rate (Gavel's micro-task)."""
+        rate = record.rate
+        return int(rate * self.round_s) / rate if rate > 0 else self.round_s
 
     def _reset(self, now: float, types: list[str], credit: float) -> None:
         """A new allocation: carry each job's deficit, start counting afresh."""
