@@ -123,9 +123,12 @@ def test_learned_throughputs_move_each_job_to_the_type_it_is_faster_on(
         return after
 
     final = until(stays, "each job to stay on its faster type for 3 rounds", 60)
-    # What the scheduler measured is what the jobs do there (100 and 50 steps/s).
-    assert final["fast-on-v100"]["rate"] == pytest.approx(100, rel=0.35), final["fast-on-v100"]
-    assert final["fast-on-k80"]["rate"] == pytest.approx(50, rel=0.35), final["fast-on-k80"]
+    # What the scheduler measured is what the jobs do there: at most their nominal 100 and 50
+    # steps/s (a job that sleeps per step only slows on a loaded machine: 65 steps/s was seen
+    # with the suite in three processes on two cores), and above the table's 25 for fast-on-k80.
+    for job_id, nominal in (("fast-on-v100", 100.0), ("fast-on-k80", 50.0)):
+        rate = final[job_id]["rate"]
+        assert 0.55 * nominal <= rate <= 1.05 * nominal, final[job_id]
     # Both explored both types before (the table alone would keep them alternating).
     for job_id, gpu_type in settled.items():
         runs = cluster.types_run_on(job_id)
