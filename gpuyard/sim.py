@@ -304,11 +304,15 @@ def policies_label(options: SimOptions) -> str:
         return f"{name} ({shown})" if shown else name
 
     cost = options.preemption_cost
+    presets = (("Blox", options.blox), ("Gavel", options.gavel),
+               ("ElasticFlow", options.elasticflow))  # (BFTrainer's: the nodes' label)
+    semantics = next((f"{name}'s simulator semantics" for name, on in presets if on),
+                     f"{options.mode} mode")
     return (
         f"scheduling {one(options.policy, options.policy_params)}, admission "
         f"{one(options.admission, options.admission_params)}, placement "
         f"{one(options.placement, options.placement_params)}; {options.round_s:g} s rounds, "
-        f"{'Blox semantics' if options.blox else options.mode + ' mode'}"
+        f"{semantics}"
         + (
             f", preemption cost {cost.checkpoint_s:g} s + {cost.restore_s:g} s"
             if cost.checkpoint_s or cost.restore_s

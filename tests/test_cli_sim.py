@@ -23,7 +23,7 @@ from gpuyard.compare import comparison_caption
 from gpuyard.launcher import ServiceSet
 from gpuyard.report import plot_gpu_demand
 from gpuyard.shared.model import ClusterSpec
-from gpuyard.sim import SimOptions, service_configs
+from gpuyard.sim import SimOptions, policies_label, service_configs
 
 
 def gpuyard(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -320,6 +320,13 @@ def test_a_comparison_caption_names_the_simulator_semantics() -> None:
     ]
     plain = argparse.Namespace(trace=None, generator=None, jobs=20, round_s=120.0)
     assert comparison_caption(pd.DataFrame(), plain).splitlines()[1] == "120 s rounds"
+    # And each run's own plots.
+    cluster = ClusterSpec.parse("4x4")
+    run = policies_label(SimOptions(cluster=cluster, policy="max_min_fairness_perf", gavel=True,
+                                    round_s=360.0))  # fmt: skip
+    assert run.endswith("360 s rounds, Gavel's simulator semantics"), run
+    plain_run = policies_label(SimOptions(cluster=cluster, policy="las"))
+    assert plain_run.endswith("300 s rounds, events mode"), plain_run
 
 
 def test_describe_writes_its_plot_where_asked_never_beside_the_input(tmp_path: Path) -> None:
