@@ -185,26 +185,34 @@ class _JobBlocks:
         self.columns, self.rows, self.epigraph = columns, rows, epigraph
         self.shared, self.border = shared, border
 
-    def normal_solver(self, g: np.ndarray, block: _Block):  # type: ignore[no-untyped-def]
-        """A solver of (delta I + G' M^-1 G) x = b by the structure: per-job blocks, the shared
-        rows by the Woodbury identity, the epigraph variable by a Schur complement."""
-        weight = 1.0 / block.vd
-        own = g[self.rows[:, :, None], self.columns[:, None, :]]  # (n, rows, b)
-        blocks = np.einsum("jrb,jr,jrc->jbc", own, weight[self.rows], own)
+    def take(self, g: np.ndarray) -> None:
+        """G's blocks, once G is equilibrated (they do not change from one solve to the next):
+        each job's own rows (jobs, rows, b), its cone's rows (jobs, 3, b), its epigraph row
+        (jobs, b), the shared rows (shared, jobs, b), the epigraph rows' entry on t."""
         jobs = self.columns.shape[0]
-        cone_rows = g.shape[0] - SOC_SIZE * jobs + np.arange(SOC_SIZE * jobs).reshape(jobs, -1)
-        cone = g[cone_rows[:, :, None], self.columns[:, None, :]]
+        self.cone_rows = g.shape[0] - SOC_SIZE * jobs + np.arange(SOC_SIZE * jobs).reshape(jobs, -1)
+        self.own = g[self.rows[:, :, None], self.columns[:, None, :]]
+        self.cone = g[self.cone_rows[:, :, None], self.columns[:, None, :]]
+        self.epigraph_row = g[self.epigraph[:, None], self.columns]
+        self.shared_rows = g[self.shared[:, None, None], self.columns[None, :, :]]
+        self.t_entries = g[self.epigraph, self.border]
+
+    def normal_solver(self, block: _Block):  # type: ignore[no-untyped-def]
+        """A solver of (delta I + G' M^-1 G) x = b by the structure (`take` first): per-job
+        blocks, the shared rows by the Woodbury identity, the epigraph variable by a Schur
+        complement."""
+        own, cone, epigraph, shared = self.own, self.cone, self.epigraph_row, self.shared_rows
+        weight = 1.0 / block.vd
+        blocks = np.einsum("jrb,jr,jrc->jbc", own, weight[self.rows], own)
         if block.cones is None:  # (the start: W = I on every row)
-            blocks += np.einsum("jrb,jr,jrc->jbc", cone, weight[cone_rows], cone)
+            blocks += np.einsum("jrb,jr,jrc->jbc", cone, weight[self.cone_rows], cone)
         else:
             blocks += np.einsum("jrb,jrs,jsc->jbc", cone, block.cones.zz, cone)
-        epigraph = g[self.epigraph[:, None], self.columns]  # (n, b)
         w_epigraph = weight[self.epigraph]
         blocks += np.einsum("jb,j,jc->jbc", epigraph, w_epigraph, epigraph)
         size = self.columns.shape[1]
         blocks[:, np.arange(size), np.arange(size)] += REGULARIZATION
         inverse = np.linalg.inv(blocks)
-        shared = g[self.shared[:, None, None], self.columns[None, :, :]]  # (k, n, b)
         inverse_u = np.einsum("jbc,sjc->sjb", inverse, shared)  # B_j^-1 U_j'
         small = np.diag(block.vd[self.shared]) + np.einsum("sjb,tjb->st", shared, inverse_u)
         small_inverse = np.linalg.inv(small)
@@ -214,7 +222,7 @@ class _JobBlocks:
             correction = small_inverse @ np.einsum("sjb,jb->s", shared, y)
             return y - np.einsum("sjb,s->jb", inverse_u, correction)
 
-        t_entries = g[self.epigraph, self.border]
+        t_entries = self.t_entries
         border = (w_epigraph * t_entries)[:, None] * epigraph
         corner = float((w_epigraph * t_entries * t_entries).sum()) + REGULARIZATION
         border_solved = solve_jobs(border)
@@ -410,6 +418,9 @@ class _Operator:
         self.like = rows.h
         small = isinstance(rows, _DenseRows) or rows.size <= DENSE_UP_TO
         self.dense = rows.matrix() if small else None
+        self.blocks = rows.blocks if isinstance(rows, _DenseRows) else None
+        if self.blocks is not None and self.dense is not None:
+            self.blocks.take(self.dense)
 
     def times(self, x: np.ndarray) -> np.ndarray:
         return self.dense @ x if self.dense is not None else _flat(self.rows.times(x))
@@ -422,9 +433,8 @@ class _Operator:
     def normal_solver(self, block: _Block):  # type: ignore[no-untyped-def]
         """A solver of (delta I + G' M^-1 G) x = b, M^-1 the z block's inverse (its cones'
         part: `_JobBlocks`, the only programs with cones)."""
-        blocks = self.rows.blocks if isinstance(self.rows, _DenseRows) else None
-        if blocks is not None:
-            return blocks.normal_solver(self.dense, block)
+        if self.blocks is not None:
+            return self.blocks.normal_solver(block)
         if self.dense is not None:
             g = self.dense
             normal = g.T @ (g / block.vd[:, None])
@@ -432,6 +442,11 @@ class _Operator:
             inverse = np.linalg.inv(normal)
             return lambda b: inverse @ b  # (refined by the caller)
         return self.rows.normal_solver(_split(block.vd, self.like), REGULARIZATION)
+
+
+def _lorentz(u: np.ndarray) -> np.ndarray:
+    """u0^2 - u1^2 - u2^2 of each cone (cones, 3): positive inside (ECOS's `socres`)."""
+    return u[:, 0] * u[:, 0] - u[:, 1] * u[:, 1] - u[:, 2] * u[:, 2]
 
 
 def _safe_divide(x: np.ndarray | float, y: np.ndarray) -> np.ndarray:
@@ -445,8 +460,7 @@ class _ConeScaling:
     system), for cones given as (cones, 3) arrays of s and z."""
 
     def __init__(self, s: np.ndarray, z: np.ndarray) -> None:
-        snorm = np.sqrt(s[:, 0] * s[:, 0] - s[:, 1] * s[:, 1] - s[:, 2] * s[:, 2])
-        znorm = np.sqrt(z[:, 0] * z[:, 0] - z[:, 1] * z[:, 1] - z[:, 2] * z[:, 2])
+        snorm, znorm = np.sqrt(_lorentz(s)), np.sqrt(_lorentz(z))
         sbar, zbar = _safe_divide(s, snorm[:, None]), _safe_divide(z, znorm[:, None])
         self.eta_square = _safe_divide(snorm, znorm)
         self.eta = np.sqrt(self.eta_square)
@@ -572,7 +586,7 @@ class _Cones:
     def divide(self, u: np.ndarray, w: np.ndarray) -> np.ndarray:
         """ECOS's conic division: the v with u o v = w."""
         (ul, uc), (wl, wc) = self.parts(u), self.parts(w)
-        rho = uc[:, 0] * uc[:, 0] - uc[:, 1] * uc[:, 1] - uc[:, 2] * uc[:, 2]
+        rho = _lorentz(uc)
         zeta = uc[:, 1] * wc[:, 1] + uc[:, 2] * wc[:, 2]
         factor = _safe_divide(_safe_divide(zeta, uc[:, 0]) - wc[:, 0], rho)
         head = _safe_divide(uc[:, 0] * wc[:, 0] - zeta, rho)
@@ -587,7 +601,7 @@ class _Cones:
             return _step(lam, ds, dz, tau, dtau, kap, dkap)
         (ll, lc), (sl, sc), (zl, zc) = self.parts(lam), self.parts(ds), self.parts(dz)
         alpha = _step(ll, sl, zl, tau, dtau, kap, dkap, clamp=False)
-        norm2 = lc[:, 0] * lc[:, 0] - lc[:, 1] * lc[:, 1] - lc[:, 2] * lc[:, 2]
+        norm2 = _lorentz(lc)
         inside = norm2 > 0
         norm = np.sqrt(np.where(inside, norm2, 1.0))
         bar, inverse = lc / norm[:, None], 1.0 / norm
@@ -610,8 +624,7 @@ class _Cones:
         sl, zl = s[: self.linear], z[: self.linear]
         v = np.where(zl < TINY, sl / TINY, sl / zl)
         (_, sc), (_, zc) = self.parts(s), self.parts(z)
-        if (sc[:, 0] ** 2 - sc[:, 1] ** 2 - sc[:, 2] ** 2 <= 0).any() or \
-                (zc[:, 0] ** 2 - zc[:, 1] ** 2 - zc[:, 2] ** 2 <= 0).any():  # fmt: skip
+        if (_lorentz(sc) <= 0).any() or (_lorentz(zc) <= 0).any():
             return None
         cones = _ConeScaling(sc, zc)
         return _Scaling(self, v, cones) if cones.inside else None
@@ -693,7 +706,8 @@ def _iterate(rows: _Rows | _DenseRows, c: np.ndarray) -> np.ndarray:
                 return ex, rz - op.times(dx) + block.refined * dz, None
             base = rz - op.times(dx)
             lifted = soc.residual(lift(base[linear:], None), dl)
-            ez = np.concatenate([base[:linear] + vd * dz[:linear], lifted[:, :SOC_SIZE].ravel()])
+            ez = np.concatenate([base[:linear] + block.refined * dz[:linear],
+                                 lifted[:, :SOC_SIZE].ravel()])
             return ex, ez, lifted[:, SOC_SIZE:]
 
         def solve(rx: np.ndarray, rz: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1135,11 +1135,11 @@ def finish_time_fairness(
     if best_values is None:
         return _nothing(jobs)
     if ecos_point:  # each job on its own rows, as the reference writes them
-        taking_part = active[skeleton.classes.of_job]
+        of = skeleton.classes.of_job
+        taking_part = active[of]
         found = _ecos_allocation(jobs, taking_part, lambda: interior.finish_time_point(
             jobs.throughputs[taking_part], jobs.scale_factors[taking_part], jobs.num_gpus,
-            remaining[taking_part], since_start[taking_part],
-            (accrued + remaining / np.where(iso > 0, iso, 1.0))[taking_part]),
+            remaining[taking_part], since_start[taking_part], finish[of][taking_part]),
             level, stats, started)  # fmt: skip
         if found is not None:
             return found
