@@ -39,9 +39,20 @@ class Buddy(PlacementPolicy):
 
     Params = BuddyParams
 
+    def __init__(self, params: Struct | None = None) -> None:
+        super().__init__(params)
+        self._gpus: dict[str, list[GpuRef]] = {}  # a node's GPUs in index order (made once)
+
     @property
     def rearranges(self) -> bool:
         return True
+
+    def gpus_of(self, node_id: str, size: int) -> list[GpuRef]:
+        """GPUs 0..size-1 of `node_id` (shared, immutable)."""
+        gpus = self._gpus.get(node_id)
+        if gpus is None or len(gpus) < size:
+            gpus = self._gpus[node_id] = [GpuRef(node_id, i) for i in range(size)]
+        return gpus
 
     def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
         free = {n.node_id: set(n.usable) for n in inp.nodes}
@@ -72,12 +83,16 @@ class Buddy(PlacementPolicy):
     ) -> list[GpuRef] | None:  # fmt: skip
         n = a.num_gpus
         if n >= largest > 0:
-            return _whole_nodes(n, nodes, allowed, free, size, current)
+            chosen = _whole_nodes(n, nodes, allowed, free, size, current)
+            if chosen is None:
+                return None
+            gpus = [g for x in chosen for g in self.gpus_of(x, size[x])[: size[x]]]
+            return gpus[:n]
         block = _block(n)
         kept = _block_around(current, block, free)
         if kept is not None:
             node, start = kept
-            return [GpuRef(node, i) for i in range(start, start + n)]
+            return self.gpus_of(node, size[node])[start : start + n]
         # The fullest node with a free aligned block (then the first such node, its first block).
         best: tuple[int, int, int, str] | None = None
         for position, x in enumerate(nodes):
@@ -91,7 +106,7 @@ class Buddy(PlacementPolicy):
                     break
         if best is not None:
             _, _, start, x = best
-            return [GpuRef(x, i) for i in range(start, start + n)]
+            return self.gpus_of(x, size[x])[start : start + n]
         return _fewest_nodes(n, nodes, free)
 
 
@@ -112,9 +127,9 @@ def _block_around(
 def _whole_nodes(
     n: int, nodes: list[str], allowed: set[str], free: dict[str, set[int]],
     size: dict[str, int], current: list[GpuRef],
-) -> list[GpuRef] | None:  # fmt: skip
+) -> list[str] | None:  # fmt: skip
     """The job's current nodes that are whole and free, then the first other such nodes of
-    `nodes` (`allowed`: the same, as a set), until they hold `n` GPUs."""
+    `nodes` (`allowed`: the same, as a set), until they hold `n` GPUs (None if they cannot)."""
 
     def whole(x: str) -> bool:
         return x in allowed and size[x] > 0 and len(free[x]) == size[x]
@@ -128,10 +143,7 @@ def _whole_nodes(
             chosen.append(x)
             taken.add(x)
             held += size[x]
-    gpus: list[GpuRef] = []
-    for x in chosen:
-        gpus += [GpuRef(x, i) for i in range(size[x])]
-    return gpus[:n] if len(gpus) >= n else None
+    return chosen if held >= n else None
 
 
 def _fewest_nodes(n: int, nodes: list[str], free: dict[str, set[int]]) -> list[GpuRef] | None:

@@ -36,10 +36,13 @@ on plain data: it knows nothing of jobs, services or the throughput model.
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import ne
 
 NO_DEADLINE = float(2**62)
 """The deadline of a best-effort job (ElasticFlow uses sys.maxsize): it plans after every job with
@@ -69,13 +72,8 @@ class Demand:
     _fit: list[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_rate", dict(zip(self.levels, self.rates, strict=True)))
-        top = self.levels[-1]
-        fit = [0] * (top + 1)  # the largest level <= n, for n up to the top level
-        for n in range(top + 1):
-            i = bisect.bisect_right(self.levels, n)
-            fit[n] = self.levels[i - 1] if i else 0
-        object.__setattr__(self, "_fit", fit)
+        object.__setattr__(self, "_rate", _rate_table(self.levels, self.rates))
+        object.__setattr__(self, "_fit", _fit_table(self.levels))
 
     def rate(self, gpus: int) -> float:
         return self._rate[gpus]
@@ -89,6 +87,19 @@ class Demand:
         """The next level above `gpus` (`gpus` itself at the top)."""
         i = bisect.bisect_right(self.levels, gpus)
         return self.levels[i] if i < len(self.levels) else gpus
+
+
+@functools.lru_cache(maxsize=1024)
+def _rate_table(levels: tuple[int, ...], rates: tuple[float, ...]) -> dict[int, float]:
+    """Steps/s by level (shared by every demand with these levels and rates: read only)."""
+    return dict(zip(levels, rates, strict=True))
+
+
+@functools.lru_cache(maxsize=1024)
+def _fit_table(levels: tuple[int, ...]) -> list[int]:
+    """The largest level <= n, for n up to the top level (shared: read only)."""
+    return [levels[i - 1] if (i := bisect.bisect_right(levels, n)) else 0
+            for n in range(levels[-1] + 1)]  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -120,15 +131,12 @@ class Timeline:
         return i
 
     def merged(self) -> Timeline:
-        """Without breakpoints whose free count equals the one before."""
+        """Without breakpoints whose free count equals the one before (this timeline if none)."""
         free = self.free
-        repeats = [i for i in range(1, len(free)) if free[i] == free[i - 1]]
-        if not repeats:
+        changes = [True, *map(ne, free[1:], free)]
+        if all(changes):
             return self
-        merged = self.copy()
-        for i in reversed(repeats):
-            del merged.times[i], merged.free[i]
-        return merged
+        return Timeline(list(compress(self.times, changes)), list(compress(free, changes)))
 
 
 @dataclass(slots=True)
@@ -169,14 +177,10 @@ class Plan:
 
 
 def _merged_plan(allocations: dict[float, int]) -> tuple[list[float], list[int]]:
-    starts: list[float] = []
-    gpus: list[int] = []
-    for t in sorted(allocations):
-        g = allocations[t]
-        if not gpus or g != gpus[-1]:
-            starts.append(t)
-            gpus.append(g)
-    return starts, gpus
+    times = sorted(allocations)
+    counts = list(map(allocations.__getitem__, times))
+    changes = [True, *map(ne, counts[1:], counts)]
+    return list(compress(times, changes)), list(compress(counts, changes))
 
 
 # --------------------------------------------------------------------------- MSS
@@ -201,8 +205,9 @@ def plan_mss(
         if start is None:  # done within the first segment
             return _finish_first(timeline, new, job, now, slot, first, allocations, total)
     times = new.times
-    for i in range(bisect.bisect_left(times, start), bisect.bisect_left(times, aligned)):
-        allocations.setdefault(times[i], 0)
+    # Every breakpoint up to the deadline holds nothing unless planned (start's count is 0 too).
+    unplanned = times[bisect.bisect_left(times, start) : bisect.bisect_left(times, aligned)]
+    allocations.update(dict.fromkeys(unplanned, 0))
     tried = 0  # the level tried last
     for q in job.levels:
         if q > total:
@@ -235,12 +240,13 @@ def _backward_fill(
     period_end = aligned
     done = 0.0
     times, free = new.times, new.free
-    fitting, rate, deadline = job.fitting, job._rate, job.deadline
+    fit, rate, deadline = job._fit, job._rate, job.deadline
     for i in range(bisect.bisect_left(times, aligned) - 1, -1, -1):
         t = times[i]
         if t < start:
             break
-        g = q if free[i] >= q else min(q, fitting(free[i]))
+        f = free[i]
+        g = q if f >= q else (fit[f] if f > 0 else 0)  # (q is a level: what fits of it)
         if g == 0:
             period_end = t
             continue
@@ -257,34 +263,28 @@ def _forward(
 ) -> tuple[Plan, Timeline]:  # fmt: skip
     """Run the plan forwards from `start`: `smaller` before `point`, `q` from it, until done."""
     times, free = new.times, new.free
-    fitting, rate, deadline = job.fitting, job._rate, job.deadline
-    last = -1
-    g = 0
-    end = finish = None
+    fit, rate, deadline = job._fit, job._rate, job.deadline
+    stop = bisect.bisect_right(times, aligned)
     # With no smaller level the job holds nothing before `point` (planned as 0 already): skip there.
-    first = bisect.bisect_left(times, start if smaller else point)
-    for i in range(first, bisect.bisect_right(times, aligned)):
-        t = times[i]
-        if last >= 0:
-            t0 = times[last]
-            allocations[t0] = g
-            free[last] -= g
-            if g > 0:
-                work = ((deadline if t == aligned else t) - t0) * rate[g]
-                if t0 >= point and work >= left:
-                    real = math.ceil(left / rate[g])
-                    end, finish = t0 + align_up(0, real, slot), t0 + real
-                    break
-                left -= work
-        last = i
-        g = min(q if t >= point else smaller, fitting(free[i]))
-    if end is None:
-        t0 = times[last]
+    for k in range(bisect.bisect_left(times, start if smaller else point), stop):
+        t0, f = times[k], free[k]
+        level = q if t0 >= point else smaller
+        g = level if f >= level else (fit[f] if f > 0 else 0)  # (levels: what fits of them)
         allocations[t0] = g
-        free[last] -= g
-        real = math.ceil(left / job.rate(g)) if g else math.inf
-        end, finish = t0 + align_up(0, real, slot), t0 + real
-    return _commit(timeline, new, job, start, end, finish, allocations, total)
+        free[k] = f - g
+        if k + 1 == stop:  # the last segment lasts until done
+            real = math.ceil(left / rate[g]) if g else math.inf
+            return _commit(timeline, new, job, start, t0 + align_up(0, real, slot), t0 + real,
+                           allocations, total)  # fmt: skip
+        if g:
+            t1 = times[k + 1]
+            work = ((deadline if t1 == aligned else t1) - t0) * rate[g]
+            if t0 >= point and work >= left:
+                real = math.ceil(left / rate[g])
+                return _commit(timeline, new, job, start, t0 + align_up(0, real, slot), t0 + real,
+                               allocations, total)  # fmt: skip
+            left -= work
+    raise AssertionError("a backward fill's point lies before the aligned deadline")
 
 
 def _commit(
