@@ -26,6 +26,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import pandas as pd
+import uvloop
 
 from gpuyard.embedded import EmbeddedNats
 from gpuyard.policies.elasticflow import ElasticFlowAdmission
@@ -113,10 +114,11 @@ Run = tuple[Path, str, str, float]
 
 
 def _run_in_worker(url: str, run: Run, name: str, out: Path, params: dict[str, str]) -> dict:
-    """One simulation in a worker process (its own services, the shared NATS server)."""
+    """One simulation in a worker process (its own services, the shared NATS server), on uvloop
+    as `gpuyard sim` runs."""
     configure_logging("error")
     trace, spec, scheme, slot = run
-    return asyncio.run(run_trace(url, trace, spec, scheme, slot, name, out, params))
+    return uvloop.run(run_trace(url, trace, spec, scheme, slot, name, out, params))
 
 
 async def bench_traces(
@@ -194,14 +196,14 @@ def main() -> None:
         if "itp10" in only:
             print("ITP cluster10 on n32g8, 60 s slots, ef-accessctrl (ElasticFlow: 48 s on the "
                   "machine the issue names)")  # fmt: skip
-            asyncio.run(
+            uvloop.run(
                 bench_traces(
                     [(DATA / "itp" / "cluster10.csv", "n32g8", "ef-accessctrl", 60.0)], out, params
                 )
             )
         if "themis" in only:
             print("themis on fig10_100jobs, n16g8, 240 s slots (ElasticFlow: 158 s there)")
-            asyncio.run(
+            uvloop.run(
                 bench_traces(
                     [(EF / "traces" / "fig10_100jobs.csv", "n16g8", "themis", 240.0)], out, params
                 )
@@ -223,7 +225,7 @@ def main() -> None:
             print(f"ITP: {len(clusters)} clusters x {len(schemes)} schemes, 60 s slots, "
                   f"{args.parallel} at once, leftovers={args.leftovers}")  # fmt: skip
             started = time.perf_counter()
-            table = asyncio.run(bench_traces(runs, out, params, args.parallel))
+            table = uvloop.run(bench_traces(runs, out, params, args.parallel))
             wall = time.perf_counter() - started
             out.mkdir(parents=True, exist_ok=True)
             table.to_csv(out / "itp.csv", index=False)

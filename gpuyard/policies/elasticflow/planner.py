@@ -451,7 +451,9 @@ def share_leftovers(
     its price; the result is the same as pricing every job every time. With `lazy`, prices are
     only refreshed for the job about to be served: it is served if its fresh price still ranks
     first, else it goes back in line (lazy greedy evaluation; ties by deadline order). Not
-    ElasticFlow's exact walk: a job's price can rise when others grow."""
+    ElasticFlow's exact walk: a job's price can rise when others grow. (The lazy walk prices the
+    job it is about to serve on the timeline it will grow on, so it keeps no scopes: a price that
+    held would be made again for the plan.)"""
     gpus = [p.at(now) for p in plans]
     spare = total - sum(gpus)
     sign = 1.0 if order == "reference" else -1.0
@@ -470,7 +472,8 @@ def share_leftovers(
         released = release(timeline, plans[i])
         plan, after = plan_mss(released, jobs[i], now, slot, total, first=step)
         pending[i] = plan, after
-        scope[i] = _PriceScope.of(released, plans[i], plan, jobs[i], now, slot)
+        if not lazy:
+            scope[i] = _PriceScope.of(released, plans[i], plan, jobs[i], now, slot)
         gain = (plan.gpu_time() - cost[i]) / (step - gpus[i])
         score[i] = math.inf if gpus[i] == 0 else sign * gain
 
@@ -486,8 +489,8 @@ def share_leftovers(
         else:
             price(i)
 
-    def grow(i: int) -> float:
-        """Give `i` its next level; returns where the timeline changed (`_first_change`)."""
+    def grow(i: int) -> Timeline:
+        """Give `i` its next level; returns the timeline before."""
         nonlocal spare, timeline
         if not current[i]:  # its price held, but its plan was made on an earlier timeline
             price(i)
@@ -499,28 +502,29 @@ def share_leftovers(
         step = jobs[i].above(gpus[i])
         spare -= step - gpus[i]
         gpus[i] = step
-        return _first_change(before, timeline)
+        return before
 
     for i in range(len(jobs)):
         price(i)
     if lazy:
-        changes: list[float] = []  # where each step changed the timeline
+        steps = 0  # levels handed out so far
         priced = [0] * len(jobs)  # the step each price was computed at
         line = [(-score[i], i) for i in range(len(jobs)) if score[i] > -math.inf]
         heapq.heapify(line)
         while line and spare > 0:
             _, i = heapq.heappop(line)
-            if priced[i] != len(changes):  # stale: price again, serve only if still first in line
-                reprice(i, min(changes[priced[i] :]))
-                priced[i] = len(changes)
+            if priced[i] != steps:  # stale: price again, serve only if still first in line
+                price(i)
+                priced[i] = steps
                 if score[i] == -math.inf:
                     continue
                 if line and (-score[i], i) > line[0]:
                     heapq.heappush(line, (-score[i], i))
                     continue
-            changes.append(grow(i))
+            grow(i)
+            steps += 1
             price(i)
-            priced[i] = len(changes)
+            priced[i] = steps
             if score[i] > -math.inf:
                 heapq.heappush(line, (-score[i], i))
         return gpus
@@ -533,7 +537,7 @@ def share_leftovers(
         )  # fmt: skip
         if chosen is None:
             break
-        changed = grow(chosen)
+        changed = _first_change(grow(chosen), timeline)
         for i in queue:
             if jobs[i].above(gpus[i]) > gpus[i]:
                 if i == chosen:
