@@ -204,10 +204,6 @@ def plan_mss(
         start, left = _hold_first(timeline, new, job, now, slot, aligned, first, allocations)
         if start is None:  # done within the first segment
             return _finish_first(timeline, new, job, now, slot, first, allocations, total)
-    times = new.times
-    # Every breakpoint up to the deadline holds nothing unless planned (start's count is 0 too).
-    unplanned = times[bisect.bisect_left(times, start) : bisect.bisect_left(times, aligned)]
-    allocations.update(dict.fromkeys(unplanned, 0))
     tried = 0  # the level tried last
     for q in job.levels:
         if q > total:
@@ -265,8 +261,15 @@ def _forward(
     times, free = new.times, new.free
     fit, rate, deadline = job._fit, job._rate, job.deadline
     stop = bisect.bisect_right(times, aligned)
-    # With no smaller level the job holds nothing before `point` (planned as 0 already): skip there.
-    for k in range(bisect.bisect_left(times, start if smaller else point), stop):
+    # Every breakpoint from `start` to the deadline holds nothing unless planned: a run of them
+    # is one 0 in the plan (its first), before the planned part and after it.
+    unplanned_from = bisect.bisect_left(times, start)
+    unplanned_to = bisect.bisect_left(times, aligned)
+    # With no smaller level the job holds nothing before `point`: planning starts there.
+    planned_from = bisect.bisect_left(times, start if smaller else point)
+    if unplanned_from < min(planned_from, unplanned_to):
+        allocations[times[unplanned_from]] = 0
+    for k in range(planned_from, stop):
         t0, f = times[k], free[k]
         level = q if t0 >= point else smaller
         g = level if f >= level else (fit[f] if f > 0 else 0)  # (levels: what fits of them)
@@ -281,6 +284,8 @@ def _forward(
             work = ((deadline if t1 == aligned else t1) - t0) * rate[g]
             if t0 >= point and work >= left:
                 real = math.ceil(left / rate[g])
+                if k + 1 < unplanned_to:
+                    allocations[t1] = 0
                 return _commit(timeline, new, job, start, t0 + align_up(0, real, slot), t0 + real,
                                allocations, total)  # fmt: skip
             left -= work
