@@ -188,10 +188,18 @@ def _merged_plan(allocations: dict[float, int]) -> tuple[list[float], list[int]]
 
 def plan_mss(
     timeline: Timeline, job: Demand, now: float, slot: float, total: int, *,
-    first: int | None = None,
+    first: int | None = None, merged: bool = True,
 ) -> tuple[Plan, Timeline]:  # fmt: skip
     """The job's Minimum Satisfactory Share plan on `timeline` (module docstring), and the
-    timeline with the plan taken out (merged). `timeline` starts at `now` and is not changed."""
+    timeline with the plan taken out (merged; `merged=False` leaves that to the caller, for a
+    timeline it may never use). `timeline` starts at `now` and is not changed."""
+    plan, new = _plan_mss(timeline, job, now, slot, total, first)
+    return plan, new.merged() if merged else new
+
+
+def _plan_mss(
+    timeline: Timeline, job: Demand, now: float, slot: float, total: int, first: int | None
+) -> tuple[Plan, Timeline]:
     deadline = job.deadline
     left = job.remaining
     aligned = align_up(now, deadline, slot)
@@ -304,8 +312,7 @@ def _commit(
         before = timeline.free[i - 1] if i and times[i - 1] >= start else total
         new.free[new.index(end)] = before
     starts, gpus = _merged_plan(allocations)
-    plan = Plan(starts, gpus, end, finish, job.deadline)
-    return plan, new.merged()
+    return Plan(starts, gpus, end, finish, job.deadline), new
 
 
 def _late(
@@ -359,7 +366,7 @@ def _late(
     if math.isfinite(end):
         new.free[new.index(end)] = total
     starts, gpus = _merged_plan(allocations)
-    return Plan(starts, gpus, end, finish, job.deadline), new.merged()
+    return Plan(starts, gpus, end, finish, job.deadline), new
 
 
 def _hold_first(
@@ -475,8 +482,8 @@ def share_leftovers(
             score[i], pending[i] = -math.inf, None
             return
         released = release(timeline, plans[i])
-        plan, after = plan_mss(released, jobs[i], now, slot, total, first=step)
-        pending[i] = plan, after
+        plan, after = plan_mss(released, jobs[i], now, slot, total, first=step, merged=False)
+        pending[i] = plan, after  # (merged if it is served)
         if not lazy:
             scope[i] = _PriceScope.of(released, plans[i], plan, jobs[i], now, slot)
         gain = (plan.gpu_time() - cost[i]) / (step - gpus[i])
@@ -502,7 +509,7 @@ def share_leftovers(
         entry = pending[i]
         assert entry is not None
         before = timeline
-        plans[i], timeline = entry
+        plans[i], timeline = entry[0], entry[1].merged()
         cost[i] = plans[i].gpu_time()
         step = jobs[i].above(gpus[i])
         spare -= step - gpus[i]
