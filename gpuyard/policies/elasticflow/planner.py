@@ -489,13 +489,24 @@ def share_leftovers(
         gain = (plan.gpu_time() - cost[i]) / (step - gpus[i])
         score[i] = math.inf if gpus[i] == 0 else sign * gain
 
+    def unpriced(i: int) -> bool:
+        """Whether `i` keeps an infinite gain without a price (it has no GPUs and its next level
+        fits): its plan is made when it is served."""
+        if gpus[i] == 0 and jobs[i].above(0) <= spare:
+            score[i], current[i] = math.inf, False
+            return True
+        return False
+
     def reprice(i: int, changed: float) -> None:
         """Price `i` again, unless its price holds on a timeline changed from `changed` on."""
         kept = scope[i]
+        if unpriced(i):
+            return
         if (
             pending[i] is not None
             and jobs[i].above(gpus[i]) - gpus[i] <= spare
-            and (gpus[i] == 0 or (kept is not None and kept.holds(timeline, changed)))
+            and kept is not None
+            and kept.holds(timeline, changed)
         ):
             current[i] = False
         else:
@@ -517,10 +528,11 @@ def share_leftovers(
         return before
 
     for i in range(len(jobs)):
-        price(i)
+        if not unpriced(i):
+            price(i)
     if lazy:
         steps = 0  # levels handed out so far
-        priced = [0] * len(jobs)  # the step each price was computed at
+        priced = [0 if current[i] else -1 for i in range(len(jobs))]  # the step of each price
         line = [(-score[i], i) for i in range(len(jobs)) if score[i] > -math.inf]
         heapq.heapify(line)
         while line and spare > 0:
