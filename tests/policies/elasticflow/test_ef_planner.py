@@ -217,11 +217,56 @@ def _plain_walk(jobs: list[Demand], plans: list[Plan], timeline: Timeline, now: 
     return gpus
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_the_leftover_walk_keeps_only_prices_that_hold(seed):
-    """The walk re-plans only the jobs whose price a step may have changed: on random clusters,
-    deadlines and speed-ups it hands out the same GPUs and leaves the same plans as the walk
-    that prices every job after every step."""
+def _plain_lazy_walk(jobs: list[Demand], plans: list[Plan], timeline: Timeline, now: float,
+                     slot: float, total: int, order: str) -> list[int]:  # fmt: skip
+    """The lazy walk as it is described: every job priced first; the job at the head of the line
+    is priced again if a level went out since its price, and served if it still ranks first."""
+    gpus = [p.at(now) for p in plans]
+    spare = total - sum(gpus)
+    score = [-math.inf] * len(jobs)
+    pending: list[tuple[Plan, Timeline] | None] = [None] * len(jobs)
+    priced = [0] * len(jobs)
+    steps = 0
+
+    def price(i: int) -> None:
+        step = jobs[i].above(gpus[i])
+        priced[i] = steps
+        if step == gpus[i] or step - gpus[i] > spare:
+            score[i], pending[i] = -math.inf, None
+            return
+        plan, after = plan_mss(release(timeline, plans[i]), jobs[i], now, slot, total, first=step)
+        pending[i] = plan, after
+        gain = (plan.gpu_time() - plans[i].gpu_time()) / (step - gpus[i])
+        score[i] = math.inf if gpus[i] == 0 else (gain if order == "reference" else -gain)
+
+    for i in range(len(jobs)):
+        price(i)
+    line = sorted((-score[i], i) for i in range(len(jobs)) if score[i] > -math.inf)
+    while line and spare > 0:
+        _, i = line.pop(0)
+        if priced[i] != steps:
+            price(i)
+            if score[i] == -math.inf:
+                continue
+            if line and (-score[i], i) > line[0]:
+                line = sorted([*line, (-score[i], i)])
+                continue
+        entry = pending[i]
+        assert entry is not None
+        plans[i], timeline = entry
+        step = jobs[i].above(gpus[i])
+        spare -= step - gpus[i]
+        gpus[i] = step
+        steps += 1
+        price(i)
+        if score[i] > -math.inf:
+            line = sorted([*line, (-score[i], i)])
+    return gpus
+
+
+def _random_walks(seed: int):
+    """Random clusters, deadlines and speed-ups: (jobs, plans, timeline, now, slot, total,
+    order) before a leftover walk."""
     rng = random.Random(seed)
     for _ in range(150):
         total, slot, now = rng.choice([8, 32, 256]), rng.choice([60.0, 240.0]), 1234.5
@@ -235,9 +280,30 @@ def test_the_leftover_walk_keeps_only_prices_that_hold(seed):
             jobs.append(Demand(remaining, deadline if rng.random() < 0.9 else NO_DEADLINE,
                                levels, rates))  # fmt: skip
         jobs.sort(key=lambda job: job.deadline)
-        order = rng.choice(["reference", "saving"])
-        expected, timeline = plan_all_mss(jobs, now, slot, total)
+        plans, timeline = plan_all_mss(jobs, now, slot, total)
+        yield jobs, plans, timeline, now, slot, total, rng.choice(["reference", "saving"])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_leftover_walk_keeps_only_prices_that_hold(seed):
+    """The walk re-plans only the jobs whose price a step may have changed: on random clusters,
+    deadlines and speed-ups it hands out the same GPUs and leaves the same plans as the walk
+    that prices every job after every step."""
+    for jobs, expected, timeline, now, slot, total, order in _random_walks(seed):
         walked = [Plan(list(p.starts), list(p.gpus), p.end, p.finish, p.deadline) for p in expected]
         want = _plain_walk(jobs, expected, timeline, now, slot, total, order)
         assert share_leftovers(jobs, walked, timeline, now, slot, total, order=order) == want
+        assert walked == expected
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_lazy_walk_prices_only_what_it_serves(seed):
+    """The lazy walk leaves unpriced the jobs with no GPUs until it serves them, and keeps no
+    scopes: it hands out the same GPUs and leaves the same plans as the lazy walk that prices
+    every job first and each job it is about to serve again."""
+    for jobs, expected, timeline, now, slot, total, order in _random_walks(seed):
+        walked = [Plan(list(p.starts), list(p.gpus), p.end, p.finish, p.deadline) for p in expected]
+        want = _plain_lazy_walk(jobs, expected, timeline, now, slot, total, order)
+        got = share_leftovers(jobs, walked, timeline, now, slot, total, order=order, lazy=True)
+        assert got == want
         assert walked == expected
