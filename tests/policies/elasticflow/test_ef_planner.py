@@ -178,6 +178,20 @@ def test_lazy_leftovers_stay_within_the_cluster_and_the_levels():
     assert [p.at(0) for p in plans] == gpus  # each job's plan starts at the GPUs it got
 
 
+def _plain_price(
+    job: Demand, plan: Plan, gpus: int, spare: int, timeline: Timeline, now: float, slot: float,
+    total: int, order: str,
+) -> tuple[float, tuple[Plan, Timeline] | None]:  # fmt: skip
+    """A job's price for its next level and the plan and timeline it would leave, as ElasticFlow
+    writes it: re-planned held at that level until the next breakpoint."""
+    step = job.above(gpus)
+    if step == gpus or step - gpus > spare:
+        return -math.inf, None
+    new, after = plan_mss(release(timeline, plan), job, now, slot, total, first=step)
+    gain = (new.gpu_time() - plan.gpu_time()) / (step - gpus)
+    return (math.inf if gpus == 0 else (gain if order == "reference" else -gain)), (new, after)
+
+
 def _plain_walk(jobs: list[Demand], plans: list[Plan], timeline: Timeline, now: float,
                 slot: float, total: int, order: str) -> list[int]:  # fmt: skip
     """ElasticFlow's leftover walk as it is written: every job priced again after every step."""
@@ -187,14 +201,8 @@ def _plain_walk(jobs: list[Demand], plans: list[Plan], timeline: Timeline, now: 
     pending: list[tuple[Plan, Timeline] | None] = [None] * len(jobs)
 
     def price(i: int) -> None:
-        step = jobs[i].above(gpus[i])
-        if step == gpus[i] or step - gpus[i] > spare:
-            score[i], pending[i] = -math.inf, None
-            return
-        plan, after = plan_mss(release(timeline, plans[i]), jobs[i], now, slot, total, first=step)
-        pending[i] = plan, after
-        gain = (plan.gpu_time() - plans[i].gpu_time()) / (step - gpus[i])
-        score[i] = math.inf if gpus[i] == 0 else (gain if order == "reference" else -gain)
+        score[i], pending[i] = _plain_price(jobs[i], plans[i], gpus[i], spare, timeline, now,
+                                            slot, total, order)  # fmt: skip
 
     for i in range(len(jobs)):
         price(i)
@@ -229,15 +237,9 @@ def _plain_lazy_walk(jobs: list[Demand], plans: list[Plan], timeline: Timeline, 
     steps = 0
 
     def price(i: int) -> None:
-        step = jobs[i].above(gpus[i])
         priced[i] = steps
-        if step == gpus[i] or step - gpus[i] > spare:
-            score[i], pending[i] = -math.inf, None
-            return
-        plan, after = plan_mss(release(timeline, plans[i]), jobs[i], now, slot, total, first=step)
-        pending[i] = plan, after
-        gain = (plan.gpu_time() - plans[i].gpu_time()) / (step - gpus[i])
-        score[i] = math.inf if gpus[i] == 0 else (gain if order == "reference" else -gain)
+        score[i], pending[i] = _plain_price(jobs[i], plans[i], gpus[i], spare, timeline, now,
+                                            slot, total, order)  # fmt: skip
 
     for i in range(len(jobs)):
         price(i)
