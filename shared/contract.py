@@ -292,6 +292,9 @@ class ApplyReply(Struct, kw_only=True, omit_defaults=True):
     progress: dict[str, StepsReport] = {}
     """What the node agents last reported of the jobs stopped by this apply (at the stop) and of
     those running (from their heartbeats)."""
+    settled: bool = False
+    """Placement's policy rearranges, placed every allocation, and would place them again where
+    they run now (`PlacementPolicy.settled`): applying the same allocations would move nothing."""
 
 
 class ClusterInfo(Struct, kw_only=True):

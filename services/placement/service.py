@@ -448,14 +448,17 @@ class Placement(Service):
         for job_id in req.specs:
             if job_id in placed and job_id not in launched and job_id in self.running:
                 launched[job_id] = self.running[job_id]
+        unplaced = [a.job_id for a in req.allocations if a.job_id not in self.running]
+        placed_all = not (failed or unplaced or lost or sharing)
         return ApplyReply(
             placed=launched,
             started={j: self.nodes[g[0].node_id].gpu_type for j, g in launched.items()},
             stopped=sorted(stopped),
-            unplaced=[a.job_id for a in req.allocations if a.job_id not in self.running],
+            unplaced=unplaced,
             lost=lost,
             capacity=self.capacity(),
             progress={**reported, **self._with_rates(progress, reported)},
+            settled=self.policy.rearranges and self.policy.settled and placed_all,
         )
 
     def _reported_progress(self) -> dict[str, StepsReport]:

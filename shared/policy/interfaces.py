@@ -141,6 +141,13 @@ class PlacementPolicy(Policy):
         """True if the policy may move jobs whose allocation did not change (see PlacementInput)."""
         return False
 
+    @property
+    def settled(self) -> bool:
+        """True if the policy would place the allocations of its last placement again exactly
+        where that placement put them (it is its own fixed point). A simulation then spares a
+        rearranging policy the apply of a decision that changes nothing."""
+        return False
+
     def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
         """GPUs for each allocation it can place; an allocation left out stays queued."""
         raise NotImplementedError

@@ -42,10 +42,19 @@ class Buddy(PlacementPolicy):
     def __init__(self, params: Struct | None = None) -> None:
         super().__init__(params)
         self._gpus: dict[str, list[GpuRef]] = {}  # a node's GPUs in index order (made once)
+        self._settled = False
 
     @property
     def rearranges(self) -> bool:
         return True
+
+    @property
+    def settled(self) -> bool:
+        """Its last placement put every job on whole nodes or an aligned block of its size: placed
+        again, each job keeps those (`sticky`: a larger job, or an earlier one of the same size,
+        never takes another's; otherwise every job lands where it did, the input being the
+        same). A job placed on free GPUs of the fewest nodes, or left out, unsettles it."""
+        return self._settled
 
     def gpus_of(self, node_id: str, size: int) -> list[GpuRef]:
         """GPUs 0..size-1 of `node_id` (shared, immutable)."""
@@ -61,6 +70,7 @@ class Buddy(PlacementPolicy):
         order = [n.node_id for n in inp.nodes]
         rank = {a.job_id: i for i, a in enumerate(inp.allocations)}
         placed: dict[str, list[GpuRef]] = {}
+        self._settled = True
         # Per GPU type asked for: the nodes it may use, and the largest of them.
         of_type: dict[str, tuple[list[str], int, set[str]]] = {}
         for a in sorted(inp.allocations, key=lambda a: (-a.num_gpus, rank[a.job_id])):
@@ -71,6 +81,7 @@ class Buddy(PlacementPolicy):
             current = inp.current.get(a.job_id, []) if self.params.sticky else []
             gpus = self._place(a, nodes, allowed, largest, free, size, current)
             if gpus is None:
+                self._settled = False
                 continue
             for g in gpus:
                 free[g.node_id].discard(g.index)
@@ -107,6 +118,7 @@ class Buddy(PlacementPolicy):
         if best is not None:
             _, _, start, x = best
             return self.gpus_of(x, size[x])[start : start + n]
+        self._settled = False  # (free GPUs anywhere: placed again, it may get an aligned block)
         return _fewest_nodes(n, nodes, free)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -300,3 +301,36 @@ def test_buddy_places_sizes_that_are_not_powers_of_two(gpus: int):
     got = place([Allocation("a", 8), Allocation("odd", gpus), Allocation("one", 1)])
     assert len(got["odd"]) == gpus and len(got["one"]) == 1
     assert not set(got["odd"]) & set(got["one"])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_buddy_settled_is_its_own_fixed_point(seed: int):
+    """Settled after placing power-of-two jobs: placed again from where they run, every job
+    stays put, whatever moved before (jobs grew, shrank, came and went)."""
+    rng = random.Random(seed)
+    pol = Buddy(BuddyParams(sticky=rng.random() < 0.8))
+    current: dict[str, list[GpuRef]] = {}
+    for _ in range(60):
+        sizes = [rng.choice([1, 1, 2, 4, 8, 16, 32]) for _ in range(rng.randint(1, 14))]
+        allocations = [Allocation(f"j{rng.randint(0, 20)}", g, "a100") for g in sizes]
+        allocations = list({a.job_id: a for a in allocations}.values())
+        inp = PlacementInput(now=0.0, allocations=allocations, current=current, nodes=nodes(16))
+        got = pol.place(inp)
+        if not pol.settled:
+            assert len(got) < len(allocations)  # only what did not fit unsettles it
+            current = got
+            continue
+        again = PlacementInput(now=0.0, allocations=allocations, current=got, nodes=nodes(16))
+        assert pol.place(again) == got and pol.settled
+        current = got
+
+
+def test_buddy_is_not_settled_on_free_gpus_of_the_fewest_nodes():
+    pol = Buddy()
+    got = pol.place(PlacementInput(now=0.0, allocations=[Allocation("a", 4)], current={},
+                                   nodes=nodes(1)))  # fmt: skip
+    assert pol.settled
+    # Two jobs of 3 take the first three GPUs of each half: no aligned pair is left for the 2
+    allocations = [Allocation("a", 3), Allocation("b", 3), Allocation("c", 2)]
+    got = pol.place(PlacementInput(now=0.0, allocations=allocations, current={}, nodes=nodes(1)))
+    assert got["c"] == [GpuRef("n0", 3), GpuRef("n0", 7)] and not pol.settled
