@@ -17,7 +17,6 @@ from typing import Any, Literal
 import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from gpuyard.shared.connection import Bus
@@ -145,18 +144,28 @@ async def read_events(
             "(has its scheduler run on this server?)"
         ) from None
     filters = event_filters(subjects, types)
+    # Delivered to a queue of our own by a callback: `next_msg` costs a task (and a uuid) per
+    # message, most of the time of reading a simulation's tens of thousands of events.
+    arrived: asyncio.Queue[Msg] = asyncio.Queue()
+
+    async def deliver(msg: Msg) -> None:
+        arrived.put_nowait(msg)
+
     sub = await js.subscribe(
-        filters[0], stream=subjects.stream_name, ordered_consumer=True,
+        filters[0], stream=subjects.stream_name, ordered_consumer=True, cb=deliver,
         config=consumer_config(filters, start), idle_heartbeat=2.0,
     )  # fmt: skip
     try:
         while True:
-            try:
-                msg = await sub.next_msg(timeout=idle_s if not follow else None)
-            except (NatsTimeoutError, TimeoutError):
-                if (await sub.consumer_info()).num_pending == 0:
-                    return
-                continue
+            if arrived.empty():
+                try:
+                    msg = await asyncio.wait_for(arrived.get(), idle_s if not follow else None)
+                except TimeoutError:
+                    if (await sub.consumer_info()).num_pending == 0:
+                        return
+                    continue
+            else:
+                msg = arrived.get_nowait()
             yield _stored(msg)
             if not follow and msg.metadata.num_pending == 0:
                 return
