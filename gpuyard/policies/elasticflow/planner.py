@@ -132,11 +132,10 @@ class Timeline:
 
     def merged(self) -> Timeline:
         """Without breakpoints whose free count equals the one before (this timeline if none)."""
-        free = self.free
-        changes = [True, *map(ne, free[1:], free)]
+        changes = _changes(self.free)
         if all(changes):
             return self
-        return Timeline(list(compress(self.times, changes)), list(compress(free, changes)))
+        return Timeline(list(compress(self.times, changes)), list(compress(self.free, changes)))
 
 
 @dataclass(slots=True)
@@ -179,8 +178,13 @@ class Plan:
 def _merged_plan(allocations: dict[float, int]) -> tuple[list[float], list[int]]:
     times = sorted(allocations)
     counts = list(map(allocations.__getitem__, times))
-    changes = [True, *map(ne, counts[1:], counts)]
+    changes = _changes(counts)
     return list(compress(times, changes)), list(compress(counts, changes))
+
+
+def _changes(counts: list[int]) -> list[bool]:
+    """Whether each count differs from the one before (the first always does)."""
+    return [True, *map(ne, counts[1:], counts)]
 
 
 # --------------------------------------------------------------------------- MSS

@@ -192,6 +192,20 @@ def _plain_price(
     return (math.inf if gpus == 0 else (gain if order == "reference" else -gain)), (new, after)
 
 
+def _plain_serve(
+    i: int, jobs: list[Demand], plans: list[Plan], gpus: list[int],
+    pending: list[tuple[Plan, Timeline] | None], spare: int,
+) -> tuple[Timeline, int]:  # fmt: skip
+    """Job `i` takes its next level and its priced plan: (the timeline it leaves, GPUs spare)."""
+    entry = pending[i]
+    assert entry is not None
+    plans[i], timeline = entry
+    step = jobs[i].above(gpus[i])
+    spare -= step - gpus[i]
+    gpus[i] = step
+    return timeline, spare
+
+
 def _plain_walk(jobs: list[Demand], plans: list[Plan], timeline: Timeline, now: float,
                 slot: float, total: int, order: str) -> list[int]:  # fmt: skip
     """ElasticFlow's leftover walk as it is written: every job priced again after every step."""
@@ -212,12 +226,7 @@ def _plain_walk(jobs: list[Demand], plans: list[Plan], timeline: Timeline, now: 
         if not grows:
             break
         chosen = grows[0]
-        entry = pending[chosen]
-        assert entry is not None
-        plans[chosen], timeline = entry
-        step = jobs[chosen].above(gpus[chosen])
-        spare -= step - gpus[chosen]
-        gpus[chosen] = step
+        timeline, spare = _plain_serve(chosen, jobs, plans, gpus, pending, spare)
         for i in queue:
             if jobs[i].above(gpus[i]) > gpus[i]:
                 price(i)
@@ -253,12 +262,7 @@ def _plain_lazy_walk(jobs: list[Demand], plans: list[Plan], timeline: Timeline, 
             if line and (-score[i], i) > line[0]:
                 line = sorted([*line, (-score[i], i)])
                 continue
-        entry = pending[i]
-        assert entry is not None
-        plans[i], timeline = entry
-        step = jobs[i].above(gpus[i])
-        spare -= step - gpus[i]
-        gpus[i] = step
+        timeline, spare = _plain_serve(i, jobs, plans, gpus, pending, spare)
         steps += 1
         price(i)
         if score[i] > -math.inf:
