@@ -315,7 +315,9 @@ class Launch(Struct, kw_only=True, omit_defaults=True):
     """Start this node's part of a job."""
 
     job_id: str
-    spec: JobSpec
+    spec: JobSpec | None = None
+    """What to run. Absent only in a simulation's launches (`clock.cmds`: the simclock has every
+    job's spec from the workload); a node agent refuses a launch without it."""
     gpus: list[int]
     world_size: int
     rank_offset: int

@@ -363,6 +363,30 @@ while True:
 """
 
 
+async def test_the_agent_refuses_a_command_with_a_launch_that_carries_no_spec(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """Only a simulation's launches go without the job's spec (the simclock has the workload): a
+    real agent refuses the whole command, naming the launch, and starts nothing of it."""
+    from gpuyard.shared.connection import connect
+    from gpuyard.shared.contract import NodeCommand
+    from gpuyard.shared.errors import BadRequest
+
+    config = NodeAgentConfig(node_id="n1", gpus=2, use_nvml=False, grace_s=5,
+                             log_dir=str(tmp_path / "logs"), checkpoint_root=str(tmp_path / "ckpt"))  # fmt: skip
+    bus = Bus(await connect(nats_url, name="agent-n1"), Subjects("nospec"))
+    agent = NodeAgent(bus, config)
+    try:
+        whole = msgspec.structs.replace(_launch("per_gpu"), job_id="a", gpus=[0], world_size=1)
+        bare = msgspec.structs.replace(whole, job_id="b", gpus=[1], spec=None)
+        with pytest.raises(BadRequest, match="'b' carries no job spec") as refused:
+            await agent.command(NodeCommand(now=0.0, node_id="n1", launch=[whole, bare]))
+        assert refused.value.field == "$.launch[1].spec"
+        assert not agent.parts and not agent.launched
+    finally:
+        await bus.close()
+
+
 async def test_a_job_told_to_share_gpus_runs_beside_their_holder_and_others_wait(
     nats_url: str, tmp_path: Path
 ) -> None:

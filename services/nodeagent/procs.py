@@ -54,6 +54,7 @@ def process_envs(
     """The environment of each process of this part: Blox's names, torchrun's, and gpuyard's
     (`gpu_type`: the node's GPU type, as `GPUYARD_GPU_TYPE` when known)."""
     spec = launch.spec
+    assert spec is not None  # (the agent refuses a launch without one)
     gpus = [str(g) for g in launch.gpus]
     per_gpu = spec.processes == "per_gpu"
     count = len(launch.gpus) if per_gpu else 1
@@ -126,10 +127,12 @@ class JobPart:
         self._spawning = False
 
     async def spawn(self, base_env: dict[str, str]) -> None:
-        command = self.launch.spec.command
+        spec = self.launch.spec
+        assert spec is not None  # (the agent refuses a launch without one)
+        command = spec.command
         if not command:
             raise ValueError("the job has no command")
-        workdir = self.launch.spec.workdir or None  # None: the agent's own
+        workdir = spec.workdir or None  # None: the agent's own
         if workdir is not None and not await asyncio.to_thread(os.path.isdir, workdir):
             raise ValueError(f"working directory {workdir} is not a directory on {self.node_id}")
         logs = self.places.job_logs(self.job_id)

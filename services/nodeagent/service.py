@@ -50,7 +50,7 @@ from gpuyard.shared.endpoints import (
     STATS,
     Endpoint,
 )
-from gpuyard.shared.errors import RemoteError
+from gpuyard.shared.errors import BadRequest, RemoteError
 from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import NodeSpec
 from gpuyard.shared.service import Handler, Service
@@ -226,6 +226,11 @@ class NodeAgent(Service):
     async def command(self, cmd: NodeCommand) -> NodeCommandReply:
         """Preempt, then launch. Returns at once: a launch waits in the background for its GPUs'
         previous holders to exit, so the control plane never waits out a grace period."""
+        for i, launch in enumerate(cmd.launch):
+            if launch.spec is None:
+                raise BadRequest(
+                    f"the launch of job {launch.job_id!r} carries no job spec", field=f"$.launch[{i}].spec"
+                )
         progress: dict[str, float] = {}
         for job_id in cmd.preempt:
             part = self.parts.get(job_id)

@@ -106,6 +106,7 @@ class Placement(Service):
         self.install_policy(config.policy, config.params)
         self.nodes: dict[str, NodeSpec] = {}
         self._capacity: dict[str, int] | None = None  # of `nodes`, while they do not change
+        self._every_view: list[NodeView] | None = None  # `_all_views`, while nodes do not change
         self.running: dict[str, list[GpuRef]] = {}
         self.free: dict[str, set[int]] = {}  # free GPU indices per node
         self.holders: dict[GpuRef, int] = {}  # how many running jobs hold each busy GPU
@@ -195,7 +196,7 @@ class Placement(Service):
     def _add_node(self, node: NodeSpec) -> None:
         """A node joins, or registers again (after an agent restart: what runs there stays)."""
         self.nodes[node.node_id] = node
-        self._capacity = None
+        self._capacity = self._every_view = None
         self.down.pop(node.node_id, None)
         busy = {g.index for g in self.holders if g.node_id == node.node_id}
         self.free[node.node_id] = set(range(node.num_gpus)) - busy
@@ -223,6 +224,7 @@ class Placement(Service):
             )
         self.changed = True
         self.unresponsive.discard(req.node.node_id)
+        self._every_view = None
         old = self.nodes.get(req.node.node_id)
         # A node agent's own registration: it must heartbeat, or it is declared lost.
         boot = req.node.labels.get("boot") or ("agent" if caller.role == "node" else None)
@@ -261,7 +263,7 @@ class Placement(Service):
             self.unresponsive.discard(node_id)
             self.unconfirmed.pop(node_id, None)
             del self.nodes[node_id]
-            self._capacity = None
+            self._capacity = self._every_view = None
             del self.free[node_id]
             self.down[node_id] = req.now
         hit = sorted(j for j, gpus in self.running.items() if any(g.node_id in gone for g in gpus))
@@ -365,11 +367,15 @@ class Placement(Service):
         return views
 
     def _all_views(self) -> list[NodeView]:
-        return [
-            NodeView(node_id=n.node_id, gpu_type=n.gpu_type, usable=list(range(n.num_gpus)))
-            for n in self.nodes.values()
-            if n.node_id not in self.unresponsive
-        ]
+        """Every responsive node with all its GPUs (a rearranging policy's view at every apply:
+        made again only when nodes change)."""
+        if self._every_view is None:
+            self._every_view = [
+                NodeView(node_id=n.node_id, gpu_type=n.gpu_type, usable=list(range(n.num_gpus)))
+                for n in self.nodes.values()
+                if n.node_id not in self.unresponsive
+            ]
+        return list(self._every_view)
 
     async def apply(self, req: ApplyRequest) -> ApplyReply:
         self.changed = True
@@ -599,11 +605,12 @@ class Placement(Service):
             for g in gpus:
                 by_node.setdefault(g.node_id, []).append(g.index)
             master = self.nodes[gpus[0].node_id]
+            spec = None if self.config.simulated else specs[job_id]  # (the simclock has them)
             offset = 0
             for rank, (node_id, indices) in enumerate(by_node.items()):
                 command(node_id).launch.append(
                     Launch(
-                        job_id=job_id, spec=specs[job_id], gpus=indices, world_size=len(gpus),
+                        job_id=job_id, spec=spec, gpus=indices, world_size=len(gpus),
                         rank_offset=offset, node_rank=rank, num_nodes=len(by_node),
                         master_addr=master.address or master.node_id, master_port=master_port(job_id),
                         attempt=(attempts or {}).get(job_id, 0),
@@ -722,6 +729,7 @@ class Placement(Service):
             return  # the node is gone already (declared lost, or left)
         if node_id not in self.unresponsive:
             self.unresponsive.add(node_id)  # no more commands or jobs meanwhile
+            self._every_view = None
             self.log.error("node.command_failed", node_id=node_id, error=str(error))
             lost = NodesChanged(
                 now=time.time(), gone=[node_id], reason=f"no answer to a command ({error.reply.error})"

@@ -166,8 +166,8 @@ class SimJob:
 
     __slots__ = (
         "attempt", "base", "done", "down_s", "ended_at", "failure", "floor", "gpu_type", "held",
-        "job_type", "min_gpus", "parts", "placed", "rate", "restarting", "restoring", "round_steps",
-        "since", "total", "up_s", "version",
+        "job_type", "min_gpus", "parts", "placed", "ranks", "rate", "restarting", "restoring",
+        "round_steps", "since", "total", "up_s", "version",
     )  # fmt: skip
 
     def __init__(self, spec: JobSpec, total: float) -> None:
@@ -177,6 +177,7 @@ class SimJob:
         self.rate = 0.0
         self.since = 0.0
         self.parts: dict[str, tuple[int, ...]] = {}  # node -> GPU indices
+        self.ranks: frozenset[tuple[str, int]] | None = None  # its GPUs, made when parts change
         self.attempt = 0
         self.round_steps = 0.0  # Gavel's rounds: the steps of this round's micro-task
         self.ended_at: float | None = None  # Gavel's rounds: its last micro-task's end
@@ -319,6 +320,7 @@ class SimClock(Service):
             job.settle(cmd.now)
             self._partners_alone(self._detach(launch.job_id, cmd.node_id), cmd.now)
             job.parts[cmd.node_id] = tuple(launch.gpus)
+            job.ranks = None
             for g in launch.gpus:
                 self.holding.setdefault((cmd.node_id, g), []).append(launch.job_id)
             job.gpu_type = self.node_types[cmd.node_id]
@@ -335,6 +337,7 @@ class SimClock(Service):
         """The job's part on `node_id` stops holding its GPUs; returns the jobs still there."""
         left: list[str] = []
         job = self.jobs[job_id]
+        job.ranks = None
         for g in job.parts.pop(node_id, ()):
             holders = self.holding[(node_id, g)]
             holders.remove(job_id)
@@ -727,7 +730,11 @@ class SimClock(Service):
             job = self.jobs.get(job_id)
             if job is None or not job.parts:
                 continue
-            ranks = frozenset((node, g) for node, gpus in job.parts.items() for g in gpus)
+            ranks = job.ranks
+            if ranks is None:  # (every running job, every instant with launches: made once)
+                ranks = job.ranks = frozenset(
+                    (node, g) for node, gpus in job.parts.items() for g in gpus
+                )
             warm = model.warm_ranks and ranks in self.warm
             self.warm.add(ranks)
             pauses[job_id] = model.seconds(len(ranks), warm=warm, cold=cold)

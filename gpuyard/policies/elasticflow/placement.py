@@ -9,6 +9,9 @@ sizes fit the cluster, they fit its blocks.
 
 from __future__ import annotations
 
+from itertools import islice
+from operator import attrgetter
+
 from msgspec import Struct
 
 from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef
@@ -66,60 +69,92 @@ class Buddy(PlacementPolicy):
     def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
         free = {n.node_id: set(n.usable) for n in inp.nodes}
         size = {n.node_id: len(n.usable) for n in inp.nodes}
-        kind = {n.node_id: n.gpu_type for n in inp.nodes}
-        order = [n.node_id for n in inp.nodes]
-        rank = {a.job_id: i for i, a in enumerate(inp.allocations)}
         placed: dict[str, list[GpuRef]] = {}
         self._settled = True
-        # Per GPU type asked for: the nodes it may use, and the largest of them.
-        of_type: dict[str, tuple[list[str], int, set[str]]] = {}
-        for a in sorted(inp.allocations, key=lambda a: (-a.num_gpus, rank[a.job_id])):
-            if a.gpu_type not in of_type:
-                nodes = [n for n in order if a.gpu_type in (ANY_GPU, kind[n])]
-                of_type[a.gpu_type] = (nodes, max((size[x] for x in nodes), default=0), set(nodes))
-            nodes, largest, allowed = of_type[a.gpu_type]
+        of_type: dict[str, _Candidates] = {}
+        for a in sorted(inp.allocations, key=lambda a: -a.num_gpus):  # (stable: then in order)
+            candidates = of_type.get(a.gpu_type)
+            if candidates is None:
+                nodes = [n.node_id for n in inp.nodes if a.gpu_type in (ANY_GPU, n.gpu_type)]
+                candidates = of_type[a.gpu_type] = _Candidates(nodes, size)
             current = inp.current.get(a.job_id, []) if self.params.sticky else []
-            gpus = self._place(a, nodes, allowed, largest, free, size, current)
+            gpus = self._place(a, candidates, free, size, current)
             if gpus is None:
                 self._settled = False
                 continue
-            for g in gpus:
-                free[g.node_id].discard(g.index)
             placed[a.job_id] = gpus
         return placed
 
     def _place(
-        self, a: Allocation, nodes: list[str], allowed: set[str], largest: int,
-        free: dict[str, set[int]], size: dict[str, int], current: list[GpuRef],
+        self, a: Allocation, candidates: _Candidates, free: dict[str, set[int]],
+        size: dict[str, int], current: list[GpuRef],
     ) -> list[GpuRef] | None:  # fmt: skip
+        """The job's GPUs, taken out of `free` (None: it does not fit)."""
         n = a.num_gpus
-        if n >= largest > 0:
-            chosen = _whole_nodes(n, nodes, allowed, free, size, current)
+        nodes = candidates.nodes
+        if n >= candidates.largest > 0:
+            chosen = _whole_nodes(n, candidates, free, size, current)
             if chosen is None:
                 return None
-            gpus = [g for x in chosen for g in self.gpus_of(x, size[x])[: size[x]]]
-            return gpus[:n]
+            gpus: list[GpuRef] = []
+            for x in chosen:
+                if len(gpus) == n:
+                    break  # (current nodes beyond what a smaller job needs)
+                take = min(size[x], n - len(gpus))
+                gpus += self.gpus_of(x, take)[:take]
+                free[x].difference_update(range(take))
+            return gpus
         block = _block(n)
         kept = _block_around(current, block, free)
         if kept is not None:
             node, start = kept
+            free[node].difference_update(range(start, start + n))
             return self.gpus_of(node, size[node])[start : start + n]
         # The fullest node with a free aligned block (then the first such node, its first block).
         best: tuple[int, int, int, str] | None = None
-        for position, x in enumerate(nodes):
+        scanned = candidates.with_room
+        with_room: list[tuple[int, str]] = []
+        for i, (position, x) in enumerate(scanned):
             room = free[x]
-            if len(room) < block or (best is not None and len(room) > best[0]):
-                continue
+            k = len(room)
+            if not k:
+                continue  # full: it stays so
+            with_room.append((position, x))
+            if k < block or (best is not None and k >= best[0]):
+                continue  # (a later node as full as the best so far loses the tie)
             for start in range(0, size[x] - block + 1, block):
-                if all(i in room for i in range(start, start + block)):
-                    if best is None or (len(room), position) < best[:2]:
-                        best = (len(room), position, start, x)
+                if room.issuperset(range(start, start + block)):
+                    best = (k, position, start, x)
                     break
+            if best is not None and best[0] == block:
+                with_room += scanned[i + 1 :]
+                break  # none can be fuller
+        candidates.with_room = with_room
         if best is not None:
             _, _, start, x = best
+            free[x].difference_update(range(start, start + n))
             return self.gpus_of(x, size[x])[start : start + n]
         self._settled = False  # (free GPUs anywhere: placed again, it may get an aligned block)
-        return _fewest_nodes(n, nodes, free)
+        gpus = _fewest_nodes(n, nodes, free)
+        for g in gpus or ():
+            free[g.node_id].discard(g.index)
+        return gpus
+
+
+class _Candidates:
+    """The nodes of the GPU type a job asks for, in order; the largest of them; and where the
+    first that may still be whole is, and those that may still have room, with their places
+    (during a placement GPUs are only taken: a node that stopped being whole stays so, a full
+    node stays full)."""
+
+    __slots__ = ("allowed", "first_whole", "largest", "nodes", "with_room")
+
+    def __init__(self, nodes: list[str], size: dict[str, int]) -> None:
+        self.nodes = nodes
+        self.allowed = set(nodes)
+        self.largest = max((size[x] for x in nodes), default=0)
+        self.first_whole = 0
+        self.with_room = list(enumerate(nodes))
 
 
 def _block_around(
@@ -137,18 +172,23 @@ def _block_around(
 
 
 def _whole_nodes(
-    n: int, nodes: list[str], allowed: set[str], free: dict[str, set[int]],
-    size: dict[str, int], current: list[GpuRef],
+    n: int, candidates: _Candidates, free: dict[str, set[int]], size: dict[str, int],
+    current: list[GpuRef],
 ) -> list[str] | None:  # fmt: skip
-    """The job's current nodes that are whole and free, then the first other such nodes of
-    `nodes` (`allowed`: the same, as a set), until they hold `n` GPUs (None if they cannot)."""
+    """The job's current nodes that are whole and free, then the first other such nodes of the
+    candidates, until they hold `n` GPUs (None if they cannot)."""
 
     def whole(x: str) -> bool:
-        return x in allowed and size[x] > 0 and len(free[x]) == size[x]
+        return size[x] > 0 and len(free[x]) == size[x]
 
-    chosen = [x for x in dict.fromkeys(g.node_id for g in current) if whole(x)]
+    allowed = candidates.allowed
+    chosen = [x for x in dict.fromkeys(map(_node_of, current)) if x in allowed and whole(x)]
     taken, held = set(chosen), sum(size[x] for x in chosen)
-    for x in nodes:
+    nodes, first = candidates.nodes, candidates.first_whole
+    while first < len(nodes) and not whole(nodes[first]):
+        first += 1
+    candidates.first_whole = first
+    for x in islice(nodes, first, None):
         if held >= n:
             break
         if x not in taken and whole(x):
@@ -156,6 +196,9 @@ def _whole_nodes(
             taken.add(x)
             held += size[x]
     return chosen if held >= n else None
+
+
+_node_of = attrgetter("node_id")
 
 
 def _fewest_nodes(n: int, nodes: list[str], free: dict[str, set[int]]) -> list[GpuRef] | None:
