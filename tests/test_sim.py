@@ -74,6 +74,26 @@ async def test_a_decision_that_changes_nothing_is_not_sent_to_placement(
     )
 
 
+async def test_a_job_that_ends_is_released_with_the_next_apply_that_changes_something(
+    tmp_path: Path, nats_url: str
+) -> None:
+    """When a job ends and the others run on as allocated, the scheduler does not ask placement
+    to apply that: the ended job's GPUs go back with the next apply, before it places anything.
+    Here `a` ends at 50 s beside `b` while `d` (2 GPUs) waits at the head of the FIFO queue: the
+    decision at 50 s changes nothing. At 100 s `b` ends and `d` gets both GPUs, `a`'s too."""
+    jobs = [job("a", 1, 50.0, 0.0), job("b", 1, 100.0, 0.0), job("d", 2, 20.0, 10.0),
+            job("c", 1, 30.0, 60.0)]  # fmt: skip
+    options = SimOptions(cluster=ClusterSpec.parse("1x2"), mode="events")
+    result = await simulate(options, jobs, tmp_path, nats_url=nats_url, plots=False)
+    by_id = {r.job_id: r for r in result.jobs}
+    assert [(by_id[j].first_start, by_id[j].end_time) for j in "abdc"] == [
+        (0.0, 50.0), (0.0, 100.0), (100.0, 120.0), (120.0, 150.0)
+    ]
+    scheduler = next(s for s in result.stats if s.service == "scheduler")
+    applies = sum(int(c) for subject, (c, _) in scheduler.requests.items() if "apply" in subject)
+    assert (applies, len(scheduler.decision_s)) == (3, 6)  # a and b; d with a's release; c
+
+
 async def test_blox_round_semantics(tmp_path: Path, nats_url: str) -> None:
     """Blox: jobs are admitted and seen finished only at round starts (here every 60 s)."""
     options = SimOptions(cluster=ClusterSpec.parse("1x2"), mode="rounds", blox=True, round_s=60.0)

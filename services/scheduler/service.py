@@ -143,7 +143,7 @@ class Scheduler(Service):
         self.install_policy(config.policy, config.params)
         self.released: list[str] = []  # ended on their own since the last apply
         self.cluster: ClusterInfo | None = None  # placement's, as last heard; None: ask again
-        self._applied: tuple[ClusterInfo, list[Allocation], bool] | None = None  # the last apply's
+        self._applied: tuple[ClusterInfo, dict[str, Allocation], bool] | None = None  # the last apply's
         self._node_list: tuple[ClusterInfo, list[NodeStatus]] | None = None  # its node views
         self._node_views: dict[str, NodeStatus] = {}  # the last view of each node
         self.dirty = False
@@ -548,8 +548,8 @@ class Scheduler(Service):
                     attempts=attempts,
                 ),
             )  # fmt: skip
-            self._applied = (cluster, allocations, reply.settled)
-        self.released = []
+            self._applied = (cluster, {a.job_id: a for a in allocations}, reply.settled)
+            self.released = []
         cluster.capacity = reply.capacity
         for job_id, steps in reply.progress.items():
             record = active.get(job_id)
@@ -598,22 +598,28 @@ class Scheduler(Service):
     def _confirms_what_runs(
         self, cluster: ClusterInfo, allocations: list[Allocation], specs: dict[str, JobSpec]
     ) -> bool:
-        """A simulation's apply would change nothing: the very allocations of the last apply, on
-        the same cluster, no job to launch or release, and a placement that keeps running jobs
-        where they are (one that does not rearrange, or one settled where the last apply left
-        them). (Half the decisions of a long FIFO queue: an arrival that waits; a third of
-        ElasticFlow's.) A real cluster applies every decision: the reply brings the heartbeats'
-        progress and lost jobs."""
+        """A simulation's apply would change nothing: the allocations of the last apply (in any
+        order), less the jobs that ended since, on the same cluster, no job to launch, and a
+        placement that keeps running jobs where they are (one that does not rearrange, or one
+        settled where the last apply left them). (Half the decisions of a long FIFO queue: an
+        arrival that waits; over half of ElasticFlow's: a job that ended, or the same
+        allocations in another order.) The ended jobs' release waits for the next apply, which
+        frees their GPUs before it places anything, as this one would have. A real cluster
+        applies every decision: the reply brings the heartbeats' progress and lost jobs."""
         last = self._applied
-        return (
+        if not (
             self.config.clock == "external"
             and last is not None
             and last[0] is cluster
             and (not cluster.rearranges or last[2])
             and not specs
-            and not self.released
-            and last[1] == allocations
-        )
+        ):
+            return False
+        applied = last[1]
+        if self.released:
+            ended = set(self.released)
+            applied = {job_id: a for job_id, a in applied.items() if job_id not in ended}
+        return len(allocations) == len(applied) and {a.job_id: a for a in allocations} == applied
 
     def _learned_since_decision(self) -> bool:
         """The model learned from progress since the policy last decided, and that counts as a

@@ -307,8 +307,12 @@ class SimClock(Service):
         if cmd.node_id not in self.node_types:
             raise BadRequest(f"no simulated node {cmd.node_id!r}", field="$.node_id")
         progress: dict[str, float] = {}
+        preempted: list[str] = []
         for job_id in cmd.preempt:
-            job = self.jobs[job_id]
+            job = self.jobs.get(job_id)
+            if job is None:  # it ended (placement hears of that at its next apply): nothing runs
+                continue
+            preempted.append(job_id)
             job.settle(cmd.now)
             self._partners_alone(self._detach(job_id, cmd.node_id), cmd.now)
             if not job.restarting:  # a distributed job restarts as a whole: checkpoint once
@@ -329,7 +333,7 @@ class SimClock(Service):
             self.launched.add(launch.job_id)
             self.running.add(launch.job_id)
         return NodeCommandReply(
-            preempted=cmd.preempt, launched=[launch.job_id for launch in cmd.launch],
+            preempted=preempted, launched=[launch.job_id for launch in cmd.launch],
             progress=progress,
         )  # fmt: skip
 
