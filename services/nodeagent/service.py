@@ -229,7 +229,8 @@ class NodeAgent(Service):
         for i, launch in enumerate(cmd.launch):
             if launch.spec is None:
                 raise BadRequest(
-                    f"the launch of job {launch.job_id!r} carries no job spec", field=f"$.launch[{i}].spec"
+                    f"the launch of job {launch.job_id!r} carries no job spec",
+                    field=f"$.launch[{i}].spec",
                 )
         progress: dict[str, float] = {}
         for job_id in cmd.preempt:

@@ -143,7 +143,8 @@ class Scheduler(Service):
         self.install_policy(config.policy, config.params)
         self.released: list[str] = []  # ended on their own since the last apply
         self.cluster: ClusterInfo | None = None  # placement's, as last heard; None: ask again
-        self._applied: tuple[ClusterInfo, dict[str, Allocation], bool] | None = None  # the last apply's
+        # The last apply's cluster, allocations (by job) and whether placement was settled.
+        self._applied: tuple[ClusterInfo, dict[str, Allocation], bool] | None = None
         self._node_list: tuple[ClusterInfo, list[NodeStatus]] | None = None  # its node views
         self._node_views: dict[str, NodeStatus] = {}  # the last view of each node
         self.dirty = False
