@@ -101,7 +101,7 @@ class Buddy(PlacementPolicy):
                 if len(gpus) == n:
                     break  # (current nodes beyond what a smaller job needs)
                 take = min(size[x], n - len(gpus))
-                gpus += self.gpus_of(x, take)[:take]
+                gpus += self.gpus_of(x, size[x])[:take]
                 free[x].difference_update(range(take))
             return gpus
         block = _block(n)
