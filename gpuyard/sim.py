@@ -56,6 +56,9 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     placement_params: dict[str, Any] = {}
     round_s: float = 300.0
     mode: Literal["rounds", "events"] = "events"
+    merge_within_round: bool = False
+    """events: decide at most once a round, what comes within it waiting for its end (ElasticFlow's
+    scheduling slot; `SchedulerConfig.merge_within_round`)."""
     blox: bool = False
     """Blox's simulator semantics: jobs are admitted and seen finished only at round starts."""
     gavel: bool = False
@@ -118,12 +121,13 @@ def elasticflow_scheme(scheme: str) -> tuple[str, dict[str, Any], str]:
 def elasticflow_options(scheme: str, round_s: float, total_gpus: int) -> dict[str, Any]:
     """SimOptions fields for an ElasticFlow scheme, as its simulator runs it (`--elasticflow`).
 
-    Decisions come at events, at most once a scheduling slot (the round): the ElasticFlow
-    family's policies hold a decision asked for within a slot of their last one until that slot
-    ends, as ElasticFlow merges events; Tiresias (`dlas-gpu`), Themis and Chronus, whose
-    ElasticFlow versions run in rounds, decide on a grid of slots (`mode="rounds"`; Chronus only
-    at its 240 s leases). Placement is buddy-style for every scheme; the deadline admission
-    policies plan on the same slot. Restarts cost what ElasticFlow's simulator charges, where it
+    Decisions come at events (arrivals, declined ones included, and completions), at most once a
+    scheduling slot (the round): what comes within a slot of the last decision waits until that
+    slot ends (`merge_within_round`), as ElasticFlow merges events; Tiresias (`dlas-gpu`), Themis
+    and Chronus, whose ElasticFlow versions run in rounds, decide on a grid of slots
+    (`mode="rounds"`; Chronus only at its 240 s leases). Placement is buddy-style for every
+    scheme; the deadline admission policies plan on the same slot, from the scheduler's next
+    decision. Restarts cost what ElasticFlow's simulator charges, where it
     charges them (`RestartCost`): `ef`, `ef-accessctrl` and `edf-accessctrl` restart every running
     job at every scheduling decision (its executor restarts them all whenever an allocation
     changes), warm on GPU sets used before; `gandiva` the same without warm processes; `dlas-gpu`
@@ -150,7 +154,7 @@ def elasticflow_options(scheme: str, round_s: float, total_gpus: int) -> dict[st
         "policy": policy, "policy_params": dict(params), "admission": admission,
         "admission_params": {"slot_s": round_s} if admission in ("elasticflow", "edf") else {},
         "placement": "buddy", "placement_params": {}, "mode": "rounds" if rounds else "events",
-        "elasticflow": scheme, "preemption_cost": PreemptionCost(restart=restart),
+        "merge_within_round": not rounds, "elasticflow": scheme, "preemption_cost": PreemptionCost(restart=restart),
     }  # fmt: skip
 
 
@@ -185,6 +189,7 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
             round_s=options.round_s,
             min_run_s=options.min_run_s,
             mode="clock" if options.gavel else options.mode,
+            merge_within_round=options.merge_within_round,
             time_shares=TimeShareConfig(credit_whole_steps=options.gavel),
             event_storage=options.event_storage,
             durable=options.durable,

@@ -137,6 +137,9 @@ class EnqueueRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     jobs: list[JobSpec]
     tick: bool = False
     """After enqueueing, run the scheduling round if one is due (the clock's tick, passed on)."""
+    declined: int = 0
+    """Arrivals of the same submission that admission declined: an event all the same for the
+    policies that reschedule at every arrival (`Needs.decide_on_arrival`)."""
 
 
 class SchedulerStatus(Struct, kw_only=True):
@@ -194,9 +197,13 @@ class ExitReport(Struct, kw_only=True, forbid_unknown_fields=True):
     """After recording the exits, run the scheduling round if one is due."""
 
 
-class JobsPage(Struct, kw_only=True):
+class JobsPage(Struct, kw_only=True, omit_defaults=True):
     jobs: list[JobRecord]
     total: int
+    next_decision: float | None = None
+    """A query with the caller's time (`JobQuery.now`): when the scheduler would first decide on
+    a job admitted then (the next round boundary, or the end of the current slot when it merges
+    events); None when its rounds run on their own clock."""
 
 
 class JobQuery(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -206,6 +213,8 @@ class JobQuery(Struct, kw_only=True, forbid_unknown_fields=True):
     states: list[JobState] = []
     offset: int = 0
     limit: int = 2000
+    now: float | None = None
+    """The caller's time, for `JobsPage.next_decision` (admission's deadline plans start then)."""
 
 
 class CancelRequest(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -276,6 +285,14 @@ class StepsReport(Struct, array_like=True):
     steps: float
     at: float
     rate: float = 0.0
+
+
+class StepsUpdate(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`sched.steps`: the progress of running jobs that made less than their rate says (a
+    simulated node's restart pauses), at `now`; what a real node agent's heartbeats tell."""
+
+    now: float
+    jobs: dict[str, StepsReport]
 
 
 class ApplyReply(Struct, kw_only=True, omit_defaults=True):
@@ -503,7 +520,7 @@ class Event(Struct, kw_only=True, omit_defaults=True):
 MESSAGES: tuple[type[Struct], ...] = (
     ErrorReply, Ack, Ping, Pong, ServiceStats, Empty, PageQuery, SubmitRequest, SubmitResult, SubmitReply,
     EnqueueRequest, SchedulerStatus, ClusterChanged, TickRequest, JobExit, ExitReport, JobRecord, JobsPage,
-    RegisterNode, NodesChanged, NodesChangedReply, ApplyRequest, StepsReport, ApplyReply, ClusterInfo, Launch,
+    RegisterNode, NodesChanged, NodesChangedReply, ApplyRequest, StepsReport, StepsUpdate, ApplyReply, ClusterInfo, Launch,
     NodeCommand, NodeCommandReply, NodeCommands, NodeCommandsReply, RunRequest, Progress, TimelinePoint, TimelinePage, Event,
     JobQuery, CancelRequest, CancelReply, GpuMetrics, JobProgress, Heartbeat, HeartbeatsPage,
     LogsRequest, LogsReply, LogLine,

@@ -54,6 +54,7 @@ from .contract import (
     SchedulerStatus,
     ServiceStats,
     SetPolicy,
+    StepsUpdate,
     SubmitReply,
     SubmitRequest,
     TickRequest,
@@ -121,6 +122,7 @@ SUBMIT = Endpoint("adm.submit.{caller}", SubmitRequest, SubmitReply, "client, si
 ENQUEUE = Endpoint("sched.enqueue", EnqueueRequest, SchedulerStatus, "admission -> scheduler", ("scheduler",))  # fmt: skip
 TICK = Endpoint("sched.tick", TickRequest, SchedulerStatus, "clock -> scheduler", ("scheduler",))
 EXITED = Endpoint("sched.exited.{caller}", ExitReport, SchedulerStatus, "node agents, simclock -> scheduler", ("scheduler",), "caller")  # fmt: skip
+STEPS = Endpoint("sched.steps", StepsUpdate, SchedulerStatus, "simclock -> scheduler", ("scheduler",))  # fmt: skip
 CLUSTER_CHANGED = Endpoint("sched.cluster_changed", ClusterChanged, SchedulerStatus, "simclock -> scheduler", ("scheduler",))  # fmt: skip
 JOBS = Endpoint("sched.jobs", PageQuery, JobsPage, "anyone -> scheduler", ("scheduler",))
 STATUS = Endpoint("sched.status", Empty, SchedulerStatus, "anyone -> scheduler", ("scheduler",))
@@ -157,7 +159,7 @@ EVENT = Endpoint(
 )
 
 ENDPOINTS: tuple[Endpoint[Any, Any], ...] = (
-    SUBMIT, ENQUEUE, TICK, EXITED, CLUSTER_CHANGED, JOBS, STATUS, QUERY, CANCEL,
+    SUBMIT, ENQUEUE, TICK, EXITED, STEPS, CLUSTER_CHANGED, JOBS, STATUS, QUERY, CANCEL,
     REGISTER, NODES, APPLY, CLUSTER, HEARTBEATS,
     NODE_COMMAND, NODE_LOGS, HEARTBEAT, REREGISTER, LOG_LINE,
     NODE_COMMANDS, RUN, TIMELINE, PROGRESS,

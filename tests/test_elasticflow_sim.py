@@ -118,6 +118,44 @@ async def test_admission_declines_what_cannot_make_it(
     assert all(r.end_time is not None and r.end_time <= r.spec.deadline for r in result.jobs)  # type: ignore[operator]
 
 
+async def test_admission_sees_the_progress_that_restart_pauses_took(
+    tmp_path: Path, nats_url: str, toy_model: str
+) -> None:
+    """Every decision pauses each running job 5 s. 'a' (400 steps, deadline 103) is admitted at 0:
+    on all 4 GPUs it needs 100 s, but its first pause makes it end at 105 at best. The simulated
+    nodes tell the scheduler the progress the pause took (as a real node's heartbeats would), so
+    when 'b' arrives at 30 admission sees 'a' late and declines 'b' for it, as ElasticFlow's
+    planner does. (Planned as if nothing paused, 'a' would end at 100 and 'b' be admitted.) The
+    declined arrival is a decision all the same: 'a' pauses again and ends at 110."""
+    restart = RestartCost(base_s=5.0, per_doubling_s=0.0, cold_s=0.0, scope="decisions")
+    jobs = [toy("a", 400, 0.0, 103.0), toy("b", 10, 30.0, 1_000.0)]
+    options = ef_options(toy_model, "ef-accessctrl", preemption_cost=PreemptionCost(restart=restart))
+    result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
+    assert [r.job_id for r in result.jobs] == ["a"]
+    assert result.summary["declined"] == 1
+    assert result.jobs[0].end_time == pytest.approx(110.0)
+
+
+async def test_a_declined_arrival_starts_a_slot_and_admission_plans_from_its_end(
+    tmp_path: Path, nats_url: str, toy_model: str
+) -> None:
+    """Slots of 10 s. 'x' (arriving at 15) cannot make its deadline and is declined, but its
+    arrival is a scheduling event all the same, as in ElasticFlow: the next decision comes at 25,
+    the slot's end. 'b' arrives at 20 needing all 4 GPUs for 10 s by 32: planned from 25, when the
+    scheduler will first decide on it, it would end at 35; it is declined. (Planned from its
+    arrival, or with no decision at 15, it would fit.)"""
+    jobs = [
+        toy("a", 400, 0.0, 10_000.0),
+        toy("x", 10_000, 15.0, 50.0),
+        toy("b", 40, 20.0, 32.0),
+    ]
+    options = ef_options(toy_model, "ef-accessctrl", preemption_cost=PreemptionCost())
+    result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
+    assert [r.job_id for r in result.jobs] == ["a"]
+    assert result.summary["declined"] == 2
+    assert result.jobs[0].end_time == pytest.approx(100.0)
+
+
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gpuyard.cli", *args], capture_output=True, text=True, timeout=300

@@ -337,16 +337,19 @@ async def test_logs_follow_believes_only_the_nodes_a_job_runs_on(cluster: Secure
         sys.executable, "-m", "gpuyard.cli", "logs", "-f", job, "--nats-config", str(profile),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    await asyncio.sleep(2.0)  # (it subscribed)
+    # It subscribes before it asks for the files: once it has printed them, it follows.
+    assert follow.stdout is not None
+    first = (await asyncio.wait_for(follow.stdout.readline(), 30)).decode()
     for client, node, text in ((runs, victim, "genuine"), (other, other_id, "forged")):
         line = LogLine(job_id=job, node_id=node, rank=0, line=text, time=time.time())
         await client.bus.publish(LOG_LINE, line, job=job, node=node)
     await asyncio.sleep(0.5)
     op = await cluster.client(OPERATOR.token)
     await op.bus.call(CANCEL, CancelRequest(job_ids=[job]))
-    out, err = await asyncio.wait_for(follow.communicate(), 30)
+    rest, err = await asyncio.wait_for(follow.communicate(), 30)
+    out = first + rest.decode()
     assert follow.returncode == 0, err.decode()
-    assert f"[{victim} rank0] genuine" in out.decode() and "forged" not in out.decode()
-    assert "genuine file" in out.decode()
+    assert f"[{victim} rank0] genuine" in out and "forged" not in out
+    assert first.strip() == "genuine file"
     for beat in beats:
         beat.cancel()

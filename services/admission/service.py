@@ -142,12 +142,15 @@ class Admission(Service):
         if self.cluster is None or not self.cluster.capacity:
             await self._refresh_cluster()
         view = self._cluster_view()
-        jobs = await self._admitted_jobs(view, now) if self.held or req.jobs else []
+        jobs, decides = await self._admitted_jobs(view, now) if self.held or req.jobs else ([], None)
         results: list[SubmitResult] = []
         admitted: list[JobSpec] = []
+        declined = 0  # arrivals refused: still an event for some scheduling policies
 
         def decide(spec: JobSpec, blocked: bool, never: str | None = None) -> tuple[str, str]:
-            verdict, why = self._decide(now, spec, view, jobs, blocked=blocked, never=never)
+            verdict, why = self._decide(
+                now, spec, view, jobs, blocked=blocked, never=never, next_decision=decides
+            )
             if verdict == "admit":
                 admitted.append(spec)
                 jobs.append(self._admitted_view(spec, now))  # counts for the jobs after it
@@ -184,12 +187,13 @@ class Admission(Service):
             results.append(SubmitResult(job_id=spec.job_id, verdict=verdict, reason=why))
             if verdict == "hold":
                 self.held.append(spec)
+            declined += verdict == "reject"
         status: SchedulerStatus | None = None
-        if admitted or req.tick:
+        if admitted or req.tick or declined:
             # The ids given out are stored before the scheduler hears of them: never reused.
             await self.persist()
             status = await self._call(
-                ENQUEUE, EnqueueRequest(now=now, jobs=admitted, tick=req.tick)
+                ENQUEUE, EnqueueRequest(now=now, jobs=admitted, tick=req.tick, declined=declined)
             )
             for r in results:
                 if r.job_id in status.rejected:
@@ -203,35 +207,46 @@ class Admission(Service):
 
     def _decide(
         self, now: float, spec: JobSpec, cluster: ClusterView, jobs: list[JobView], *,
-        blocked: bool, never: str | None = None,
+        blocked: bool, never: str | None = None, next_decision: float | None = None,
     ) -> tuple[str, str]:  # fmt: skip
         """(verdict, reason) for one job; `blocked`: an earlier job is held (FIFO overflow);
-        `never`: `_never_fits(spec)`, where the caller has it already."""
+        `never`: `_never_fits(spec)`, where the caller has it already; `next_decision`: when the
+        scheduler first decides on it (`_admitted_jobs`)."""
         if self.config.require_command and not spec.command:
             return "reject", "no command: a job on this cluster runs a command (submit -- CMD ...)"
         if never is None:
             never = self._never_fits(spec)
         if never:
             return "reject", f"can never run here: {never}"
-        decision = self.policy.decide(AdmissionInput(now=now, job=spec, cluster=cluster, jobs=jobs))
+        decision = self.policy.decide(
+            AdmissionInput(
+                now=now, job=spec, cluster=cluster, jobs=jobs, next_decision=next_decision
+            )
+        )
         if decision.verdict == "admit" and blocked and self.policy.in_order:
             return "hold", "behind earlier held jobs"
         return decision.verdict, decision.reason
 
-    async def _admitted_jobs(self, cluster: ClusterView, now: float) -> list[JobView]:
-        """The admitted jobs that have not ended, from the scheduler, when the policy needs them."""
+    async def _admitted_jobs(
+        self, cluster: ClusterView, now: float
+    ) -> tuple[list[JobView], float | None]:
+        """The admitted jobs that have not ended, from the scheduler, when the policy needs them,
+        and when the scheduler would first decide on a job admitted now."""
         if not self.policy.needs.jobs:
-            return []
+            return [], None
         records: list[JobRecord] = []
+        decides: float | None = None
         while True:
-            page = await self._call(
-                QUERY, JobQuery(states=["queued", "running"], offset=len(records), limit=QUERY_PAGE)
+            query = JobQuery(
+                states=["queued", "running"], offset=len(records), limit=QUERY_PAGE, now=now
             )
+            page = await self._call(QUERY, query)
             records += page.jobs
+            decides = page.next_decision if decides is None else decides
             if not page.jobs or len(records) >= page.total:
                 break
         context = cluster.context(now)
-        return [JobView.of(r, context) for r in records]
+        return [JobView.of(r, context) for r in records], decides
 
     def _admitted_view(self, spec: JobSpec, now: float) -> JobView:
         """A job admitted by this request, as the scheduler will first see it."""

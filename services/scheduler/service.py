@@ -41,6 +41,7 @@ from gpuyard.shared.contract import (
     PageQuery,
     SchedulerStatus,
     StepsReport,
+    StepsUpdate,
     TickRequest,
 )
 from gpuyard.shared.endpoints import (
@@ -54,6 +55,7 @@ from gpuyard.shared.endpoints import (
     JOBS,
     QUERY,
     STATUS,
+    STEPS,
     TICK,
     Endpoint,
 )
@@ -92,6 +94,9 @@ class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     mode: Literal["rounds", "events", "clock"] = "events"
     """rounds: decide only at multiples of round_s; events: also at every arrival and completion;
     clock: at every tick of a clock that owns the rounds (Gavel's simulator)."""
+    merge_within_round: bool = False
+    """events: decide at most once a round; what happens less than `round_s` after a decision
+    waits until `round_s` after it, to be decided on together (ElasticFlow's scheduling slot)."""
     clock: Literal["external", "wall"] = "external"
     """external: a clock (the simclock) sends ticks; wall: the scheduler ticks itself on real time."""
     throughputs: str = "default"
@@ -187,7 +192,7 @@ class Scheduler(Service):
 
     def routes(self) -> dict[Endpoint[Any, Any], Handler]:
         return {
-            ENQUEUE: self.enqueue, TICK: self.tick, EXITED: self.exited,
+            ENQUEUE: self.enqueue, TICK: self.tick, EXITED: self.exited, STEPS: self.steps,
             CLUSTER_CHANGED: self.cluster_changed, JOBS: self.list_jobs,
             STATUS: self.status_request, CANCEL: self.cancel, QUERY: self.query,
         }  # fmt: skip
@@ -346,6 +351,8 @@ class Scheduler(Service):
             self.table.admit(spec, req.now, work)
             self.dirty = True
             await self.emit("job.queued", req.now, spec.job_id)
+        if req.declined and self.policy.needs.decide_on_arrival:
+            self.dirty = True
         self._poke()
         ran = await self._round_if_due(req.now, req.tick)
         return self._status(req.now, ran_round=ran, rejected=rejected)
@@ -413,6 +420,15 @@ class Scheduler(Service):
         self.released.append(record.job_id)
         self.dirty = self.dirty or self.policy.needs.decide_on_exit or self.table.queued > 0
 
+    async def steps(self, req: StepsUpdate) -> SchedulerStatus:
+        """The simclock's word on running jobs that fell behind their rate (restart pauses): their
+        progress from now on starts there. (A real cluster hears it in heartbeats, at applies.)"""
+        for job_id, report in req.jobs.items():
+            record = self.table.get(job_id)
+            if record is not None:
+                self.table.report(record, report)
+        return self._status(req.now)
+
     async def cluster_changed(self, req: ClusterChanged) -> SchedulerStatus:
         self.cluster = None
         self.dirty = True
@@ -437,7 +453,8 @@ class Scheduler(Service):
         if tick:
             wake = self.next_wake(now)
             every = self.config.clock == "wall" or self.config.mode == "clock"
-            if every or (wake is not None and wake <= now):
+            merging = self.config.merge_within_round and self._decides(now) > now
+            if (every and not merging) or (wake is not None and wake <= now):
                 await self.run_round(now)
                 ran = True
         self._after(now)
@@ -452,7 +469,8 @@ class Scheduler(Service):
         return self._status(self.last_round or 0.0)
 
     async def query(self, req: JobQuery) -> JobsPage:
-        """Jobs by id and/or state, in admission order."""
+        """Jobs by id and/or state, in admission order; with the caller's time, when a job
+        admitted then would first be decided on."""
         if req.job_ids:
             found = [r for j in req.job_ids if (r := self.table.get(j)) is not None]
         elif req.states and set(req.states) <= {"queued", "running"}:
@@ -462,7 +480,11 @@ class Scheduler(Service):
         if req.states:
             states = set(req.states)
             found = [r for r in found if r.state in states]
-        return JobsPage(jobs=found[req.offset : req.offset + req.limit], total=len(found))
+        page = JobsPage(jobs=found[req.offset : req.offset + req.limit], total=len(found))
+        own_clock = self.config.mode == "clock" or self.policy.mechanism == "time_shares"
+        if req.now is not None and not own_clock:
+            page.next_decision = self._decides(req.now)
+        return page
 
     async def cancel(self, req: CancelRequest, caller: Caller = ANONYMOUS) -> CancelReply:
         """End jobs for good. A running one is left out of the next allocation: placement stops it.
@@ -848,13 +870,19 @@ class Scheduler(Service):
             wanted.append(max(self.policy_wake, now))
         if not wanted:
             return None
-        due = min(wanted)
+        return self._decides(min(wanted))
+
+    def _decides(self, due: float) -> float:
+        """When what is due at `due` is decided on: then (events), at the round boundary after
+        it (rounds), or at the end of the round the last decision began (merged events)."""
+        round_s, last = self.config.round_s, self.last_round
         if self.config.mode == "rounds":
-            round_s = self.config.round_s
             boundary = math.ceil(due / round_s) * round_s
-            if self.last_round is not None and boundary <= self.last_round:
-                boundary = self.last_round + round_s
+            if last is not None and boundary <= last:
+                boundary = last + round_s
             return boundary
+        if self.config.merge_within_round and last is not None:
+            return max(due, last + round_s)
         return due
 
     def _after(self, now: float) -> None:

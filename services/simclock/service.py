@@ -38,6 +38,8 @@ from gpuyard.shared.contract import (
     Progress,
     RunRequest,
     SchedulerStatus,
+    StepsReport,
+    StepsUpdate,
     SubmitRequest,
     TickRequest,
     TimelinePage,
@@ -51,6 +53,7 @@ from gpuyard.shared.endpoints import (
     NODES,
     PROGRESS,
     RUN,
+    STEPS,
     SUBMIT,
     TICK,
     TIMELINE,
@@ -243,6 +246,7 @@ class SimClock(Service):
         self.held = 0  # jobs admission holds, as it last said
         self.timeline: list[TimelinePoint] = []
         self.launched: set[str] = set()  # jobs launched at the current instant
+        self.behind: dict[str, StepsReport] = {}  # progress the scheduler cannot know of (yet)
         self.running: set[str] = set()  # jobs with parts on some node
         self.warm: set[frozenset[tuple[str, int]]] = set()  # GPU sets with warm processes
         self.restart_instants = 0
@@ -495,6 +499,7 @@ class SimClock(Service):
                 status = await self._call(TICK, TickRequest(now=now))
                 self._note(now, status)
             self._refresh(now)
+            await self._report_behind(now)
             progress.finished = self.finished + rejected
             if self._window_done():
                 break
@@ -539,6 +544,7 @@ class SimClock(Service):
                         self.awaited.discard(r.job_id)
             self._note(now, await self._call(TICK, TickRequest(now=now)))  # the next round
             self._refresh(now)
+            await self._report_behind(now)
             progress.finished = self.finished + rejected
             if self._window_done():
                 break
@@ -559,6 +565,7 @@ class SimClock(Service):
                 resolved = True
                 self._note(now, await self._call(TICK, TickRequest(now=now, resolve=True)))
                 self._refresh(now)
+                await self._report_behind(now)
                 end, busy = self._plan_round(now, round_s)
                 compute_gpu_s += busy
                 if end is not None:
@@ -676,6 +683,7 @@ class SimClock(Service):
             else:
                 job.rate = self.model.throughput(job.job_type, job.gpu_type, gpus) if gpus else 0.0
             job.since = now
+            made = job.done
             self._charge_rescale(job, gpus)
             job.floor = job.done
             pause = pauses.get(job_id, 0.0)
@@ -684,6 +692,8 @@ class SimClock(Service):
                 job.restoring = False
             if pause and job.rate > 0:
                 job.done -= job.rate * pause  # no progress while (re)starting
+            if job.done < made and job.rate > 0:  # behind what its rate alone says: tell
+                self.behind[job_id] = StepsReport(job.done, now, job.rate)
             if gpus and job.rate <= 0:  # e.g. a batch that does not fit that GPU: it crashes
                 job.failure = f"no throughput for {job.job_type!r} on {gpus} x {job.gpu_type}"
                 self.launches += 1
@@ -699,6 +709,14 @@ class SimClock(Service):
                 heapq.heappush(self.heap, (finish, self.launches, job_id, job.version))
         self.changed.clear()
         self.launched.clear()
+
+    async def _report_behind(self, now: float) -> None:
+        """Tell the scheduler the progress of the jobs that made less than their rate says at
+        `now` (restart pauses, restores, rescales), as a real node agent's heartbeats would: its
+        plans (ElasticFlow's admission) see the progress lost, as ElasticFlow's own do."""
+        if self.behind:
+            await self._call(STEPS, StepsUpdate(now=now, jobs=self.behind))
+            self.behind = {}
 
     def _charge_rescale(self, job: SimJob, gpus: int) -> None:
         """A job that grew (shrank) loses `up_s` (`down_s`) seconds of the rate it had before, at

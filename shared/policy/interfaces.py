@@ -35,6 +35,9 @@ class Needs:
     decide_on_exit: bool = False
     """Scheduling: decide again whenever a job ends, even when none waits (elastic policies,
     which hand the freed GPUs to running jobs)."""
+    decide_on_arrival: bool = False
+    """Scheduling: decide again whenever a job arrives, even one that admission declined
+    (ElasticFlow, whose every arrival is a scheduling event that restarts the running jobs)."""
 
 
 class Decision(Struct):

@@ -287,6 +287,9 @@ class AdmissionInput(Struct, kw_only=True):
     jobs: list[JobView] = []
     """Admitted jobs that have not ended, those admitted earlier in this request included (only for
     policies with `Needs.jobs`)."""
+    next_decision: float | None = None
+    """When the scheduler first decides on a job admitted now (its next round boundary, or the
+    end of its current slot); None when unknown (then at once). Only with `Needs.jobs`."""
 
     def __post_init__(self) -> None:
         context = self.cluster.context(self.now)

@@ -12,8 +12,9 @@ earlier in the same request included). A job that fits is never declined because
 arriving with it does not; a batch the reference admits whole is admitted here too (the same jobs
 pass one by one, each against a subset of the others).
 
-Plans start at the next slot boundary (the next decision, when the scheduler runs in rounds of one
-slot), with the running jobs' remaining steps projected there.
+Plans start where the scheduler first decides on the new job (`AdmissionInput.next_decision`: the
+end of the current slot when events within a slot wait for it, as ElasticFlow's do), with the
+running jobs' remaining steps projected there.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from gpuyard.shared.policy import (
 from gpuyard.shared.throughput import total_steps
 
 from .demand import Levels, MaxLevel, by_deadline, deadline_of, job_demand, main_type
-from .planner import NO_DEADLINE, Demand, Plan, align_up, plan_all_edf, plan_all_mss
+from .planner import NO_DEADLINE, Demand, Plan, plan_all_edf, plan_all_mss
 
 
 class DeadlineAdmissionParams(Struct, forbid_unknown_fields=True):
@@ -68,7 +69,7 @@ class _DeadlineAdmission(AdmissionPolicy):
             )
         gpu_type, total = main_type(inp.cluster)
         slot = self.params.slot_s
-        start = align_up(0.0, inp.now, slot)
+        start = inp.now if inp.next_decision is None else max(inp.now, inp.next_decision)
         try:
             new = self._as_view(inp)
         except ValueError as exc:

@@ -16,7 +16,6 @@ from gpuyard.shared.model import Allocation
 from gpuyard.shared.policy import JobView, Needs, SchedulingInput, SchedulingPolicy
 
 from .demand import main_type
-from .slots import SlotGate, SlotState
 
 # --------------------------------------------------------------------------- Themis
 
@@ -152,7 +151,8 @@ class Gandiva(SchedulingPolicy):
     the most unmet demand. Inside a group, more
     jobs than its sets hold share them by time slicing: every decision the jobs that waited take
     the place of those that ran longest since they last started (round robin, one slot a turn).
-    Decisions come at events, at most once a slot, and every slot while a group time-slices.
+    Decisions come at events, at most once a slot (the scheduler's `merge_within_round`), and
+    every slot while a group time-slices.
 
     ElasticFlow's own Gandiva resizes node sets at every event by a rule that counts a set as
     one GPU per job of the group and switches jobs only at events that fall on a whole minute;
@@ -160,24 +160,13 @@ class Gandiva(SchedulingPolicy):
     """
 
     Params = GandivaParams
-    State = SlotState
     needs = Needs(nodes=True)
 
     def __init__(self, params: Struct | None = None) -> None:
         super().__init__(params)
-        self.gate = SlotGate()
         self._slicing = False
 
-    def snapshot(self) -> SlotState:
-        return self.gate.snapshot()
-
-    def restore(self, state: SlotState) -> None:
-        self.gate.restore(state)
-
     def schedule(self, inp: SchedulingInput) -> list[Allocation]:
-        held = self.gate.held(inp)
-        if held is not None:
-            return held
         gpu_type, total = main_type(inp.cluster)
         node = max(
             (n.num_gpus for n in inp.cluster.nodes if n.up and n.gpu_type == gpu_type),
@@ -211,8 +200,7 @@ class Gandiva(SchedulingPolicy):
         return chosen
 
     def next_decision_time(self, inp: SchedulingInput) -> float | None:
-        wanted = inp.now + inp.cluster.round_s if self._slicing else None
-        return self.gate.wake(inp, wanted)
+        return inp.now + inp.cluster.round_s if self._slicing else None
 
 
 def _node_sets(groups: dict[int, list[JobView]], node: int, nodes: int) -> dict[int, int]:

@@ -1,9 +1,10 @@
 """ElasticFlow's elastic scheduling and its EDF baseline: deadline-ordered plans of future GPU use.
 
 Both re-plan every active job at every decision, in deadline order, from the jobs' remaining steps
-(`planner`), and run what the plans give now. Decisions come at arrivals, completions and the
-plans' own change points, at most once per scheduling slot (`slots.SlotGate`); the slot is the
-scheduler's round (`--round`), on which ElasticFlow also aligns its plans.
+(`planner`), and run what the plans give now. Decisions come at arrivals (declined ones too),
+completions and the plans' own change points, at most once per scheduling slot (the scheduler's
+`merge_within_round`); the slot is the scheduler's round (`--round`), on which ElasticFlow also
+aligns its plans.
 """
 
 from __future__ import annotations
@@ -17,26 +18,17 @@ from gpuyard.shared.policy import Needs, SchedulingInput, SchedulingPolicy
 
 from .demand import Levels, MaxLevel, by_deadline, job_demand, main_type
 from .planner import Demand, Plan, plan_all_edf, plan_all_mss, share_leftovers
-from .slots import SlotGate, SlotState
 
 
 class _Planned(SchedulingPolicy):
-    """A policy that plans at most once a slot and wakes where its plans change."""
+    """A policy that plans at every event and wakes where its plans change."""
 
-    State = SlotState
-    needs = Needs(throughputs=True, decide_on_exit=True)
+    needs = Needs(throughputs=True, decide_on_exit=True, decide_on_arrival=True)
 
     def __init__(self, params: Struct | None = None) -> None:
         super().__init__(params)
-        self.gate = SlotGate()
         self._wake: tuple[float, float | None] | None = None  # (decided at, next plan change)
         self.levels = Levels()
-
-    def snapshot(self) -> SlotState:
-        return self.gate.snapshot()
-
-    def restore(self, state: SlotState) -> None:
-        self.gate.restore(state)
 
     def decide(self, inp: SchedulingInput) -> tuple[list[Allocation], list[Plan]]:
         raise NotImplementedError
@@ -56,21 +48,14 @@ class _Planned(SchedulingPolicy):
         return gpu_type, total, ids, demands
 
     def schedule(self, inp: SchedulingInput) -> list[Allocation]:
-        held = self.gate.held(inp)
-        if held is not None:
-            return held
         allocations, plans = self.decide(inp)
         self._wake = (inp.now, _next_change(plans, inp.now))
         return allocations
 
     def next_decision_time(self, inp: SchedulingInput) -> float | None:
-        wanted = None
-        if self.gate.last == inp.now:
-            if self._wake is not None and self._wake[0] == inp.now:
-                wanted = self._wake[1]
-            else:
-                wanted = _next_change(self.decide(inp)[1], inp.now)
-        return self.gate.wake(inp, wanted)
+        if self._wake is not None and self._wake[0] == inp.now:
+            return self._wake[1]
+        return _next_change(self.decide(inp)[1], inp.now)
 
 
 class ElasticFlowParams(Struct, forbid_unknown_fields=True):

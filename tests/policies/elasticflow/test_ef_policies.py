@@ -18,7 +18,6 @@ from gpuyard.policies.elasticflow import (
     ElasticFlowParams,
 )
 from gpuyard.policies.elasticflow.demand import levels
-from gpuyard.policies.elasticflow.slots import SlotState
 from gpuyard.shared.model import Allocation, GpuRef, JobSpec
 from gpuyard.shared.policy import (
     AdmissionInput,
@@ -121,25 +120,6 @@ def test_a_job_planned_to_start_later_gets_leftovers_first_and_runs_now():
     assert counts(pol.schedule(sched_input([a], gpus=1))) == {"a": 1}
 
 
-def test_decides_once_a_slot_and_wakes_when_it_ends():
-    pol = ElasticFlow()
-    a = view(spec("a", 3000, 10_000), 0)
-    first = pol.schedule(sched_input([a], now=0.0))
-    assert counts(first) == {"a": 4}
-    # 20 s later a job arrives: the decision waits for the slot's end, 'a' keeps what it has.
-    running = view(spec("a", 3000, 10_000), 0, gpus=4, done=64)
-    b = view(spec("b", 100, 500), 1)
-    held = pol.schedule(sched_input([running, b], now=20.0))
-    assert counts(held) == {"a": 4}
-    assert pol.next_decision_time(sched_input([running, b], now=20.0)) == 60.0
-    decided = pol.schedule(sched_input([running, b], now=60.0))
-    assert "b" in counts(decided)
-    assert pol.snapshot() == SlotState(last_decision=60.0)
-    fresh = ElasticFlow()
-    fresh.restore(pol.snapshot())
-    assert counts(fresh.schedule(sched_input([running, b], now=70.0))) == {"a": 4}
-
-
 def test_wakes_where_a_plan_changes():
     # One GPU: 'a' (1 GPU until 600) then 'b', planned to start only when 'a' is done.
     a = view(spec("a", 600, 600), 0)
@@ -176,10 +156,11 @@ def test_edf_serves_the_earliest_deadline_with_all_it_can_use():
 
 
 def admission_input(
-    new: JobSpec, jobs: list[JobView], now: float = 0.0, gpus: int = 8
-) -> AdmissionInput:
+    new: JobSpec, jobs: list[JobView], now: float = 0.0, gpus: int = 8,
+    next_decision: float | None = None,
+) -> AdmissionInput:  # fmt: skip
     cluster = ClusterView(capacity={"a100": gpus}, round_s=0.0, throughputs=MODEL)
-    return AdmissionInput(now=now, job=new, cluster=cluster, jobs=jobs)
+    return AdmissionInput(now=now, job=new, cluster=cluster, jobs=jobs, next_decision=next_decision)
 
 
 def test_admission_admits_what_fits_and_explains_what_does_not():
@@ -232,11 +213,15 @@ def test_admission_always_admits_best_effort_jobs():
     assert (decision.verdict, decision.reason) == ("admit", "best effort")
 
 
-def test_admission_plans_from_the_next_slot():
+def test_admission_plans_from_the_schedulers_next_decision():
     pol = admission_policies.create("elasticflow", {"slot_s": 60})
-    # 192 steps by t=90 need 4 GPUs for 60 s: from t=30 that fits, from the next slot (60) not.
-    assert pol.decide(admission_input(spec("x", 192, 90), [], now=30.0)).verdict == "reject"
-    assert pol.decide(admission_input(spec("x", 192, 120), [], now=30.0)).verdict == "admit"
+    # 192 steps by t=90 need 4 GPUs for 60 s: from t=30 that fits; from t=60, when the scheduler
+    # (last decided at 0, events merged within its 60 s slots) first decides on it, not.
+    assert pol.decide(admission_input(spec("x", 192, 90), [], now=30.0)).verdict == "admit"
+    late = admission_input(spec("x", 192, 90), [], now=30.0, next_decision=60.0)
+    assert pol.decide(late).verdict == "reject"
+    later = admission_input(spec("x", 192, 120), [], now=30.0, next_decision=60.0)
+    assert pol.decide(later).verdict == "admit"
 
 
 def test_edf_admission_uses_edf_plans():
