@@ -262,8 +262,9 @@ def control_plane_configs(
     `durable`: their state lives in JetStream key-value buckets, so any of them can be killed and
     started again (or replaced) mid-run; their calls to one another retry while the callee restarts.
     `throughputs`: the model the scheduler (learning from progress) and admission plan with.
-    `merge_within_round`: decide at most once a round (ElasticFlow's slot). `min_resolve_s`: how often Gavel's policies may be asked again, `new_jobs_wait`: whether a
-    job newer than their allocation waits for one that includes it (`TimeShareConfig`).
+    `merge_within_round`: decide at most once a round (ElasticFlow's slot). `min_resolve_s`: how
+    often Gavel's policies may be asked again, `new_jobs_wait`: whether a job newer than their
+    allocation waits for one that includes it (`TimeShareConfig`).
     """
     from gpuyard.services.admission.service import AdmissionConfig
     from gpuyard.services.placement.service import PlacementConfig
