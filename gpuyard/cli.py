@@ -315,9 +315,11 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--mode",
-        choices=["rounds", "events"],
+        choices=["rounds", "events", "slots"],
         default="events",
-        help="decide at round ends only, or also at every arrival and completion",
+        help="decide at round ends only, also at every arrival and completion, or at those at "
+        "most once a round (slots: what comes within a round of the last decision waits for "
+        "its end, as ElasticFlow's scheduling slot)",
     )
     p.add_argument(
         "--checkpoint-s",

@@ -254,15 +254,15 @@ def control_plane_configs(
     round_s: float = 5.0, heartbeat_timeout_s: float = 5.0, durable: bool = True, *,
     min_run_s: float = 0.0, policy_params: dict[str, Any] | None = None,
     placement_params: dict[str, Any] | None = None, admission_params: dict[str, Any] | None = None,
-    throughputs: str = "default", mode: Literal["rounds", "events"] = "events",
-    merge_within_round: bool = False, min_resolve_s: float = 1920.0, new_jobs_wait: bool = True,
+    throughputs: str = "default", mode: Literal["rounds", "events", "slots"] = "events",
+    min_resolve_s: float = 1920.0, new_jobs_wait: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """The services of a real cluster's control plane: the scheduler ticks on the wall clock.
 
     `durable`: their state lives in JetStream key-value buckets, so any of them can be killed and
     started again (or replaced) mid-run; their calls to one another retry while the callee restarts.
     `throughputs`: the model the scheduler (learning from progress) and admission plan with.
-    `merge_within_round`: decide at most once a round (ElasticFlow's slot). `min_resolve_s`: how
+    `mode`: as `SimOptions.mode` (`slots`: at events, at most once a round). `min_resolve_s`: how
     often Gavel's policies may be asked again, `new_jobs_wait`: whether a job newer than their
     allocation waits for one that includes it (`TimeShareConfig`).
     """
@@ -270,6 +270,7 @@ def control_plane_configs(
     from gpuyard.services.placement.service import PlacementConfig
     from gpuyard.services.scheduler.mechanism import TimeShareConfig
     from gpuyard.services.scheduler.service import SchedulerConfig
+    from gpuyard.sim import scheduler_mode
 
     return {
         "placement": PlacementConfig(
@@ -282,8 +283,8 @@ def control_plane_configs(
             policy=policy,
             params=policy_params or {},
             clock="wall",
-            mode=mode,
-            merge_within_round=merge_within_round,
+            mode=scheduler_mode(mode),
+            merge_within_round=mode == "slots",
             throughputs=throughputs,
             learn_throughputs=True,
             time_shares=TimeShareConfig(min_resolve_s=min_resolve_s, new_jobs_wait=new_jobs_wait),
@@ -327,7 +328,7 @@ def control_plane_from_args(args: argparse.Namespace) -> dict[str, Any]:
         from gpuyard.sim import elasticflow_options
 
         scheme = elasticflow_options(args.policy, args.round, 0)
-        for key in ("policy", "admission", "placement", "mode", "merge_within_round"):
+        for key in ("policy", "admission", "placement", "mode"):
             chosen[key] = scheme[key]
         for key in ("policy_params", "admission_params", "placement_params"):
             chosen[key] = {**scheme[key], **chosen[key]}

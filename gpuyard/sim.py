@@ -55,10 +55,10 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     placement: str = "consolidated"
     placement_params: dict[str, Any] = {}
     round_s: float = 300.0
-    mode: Literal["rounds", "events"] = "events"
-    merge_within_round: bool = False
-    """events: decide at most once a round, what comes within it waiting for its end (ElasticFlow's
-    scheduling slot; `SchedulerConfig.merge_within_round`)."""
+    mode: Literal["rounds", "events", "slots"] = "events"
+    """rounds: decide at round ends only; events: also at every arrival and completion; slots: at
+    those, at most once a round (what comes within a round of the last decision waits for its end:
+    ElasticFlow's scheduling slot, `SchedulerConfig.merge_within_round`)."""
     blox: bool = False
     """Blox's simulator semantics: jobs are admitted and seen finished only at round starts."""
     gavel: bool = False
@@ -118,12 +118,17 @@ def elasticflow_scheme(scheme: str) -> tuple[str, dict[str, Any], str]:
     return ELASTICFLOW_SCHEMES[scheme]
 
 
+def scheduler_mode(mode: Literal["rounds", "events", "slots"]) -> Literal["rounds", "events"]:
+    """The scheduler's mode for a run's: `slots` is `events` merged within rounds."""
+    return "events" if mode == "slots" else mode
+
+
 def elasticflow_options(scheme: str, round_s: float, total_gpus: int) -> dict[str, Any]:
     """SimOptions fields for an ElasticFlow scheme, as its simulator runs it (`--elasticflow`).
 
     Decisions come at events (arrivals, declined ones included, and completions), at most once a
     scheduling slot (the round): what comes within a slot of the last decision waits until that
-    slot ends (`merge_within_round`), as ElasticFlow merges events; Tiresias (`dlas-gpu`), Themis
+    slot ends (`mode="slots"`), as ElasticFlow merges events; Tiresias (`dlas-gpu`), Themis
     and Chronus, whose ElasticFlow versions run in rounds, decide on a grid of slots
     (`mode="rounds"`; Chronus only at its 240 s leases). Placement is buddy-style for every
     scheme; the deadline admission policies plan on the same slot, from the scheduler's next
@@ -153,8 +158,8 @@ def elasticflow_options(scheme: str, round_s: float, total_gpus: int) -> dict[st
     return {
         "policy": policy, "policy_params": dict(params), "admission": admission,
         "admission_params": {"slot_s": round_s} if admission in ("elasticflow", "edf") else {},
-        "placement": "buddy", "placement_params": {}, "mode": "rounds" if rounds else "events",
-        "merge_within_round": not rounds, "elasticflow": scheme, "preemption_cost": PreemptionCost(restart=restart),
+        "placement": "buddy", "placement_params": {}, "mode": "rounds" if rounds else "slots",
+        "elasticflow": scheme, "preemption_cost": PreemptionCost(restart=restart),
     }  # fmt: skip
 
 
@@ -188,8 +193,8 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
             throughputs=options.throughputs,
             round_s=options.round_s,
             min_run_s=options.min_run_s,
-            mode="clock" if options.gavel else options.mode,
-            merge_within_round=options.merge_within_round,
+            mode="clock" if options.gavel else scheduler_mode(options.mode),
+            merge_within_round=options.mode == "slots",
             time_shares=TimeShareConfig(credit_whole_steps=options.gavel),
             event_storage=options.event_storage,
             durable=options.durable,
