@@ -262,7 +262,7 @@ def control_plane_configs(
     `durable`: their state lives in JetStream key-value buckets, so any of them can be killed and
     started again (or replaced) mid-run; their calls to one another retry while the callee restarts.
     `throughputs`: the model the scheduler (learning from progress) and admission plan with.
-    `mode`: as `SimOptions.mode` (`slots`: at events, at most once a round). `min_resolve_s`: how
+    `mode`: as `SchedulerConfig.mode` (`slots`: at events, at most once a round). `min_resolve_s`: how
     often Gavel's policies may be asked again, `new_jobs_wait`: whether a job newer than their
     allocation waits for one that includes it (`TimeShareConfig`).
     """
@@ -270,7 +270,6 @@ def control_plane_configs(
     from gpuyard.services.placement.service import PlacementConfig
     from gpuyard.services.scheduler.mechanism import TimeShareConfig
     from gpuyard.services.scheduler.service import SchedulerConfig
-    from gpuyard.sim import scheduler_mode
 
     return {
         "placement": PlacementConfig(
@@ -283,8 +282,7 @@ def control_plane_configs(
             policy=policy,
             params=policy_params or {},
             clock="wall",
-            mode=scheduler_mode(mode),
-            merge_within_round=mode == "slots",
+            mode=mode,
             throughputs=throughputs,
             learn_throughputs=True,
             time_shares=TimeShareConfig(min_resolve_s=min_resolve_s, new_jobs_wait=new_jobs_wait),

@@ -58,7 +58,7 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     mode: Literal["rounds", "events", "slots"] = "events"
     """rounds: decide at round ends only; events: also at every arrival and completion; slots: at
     those, at most once a round (what comes within a round of the last decision waits for its end:
-    ElasticFlow's scheduling slot, `SchedulerConfig.merge_within_round`)."""
+    ElasticFlow's scheduling slot)."""
     blox: bool = False
     """Blox's simulator semantics: jobs are admitted and seen finished only at round starts."""
     gavel: bool = False
@@ -116,11 +116,6 @@ def elasticflow_scheme(scheme: str) -> tuple[str, dict[str, Any], str]:
             f"unknown ElasticFlow scheme {scheme!r}; known: {', '.join(ELASTICFLOW_SCHEMES)}"
         )
     return ELASTICFLOW_SCHEMES[scheme]
-
-
-def scheduler_mode(mode: Literal["rounds", "events", "slots"]) -> Literal["rounds", "events"]:
-    """The scheduler's mode for a run's: `slots` is `events` merged within rounds."""
-    return "events" if mode == "slots" else mode
 
 
 def elasticflow_options(scheme: str, round_s: float, total_gpus: int) -> dict[str, Any]:
@@ -193,8 +188,7 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
             throughputs=options.throughputs,
             round_s=options.round_s,
             min_run_s=options.min_run_s,
-            mode="clock" if options.gavel else scheduler_mode(options.mode),
-            merge_within_round=options.mode == "slots",
+            mode="clock" if options.gavel else options.mode,
             time_shares=TimeShareConfig(credit_whole_steps=options.gavel),
             event_storage=options.event_storage,
             durable=options.durable,

@@ -242,7 +242,7 @@ class Admission(Service):
             )
             page = await self._call(QUERY, query)
             records += page.jobs
-            decides = page.next_decision if decides is None else decides
+            decides = page.next_decision  # (the same on every page: the same `now`)
             if not page.jobs or len(records) >= page.total:
                 break
         context = cluster.context(now)

@@ -6,7 +6,7 @@ handlers here.
 
 Rounds run when the clock says time has come (`sched.tick`). With `mode="rounds"` decisions happen
 only at multiples of `round_s` (the references' semantics); with `mode="events"` also at every
-arrival and completion. Either way the policy may ask to be woken (`next_decision_time`), and every
+arrival and completion; with `mode="slots"` at those, at most once a round. Either way the policy may ask to be woken (`next_decision_time`), and every
 reply to the clock says when the scheduler next needs a tick, so instants where nothing can change
 cost nothing. Progress is kept in steps: the throughput model (`throughputs`) gives each run's rate,
 and the node agents' reports (at a preemption, an exit, in heartbeats) correct it.
@@ -91,12 +91,11 @@ class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     policy: str = "fifo"
     params: dict[str, Any] = {}
     round_s: float = 300.0
-    mode: Literal["rounds", "events", "clock"] = "events"
+    mode: Literal["rounds", "events", "slots", "clock"] = "events"
     """rounds: decide only at multiples of round_s; events: also at every arrival and completion;
-    clock: at every tick of a clock that owns the rounds (Gavel's simulator)."""
-    merge_within_round: bool = False
-    """events: decide at most once a round; what happens less than `round_s` after a decision
-    waits until `round_s` after it, to be decided on together (ElasticFlow's scheduling slot)."""
+    slots: at those, at most once a round (what happens less than `round_s` after a decision waits
+    until `round_s` after it, to be decided on together: ElasticFlow's scheduling slot); clock: at
+    every tick of a clock that owns the rounds (Gavel's simulator)."""
     clock: Literal["external", "wall"] = "external"
     """external: a clock (the simclock) sends ticks; wall: the scheduler ticks itself on real time."""
     throughputs: str = "default"
@@ -453,7 +452,7 @@ class Scheduler(Service):
         if tick:
             wake = self.next_wake(now)
             every = self.config.clock == "wall" or self.config.mode == "clock"
-            merging = self.config.merge_within_round and self._decides(now) > now
+            merging = self.config.mode == "slots" and self._decides(now) > now
             if (every and not merging) or (wake is not None and wake <= now):
                 await self.run_round(now)
                 ran = True
@@ -874,14 +873,14 @@ class Scheduler(Service):
 
     def _decides(self, due: float) -> float:
         """When what is due at `due` is decided on: then (events), at the round boundary after
-        it (rounds), or at the end of the round the last decision began (merged events)."""
+        it (rounds), or at the end of the round the last decision began (slots)."""
         round_s, last = self.config.round_s, self.last_round
         if self.config.mode == "rounds":
             boundary = math.ceil(due / round_s) * round_s
             if last is not None and boundary <= last:
                 boundary = last + round_s
             return boundary
-        if self.config.merge_within_round and last is not None:
+        if self.config.mode == "slots" and last is not None:
             return max(due, last + round_s)
         return due
 

@@ -246,7 +246,6 @@ class SimClock(Service):
         self.held = 0  # jobs admission holds, as it last said
         self.timeline: list[TimelinePoint] = []
         self.launched: set[str] = set()  # jobs launched at the current instant
-        self.behind: dict[str, StepsReport] = {}  # progress the scheduler cannot know of (yet)
         self.running: set[str] = set()  # jobs with parts on some node
         self.warm: set[frozenset[tuple[str, int]]] = set()  # GPU sets with warm processes
         self.restart_instants = 0
@@ -498,8 +497,7 @@ class SimClock(Service):
                     raise RuntimeError(f"the scheduler keeps asking for a tick at t={now}")
                 status = await self._call(TICK, TickRequest(now=now))
                 self._note(now, status)
-            self._refresh(now)
-            await self._report_behind(now)
+            await self._refresh(now)
             progress.finished = self.finished + rejected
             if self._window_done():
                 break
@@ -543,8 +541,7 @@ class SimClock(Service):
                         self.jobs.pop(r.job_id, None)
                         self.awaited.discard(r.job_id)
             self._note(now, await self._call(TICK, TickRequest(now=now)))  # the next round
-            self._refresh(now)
-            await self._report_behind(now)
+            await self._refresh(now)
             progress.finished = self.finished + rejected
             if self._window_done():
                 break
@@ -564,8 +561,7 @@ class SimClock(Service):
                 # Nothing runs and nothing more arrives: Gavel then resets its allocation.
                 resolved = True
                 self._note(now, await self._call(TICK, TickRequest(now=now, resolve=True)))
-                self._refresh(now)
-                await self._report_behind(now)
+                await self._refresh(now)
                 end, busy = self._plan_round(now, round_s)
                 compute_gpu_s += busy
                 if end is not None:
@@ -663,9 +659,13 @@ class SimClock(Service):
         else:
             self.timeline.append(point)
 
-    def _refresh(self, now: float) -> None:
-        """New rates and completion times for the jobs whose parts changed at `now`."""
+    async def _refresh(self, now: float) -> None:
+        """New rates and completion times for the jobs whose parts changed at `now`. The jobs
+        that made less than their rate says (restart pauses, restores, rescales) are told to the
+        scheduler, as a real node agent's heartbeats would: its plans (ElasticFlow's admission)
+        see the progress lost, as ElasticFlow's own do."""
         sharing = self._sharing()
+        behind: dict[str, StepsReport] = {}
         pauses = self._restarts(now)
         for job_id in sorted(self.changed | sharing.keys() | pauses.keys()):
             job = self.jobs.get(job_id)
@@ -693,7 +693,7 @@ class SimClock(Service):
             if pause and job.rate > 0:
                 job.done -= job.rate * pause  # no progress while (re)starting
             if job.done < made and job.rate > 0:  # behind what its rate alone says: tell
-                self.behind[job_id] = StepsReport(job.done, now, job.rate)
+                behind[job_id] = StepsReport(job.done, now, job.rate)
             if gpus and job.rate <= 0:  # e.g. a batch that does not fit that GPU: it crashes
                 job.failure = f"no throughput for {job.job_type!r} on {gpus} x {job.gpu_type}"
                 self.launches += 1
@@ -709,14 +709,8 @@ class SimClock(Service):
                 heapq.heappush(self.heap, (finish, self.launches, job_id, job.version))
         self.changed.clear()
         self.launched.clear()
-
-    async def _report_behind(self, now: float) -> None:
-        """Tell the scheduler the progress of the jobs that made less than their rate says at
-        `now` (restart pauses, restores, rescales), as a real node agent's heartbeats would: its
-        plans (ElasticFlow's admission) see the progress lost, as ElasticFlow's own do."""
-        if self.behind:
-            await self._call(STEPS, StepsUpdate(now=now, jobs=self.behind))
-            self.behind = {}
+        if behind:
+            await self._call(STEPS, StepsUpdate(now=now, jobs=behind))
 
     def _charge_rescale(self, job: SimJob, gpus: int) -> None:
         """A job that grew (shrank) loses `up_s` (`down_s`) seconds of the rate it had before, at

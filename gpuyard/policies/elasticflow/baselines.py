@@ -151,7 +151,7 @@ class Gandiva(SchedulingPolicy):
     the most unmet demand. Inside a group, more
     jobs than its sets hold share them by time slicing: every decision the jobs that waited take
     the place of those that ran longest since they last started (round robin, one slot a turn).
-    Decisions come at events, at most once a slot (the scheduler's `merge_within_round`), and
+    Decisions come at events, at most once a slot (the scheduler's `slots` mode), and
     every slot while a group time-slices.
 
     ElasticFlow's own Gandiva resizes node sets at every event by a rule that counts a set as

@@ -3,7 +3,7 @@
 Both re-plan every active job at every decision, in deadline order, from the jobs' remaining steps
 (`planner`), and run what the plans give now. Decisions come at arrivals (declined ones too),
 completions and the plans' own change points, at most once per scheduling slot (the scheduler's
-`merge_within_round`); the slot is the scheduler's round (`--round`), on which ElasticFlow also
+`slots` mode); the slot is the scheduler's round (`--round`), on which ElasticFlow also
 aligns its plans.
 """
 
