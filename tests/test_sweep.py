@@ -120,6 +120,9 @@ def test_grid_and_runs_give_every_combination_named_and_hashed(tmp_path: Path) -
     assert [r.name for r in variants.runs] == [
         f"{p}-trace={t}-cluster_spec={c}" for t, c in (("t", "1x4"), ("u", "2x4")) for p in ("fifo", "las")
     ]
+    # Labelled variants crossed with a grid of policies: the policy is in the name.
+    labelled = load_sweep(write(tmp_path, text.replace("[[runs]]\n", "[[runs]]\nlabel = 'small'\n", 1)))
+    assert [r.name for r in labelled.runs][:2] == ["small-policy=fifo", "small-policy=las"]
 
 
 def test_a_run_is_run_again_once_its_policys_code_changed(
@@ -436,7 +439,7 @@ RECIPES = Path(__file__).resolve().parents[1] / "examples" / "sweeps"
 
 @pytest.mark.parametrize(
     ("recipe", "runs"),
-    [("blox-fig6", 9), ("gavel-jct-vs-load", 24), ("elasticflow-deadlines", 6), ("itp-deadlines", 20)],
+    [("blox-fig6", 9), ("gavel-jct-vs-load", 24), ("gavel-traces", 14), ("elasticflow-deadlines", 6), ("itp-deadlines", 20)],
 )
 def test_each_recipe_is_a_valid_sweep(recipe: str, runs: int, shared_data: Path) -> None:
     sweep = load_sweep(RECIPES / f"{recipe}.toml")

@@ -334,8 +334,8 @@ def _name_runs(runs: list[Run], axes: list[str], variants: list[str]) -> None:
 def _name(run: Run, axes: list[str]) -> str:
     parts = [run.spec.scheme]
     for axis in axes:
-        if axis in ("policy", "label"):
-            continue
+        if axis == "label" or (axis == "policy" and run.spec.label is None):
+            continue  # (the scheme's name, first)
         value = getattr(run.spec, axis)
         if axis in FILE_FIELDS and value:
             value = Path(value).stem

@@ -179,8 +179,10 @@ class TimeShareMechanism:
             if ran <= 0:
                 continue
             if by_id is not None:  # a pair's micro-task lasts as long as its longer half
-                halves = [r, by_id.get(r.shares_with, r)] if r.shares_with else [r]
-                ran = min(ran, max(self._whole_steps_s(m) for m in halves))
+                whole = self._whole_steps_s(r)
+                if r.shares_with:
+                    whole = max(whole, self._whole_steps_s(by_id.get(r.shares_with, r)))
+                ran = min(ran, whole)
             key = f"{r.shares_with}{PAIR}{r.job_id}" if r.shares_with else r.job_id
             got = received.setdefault(key, {})
             got[r.gpu_type] = got.get(r.gpu_type, 0.0) + ran
@@ -212,29 +214,23 @@ class TimeShareMechanism:
             types = list(types)
             random.Random(f"gpuyard-types:{inp.now!r}").shuffle(types)
         # Pairs are rare: a key is a job id or, with PAIR in it, a pair's.
-        members_of: dict[str, tuple[str, ...]] = {key: (key,) for key in by_id}
+        pairs: dict[str, tuple[str, ...]] = {}
         for key in state.shares:
             if PAIR in key:
                 members = tuple(key.split(PAIR))
                 if all(m in by_id for m in members):
-                    members_of[key] = members
+                    pairs[key] = members
         known = None if state.allocated is None or not self.config.new_jobs_wait else set(
             state.allocated)
         model = inp.cluster.throughputs
-        runs: dict[tuple[str, str, int], bool] = {}  # (job type, GPU type, GPUs): it can run there
-        shares_there: dict[tuple[str, str, str, int], bool] = {}  # a pair can share that type
+        # (job type, GPUs) -> whether it runs on each of `types`, in their order this round
+        runs: dict[tuple[str, int], list[bool]] = {}
 
-        def can_run(job: JobRecord, t: str) -> bool:
+        def runs_on(job: JobRecord) -> list[bool]:
             spec = job.spec
-            k = (spec.job_type, t, spec.num_gpus)
+            k = (spec.job_type, spec.num_gpus)
             if (ok := runs.get(k)) is None:
-                ok = runs[k] = model.throughput(*k) > 0
-            return ok
-
-        def can_share(a: JobRecord, b: JobRecord, t: str) -> bool:
-            k = (a.spec.job_type, b.spec.job_type, t, a.spec.num_gpus)
-            if (ok := shares_there.get(k)) is None:
-                ok = shares_there[k] = min(model.colocated(*k)) > 0
+                ok = runs[k] = [model.throughput(k[0], t, k[1]) > 0 for t in types]
             return ok
 
         # Entries (type's place, -priority, -deficit, -X, place in the walk, type, key): sorted as
@@ -243,32 +239,50 @@ class TimeShareMechanism:
         entries: list[tuple[int, float, float, float, int, str, str]] = []
         none: dict[str, float] = {}
         only_allocated, type_time = state.only_allocated, state.type_time
-        for key, members in members_of.items():
-            pair = len(members) > 1
+        used = [type_time.get(t, 0.0) for t in types]
+        places = list(enumerate(types))
+        for key, job in by_id.items():  # single jobs, in the input's order
             shares = state.shares.get(key, none)
             received = state.received.get(key, none)
             deficits = state.deficits.get(key, none)
-            for place, t in enumerate(types):
+            for (place, t), ok in zip(places, runs_on(job), strict=True):
                 x = shares.get(t, 0.0)
-                if x <= 0 and (pair or only_allocated):
+                if not ok or (x <= 0 and only_allocated):
                     continue
-                if not all(can_run(by_id[m], t) for m in members):
-                    continue
-                if pair and not can_share(by_id[members[0]], by_id[members[1]], t):
-                    continue  # a pair that cannot share this type (Gavel: 0 throughput) waits
-                used = type_time.get(t, 0.0)
                 got = received.get(t, 0.0)
-                priority = x / (got / used) if used > 0 and got > 0 else x * UNSEEN_PRIORITY
+                priority = (
+                    x / (got / used[place]) if used[place] > 0 and got > 0 else x * UNSEEN_PRIORITY
+                )
+                entries.append((place, -priority, -deficits.get(t, 0.0), -x, len(entries), t, key))
+        for key, (a, b) in pairs.items():  # then pairs, in the allocation's order
+            shares = state.shares[key]
+            received = state.received.get(key, none)
+            deficits = state.deficits.get(key, none)
+            first, second = by_id[a], by_id[b]
+            for (place, t), ok_a, ok_b in zip(places, runs_on(first), runs_on(second), strict=True):
+                x = shares.get(t, 0.0)
+                if x <= 0 or not (ok_a and ok_b):
+                    continue
+                if min(model.colocated(first.spec.job_type, second.spec.job_type, t,
+                                       first.spec.num_gpus)) <= 0:  # fmt: skip
+                    continue  # a pair that cannot share this type (Gavel: 0 throughput) waits
+                got = received.get(t, 0.0)
+                priority = (
+                    x / (got / used[place]) if used[place] > 0 and got > 0 else x * UNSEEN_PRIORITY
+                )
                 entries.append((place, -priority, -deficits.get(t, 0.0), -x, len(entries), t, key))
         if self.config.global_queue:
             entries.sort(key=lambda e: e[1:5])
         else:
             entries.sort()
         left = dict(inp.cluster.capacity)
+        free = sum(n for n in left.values() if n > 0)
         taken: set[str] = set()
         chosen: list[tuple[int, str, str]] = []
         for *_, t, key in entries:
-            members = members_of[key]
+            if free <= 0:  # (every type is full: nothing further is taken)
+                break
+            members = pairs.get(key) or (key,)
             if left.get(t, 0) <= 0 or not taken.isdisjoint(members):
                 continue
             sizes = {by_id[m].spec.num_gpus for m in members}
@@ -278,6 +292,7 @@ class TimeShareMechanism:
             if size > left[t]:
                 continue
             left[t] -= size
+            free -= size
             taken.update(members)
             job = by_id[members[0]]
             new = known is not None and not known.issuperset(members)
@@ -287,7 +302,7 @@ class TimeShareMechanism:
         chosen.sort(key=lambda c: -c[0])  # largest first: placement keeps them on few servers
         out: list[Allocation] = []
         for size, t, key in chosen:
-            first, *rest = members_of[key]
+            first, *rest = pairs.get(key) or (key,)
             out.append(Allocation(first, size, t))
             out += [Allocation(other, size, t, share_with=first) for other in rest]
         return out

@@ -579,7 +579,7 @@ class SimClock(Service):
         the round ends (the last micro-task's end; None if nothing runs) and the GPU-seconds
         spent computing, and credits the steps at the round's end (a job whose steps are all done
         then exits there)."""
-        running = sorted(j for j, job in self.jobs.items() if job.parts and job.rate > 0)
+        running = sorted(j for j in self.running if self.jobs[j].rate > 0)
         if not running:
             return None, 0.0
         length = 0.0
