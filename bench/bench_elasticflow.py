@@ -135,7 +135,7 @@ async def bench_traces(
         print(f"  [{len(rows)}/{len(runs)}] " + "  ".join(f"{k}={v}" for k, v in row.items()),
               flush=True)  # fmt: skip
 
-    async with EmbeddedNats() as url:
+    async with EmbeddedNats(runs=parallel) as url:
         if parallel <= 1:
             for i, ((trace, spec, scheme, slot), name) in enumerate(zip(runs, names, strict=True)):
                 show(i, await run_trace(url, trace, spec, scheme, slot, name, out, params))

@@ -79,7 +79,7 @@ async def run_all(
     # Every run holds the read end; nothing is ever written: it reads end-of-file when this
     # process ends, however it ends, and stops (its parent is the fork server, not us).
     comparison_lives, _writer = forks.Pipe(duplex=False)
-    async with EmbeddedNats() if nats_url is None else _Given(nats_url) as url:
+    async with EmbeddedNats(runs=parallel) if nats_url is None else _Given(nats_url) as url:
         gate = asyncio.Semaphore(parallel)
         done = 0
 

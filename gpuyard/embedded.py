@@ -58,11 +58,19 @@ class EmbeddedNats:
     With `state_dir`, its config (`nats.conf`), JetStream store (`nats/`) and pid file stay there:
     started again on the same folder it has the same streams and key-value buckets; `auth` (a file
     with an `authorization {}` block) is included, and re-read on SIGHUP (`reload()`).
+
+    `runs`: the simulations it carries at once, for a server private to them (`gpuyard sim`, a
+    comparison, a sweep), which then runs Go code on one thread per four runs (`GOMAXPROCS`)
+    rather than one per CPU. Their traffic is chains of small requests, one at a time per run:
+    with a thread per CPU, the Go scheduler's idle threads spin for work between messages and
+    take CPU from the simulations themselves (on two cores, 12% of a Gavel trace comparison's
+    CPU time and 9% of its wall time; README, Benchmarks). None: Go's default (a real cluster's).
     """
 
     def __init__(
         self, *, max_payload_mb: int = 8, extra_config: str = "", state_dir: Path | None = None,
         listen: str = "127.0.0.1:-1", auth: Path | None = None, tls: ServerTls | None = None,
+        runs: int | None = None,
     ) -> None:  # fmt: skip
         self.max_payload_mb = max_payload_mb
         self.extra_config = extra_config
@@ -71,6 +79,7 @@ class EmbeddedNats:
         self.listen = listen
         self.auth = auth
         self.tls = tls
+        self.go_threads = None if runs is None else max(1, -(-runs // 4))
         self.url = ""
         self._proc: asyncio.subprocess.Process | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
@@ -102,7 +111,7 @@ class EmbeddedNats:
         self._proc = await asyncio.create_subprocess_exec(
             nats_server_binary(), "-c", str(conf),
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-            preexec_fn=die_with_parent,
+            preexec_fn=die_with_parent, env=self._environment(),
         )  # fmt: skip
         assert self._proc.stderr is not None
         lines: list[str] = []
@@ -121,6 +130,16 @@ class EmbeddedNats:
             raise RuntimeError("nats-server did not start:\n" + "".join(lines[-20:]))
         self._drain = asyncio.create_task(self._drain_stderr())
         return self.url
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id, while it runs."""
+        return self._proc.pid if self._proc is not None else None
+
+    def _environment(self) -> dict[str, str] | None:
+        if self.go_threads is None:
+            return None  # (ours, unchanged)
+        return {**os.environ, "GOMAXPROCS": str(self.go_threads)}
 
     def reload(self) -> None:
         """Have the server read its config (and the users it includes) again."""

@@ -379,7 +379,7 @@ async def simulate(
     started = time.perf_counter()
     interrupted: asyncio.CancelledError | None = None
     async with contextlib.AsyncExitStack() as stack:
-        url = nats_url or await stack.enter_async_context(EmbeddedNats())
+        url = nats_url or await stack.enter_async_context(EmbeddedNats(runs=1))
         subjects = Subjects(cluster_name)
         configs = service_configs(options, workload_path)
         services = ServiceSet(

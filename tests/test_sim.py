@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from gpuyard.embedded import EmbeddedNats
 from gpuyard.ops import read_events
 from gpuyard.shared.connection import connect
 from gpuyard.shared.endpoints import Subjects
@@ -28,6 +30,17 @@ def job(job_id: str, gpus: int, duration: float, arrival: float, **kw) -> JobSpe
 
 # A 2-GPU job holds the whole 1x2 cluster; two 1-GPU jobs queue behind it.
 HAND_MADE = [job("a", 2, 100.0, 0.0), job("b", 1, 50.0, 10.0), job("c", 1, 30.0, 20.0)]
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc")
+async def test_a_server_private_to_simulations_runs_go_on_one_thread_per_four_runs() -> None:
+    """Its Go threads follow the runs it carries; a real cluster's server keeps Go's default."""
+    for runs, expected in ((1, "1"), (4, "1"), (6, "2"), (None, os.environ.get("GOMAXPROCS"))):
+        server = EmbeddedNats(runs=runs)
+        async with server:
+            environ = (await asyncio.to_thread(Path(f"/proc/{server.pid}/environ").read_bytes)).split(b"\0")
+        found = [v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"GOMAXPROCS=")]
+        assert (found[0] if found else None) == expected, runs
 
 
 async def test_fifo_exact_times(tmp_path: Path, nats_url: str) -> None:

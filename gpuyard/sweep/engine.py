@@ -130,7 +130,7 @@ async def _run_sweep(
     order = secrets.token_hex(4)
     bar = SweepProgress(sweep.name, len(sweep.runs), len(results))
     async with contextlib.AsyncExitStack() as stack:
-        url = nats_url or await stack.enter_async_context(EmbeddedNats())
+        url = nats_url or await stack.enter_async_context(EmbeddedNats(runs=workers))
         nc = await connect(url, name=f"gpuyard-sweep-{sweep.name}", auth=auth if nats_url else None,
                            error_cb=refusals.on_error)  # fmt: skip
         stack.push_async_callback(nc.drain)
