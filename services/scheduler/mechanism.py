@@ -241,19 +241,22 @@ class TimeShareMechanism:
         only_allocated, type_time = state.only_allocated, state.type_time
         used = [type_time.get(t, 0.0) for t in types]
         places = list(enumerate(types))
+
+        def enter(place: int, key: str, x: float, received: dict[str, float],
+                  deficits: dict[str, float]) -> None:  # fmt: skip
+            t = types[place]
+            got = received.get(t, 0.0)
+            priority = x / (got / used[place]) if used[place] > 0 and got > 0 else x * UNSEEN_PRIORITY
+            entries.append((place, -priority, -deficits.get(t, 0.0), -x, len(entries), t, key))
+
         for key, job in by_id.items():  # single jobs, in the input's order
             shares = state.shares.get(key, none)
             received = state.received.get(key, none)
             deficits = state.deficits.get(key, none)
             for (place, t), ok in zip(places, runs_on(job), strict=True):
                 x = shares.get(t, 0.0)
-                if not ok or (x <= 0 and only_allocated):
-                    continue
-                got = received.get(t, 0.0)
-                priority = (
-                    x / (got / used[place]) if used[place] > 0 and got > 0 else x * UNSEEN_PRIORITY
-                )
-                entries.append((place, -priority, -deficits.get(t, 0.0), -x, len(entries), t, key))
+                if ok and (x > 0 or not only_allocated):
+                    enter(place, key, x, received, deficits)
         for key, (a, b) in pairs.items():  # then pairs, in the allocation's order
             shares = state.shares[key]
             received = state.received.get(key, none)
@@ -266,11 +269,7 @@ class TimeShareMechanism:
                 if min(model.colocated(first.spec.job_type, second.spec.job_type, t,
                                        first.spec.num_gpus)) <= 0:  # fmt: skip
                     continue  # a pair that cannot share this type (Gavel: 0 throughput) waits
-                got = received.get(t, 0.0)
-                priority = (
-                    x / (got / used[place]) if used[place] > 0 and got > 0 else x * UNSEEN_PRIORITY
-                )
-                entries.append((place, -priority, -deficits.get(t, 0.0), -x, len(entries), t, key))
+                enter(place, key, x, received, deficits)
         if self.config.global_queue:
             entries.sort(key=lambda e: e[1:5])
         else:
