@@ -66,7 +66,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "sweep"
         command = [sys.executable, "-m", "gpuyard.cli", "sweep", str(SWEEP), "--out", str(out)]
-        if args.parallel:
+        if args.parallel is not None:
             command += ["--parallel", str(args.parallel)]
         cpu, started = machine_cpu_s(), time.perf_counter()
         result = subprocess.run(command, capture_output=True, text=True)
