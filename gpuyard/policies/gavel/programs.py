@@ -84,7 +84,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -1096,6 +1096,19 @@ def finish_time_fairness(
         return _nothing(jobs)
     # rho'_c = (t_c + R_c / rate_c) / D'_c with D'_c = isolated finish time / rho_scale
     finish = np.where(active, accrued[rep] + r_c / np.where(active, iso_c, 1.0), 1.0) / rho_scale
+    if ecos_point:  # each job on its own rows, as the reference writes them; its level is the
+        # optimum to ECOS's tolerance, so the level search below is only its fallback's
+        part = active[skeleton.classes.of_job]
+        job_finish = finish[skeleton.classes.of_job][part]
+        found = _ecos_allocation(jobs, part, lambda: interior.finish_time_point(
+            jobs.throughputs[part], jobs.scale_factors[part], jobs.num_gpus, remaining[part],
+            since_start[part], job_finish), math.nan, stats, started)  # fmt: skip
+        if found is not None:
+            rates = (jobs.throughputs[part] * found.shares[part]).sum(axis=1)
+            with np.errstate(divide="ignore"):
+                level = float(np.max((since_start[part] + remaining[part] / rates) / job_finish))
+            return replace(found, objective=level)
+        tie_break = "center"
 
     def worst(rates: np.ndarray) -> float:
         with np.errstate(divide="ignore"):
@@ -1134,16 +1147,6 @@ def finish_time_fairness(
         level, rates = new_level, new_rates
     if best_values is None:
         return _nothing(jobs)
-    if ecos_point:  # each job on its own rows, as the reference writes them
-        of = skeleton.classes.of_job
-        taking_part = active[of]
-        found = _ecos_allocation(jobs, taking_part, lambda: interior.finish_time_point(
-            jobs.throughputs[taking_part], jobs.scale_factors[taking_part], jobs.num_gpus,
-            remaining[taking_part], since_start[taking_part], finish[of][taking_part]),
-            level, stats, started)  # fmt: skip
-        if found is not None:
-            return found
-        tie_break = "center"
     best_values = _tie_break(skeleton, best_values, tie_break, stats, solver, time_limit)
     return _finish(skeleton, best_values, level, stats, started, jobs.k)
 
