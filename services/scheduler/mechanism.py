@@ -240,11 +240,9 @@ class TimeShareMechanism:
         none: dict[str, float] = {}
         only_allocated, type_time = state.only_allocated, state.type_time
         used = [type_time.get(t, 0.0) for t in types]
-        places = list(enumerate(types))
 
-        def enter(place: int, key: str, x: float, received: dict[str, float],
+        def enter(place: int, t: str, key: str, x: float, received: dict[str, float],
                   deficits: dict[str, float]) -> None:  # fmt: skip
-            t = types[place]
             got = received.get(t, 0.0)
             priority = x / (got / used[place]) if used[place] > 0 and got > 0 else x * UNSEEN_PRIORITY
             entries.append((place, -priority, -deficits.get(t, 0.0), -x, len(entries), t, key))
@@ -253,23 +251,25 @@ class TimeShareMechanism:
             shares = state.shares.get(key, none)
             received = state.received.get(key, none)
             deficits = state.deficits.get(key, none)
-            for (place, t), ok in zip(places, runs_on(job), strict=True):
+            for (place, t), ok in zip(enumerate(types), runs_on(job), strict=True):
                 x = shares.get(t, 0.0)
                 if ok and (x > 0 or not only_allocated):
-                    enter(place, key, x, received, deficits)
+                    enter(place, t, key, x, received, deficits)
         for key, (a, b) in pairs.items():  # then pairs, in the allocation's order
             shares = state.shares[key]
             received = state.received.get(key, none)
             deficits = state.deficits.get(key, none)
             first, second = by_id[a], by_id[b]
-            for (place, t), ok_a, ok_b in zip(places, runs_on(first), runs_on(second), strict=True):
+            for (place, t), ok_a, ok_b in zip(
+                enumerate(types), runs_on(first), runs_on(second), strict=True
+            ):
                 x = shares.get(t, 0.0)
                 if x <= 0 or not (ok_a and ok_b):
                     continue
                 if min(model.colocated(first.spec.job_type, second.spec.job_type, t,
                                        first.spec.num_gpus)) <= 0:  # fmt: skip
                     continue  # a pair that cannot share this type (Gavel: 0 throughput) waits
-                enter(place, key, x, received, deficits)
+                enter(place, t, key, x, received, deficits)
         if self.config.global_queue:
             entries.sort(key=lambda e: e[1:5])
         else:

@@ -6,9 +6,9 @@ handlers here.
 
 Rounds run when the clock says time has come (`sched.tick`). With `mode="rounds"` decisions happen
 only at multiples of `round_s` (the references' semantics); with `mode="events"` also at every
-arrival and completion; with `mode="slots"` at those, at most once a round. Either way the policy may ask to be woken (`next_decision_time`), and every
-reply to the clock says when the scheduler next needs a tick, so instants where nothing can change
-cost nothing. Progress is kept in steps: the throughput model (`throughputs`) gives each run's rate,
+arrival and completion; with `mode="slots"` at those, at most once a round. Either way the policy
+may ask to be woken (`next_decision_time`), and every reply to the clock says when the scheduler
+next needs a tick, so instants where nothing can change cost nothing. Progress is kept in steps: the throughput model (`throughputs`) gives each run's rate,
 and the node agents' reports (at a preemption, an exit, in heartbeats) correct it.
 """
 
