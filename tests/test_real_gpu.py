@@ -50,7 +50,12 @@ def _torch_sees_cuda() -> bool:
 
 
 GPUS = _nvml_gpus()
-pytestmark = pytest.mark.skipif(not GPUS, reason="NVML finds no GPU on this machine")
+# One worker runs them all: they share the machine's GPUs, and each reads its job's use of memory
+# against the GPU's use before it started.
+pytestmark = [
+    pytest.mark.skipif(not GPUS, reason="NVML finds no GPU on this machine"),
+    pytest.mark.xdist_group("gpu"),
+]
 
 
 @pytest.fixture(scope="module")
