@@ -118,7 +118,9 @@ def elasticflow_scheme(scheme: str) -> tuple[str, dict[str, Any], str]:
     return ELASTICFLOW_SCHEMES[scheme]
 
 
-def elasticflow_options(scheme: str, round_s: float, total_gpus: int) -> dict[str, Any]:
+def elasticflow_options(
+    scheme: str, round_s: float, total_gpus: int, *, per: Literal["job", "event"] = "event"
+) -> dict[str, Any]:
     """SimOptions fields for an ElasticFlow scheme, as its simulator runs it (`--elasticflow`).
 
     Decisions come at events (arrivals, declined ones included, and completions), at most once a
@@ -127,7 +129,9 @@ def elasticflow_options(scheme: str, round_s: float, total_gpus: int) -> dict[st
     and Chronus, whose ElasticFlow versions run in rounds, decide on a grid of slots
     (`mode="rounds"`; Chronus only at its 240 s leases). Placement is buddy-style for every
     scheme; the deadline admission policies plan on the same slot, from the scheduler's next
-    decision. Restarts cost what ElasticFlow's simulator charges, where it
+    decision, and decide the arrivals of an event together there, all admitted or all declined,
+    as ElasticFlow's simulator does (`per="event"`; `gpuyard up --elasticflow` answers each
+    submission at once: `per="job"`). Restarts cost what ElasticFlow's simulator charges, where it
     charges them (`RestartCost`): `ef`, `ef-accessctrl` and `edf-accessctrl` restart every running
     job at every scheduling decision (its executor restarts them all whenever an allocation
     changes), warm on GPU sets used before; `gandiva` the same without warm processes; `dlas-gpu`
@@ -152,7 +156,9 @@ def elasticflow_options(scheme: str, round_s: float, total_gpus: int) -> dict[st
     rounds = policy in ("tiresias", "themis", "chronus")
     return {
         "policy": policy, "policy_params": dict(params), "admission": admission,
-        "admission_params": {"slot_s": round_s} if admission in ("elasticflow", "edf") else {},
+        "admission_params": (
+            {"slot_s": round_s, "per": per} if admission in ("elasticflow", "edf") else {}
+        ),
         "placement": "buddy", "placement_params": {}, "mode": "rounds" if rounds else "slots",
         "elasticflow": scheme, "preemption_cost": PreemptionCost(restart=restart),
     }  # fmt: skip

@@ -123,6 +123,10 @@ class SubmitReply(Struct, kw_only=True):
     results: list[SubmitResult]
     held: int = 0
     """Jobs admission holds (from this and earlier submissions), waiting for the load to drop."""
+    retry_at: float | None = None
+    """When admission wants to decide on held jobs again (a submission with no jobs, then); None:
+    when jobs leave. A simulation's clock asks at that time; on the wall clock admission asks
+    itself."""
     scheduler: SchedulerStatus | None = None
     """The scheduler's answer to the enqueue, passed back up the chain to the clock."""
 

@@ -87,6 +87,8 @@ class Admission(Service):
         """The state as last written (or read): a request that changed neither the counter nor
         the held jobs writes nothing."""
         self._retry: asyncio.Task[None] | None = None
+        self._due: asyncio.Task[None] | None = None
+        """On the wall clock: the retry of held jobs at the time their policy named."""
         self.cluster: ClusterInfo | None = None
 
     def routes(self) -> dict[Endpoint[Any, Any], Handler]:
@@ -108,9 +110,10 @@ class Admission(Service):
             self.log.info("state.admission_restored", counter=self.counter, held=len(self.held))
 
     async def hand_over(self) -> None:
-        if self._retry is not None:
-            self._retry.cancel()
-            self._retry = None
+        for task in (self._retry, self._due):
+            if task is not None:
+                task.cancel()
+        self._retry = self._due = None
 
     async def _call(self, endpoint: Endpoint[Any, Any], msg: Any) -> Any:
         return await self.bus.call(
@@ -125,8 +128,9 @@ class Admission(Service):
             self._retry = asyncio.create_task(self._retry_held(self.config.retry_held_s))
 
     async def stop(self) -> None:
-        if self._retry is not None:
-            self._retry.cancel()
+        for task in (self._retry, self._due):
+            if task is not None:
+                task.cancel()
         await super().stop()
 
     async def _retry_held(self, every_s: float) -> None:
@@ -135,6 +139,12 @@ class Admission(Service):
             await asyncio.sleep(every_s)
             if self.held:
                 await self.bus.nc.publish(self.bus.subject(SUBMIT), b'{"jobs": []}')
+
+    async def _retry_at(self, at: float) -> None:
+        """Wall clock: decide on the held jobs again at `at` (a simulation's clock asks itself)."""
+        await asyncio.sleep(max(at - time.time(), 0.0))
+        if self.held:
+            await self.bus.nc.publish(self.bus.subject(SUBMIT), b'{"jobs": []}')
 
     async def submit(self, req: SubmitRequest, caller: Caller = ANONYMOUS) -> SubmitReply:
         req = owned_by(req, caller)
@@ -146,14 +156,18 @@ class Admission(Service):
         results: list[SubmitResult] = []
         admitted: list[JobSpec] = []
         declined = 0  # arrivals refused: still an event for some scheduling policies
+        retry_at: float | None = None  # the earliest time a held job asks to be decided again
 
         def decide(spec: JobSpec, blocked: bool, never: str | None = None) -> tuple[str, str]:
-            verdict, why = self._decide(
+            nonlocal retry_at
+            verdict, why, again = self._decide(
                 now, spec, view, jobs, blocked=blocked, never=never, next_decision=decides
             )
             if verdict == "admit":
                 admitted.append(spec)
                 jobs.append(self._admitted_view(spec, now))  # counts for the jobs after it
+            elif verdict == "hold" and again is not None:
+                retry_at = again if retry_at is None else min(retry_at, again)
             return verdict, why
 
         # Held jobs first, in order; then the new ones (behind any still held, if in order).
@@ -188,6 +202,8 @@ class Admission(Service):
             if verdict == "hold":
                 self.held.append(spec)
             declined += verdict == "reject"
+        if self.policy.all_or_none:
+            declined += self._decline_together(results, admitted)
         status: SchedulerStatus | None = None
         if admitted or req.tick or declined:
             # The ids given out are stored before the scheduler hears of them: never reused.
@@ -203,29 +219,55 @@ class Admission(Service):
                 r.verdict
             ]
             await self._event(kind, now, r.job_id, r.reason, user=users.get(r.job_id, ""))
-        return SubmitReply(results=results, held=len(self.held), scheduler=status)
+        if retry_at is not None and req.now is None:  # the wall clock: our own timer
+            if self._due is not None:
+                self._due.cancel()
+            self._due = asyncio.create_task(self._retry_at(retry_at))
+        return SubmitReply(
+            results=results, held=len(self.held), scheduler=status,
+            retry_at=retry_at if self.held else None,
+        )  # fmt: skip
+
+    @staticmethod
+    def _decline_together(results: list[SubmitResult], admitted: list[JobSpec]) -> int:
+        """All or none: where this request declined a job, it declines the jobs it admitted too
+        (best-effort ones excepted); returns how many."""
+        refused = next((r for r in results if r.verdict == "reject"), None)
+        if refused is None:
+            return 0
+        undone = {s.job_id for s in admitted if not s.best_effort}
+        for r in results:
+            if r.job_id in undone:
+                r.verdict = "reject"
+                r.reason = f"declined with the jobs decided with it ({refused.job_id}: {refused.reason})"
+        admitted[:] = [s for s in admitted if s.job_id not in undone]
+        return len(undone)
 
     def _decide(
         self, now: float, spec: JobSpec, cluster: ClusterView, jobs: list[JobView], *,
         blocked: bool, never: str | None = None, next_decision: float | None = None,
-    ) -> tuple[str, str]:  # fmt: skip
-        """(verdict, reason) for one job; `blocked`: an earlier job is held (FIFO overflow);
+    ) -> tuple[str, str, float | None]:  # fmt: skip
+        """(verdict, reason, when to decide again if held) for one job; `blocked`: an earlier job
+        is held (FIFO overflow);
         `never`: `_never_fits(spec)`, where the caller has it already; `next_decision`: when the
         scheduler first decides on it (`_admitted_jobs`)."""
         if self.config.require_command and not spec.command:
-            return "reject", "no command: a job on this cluster runs a command (submit -- CMD ...)"
+            return (
+                "reject", "no command: a job on this cluster runs a command (submit -- CMD ...)",
+                None,
+            )  # fmt: skip
         if never is None:
             never = self._never_fits(spec)
         if never:
-            return "reject", f"can never run here: {never}"
+            return "reject", f"can never run here: {never}", None
         decision = self.policy.decide(
             AdmissionInput(
                 now=now, job=spec, cluster=cluster, jobs=jobs, next_decision=next_decision
             )
         )
         if decision.verdict == "admit" and blocked and self.policy.in_order:
-            return "hold", "behind earlier held jobs"
-        return decision.verdict, decision.reason
+            return "hold", "behind earlier held jobs", None
+        return decision.verdict, decision.reason, decision.retry_at
 
     async def _admitted_jobs(
         self, cluster: ClusterView, now: float

@@ -244,6 +244,7 @@ class SimClock(Service):
         self.finished = 0
         self.awaited: set[str] = set()  # the window's jobs that have not ended yet
         self.held = 0  # jobs admission holds, as it last said
+        self.held_retry: float | None = None  # when admission asked to decide on them again
         self.timeline: list[TimelinePoint] = []
         self.launched: set[str] = set()  # jobs launched at the current instant
         self.running: set[str] = set()  # jobs with parts on some node
@@ -446,6 +447,8 @@ class SimClock(Service):
                 candidates.append(churn[next_churn][0])
             if self.sched_wake is not None:
                 candidates.append(max(self.sched_wake, last_instant or 0.0))
+            if self.held and self.held_retry is not None:
+                candidates.append(max(self.held_retry, last_instant or 0.0))
             if not candidates:
                 break
             now = min(candidates)
@@ -465,8 +468,10 @@ class SimClock(Service):
             while next_arrival < len(workload) and self._delivery(workload[next_arrival]) <= now:
                 batch.append(workload[next_arrival])
                 next_arrival += 1
-            # Jobs held by admission get another chance when others have left.
-            retry_held = self.held > 0 and bool(exits)
+            # Jobs held by admission get another chance when others have left, or when admission
+            # asked for one.
+            due = self.held_retry is not None and self.held_retry <= now
+            retry_held = self.held > 0 and (bool(exits) or due)
             ticked = False
             if lost is not None:
                 last = not exits and not batch and not retry_held
@@ -483,7 +488,7 @@ class SimClock(Service):
             if batch or retry_held:
                 reply = await self._call(SUBMIT, SubmitRequest(now=now, jobs=batch, tick=True))
                 progress.submitted += len(batch)
-                self.held = reply.held
+                self.held, self.held_retry = reply.held, reply.retry_at
                 for r in reply.results:
                     if r.verdict == "reject":
                         rejected += 1

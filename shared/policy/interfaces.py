@@ -64,6 +64,9 @@ class Decision(Struct):
 class AdmissionDecision(Struct, frozen=True):
     verdict: Literal["admit", "hold", "reject"]
     reason: str = ""
+    retry_at: float | None = None
+    """A held job: when to decide on it again (None: when other jobs leave, or on the service's
+    own retry timer)."""
 
 
 class PlacementInput(Struct, kw_only=True):
@@ -131,6 +134,14 @@ class AdmissionPolicy(Policy):
     in_order: ClassVar[bool] = True
     """Held jobs are admitted strictly in arrival order (a FIFO overflow queue, as in Blox); with
     False, any held job that the policy now admits goes ahead."""
+
+    @property
+    def all_or_none(self) -> bool:
+        """The jobs decided in one request (one instant's arrivals, with the held jobs decided
+        again then) are admitted together or declined together: one that is declined declines
+        the others, best-effort jobs excepted (ElasticFlow's simulator decides each merged
+        event's arrivals so)."""
+        return False
 
     def decide(self, inp: AdmissionInput) -> AdmissionDecision:
         raise NotImplementedError

@@ -5,12 +5,14 @@ admits it only when every plan stays feasible; its EDF-with-access-control basel
 with EDF plans. Best-effort jobs (and jobs without a deadline) are always admitted: they live on
 what the others leave.
 
-Per job, not per batch: ElasticFlow's simulator admits or declines all the jobs that arrive in one
-(merged) event together, declining the whole batch when the plan with all of them fails. Here each
-job is decided on its own, in arrival order, against the jobs already admitted (those admitted
-earlier in the same request included). A job that fits is never declined because another one
-arriving with it does not; a batch the reference admits whole is admitted here too (the same jobs
-pass one by one, each against a subset of the others).
+Per job, not per batch (by default): ElasticFlow's simulator admits or declines all the jobs that
+arrive in one (merged) event together, declining the whole batch when the plan with all of them
+fails. Here each job is decided on its own, in arrival order, against the jobs already admitted
+(those admitted earlier in the same request included). A job that fits is never declined because
+another one arriving with it does not; a batch the reference admits whole is admitted here too
+(the same jobs pass one by one, each against a subset of the others). `per="event"` decides as the
+reference does: an arrival waits (held) for the scheduler's next decision, where it is decided with
+every other arrival since the last one, all admitted or all declined (best-effort jobs excepted).
 
 Plans start where the scheduler first decides on the new job (`AdmissionInput.next_decision`: the
 end of the current slot when events within a slot wait for it, as ElasticFlow's do), with the
@@ -19,7 +21,7 @@ running jobs' remaining steps projected there.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from msgspec import Meta, Struct
 
@@ -43,6 +45,10 @@ class DeadlineAdmissionParams(Struct, forbid_unknown_fields=True):
     scheduler's round (`gpuyard sim --elasticflow` does)."""
     max_level: MaxLevel = "peak"
     """How far a job may scale in the plans (`peak`: ElasticFlow; `largest`: its EDF)."""
+    per: Literal["job", "event"] = "job"
+    """`job`: each arrival is decided on its own, at once. `event`: as ElasticFlow's simulator,
+    the arrivals up to the scheduler's next decision are held until it and decided together
+    there, all admitted or all declined (best-effort jobs excepted)."""
 
 
 class _DeadlineAdmission(AdmissionPolicy):
@@ -57,8 +63,17 @@ class _DeadlineAdmission(AdmissionPolicy):
     def plan(self, demands: list[Demand], start: float, slot: float, total: int) -> list[Plan]:
         raise NotImplementedError
 
+    @property
+    def all_or_none(self) -> bool:
+        return bool(self.params.per == "event")
+
     def decide(self, inp: AdmissionInput) -> AdmissionDecision:
         spec = inp.job
+        if self.all_or_none and inp.next_decision is not None and inp.next_decision > inp.now:
+            return AdmissionDecision(
+                "hold", "decided with the other arrivals at the scheduler's next decision",
+                retry_at=inp.next_decision,
+            )  # fmt: skip
         if deadline_of(spec) == NO_DEADLINE:
             return AdmissionDecision("admit", "best effort" if spec.best_effort else "no deadline")
         if total_steps(spec, inp.cluster.throughputs) is None:
