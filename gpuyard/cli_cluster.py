@@ -325,7 +325,7 @@ def control_plane_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.elasticflow:
         from gpuyard.sim import elasticflow_options
 
-        scheme = elasticflow_options(args.policy, args.round, 0, per="job")  # answered at once
+        scheme = elasticflow_options(args.policy, args.round, 0, at_events=False)  # answered at once
         for key in ("policy", "admission", "placement", "mode"):
             chosen[key] = scheme[key]
         for key in ("policy_params", "admission_params", "placement_params"):

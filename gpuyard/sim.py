@@ -119,7 +119,7 @@ def elasticflow_scheme(scheme: str) -> tuple[str, dict[str, Any], str]:
 
 
 def elasticflow_options(
-    scheme: str, round_s: float, total_gpus: int, *, per: Literal["job", "event"] = "event"
+    scheme: str, round_s: float, total_gpus: int, *, at_events: bool = True
 ) -> dict[str, Any]:
     """SimOptions fields for an ElasticFlow scheme, as its simulator runs it (`--elasticflow`).
 
@@ -129,9 +129,9 @@ def elasticflow_options(
     and Chronus, whose ElasticFlow versions run in rounds, decide on a grid of slots
     (`mode="rounds"`; Chronus only at its 240 s leases). Placement is buddy-style for every
     scheme; the deadline admission policies plan on the same slot, from the scheduler's next
-    decision, and decide the arrivals of an event together there, all admitted or all declined,
-    as ElasticFlow's simulator does (`per="event"`; `gpuyard up --elasticflow` answers each
-    submission at once: `per="job"`). Restarts cost what ElasticFlow's simulator charges, where it
+    decision, and decide an event's arrivals there, as ElasticFlow's simulator does
+    (`decide_at="event"`; `ef-accessctrl` all or none: `together`). `at_events=False` (`gpuyard
+    up --elasticflow`) answers each submission at once instead. Restarts cost what ElasticFlow's simulator charges, where it
     charges them (`RestartCost`): `ef`, `ef-accessctrl` and `edf-accessctrl` restart every running
     job at every scheduling decision (its executor restarts them all whenever an allocation
     changes), warm on GPU sets used before; `gandiva` the same without warm processes; `dlas-gpu`
@@ -157,7 +157,9 @@ def elasticflow_options(
     return {
         "policy": policy, "policy_params": dict(params), "admission": admission,
         "admission_params": (
-            {"slot_s": round_s, "per": per} if admission in ("elasticflow", "edf") else {}
+            {"slot_s": round_s} | (
+                {"decide_at": "event", "together": admission == "elasticflow"} if at_events else {}
+            ) if admission in ("elasticflow", "edf") else {}
         ),
         "placement": "buddy", "placement_params": {}, "mode": "rounds" if rounds else "slots",
         "elasticflow": scheme, "preemption_cost": PreemptionCost(restart=restart),

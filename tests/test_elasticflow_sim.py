@@ -34,11 +34,11 @@ def toy(job_id: str, steps: float, arrival: float, deadline: float, **kw: object
 
 
 def ef_options(
-    toy_model: str, scheme: str, round_s: float = 10.0, per: str = "event", **kw: object
+    toy_model: str, scheme: str, round_s: float = 10.0, at_events: bool = True, **kw: object
 ) -> SimOptions:
     options = SimOptions(
         cluster=ClusterSpec.parse("1x4:a100"), throughputs=toy_model, round_s=round_s,
-        **elasticflow_options(scheme, round_s, 4, per=per),  # type: ignore[arg-type]
+        **elasticflow_options(scheme, round_s, 4, at_events=at_events),
     )  # fmt: skip
     for key, value in kw.items():
         setattr(options, key, value)
@@ -131,7 +131,9 @@ async def test_admission_sees_the_progress_that_restart_pauses_took(
     declined arrival is a decision all the same: 'a' pauses again and ends at 110."""
     restart = RestartCost(base_s=5.0, per_doubling_s=0.0, cold_s=0.0, scope="decisions")
     jobs = [toy("a", 400, 0.0, 103.0), toy("b", 10, 30.0, 1_000.0)]
-    options = ef_options(toy_model, "ef-accessctrl", preemption_cost=PreemptionCost(restart=restart))
+    options = ef_options(
+        toy_model, "ef-accessctrl", preemption_cost=PreemptionCost(restart=restart)
+    )
     result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
     assert [r.job_id for r in result.jobs] == ["a"]
     assert result.summary["declined"] == 1
@@ -141,7 +143,7 @@ async def test_admission_sees_the_progress_that_restart_pauses_took(
 async def test_a_declined_arrival_starts_a_slot_and_admission_plans_from_its_end(
     tmp_path: Path, nats_url: str, toy_model: str
 ) -> None:
-    """Slots of 10 s, each arrival decided on its own (`per="job"`). 'x' (arriving at 15) cannot
+    """Slots of 10 s, each arrival decided at once (`at_events=False`). 'x' (arriving at 15) cannot
     make its deadline and is declined, but its arrival is a scheduling event all the same, as in
     ElasticFlow: the next decision comes at 25, the slot's end. 'b' arrives at 20 needing all 4
     GPUs for 10 s by 32: planned from 25, when the scheduler will first decide on it, it would end
@@ -151,43 +153,51 @@ async def test_a_declined_arrival_starts_a_slot_and_admission_plans_from_its_end
         toy("x", 10_000, 15.0, 50.0),
         toy("b", 40, 20.0, 32.0),
     ]
-    options = ef_options(toy_model, "ef-accessctrl", per="job", preemption_cost=PreemptionCost())
+    options = ef_options(
+        toy_model, "ef-accessctrl", at_events=False, preemption_cost=PreemptionCost()
+    )
     result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
     assert [r.job_id for r in result.jobs] == ["a"]
     assert result.summary["declined"] == 2
     assert result.jobs[0].end_time == pytest.approx(100.0)
 
 
-@pytest.mark.parametrize("per", ["event", "job"])
-async def test_the_arrivals_of_one_event_stand_or_fall_together_as_in_elasticflow(
-    tmp_path: Path, nats_url: str, toy_model: str, per: str
+@pytest.mark.parametrize(
+    ("scheme", "at_events"),
+    [("ef-accessctrl", True), ("ef-accessctrl", False), ("edf-accessctrl", True)],
+)
+async def test_the_arrivals_of_one_event_are_decided_at_it_as_in_elasticflow(
+    tmp_path: Path, nats_url: str, toy_model: str, scheme: str, at_events: bool
 ) -> None:
     """Slots of 10 s; 'a' starts at 0, so the next decision is at 10. 'b' (10 steps by 1,000)
     arrives at 3 and 'x' (10,000 steps by 50: it cannot make it) at 5: one merged event.
-    ElasticFlow's simulator decides them together at 10 and declines both (`per="event"`, what
-    `--elasticflow` does); decided one by one at arrival (`per="job"`), 'b' is admitted at 3 and
-    runs from 10. 'c' arrives alone at 23 (the next event, at 23: more than a slot after 10) and
-    is admitted either way."""
+    ElasticFlow's simulator decides them at 10: its `ef-accessctrl` declines both (all or none),
+    its `edf-accessctrl` each on its own ('b' admitted at 10). Decided at arrival
+    (`at_events=False`), 'b' is admitted at 3 and runs from 10. 'c' arrives alone at 53 (more than
+    a slot after the last decision) and is admitted at once in every case."""
     jobs = [
         toy("a", 400, 0.0, 10_000.0),
         toy("b", 10, 3.0, 1_000.0),
         toy("x", 10_000, 5.0, 50.0),
-        toy("c", 10, 23.0, 1_000.0),
+        toy("c", 10, 53.0, 1_000.0),
     ]
-    options = ef_options(toy_model, "ef-accessctrl", per=per, preemption_cost=PreemptionCost())
+    options = ef_options(toy_model, scheme, at_events=at_events, preemption_cost=PreemptionCost())
     out = tmp_path / "out"
     result = await simulate(options, jobs, out, nats_url=nats_url)
     by_id = {r.job_id: r for r in result.jobs}
     table = pd.read_csv(out / "jobs.csv").set_index("job_id")
     assert table.loc["x", "admission"] == "declined"
-    assert by_id["c"].state == "completed" and by_id["c"].admit_time == 23.0
-    if per == "event":
+    assert by_id["c"].state == "completed" and by_id["c"].admit_time == 53.0
+    if scheme == "ef-accessctrl" and at_events:
         assert sorted(by_id) == ["a", "c"] and result.summary["declined"] == 2
         assert table.loc["b", "admission"] == "declined"
-        assert "with the jobs decided with it (x: cannot meet its deadline" in table.loc["b", "reason"]
+        assert (
+            "with the jobs decided with it (x: cannot meet its deadline" in table.loc["b", "reason"]
+        )
     else:
         assert sorted(by_id) == ["a", "b", "c"] and result.summary["declined"] == 1
-        assert by_id["b"].admit_time == 3.0 and by_id["b"].first_start == 10.0
+        assert by_id["b"].admit_time == (10.0 if at_events else 3.0)
+        assert by_id["b"].first_start == 10.0
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -10,9 +10,10 @@ arrive in one (merged) event together, declining the whole batch when the plan w
 fails. Here each job is decided on its own, in arrival order, against the jobs already admitted
 (those admitted earlier in the same request included). A job that fits is never declined because
 another one arriving with it does not; a batch the reference admits whole is admitted here too
-(the same jobs pass one by one, each against a subset of the others). `per="event"` decides as the
-reference does: an arrival waits (held) for the scheduler's next decision, where it is decided with
-every other arrival since the last one, all admitted or all declined (best-effort jobs excepted).
+(the same jobs pass one by one, each against a subset of the others). As ElasticFlow's simulator
+does, `decide_at="event"` holds an arrival until the scheduler's next decision and decides it there
+(its merged event), and `together=True` admits that event's arrivals all or none (best-effort
+jobs excepted): its `ef-accessctrl` does both, its `edf-accessctrl` the first alone.
 
 Plans start where the scheduler first decides on the new job (`AdmissionInput.next_decision`: the
 end of the current slot when events within a slot wait for it, as ElasticFlow's do), with the
@@ -45,10 +46,13 @@ class DeadlineAdmissionParams(Struct, forbid_unknown_fields=True):
     scheduler's round (`gpuyard sim --elasticflow` does)."""
     max_level: MaxLevel = "peak"
     """How far a job may scale in the plans (`peak`: ElasticFlow; `largest`: its EDF)."""
-    per: Literal["job", "event"] = "job"
-    """`job`: each arrival is decided on its own, at once. `event`: as ElasticFlow's simulator,
-    the arrivals up to the scheduler's next decision are held until it and decided together
-    there, all admitted or all declined (best-effort jobs excepted)."""
+    decide_at: Literal["arrival", "event"] = "arrival"
+    """`arrival`: at once, planned from the scheduler's next decision. `event`: held until that
+    decision and decided there, with the other arrivals since the last one (ElasticFlow's
+    simulator's merged events)."""
+    together: bool = False
+    """With `decide_at="event"`: an event's arrivals are admitted all or none (best-effort jobs
+    excepted), as ElasticFlow's simulator's `ef-accessctrl` does."""
 
 
 class _DeadlineAdmission(AdmissionPolicy):
@@ -65,11 +69,12 @@ class _DeadlineAdmission(AdmissionPolicy):
 
     @property
     def all_or_none(self) -> bool:
-        return bool(self.params.per == "event")
+        return bool(self.params.decide_at == "event" and self.params.together)
 
     def decide(self, inp: AdmissionInput) -> AdmissionDecision:
         spec = inp.job
-        if self.all_or_none and inp.next_decision is not None and inp.next_decision > inp.now:
+        waits = inp.next_decision is not None and inp.next_decision > inp.now
+        if self.params.decide_at == "event" and waits:
             return AdmissionDecision(
                 "hold", "decided with the other arrivals at the scheduler's next decision",
                 retry_at=inp.next_decision,

@@ -224,15 +224,18 @@ def test_admission_plans_from_the_schedulers_next_decision():
     assert pol.decide(later).verdict == "admit"
 
 
-def test_per_event_admission_waits_for_the_event_and_declines_it_whole():
-    pol = admission_policies.create("elasticflow", {"slot_s": 60, "per": "event"})
+def test_admission_at_events_waits_for_the_schedulers_decision():
+    params = {"slot_s": 60, "decide_at": "event", "together": True}
+    pol = admission_policies.create("elasticflow", params)
     assert pol.all_or_none and not ElasticFlowAdmission().all_or_none
     waits = pol.decide(admission_input(spec("x", 192, 120), [], now=30.0, next_decision=60.0))
     assert (waits.verdict, waits.retry_at) == ("hold", 60.0)  # until the scheduler decides
     at_event = admission_input(spec("x", 192, 120), [], now=60.0, next_decision=60.0)
-    assert pol.decide(at_event).verdict == "admit"  # decided there as per job
-    edf = admission_policies.create("edf", {"per": "event"})
-    assert edf.all_or_none
+    assert pol.decide(at_event).verdict == "admit"  # decided there on its own plan
+    edf = admission_policies.create("edf", {"decide_at": "event"})
+    assert not edf.all_or_none  # (ElasticFlow's EDF decides each arrival of an event alone)
+    early = admission_input(spec("y", 100, 1000), [], now=5.0, next_decision=9.0)
+    assert edf.decide(early).verdict == "hold"
 
 
 def test_edf_admission_uses_edf_plans():
