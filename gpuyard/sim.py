@@ -131,13 +131,13 @@ def elasticflow_options(
     scheme; the deadline admission policies plan on the same slot, from the scheduler's next
     decision, and decide an event's arrivals there, as ElasticFlow's simulator does
     (`decide_at="event"`; `ef-accessctrl` all or none: `together`). `at_events=False` (`gpuyard
-    up --elasticflow`) answers each submission at once instead. Restarts cost what ElasticFlow's simulator charges, where it
-    charges them (`RestartCost`): `ef`, `ef-accessctrl` and `edf-accessctrl` restart every running
-    job at every scheduling decision (its executor restarts them all whenever an allocation
-    changes), warm on GPU sets used before; `gandiva` the same without warm processes; `dlas-gpu`
-    only the jobs it starts; Chronus 0.5 s per (1 + log2 GPUs) at each resume; `edf` and `themis`
-    nothing. Cold starts come every `round_s`-th decision (ElasticFlow counts events against its
-    slot length there).
+    up --elasticflow`) answers each submission at once instead. Restarts cost what ElasticFlow's
+    simulator charges, where it charges them (`RestartCost`): `ef`, `ef-accessctrl` and
+    `edf-accessctrl` restart every running job at every scheduling decision (its executor
+    restarts them all whenever an allocation changes), warm on GPU sets used before; `gandiva` the
+    same without warm processes; `dlas-gpu` only the jobs it starts; Chronus 0.5 s per (1 + log2
+    GPUs) at each resume; `edf` and `themis` nothing. Cold starts come every `round_s`-th decision
+    (ElasticFlow counts events against its slot length there).
     """
     policy, params, admission = elasticflow_scheme(scheme)
     large = total_gpus >= 256  # ElasticFlow's figures for large clusters
@@ -154,13 +154,14 @@ def elasticflow_options(
         "chronus": RestartCost(base_s=0.0, per_doubling_s=0.5, cold_s=0.0, warm_ranks=False),
     }.get(scheme)
     rounds = policy in ("tiresias", "themis", "chronus")
+    admission_params: dict[str, Any] = {}
+    if admission in ("elasticflow", "edf"):
+        admission_params = {"slot_s": round_s}
+        if at_events:
+            admission_params |= {"decide_at": "event", "together": admission == "elasticflow"}
     return {
         "policy": policy, "policy_params": dict(params), "admission": admission,
-        "admission_params": (
-            {"slot_s": round_s} | (
-                {"decide_at": "event", "together": admission == "elasticflow"} if at_events else {}
-            ) if admission in ("elasticflow", "edf") else {}
-        ),
+        "admission_params": admission_params,
         "placement": "buddy", "placement_params": {}, "mode": "rounds" if rounds else "slots",
         "elasticflow": scheme, "preemption_cost": PreemptionCost(restart=restart),
     }  # fmt: skip

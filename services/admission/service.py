@@ -239,7 +239,9 @@ class Admission(Service):
         for r in results:
             if r.job_id in undone:
                 r.verdict = "reject"
-                r.reason = f"declined with the jobs decided with it ({refused.job_id}: {refused.reason})"
+                r.reason = (
+                    f"declined with the jobs decided with it ({refused.job_id}: {refused.reason})"
+                )
         admitted[:] = [s for s in admitted if s.job_id not in undone]
         return len(undone)
 
@@ -248,9 +250,8 @@ class Admission(Service):
         blocked: bool, never: str | None = None, next_decision: float | None = None,
     ) -> tuple[str, str, float | None]:  # fmt: skip
         """(verdict, reason, when to decide again if held) for one job; `blocked`: an earlier job
-        is held (FIFO overflow);
-        `never`: `_never_fits(spec)`, where the caller has it already; `next_decision`: when the
-        scheduler first decides on it (`_admitted_jobs`)."""
+        is held (FIFO overflow); `never`: `_never_fits(spec)`, where the caller has it already;
+        `next_decision`: when the scheduler first decides on it (`_admitted_jobs`)."""
         if self.config.require_command and not spec.command:
             return (
                 "reject", "no command: a job on this cluster runs a command (submit -- CMD ...)",
