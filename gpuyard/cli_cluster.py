@@ -513,6 +513,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         for r in reply.results:
             if r.verdict == "admit":
                 print(f"submitted {r.job_id}")
+            elif r.verdict == "hold":  # accepted, waiting for admission's next look
+                print(f"held {r.job_id}: {r.reason}")
             else:
                 bad += 1
                 print(f"rejected {r.job_id}: {r.reason}", file=sys.stderr)

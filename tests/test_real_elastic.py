@@ -204,6 +204,49 @@ def test_deadline_jobs_are_admitted_or_refused_and_elastic_ones_resized(
     assert len(seen) == record["attempt"]
 
 
+def test_admission_at_events_holds_arrivals_until_the_decision_and_declines_them_together(
+    tmp_path: Path,
+) -> None:
+    """`--admission-param decide_at=event --admission-param together=true` on a real cluster
+    (ElasticFlow's simulator's way; `gpuyard up --elasticflow` decides at arrival by default):
+    an arrival is held until the scheduler's next decision (within a round) and decided there with
+    the others, on admission's own timer. A feasible job that arrives with a hopeless one is
+    declined with it; one that arrives alone is admitted and runs."""
+    cluster = ElasticCluster(tmp_path)
+    try:
+        cluster.up("--elasticflow", "--policy", "ef-accessctrl", "--round", "2", "--throughputs",
+                   str(cluster.throughputs), "--admission-param", "decide_at=event",
+                   "--admission-param", "together=true")  # fmt: skip
+        cluster.agent("a", gpus=2)
+
+        def job(steps: int, deadline_s: float) -> dict[str, Any]:
+            return {"num_gpus": 1, "job_type": "train", "total_steps": steps,
+                    "deadline": time.time() + deadline_s, "command": train(steps)}  # fmt: skip
+
+        pair = tmp_path / "pair.json"
+        pair.write_text(json.dumps({"jobs": [job(100, 600), job(100_000, 30)]}))
+        both = cluster.submit("--file", str(pair))  # one request: one event
+        verdicts = [line.split()[0] for line in (both.stdout + both.stderr).splitlines()]
+        assert verdicts in (["held", "held"], ["rejected", "rejected"]), both
+        ids = [line.split()[1].rstrip(":") for line in both.stdout.splitlines()] or ["j1", "j2"]
+
+        def decided() -> dict[str, dict[str, Any]] | None:
+            jobs = cluster.jobs()
+            return jobs if all(jobs.get(i, {}).get("state") == "rejected" for i in ids) else None
+
+        jobs = until(decided, "the pair declined together at the next decision", 30)
+        assert "cannot meet its deadline" in jobs[ids[1]]["state_reason"]
+        assert f"declined with the jobs decided with it ({ids[1]}:" in jobs[ids[0]]["state_reason"]
+        alone = tmp_path / "alone.json"
+        alone.write_text(json.dumps(job(100, 600)))
+        single = cluster.submit("--file", str(alone))
+        assert single.returncode == 0, single.stderr
+        lone = single.stdout.split()[1].rstrip(":")
+        until(lambda: cluster.jobs().get(lone, {}).get("state") == "completed", f"{lone} ran", 60)
+    finally:
+        cluster.close()
+
+
 SLOW_CHECKPOINT = """
 import signal, sys, time
 from gpuyard.jobclient import JobClient
