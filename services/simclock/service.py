@@ -534,10 +534,15 @@ class SimClock(Service):
             while next_arrival < len(workload) and (workload[next_arrival].submit_time or 0.0) <= now:
                 batch.append(workload[next_arrival])
                 next_arrival += 1
+            # The next round rides on the instant's last request (exits, then arrivals).
+            submit = bool(batch or (self.held and exits))
+            ticked = False
             if exits:
-                self._note(now, await self._call(EXITED, ExitReport(now=now, exits=exits)))
-            if batch or (self.held and exits):
-                reply = await self._call(SUBMIT, SubmitRequest(now=now, jobs=batch))
+                report = ExitReport(now=now, exits=exits, tick=not submit)
+                self._note(now, await self._call(EXITED, report))
+                ticked = not submit
+            if submit:
+                reply = await self._call(SUBMIT, SubmitRequest(now=now, jobs=batch, tick=True))
                 progress.submitted += len(batch)
                 self.held = reply.held
                 rejected += sum(1 for r in reply.results if r.verdict == "reject")
@@ -545,7 +550,11 @@ class SimClock(Service):
                     if r.verdict == "reject":
                         self.jobs.pop(r.job_id, None)
                         self.awaited.discard(r.job_id)
-            self._note(now, await self._call(TICK, TickRequest(now=now)))  # the next round
+                if reply.scheduler is not None:
+                    self._note(now, reply.scheduler)
+                    ticked = True
+            if not ticked:
+                self._note(now, await self._call(TICK, TickRequest(now=now)))
             await self._refresh(now)
             progress.finished = self.finished + rejected
             if self._window_done():
