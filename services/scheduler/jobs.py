@@ -78,7 +78,8 @@ class JobTable:
         record.run_start = record.progress_at = now
         record.gpus, record.gpu_type, record.rate = gpus, gpu_type, rate
         record.nodes = sorted(set(nodes))
-        record.ran_on = sorted({*record.ran_on, *record.nodes})
+        if any(n not in record.ran_on for n in record.nodes):  # (a job moved every round: rarely)
+            record.ran_on = sorted({*record.ran_on, *record.nodes})
         record.shares_with = shares_with
         record.reason = ""  # why it waited: no longer so
         record.attempt += 1

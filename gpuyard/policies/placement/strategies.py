@@ -51,7 +51,10 @@ class FreeMap:
 
     def nodes_of(self, gpu_type: str) -> list[str]:
         """Nodes (in node order) of this type (any type for ANY_GPU) with free GPUs."""
-        return [n for n in self.order if gpu_type in (ANY_GPU, self.gpu_type[n]) and self.free[n]]
+        free, types = self.free, self.gpu_type
+        if gpu_type == ANY_GPU:
+            return [n for n in self.order if free[n]]
+        return [n for n in self.order if types[n] == gpu_type and free[n]]
 
     def types(self) -> list[str]:
         return sorted(set(self.gpu_type.values()))
@@ -95,11 +98,11 @@ def consolidate(free: FreeMap, count: int, gpu_type: str) -> list[GpuRef] | None
     else the emptiest nodes first. None if they do not fit."""
     for t in free.types_for(gpu_type):
         nodes = free.nodes_of(t)
-        if sum(len(free.free[n]) for n in nodes) < count:
-            continue
         single = next((n for n in nodes if len(free.free[n]) >= count), None)
         if single is not None:
             return free.grab(single, count)
+        if sum(len(free.free[n]) for n in nodes) < count:
+            continue
         gpus: list[GpuRef] = []
         for n in sorted(nodes, key=lambda n: -len(free.free[n])):  # stable: node order breaks ties
             gpus += free.grab(n, min(count - len(gpus), len(free.free[n])))
