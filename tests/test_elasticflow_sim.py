@@ -173,11 +173,13 @@ async def test_the_arrivals_of_one_event_are_decided_at_it_as_in_elasticflow(
     arrives at 3 and 'x' (10,000 steps by 50: it cannot make it) at 5: one merged event.
     ElasticFlow's simulator decides them at 10: its `ef-accessctrl` declines both (all or none),
     its `edf-accessctrl` each on its own ('b' admitted at 10). Decided at arrival
-    (`at_events=False`), 'b' is admitted at 3 and runs from 10. 'c' arrives alone at 53 (more than
-    a slot after the last decision) and is admitted at once in every case."""
+    (`at_events=False`), 'b' is admitted at 3 and runs from 10. 'e', a best-effort job in the
+    same event, is admitted whatever the others get. 'c' arrives alone at 53 (more than a slot
+    after the last decision) and is admitted at once in every case."""
     jobs = [
         toy("a", 400, 0.0, 10_000.0),
         toy("b", 10, 3.0, 1_000.0),
+        toy("e", 10, 4.0, None, best_effort=True),  # type: ignore[arg-type]
         toy("x", 10_000, 5.0, 50.0),
         toy("c", 10, 53.0, 1_000.0),
     ]
@@ -187,15 +189,16 @@ async def test_the_arrivals_of_one_event_are_decided_at_it_as_in_elasticflow(
     by_id = {r.job_id: r for r in result.jobs}
     table = pd.read_csv(out / "jobs.csv").set_index("job_id")
     assert table.loc["x", "admission"] == "declined"
+    assert table.loc["e", "admission"] == "best-effort" and by_id["e"].state == "completed"
     assert by_id["c"].state == "completed" and by_id["c"].admit_time == 53.0
     if scheme == "ef-accessctrl" and at_events:
-        assert sorted(by_id) == ["a", "c"] and result.summary["declined"] == 2
+        assert sorted(by_id) == ["a", "c", "e"] and result.summary["declined"] == 2
         assert table.loc["b", "admission"] == "declined"
         assert (
             "with the jobs decided with it (x: cannot meet its deadline" in table.loc["b", "reason"]
         )
     else:
-        assert sorted(by_id) == ["a", "b", "c"] and result.summary["declined"] == 1
+        assert sorted(by_id) == ["a", "b", "c", "e"] and result.summary["declined"] == 1
         assert by_id["b"].admit_time == (10.0 if at_events else 3.0)
         assert by_id["b"].first_start == 10.0
 
