@@ -26,6 +26,7 @@ from gpuyard.shared.endpoints import CLUSTER, ENQUEUE, QUERY, SUBMIT, Endpoint
 from gpuyard.shared.identity import ANONYMOUS, Caller
 from gpuyard.shared.model import ANY_GPU, JobRecord, JobSpec
 from gpuyard.shared.policy import (
+    AdmissionDecision,
     AdmissionInput,
     AdmissionPolicy,
     ClusterView,
@@ -110,6 +111,9 @@ class Admission(Service):
             self.log.info("state.admission_restored", counter=self.counter, held=len(self.held))
 
     async def hand_over(self) -> None:
+        self._stop_timers()
+
+    def _stop_timers(self) -> None:
         for task in (self._retry, self._due):
             if task is not None:
                 task.cancel()
@@ -128,21 +132,22 @@ class Admission(Service):
             self._retry = asyncio.create_task(self._retry_held(self.config.retry_held_s))
 
     async def stop(self) -> None:
-        for task in (self._retry, self._due):
-            if task is not None:
-                task.cancel()
+        self._stop_timers()
         await super().stop()
 
     async def _retry_held(self, every_s: float) -> None:
-        """Through our own subject, so a retry queues behind other requests like any submit."""
         while True:
             await asyncio.sleep(every_s)
-            if self.held:
-                await self.bus.nc.publish(self.bus.subject(SUBMIT), b'{"jobs": []}')
+            await self._ask_again()
 
     async def _retry_at(self, at: float) -> None:
         """Wall clock: decide on the held jobs again at `at` (a simulation's clock asks itself)."""
         await asyncio.sleep(max(at - time.time(), 0.0))
+        await self._ask_again()
+
+    async def _ask_again(self) -> None:
+        """Held jobs are decided again through our own subject, so that this queues behind other
+        requests like any submit."""
         if self.held:
             await self.bus.nc.publish(self.bus.subject(SUBMIT), b'{"jobs": []}')
 
@@ -160,15 +165,15 @@ class Admission(Service):
 
         def decide(spec: JobSpec, blocked: bool, never: str | None = None) -> tuple[str, str]:
             nonlocal retry_at
-            verdict, why, again = self._decide(
+            decision = self._decide(
                 now, spec, view, jobs, blocked=blocked, never=never, next_decision=decides
             )
-            if verdict == "admit":
+            if decision.verdict == "admit":
                 admitted.append(spec)
                 jobs.append(self._admitted_view(spec, now))  # counts for the jobs after it
-            elif verdict == "hold" and again is not None:
+            elif decision.verdict == "hold" and (again := decision.retry_at) is not None:
                 retry_at = again if retry_at is None else min(retry_at, again)
-            return verdict, why
+            return decision.verdict, decision.reason
 
         # Held jobs first, in order; then the new ones (behind any still held, if in order).
         users = {s.job_id or "": s.user for s in self.held}
@@ -248,27 +253,26 @@ class Admission(Service):
     def _decide(
         self, now: float, spec: JobSpec, cluster: ClusterView, jobs: list[JobView], *,
         blocked: bool, never: str | None = None, next_decision: float | None = None,
-    ) -> tuple[str, str, float | None]:  # fmt: skip
-        """(verdict, reason, when to decide again if held) for one job; `blocked`: an earlier job
-        is held (FIFO overflow); `never`: `_never_fits(spec)`, where the caller has it already;
-        `next_decision`: when the scheduler first decides on it (`_admitted_jobs`)."""
+    ) -> AdmissionDecision:  # fmt: skip
+        """The decision on one job; `blocked`: an earlier job is held (FIFO overflow); `never`:
+        `_never_fits(spec)`, where the caller has it already; `next_decision`: when the
+        scheduler first decides on it (`_admitted_jobs`)."""
         if self.config.require_command and not spec.command:
-            return (
-                "reject", "no command: a job on this cluster runs a command (submit -- CMD ...)",
-                None,
-            )  # fmt: skip
+            return AdmissionDecision(
+                "reject", "no command: a job on this cluster runs a command (submit -- CMD ...)"
+            )
         if never is None:
             never = self._never_fits(spec)
         if never:
-            return "reject", f"can never run here: {never}", None
+            return AdmissionDecision("reject", f"can never run here: {never}")
         decision = self.policy.decide(
             AdmissionInput(
                 now=now, job=spec, cluster=cluster, jobs=jobs, next_decision=next_decision
             )
         )
         if decision.verdict == "admit" and blocked and self.policy.in_order:
-            return "hold", "behind earlier held jobs", None
-        return decision.verdict, decision.reason, decision.retry_at
+            return AdmissionDecision("hold", "behind earlier held jobs")
+        return decision
 
     async def _admitted_jobs(
         self, cluster: ClusterView, now: float
