@@ -554,24 +554,26 @@ class Placement(Service):
                 if gpus != started.get(a.share_with, self.running.get(a.share_with)):
                     raise RuntimeError(f"{job_id!r} does not share {a.share_with!r}'s GPUs: {gpus}")
                 continue
-            nodes = [self.nodes.get(g.node_id) for g in gpus]
-            types = {n.gpu_type for n in nodes if n is not None}
             ok = (
                 a is not None
                 and len(gpus) == a.num_gpus
-                and all(
-                    n is not None and 0 <= g.index < n.num_gpus
-                    for g, n in zip(gpus, nodes, strict=True)
-                )
-                and len(types) == 1
-                and (a.gpu_type == ANY_GPU or types == {a.gpu_type})
                 and used.isdisjoint(gpus)
                 and len(set(gpus)) == len(gpus)
-                and all(
-                    g.index in self.free[g.node_id] or g in joined.get(job_id, ()) for g in gpus
-                )
             )
-            if not ok:
+            gpu_type = None  # the one type of its GPUs: each on a known node, and free
+            extra = joined.get(job_id, ())
+            for g in gpus if ok else ():
+                node = self.nodes.get(g.node_id)
+                if (
+                    node is None
+                    or not 0 <= g.index < node.num_gpus
+                    or gpu_type not in (None, node.gpu_type)
+                    or not (g.index in self.free[g.node_id] or g in extra)
+                ):
+                    ok = False
+                    break
+                gpu_type = node.gpu_type
+            if not (ok and a is not None and gpu_type is not None and a.gpu_type in (ANY_GPU, gpu_type)):
                 raise RuntimeError(
                     f"placement policy {self.policy_name!r} placed {job_id!r} wrongly: {gpus}"
                 )

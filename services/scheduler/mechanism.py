@@ -247,11 +247,12 @@ class TimeShareMechanism:
             priority = x / (got / used[place]) if used[place] > 0 and got > 0 else x * UNSEEN_PRIORITY
             entries.append((place, -priority, -deficits.get(t, 0.0), -x, len(entries), t, key))
 
+        places = list(enumerate(types))
         for key, job in by_id.items():  # single jobs, in the input's order
             shares = state.shares.get(key, none)
             received = state.received.get(key, none)
             deficits = state.deficits.get(key, none)
-            for (place, t), ok in zip(enumerate(types), runs_on(job), strict=True):
+            for (place, t), ok in zip(places, runs_on(job), strict=True):
                 x = shares.get(t, 0.0)
                 if ok and (x > 0 or not only_allocated):
                     enter(place, t, key, x, received, deficits)
@@ -281,13 +282,17 @@ class TimeShareMechanism:
         for *_, t, key in entries:
             if free <= 0:  # (every type is full: nothing further is taken)
                 break
-            members = pairs.get(key) or (key,)
-            if left.get(t, 0) <= 0 or not taken.isdisjoint(members):
+            pair = pairs.get(key)
+            members = pair or (key,)
+            if left.get(t, 0) <= 0 or (key in taken if pair is None else not taken.isdisjoint(pair)):
                 continue
-            sizes = {by_id[m].spec.num_gpus for m in members}
-            if len(sizes) != 1:
-                continue  # only jobs of the same size share GPUs
-            size = sizes.pop()
+            if pair is None:
+                size = by_id[key].spec.num_gpus
+            else:
+                sizes = {by_id[m].spec.num_gpus for m in pair}
+                if len(sizes) != 1:
+                    continue  # only jobs of the same size share GPUs
+                size = sizes.pop()
             if size > left[t]:
                 continue
             left[t] -= size

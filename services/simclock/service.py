@@ -604,10 +604,12 @@ class SimClock(Service):
             job.round_steps = min(float(int(job.rate * round_s)), max(job.total - job.done, 0.0))
             took = job.round_steps / job.rate
             length = max(length, took)
-            gpus = [(n, g) for n, part in job.parts.items() for g in part]
-            if not sharing.intersection(gpus):  # a pair's GPUs count once
+            gpus = job.ranks
+            if gpus is None:  # (made again only when its parts change)
+                gpus = job.ranks = frozenset((n, g) for n, part in job.parts.items() for g in part)
+            if sharing.isdisjoint(gpus):  # a pair's GPUs count once
                 busy += took * len(gpus)
-            sharing.update(gpus)
+            sharing |= gpus
         end = now + length
         for job_id in running:
             job = self.jobs[job_id]
@@ -736,7 +738,8 @@ class SimClock(Service):
             job.done -= lost
             self.progress.rescale_steps += lost
         job.held, job.base = gpus, None
-        job.placed = {node: len(part) for node, part in job.parts.items()}
+        if job.up_s or job.down_s:  # (what a node loss leaves it: only rescale costs ask)
+            job.placed = {node: len(part) for node, part in job.parts.items()}
 
     def _restarts(self, now: float) -> dict[str, float]:
         """Seconds each job spends (re)starting at `now` (`RestartCost`), if jobs were launched."""

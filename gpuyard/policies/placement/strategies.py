@@ -27,6 +27,7 @@ class FreeMap:
     def __init__(self, nodes: list[NodeView]) -> None:
         self.order: list[str] = []
         self.gpu_type: dict[str, str] = {}
+        self.of_type: dict[str, list[str]] = {}  # each type's nodes, in node order
         self.free: dict[str, list[int]] = {}
         for n in nodes:
             if n.node_id in self.free:  # a node listed twice: merge (never hand a GPU out twice)
@@ -34,6 +35,7 @@ class FreeMap:
                 continue
             self.order.append(n.node_id)
             self.gpu_type[n.node_id] = n.gpu_type
+            self.of_type.setdefault(n.gpu_type, []).append(n.node_id)
             self.free[n.node_id] = sorted(set(n.usable))
 
     def take(self, gpus: list[GpuRef]) -> bool:
@@ -51,13 +53,19 @@ class FreeMap:
 
     def nodes_of(self, gpu_type: str) -> list[str]:
         """Nodes (in node order) of this type (any type for ANY_GPU) with free GPUs."""
-        free, types = self.free, self.gpu_type
-        if gpu_type == ANY_GPU:
-            return [n for n in self.order if free[n]]
-        return [n for n in self.order if types[n] == gpu_type and free[n]]
+        free = self.free
+        nodes = self.order if gpu_type == ANY_GPU else self.of_type.get(gpu_type, ())
+        return [n for n in nodes if free[n]]
+
+    def first_with(self, gpu_type: str, count: int) -> str | None:
+        """The first node (in node order) of this concrete type with `count` free GPUs, or None."""
+        free = self.free
+        return next(
+            (n for n in self.of_type.get(gpu_type, ()) if free[n] and len(free[n]) >= count), None
+        )
 
     def types(self) -> list[str]:
-        return sorted(set(self.gpu_type.values()))
+        return sorted(self.of_type)
 
     def types_for(self, gpu_type: str) -> list[str]:
         """The concrete types an allocation of `gpu_type` may use, in a fixed order."""
@@ -97,10 +105,10 @@ def consolidate(free: FreeMap, count: int, gpu_type: str) -> list[GpuRef] | None
     """`count` GPUs of one type on as few nodes as possible: the first node that fits them all,
     else the emptiest nodes first. None if they do not fit."""
     for t in free.types_for(gpu_type):
-        nodes = free.nodes_of(t)
-        single = next((n for n in nodes if len(free.free[n]) >= count), None)
+        single = free.first_with(t, count)
         if single is not None:
             return free.grab(single, count)
+        nodes = free.nodes_of(t)
         if sum(len(free.free[n]) for n in nodes) < count:
             continue
         gpus: list[GpuRef] = []
