@@ -725,6 +725,7 @@ def sim_setup(
         scheme = elasticflow_options(args.policy, options.round_s, cluster.total_gpus)
         scheme["policy_params"] |= options.policy_params
         scheme["admission_params"] |= options.admission_params
+        scheme["placement_params"] |= options.placement_params
         options = msgspec.structs.replace(options, **scheme)
     if args.trace is not None and seed is not None:
         options = seeded_policies(options, seed)

@@ -221,7 +221,9 @@ def test_cli_runs_a_scheme_and_names_a_wrong_one(tmp_path: Path, data) -> None: 
         "unknown ElasticFlow scheme 'nosuch'" in result.stderr and "ef-accessctrl" in result.stderr
     )
     out = tmp_path / "run"
-    result = cli(*base, "--policy", "edf-accessctrl", "--out", str(out), "--json")
+    # (a placement parameter reaches the scheme's placement, as an admission parameter does)
+    result = cli(*base, "--policy", "edf-accessctrl", "--placement-param", "sticky=false",
+                 "--out", str(out), "--json")  # fmt: skip
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["scheme"] == "edf-accessctrl" and summary["jobs"] == 200
@@ -236,6 +238,7 @@ def test_cli_runs_a_scheme_and_names_a_wrong_one(tmp_path: Path, data) -> None: 
         "edf",
         "buddy",
     )
+    assert options["placement_params"] == {"sticky": False}
 
 
 # Figures of ElasticFlow's own simulator (gudiandian/ElasticFlow-artifact, scheduler.py, run as its
