@@ -23,6 +23,8 @@ from gpuyard.cli_auth import add_auth_parser
 from gpuyard.cli_cluster import add_cluster_parsers
 from gpuyard.cli_ops import add_ops_parsers
 from gpuyard.cliopts import (
+    DEFAULT_ADMISSION,
+    DEFAULT_PLACEMENT,
     LOG_LEVELS,
     CommandError,
     OneLineParser,
@@ -31,6 +33,7 @@ from gpuyard.cliopts import (
     number_list,
     positive_float,
     positive_int,
+    preset_filled,
     resolve_options,
 )
 from gpuyard.shared.connection import NatsAuth, add_nats_arguments
@@ -302,9 +305,15 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="comparisons: runs at once (default: one per CPU)",
     )
-    p.add_argument("--admission", default="accept-all")
+    p.add_argument(
+        "--admission", default=None,
+        help=f"admission policy (default {DEFAULT_ADMISSION}; a preset's own otherwise)",
+    )  # fmt: skip
     p.add_argument("--admission-param", action="append", default=[], help="KEY=VALUE")
-    p.add_argument("--placement", default="consolidated")
+    p.add_argument(
+        "--placement", default=None,
+        help=f"placement policy (default {DEFAULT_PLACEMENT}; a preset's own otherwise)",
+    )  # fmt: skip
     p.add_argument("--placement-param", action="append", default=[], help="KEY=VALUE")
     p.add_argument(
         "--round",
@@ -702,9 +711,9 @@ def sim_setup(
         throughputs=args.throughputs,
         policy=scheduling_name(args, args.policy),
         policy_params=params[0],
-        admission=args.admission,
+        admission=args.admission or DEFAULT_ADMISSION,
         admission_params=params[1],
-        placement=args.placement,
+        placement=args.placement or DEFAULT_PLACEMENT,
         placement_params=params[2],
         round_s=args.round_s or (GAVEL_ROUND_S if args.gavel else 300.0),
         mode="rounds" if args.blox else args.mode,
@@ -723,10 +732,7 @@ def sim_setup(
         from gpuyard.sim import elasticflow_options
 
         scheme = elasticflow_options(args.policy, options.round_s, cluster.total_gpus)
-        scheme["policy_params"] |= options.policy_params
-        scheme["admission_params"] |= options.admission_params
-        scheme["placement_params"] |= options.placement_params
-        options = msgspec.structs.replace(options, **scheme)
+        options = msgspec.structs.replace(options, **preset_filled(scheme, args, params))
     if args.trace is not None and seed is not None:
         options = seeded_policies(options, seed)
     if "scheduler" not in external:

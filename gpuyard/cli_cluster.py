@@ -15,6 +15,8 @@ from typing import Any, Literal
 import msgspec
 
 from gpuyard.cliopts import (
+    DEFAULT_ADMISSION,
+    DEFAULT_PLACEMENT,
     LOG_LEVELS,
     CommandError,
     add_nats_options,
@@ -26,6 +28,7 @@ from gpuyard.cliopts import (
     open_bus,
     positive_float,
     positive_int,
+    preset_filled,
     run_command,
     run_on_bus,
 )
@@ -91,9 +94,15 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     p.add_argument("--policy", default="fifo", help="scheduling policy (default fifo)")
     p.add_argument("--param", action="append", default=[], help="scheduling policy KEY=VALUE")
-    p.add_argument("--placement", default="consolidated", help="placement policy")
+    p.add_argument(
+        "--placement", default=None,
+        help=f"placement policy (default {DEFAULT_PLACEMENT}; --elasticflow's scheme's otherwise)",
+    )  # fmt: skip
     p.add_argument("--placement-param", action="append", default=[], help="KEY=VALUE")
-    p.add_argument("--admission", default="accept-all", help="admission policy")
+    p.add_argument(
+        "--admission", default=None,
+        help=f"admission policy (default {DEFAULT_ADMISSION}; --elasticflow's scheme's otherwise)",
+    )  # fmt: skip
     p.add_argument("--admission-param", action="append", default=[], help="KEY=VALUE")
     p.add_argument(
         "--elasticflow", action="store_true",
@@ -316,20 +325,20 @@ def control_plane_from_args(args: argparse.Namespace) -> dict[str, Any]:
         scheduling_policies,
     )
 
+    params = (parse_params(args.param), parse_params(args.admission_param),
+              parse_params(args.placement_param))  # fmt: skip
     chosen: dict[str, Any] = {
-        "policy": args.policy, "policy_params": parse_params(args.param),
-        "placement": args.placement, "placement_params": parse_params(args.placement_param),
-        "admission": args.admission, "admission_params": parse_params(args.admission_param),
+        "policy": args.policy, "policy_params": params[0],
+        "admission": args.admission or DEFAULT_ADMISSION, "admission_params": params[1],
+        "placement": args.placement or DEFAULT_PLACEMENT, "placement_params": params[2],
         "mode": "events",
     }  # fmt: skip
     if args.elasticflow:
         from gpuyard.sim import elasticflow_options
 
         scheme = elasticflow_options(args.policy, args.round, 0, at_events=False)  # answered at once
-        for key in ("policy", "admission", "placement", "mode"):
-            chosen[key] = scheme[key]
-        for key in ("policy_params", "admission_params", "placement_params"):
-            chosen[key] = {**scheme[key], **chosen[key]}
+        filled = preset_filled(scheme, args, params)
+        chosen = {key: filled[key] for key in chosen}
     if args.throughputs != "default" and not Path(args.throughputs).exists():
         raise ValueError(f"--throughputs {args.throughputs}: no such file or folder")
     for registry, name, params in [

@@ -40,6 +40,8 @@ from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.policy import PolicyError
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
+DEFAULT_ADMISSION = "accept-all"
+DEFAULT_PLACEMENT = "consolidated"
 NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -380,3 +382,22 @@ def run_on_bus(
             await bus.close()
 
     return run_command(command, main())
+
+
+def preset_filled(
+    preset: dict[str, Any], args: argparse.Namespace, params: tuple[dict[str, Any], ...]
+) -> dict[str, Any]:
+    """`preset` (`--elasticflow`'s scheme: its policies with their parameters, and more) with what
+    the command line set: an `--admission` or `--placement` named there replaces the preset's,
+    with only the parameters given for it; parameters given alone (`--param`, and those of a
+    policy the preset names) go on top of the preset's. `params`: the scheduling, admission and
+    placement parameters given."""
+    policy_params, admission_params, placement_params = params
+    filled = {**preset, "policy_params": {**preset["policy_params"], **policy_params}}
+    for kind, given in (("admission", admission_params), ("placement", placement_params)):
+        named = getattr(args, kind)
+        if named is not None:
+            filled[kind], filled[f"{kind}_params"] = named, given
+        else:
+            filled[f"{kind}_params"] = {**preset[f"{kind}_params"], **given}
+    return filled

@@ -241,6 +241,52 @@ def test_cli_runs_a_scheme_and_names_a_wrong_one(tmp_path: Path, data) -> None: 
     assert options["placement_params"] == {"sticky": False}
 
 
+def test_elasticflow_fills_in_only_the_policies_not_given(tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]
+    """`--elasticflow` sets the scheme's admission and placement unless the command names its
+    own (with only its own parameters); parameters alone go on top of the scheme's. `gpuyard up
+    --elasticflow` and a sweep's check resolve them the same way."""
+    from gpuyard.cli import build_parser, sim_setup
+    from gpuyard.cli_cluster import control_plane_from_args
+    from gpuyard.policies.elasticflow.placement import BuddyParams
+    from gpuyard.shared.policy import placement_policies
+    from gpuyard.sweep.config import ConfigError, RunSpec, _check
+
+    table = str(data("elasticflow/throughputs_A100"))
+    base = [
+        "sim", "--trace", str(data("elasticflow/traces/fig10_100jobs.csv")), "--cluster-spec",
+        str(data("elasticflow/cluster_specs/n16g8.csv")), "--throughputs", table,
+        "--elasticflow", "--policy", "ef-accessctrl", "--round", "240", "--out", str(tmp_path),
+    ]  # fmt: skip
+
+    def options(*extra: str):  # type: ignore[no-untyped-def]
+        return sim_setup(build_parser().parse_args([*base, *extra]), load=None, seed=None)[0]
+
+    plain = options("--admission-param", "decide_at=arrival", "--placement-param", "sticky=false")
+    assert (plain.admission, plain.placement) == ("elasticflow", "buddy")
+    assert plain.admission_params["decide_at"] == "arrival"
+    assert plain.admission_params["slot_s"] == 240.0  # (the scheme's, kept)
+    assert placement_policies.create("buddy", plain.placement_params).params == BuddyParams(False)
+    own = options("--admission", "accept-all", "--placement", "consolidated")
+    assert (own.admission, own.admission_params) == ("accept-all", {})
+    assert (own.placement, own.placement_params) == ("consolidated", {})
+    assert own.policy == plain.policy and own.preemption_cost.restart is not None  # the rest stays
+
+    up = ["up", "--elasticflow", "--policy", "ef-accessctrl", "--throughputs", table]
+    services = control_plane_from_args(build_parser().parse_args([*up, "--placement-param",
+                                                                  "sticky=false"]))  # fmt: skip
+    placement = services["placement"]
+    assert placement_policies.create(placement.policy, placement.params).params == BuddyParams(False)
+    services = control_plane_from_args(build_parser().parse_args([*up, "--admission", "accept-all"]))
+    assert (services["admission"].policy, services["admission"].params) == ("accept-all", {})
+
+    spec = RunSpec(preset="elasticflow", policy="ef-accessctrl", placement_params={"sticky": False},
+                   admission_params={"decide_at": "arrival"}, throughputs=table)  # fmt: skip
+    _check(spec, Path("sweep.toml"), "run 1")  # the scheme's policies take these parameters
+    with pytest.raises(ConfigError, match="unknown field `sticky`"):
+        _check(RunSpec(preset="elasticflow", policy="ef", placement="first-fit",
+                       placement_params={"sticky": False}), Path("sweep.toml"), "run 1")  # fmt: skip
+
+
 # Figures of ElasticFlow's own simulator (gudiandian/ElasticFlow-artifact, scheduler.py, run as its
 # run_fig10.sh does: --cluster_spec=cluster_specs/n16g8.csv --scheme=elastic --schedule=S
 # --simulation=True --scheduling_slot=240 --gpu_type=A100) on fig10_100jobs.csv: jobs that met

@@ -391,27 +391,29 @@ def sim_args(spec: RunSpec, out: Path) -> argparse.Namespace:
 
 def _check(spec: RunSpec, source: Path, where: str) -> None:
     """What can be checked before anything runs: the options and the policies' parameters."""
+    from gpuyard.cliopts import preset_filled
     from gpuyard.shared.policy import (
         PolicyError,
         admission_policies,
         placement_policies,
         scheduling_policies,
     )
-    from gpuyard.sim import ELASTICFLOW_SCHEMES
+    from gpuyard.sim import elasticflow_options
 
+    chosen: dict[str, Any] = {
+        "policy": spec.policy, "policy_params": spec.policy_params,
+        "admission": spec.admission, "admission_params": spec.admission_params,
+        "placement": spec.placement, "placement_params": spec.placement_params,
+    }  # fmt: skip
     try:
-        sim_args(spec, Path("unused"))
-        if spec.preset == "elasticflow":
-            if spec.policy not in ELASTICFLOW_SCHEMES:
-                raise ValueError(
-                    f"unknown ElasticFlow scheme {spec.policy!r}; known: "
-                    f"{', '.join(ELASTICFLOW_SCHEMES)}"
-                )
-            policy, params, _ = ELASTICFLOW_SCHEMES[spec.policy]  # the scheme's, then the run's
-            scheduling_policies.create(policy, {**params, **spec.policy_params})
-        elif not (spec.preset == "gavel" and spec.policy == "fifo"):
-            scheduling_policies.create(spec.policy, spec.policy_params)
-        admission_policies.create(spec.admission, spec.admission_params)
-        placement_policies.create(spec.placement, spec.placement_params)
+        args = sim_args(spec, Path("unused"))
+        if spec.preset == "elasticflow":  # the scheme's policies, then the run's (as `sim_setup`)
+            scheme = elasticflow_options(spec.policy, spec.round_s or 60.0, 0)
+            params = (spec.policy_params, spec.admission_params, spec.placement_params)
+            chosen = preset_filled(scheme, args, params)
+        if not (spec.preset == "gavel" and spec.policy == "fifo"):
+            scheduling_policies.create(chosen["policy"], chosen["policy_params"])
+        admission_policies.create(chosen["admission"], chosen["admission_params"])
+        placement_policies.create(chosen["placement"], chosen["placement_params"])
     except (ValueError, PolicyError) as exc:
         raise ConfigError(f"{source}: {where} ({spec.scheme}): {exc}") from None
