@@ -249,7 +249,7 @@ def test_elasticflow_fills_in_only_the_policies_not_given(tmp_path: Path, data) 
     from gpuyard.cli_cluster import control_plane_from_args
     from gpuyard.policies.elasticflow.placement import BuddyParams
     from gpuyard.shared.policy import placement_policies
-    from gpuyard.sweep.config import ConfigError, RunSpec, _check
+    from gpuyard.sweep.config import ConfigError, RunSpec, _check, sim_args
 
     table = str(data("elasticflow/throughputs_A100"))
     base = [
@@ -285,6 +285,10 @@ def test_elasticflow_fills_in_only_the_policies_not_given(tmp_path: Path, data) 
     with pytest.raises(ConfigError, match="unknown field `sticky`"):
         _check(RunSpec(preset="elasticflow", policy="ef", placement="first-fit",
                        placement_params={"sticky": False}), Path("sweep.toml"), "run 1")  # fmt: skip
+    run = RunSpec(preset="elasticflow", policy="ef-accessctrl", placement="consolidated",
+                  trace=base[2], cluster_spec=base[4], throughputs=table, round_s=240.0)  # fmt: skip
+    made = sim_setup(sim_args(run, tmp_path / "run"), load=None, seed=None, params=({}, {}, {}))[0]
+    assert (made.admission, made.placement) == ("elasticflow", "consolidated")  # as named
 
 
 # Figures of ElasticFlow's own simulator (gudiandian/ElasticFlow-artifact, scheduler.py, run as its

@@ -43,9 +43,11 @@ class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     """How the run's scheme is called in tables and plots (default: the policy)."""
     policy: str = "fifo"
     policy_params: dict[str, ParamValue] = {}
-    admission: str = "accept-all"
+    admission: str | None = None
+    """Default: `accept-all`, or the preset's (`elasticflow`), as `gpuyard sim`."""
     admission_params: dict[str, ParamValue] = {}
-    placement: str = "consolidated"
+    placement: str | None = None
+    """Default: `consolidated`, or the preset's (`elasticflow`)."""
     placement_params: dict[str, ParamValue] = {}
     preset: Literal["blox", "gavel", "elasticflow", "bftrainer"] | None = None
     """A reference's simulator semantics (`--blox`, `--gavel`, `--elasticflow`, `--bftrainer`)."""
@@ -391,7 +393,7 @@ def sim_args(spec: RunSpec, out: Path) -> argparse.Namespace:
 
 def _check(spec: RunSpec, source: Path, where: str) -> None:
     """What can be checked before anything runs: the options and the policies' parameters."""
-    from gpuyard.cliopts import preset_filled
+    from gpuyard.cliopts import DEFAULT_ADMISSION, DEFAULT_PLACEMENT, preset_filled
     from gpuyard.shared.policy import (
         PolicyError,
         admission_policies,
@@ -402,8 +404,8 @@ def _check(spec: RunSpec, source: Path, where: str) -> None:
 
     chosen: dict[str, Any] = {
         "policy": spec.policy, "policy_params": spec.policy_params,
-        "admission": spec.admission, "admission_params": spec.admission_params,
-        "placement": spec.placement, "placement_params": spec.placement_params,
+        "admission": spec.admission or DEFAULT_ADMISSION, "admission_params": spec.admission_params,
+        "placement": spec.placement or DEFAULT_PLACEMENT, "placement_params": spec.placement_params,
     }  # fmt: skip
     try:
         args = sim_args(spec, Path("unused"))
