@@ -410,7 +410,7 @@ def _check(spec: RunSpec, source: Path, where: str) -> None:
     try:
         args = sim_args(spec, Path("unused"))
         if spec.preset == "elasticflow":  # the scheme's policies, then the run's (as `sim_setup`)
-            scheme = elasticflow_options(spec.policy, spec.round_s or 60.0, 0)
+            scheme = elasticflow_options(spec.policy, spec.round_s or 300.0, 0)  # (`sim`'s default)
             params = (spec.policy_params, spec.admission_params, spec.placement_params)
             chosen = preset_filled(scheme, args, params)
         if not (spec.preset == "gavel" and spec.policy == "fifo"):

@@ -180,7 +180,7 @@ class SimJob:
         self.rate = 0.0
         self.since = 0.0
         self.parts: dict[str, tuple[int, ...]] = {}  # node -> GPU indices
-        self.ranks: frozenset[tuple[str, int]] | None = None  # its GPUs, made when parts change
+        self.ranks: frozenset[tuple[str, int]] | None = None  # `gpu_set`, while parts do not change
         self.attempt = 0
         self.round_steps = 0.0  # Gavel's rounds: the steps of this round's micro-task
         self.ended_at: float | None = None  # Gavel's rounds: its last micro-task's end
@@ -197,6 +197,12 @@ class SimJob:
         self.placed: dict[str, int] = {}
         self.held = 0
         self.base: int | None = None
+
+    def gpu_set(self) -> frozenset[tuple[str, int]]:
+        """Its GPUs, (node, index) each: made again only when its parts change."""
+        if self.ranks is None:
+            self.ranks = frozenset((node, g) for node, gpus in self.parts.items() for g in gpus)
+        return self.ranks
 
     def settle(self, now: float) -> None:
         if self.rate:
@@ -604,9 +610,7 @@ class SimClock(Service):
             job.round_steps = min(float(int(job.rate * round_s)), max(job.total - job.done, 0.0))
             took = job.round_steps / job.rate
             length = max(length, took)
-            gpus = job.ranks
-            if gpus is None:  # (made again only when its parts change)
-                gpus = job.ranks = frozenset((n, g) for n, part in job.parts.items() for g in part)
+            gpus = job.gpu_set()
             if sharing.isdisjoint(gpus):  # a pair's GPUs count once
                 busy += took * len(gpus)
             sharing |= gpus
@@ -763,11 +767,7 @@ class SimClock(Service):
             job = self.jobs.get(job_id)
             if job is None or not job.parts:
                 continue
-            ranks = job.ranks
-            if ranks is None:  # (every running job, every instant with launches: made once)
-                ranks = job.ranks = frozenset(
-                    (node, g) for node, gpus in job.parts.items() for g in gpus
-                )
+            ranks = job.gpu_set()
             warm = model.warm_ranks and ranks in self.warm
             self.warm.add(ranks)
             pauses[job_id] = model.seconds(len(ranks), warm=warm, cold=cold)
