@@ -610,10 +610,30 @@ def test_interior_points_do_not_depend_on_the_blas_threads() -> None:
     weighted = rng.uniform(0.2, 3.0, (60, 3))
     scale_factors = rng.choice([1.0, 2.0], 60)
     points = []
+    solve = interior.max_min_point.__wrapped__  # (solved each time: not the remembered answer)
     for threads in (1, 2):
         with threadpool_limits(limits=threads, user_api="blas"):
-            points.append(interior.max_min_point(weighted, scale_factors, np.full(3, 10.0)))
+            points.append(solve(weighted, scale_factors, np.full(3, 10.0)))
     assert np.array_equal(points[0], points[1])
+
+
+def test_a_program_asked_again_answers_as_it_did() -> None:
+    """Gavel's rounds solve the very same program again and again (the agnostic policies: the
+    same active scale factors): the answer is kept, bit for bit the solve's, and a caller that
+    changes its copy changes nothing kept; other inputs are solved."""
+    rng = np.random.default_rng(61)
+    weighted = rng.uniform(0.2, 3.0, (30, 3))
+    scale_factors = np.ones(30)
+    gpus = np.full(3, 8.0)
+    solved = interior.max_min_point.__wrapped__(weighted, scale_factors, gpus)
+    first = interior.max_min_point(weighted, scale_factors, gpus)
+    first[:] = -1.0
+    again = interior.max_min_point(weighted.copy(), scale_factors.copy(), gpus.copy())
+    assert np.array_equal(again, solved)
+    other = interior.max_min_point(weighted, scale_factors, np.full(3, 4.0))
+    assert np.array_equal(other, interior.max_min_point.__wrapped__(weighted, scale_factors,
+                                                                    np.full(3, 4.0)))  # fmt: skip
+    assert not np.array_equal(other, solved)
 
 
 # ------------------------------------------------------------------------------------------------
