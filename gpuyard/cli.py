@@ -155,6 +155,8 @@ def check_workload_args(args: argparse.Namespace, *, lists: bool = False) -> Non
         for option in ("--load", "--seed"):
             if given(args, option) and len(getattr(args, option[2:])) > 1:
                 raise ValueError(f"{option}: one value here, not a list")
+    if getattr(args, "blox", False) and getattr(args, "mode", None) not in (None, "rounds"):
+        raise ValueError(f"--mode {args.mode}: --blox decides at round ends (rounds)")
     if getattr(args, "trace", None) is not None:
         ignored = [o for o in GENERATOR_OPTIONS if given(args, o)]
         if ignored:
@@ -325,10 +327,11 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--mode",
         choices=["rounds", "events", "slots"],
-        default="events",
+        default=None,
         help="decide at round ends only, also at every arrival and completion, or at those at "
         "most once a round (slots: what comes within a round of the last decision waits for "
-        "its end, as ElasticFlow's scheduling slot)",
+        "its end, as ElasticFlow's scheduling slot); default events, rounds with --blox, the "
+        "scheme's with --elasticflow",
     )
     p.add_argument(
         "--checkpoint-s",
@@ -716,7 +719,7 @@ def sim_setup(
         placement=args.placement or DEFAULT_PLACEMENT,
         placement_params=params[2],
         round_s=args.round_s or (GAVEL_ROUND_S if args.gavel else 300.0),
-        mode="rounds" if args.blox else args.mode,
+        mode="rounds" if args.blox else args.mode or "events",
         blox=args.blox,
         gavel=args.gavel,
         window=args.window,

@@ -387,13 +387,15 @@ def run_on_bus(
 def preset_filled(
     preset: dict[str, Any], args: argparse.Namespace, params: tuple[dict[str, Any], ...]
 ) -> dict[str, Any]:
-    """`preset` (`--elasticflow`'s scheme: its policies with their parameters, and more) with what
-    the command line set: an `--admission` or `--placement` named there replaces the preset's,
-    with only the parameters given for it; parameters given alone (`--param`, and those of a
-    policy the preset names) go on top of the preset's. `params`: the scheduling, admission and
-    placement parameters given."""
+    """`preset` (`--elasticflow`'s scheme: its policies with their parameters, its `mode`, and
+    more) with what the command line set: an `--admission` or `--placement` named there replaces
+    the preset's, with only the parameters given for it; parameters given alone (`--param`, and
+    those of a policy the preset names) go on top of the preset's; a `--mode` given replaces its
+    mode. `params`: the scheduling, admission and placement parameters given."""
     policy_params, admission_params, placement_params = params
     filled = {**preset, "policy_params": {**preset["policy_params"], **policy_params}}
+    if getattr(args, "mode", None) is not None:
+        filled["mode"] = args.mode
     for kind, given in (("admission", admission_params), ("placement", placement_params)):
         named = getattr(args, kind)
         if named is not None:

@@ -124,6 +124,7 @@ def test_bad_numeric_option_of_other_commands(
         (["--skip-bad"], "--skip-bad applies to --trace only"),
         (["--philly-reading", "plain"], "--philly-reading applies to --trace only"),
         (["--trace", "t.csv", "--jobs", "5", "--load", "1"], "--jobs, --load describe generated"),
+        (["--blox", "--mode", "events"], "--mode events: --blox decides at round ends"),
     ],
     ids=lambda v: " ".join(v)[:30],
 )

@@ -266,9 +266,11 @@ def test_elasticflow_fills_in_only_the_policies_not_given(tmp_path: Path, data) 
     assert plain.admission_params["decide_at"] == "arrival"
     assert plain.admission_params["slot_s"] == 240.0  # (the scheme's, kept)
     assert placement_policies.create("buddy", plain.placement_params).params == BuddyParams(False)
-    own = options("--admission", "accept-all", "--placement", "consolidated")
+    assert plain.mode == "slots"  # (the scheme's)
+    own = options("--admission", "accept-all", "--placement", "consolidated", "--mode", "events")
     assert (own.admission, own.admission_params) == ("accept-all", {})
     assert (own.placement, own.placement_params) == ("consolidated", {})
+    assert own.mode == "events"
     assert own.policy == plain.policy and own.preemption_cost.restart is not None  # the rest stays
 
     up = ["up", "--elasticflow", "--policy", "ef-accessctrl", "--throughputs", table]

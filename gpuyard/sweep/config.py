@@ -52,7 +52,8 @@ class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     preset: Literal["blox", "gavel", "elasticflow", "bftrainer"] | None = None
     """A reference's simulator semantics (`--blox`, `--gavel`, `--elasticflow`, `--bftrainer`)."""
     round_s: Annotated[float, Meta(gt=0)] | None = None
-    mode: Literal["rounds", "events", "slots"] = "events"
+    mode: Literal["rounds", "events", "slots"] | None = None
+    """Default: `events`, or the preset's (`blox`: `rounds`; `elasticflow`: the scheme's)."""
     cluster_spec: str | None = None
     """Default: `32x4`, or no nodes but the replay's with `node_events` (as `gpuyard sim`)."""
     throughputs: str = "default"
