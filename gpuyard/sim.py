@@ -127,9 +127,10 @@ def elasticflow_options(
     scheduling slot (the round): what comes within a slot of the last decision waits until that
     slot ends (`mode="slots"`), as ElasticFlow merges events; Tiresias (`dlas-gpu`), Themis
     and Chronus, whose ElasticFlow versions run in rounds, decide on a grid of slots
-    (`mode="rounds"`; Chronus only at its 240 s leases). Placement is buddy-style for every
-    scheme; the deadline admission policies plan on the same slot, from the scheduler's next
-    decision, and decide an event's arrivals there, as ElasticFlow's simulator does
+    (`mode="rounds"`; Chronus only at its 240 s leases). Placement is ElasticFlow's node sets
+    (`node-sets`), buddy blocks for `gandiva`, `dlas-gpu` and `chronus`; the deadline admission
+    policies plan on the same slot, from the scheduler's next decision, and decide an event's
+    arrivals there, as ElasticFlow's simulator does
     (`decide_at="event"`; `ef-accessctrl` all or none: `together`). `at_events=False` (`gpuyard
     up --elasticflow`) answers each submission at once instead. Restarts cost what ElasticFlow's
     simulator charges, where it charges them (`RestartCost`): `ef`, `ef-accessctrl` and
@@ -154,6 +155,14 @@ def elasticflow_options(
         "chronus": RestartCost(base_s=0.0, per_doubling_s=0.5, cold_s=0.0, warm_ranks=False),
     }.get(scheme)
     rounds = policy in ("tiresias", "themis", "chronus")
+    # Where a job lands decides whether its restart is warm: ElasticFlow's own placement
+    # (`node-sets`; EDF's jobs in the order its policy lists them). `dlas-gpu` charges only the
+    # jobs it starts, never a move: `buddy` keeps running jobs where they are, as ElasticFlow's
+    # charges assume. Its Gandiva places on node sets of its own; Chronus is another simulator.
+    placement, placement_params = "buddy", {}
+    if scheme not in ("gandiva", "chronus", "dlas-gpu"):
+        order = "given" if policy == "edf" else "largest-first"
+        placement, placement_params = "node-sets", {"order": order}
     admission_params: dict[str, Any] = {}
     if admission in ("elasticflow", "edf"):
         admission_params = {"slot_s": round_s}
@@ -162,7 +171,8 @@ def elasticflow_options(
     return {
         "policy": policy, "policy_params": dict(params), "admission": admission,
         "admission_params": admission_params,
-        "placement": "buddy", "placement_params": {}, "mode": "rounds" if rounds else "slots",
+        "placement": placement, "placement_params": placement_params,
+        "mode": "rounds" if rounds else "slots",
         "elasticflow": scheme, "preemption_cost": PreemptionCost(restart=restart),
     }  # fmt: skip
 

@@ -162,6 +162,25 @@ async def test_a_declined_arrival_starts_a_slot_and_admission_plans_from_its_end
     assert result.jobs[0].end_time == pytest.approx(100.0)
 
 
+async def test_a_held_arrival_declined_at_its_event_starts_a_slot(
+    tmp_path: Path, nats_url: str, toy_model: str
+) -> None:
+    """Slots of 10 s, arrivals held to the scheduler's next decision (ElasticFlow's merged events).
+    'x' arrives at 5 and is declined at 10; that event is a decision all the same, so 'b' (all 4
+    GPUs for 10 s, by 28), arriving at 12, waits for the slot's end at 20: planned from there it
+    would end at 30, and it is declined. (Without a decision at 10, 'b' would be decided at 12 and
+    end at 22.)"""
+    jobs = [
+        toy("a", 400, 0.0, 10_000.0),
+        toy("x", 10_000, 5.0, 50.0),
+        toy("b", 40, 12.0, 28.0),
+    ]
+    options = ef_options(toy_model, "edf-accessctrl", preemption_cost=PreemptionCost())
+    result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
+    assert [r.job_id for r in result.jobs] == ["a"]
+    assert result.summary["declined"] == 2
+
+
 @pytest.mark.parametrize(
     ("scheme", "at_events"),
     [("ef-accessctrl", True), ("ef-accessctrl", False), ("edf-accessctrl", True)],
@@ -222,7 +241,7 @@ def test_cli_runs_a_scheme_and_names_a_wrong_one(tmp_path: Path, data) -> None: 
     )
     out = tmp_path / "run"
     # (a placement parameter reaches the scheme's placement, as an admission parameter does)
-    result = cli(*base, "--policy", "edf-accessctrl", "--placement-param", "sticky=false",
+    result = cli(*base, "--policy", "edf-accessctrl", "--placement-param", "order=largest-first",
                  "--out", str(out), "--json")  # fmt: skip
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
@@ -236,9 +255,9 @@ def test_cli_runs_a_scheme_and_names_a_wrong_one(tmp_path: Path, data) -> None: 
     assert (options["policy"], options["admission"], options["placement"]) == (
         "edf",
         "edf",
-        "buddy",
+        "node-sets",
     )
-    assert options["placement_params"] == {"sticky": False}
+    assert options["placement_params"] == {"order": "largest-first"}  # (the scheme's: given)
 
 
 def test_elasticflow_fills_in_only_the_policies_not_given(tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]
@@ -247,7 +266,7 @@ def test_elasticflow_fills_in_only_the_policies_not_given(tmp_path: Path, data) 
     --elasticflow` and a sweep's check resolve them the same way."""
     from gpuyard.cli import build_parser, sim_setup
     from gpuyard.cli_cluster import control_plane_from_args
-    from gpuyard.policies.elasticflow.placement import BuddyParams
+    from gpuyard.policies.elasticflow.node_sets import NodeSetsParams
     from gpuyard.shared.policy import placement_policies
     from gpuyard.sweep.config import ConfigError, RunSpec, _check, sim_args
 
@@ -261,11 +280,13 @@ def test_elasticflow_fills_in_only_the_policies_not_given(tmp_path: Path, data) 
     def options(*extra: str):  # type: ignore[no-untyped-def]
         return sim_setup(build_parser().parse_args([*base, *extra]), load=None, seed=None)[0]
 
-    plain = options("--admission-param", "decide_at=arrival", "--placement-param", "sticky=false")
-    assert (plain.admission, plain.placement) == ("elasticflow", "buddy")
+    plain = options("--admission-param", "decide_at=arrival", "--placement-param", "order=given")
+    assert (plain.admission, plain.placement) == ("elasticflow", "node-sets")
     assert plain.admission_params["decide_at"] == "arrival"
     assert plain.admission_params["slot_s"] == 240.0  # (the scheme's, kept)
-    assert placement_policies.create("buddy", plain.placement_params).params == BuddyParams(False)
+    assert placement_policies.create("node-sets", plain.placement_params).params == NodeSetsParams(
+        "given"
+    )
     assert plain.mode == "slots"  # (the scheme's)
     own = options("--admission", "accept-all", "--placement", "consolidated", "--mode", "events")
     assert (own.admission, own.admission_params) == ("accept-all", {})
@@ -275,18 +296,20 @@ def test_elasticflow_fills_in_only_the_policies_not_given(tmp_path: Path, data) 
 
     up = ["up", "--elasticflow", "--policy", "ef-accessctrl", "--throughputs", table]
     services = control_plane_from_args(build_parser().parse_args([*up, "--placement-param",
-                                                                  "sticky=false"]))  # fmt: skip
+                                                                  "order=given"]))  # fmt: skip
     placement = services["placement"]
-    assert placement_policies.create(placement.policy, placement.params).params == BuddyParams(False)
+    assert placement_policies.create(placement.policy, placement.params).params == NodeSetsParams(
+        "given"
+    )
     services = control_plane_from_args(build_parser().parse_args([*up, "--admission", "accept-all"]))
     assert (services["admission"].policy, services["admission"].params) == ("accept-all", {})
 
-    spec = RunSpec(preset="elasticflow", policy="ef-accessctrl", placement_params={"sticky": False},
+    spec = RunSpec(preset="elasticflow", policy="ef-accessctrl", placement_params={"order": "given"},
                    admission_params={"decide_at": "arrival"}, throughputs=table)  # fmt: skip
     _check(spec, Path("sweep.toml"), "run 1")  # the scheme's policies take these parameters
-    with pytest.raises(ConfigError, match="unknown field `sticky`"):
+    with pytest.raises(ConfigError, match="unknown field `order`"):
         _check(RunSpec(preset="elasticflow", policy="ef", placement="first-fit",
-                       placement_params={"sticky": False}), Path("sweep.toml"), "run 1")  # fmt: skip
+                       placement_params={"order": "given"}), Path("sweep.toml"), "run 1")  # fmt: skip
     run = RunSpec(preset="elasticflow", policy="ef-accessctrl", placement="consolidated",
                   trace=base[2], cluster_spec=base[4], throughputs=table, round_s=240.0)  # fmt: skip
     made = sim_setup(sim_args(run, tmp_path / "run"), load=None, seed=None, params=({}, {}, {}))[0]

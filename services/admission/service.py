@@ -185,6 +185,7 @@ class Admission(Service):
                 still_held.append(spec)
             else:
                 results.append(SubmitResult(job_id=spec.job_id or "", verdict=verdict, reason=why))
+                declined += verdict == "reject"  # (its arrival is decided on now)
         self.held = still_held
         for spec in req.jobs:
             if spec.job_id is not None and spec.job_id in held_ids:

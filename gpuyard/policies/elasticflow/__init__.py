@@ -6,8 +6,9 @@ compares against, in ElasticFlow's own terms.
   stays feasible. Together: ElasticFlow's `ef-accessctrl`; the scheduling policy alone: `ef`.
 - `edf` (scheduling and admission): earliest deadline first with as many GPUs as a job can use,
   with or without the same access control (`edf`, `edf-accessctrl`).
-- `buddy` (placement): power-of-two blocks, whole nodes for jobs of a node or more, everything
-  placed again at each decision.
+- `node-sets` (placement): ElasticFlow's own, node sets in classes by their free GPUs, every job
+  placed again from an empty cluster at each decision; `buddy`: power-of-two blocks, whole nodes
+  for jobs of a node or more, jobs kept where they run when they can stay.
 - `gandiva-ts`: Gandiva's time slicing on node sets of same-size jobs, `themis`: finish-time
   fairness (on the Gavel family's program), `chronus`: lease-based selection as a MILP.
   Tiresias `dlas-gpu` is the `tiresias` policy with ElasticFlow's parameters.
@@ -23,11 +24,12 @@ from .admission import (
 )
 from .baselines import Gandiva, GandivaParams, Themis, ThemisParams, ThemisState
 from .chronus import Chronus, ChronusParams, ChronusState
+from .node_sets import NodeSets, NodeSetsParams
 from .placement import Buddy, BuddyParams
-from .scheduling import Edf, EdfParams, ElasticFlow, ElasticFlowParams
+from .scheduling import Edf, EdfParams, EdfState, ElasticFlow, ElasticFlowParams
 
 __all__ = [
     "Buddy", "BuddyParams", "Chronus", "ChronusParams", "ChronusState", "DeadlineAdmissionParams", "Edf", "EdfAdmission", "EdfAdmissionParams",
-    "EdfParams", "ElasticFlow", "ElasticFlowAdmission", "ElasticFlowParams", "Gandiva",
-    "GandivaParams", "Themis", "ThemisParams", "ThemisState",
+    "EdfParams", "EdfState", "ElasticFlow", "ElasticFlowAdmission", "ElasticFlowParams", "Gandiva",
+    "GandivaParams", "NodeSets", "NodeSetsParams", "Themis", "ThemisParams", "ThemisState",
 ]  # fmt: skip

@@ -121,6 +121,11 @@ def _next_change(plans: list[Plan], now: float) -> float | None:
     return min(changes) if changes else None
 
 
+class EdfState(Struct, kw_only=True):
+    order: list[str] = []
+    """The active jobs in the order the last decision listed them."""
+
+
 class EdfParams(Struct, forbid_unknown_fields=True):
     max_level: MaxLevel = "largest"
     """How far a job scales: `largest` (ElasticFlow's EDF: as many GPUs as the job can use)."""
@@ -132,13 +137,46 @@ class Edf(_Planned):
     Registry name `edf`. In deadline order, each job takes as many GPUs as it can use (its
     largest level) where that many are free, else the largest level that fits, until it is done
     (`planner.plan_edf`); a job runs now on what its plan gives now. Best-effort jobs come last.
+    Allocations are listed in the order ElasticFlow's EDF places its jobs (`node-sets`, order
+    `given`): deadline order, except where the decision takes in newly admitted jobs, which then
+    follow the previous decision's order, in admission order (its list of runnable jobs is sorted
+    by deadline only at events that admit no job).
     Decisions come at most once a slot. With the `edf` admission policy only jobs whose plans all
     meet their deadlines are admitted (`edf-accessctrl`).
     """
 
     Params = EdfParams
+    State = EdfState
+
+    def __init__(self, params: Struct | None = None) -> None:
+        super().__init__(params)
+        self.order: list[str] = []
+
+    def snapshot(self) -> EdfState:
+        return EdfState(order=list(self.order))
+
+    def restore(self, state: EdfState) -> None:
+        self.order = list(state.order)
 
     def decide(self, inp: SchedulingInput) -> tuple[list[Allocation], list[Plan]]:
         gpu_type, total, ids, demands = self.demands(inp)
         plans, _ = plan_all_edf(demands, inp.now, inp.cluster.round_s, total)
-        return _largest_first(ids, [p.at(inp.now) for p in plans], gpu_type), plans
+        allocations = [
+            Allocation(job_id, g, gpu_type)
+            for job_id, plan in zip(ids, plans, strict=True)
+            if (g := plan.at(inp.now)) > 0
+        ]
+        return allocations, plans
+
+    def schedule(self, inp: SchedulingInput) -> list[Allocation]:
+        allocations = super().schedule(inp)
+        listed = set(self.order)
+        new = [j for j in inp.jobs if j.job_id not in listed]
+        if new:
+            active = {j.job_id for j in inp.jobs}
+            kept = [job_id for job_id in self.order if job_id in active]
+            self.order = kept + [j.job_id for j in sorted(new, key=lambda j: j.seq)]
+        else:
+            self.order = [j.job_id for j in by_deadline(inp.jobs)]
+        place = {job_id: i for i, job_id in enumerate(self.order)}
+        return sorted(allocations, key=lambda a: place[a.job_id])

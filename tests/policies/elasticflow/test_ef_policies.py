@@ -333,3 +333,68 @@ def test_buddy_is_not_settled_on_free_gpus_of_the_fewest_nodes():
     allocations = [Allocation("a", 3), Allocation("b", 3), Allocation("c", 2)]
     got = pol.place(PlacementInput(now=0.0, allocations=allocations, current={}, nodes=nodes(1)))
     assert got["c"] == [GpuRef("n0", 3), GpuRef("n0", 7)] and not pol.settled
+
+
+# --------------------------------------------------------------------------- node sets
+
+
+def node_sets(
+    allocations: list[Allocation], order: str = "given", n: int = 4
+) -> dict[str, list[tuple[str, int]]]:
+    pol = placement_policies.create("node-sets", {"order": order})
+    assert pol.rearranges and not pol.settled  # every apply places everything again
+    current = {a.job_id: [GpuRef("n3", 0)] for a in allocations}  # (where they run: ignored)
+    got = pol.place(PlacementInput(now=0.0, allocations=allocations, current=current,
+                                   nodes=nodes(n)))  # fmt: skip
+    return {job: [(g.node_id, g.index) for g in gpus] for job, gpus in got.items()}
+
+
+def span(node: str, first: int, count: int) -> list[tuple[str, int]]:
+    return [(node, i) for i in range(first, first + count)]
+
+
+MIXED = [("a", 2), ("b", 8), ("c", 4), ("d", 2), ("e", 1), ("f", 4), ("g", 16)]
+
+
+def test_node_sets_in_the_given_order_follow_elasticflows_classes():
+    """Worked through ElasticFlow's `elastic_placement` by hand, on four nodes of 8 GPUs:
+    'a' opens n0 (6 free: class 2); 'b' opens n1 (full); 'c' finds no set of class 4 and none of
+    a larger class with room (n1 is full), so it opens n2 (class 4); 'd' joins n0, the least used
+    set of class 2 (4 free: class 4, now [n2, n0]); 'e' has no set of class 1 and fills in the
+    first set of the largest class with room, n2 (3 free: class 1); 'f' takes n0, the set left
+    in class 4; 'g' needs two free nodes and finds one."""
+    got = node_sets([Allocation(j, n) for j, n in MIXED])
+    assert got == {
+        "a": span("n0", 0, 2), "b": span("n1", 0, 8), "c": span("n2", 0, 4),
+        "d": span("n0", 2, 2), "e": span("n2", 4, 1), "f": span("n0", 4, 4),
+    }  # fmt: skip
+
+
+def test_node_sets_largest_first_as_elasticflow_places_its_own_jobs():
+    """Largest first (ties in the given order): 'g' takes n0 and n1, 'b' n2, the 4s share n3,
+    and the smaller jobs find no room."""
+    got = node_sets([Allocation(j, n) for j, n in MIXED], order="largest-first")
+    assert got == {
+        "g": span("n0", 0, 8) + span("n1", 0, 8), "b": span("n2", 0, 8),
+        "c": span("n3", 0, 4), "f": span("n3", 4, 4),
+    }  # fmt: skip
+
+
+def test_edf_lists_new_jobs_after_the_last_decisions_order():
+    """ElasticFlow sorts EDF's runnable jobs by deadline only at events that admit no job: a
+    decision that takes in new jobs lists them after the others, in admission order, and so
+    they are placed last (`node-sets`, order `given`)."""
+    pol = Edf()
+    late, soon = view(spec("late", 1000, 5000), 0), view(spec("soon", 1000, 3000), 1)
+    first = [a.job_id for a in pol.schedule(sched_input([late, soon], gpus=12))]
+    assert first == ["late", "soon"]  # both new: admission order
+    urgent = view(spec("urgent", 1000, 1000), 2)
+    second = [a.job_id for a in pol.schedule(sched_input([late, soon, urgent], gpus=14))]
+    assert second == ["late", "soon", "urgent"]
+    third = [a.job_id for a in pol.schedule(sched_input([late, soon, urgent], gpus=14))]
+    assert third == ["urgent", "soon", "late"]  # no new job: deadline order
+    restored = Edf()
+    restored.restore(pol.snapshot())
+    fourth = view(spec("fourth", 1000, 2000), 3)
+    got = [a.job_id for a in restored.schedule(sched_input([late, soon, urgent, fourth], gpus=15))]
+    assert got == ["urgent", "soon", "late", "fourth"]
