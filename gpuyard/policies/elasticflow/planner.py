@@ -448,7 +448,7 @@ def release(timeline: Timeline, plan: Plan) -> Timeline:
 def share_leftovers(
     jobs: Sequence[Demand], plans: list[Plan], timeline: Timeline, now: float, slot: float,
     total: int, *, order: str = "reference", lazy: bool = False,
-) -> list[int]:  # fmt: skip
+) -> tuple[list[int], list[int]]:  # fmt: skip
     """Hand the GPUs free now to the jobs one level at a time (ElasticFlow's `allocate_free_gpus`).
 
     Every job that can take one more level is priced (`marginal`: re-planned held at the higher
@@ -459,7 +459,10 @@ def share_leftovers(
     `order="reference"` sorts the change in planned GPU-seconds per extra GPU in descending order
     (what ElasticFlow's code does, so that the job whose plan grows most is served first);
     `order="saving"` ascending (the paper's marginal return: the largest saving first).
-    `plans` is updated in place for the jobs that grow; returns each job's GPUs now.
+    `plans` is updated in place for the jobs that grow. Returns each job's GPUs now, and the jobs
+    (their indices) in the order the walk left them: sorted by their last price, ties in the order
+    before; the deadline order if no GPU was free (ElasticFlow then sorts nothing). ElasticFlow
+    places its jobs in that order, largest first.
 
     Pricing every job again after every step costs steps x jobs re-plans. The walk skips the
     re-plans whose answer it knows: a job with no GPUs keeps its infinite gain, and a job whose
@@ -531,6 +534,8 @@ def share_leftovers(
         gpus[i] = step
         return before
 
+    if spare <= 0:
+        return gpus, list(range(len(jobs)))
     for i in range(len(jobs)):
         if not unpriced(i):
             price(i)
@@ -555,7 +560,7 @@ def share_leftovers(
             priced[i] = steps
             if score[i] > -math.inf:
                 heapq.heappush(line, (-score[i], i))
-        return gpus
+        return gpus, sorted(range(len(jobs)), key=lambda i: -score[i])
     queue = sorted(range(len(jobs)), key=lambda i: -score[i])
     while spare > 0:
         chosen = next(
@@ -573,7 +578,7 @@ def share_leftovers(
                 else:
                     reprice(i, changed)
         queue.sort(key=lambda i: -score[i])
-    return gpus
+    return gpus, queue
 
 
 @dataclass(frozen=True, slots=True)

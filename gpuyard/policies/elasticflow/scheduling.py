@@ -78,8 +78,8 @@ class ElasticFlow(_Planned):
     Registry name `elasticflow`. At each decision every active job is planned in deadline order on
     one timeline of future free GPUs (`planner.plan_mss`); a job runs now on what its plan gives
     now (a job whose plan starts later waits, a running one may pause), then the GPUs still free
-    go out by `planner.share_leftovers`. Allocations are listed largest first (the order in which
-    ElasticFlow places jobs). The policy decides at most once a slot and asks to decide again at
+    go out by `planner.share_leftovers`. Allocations are listed largest first, ties in the order
+    the leftover walk left them (the order in which ElasticFlow places jobs: `node-sets`). The policy decides at most once a slot and asks to decide again at
     the first instant any plan changes. Best-effort jobs (and jobs without a deadline) plan after
     every job with one and live on leftovers. Admission (`elasticflow` admission policy) keeps the
     plans feasible; without it (ElasticFlow's `ef` scheme) jobs that cannot make it run at their
@@ -88,12 +88,15 @@ class ElasticFlow(_Planned):
 
     Params = ElasticFlowParams
 
-    def plans(self, inp: SchedulingInput) -> tuple[list[str], list[Plan], list[int], str]:
-        """(job ids in deadline order, their plans, their GPUs now, the GPU type)."""
+    def plans(
+        self, inp: SchedulingInput
+    ) -> tuple[list[str], list[Plan], list[int], list[int], str]:
+        """(job ids in deadline order, their plans, their GPUs now, the order the leftover walk
+        left them in, the GPU type)."""
         gpu_type, total, ids, demands = self.demands(inp)
         slot = inp.cluster.round_s
         plans, timeline = plan_all_mss(demands, inp.now, slot, total)
-        gpus = share_leftovers(
+        gpus, order = share_leftovers(
             demands,
             plans,
             timeline,
@@ -103,17 +106,12 @@ class ElasticFlow(_Planned):
             order=self.params.marginal_order,
             lazy=self.params.leftovers == "lazy",
         )
-        return ids, plans, gpus, gpu_type
+        return ids, plans, gpus, order, gpu_type
 
     def decide(self, inp: SchedulingInput) -> tuple[list[Allocation], list[Plan]]:
-        ids, plans, gpus, gpu_type = self.plans(inp)
-        return _largest_first(ids, gpus, gpu_type), plans
-
-
-def _largest_first(ids: list[str], gpus: list[int], gpu_type: str) -> list[Allocation]:
-    chosen = [(g, i) for i, g in enumerate(gpus) if g > 0]
-    chosen.sort(key=lambda gi: (-gi[0], gi[1]))
-    return [Allocation(ids[i], g, gpu_type) for g, i in chosen]
+        ids, plans, gpus, order, gpu_type = self.plans(inp)
+        chosen = sorted((i for i in order if gpus[i] > 0), key=lambda i: -gpus[i])  # (stable)
+        return [Allocation(ids[i], gpus[i], gpu_type) for i in chosen], plans
 
 
 def _next_change(plans: list[Plan], now: float) -> float | None:

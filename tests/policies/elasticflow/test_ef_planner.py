@@ -112,7 +112,7 @@ def test_leftovers_go_first_to_jobs_with_nothing_now():
     waits = Demand(50, 2000, LEVELS, RATES)
     plans, timeline = plan_all_mss([runs, waits], 0, 10, 4)
     assert [p.at(0) for p in plans] == [1, 0]
-    gpus = share_leftovers([runs, waits], plans, timeline, 0, 10, 4)
+    gpus, _ = share_leftovers([runs, waits], plans, timeline, 0, 10, 4)
     assert gpus[1] > 0
     assert sum(gpus) <= 4
 
@@ -126,14 +126,15 @@ def test_marginal_order_reference_serves_the_largest_gpu_time_increase_first(ord
     linear = Demand(600, 601, (1, 2), (1.0, 2.0))
     plans, timeline = plan_all_mss([flat, linear], 0, 60, 3)
     assert [p.at(0) for p in plans] == [1, 1]
-    gpus = share_leftovers([flat, linear], plans, timeline, 0, 60, 3, order=order)
+    gpus, served = share_leftovers([flat, linear], plans, timeline, 0, 60, 3, order=order)
     assert gpus[winner] == 2 and gpus[1 - winner] == 1
+    assert served[0] == winner  # (its price ranks first: ElasticFlow places it first)
 
 
 def test_leftovers_never_exceed_the_cluster():
     jobs = [Demand(500.0 * (i + 1), 2000.0 + i, LEVELS, RATES) for i in range(5)]
     plans, timeline = plan_all_mss(jobs, 0, 10, 8)
-    gpus = share_leftovers(jobs, plans, timeline, 0, 10, 8)
+    gpus, _ = share_leftovers(jobs, plans, timeline, 0, 10, 8)
     assert sum(gpus) == 8
     assert all(g in (0, *LEVELS) for g in gpus)
 
@@ -173,7 +174,7 @@ def test_gpu_time_counts_each_count_until_the_next_start():
 def test_lazy_leftovers_stay_within_the_cluster_and_the_levels():
     jobs = [Demand(500.0 * (i + 1), 2000.0 + 50 * i, LEVELS, RATES) for i in range(7)]
     plans, timeline = plan_all_mss(jobs, 0, 10, 12)
-    gpus = share_leftovers(jobs, plans, timeline, 0, 10, 12, lazy=True)
+    gpus, _ = share_leftovers(jobs, plans, timeline, 0, 10, 12, lazy=True)
     assert sum(gpus) <= 12 and all(g in (0, *LEVELS) for g in gpus)
     assert [p.at(0) for p in plans] == gpus  # each job's plan starts at the GPUs it got
 
@@ -207,10 +208,13 @@ def _plain_serve(
 
 
 def _plain_walk(jobs: list[Demand], plans: list[Plan], timeline: Timeline, now: float,
-                slot: float, total: int, order: str) -> list[int]:  # fmt: skip
-    """ElasticFlow's leftover walk as it is written: every job priced again after every step."""
+                slot: float, total: int, order: str) -> tuple[list[int], list[int]]:  # fmt: skip
+    """ElasticFlow's leftover walk as it is written: every job priced again after every step
+    (and nothing sorted when no GPU is free)."""
     gpus = [p.at(now) for p in plans]
     spare = total - sum(gpus)
+    if spare <= 0:
+        return gpus, list(range(len(jobs)))
     score = [-math.inf] * len(jobs)
     pending: list[tuple[Plan, Timeline] | None] = [None] * len(jobs)
 
@@ -231,7 +235,7 @@ def _plain_walk(jobs: list[Demand], plans: list[Plan], timeline: Timeline, now: 
             if jobs[i].above(gpus[i]) > gpus[i]:
                 price(i)
         queue.sort(key=lambda i: -score[i])
-    return gpus
+    return gpus, queue
 
 
 def _plain_lazy_walk(jobs: list[Demand], plans: list[Plan], timeline: Timeline, now: float,
@@ -293,8 +297,8 @@ def _random_walks(seed: int):
 @pytest.mark.parametrize("seed", range(4))
 def test_the_leftover_walk_keeps_only_prices_that_hold(seed):
     """The walk re-plans only the jobs whose price a step may have changed: on random clusters,
-    deadlines and speed-ups it hands out the same GPUs and leaves the same plans as the walk
-    that prices every job after every step."""
+    deadlines and speed-ups it hands out the same GPUs, leaves the same plans and the jobs in the
+    same order as the walk that prices every job after every step."""
     for jobs, expected, timeline, now, slot, total, order in _random_walks(seed):
         walked = [Plan(list(p.starts), list(p.gpus), p.end, p.finish, p.deadline) for p in expected]
         want = _plain_walk(jobs, expected, timeline, now, slot, total, order)
@@ -310,6 +314,6 @@ def test_the_lazy_walk_prices_only_what_it_serves(seed):
     for jobs, expected, timeline, now, slot, total, order in _random_walks(seed):
         walked = [Plan(list(p.starts), list(p.gpus), p.end, p.finish, p.deadline) for p in expected]
         want = _plain_lazy_walk(jobs, expected, timeline, now, slot, total, order)
-        got = share_leftovers(jobs, walked, timeline, now, slot, total, order=order, lazy=True)
+        got, _ = share_leftovers(jobs, walked, timeline, now, slot, total, order=order, lazy=True)
         assert got == want
         assert walked == expected
