@@ -138,7 +138,8 @@ def elasticflow_options(
     restarts them all whenever an allocation changes), warm on GPU sets used before; `gandiva` the
     same without warm processes; `dlas-gpu` only the jobs it starts; Chronus 0.5 s per (1 + log2
     GPUs) at each resume; `edf` and `themis` nothing. Cold starts come every `round_s`-th decision
-    (ElasticFlow counts events against its slot length there).
+    (ElasticFlow counts events against its slot length there). A job ends at the next whole
+    second, as ElasticFlow's simulator rounds its ends.
     """
     policy, params, admission = elasticflow_scheme(scheme)
     large = total_gpus >= 256  # ElasticFlow's figures for large clusters
@@ -195,6 +196,7 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
     # Durable: calls are sent again while their callee restarts, inner calls first (see
     # SimOptions.call_timeout_s); the retried requests are idempotent.
     timeout = options.call_timeout_s if options.durable else None
+    whole_seconds = 1.0 if options.elasticflow else None  # (ElasticFlow rounds a job's end up)
     retry = RETRY_FOR_S if options.durable else 0.0
     return {
         "placement": PlacementConfig(
@@ -231,7 +233,7 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
             churn_node_type=options.churn_node_type,
             preemption_cost=options.preemption_cost,
             at_node_events=options.bftrainer,
-            completion_quantum=options.round_s if options.blox else None,
+            completion_quantum=options.round_s if options.blox else whole_seconds,
             arrival_quantum=options.round_s if options.blox else None,
             gavel_round_s=options.round_s if options.gavel else None,
             window=options.window,

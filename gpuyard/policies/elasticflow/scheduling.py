@@ -150,6 +150,12 @@ class Edf(_Planned):
         super().__init__(params)
         self.order: list[str] = []
 
+    def next_decision_time(self, inp: SchedulingInput) -> float | None:
+        """None: EDF decides at arrivals and completions only, as ElasticFlow's does. (Its plans
+        change only where a job is planned to end, and that job's end is an event; waking at the
+        planned end would decide once more when a restart pause has delayed the job.)"""
+        return None
+
     def snapshot(self) -> EdfState:
         return EdfState(order=list(self.order))
 
