@@ -157,6 +157,9 @@ class SchedulerStatus(Struct, kw_only=True):
     ran_round: bool = False
     rejected: dict[str, str] = {}
     """Jobs of an enqueue that were refused (duplicate ids), with the reason."""
+    commands: int = 0
+    """The number of the last `clock.cmds` placement published for the scheduler's applies
+    (`ApplyReply.commands`): a simulation's clock handles those before it goes on."""
 
 
 class ClusterChanged(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -176,6 +179,10 @@ class TickRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     resolve: bool = False
     """Ask the policy again even if the round mechanism would not yet (Gavel's simulator does
     when nothing runs and nothing more will arrive)."""
+    steps: dict[str, StepsReport] = {}
+    """The simulated nodes' word on jobs' progress since the clock's last request (the steps of
+    the jobs their commands stopped, the progress restart pauses took), taken before the round;
+    what a real cluster's node agents tell in their command replies and heartbeats."""
 
 
 class JobExit(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -263,6 +270,8 @@ class NodesChangedReply(Struct, kw_only=True):
     lost_jobs: list[str]
     """Jobs that ran on a departed node and were stopped everywhere; the scheduler requeues them."""
     capacity: dict[str, int]
+    commands: int = 0
+    """The number of the last `clock.cmds` placement published (`ApplyReply.commands`)."""
 
 
 class ApplyRequest(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -316,6 +325,10 @@ class ApplyReply(Struct, kw_only=True, omit_defaults=True):
     settled: bool = False
     """Placement's policy rearranges, placed every allocation, and would place them again where
     they run now (`PlacementPolicy.settled`): applying the same allocations would move nothing."""
+    commands: int = 0
+    """Simulated nodes: the number of the last `clock.cmds` placement published (0: none yet).
+    Those commands are published, not answered: the stopped jobs' progress reaches the scheduler
+    from the clock, and the clock handles them before it goes on."""
 
 
 class ClusterInfo(Struct, kw_only=True):
@@ -370,17 +383,13 @@ class NodeCommandReply(Struct, kw_only=True, omit_defaults=True):
 
 
 class NodeCommands(Struct, kw_only=True, forbid_unknown_fields=True):
-    """`clock.cmds`: the commands of one apply to simulated nodes, in one request (the simclock
-    plays every node: one round trip instead of one per node)."""
+    """`clock.cmds`: the commands of one apply (or nodes change) to simulated nodes, published in
+    one message (the simclock plays every node: no round trip per node, nor per apply)."""
 
     commands: list[NodeCommand]
-
-
-class NodeCommandsReply(Struct, kw_only=True, omit_defaults=True):
-    replies: dict[str, NodeCommandReply] = {}
-    """Each node's answer, by node id."""
-    failed: dict[str, str] = {}
-    """The nodes whose command was refused, and why."""
+    seq: int
+    """This message's number among placement's (from 1; kept across its restarts): the clock
+    handles each number once, and waits for the number a reply names (`ApplyReply.commands`)."""
 
 
 class GpuMetrics(Struct, kw_only=True, omit_defaults=True):
@@ -525,7 +534,7 @@ MESSAGES: tuple[type[Struct], ...] = (
     ErrorReply, Ack, Ping, Pong, ServiceStats, Empty, PageQuery, SubmitRequest, SubmitResult, SubmitReply,
     EnqueueRequest, SchedulerStatus, ClusterChanged, TickRequest, JobExit, ExitReport, JobRecord, JobsPage,
     RegisterNode, NodesChanged, NodesChangedReply, ApplyRequest, StepsReport, StepsUpdate, ApplyReply, ClusterInfo, Launch,
-    NodeCommand, NodeCommandReply, NodeCommands, NodeCommandsReply, RunRequest, Progress, TimelinePoint, TimelinePage, Event,
+    NodeCommand, NodeCommandReply, NodeCommands, RunRequest, Progress, TimelinePoint, TimelinePage, Event,
     JobQuery, CancelRequest, CancelReply, GpuMetrics, JobProgress, Heartbeat, HeartbeatsPage,
     LogsRequest, LogsReply, LogLine,
     SetPolicy, PolicyInfo,

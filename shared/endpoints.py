@@ -41,7 +41,6 @@ from .contract import (
     NodeCommand,
     NodeCommandReply,
     NodeCommands,
-    NodeCommandsReply,
     NodesChanged,
     NodesChangedReply,
     PageQuery,
@@ -147,7 +146,7 @@ LOG_LINE = Endpoint("logs.{job}.{node}", LogLine, None, "node agents -> `gpuyard
 
 # --------------------------------------------------------------------------- simulation clock
 
-NODE_COMMANDS = Endpoint("clock.cmds", NodeCommands, NodeCommandsReply, "placement -> simclock (simulated nodes, one request per apply)", ("simclock",))  # fmt: skip
+NODE_COMMANDS = Endpoint("clock.cmds", NodeCommands, None, "placement -> simclock (simulated nodes, one publish per apply)", ("simclock",))  # fmt: skip
 RUN = Endpoint("clock.run", RunRequest, Ack, "driver -> simclock", ("simclock",))
 TIMELINE = Endpoint("clock.timeline", PageQuery, TimelinePage, "driver -> simclock", ("simclock",))
 PROGRESS = Endpoint("progress", Progress, None, "simclock -> drivers")

@@ -338,3 +338,36 @@ async def test_heterogeneous_cluster_uses_every_type_and_never_fails_a_job(
     first_type = {e.job_id: e.gpus[0].node_id.split("-")[0] for e in reversed(started)}
     counts = {t: list(first_type.values()).count(t) for t in ("v100", "p100", "k80")}
     assert min(counts.values()) >= len(jobs) // 6, counts
+
+
+async def test_the_clock_waits_for_the_node_commands_a_reply_names(
+    tmp_path: Path, nats_url: str
+) -> None:
+    """Placement publishes simulated nodes' commands (`clock.cmds`); the clock handles each
+    number once and, before it goes on, waits for the number a reply names: a command it cannot
+    carry out, or one that never comes, ends the run with one line rather than a hang."""
+    from gpuyard.services.simclock.service import SimClock, SimClockConfig
+    from gpuyard.shared.connection import Bus
+    from gpuyard.shared.contract import NodeCommand, NodeCommands
+
+    bus = Bus(await connect(nats_url, name="test"), Subjects("cmds"))
+    config = SimClockConfig(
+        workload=str(tmp_path / "none.jsonl"), cluster=ClusterSpec.parse("1x1"), call_timeout_s=0.2
+    )
+    clock = SimClock(bus, config)
+    try:
+        clock.commands_due = 1
+        with pytest.raises(RuntimeError, match=r"commands #1 did not come within 0\.2 s"):
+            await clock._commands_handled()
+        node = NodeCommand(now=0.0, node_id="gpu-0000")  # (nothing to stop or launch)
+        await clock.node_commands(NodeCommands(commands=[node], seq=1))
+        await clock._commands_handled()  # (handled: no wait)
+        wrong = NodeCommands(commands=[NodeCommand(now=0.0, node_id="nowhere")], seq=1)
+        await clock.node_commands(wrong)  # the same number again: already handled, ignored
+        assert clock.command_error is None
+        await clock.node_commands(NodeCommands(commands=wrong.commands, seq=2))
+        clock.commands_due = 2
+        with pytest.raises(RuntimeError, match="#2: no simulated node 'nowhere'"):
+            await clock._commands_handled()
+    finally:
+        await bus.close()

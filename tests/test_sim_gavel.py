@@ -70,6 +70,26 @@ async def test_rounds_micro_tasks_idle_gpus_and_arrivals_at_round_ends(
     assert result.summary["utilization"] == pytest.approx(busy / (2 * by_id["b"].end_time))
 
 
+async def test_the_scheduler_hears_the_steps_the_simulated_nodes_did(
+    tmp_path: Path, nats_url: str
+) -> None:
+    """Two v100s, three jobs time-sharing them (agnostic LAS). A round with A (360 steps: 360 s)
+    and B lasts 360 s, but B's micro-task is int(0.77 x 360) = 277 steps: it idles the last 0.26
+    s. The simulated nodes publish nothing back to placement: the steps of the jobs a round stops
+    reach the scheduler with the clock's next request, so B's record holds exactly 277 steps a
+    round it ran (not the 277.2 its rate and the round's length make)."""
+    options = SimOptions(
+        cluster=ClusterSpec.parse("2x1:v100"), policy="max_min_fairness", gavel=True,
+        round_s=360.0, throughputs=toy_table(tmp_path / "t.json"), window=(0, 1),
+    )  # fmt: skip
+    jobs = [job("a", "A", 1800.0, 0.0), job("b", "B", 10_000.0, 0.0), job("c", "A", 10_000.0, 0.0)]
+    result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
+    by_id = {r.job_id: r for r in result.jobs}
+    assert by_id["a"].state == "completed" and by_id["b"].preemptions > 0
+    assert by_id["b"].steps_done > 0 and by_id["b"].steps_done % 277 == 0
+    assert by_id["c"].steps_done > 0 and by_id["c"].steps_done % 360 == 0
+
+
 @pytest.mark.parametrize("policy", GAVEL_POLICIES)
 async def test_every_gavel_policy_runs_a_heterogeneous_workload(
     tmp_path: Path, nats_url: str, policy: str

@@ -85,6 +85,8 @@ class StoredPlacement(Struct, kw_only=True):
     """`<route>:<sha256 of the request>` of the last apply or nodes change, and its reply (JSON):
     the same request again is a retry whose first attempt was stored but not answered."""
     last_reply: str = ""
+    commands_sent: int = 0
+    """The number of the last `clock.cmds` published (simulated nodes)."""
 
 
 STATE_KEY = "state"
@@ -126,6 +128,7 @@ class Placement(Service):
         self.changed = False  # the request in hand changed the state to store
         self.last_request = ""
         self.last_reply = ""
+        self.commands_sent = 0  # `clock.cmds` published (simulated nodes)
 
     async def persist(self) -> None:
         if not self.changed or not self.store.durable:  # (build nothing that is not written)
@@ -134,6 +137,7 @@ class Placement(Service):
         state = StoredPlacement(
             nodes=list(self.nodes.values()), running=self.running, specs=self.specs, lost=self.lost,
             down=self.down, last_request=self.last_request, last_reply=self.last_reply,
+            commands_sent=self.commands_sent,
         )  # fmt: skip
         await self.store.put_many({STATE_KEY: state})
         self.changed = False  # (left set when the write failed: the next request writes)
@@ -147,6 +151,7 @@ class Placement(Service):
         for job_id, gpus in state.running.items():
             self._hold(job_id, gpus)
         self.last_request, self.last_reply = state.last_request, state.last_reply
+        self.commands_sent = state.commands_sent
         now = time.time()
         for node in state.nodes:
             self._add_node(node)
@@ -279,7 +284,9 @@ class Placement(Service):
             await self.bus.emit(
                 Event(type="node.up", now=req.now, node_id=node.node_id, service=self.name)
             )
-        return NodesChangedReply(lost_jobs=hit, capacity=self.capacity())
+        return NodesChangedReply(
+            lost_jobs=hit, capacity=self.capacity(), commands=self.commands_sent
+        )
 
     async def _lose(self, now: float, jobs: list[str]) -> None:
         """These jobs no longer run where we placed them (their node left, or never got them):
@@ -465,6 +472,7 @@ class Placement(Service):
             capacity=self.capacity(),
             progress={**reported, **self._with_rates(progress, reported)},
             settled=self.policy.rearranges and self.policy.settled and placed_all,
+            commands=self.commands_sent,
         )
 
     def _reported_progress(self) -> dict[str, StepsReport]:
@@ -637,9 +645,11 @@ class Placement(Service):
     async def _send(
         self, commands: dict[str, NodeCommand]
     ) -> tuple[set[str], dict[str, StepsReport], set[str]]:
-        """Send the commands at once. Simulated nodes' answers are awaited: returns the jobs whose
-        launch failed, the progress reported of stopped jobs, and the nodes that answered. Real
-        agents' answers are not (see `command_timeout_s`): `_watch` declares a silent one lost."""
+        """Send the commands at once: returns the jobs whose launch failed, the progress reported
+        of stopped jobs, and the nodes that answered. Simulated nodes' commands are published in
+        one message, which the clock handles before it goes on (it tells the scheduler the
+        stopped jobs' progress itself). Real agents' answers are not awaited (see
+        `command_timeout_s`): `_watch` declares a silent one lost."""
         order = sorted(commands)
         for node_id in order:
             if node_id in self.unresponsive:
@@ -654,28 +664,20 @@ class Placement(Service):
             task.add_done_callback(self._watchers.discard)
             self._last_command[node_id] = task
         awaited = [n for n in order if n not in real]
-        replies: list[NodeCommandReply | BaseException]
         if self.config.simulated and awaited:
-            try:
-                batch = await self.bus.call(
-                    NODE_COMMANDS, NodeCommands(commands=[commands[n] for n in awaited])
+            self.commands_sent += 1
+            batch = NodeCommands(commands=[commands[n] for n in awaited], seq=self.commands_sent)
+            await self.bus.publish(NODE_COMMANDS, batch)
+            return set(), {}, {*real, *awaited}
+        replies: list[NodeCommandReply | BaseException] = await asyncio.gather(
+            *(
+                self.bus.call(
+                    NODE_COMMAND, commands[n], node=n, within_s=self.config.command_timeout_s
                 )
-                replies = [
-                    batch.replies.get(n) or RuntimeError(batch.failed.get(n, "no answer"))
-                    for n in awaited
-                ]
-            except RemoteError as exc:
-                replies = [exc] * len(awaited)
-        else:
-            replies = await asyncio.gather(
-                *(
-                    self.bus.call(
-                        NODE_COMMAND, commands[n], node=n, within_s=self.config.command_timeout_s
-                    )
-                    for n in awaited
-                ),
-                return_exceptions=True,
-            )
+                for n in awaited
+            ),
+            return_exceptions=True,
+        )
         failed: set[str] = set()
         progress: dict[str, StepsReport] = {}
         done: set[str] = set(real)

@@ -125,11 +125,18 @@ class JobTable:
         return True
 
     def report(self, record: JobRecord, report: StepsReport) -> float | None:
-        """Progress measured by the job's node agents (steps done as of `report.at`). Returns
+        """Progress measured by the job's node agents (steps done as of `report.at`; of a queued
+        job, the steps it had done when it stopped). Returns
         the rate of this run: the one the agent measured from the job's own reports
         (`report.rate`), else the rate since the last report of the same run that reached us
         (None: nothing to measure). The agent's needs no earlier report here, so a run that
         lasts one round (Gavel's mechanism moves jobs every round) is measured too."""
+        if record.state == "queued" and report.at >= record.progress_at:
+            # A stopped job's steps as it stopped, heard after (a simulation's nodes tell them
+            # with the clock's next request): no run began since.
+            record.steps_done = report.steps
+            self._touch(record)
+            return None
         if record.state != "running" or report.at < record.progress_at:
             return None
         measured = record.progress_at > record.run_start  # a report of this run came before

@@ -146,6 +146,7 @@ class Scheduler(Service):
         self.configured = (config.policy, config.params)
         self.install_policy(config.policy, config.params)
         self.released: list[str] = []  # ended on their own since the last apply
+        self.commands = 0  # placement's last `clock.cmds` for our applies (simulated nodes)
         self.cluster: ClusterInfo | None = None  # placement's, as last heard; None: ask again
         # The last apply's cluster, allocations (by job) and whether placement was settled.
         self._applied: tuple[ClusterInfo, dict[str, Allocation], bool] | None = None
@@ -420,13 +421,19 @@ class Scheduler(Service):
         self.dirty = self.dirty or self.policy.needs.decide_on_exit or self.table.queued > 0
 
     async def steps(self, req: StepsUpdate) -> SchedulerStatus:
-        """The simclock's word on running jobs that fell behind their rate (restart pauses): their
-        progress from now on starts there. (A real cluster hears it in heartbeats, at applies.)"""
-        for job_id, report in req.jobs.items():
+        """The simclock's word on jobs' progress (`TickRequest.steps`), before a request that is
+        not a tick."""
+        self._simulated_progress(req.jobs)
+        return self._status(req.now)
+
+    def _simulated_progress(self, reports: dict[str, StepsReport]) -> None:
+        """Simulated nodes' progress reports: the steps of the jobs their commands stopped, and of
+        running jobs that fell behind their rate (restart pauses), from which their progress goes
+        on. (A real cluster hears these in its nodes' command replies and heartbeats.)"""
+        for job_id, report in reports.items():
             record = self.table.get(job_id)
             if record is not None:
                 self.table.report(record, report)
-        return self._status(req.now)
 
     async def cluster_changed(self, req: ClusterChanged) -> SchedulerStatus:
         self.cluster = None
@@ -443,6 +450,7 @@ class Scheduler(Service):
             self.table.changed = self.force_decision = True
         self._tick_sent = -math.inf  # (wall clock: the next poke sends another)
         self._ticked.set()
+        self._simulated_progress(req.steps)
         ran = await self._round_if_due(req.now, True)
         return self._status(req.now, ran_round=ran)
 
@@ -572,6 +580,7 @@ class Scheduler(Service):
             )  # fmt: skip
             self._applied = (cluster, {a.job_id: a for a in allocations}, reply.settled)
             self.released = []
+            self.commands = max(self.commands, reply.commands)
         cluster.capacity = reply.capacity
         for job_id, steps in reply.progress.items():
             record = active.get(job_id)
@@ -899,7 +908,7 @@ class Scheduler(Service):
         return SchedulerStatus(
             wake_at=self.wake_at, busy_gpus=table.busy_gpus, queued=table.queued,
             running=table.running, finished=table.finished, ran_round=ran_round,
-            rejected=rejected or {},
+            rejected=rejected or {}, commands=self.commands,
         )  # fmt: skip
 
     async def emit(self, kind: Any, now: float, job_id: str, **fields: Any) -> None:

@@ -32,7 +32,6 @@ from gpuyard.shared.contract import (
     NodeCommand,
     NodeCommandReply,
     NodeCommands,
-    NodeCommandsReply,
     NodesChanged,
     PageQuery,
     Progress,
@@ -263,6 +262,11 @@ class SimClock(Service):
         self.task: asyncio.Task[None] | None = None
         self.progress = Progress(now=0.0, submitted=0, finished=0, total=0, instants=0)
         self.finished_steps = 0.0  # steps of the jobs that completed
+        self.unreported: dict[str, StepsReport] = {}  # progress the scheduler has not heard of
+        self.commands_handled = 0  # the number of the last `clock.cmds` handled
+        self.commands_due = 0  # ... that the services' replies named
+        self.commands_in = asyncio.Event()  # set when one is handled
+        self.command_error: str | None = None  # a command no simulated node could carry out
 
     def routes(self) -> dict[Endpoint[Any, Any], Handler]:
         # NODE_COMMANDS: an apply's commands to every node at once (placement, `simulated`).
@@ -302,15 +306,23 @@ class SimClock(Service):
         points = self.timeline[req.offset : req.offset + req.limit]
         return TimelinePage(points=points, total=len(self.timeline))
 
-    async def node_commands(self, batch: NodeCommands) -> NodeCommandsReply:
-        """The commands of one apply, to several nodes, in their order."""
-        reply = NodeCommandsReply()
-        for cmd in batch.commands:
-            try:
-                reply.replies[cmd.node_id] = await self.node_command(cmd)
-            except BadRequest as exc:
-                reply.failed[cmd.node_id] = str(exc)
-        return reply
+    async def node_commands(self, batch: NodeCommands) -> None:
+        """The commands of one apply (or nodes change) to several nodes, in their order. They are
+        published: the steps of the jobs they stop go to the scheduler with our next request, and
+        the loop waits for the commands a reply names before it goes on (`_commands_handled`)."""
+        if batch.seq <= self.commands_handled:
+            return  # (sent again by a placement that restarted before it stored having sent it)
+        try:
+            for cmd in batch.commands:
+                stopped = (await self.node_command(cmd)).progress
+                for job_id, steps in stopped.items():
+                    seen = self.unreported.get(job_id)
+                    if seen is None or seen.at < cmd.now or steps < seen.steps:  # (the slowest part)
+                        self.unreported[job_id] = StepsReport(steps, cmd.now)
+        except BadRequest as exc:
+            self.command_error = f"placement's node commands #{batch.seq}: {exc.error}"
+        self.commands_handled = batch.seq
+        self.commands_in.set()
 
     async def node_command(self, cmd: NodeCommand) -> NodeCommandReply:
         """Be the node agent of `cmd.node_id`: stop and start the job parts placed there."""
@@ -377,10 +389,39 @@ class SimClock(Service):
 
     # ------------------------------------------------------------------ the loop
 
-    async def _call(self, endpoint: Endpoint[Any, Rep], msg: object) -> Rep:
+    async def _call(self, endpoint: Endpoint[Any, Rep], msg: Any) -> Rep:
+        """A request to the services; the progress the scheduler has not heard of goes first (on
+        a tick, with it; before a request that reaches it otherwise, in its own)."""
+        if self.unreported and endpoint is TICK:
+            msg = msgspec.structs.replace(msg, steps=self._take_unreported())
+        elif self.unreported and endpoint in (EXITED, SUBMIT, CLUSTER_CHANGED):
+            await self._request(STEPS, StepsUpdate(now=msg.now, jobs=self._take_unreported()))
+        return await self._request(endpoint, msg)
+
+    async def _request(self, endpoint: Endpoint[Any, Rep], msg: object) -> Rep:
         return await self.bus.call(
             endpoint, msg, within_s=self.config.call_timeout_s, retry_for_s=self.config.retry_for_s
         )
+
+    def _take_unreported(self) -> dict[str, StepsReport]:
+        unreported, self.unreported = self.unreported, {}
+        return unreported
+
+    async def _commands_handled(self) -> None:
+        """Wait until the node commands the services' replies named (`SchedulerStatus.commands`,
+        `NodesChangedReply.commands`) have been handled: published, they may come after the
+        reply that names them."""
+        limit = self.config.call_timeout_s or self.bus.request_timeout
+        while self.commands_handled < self.commands_due and self.command_error is None:
+            self.commands_in.clear()
+            try:
+                await asyncio.wait_for(self.commands_in.wait(), limit)
+            except TimeoutError:
+                raise RuntimeError(
+                    f"placement's node commands #{self.commands_due} did not come within {limit} s"
+                ) from None
+        if self.command_error is not None:
+            raise RuntimeError(self.command_error)
 
     def _load_churn(self) -> list[tuple[float, list[tuple[str, bool]]]]:
         """Node events grouped by instant: [(time, [(node, up), ...]), ...]."""
@@ -424,6 +465,9 @@ class SimClock(Service):
                 await self._loop_rounds(workload, self.config.gavel_round_s)
             else:
                 await self._loop(workload, churn)
+            if self.unreported:  # (the jobs a measurement window left running)
+                now = self.progress.now
+                await self._request(STEPS, StepsUpdate(now=now, jobs=self._take_unreported()))
         except Exception as exc:  # report, never hang the caller
             self.log.exception("simulation.failed")
             self.progress.error = f"{type(exc).__name__}: {exc}"
@@ -637,6 +681,8 @@ class SimClock(Service):
         if not up and not gone:
             return None
         reply = await self._call(NODES, NodesChanged(now=now, up=up, gone=gone, reason="node events"))
+        self.commands_due = max(self.commands_due, reply.commands)
+        await self._commands_handled()  # (the parts of the jobs hit that it stopped elsewhere)
         self.present.difference_update(gone)
         self.present.update(n.node_id for n in up)
         self.gpus = sum(self.node_specs[n].num_gpus for n in self.present)
@@ -671,6 +717,7 @@ class SimClock(Service):
 
     def _note(self, now: float, status: SchedulerStatus) -> None:
         self.sched_wake = status.wake_at
+        self.commands_due = max(self.commands_due, status.commands)
         if status.ran_round:
             self.decided = now
         point = TimelinePoint(now, status.busy_gpus, status.queued, status.running, self.gpus)
@@ -684,6 +731,7 @@ class SimClock(Service):
         that made less than their rate says (restart pauses, restores, rescales) are told to the
         scheduler, as a real node agent's heartbeats would: its plans (ElasticFlow's admission)
         see the progress lost, as ElasticFlow's own do."""
+        await self._commands_handled()
         sharing = self._sharing()
         behind: dict[str, StepsReport] = {}
         pauses = self._restarts(now)
@@ -729,8 +777,7 @@ class SimClock(Service):
                 heapq.heappush(self.heap, (finish, self.launches, job_id, job.version))
         self.changed.clear()
         self.launched.clear()
-        if behind:
-            await self._call(STEPS, StepsUpdate(now=now, jobs=behind))
+        self.unreported.update(behind)  # (told with our next request)
 
     def _charge_rescale(self, job: SimJob, gpus: int) -> None:
         """A job that grew (shrank) loses `up_s` (`down_s`) seconds of the rate it had before, at
