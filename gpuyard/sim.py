@@ -139,7 +139,9 @@ def elasticflow_options(
     same without warm processes; `dlas-gpu` only the jobs it starts; Chronus 0.5 s per (1 + log2
     GPUs) at each resume; `edf` and `themis` nothing. Cold starts come every `round_s`-th decision
     (ElasticFlow counts events against its slot length there). A job ends at the next whole
-    second, as ElasticFlow's simulator rounds its ends.
+    second, as ElasticFlow's simulator rounds its ends; under `ef` and `ef-accessctrl` that end is
+    an event where its plan predicted it (the end of the last slot its run reaches), or at the
+    next event after it, whichever comes first (`SimClockConfig.completion_grid_s`).
     """
     policy, params, admission = elasticflow_scheme(scheme)
     large = total_gpus >= 256  # ElasticFlow's figures for large clusters
@@ -197,6 +199,8 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
     # SimOptions.call_timeout_s); the retried requests are idempotent.
     timeout = options.call_timeout_s if options.durable else None
     whole_seconds = 1.0 if options.elasticflow else None  # (ElasticFlow rounds a job's end up)
+    # ElasticFlow's own scheduling ends a job at its planned end (or at the next event after)
+    planned_ends = options.elasticflow in ("ef", "ef-accessctrl")
     retry = RETRY_FOR_S if options.durable else 0.0
     return {
         "placement": PlacementConfig(
@@ -234,6 +238,7 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
             preemption_cost=options.preemption_cost,
             at_node_events=options.bftrainer,
             completion_quantum=options.round_s if options.blox else whole_seconds,
+            completion_grid_s=options.round_s if planned_ends else None,
             arrival_quantum=options.round_s if options.blox else None,
             gavel_round_s=options.round_s if options.gavel else None,
             window=options.window,

@@ -71,6 +71,26 @@ async def test_elastic_resizes_end_with_the_job_and_free_its_gpus(
     assert (by_id["c"].first_start, by_id["c"].end_time) == (125.0, pytest.approx(255.0))
 
 
+@pytest.mark.parametrize(("arrival", "w_start"), [(None, 110.0), (104.0, 104.0)])
+async def test_a_job_ends_where_its_plan_ends_or_at_the_next_event_after(
+    tmp_path: Path, nats_url: str, toy_model: str, arrival: float | None, w_start: float
+) -> None:
+    """ElasticFlow's simulator ends a job at the end its plan predicted (the end of the last
+    10 s slot its run reaches, counted from its last decision), or at the first event after its
+    real finish. 'a' (4 GPUs, 402 steps) finishes at 101 (100.5, rounded up to a whole second);
+    its plan, made again when 'w' arrives at 20, ends at 110: 'w' (waiting for all 4 GPUs) starts
+    there, or at 104 when another arrival at 104 is an event. 'a''s JCT counts to its finish."""
+    rigid = {"num_gpus": 4, "min_gpus": 4, "max_gpus": 4}
+    jobs = [toy("a", 402, 0.0, 10_000.0, **rigid), toy("w", 40, 20.0, 10_000.0, **rigid)]
+    if arrival is not None:
+        jobs.append(toy("x", 10, arrival, 10_000.0, **rigid))
+    options = ef_options(toy_model, "ef", preemption_cost=PreemptionCost())
+    result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
+    by_id = {r.job_id: r for r in result.jobs}
+    assert by_id["a"].end_time == 101.0
+    assert by_id["w"].first_start == w_start
+
+
 async def test_restart_cost_pays_warm_ranks_less(
     tmp_path: Path, nats_url: str, toy_model: str
 ) -> None:

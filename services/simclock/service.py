@@ -137,7 +137,13 @@ class SimClockConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     churn_node_type: str = "gpu"
     """GPUs per node and their type, for nodes that only appear in `node_events`."""
     completion_quantum: float | None = None
-    """If set, a job's exit is reported at the next multiple of this (Blox: the round length)."""
+    """If set, a job's exit is reported at the next multiple of this (Blox: the round length;
+    ElasticFlow: 1 s, its ends being rounded up to whole seconds)."""
+    completion_grid_s: Annotated[float, Meta(gt=0)] | None = None
+    """ElasticFlow's simulator: a job's end is an event at the end of the last slot of this
+    length its run reaches (slots counted from its last restart, after the restart's pause: the
+    end its plan predicted), or at the first instant after its finish at which anything else
+    happens, whichever comes first; its JCT counts to its finish."""
     arrival_quantum: float | None = None
     """If set, jobs are submitted at the next multiple of this (Blox admits at round starts);
     their submit_time, and so their JCT, stays the true arrival."""
@@ -262,6 +268,7 @@ class SimClock(Service):
         self.task: asyncio.Task[None] | None = None
         self.progress = Progress(now=0.0, submitted=0, finished=0, total=0, instants=0)
         self.finished_steps = 0.0  # steps of the jobs that completed
+        self.finishes: list[tuple[float, int, str, int]] = []  # real finishes (completion_grid_s)
         self.unreported: dict[str, StepsReport] = {}  # progress the scheduler has not heard of
         self.commands_handled = 0  # the number of the last `clock.cmds` handled
         self.commands_due = 0  # ... that the services' replies named
@@ -773,6 +780,11 @@ class SimClock(Service):
                     finish = math.ceil(finish / quantum - 1e-9) * quantum
                 if self.config.at_node_events:
                     finish = self._next_node_event(finish)
+                if grid := self.config.completion_grid_s:
+                    job.ended_at = finish
+                    heapq.heappush(self.finishes, (finish, self.launches, job_id, job.version))
+                    start = now + pause  # (its slots count from its restart's end)
+                    finish = start + grid * math.ceil((finish - start) / grid - 1e-9)
                 self.launches += 1
                 heapq.heappush(self.heap, (finish, self.launches, job_id, job.version))
         self.changed.clear()
@@ -806,8 +818,10 @@ class SimClock(Service):
             self.charged = now
         elif not self.launched:
             return {}
+        # ElasticFlow's count: a cold start at every `cold_every`-th instant after the first
+        every = model.cold_every
+        cold = every > 0 and self.restart_instants > 0 and self.restart_instants % every == 0
         self.restart_instants += 1
-        cold = model.cold_every > 0 and self.restart_instants % model.cold_every == 0
         scope = self.launched if model.scope == "launched" else self.running
         pauses: dict[str, float] = {}
         for job_id in sorted(scope):
@@ -847,6 +861,9 @@ class SimClock(Service):
 
     def _pop_exits(self, now: float) -> list[JobExit]:
         exits: list[JobExit] = []
+        while self.finishes and self.finishes[0][0] <= now:  # finished: ends at this instant
+            _, launch, job_id, version = heapq.heappop(self.finishes)
+            heapq.heappush(self.heap, (now, launch, job_id, version))
         while (finish := self._next_completion()) is not None and finish <= now:
             _, _, job_id, _ = heapq.heappop(self.heap)
             for node in list(self.jobs[job_id].parts):

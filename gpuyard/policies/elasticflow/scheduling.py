@@ -115,8 +115,16 @@ class ElasticFlow(_Planned):
 
 
 def _next_change(plans: list[Plan], now: float) -> float | None:
+    """The first instant a plan changes, unless a running job's plan ends before or then: that
+    end is an event of its own, where every plan is made again (ElasticFlow adds a plan's change
+    as an event only before its next event). A restart pause makes a job end later than planned;
+    waking at its planned end would decide once more, and restart every job once more."""
     changes = [t for p in plans if (t := p.next_change(now)) is not None]
-    return min(changes) if changes else None
+    if not changes:
+        return None
+    ends = [p.end for p in plans if p.end > now and p.at(now) > 0]
+    first = min(changes)
+    return None if ends and first >= min(ends) else first
 
 
 class EdfState(Struct, kw_only=True):

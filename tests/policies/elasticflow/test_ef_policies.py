@@ -19,6 +19,8 @@ from gpuyard.policies.elasticflow import (
     NodeSets,
 )
 from gpuyard.policies.elasticflow.demand import levels
+from gpuyard.policies.elasticflow.planner import Plan
+from gpuyard.policies.elasticflow.scheduling import _next_change
 from gpuyard.shared.model import Allocation, GpuRef, JobSpec
 from gpuyard.shared.policy import (
     AdmissionInput,
@@ -124,13 +126,19 @@ def test_a_job_planned_to_start_later_gets_leftovers_first_and_runs_now():
     assert counts(pol.schedule(sched_input([a], gpus=1))) == {"a": 1}
 
 
-def test_wakes_where_a_plan_changes():
-    # One GPU: 'a' (1 GPU until 600) then 'b', planned to start only when 'a' is done.
+def test_wakes_where_a_plan_changes_before_a_running_job_ends():
+    # One GPU: 'a' (1 GPU until 600) then 'b', planned to start only when 'a' is done: 'a''s end
+    # is an event of its own (where everything is planned again), so no wake-up is needed there;
+    # a restart pause would move that end, and a wake at 600 would decide once more.
     a = view(spec("a", 600, 600), 0)
     b = view(spec("b", 60, 3600, job_type="flat@64"), 1)
     pol = ElasticFlow()
     assert counts(pol.schedule(sched_input([a, b], gpus=1))) == {"a": 1}
-    assert pol.next_decision_time(sched_input([a, b], gpus=1)) == 600.0
+    assert pol.next_decision_time(sched_input([a, b], gpus=1)) is None
+    # A plan that changes before every running job's planned end is a wake-up.
+    running = Plan([0.0], [2], 600.0, 600.0, 600.0)
+    assert _next_change([running, Plan([0.0, 300.0], [0, 1], 900.0, 900.0, 900.0)], 0.0) == 300.0
+    assert _next_change([running, Plan([0.0, 600.0], [0, 1], 900.0, 900.0, 900.0)], 0.0) is None
 
 
 def test_best_effort_jobs_live_on_leftovers():
