@@ -206,6 +206,9 @@ class ExitReport(Struct, kw_only=True, forbid_unknown_fields=True):
     exits: list[JobExit]
     tick: bool = False
     """After recording the exits, run the scheduling round if one is due."""
+    steps: dict[str, StepsReport] = {}
+    """The simulation's clock only (`TickRequest.steps`), taken before the exits; a node agent
+    reports its jobs' progress in its heartbeats, and may not send this."""
 
 
 class JobsPage(Struct, kw_only=True, omit_defaults=True):

@@ -33,6 +33,7 @@ from gpuyard.shared.contract import (
     NodesChanged,
     RegisterNode,
     SetPolicy,
+    StepsReport,
     SubmitRequest,
     TickRequest,
 )
@@ -116,6 +117,10 @@ async def test_a_node_acts_only_for_itself_and_its_jobs(cluster: Secured) -> Non
         await attacker.bus.call(EXITED, ExitReport(now=time.time(), exits=[forged]))
     # ... on the other node's subject (refused by the server) ...
     await attacker.publish(S.of(EXITED, caller=f"node.{victim}"), ExitReport(now=0, exits=[forged]))
+    # ... with forged progress of the job (only a simulation's clock sends that) ...
+    steps = {job: StepsReport(0.0, time.time())}
+    with pytest.raises(RemoteError, match="reports progress in its heartbeats"):
+        await attacker.bus.call(EXITED, ExitReport(now=time.time(), exits=[], steps=steps))
     # ... or as itself, for a job it does not run (ignored).
     mine = JobExit(job_id=job, node_id=other, status="completed", attempt=0)
     await attacker.bus.call(EXITED, ExitReport(now=time.time(), exits=[mine]))

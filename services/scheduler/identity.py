@@ -12,9 +12,15 @@ from gpuyard.shared.model import JobRecord
 
 
 def check_exits(req: ExitReport, caller: Caller) -> None:
-    """A node reports its own exits only: BadRequest naming the first exit of another node."""
+    """A node reports its own exits only: BadRequest naming the first exit of another node (or
+    progress, which only a simulation's clock sends with exits)."""
     if caller.role != "node":
         return
+    if req.steps:
+        raise BadRequest(
+            f"node {caller.name!r} reports progress in its heartbeats, not with exits",
+            field="$.steps",
+        )
     for i, ex in enumerate(req.exits):
         if ex.node_id != caller.name:
             raise BadRequest(

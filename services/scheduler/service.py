@@ -359,6 +359,7 @@ class Scheduler(Service):
 
     async def exited(self, req: ExitReport, caller: Caller = ANONYMOUS) -> SchedulerStatus:
         check_exits(req, caller)
+        self._simulated_progress(req.steps)
         for ex in req.exits:
             record = self.table.get(ex.job_id)
             if record is not None and not ran_there(record, ex, caller):

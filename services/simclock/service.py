@@ -398,10 +398,10 @@ class SimClock(Service):
 
     async def _call(self, endpoint: Endpoint[Any, Rep], msg: Any) -> Rep:
         """A request to the services; the progress the scheduler has not heard of goes first (on
-        a tick, with it; before a request that reaches it otherwise, in its own)."""
-        if self.unreported and endpoint is TICK:
+        a tick or exits, with them; before a request that reaches it otherwise, in its own)."""
+        if self.unreported and (endpoint is TICK or endpoint is EXITED):
             msg = msgspec.structs.replace(msg, steps=self._take_unreported())
-        elif self.unreported and endpoint in (EXITED, SUBMIT, CLUSTER_CHANGED):
+        elif self.unreported and endpoint in (SUBMIT, CLUSTER_CHANGED):
             await self._request(STEPS, StepsUpdate(now=msg.now, jobs=self._take_unreported()))
         return await self._request(endpoint, msg)
 
