@@ -337,6 +337,9 @@ def control_plane_from_args(args: argparse.Namespace) -> dict[str, Any]:
         from gpuyard.sim import elasticflow_options
 
         scheme = elasticflow_options(args.policy, args.round, 0, at_events=False)  # answered at once
+        # On a real cluster a job moved is a job restarted: buddy keeps jobs where they run
+        # (`--placement node-sets` places as ElasticFlow's simulator does, every job again).
+        scheme |= {"placement": "buddy", "placement_params": {}}
         filled = preset_filled(scheme, args, params)
         chosen = {key: filled[key] for key in chosen}
     if args.throughputs != "default" and not Path(args.throughputs).exists():

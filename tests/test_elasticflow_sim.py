@@ -287,6 +287,7 @@ def test_elasticflow_fills_in_only_the_policies_not_given(tmp_path: Path, data) 
     from gpuyard.cli import build_parser, sim_setup
     from gpuyard.cli_cluster import control_plane_from_args
     from gpuyard.policies.elasticflow.node_sets import NodeSetsParams
+    from gpuyard.policies.elasticflow.placement import BuddyParams
     from gpuyard.shared.policy import placement_policies
     from gpuyard.sweep.config import ConfigError, RunSpec, _check, sim_args
 
@@ -316,10 +317,10 @@ def test_elasticflow_fills_in_only_the_policies_not_given(tmp_path: Path, data) 
 
     up = ["up", "--elasticflow", "--policy", "ef-accessctrl", "--throughputs", table]
     services = control_plane_from_args(build_parser().parse_args([*up, "--placement-param",
-                                                                  "order=given"]))  # fmt: skip
-    placement = services["placement"]
-    assert placement_policies.create(placement.policy, placement.params).params == NodeSetsParams(
-        "given"
+                                                                  "sticky=false"]))  # fmt: skip
+    placement = services["placement"]  # (a real cluster's: jobs kept where they run)
+    assert placement_policies.create(placement.policy, placement.params).params == BuddyParams(
+        False
     )
     services = control_plane_from_args(build_parser().parse_args([*up, "--admission", "accept-all"]))
     assert (services["admission"].policy, services["admission"].params) == ("accept-all", {})
