@@ -79,11 +79,12 @@ class ElasticFlow(_Planned):
     one timeline of future free GPUs (`planner.plan_mss`); a job runs now on what its plan gives
     now (a job whose plan starts later waits, a running one may pause), then the GPUs still free
     go out by `planner.share_leftovers`. Allocations are listed largest first, ties in the order
-    the leftover walk left them (the order in which ElasticFlow places jobs: `node-sets`). The policy decides at most once a slot and asks to decide again at
-    the first instant any plan changes. Best-effort jobs (and jobs without a deadline) plan after
-    every job with one and live on leftovers. Admission (`elasticflow` admission policy) keeps the
-    plans feasible; without it (ElasticFlow's `ef` scheme) jobs that cannot make it run at their
-    largest level.
+    the leftover walk left them (the order in which ElasticFlow places jobs: `node-sets`). The
+    policy decides at most once a slot and asks to decide again where a plan changes before any
+    running job's planned end (`_next_change`). Best-effort jobs (and jobs without a deadline)
+    plan after every job with one and live on leftovers. Admission (`elasticflow` admission
+    policy) keeps the plans feasible; without it (ElasticFlow's `ef` scheme) jobs that cannot make
+    it run at their largest level.
     """
 
     Params = ElasticFlowParams
