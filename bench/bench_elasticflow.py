@@ -35,7 +35,13 @@ from gpuyard.shared.logs import configure_logging
 from gpuyard.shared.model import JobSpec
 from gpuyard.shared.policy import AdmissionInput, ClusterView, JobView
 from gpuyard.shared.throughput import load_throughputs
-from gpuyard.sim import ELASTICFLOW_SCHEMES, SimOptions, elasticflow_options, simulate
+from gpuyard.sim import (
+    ELASTICFLOW_SCHEMES,
+    SimOptions,
+    elasticflow_options,
+    elasticflow_switch_nodes,
+    simulate,
+)
 from gpuyard.workloads import load_cluster, load_workload
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -93,7 +99,9 @@ async def run_trace(
     cluster = load_cluster(EF / "cluster_specs" / f"{spec}.csv")
     cpu = time.process_time()
     workload = await asyncio.to_thread(load_workload, trace, None, False, elastic=True)
-    scheme_options = elasticflow_options(scheme, slot, cluster.total_gpus)
+    scheme_options = elasticflow_options(
+        scheme, slot, cluster.total_gpus, switch_nodes=elasticflow_switch_nodes(cluster)
+    )
     if scheme_options["policy"] == "elasticflow":
         scheme_options["policy_params"] |= params
     options = SimOptions(

@@ -732,9 +732,12 @@ def sim_setup(
     if args.gavel:
         options = gavel_defaults(options)
     if args.elasticflow:
-        from gpuyard.sim import elasticflow_options
+        from gpuyard.sim import elasticflow_options, elasticflow_switch_nodes
 
-        scheme = elasticflow_options(args.policy, options.round_s, cluster.total_gpus)
+        scheme = elasticflow_options(
+            args.policy, options.round_s, cluster.total_gpus,
+            switch_nodes=elasticflow_switch_nodes(cluster),
+        )  # fmt: skip
         options = msgspec.structs.replace(options, **preset_filled(scheme, args, params))
     if args.trace is not None and seed is not None:
         options = seeded_policies(options, seed)

@@ -118,9 +118,17 @@ def elasticflow_scheme(scheme: str) -> tuple[str, dict[str, Any], str]:
     return ELASTICFLOW_SCHEMES[scheme]
 
 
+def elasticflow_switch_nodes(cluster: ClusterSpec) -> int:
+    """Nodes per switch of a cluster given as equal groups (ElasticFlow's cluster specs: a group
+    per switch); 0 for one switch."""
+    groups = cluster.groups
+    return groups[0].count if len(groups) > 1 and all(g == groups[0] for g in groups) else 0
+
+
 def elasticflow_options(
-    scheme: str, round_s: float, total_gpus: int, *, at_events: bool = True
-) -> dict[str, Any]:
+    scheme: str, round_s: float, total_gpus: int, *, at_events: bool = True,
+    switch_nodes: int = 0,
+) -> dict[str, Any]:  # fmt: skip
     """SimOptions fields for an ElasticFlow scheme, as its simulator runs it (`--elasticflow`).
 
     Decisions come at events (arrivals, declined ones included, and completions), at most once a
@@ -138,7 +146,8 @@ def elasticflow_options(
     restarts them all whenever an allocation changes), warm on GPU sets used before; `gandiva` the
     same without warm processes; `dlas-gpu` only the jobs it starts; Chronus 0.5 s per (1 + log2
     GPUs) at each resume; `edf` and `themis` nothing. Cold starts come every `round_s`-th decision
-    (ElasticFlow counts events against its slot length there). A job ends at the next whole
+    (ElasticFlow counts events against its slot length there). `switch_nodes`: the cluster's
+    nodes per switch (`elasticflow_switch_nodes`). A job ends at the next whole
     second, as ElasticFlow's simulator rounds its ends; under `ef` and `ef-accessctrl` that end is
     an event where its plan predicted it (the end of the last slot its run reaches), or at the
     next event after it, whichever comes first (`SimClockConfig.completion_grid_s`).
@@ -148,6 +157,7 @@ def elasticflow_options(
     every = RestartCost(
         base_s=7.0 if large else 2.0, cold_s=47.0 if large else 27.0,
         cold_every=max(int(round_s), 1), scope="decisions", decision_gap_s=round_s,
+        warm_key="first_rank",
     )  # fmt: skip
     restart = {
         "ef-accessctrl": every,
@@ -166,6 +176,8 @@ def elasticflow_options(
     if scheme not in ("gandiva", "chronus", "dlas-gpu"):
         order = "given" if policy == "edf" else "largest-first"
         placement, placement_params = "node-sets", {"order": order}
+        if switch_nodes:
+            placement_params["switch_nodes"] = switch_nodes
     admission_params: dict[str, Any] = {}
     if admission in ("elasticflow", "edf"):
         admission_params = {"slot_s": round_s}

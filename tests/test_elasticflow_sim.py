@@ -277,7 +277,7 @@ def test_cli_runs_a_scheme_and_names_a_wrong_one(tmp_path: Path, data) -> None: 
         "edf",
         "node-sets",
     )
-    assert options["placement_params"] == {"order": "largest-first"}  # (the scheme's: given)
+    assert options["placement_params"] == {"order": "largest-first", "switch_nodes": 0}
 
 
 def test_elasticflow_fills_in_only_the_policies_not_given(tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]

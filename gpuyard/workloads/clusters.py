@@ -82,7 +82,8 @@ def _from_elasticflow_csv(path: Path, gpu_type: str) -> ClusterSpec:
             switches, nodes, gpus = (int(str(row[c]).strip()) for c in ELASTICFLOW_COLUMNS)
         except ValueError as exc:
             raise ValueError(f"{path}, line {line}: {exc}") from exc
-        groups.append({"count": switches * nodes, "gpus_per_node": gpus, "gpu_type": gpu_type})
+        # (a group per switch: ElasticFlow's placement orders nodes by their index in a switch)
+        groups += [{"count": nodes, "gpus_per_node": gpus, "gpu_type": gpu_type}] * switches
     try:
         return msgspec.convert({"groups": groups}, ClusterSpec)
     except msgspec.ValidationError as exc:

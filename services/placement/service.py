@@ -87,6 +87,8 @@ class StoredPlacement(Struct, kw_only=True):
     last_reply: str = ""
     commands_sent: int = 0
     """The number of the last `clock.cmds` published (simulated nodes)."""
+    policy_state: str = ""
+    """The placement policy's own state (its `snapshot()`, JSON), for one that keeps any."""
 
 
 STATE_KEY = "state"
@@ -137,10 +139,14 @@ class Placement(Service):
         state = StoredPlacement(
             nodes=list(self.nodes.values()), running=self.running, specs=self.specs, lost=self.lost,
             down=self.down, last_request=self.last_request, last_reply=self.last_reply,
-            commands_sent=self.commands_sent,
+            commands_sent=self.commands_sent, policy_state=self._policy_state(),
         )  # fmt: skip
         await self.store.put_many({STATE_KEY: state})
         self.changed = False  # (left set when the write failed: the next request writes)
+
+    def _policy_state(self) -> str:
+        state = self.policy.snapshot()
+        return "" if state is None else encode(state).decode()
 
     async def restore(self, values: dict[str, bytes]) -> None:
         """Take the map back; agents register again (stopping parts we do not know of)."""
@@ -152,6 +158,13 @@ class Placement(Service):
             self._hold(job_id, gpus)
         self.last_request, self.last_reply = state.last_request, state.last_reply
         self.commands_sent = state.commands_sent
+        if state.policy_state and self.policy.State is not None:
+            try:
+                policy_state = msgspec.json.decode(state.policy_state, type=self.policy.State)
+            except (msgspec.ValidationError, msgspec.DecodeError):  # another policy's: start afresh
+                self.log.warning("state.policy_state_ignored", policy=self.policy_name)
+            else:
+                self.policy.restore(policy_state)
         now = time.time()
         for node in state.nodes:
             self._add_node(node)
@@ -426,11 +439,20 @@ class Placement(Service):
                     if g not in held:
                         movable.setdefault(g.node_id, []).append(g.index)
             nodes = self._views(movable)
+        specs = self.specs
+        deadlines = {
+            a.job_id: d
+            for a in to_place
+            if (spec := req.specs.get(a.job_id) or specs.get(a.job_id)) is not None
+            and (d := spec.deadline) is not None
+        }
         inp = PlacementInput(
             now=req.now,
             allocations=to_place,
             current={a.job_id: running[a.job_id] for a in to_place if a.job_id in running},
             nodes=nodes,
+            deadlines=deadlines,
+            ended=list(req.released),
         )
         started_at = time.perf_counter()
         moved = self.policy.place(inp)

@@ -17,6 +17,7 @@ import bisect
 import heapq
 import math
 import time
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -92,6 +93,10 @@ class RestartCost(Struct, kw_only=True, forbid_unknown_fields=True):
     cold_s: float = 27.0
     cold_every: int = 0
     warm_ranks: bool = True
+    warm_key: Literal["gpus", "first_rank"] = "gpus"
+    """What makes a job's processes warm: a set of the very same GPUs (`gpus`), or, as
+    ElasticFlow's simulator keys its cache, one of the same size starting at the same rank (the
+    position of its first GPU in the cluster's order, as if its GPUs were contiguous)."""
     scope: Literal["launched", "changes", "decisions"] = "launched"
     decision_gap_s: float = 0.0
 
@@ -259,7 +264,8 @@ class SimClock(Service):
         self.timeline: list[TimelinePoint] = []
         self.launched: set[str] = set()  # jobs launched at the current instant
         self.running: set[str] = set()  # jobs with parts on some node
-        self.warm: set[frozenset[tuple[str, int]]] = set()  # GPU sets with warm processes
+        self.warm: set[Hashable] = set()  # GPU sets with warm processes (`RestartCost.warm_key`)
+        self.rank_offsets: dict[str, int] = {}  # each node's first rank (`_first_rank`)
         self.restart_instants = 0
         self.decided: float | None = None  # the last instant at which the scheduler decided
         self.charged: float | None = None  # the last decision at which restarts were charged
@@ -829,12 +835,23 @@ class SimClock(Service):
             if job is None or not job.parts:
                 continue
             ranks = job.gpu_set()
-            warm = model.warm_ranks and ranks in self.warm
-            self.warm.add(ranks)
+            key: Hashable = ranks if model.warm_key == "gpus" else self._first_rank(ranks)
+            warm = model.warm_ranks and key in self.warm
+            self.warm.add(key)
             pauses[job_id] = model.seconds(len(ranks), warm=warm, cold=cold)
         if cold:
             self.warm.clear()
         return pauses
+
+    def _first_rank(self, ranks: frozenset[tuple[str, int]]) -> tuple[int, int]:
+        """(the rank of the set's first GPU in the cluster's order of nodes, its size)."""
+        offsets = self.rank_offsets
+        if len(offsets) < len(self.node_specs):
+            total = 0
+            for node_id, spec in self.node_specs.items():
+                offsets[node_id] = total
+                total += spec.num_gpus
+        return min(offsets[node] + gpu for node, gpu in ranks), len(ranks)
 
     def _sharing(self) -> dict[str, str]:
         """The changed jobs that run on the very GPUs of another (space sharing), and their

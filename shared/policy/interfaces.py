@@ -85,6 +85,10 @@ class PlacementInput(Struct, kw_only=True):
     current: dict[str, list[GpuRef]]
     """Where the jobs among `allocations` run now, if they run."""
     nodes: list[NodeView]
+    deadlines: dict[str, float] = {}
+    """The deadlines of the jobs among `allocations` that have one (absolute, the clock's)."""
+    ended: list[str] = []
+    """Jobs that ended on their own since the last placement, in the order they ended."""
 
 
 class Policy:

@@ -410,3 +410,45 @@ def test_edf_lists_new_jobs_after_the_last_decisions_order():
     fourth = view(spec("fourth", 1000, 2000), 3)
     got = [a.job_id for a in restored.schedule(sched_input([late, soon, urgent, fourth], gpus=15))]
     assert got == ["urgent", "soon", "late", "fourth"]
+
+
+def test_node_sets_keep_their_free_list_from_one_placement_to_the_next():
+    """Two switches of two nodes (`switch_nodes=2`: n0, n1 | n2, n3). The first placement takes
+    nodes in the cluster's order: 'a' (16 GPUs) n0 and n1, 'b' n2. The next releases every job,
+    those that ended first, then by deadline: each set puts its nodes back at the end of the free
+    list in the order it took them, and the list is sorted, stably, by index within a switch."""
+    pol = placement_policies.create("node-sets", {"switch_nodes": 2})
+    allocations = [Allocation("a", 16), Allocation("b", 8)]
+
+    def place(deadlines: dict[str, float], ended: list[str] | None = None) -> dict[str, list[str]]:
+        inp = PlacementInput(now=0.0, allocations=allocations, current={}, nodes=nodes(4),
+                             deadlines=deadlines, ended=ended or [])  # fmt: skip
+        return {j: list(dict.fromkeys(g.node_id for g in gpus)) for j, gpus in pol.place(inp).items()}
+
+    assert place({"a": 100.0, "b": 50.0}) == {"a": ["n0", "n1"], "b": ["n2"]}
+    # 'b' released first: [n3] + [n2] + [n0, n1] -> by index in switch: n2, n0, n3, n1
+    assert place({"a": 100.0, "b": 50.0}) == {"a": ["n2", "n0"], "b": ["n3"]}
+    # 'a' (n2, n0) released first: [n1] + [n2, n0] + [n3] -> n2, n0, n1, n3
+    assert place({"a": 50.0, "b": 100.0}) == {"a": ["n2", "n0"], "b": ["n1"]}
+    restored = placement_policies.create("node-sets", {"switch_nodes": 2})
+    restored.restore(pol.snapshot())
+    assert restored.snapshot() == pol.snapshot()
+
+
+@pytest.mark.parametrize(("ended", "b_on"), [(["a"], "n2"), ([], "n0")])
+def test_node_sets_release_the_jobs_that_ended_first(ended: list[str], b_on: str):
+    """'a' and 'b' (8 GPUs each) on n0 and n1, then (b first by deadline) on n2 and n0. Next, 'b'
+    alone: if 'a' ended it is released first ([n3, n1] + [n2] + [n0]: n2 leads), else by its
+    deadline, after 'b' ([n3, n1] + [n0] + [n2]: n0 leads)."""
+    pol = placement_policies.create("node-sets", {"switch_nodes": 2})
+    deadlines = {"a": 100.0, "b": 50.0}
+
+    def place(allocations: list[Allocation], gone: list[str]) -> dict[str, str]:
+        inp = PlacementInput(now=0.0, allocations=allocations, current={}, nodes=nodes(4),
+                             deadlines=deadlines, ended=gone)  # fmt: skip
+        return {j: gpus[0].node_id for j, gpus in pol.place(inp).items()}
+
+    both = [Allocation("a", 8), Allocation("b", 8)]
+    assert place(both, []) == {"a": "n0", "b": "n1"}
+    assert place(both, []) == {"a": "n2", "b": "n0"}
+    assert place([Allocation("b", 8)], ended) == {"b": b_on}
