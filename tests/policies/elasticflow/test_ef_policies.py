@@ -423,7 +423,9 @@ def test_node_sets_keep_their_free_list_from_one_placement_to_the_next():
     def place(deadlines: dict[str, float], ended: list[str] | None = None) -> dict[str, list[str]]:
         inp = PlacementInput(now=0.0, allocations=allocations, current={}, nodes=nodes(4),
                              deadlines=deadlines, ended=ended or [])  # fmt: skip
-        return {j: list(dict.fromkeys(g.node_id for g in gpus)) for j, gpus in pol.place(inp).items()}
+        return {
+            j: list(dict.fromkeys(g.node_id for g in gpus)) for j, gpus in pol.place(inp).items()
+        }
 
     assert place({"a": 100.0, "b": 50.0}) == {"a": ["n0", "n1"], "b": ["n2"]}
     # 'b' released first: [n3] + [n2] + [n0, n1] -> by index in switch: n2, n0, n3, n1
