@@ -147,10 +147,10 @@ def elasticflow_options(
     same without warm processes; `dlas-gpu` only the jobs it starts; Chronus 0.5 s per (1 + log2
     GPUs) at each resume; `edf` and `themis` nothing. Cold starts come every `round_s`-th decision
     (ElasticFlow counts events against its slot length there). `switch_nodes`: the cluster's
-    nodes per switch (`elasticflow_switch_nodes`). A job ends at the next whole
-    second, as ElasticFlow's simulator rounds its ends; under `ef` and `ef-accessctrl` that end is
-    an event where its plan predicted it (the end of the last slot its run reaches), or at the
-    next event after it, whichever comes first (`SimClockConfig.completion_grid_s`).
+    nodes per switch (`elasticflow_switch_nodes`). A job ends at the next whole second, as
+    ElasticFlow's simulator rounds its ends; under `ef` and `ef-accessctrl` that end is an event
+    where its plan predicted it (the end of the last slot its run reaches), or at the next event
+    after it, whichever comes first (`SimClockConfig.completion_grid_s`).
     """
     policy, params, admission = elasticflow_scheme(scheme)
     large = total_gpus >= 256  # ElasticFlow's figures for large clusters

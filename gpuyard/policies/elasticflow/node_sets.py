@@ -34,11 +34,11 @@ from msgspec import Meta, Struct
 from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef
 from gpuyard.shared.policy import PlacementInput, PlacementPolicy
 
+from .planner import NO_DEADLINE
+
 CLASSES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 88, 128, 256)
 """ElasticFlow's node-set classes (`node_g`). A job of a size not among them gets a set of its own,
 kept in no class (ElasticFlow cannot place it)."""
-
-NO_DEADLINE = float("inf")
 
 
 class NodeSetsParams(Struct, forbid_unknown_fields=True):
@@ -216,16 +216,14 @@ class NodeSets(PlacementPolicy):
 
         order = [n for n in before if n in usable]
         listed = set(order)
-        if sets:
-            for taken in sorted(sets, key=lambda s: max(map(released, s.jobs))):
-                order += [n for n in taken.nodes if n in usable and n not in listed]
-                listed.update(taken.nodes)
-            order += [n for n in usable if n not in listed]  # (nodes that joined)
+        for taken in sorted(sets, key=lambda s: max(map(released, s.jobs))):
+            order += [n for n in taken.nodes if n in usable and n not in listed]
+            listed.update(taken.nodes)
+        order += [n for n in usable if n not in listed]  # (nodes that joined)
+        if sets:  # (ElasticFlow sorts its list when a set gives its nodes back)
             position = {n.node_id: i for i, n in enumerate(inp.nodes)}
             per_switch = self.params.switch_nodes
             order.sort(key=lambda n: position[n] % per_switch if per_switch else position[n])
-        else:
-            order += [n for n in usable if n not in listed]
         return [(n, usable[n]) for n in order]
 
     def _gpus_of(self, node_id: str, usable: list[int]) -> list[GpuRef]:
