@@ -452,12 +452,12 @@ def cmd_compare(
     from gpuyard.compare import (
         comparison_caption,
         comparison_table,
-        default_parallel,
         format_comparison,
         run_all,
         run_name,
         write_comparison,
     )
+    from gpuyard.forks import default_parallel
 
     base = without_options(
         args.argv[2:],  # after "gpuyard sim"

@@ -8,17 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import math
-import multiprocessing
-import os
 import signal
 import sys
-import threading
-import warnings
-from multiprocessing import forkserver
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +19,12 @@ import matplotlib
 import numpy as np
 import pandas as pd
 
-from gpuyard.embedded import EmbeddedNats, die_with_parent
+from gpuyard.embedded import EmbeddedNats
+from gpuyard.forks import Forked, fork_server
 from gpuyard.report import save_figure
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-
-# Started as `python -m gpuyard.cli`, a comparison's runs each execute that module again (as
-# multiprocessing's `__mp_main__`, before their target runs); runpy then warns, once a run, that
-# the fork server imported it already. Harmless: the fork server imports this module first.
-warnings.filterwarnings(
-    "ignore", r"'gpuyard\.cli' found in sys\.modules after import", RuntimeWarning, "runpy"
-)
 
 Combo = tuple[str, float | None, int | None]
 """(policy, load, seed); a trace has no load or seed."""
@@ -73,12 +60,7 @@ async def run_all(
     Cancelled, it interrupts the runs under way (each writes its partial results), waits for
     them, starts no other, and raises CancelledError.
     """
-    forks = multiprocessing.get_context("forkserver")
-    forks.set_forkserver_preload(PRELOADED)
-    await asyncio.to_thread(forkserver.ensure_running)
-    # Every run holds the read end; nothing is ever written: it reads end-of-file when this
-    # process ends, however it ends, and stops (its parent is the fork server, not us).
-    comparison_lives, _writer = forks.Pipe(duplex=False)
+    await asyncio.to_thread(fork_server)
     async with EmbeddedNats(runs=parallel) if nats_url is None else _Given(nats_url) as url:
         gate = asyncio.Semaphore(parallel)
         done = 0
@@ -99,18 +81,15 @@ async def run_all(
             for pair in policy_params(policy, params):
                 argv += ["--param", pair]
             async with gate:
-                proc = forks.Process(
-                    target=_sim_process, args=(argv, folder / "stderr.log", comparison_lives)
-                )
-                # (Off the loop: the first start waits for the fork server's imports.)
-                start = asyncio.ensure_future(asyncio.to_thread(proc.start))
+                proc = Forked(argv, folder / "stderr.log")
+                start = asyncio.ensure_future(proc.start())
                 try:
                     await asyncio.shield(start)
-                    code = await _exit_code(proc)
+                    code = await proc.wait()
                 except asyncio.CancelledError:
                     await start  # a start under way completes: then interrupt what it started
-                    os.kill(proc.pid, signal.SIGINT)  # it writes its partial results
-                    await _exit_code(proc)
+                    proc.signal(signal.SIGINT)  # it writes its partial results
+                    await proc.wait()
                     raise
             done += 1
             status = "ok" if code == 0 else f"FAILED ({code}): see {folder / 'stderr.log'}"
@@ -121,58 +100,6 @@ async def run_all(
         async with asyncio.TaskGroup() as group:
             for combo in combos:
                 group.create_task(one(*combo))
-
-
-PRELOADED = [
-    "gpuyard.compare", "gpuyard.cli", "gpuyard.sim", "gpuyard.report", "gpuyard.workloads", "uvloop",
-    "gpuyard.services.admission.service", "gpuyard.services.scheduler.service",
-    "gpuyard.services.placement.service", "gpuyard.services.nodeagent.service",
-    "gpuyard.policies.gavel.policies",  # (OR-Tools: the dearest import of the policies)
-]  # fmt: skip
-"""Imported once, by the fork server every run's process is forked from, rather than by each
-run (1.5-2 CPU-s a run on a 2-core machine)."""
-
-
-def _sim_process(argv: list[str], stderr_log: Path, comparison_lives: Connection) -> None:
-    """A run's process: `gpuyard sim ARGV`, forked from the fork server with `PRELOADED`
-    imported; its stderr to `stderr_log`, its stdout nowhere. Its own process group (a Ctrl-C
-    reaches the comparison, which passes it on once); sent SIGTERM when the comparison ends
-    (`comparison_lives` reads end-of-file), as a run started by the comparison itself would be
-    (`die_with_parent`)."""
-    from gpuyard.cli import main
-
-    die_with_parent()  # (its parent: the fork server)
-    threading.Thread(target=_stop_with, args=(comparison_lives,), daemon=True).start()
-    for fd, path, flags in ((1, os.devnull, os.O_WRONLY),
-                            (2, stderr_log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):  # fmt: skip
-        opened = os.open(path, flags, 0o644)
-        os.dup2(opened, fd)
-        os.close(opened)
-    code = main(argv)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    sys.exit(code)
-
-
-def _stop_with(comparison_lives: Connection) -> None:
-    with contextlib.suppress(EOFError, OSError):
-        comparison_lives.recv()  # (nothing is ever sent)
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-async def _exit_code(proc: multiprocessing.process.BaseProcess) -> int:
-    """Wait, without blocking the loop, for `proc` to end; its exit code (-N: killed by signal
-    N)."""
-    loop = asyncio.get_running_loop()
-    ended = loop.create_future()
-    loop.add_reader(proc.sentinel, lambda: ended.done() or ended.set_result(None))
-    try:
-        await ended
-    finally:
-        loop.remove_reader(proc.sentinel)
-    proc.join()
-    assert proc.exitcode is not None
-    return proc.exitcode
 
 
 class _Given:
@@ -366,7 +293,3 @@ def _plot_cdfs(table: pd.DataFrame, out: Path, caption: str) -> Path:
         ax.grid(True, alpha=0.3)
         ax.legend(title="scheduling policy", fontsize=8)
     return save_figure(fig, out / "jct_cdfs.png", caption)
-
-
-def default_parallel() -> int:
-    return max(1, len(os.sched_getaffinity(0)))

@@ -368,7 +368,10 @@ async def collect_partial(
     bus: Bus, subjects: Subjects, within_s: float = 30.0
 ) -> tuple[list[JobRecord], list[TimelinePoint], float]:
     """What an interrupted run got to: the timeline so far, the jobs that had ended by its last
-    instant (the clock may still be moving while we ask), and that instant."""
+    instant (the clock may still be moving while we ask), and that instant. Nothing when the
+    server is gone (a sweep's private server with its sweep): no one would answer."""
+    if not bus.nc.is_connected:
+        return [], [], 0.0
     try:
         async with asyncio.timeout(within_s):
             points = await fetch_pages(bus, TIMELINE, "points")

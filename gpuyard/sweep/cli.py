@@ -83,6 +83,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from gpuyard.sweep.config import ConfigError, load_sweep
     from gpuyard.sweep.engine import format_results, results_table, run_sweep, write_table
 
+    if not args.dry_run and (not args.nats or args.workers):
+        # The workers' fork server imports what they run while we plan the runs (below).
+        from gpuyard.forks import fork_server
+
+        fork_server()
     try:
         sweep = load_sweep(args.config)
         if args.nats:
@@ -100,7 +105,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"{run.run_id}  {run.name}")
         print(f"{len(sweep.runs)} runs", file=sys.stderr)
         return 0
-    from gpuyard.compare import default_parallel
+    from gpuyard.forks import default_parallel
 
     if args.nats and reachable(args, "sweep"):
         return 1

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import secrets
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -26,7 +26,8 @@ import nats.errors
 import numpy as np
 import pandas as pd
 
-from gpuyard.embedded import EmbeddedNats, die_with_parent
+from gpuyard.embedded import EmbeddedNats
+from gpuyard.forks import Forked
 from gpuyard.shared.connection import NatsAuth, connect
 from gpuyard.sweep.config import PARAM_FIELDS, Run, RunSpec, Sweep, code_digest
 from gpuyard.sweep.queue import (
@@ -207,14 +208,15 @@ def _order(sweep: Sweep, run: Run, order: str) -> RunOrder:
 
 class LocalWorkers:
     """`async with LocalWorkers(url, n, logs, auth):` n `gpuyard worker` processes on this
-    machine, connecting as `auth` (the sweep's own identity: secrets through the environment)."""
+    machine, forked from the fork server (`gpuyard.forks`), connecting as `auth` (the sweep's own
+    identity: secrets through the environment)."""
 
     def __init__(self, url: str, count: int, logs: Path, auth: NatsAuth | None = None) -> None:
         self.url = url
         self.auth = auth or NatsAuth()
         self.count = count
         self.logs = logs
-        self.procs: list[asyncio.subprocess.Process] = []
+        self.procs: list[Forked] = []
         self.restarts = 0
 
     async def __aenter__(self) -> LocalWorkers:
@@ -222,15 +224,11 @@ class LocalWorkers:
         self.procs = [await self._start(i) for i in range(self.count)]
         return self
 
-    async def _start(self, i: int) -> asyncio.subprocess.Process:
-        with (self.logs / f"worker-{i}.log").open("ab") as log:
-            return await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gpuyard.cli", "worker", "--nats", self.url,
-                *self.auth.argv(),
-                env={**os.environ, **self.auth.env()},
-                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-                preexec_fn=die_with_parent,
-            )  # fmt: skip
+    async def _start(self, i: int) -> Forked:
+        proc = Forked(["worker", "--nats", self.url, *self.auth.argv()],
+                      self.logs / f"worker-{i}.log", append=True, env=self.auth.env())  # fmt: skip
+        await proc.start()
+        return proc
 
     async def restart_stopped(self) -> None:
         """Start again a worker that stopped (its run goes to another after the redelivery
@@ -247,18 +245,14 @@ class LocalWorkers:
 
     async def __aexit__(self, *exc: object) -> None:
         for proc in self.procs:
-            if proc.returncode is None:
-                proc.terminate()  # a run in hand goes back to the queue
+            proc.signal(signal.SIGTERM)  # a run in hand goes back to the queue
         for proc in self.procs:
             try:
                 async with asyncio.timeout(20):
                     await proc.wait()
             except TimeoutError:
-                proc.kill()
+                proc.signal(signal.SIGKILL)
                 await proc.wait()
-
-
-# --------------------------------------------------------------------------- the results table
 
 
 def _cell(value: Any) -> Any:

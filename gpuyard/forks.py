@@ -1,0 +1,124 @@
+"""`gpuyard` commands in processes forked from a fork server that imported gpuyard's simulation
+stack once for all of them: a comparison's runs, a sweep's local workers. A process started
+afresh imports it again (1.5-2 CPU-s on a 2-core machine); the fork server, started before its
+first process is needed, imports it while its starter does other work (a sweep plans its runs)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import warnings
+from multiprocessing import forkserver
+from multiprocessing.connection import Connection
+from multiprocessing.context import ForkServerContext
+from pathlib import Path
+
+from gpuyard.embedded import die_with_parent
+
+# Started as `python -m gpuyard.cli`, each forked process executes that module again (as
+# multiprocessing's `__mp_main__`, before its target runs); runpy then warns that the fork server
+# imported it already. Harmless: the fork server imports this module first.
+warnings.filterwarnings(
+    "ignore", r"'gpuyard\.cli' found in sys\.modules after import", RuntimeWarning, "runpy"
+)
+
+PRELOADED = [
+    "gpuyard.forks", "gpuyard.cli", "gpuyard.sim", "gpuyard.report", "gpuyard.workloads", "uvloop",
+    "gpuyard.compare", "gpuyard.sweep.worker",
+    "gpuyard.services.admission.service", "gpuyard.services.scheduler.service",
+    "gpuyard.services.placement.service", "gpuyard.services.nodeagent.service",
+    "gpuyard.policies.gavel.policies",  # (OR-Tools: the dearest import of the policies)
+]  # fmt: skip
+"""What the fork server imports, once, for every process forked from it."""
+
+
+def default_parallel() -> int:
+    """Processes at once on this machine by default: one per CPU it may use."""
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def fork_server() -> ForkServerContext:
+    """The fork server's context, the server started if it was not: it imports `PRELOADED` in
+    the background; the first process started waits for that."""
+    forks = multiprocessing.get_context("forkserver")
+    forks.set_forkserver_preload(PRELOADED)
+    forkserver.ensure_running()
+    return forks
+
+
+class Forked:
+    """`gpuyard ARGV` in a process forked from the fork server, its stdout to nowhere, its stderr
+    to `log` (appended to with `append`), `env` added to its environment. Its own process group: a
+    Ctrl-C reaches its starter alone, which stops it in order. Sent SIGTERM when its starter ends,
+    however that ends: its parent is the fork server, not the starter (`die_with_parent`)."""
+
+    def __init__(self, argv: list[str], log: Path, *, append: bool = False,
+                 env: dict[str, str] | None = None) -> None:  # fmt: skip
+        forks = fork_server()
+        # The process holds the read end; nothing is ever written: it reads end-of-file once this
+        # object (and so its starter) is gone, and stops.
+        self._starter_lives, self._writer = forks.Pipe(duplex=False)
+        self.process = forks.Process(
+            target=_command, args=(argv, str(log), append, env or {}, self._starter_lives)
+        )
+
+    async def start(self) -> None:
+        """Fork it (off the loop: the first start waits for the fork server's imports)."""
+        await asyncio.to_thread(self.process.start)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """Its exit code once it ended (-N: killed by signal N), None while it runs."""
+        return self.process.exitcode
+
+    def signal(self, number: int) -> None:
+        if self.process.pid is not None and self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, number)
+
+    async def wait(self) -> int:
+        """Wait, without blocking the loop, for it to end; its exit code."""
+        loop = asyncio.get_running_loop()
+        ended = loop.create_future()
+        loop.add_reader(self.process.sentinel, lambda: ended.done() or ended.set_result(None))
+        try:
+            await ended
+        finally:
+            loop.remove_reader(self.process.sentinel)
+        self.process.join()
+        assert self.process.exitcode is not None
+        return self.process.exitcode
+
+
+def _command(argv: list[str], log: str, append: bool, env: dict[str, str],
+             starter_lives: Connection) -> None:  # fmt: skip
+    """A forked process's body (`Forked`)."""
+    from gpuyard.cli import main
+
+    die_with_parent()  # (its parent: the fork server)
+    threading.Thread(target=_stop_with, args=(starter_lives,), daemon=True).start()
+    os.environ.update(env)
+    mode = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    for fd, path, flags in ((1, os.devnull, os.O_WRONLY), (2, log, mode)):
+        opened = os.open(path, flags, 0o644)
+        os.dup2(opened, fd)
+        os.close(opened)
+    code = main(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)
+
+
+def _stop_with(starter_lives: Connection) -> None:
+    with contextlib.suppress(EOFError, OSError):
+        starter_lives.recv()  # (nothing is ever sent)
+    os.kill(os.getpid(), signal.SIGTERM)
