@@ -79,15 +79,21 @@ class Worker:
         sub = await js.pull_subscribe_bind(durable=WORKERS, stream=RUNS_STREAM)
         log.info("worker.ready", worker=self.name)
         idle_since = time.monotonic()
-        while True:
-            try:
-                msgs = await sub.fetch(1, timeout=2)
-            except (nats.errors.TimeoutError, TimeoutError):
-                if self.idle_exit_s is not None and time.monotonic() - idle_since > self.idle_exit_s:
-                    return 0
-                continue
-            await self.take(js, msgs[0])
-            idle_since = time.monotonic()
+        try:
+            while True:
+                try:
+                    msgs = await sub.fetch(1, timeout=2)
+                except (nats.errors.TimeoutError, TimeoutError):
+                    if self.idle_exit_s is not None and time.monotonic() - idle_since > self.idle_exit_s:
+                        return 0
+                    continue
+                await self.take(js, msgs[0])
+                idle_since = time.monotonic()
+        finally:
+            # Stopped while it asked for a run, the connection's drain would wait its whole
+            # timeout (5 s) for the answer to a pull request that no longer has a taker.
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def take(self, js: Any, msg: Any) -> None:
         order = ORDER_DECODER.decode(msg.data)
