@@ -316,6 +316,25 @@ async def test_a_worker_does_not_run_again_a_run_whose_result_is_stored(nats_url
     await nc.close()
 
 
+async def test_a_worker_waiting_for_runs_stops_at_once(nats_url: str, tmp_path: Path) -> None:
+    """Stopped (SIGTERM, or its sweep ending) while it waits for a run, a sweep's local worker is
+    gone at once, not after its connection's drain timeout (5 s) spent on the queue request it
+    had open (uvloop, as the workers run, waits that long; asyncio's loop does not)."""
+    from gpuyard.sweep.engine import LocalWorkers
+
+    local = LocalWorkers(nats_url, 1, tmp_path / "workers")
+    await local.__aenter__()
+    log = tmp_path / "workers" / "worker-0.log"
+    for _ in range(200):
+        await asyncio.sleep(0.1)
+        if log.exists() and "worker.ready" in log.read_text():
+            break
+    await asyncio.sleep(3)  # (its first request for a run timed out, the next one is open)
+    async with asyncio.timeout(3):
+        await local.__aexit__(None, None, None)
+    assert local.procs[0].returncode == 0, log.read_text()
+
+
 async def test_workers_started_by_the_sweep_connect_as_it_does(tmp_path: Path) -> None:
     """`sweep --nats URL --workers N` on a server with users: the workers it starts get its
     identity (the password through their environment, not their command line)."""
