@@ -34,6 +34,7 @@ Models:
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -565,6 +566,17 @@ def load_throughputs(path: str | Path | None = None) -> ThroughputModel:
         raise FileNotFoundError(f"throughputs file {str(p)!r} does not exist")
     if p.is_dir():
         return ElasticFlowThroughputs.from_path(p)
+    found = p.stat()
+    return _load_file(str(p), found.st_mtime_ns, found.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_file(path: str, mtime_ns: int, size: int) -> ThroughputModel:
+    """A table file's model, read once per process while the file stays as it was (its path,
+    modification time and size): a simulation's services, and a sweep worker's runs one after
+    another, read the same table (Gavel's: 1.2 MB of JSON). The models are read-only (a learning
+    model keeps its measurements apart from its prior's table)."""
+    p = Path(path)
     if p.suffix.lower() == ".json":
         return GavelThroughputs.from_file(p)
     with open(p, newline="") as f:
