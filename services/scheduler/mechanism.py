@@ -223,59 +223,58 @@ class TimeShareMechanism:
         known = None if state.allocated is None or not self.config.new_jobs_wait else set(
             state.allocated)
         model = inp.cluster.throughputs
-        # (job type, GPUs) -> the places (in `types` this round) of the types it runs on
-        runs: dict[tuple[str, int], list[int]] = {}
+        # (job type, GPUs) -> whether it runs on each of `types`, in their order this round
+        runs: dict[tuple[str, int], list[bool]] = {}
 
-        def runs_on(job: JobRecord) -> list[int]:
+        def runs_on(job: JobRecord) -> list[bool]:
             spec = job.spec
             k = (spec.job_type, spec.num_gpus)
             if (ok := runs.get(k)) is None:
-                ok = runs[k] = [p for p, t in enumerate(types)
-                                if model.throughput(k[0], t, k[1]) > 0]  # fmt: skip
+                ok = runs[k] = [model.throughput(k[0], t, k[1]) > 0 for t in types]
             return ok
 
-        # Entries (-priority, -deficit, -X, type, key), each type's in a queue of its own (or all
-        # in one: `global_queue`) in the order the walk meets them: sorted stably, they come in
-        # descending (priority, deficit, X) order, ties in that order; the types in their order
-        # this round.
-        queues: list[list[tuple[float, float, float, str, str]]] = [[] for _ in types]
-        if self.config.global_queue:
-            queues = [[]] * len(types)  # (one list)
+        # Entries (type's place, -priority, -deficit, -X, place in the walk, type, key): sorted as
+        # tuples they come per type (or all types together: `global_queue`) in descending
+        # (priority, deficit, X) order, ties in the order the walk met them.
+        entries: list[tuple[int, float, float, float, int, str, str]] = []
         none: dict[str, float] = {}
         only_allocated, type_time = state.only_allocated, state.type_time
         used = [type_time.get(t, 0.0) for t in types]
-        all_shares, all_received, all_deficits = state.shares, state.received, state.deficits
+
+        def enter(place: int, t: str, key: str, x: float, received: dict[str, float],
+                  deficits: dict[str, float]) -> None:  # fmt: skip
+            got = received.get(t, 0.0)
+            priority = x / (got / used[place]) if used[place] > 0 and got > 0 else x * UNSEEN_PRIORITY
+            entries.append((place, -priority, -deficits.get(t, 0.0), -x, len(entries), t, key))
+
+        places = list(enumerate(types))
         for key, job in by_id.items():  # single jobs, in the input's order
-            shares = all_shares.get(key, none)
-            received = all_received.get(key, none)
-            deficits = all_deficits.get(key, none)
-            for place in runs_on(job):
-                t = types[place]
+            shares = state.shares.get(key, none)
+            received = state.received.get(key, none)
+            deficits = state.deficits.get(key, none)
+            for (place, t), ok in zip(places, runs_on(job), strict=True):
                 x = shares.get(t, 0.0)
-                if x > 0 or not only_allocated:
-                    got, seen = received.get(t, 0.0), used[place]
-                    priority = x / (got / seen) if seen > 0 and got > 0 else x * UNSEEN_PRIORITY
-                    queues[place].append((-priority, -deficits.get(t, 0.0), -x, t, key))
+                if ok and (x > 0 or not only_allocated):
+                    enter(place, t, key, x, received, deficits)
         for key, (a, b) in pairs.items():  # then pairs, in the allocation's order
-            shares = all_shares[key]
-            received = all_received.get(key, none)
-            deficits = all_deficits.get(key, none)
+            shares = state.shares[key]
+            received = state.received.get(key, none)
+            deficits = state.deficits.get(key, none)
             first, second = by_id[a], by_id[b]
-            for place in runs_on(first):
-                t = types[place]
+            for (place, t), ok_a, ok_b in zip(
+                enumerate(types), runs_on(first), runs_on(second), strict=True
+            ):
                 x = shares.get(t, 0.0)
-                if x <= 0 or place not in runs_on(second):
+                if x <= 0 or not (ok_a and ok_b):
                     continue
                 if min(model.colocated(first.spec.job_type, second.spec.job_type, t,
                                        first.spec.num_gpus)) <= 0:  # fmt: skip
                     continue  # a pair that cannot share this type (Gavel: 0 throughput) waits
-                got, seen = received.get(t, 0.0), used[place]
-                priority = x / (got / seen) if seen > 0 and got > 0 else x * UNSEEN_PRIORITY
-                queues[place].append((-priority, -deficits.get(t, 0.0), -x, t, key))
-        entries: list[tuple[float, float, float, str, str]] = []
-        for queue in queues[:1] if self.config.global_queue else queues:
-            queue.sort(key=lambda e: e[:3])
-            entries += queue
+                enter(place, t, key, x, received, deficits)
+        if self.config.global_queue:
+            entries.sort(key=lambda e: e[1:5])
+        else:
+            entries.sort()
         left = dict(inp.cluster.capacity)
         free = sum(n for n in left.values() if n > 0)
         taken: set[str] = set()
