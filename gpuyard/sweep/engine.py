@@ -255,6 +255,9 @@ class LocalWorkers:
                 await proc.wait()
 
 
+# --------------------------------------------------------------------------- the results table
+
+
 def _cell(value: Any) -> Any:
     """Dicts and lists as JSON text: one type per column, for Parquet."""
     return json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
