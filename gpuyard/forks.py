@@ -59,7 +59,7 @@ class Forked:
 
     def __init__(self, argv: list[str], log: Path, *, append: bool = False,
                  env: dict[str, str] | None = None) -> None:  # fmt: skip
-        forks = fork_server()
+        forks = multiprocessing.get_context("forkserver")
         # The process holds the read end; nothing is ever written: it reads end-of-file once this
         # object (and so its starter) is gone, and stops.
         self._starter_lives, self._writer = forks.Pipe(duplex=False)
@@ -68,8 +68,14 @@ class Forked:
         )
 
     async def start(self) -> None:
-        """Fork it (off the loop: the first start waits for the fork server's imports)."""
-        await asyncio.to_thread(self.process.start)
+        """Fork it (off the loop: the fork server may have to start, and the first process
+        waits for its imports)."""
+
+        def fork() -> None:
+            fork_server()
+            self.process.start()
+
+        await asyncio.to_thread(fork)
 
     @property
     def pid(self) -> int | None:
