@@ -78,10 +78,6 @@ class Forked:
         await asyncio.to_thread(fork)
 
     @property
-    def pid(self) -> int | None:
-        return self.process.pid
-
-    @property
     def returncode(self) -> int | None:
         """Its exit code once it ended (-N: killed by signal N), None while it runs."""
         return self.process.exitcode
