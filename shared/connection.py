@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import ssl
 import time
@@ -19,6 +20,7 @@ import msgspec
 import nats
 import structlog
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
@@ -317,6 +319,12 @@ class Bus:
         rather than a format."""
         self._event_subjects: dict[str, str] = {}
         """Events' subjects, by type (a simulation emits several events per job)."""
+        self._inbox: str | None = None
+        """Where our requests' replies come: `<inbox>.<token>` (one subscription for them all)."""
+        self._inbox_opening = asyncio.Lock()
+        self._awaited: dict[str, asyncio.Future[Msg]] = {}
+        """Requests waiting for their reply, by token."""
+        self._tokens = itertools.count()
 
     async def call(
         self, endpoint: Endpoint[Any, Rep], msg: Any, *, within_s: float | None = None,
@@ -348,16 +356,23 @@ class Bus:
         self, endpoint: Endpoint[Any, Rep], subject: str, msg: Any, within_s: float | None
     ) -> Rep:
         started = time.perf_counter()
+        inbox = self._inbox or await self._open_inbox()
+        token = str(next(self._tokens))
+        loop = asyncio.get_running_loop()
+        awaited = self._awaited[token] = loop.create_future()
+        expiry = loop.call_later(within_s or self.request_timeout, _time_out, awaited)
         try:
-            reply = await self.nc.request(
-                subject, encode(msg), timeout=within_s or self.request_timeout
-            )
+            await self.nc.publish(subject, encode(msg), reply=inbox + token)
+            reply = await awaited
         except NoRespondersError:
             raise RemoteError(
                 ErrorReply(error="no service is listening", subject=subject)
             ) from None
         except NatsTimeoutError:
             raise RemoteError(ErrorReply(error="timed out", subject=subject)) from None
+        finally:
+            expiry.cancel()
+            self._awaited.pop(token, None)
         stat = self.request_stats.get(endpoint.pattern)
         if stat is None:
             stat = self.request_stats[endpoint.pattern] = [0, 0.0]
@@ -366,6 +381,27 @@ class Bus:
         if reply.headers and reply.headers.get(STATUS_HEADER) == "error":
             raise RemoteError(_error_decoder.decode(reply.data))
         return decoder(endpoint.reply).decode(reply.data)  # type: ignore[arg-type]
+
+    async def _open_inbox(self) -> str:
+        """Subscribe to our requests' replies (once). Our own rather than `nc.request`'s: that
+        costs a random token, a `wait_for` and more per request, a tenth of a request's CPU."""
+        async with self._inbox_opening:
+            if self._inbox is None:
+                inbox = f"{self.nc.new_inbox()}."
+                start = len(inbox)
+
+                async def on_reply(msg: Msg) -> None:
+                    awaited = self._awaited.pop(msg.subject[start:], None)
+                    if awaited is None or awaited.done():
+                        return  # (too late: the request timed out or was cancelled)
+                    if msg.headers and msg.headers.get(_STATUS) == _NO_RESPONDERS:
+                        awaited.set_exception(NoRespondersError())
+                    else:
+                        awaited.set_result(msg)
+
+                await self.nc.subscribe(f"{inbox}*", cb=on_reply)
+                self._inbox = inbox
+        return self._inbox
 
     def subject(self, endpoint: Endpoint[Any, Any], **params: str) -> str:
         """The subject of `endpoint`, acting for `self.caller` where it names the caller."""
@@ -395,6 +431,14 @@ class Bus:
     async def close(self) -> None:
         if not self.nc.is_closed:
             await self.nc.drain()
+
+
+_STATUS, _NO_RESPONDERS = "Status", "503"  # the server's answer to a request nobody hears
+
+
+def _time_out(awaited: asyncio.Future[Msg]) -> None:
+    if not awaited.done():
+        awaited.set_exception(NatsTimeoutError())
 
 
 async def ensure_event_stream(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import pytest
 
@@ -93,6 +95,33 @@ async def test_typed_client_raises_remote_error(control_plane: Bus) -> None:
     with pytest.raises(RemoteError, match="no service is listening"):
         nobody = Endpoint("nobody.here", TickRequest, TickRequest, "test -> nobody")
         await control_plane.call(nobody, TickRequest(now=0))
+
+
+async def test_a_late_reply_answers_no_other_call(control_plane: Bus) -> None:
+    """A call gives up after `within_s`; its reply, when it comes, is dropped, not taken for the
+    answer to the call waiting then; calls at once each get their own answer."""
+    nc = control_plane.nc
+    echo = Endpoint("slow.echo", TickRequest, TickRequest, "test -> slow echo")
+    replies: list[asyncio.Task[None]] = []
+
+    async def answer(msg) -> None:  # type: ignore[no-untyped-def]
+        delay = msgspec.json.decode(msg.data, type=TickRequest).now  # answer after `now` s
+
+        async def later() -> None:
+            await asyncio.sleep(delay)
+            await nc.publish(msg.reply, msg.data)
+
+        replies.append(asyncio.create_task(later()))
+
+    await nc.subscribe(control_plane.subject(echo), cb=answer)
+    with pytest.raises(RemoteError, match="timed out"):
+        await control_plane.call(echo, TickRequest(now=0.3), within_s=0.1)
+    # The late reply comes at 0.3 s, while this call waits for its own (at 0.1 + 0.4 s).
+    assert (await control_plane.call(echo, TickRequest(now=0.4), within_s=5)).now == 0.4
+    answers = await asyncio.gather(*(
+        control_plane.call(echo, TickRequest(now=d), within_s=5) for d in (0.2, 0.0, 0.1)))
+    assert [a.now for a in answers] == [0.2, 0.0, 0.1]
+    await asyncio.gather(*replies)
 
 
 async def test_duplicate_job_ids_are_rejected_not_lost(control_plane: Bus) -> None:
