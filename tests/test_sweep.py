@@ -5,6 +5,7 @@ sweep through a server's queue with four `gpuyard worker` processes (one killed 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import math
 import os
@@ -12,7 +13,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -20,6 +23,7 @@ import pytest
 
 from gpuyard.sweep.config import ConfigError, load_sweep, sim_args
 from gpuyard.sweep.engine import fairness
+from gpuyard.sweep.queue import _unpack_input
 from gpuyard.sweep.report import ci95, summary_table, with_series
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -380,6 +384,28 @@ async def test_a_server_that_refuses_the_sweep_queue_is_one_line(tmp_path: Path)
 
 
 # --------------------------------------------------------------------------- the report
+
+
+def test_workers_unpacking_one_input_at_once_each_get_it(tmp_path: Path) -> None:
+    """Workers on one machine share the inputs' cache: those that fetch the same input at once
+    each unpack it, and every one of them gets it whole (a folder input too, which a worker
+    that comes second cannot move over the first one's)."""
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w:gz") as tar:
+        for name, text in (("a.csv", b"1,2\n"), ("b.csv", b"3,4\n")):
+            info = tarfile.TarInfo(name)
+            info.size = len(text)
+            tar.addfile(info, io.BytesIO(text))
+    folder, file = tmp_path / "digest1" / "table", tmp_path / "digest2" / "trace.csv"
+    with ThreadPoolExecutor(8) as pool:
+        jobs = [pool.submit(_unpack_input, packed.getvalue(), folder, True) for _ in range(8)]
+        jobs += [pool.submit(_unpack_input, b"x,y\n", file, False) for _ in range(8)]
+        for job in jobs:
+            job.result()
+    _unpack_input(packed.getvalue(), folder, True)  # (one that finds it in place already)
+    assert sorted(p.name for p in folder.iterdir()) == ["a.csv", "b.csv"]
+    assert (folder / "b.csv").read_bytes() == b"3,4\n" and file.read_bytes() == b"x,y\n"
+    assert sorted(p.name for p in tmp_path.glob("digest*/*")) == ["table", "trace.csv"]
 
 
 def test_ci_and_fairness_figures() -> None:

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import io
+import shutil
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -167,15 +169,25 @@ async def fetch_input(js: JetStreamContext, item: InputFile, cache: Path) -> Pat
 
 
 def _unpack_input(data: bytes, target: Path, folder: bool) -> None:
-    partial = target.with_name(target.name + ".partial")
-    if folder:
-        partial.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            tar.extractall(partial, filter="data")
-    else:
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_bytes(data)
-    partial.rename(target)
+    """Unpack under a name of our own, then move it into place: workers that fetch the same input
+    at once (on one machine, one cache) each unpack their own copy, and the first in place stays."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    own = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        if folder:
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+                tar.extractall(own, filter="data")
+            unpacked = own
+        else:
+            unpacked = own / target.name
+            unpacked.write_bytes(data)
+        try:
+            unpacked.rename(target)  # (a file replaces the same file; a folder does not)
+        except OSError:
+            if not target.exists():
+                raise
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
 
 
 RESULT_FILES = ("summary.json", "options.json", "jobs.csv", "timeline.csv", "efficiency.csv")
