@@ -112,14 +112,17 @@ def consumer_config(filters: list[str], start: Start) -> ConsumerConfig:
     return config
 
 
-def _stored(msg: Msg) -> StoredEvent:
-    meta = msg.metadata
+def _stored(msg: Msg, seq: int | None = None, stored: dt.datetime | None = None) -> StoredEvent:
+    """The event a message carries, with its place in the stream (`seq`, `stored`: the given
+    ones for an event that no stream holds)."""
     try:
         event: Event | None = _event_decoder.decode(msg.data)
     except (msgspec.ValidationError, msgspec.DecodeError):
         event = None
+    if seq is None or stored is None:
+        seq, stored = msg.metadata.sequence.stream, msg.metadata.timestamp
     return StoredEvent(
-        seq=meta.sequence.stream, stored=meta.timestamp, subject=msg.subject, event=event,
+        seq=seq, stored=stored, subject=msg.subject, event=event,
         raw=msg.data if event is None else b"",
     )  # fmt: skip
 
@@ -131,19 +134,25 @@ async def read_events(
     """The cluster's stored events through an ordered, ephemeral JetStream consumer.
 
     Without `follow` it ends after the last event stored when it began; with it, it waits for more
-    until cancelled.
+    until cancelled. A cluster that stores no events (a sweep's runs) has only `follow`: its events
+    as they are published from then on (sequence 0: not stored).
     """
     js = nc.jetstream()
     from nats.js.errors import NotFoundError
 
+    filters = event_filters(subjects, types)
     try:
         await js.stream_info(subjects.stream_name)
     except NotFoundError:
-        raise NoEventStream(
-            f"cluster {subjects.cluster!r} has no event stream {subjects.stream_name} "
-            "(has its scheduler run on this server?)"
-        ) from None
-    filters = event_filters(subjects, types)
+        if not follow:
+            raise NoEventStream(
+                f"cluster {subjects.cluster!r} has no event stream {subjects.stream_name} (has "
+                "its scheduler run on this server? a sweep's runs store none: --follow shows "
+                "their events as they come)"
+            ) from None
+        async for stored in _published_events(nc, filters):
+            yield stored
+        return
     # Delivered to a queue of our own by a callback: `next_msg` costs a task (and a uuid) per
     # message, most of the time of reading a simulation's tens of thousands of events.
     arrived: asyncio.Queue[Msg] = asyncio.Queue()
@@ -174,6 +183,23 @@ async def read_events(
             await sub.unsubscribe()
 
 
+async def _published_events(nc: Client, filters: list[str]) -> AsyncIterator[StoredEvent]:
+    """Events as they are published, until cancelled (a cluster that stores none)."""
+    arrived: asyncio.Queue[Msg] = asyncio.Queue()
+
+    async def deliver(msg: Msg) -> None:
+        arrived.put_nowait(msg)
+
+    subs = [await nc.subscribe(subject, cb=deliver) for subject in filters]
+    try:
+        while True:
+            yield _stored(await arrived.get(), seq=0, stored=dt.datetime.now(dt.UTC))
+    finally:
+        for sub in subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+
 def matches(stored: StoredEvent, *, job: str | None = None, node: str | None = None) -> bool:
     """Client-side filters: a job's events; a node's events (node events and jobs' GPUs there)."""
     e = stored.event
@@ -196,7 +222,7 @@ def format_event(stored: StoredEvent) -> str:
     e = stored.event
     if e is None:
         return f"#{stored.seq:<7} {stored.subject}  (not an event) {stored.raw[:200]!r}"
-    parts = [f"#{stored.seq:<7}", f"{format_time(e.now):>24}", f"{e.type:<15}"]
+    parts = [f"#{stored.seq or '-':<7}", f"{format_time(e.now):>24}", f"{e.type:<15}"]
     if e.job_id:
         parts.append(f"job={e.job_id}")
     if e.node_id:

@@ -83,8 +83,10 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     least this long before a decision may stop it; 0: off."""
     churn_node_gpus: int = 1
     churn_node_type: str = "gpu"
-    event_storage: Literal["file", "memory"] = "memory"
-    """Where the run's event stream is kept (a simulation's events are usually read right away)."""
+    event_storage: Literal["file", "memory", "none"] = "memory"
+    """Where the run's event stream is kept (a simulation's events are usually read right away);
+    "none": published, not stored (a sweep's runs, whose streams went with them; ElasticFlow's
+    results are read from the stream, so its runs keep it)."""
     durable: bool = False
     """Admission, scheduler and placement keep their state in JetStream key-value buckets, as on a
     real cluster (slower; use a cluster name not used before on that server). The services' calls
@@ -227,7 +229,10 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
             min_run_s=options.min_run_s,
             mode="clock" if options.gavel else options.mode,
             time_shares=TimeShareConfig(credit_whole_steps=options.gavel),
-            event_storage=options.event_storage,
+            event_storage=(
+                "memory" if options.elasticflow and options.event_storage == "none"
+                else options.event_storage
+            ),  # (ElasticFlow's results are read from the stream)
             durable=options.durable,
             call_timeout_s=timeout,
             retry_for_s=retry,

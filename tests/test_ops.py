@@ -13,6 +13,7 @@ import pytest
 from gpuyard.cli import main
 from gpuyard.launcher import ServiceSet
 from gpuyard.ops import (
+    NoEventStream,
     cluster_status,
     format_event,
     matches,
@@ -195,6 +196,38 @@ async def test_tail_filters_and_follow(plane: Bus) -> None:
     stored = await asyncio.wait_for(got.get(), 5)
     assert stored.event.type == "node.drained" and stored.event.node_id == "n9"
     task.cancel()
+
+
+async def test_a_cluster_storing_no_events_is_followed_live(nats_url: str) -> None:
+    """`event_storage = "none"` (a sweep's runs): no stream; reading without --follow says so,
+    following shows the events published from then on, of the types asked for."""
+    configs = {
+        "placement": PlacementConfig(),
+        "scheduler": SchedulerConfig(event_storage="none"),
+        "admission": AdmissionConfig(),
+    }
+    async with ServiceSet(nats_url, "unstored", configs):
+        bus = Bus(await connect(nats_url, name="test-ops"), Subjects("unstored"))
+        try:
+            with pytest.raises(NoEventStream, match="--follow"):
+                [s async for s in read_events(bus.nc, bus.subjects)]
+            got: asyncio.Queue = asyncio.Queue()
+
+            async def follow() -> None:
+                async for s in read_events(bus.nc, bus.subjects, types=["job.*"], follow=True):
+                    await got.put(s)
+
+            task = asyncio.create_task(follow())
+            await asyncio.sleep(0.3)
+            await bus.call(REGISTER, RegisterNode(now=0.0, node=NodeSpec(node_id="n0", num_gpus=1)))
+            await submit(bus, 1.0, ("live", 100.0))
+            seen = [await asyncio.wait_for(got.get(), 5) for _ in range(2)]
+            assert [(s.event.type, s.event.job_id, s.seq) for s in seen] == [
+                ("job.submitted", "live", 0), ("job.queued", "live", 0)]  # fmt: skip
+            assert format_event(seen[0]).startswith("#-")
+            task.cancel()
+        finally:
+            await bus.close()
 
 
 async def test_status(plane: Bus) -> None:

@@ -158,6 +158,9 @@ class Worker:
                 options, workload, described = await asyncio.to_thread(
                     sim_setup, args, load=spec.load, seed=spec.seed, params=params
                 )
+                # Its events are published, not stored: the stream went with the run anyway,
+                # and storing them was 3% of a sweep's CPU (`gpuyard tail --follow` shows them).
+                options = msgspec.structs.replace(options, event_storage="none")
                 # Its own namespace, new at every attempt: a worker taken for dead may still run.
                 cluster = f"sweep-{order.run_id}-{self.name.rsplit('-', 1)[1]}-{attempt}"
                 try:
@@ -167,7 +170,7 @@ class Worker:
                             cluster_name=cluster, workload=described, log_level="warning",
                             auth=self.auth, plots=False,
                         )  # fmt: skip
-                finally:  # the run's event stream: its results are written, and it was private
+                finally:  # the run's event stream, if it has one (ElasticFlow's): it was private
                     with contextlib.suppress(Exception):
                         await js.delete_stream(Subjects(cluster).stream_name)
                 data = await asyncio.to_thread(pack_results, folder)

@@ -108,7 +108,9 @@ class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     """The round mechanism of policies that decide time shares (Gavel's)."""
     event_retention_s: float = 7 * 24 * 3600.0
     """How long the cluster's event stream keeps events."""
-    event_storage: Literal["file", "memory"] = "file"
+    event_storage: Literal["file", "memory", "none"] = "file"
+    """Where the event stream keeps events; "none": events are published but not stored (a
+    sweep's runs: `gpuyard tail --follow` shows them as they come)."""
     max_policy_ms_inline: float = 5.0
     """A policy that took longer than this once runs in a worker thread from then on."""
     durable: bool = False
@@ -202,11 +204,12 @@ class Scheduler(Service):
             self.model = await asyncio.to_thread(load_throughputs, self.config.throughputs)
         if self.config.learn_throughputs:
             self.model = LearnedThroughputs(self.model)
-        stored = await ensure_event_stream(
+        if self.config.event_storage == "none":
+            self.log.info("events.not_stored", reason="event_storage is none")
+        elif not await ensure_event_stream(
             self.bus.nc, self.bus.subjects, max_age_s=self.config.event_retention_s,
             storage=self.config.event_storage,
-        )  # fmt: skip
-        if not stored:
+        ):  # fmt: skip
             self.log.warning("events.not_stored", reason="the NATS server has no JetStream")
         await super().start()
         if self.config.clock == "wall":
