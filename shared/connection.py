@@ -19,10 +19,11 @@ from typing import Any, ClassVar, TypeVar
 import msgspec
 import nats
 import structlog
-from nats.aio.client import Client
+from nats.aio.client import NO_RESPONDERS_STATUS, Client
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import Header
 
 from .contract import STATUS_HEADER, ErrorReply, Event
 from .endpoints import EVENT, Endpoint, Subjects
@@ -394,7 +395,7 @@ class Bus:
                     awaited = self._awaited.pop(msg.subject[start:], None)
                     if awaited is None or awaited.done():
                         return  # (too late: the request timed out or was cancelled)
-                    if msg.headers and msg.headers.get(_STATUS) == _NO_RESPONDERS:
+                    if msg.headers and msg.headers.get(Header.STATUS) == NO_RESPONDERS_STATUS:
                         awaited.set_exception(NoRespondersError())
                     else:
                         awaited.set_result(msg)
@@ -431,9 +432,6 @@ class Bus:
     async def close(self) -> None:
         if not self.nc.is_closed:
             await self.nc.drain()
-
-
-_STATUS, _NO_RESPONDERS = "Status", "503"  # the server's answer to a request nobody hears
 
 
 def _time_out(awaited: asyncio.Future[Msg]) -> None:
