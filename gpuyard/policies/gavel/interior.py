@@ -499,7 +499,7 @@ def _lorentz(u: np.ndarray) -> np.ndarray:
 
 def _safe_divide(x: np.ndarray | float, y: np.ndarray) -> np.ndarray:
     """ECOS's SAFEDIV_POS: x / y, with y no smaller than TINY."""
-    return x / np.where(y < TINY, TINY, y)
+    return x / np.maximum(y, TINY)  # (a NaN stays NaN, as in ECOS's macro)
 
 
 class _ConeScaling:
@@ -726,13 +726,12 @@ def _iterate(rows: _Rows | _DenseRows, c: np.ndarray) -> np.ndarray:
         linear = vd.size
         soc = block.cones
 
+        no_lifted_rows = np.zeros((socs, 2))
+
         def lift(cone_rows: np.ndarray, rl: np.ndarray | None) -> np.ndarray:
             """The cones' rows with their two lifted rows after each cone's (zero if None)."""
-            lifted = np.zeros((socs, SOC_SIZE + 2))
-            lifted[:, :SOC_SIZE] = cone_rows.reshape(socs, SOC_SIZE)
-            if rl is not None:
-                lifted[:, SOC_SIZE:] = rl
-            return lifted
+            rows = cone_rows.reshape(socs, SOC_SIZE)
+            return np.concatenate([rows, no_lifted_rows if rl is None else rl], axis=1)
 
         def once(rx: np.ndarray, rz: np.ndarray, rl: np.ndarray | None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:  # fmt: skip
