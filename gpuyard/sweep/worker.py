@@ -22,6 +22,7 @@ import nats.errors
 import nats.js.errors
 import structlog
 
+from gpuyard.cliopts import redact
 from gpuyard.shared.connection import NatsAuth, connect
 from gpuyard.shared.endpoints import Subjects
 from gpuyard.sweep.config import code_digest, sim_args
@@ -77,7 +78,7 @@ class Worker:
         js = nc.jetstream()
         await ensure_queue(js)
         sub = await js.pull_subscribe_bind(durable=WORKERS, stream=RUNS_STREAM)
-        log.info("worker.ready", worker=self.name)
+        log.info("worker.ready", worker=self.name, server=redact(self.url))  # (to tail its runs)
         idle_since = time.monotonic()
         try:
             while True:
@@ -146,7 +147,10 @@ class Worker:
         from gpuyard.sim import simulate
 
         started = time.perf_counter()
-        log.info("run.started", run=order.name, run_id=order.run_id, attempt=attempt)
+        # Its own namespace, new at every attempt: a worker taken for dead may still run.
+        cluster = f"sweep-{order.run_id}-{self.name.rsplit('-', 1)[1]}-{attempt}"
+        log.info("run.started", run=order.name, run_id=order.run_id, attempt=attempt,
+                 cluster=cluster)  # fmt: skip
         paths: dict[str, str] = {}
         with tempfile.TemporaryDirectory(prefix="gpuyard-run-") as tmp:
             folder = Path(tmp)
@@ -161,8 +165,6 @@ class Worker:
                 # Its events are published, not stored: the stream went with the run anyway,
                 # and storing them was 3% of a sweep's CPU (`gpuyard tail --follow` shows them).
                 options = msgspec.structs.replace(options, event_storage="none")
-                # Its own namespace, new at every attempt: a worker taken for dead may still run.
-                cluster = f"sweep-{order.run_id}-{self.name.rsplit('-', 1)[1]}-{attempt}"
                 try:
                     async with asyncio.timeout(order.timeout_s):
                         result = await simulate(
