@@ -308,6 +308,11 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
         help="comparisons: runs at once (default: one per CPU)",
     )
     p.add_argument(
+        "--no-pin", dest="pin", action="store_false",
+        help="comparisons: let the runs move between CPUs (default: each on a CPU of its own, "
+        "with its server; `taskset` chooses the CPUs)",
+    )  # fmt: skip
+    p.add_argument(
         "--admission", default=None,
         help=f"admission policy (default {DEFAULT_ADMISSION}; a preset's own otherwise)",
     )  # fmt: skip
@@ -440,7 +445,8 @@ def cmd_compare(
     args: argparse.Namespace, policies: list[str], loads: list[float | None],
     seeds: list[int | None],
 ) -> int:  # fmt: skip
-    """Several policies, loads or seeds: one `gpuyard sim` each, at once, on one server.
+    """Several policies, loads or seeds: one `gpuyard sim` each, at once, each on a private server
+    (all on `--nats` when given) and, unless `--no-pin`, a CPU of its own.
 
     Interrupted (Ctrl-C, SIGTERM), every run under way writes its partial results; the table and
     plots are made of what there is, and the exit status is 130.
@@ -462,7 +468,7 @@ def cmd_compare(
     base = without_options(
         args.argv[2:],  # after "gpuyard sim"
         {"--policy", "--param", "--load", "--seed", "--out", "--cluster", "--nats", "--parallel"},
-        flags={"--json"},
+        flags={"--json", "--no-pin"},
     )  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     combos = list(itertools.product(policies, loads, seeds))
@@ -470,7 +476,9 @@ def cmd_compare(
     interrupted = False
     try:
         uvloop.run(
-            stop_on_signals(run_all(base, combos, args.param, args.out, args.nats, parallel))
+            stop_on_signals(
+                run_all(base, combos, args.param, args.out, args.nats, parallel, pin=args.pin)
+            )
         )
     except (KeyboardInterrupt, asyncio.CancelledError):
         interrupted = True

@@ -1,8 +1,9 @@
 """Compare policies, loads and seeds in one command: every combination is its own `gpuyard sim`
-process on one NATS server under its own cluster namespace, run concurrently; the summaries are
-gathered into one table (`comparison.csv`) and plots (mean JCT against load, with the spread over
-seeds; JCT CDFs), each captioned with what ran. The runs' processes are forked from a fork server
-that has imported gpuyard once for all of them."""
+process, on a private server of its own (or all on a given one, each under its own cluster
+namespace), run concurrently, each on a CPU of its own; the summaries are gathered into one table
+(`comparison.csv`) and plots (mean JCT against load, with the spread over seeds; JCT CDFs), each
+captioned with what ran. The runs' processes are forked from a fork server that has imported
+gpuyard once for all of them."""
 
 from __future__ import annotations
 
@@ -19,8 +20,7 @@ import matplotlib
 import numpy as np
 import pandas as pd
 
-from gpuyard.embedded import EmbeddedNats
-from gpuyard.forks import Forked, fork_server
+from gpuyard.forks import Forked, cpu_slots, fork_server
 from gpuyard.report import save_figure
 
 matplotlib.use("Agg")
@@ -53,66 +53,58 @@ def policy_params(policy: str, params: list[str]) -> list[str]:
 
 async def run_all(
     base_args: list[str], combos: list[Combo], params: list[str], out: Path,
-    nats_url: str | None, parallel: int,
+    nats_url: str | None, parallel: int, *, pin: bool = True,
 ) -> None:  # fmt: skip
     """Run every (policy, load, seed), `parallel` at a time; results land in `out/<run name>/`.
+    Without `nats_url`, each on a private server of its own (as `gpuyard sim` runs); `pin`: each
+    on a CPU of its own, its server with it (`Forked`'s `cpu`), the CPUs this process may use in
+    turn.
 
     Cancelled, it interrupts the runs under way (each writes its partial results), waits for
     them, starts no other, and raises CancelledError.
     """
     await asyncio.to_thread(fork_server)
-    async with EmbeddedNats(runs=parallel) if nats_url is None else _Given(nats_url) as url:
-        gate = asyncio.Semaphore(parallel)
-        done = 0
+    cpus: asyncio.Queue[int | None] = asyncio.Queue()
+    for cpu in cpu_slots(parallel) if pin else [None] * parallel:
+        cpus.put_nowait(cpu)  # a run takes one, and gives it back when it ends
+    done = 0
 
-        async def one(policy: str, load: float | None, seed: int | None) -> None:
-            nonlocal done
-            name = run_name(policy, load, seed)
-            folder = out / name
-            folder.mkdir(parents=True, exist_ok=True)
-            argv = [
-                "sim", *base_args, "--nats", url, "--cluster", name, "--policy", policy,
-                "--out", str(folder),
-            ]  # fmt: skip
-            if load is not None:
-                argv += ["--load", str(load)]
-            if seed is not None:
-                argv += ["--seed", str(seed)]
-            for pair in policy_params(policy, params):
-                argv += ["--param", pair]
-            async with gate:
-                proc = Forked(argv, folder / "stderr.log")
-                start = asyncio.ensure_future(proc.start())
-                try:
-                    await asyncio.shield(start)
-                    code = await proc.wait()
-                except asyncio.CancelledError:
-                    await start  # a start under way completes: then interrupt what it started
-                    proc.signal(signal.SIGINT)  # it writes its partial results
-                    await proc.wait()
-                    raise
-            done += 1
-            status = "ok" if code == 0 else f"FAILED ({code}): see {folder / 'stderr.log'}"
-            print(f"[{done}/{len(combos)}] {name}: {status}", file=sys.stderr, flush=True)
+    async def one(policy: str, load: float | None, seed: int | None) -> None:
+        nonlocal done
+        name = run_name(policy, load, seed)
+        folder = out / name
+        folder.mkdir(parents=True, exist_ok=True)
+        argv = ["sim", *base_args, "--cluster", name, "--policy", policy, "--out", str(folder)]
+        if nats_url is not None:
+            argv += ["--nats", nats_url]
+        if load is not None:
+            argv += ["--load", str(load)]
+        if seed is not None:
+            argv += ["--seed", str(seed)]
+        for pair in policy_params(policy, params):
+            argv += ["--param", pair]
+        cpu = await cpus.get()
+        try:
+            proc = Forked(argv, folder / "stderr.log", cpu=cpu)
+            start = asyncio.ensure_future(proc.start())
+            try:
+                await asyncio.shield(start)
+                code = await proc.wait()
+            except asyncio.CancelledError:
+                await start  # a start under way completes: then interrupt what it started
+                proc.signal(signal.SIGINT)  # it writes its partial results
+                await proc.wait()
+                raise
+        finally:
+            cpus.put_nowait(cpu)
+        done += 1
+        status = "ok" if code == 0 else f"FAILED ({code}): see {folder / 'stderr.log'}"
+        print(f"[{done}/{len(combos)}] {name}: {status}", file=sys.stderr, flush=True)
 
-        # A task group, not gather: cancelled, it waits for every run to write its results
-        # before the server they share goes away.
-        async with asyncio.TaskGroup() as group:
-            for combo in combos:
-                group.create_task(one(*combo))
-
-
-class _Given:
-    """`async with` for a server that is already running."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    async def __aenter__(self) -> str:
-        return self.url
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
+    # A task group, not gather: cancelled, it waits for every run to write its results.
+    async with asyncio.TaskGroup() as group:
+        for combo in combos:
+            group.create_task(one(*combo))
 
 
 def comparison_table(combos: list[Combo], out: Path) -> pd.DataFrame:

@@ -339,6 +339,70 @@ async def test_a_worker_waiting_for_runs_stops_at_once(nats_url: str, tmp_path: 
     assert local.procs[0].returncode == 0, log.read_text()
 
 
+async def test_local_workers_simulate_on_servers_of_their_own_each_on_its_cpu(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """A sweep's local workers each run on a CPU of their own (the CPUs this process may use,
+    in turn), and simulate each run on a private server started beside them, on that CPU: the
+    queue's server carries none of a run's messages."""
+    import msgspec
+    import nats
+
+    from gpuyard.forks import cpu_slots
+    from gpuyard.sweep.config import RunSpec
+    from gpuyard.sweep.engine import LocalWorkers
+    from gpuyard.sweep.queue import RESULTS_STREAM, RunOrder, ensure_queue, run_subject
+
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await ensure_queue(js)
+    on_queue_server: list[str] = []  # a run's messages (`gpuyard.sweep-<run>-...`) seen here
+
+    async def heard(msg: nats.aio.msg.Msg) -> None:
+        if msg.subject.split(".")[1].startswith("sweep-"):
+            on_queue_server.append(msg.subject)
+
+    await nc.subscribe("gpuyard.>", cb=heard)
+    for seed in (0, 1):  # long enough to be watched while they run
+        spec = RunSpec(jobs=400, load=40, seed=seed, cluster_spec="8x2", policy="fifo")
+        order = RunOrder(sweep="pin", run_id=f"r{seed}", name=f"fifo-{seed}", spec=spec)
+        await js.publish(run_subject("pin"), msgspec.json.encode(order))
+    local = LocalWorkers(nats_url, 2, tmp_path / "workers", pin=True)
+    await local.__aenter__()
+    try:
+        pids = [proc.process.pid for proc in local.procs]
+        logs = [tmp_path / "workers" / f"worker-{i}.log" for i in range(2)]
+        async with asyncio.timeout(60):  # (pinned before they connect)
+            while not all(log.exists() and "worker.ready" in log.read_text() for log in logs):
+                await asyncio.sleep(0.02)
+        assert [os.sched_getaffinity(pid) for pid in pids] == [{cpu} for cpu in cpu_slots(2)]
+        servers: dict[int, set[int]] = {}  # worker pid -> the CPUs of its runs' servers
+        async with asyncio.timeout(120):
+            while len(servers) < 2 and (await js.stream_info(RESULTS_STREAM)).state.messages < 2:
+                for pid in pids:
+                    for child in _children(pid):
+                        if Path(f"/proc/{child}/comm").read_text().strip() == "nats-server":
+                            servers.setdefault(pid, set()).update(os.sched_getaffinity(child))
+                await asyncio.sleep(0.02)
+        assert servers, "no run's server seen"
+        for pid, cpus in servers.items():
+            assert cpus == os.sched_getaffinity(pid)
+        lines = "".join(log.read_text() for log in logs).splitlines()
+        started = [json.loads(line) for line in lines if '"run.started"' in line]
+        assert started and all(s["server"] != nats_url for s in started)
+        assert on_queue_server == []
+    finally:
+        await local.__aexit__(None, None, None)
+        await nc.close()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
 async def test_workers_started_by_the_sweep_connect_as_it_does(tmp_path: Path) -> None:
     """`sweep --nats URL --workers N` on a server with users: the workers it starts get its
     identity (the password through their environment, not their command line)."""

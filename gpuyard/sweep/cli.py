@@ -29,6 +29,11 @@ def add_sweep_parsers(sub: argparse._SubParsersAction) -> None:
         "--workers", type=int, default=None,
         help="with --nats: workers to start on this machine too (default 0)",
     )  # fmt: skip
+    p.add_argument(
+        "--no-pin", dest="pin", action="store_false",
+        help="let the workers started here move between CPUs (default: each on a CPU of its own, "
+        "with its runs' servers; `taskset` chooses the CPUs)",
+    )  # fmt: skip
     p.add_argument("--retry-failed", action="store_true", help="run failed runs again")
     p.add_argument(
         "--redeliver-after", type=positive_float, default=None, metavar="S",
@@ -40,7 +45,9 @@ def add_sweep_parsers(sub: argparse._SubParsersAction) -> None:
 
     w = sub.add_parser(
         "worker", help="take sweep runs from a NATS server's queue and simulate them",
-        description="Take runs from the sweep queue of --nats, one at a time, until stopped.",
+        description="Take runs from the sweep queue of --nats, one at a time, until stopped; "
+        "each is simulated on a private server started beside this worker for it (its URL is in "
+        "the run.started log line, for `gpuyard tail --follow`). Pin it with taskset.",
     )  # fmt: skip
     add_nats_arguments(w, url_default=None)
     w.add_argument(
@@ -116,7 +123,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         results = uvloop.run(stop_on_signals(run_sweep(
             sweep, out, nats_url=args.nats, workers=workers, auth=NatsAuth.from_args(args),
-            retry_failed=args.retry_failed, redeliver_after_s=args.redeliver_after,
+            retry_failed=args.retry_failed, redeliver_after_s=args.redeliver_after, pin=args.pin,
         )))  # fmt: skip
     except (KeyboardInterrupt, asyncio.CancelledError):
         interrupted = True

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from gpuyard.embedded import EmbeddedNats
-from gpuyard.forks import Forked
+from gpuyard.forks import Forked, cpu_slots
 from gpuyard.shared.connection import NatsAuth, connect
 from gpuyard.sweep.config import PARAM_FIELDS, Run, RunSpec, Sweep, code_digest
 from gpuyard.sweep.queue import (
@@ -104,9 +104,10 @@ def finished_here(sweep: Sweep, out: Path, retry_failed: bool) -> dict[str, RunR
 async def run_sweep(
     sweep: Sweep, out: Path, *, nats_url: str | None, workers: int,
     auth: NatsAuth | None = None, retry_failed: bool = False,
-    redeliver_after_s: float | None = None,
+    redeliver_after_s: float | None = None, pin: bool = True,
 ) -> dict[str, RunResult]:  # fmt: skip
     """Run what `out` lacks; every run's result (by run id), its files in `out/runs/<name>/`.
+    `pin`: each local worker on a CPU of its own (`LocalWorkers`).
 
     Cancelled (Ctrl-C), it stops waiting: what has come back is kept, the runs still queued stay
     queued on a given server (a later `gpuyard sweep` collects them), local workers stop."""
@@ -118,7 +119,7 @@ async def run_sweep(
     try:
         return await _run_sweep(sweep, out, results, nats_url=nats_url, workers=workers, auth=auth,
                                 retry_failed=retry_failed, redeliver_after_s=redeliver_after_s,
-                                refusals=refusals)  # fmt: skip
+                                refusals=refusals, pin=pin)  # fmt: skip
     except (TimeoutError, nats.errors.Error):
         refusals.check()  # what timed out was refused: say so rather than "no answer in time"
         raise
@@ -127,11 +128,13 @@ async def run_sweep(
 async def _run_sweep(
     sweep: Sweep, out: Path, results: dict[str, RunResult], *, nats_url: str | None, workers: int,
     auth: NatsAuth | None, retry_failed: bool, redeliver_after_s: float | None, refusals: Refusals,
+    pin: bool,
 ) -> dict[str, RunResult]:  # fmt: skip
     order = secrets.token_hex(4)
     bar = SweepProgress(sweep.name, len(sweep.runs), len(results))
     async with contextlib.AsyncExitStack() as stack:
-        url = nats_url or await stack.enter_async_context(EmbeddedNats(runs=workers))
+        # (The queue's traffic alone: each run is simulated on a server of its own.)
+        url = nats_url or await stack.enter_async_context(EmbeddedNats(runs=1))
         nc = await connect(url, name=f"gpuyard-sweep-{sweep.name}", auth=auth if nats_url else None,
                            error_cb=refusals.on_error)  # fmt: skip
         stack.push_async_callback(nc.drain)
@@ -160,7 +163,7 @@ async def _run_sweep(
                 run_subject(sweep.name), msgspec.json.encode(_order(sweep, run, order)),
                 headers={"Nats-Msg-Id": f"{sweep.name}.{run.run_id}.{order}"},
             )  # fmt: skip
-        local = LocalWorkers(url, workers, out / "workers", auth if nats_url else None)
+        local = LocalWorkers(url, workers, out / "workers", auth if nats_url else None, pin=pin)
         if workers:
             await stack.enter_async_context(local)
         bar.update(force=True)
@@ -209,13 +212,16 @@ def _order(sweep: Sweep, run: Run, order: str) -> RunOrder:
 class LocalWorkers:
     """`async with LocalWorkers(url, n, logs, auth):` n `gpuyard worker` processes on this
     machine, forked from the fork server (`gpuyard.forks`), connecting as `auth` (the sweep's own
-    identity: secrets through the environment)."""
+    identity: secrets through the environment). `pin`: each on a CPU of its own, the CPUs this
+    process may use in turn, with the private servers of its runs (`Forked`'s `cpu`)."""
 
-    def __init__(self, url: str, count: int, logs: Path, auth: NatsAuth | None = None) -> None:
+    def __init__(self, url: str, count: int, logs: Path, auth: NatsAuth | None = None, *,
+                 pin: bool = False) -> None:  # fmt: skip
         self.url = url
         self.auth = auth or NatsAuth()
         self.count = count
         self.logs = logs
+        self.cpus: list[int | None] = list(cpu_slots(count)) if pin else [None] * count
         self.procs: list[Forked] = []
         self.restarts = 0
 
@@ -226,7 +232,8 @@ class LocalWorkers:
 
     async def _start(self, i: int) -> Forked:
         proc = Forked(["worker", "--nats", self.url, *self.auth.argv()],
-                      self.logs / f"worker-{i}.log", append=True, env=self.auth.env())  # fmt: skip
+                      self.logs / f"worker-{i}.log", append=True, env=self.auth.env(),
+                      cpu=self.cpus[i])  # fmt: skip
         await proc.start()
         return proc
 

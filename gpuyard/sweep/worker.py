@@ -1,6 +1,11 @@
 """`gpuyard worker`: take runs from the sweep queue, one at a time, and simulate each in this
-process against the same server, in a cluster namespace of its own; store the result files in
-the bucket, publish the result, then acknowledge the run.
+process on a private server started for it (as `gpuyard sim` does), in a cluster namespace of its
+own; store the result files in the bucket, publish the result, then acknowledge the run.
+
+The queue's server carries the queue and the results alone: a run's messages, chains of small
+requests one at a time, stay on this machine's loopback beside it, on the CPU it runs on when it
+is pinned to one (`gpuyard.forks.Forked`), and a sweep of many workers puts none of its runs'
+traffic through one server.
 
 A run that fails (a bad trace line, a policy's error, its timeout) is a result too, with its
 error. A worker that dies mid-run has acknowledged nothing: the run goes to another worker once
@@ -23,8 +28,8 @@ import nats.js.errors
 import structlog
 
 from gpuyard.cliopts import redact
+from gpuyard.embedded import EmbeddedNats
 from gpuyard.shared.connection import NatsAuth, connect
-from gpuyard.shared.endpoints import Subjects
 from gpuyard.sweep.config import code_digest, sim_args
 from gpuyard.sweep.queue import (
     BUCKET,
@@ -78,7 +83,7 @@ class Worker:
         js = nc.jetstream()
         await ensure_queue(js)
         sub = await js.pull_subscribe_bind(durable=WORKERS, stream=RUNS_STREAM)
-        log.info("worker.ready", worker=self.name, server=redact(self.url))  # (to tail its runs)
+        log.info("worker.ready", worker=self.name, server=redact(self.url))
         idle_since = time.monotonic()
         try:
             while True:
@@ -149,8 +154,6 @@ class Worker:
         started = time.perf_counter()
         # Its own namespace, new at every attempt: a worker taken for dead may still run.
         cluster = f"sweep-{order.run_id}-{self.name.rsplit('-', 1)[1]}-{attempt}"
-        log.info("run.started", run=order.name, run_id=order.run_id, attempt=attempt,
-                 cluster=cluster)  # fmt: skip
         paths: dict[str, str] = {}
         with tempfile.TemporaryDirectory(prefix="gpuyard-run-") as tmp:
             folder = Path(tmp)
@@ -165,16 +168,13 @@ class Worker:
                 # Its events are published, not stored: the stream went with the run anyway,
                 # and storing them was 3% of a sweep's CPU (`gpuyard tail --follow` shows them).
                 options = msgspec.structs.replace(options, event_storage="none")
-                try:
-                    async with asyncio.timeout(order.timeout_s):
-                        result = await simulate(
-                            options, workload.jobs, folder, nats_url=self.url,
-                            cluster_name=cluster, workload=described, log_level="warning",
-                            auth=self.auth, plots=False,
-                        )  # fmt: skip
-                finally:  # the run's event stream, if it has one (ElasticFlow's): it was private
-                    with contextlib.suppress(Exception):
-                        await js.delete_stream(Subjects(cluster).stream_name)
+                async with EmbeddedNats(runs=1) as server, asyncio.timeout(order.timeout_s):
+                    log.info("run.started", run=order.name, run_id=order.run_id,
+                             attempt=attempt, cluster=cluster, server=server)  # fmt: skip
+                    result = await simulate(
+                        options, workload.jobs, folder, nats_url=server, cluster_name=cluster,
+                        workload=described, log_level="warning", plots=False,
+                    )  # fmt: skip
                 data = await asyncio.to_thread(pack_results, folder)
                 store = await js.object_store(BUCKET)
                 await store.put(results_key(order.sweep, order.run_id), data)
