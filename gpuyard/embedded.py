@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import os
 import shutil
 import signal
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,15 +29,25 @@ def nats_server_binary() -> str:
     return found
 
 
-def die_with_parent() -> None:
+def die_with_parent(parent: int | None = None) -> None:
     """In a child before exec: be sent SIGTERM when the parent dies, however it dies (Linux), so a
     killed run never leaves its private server or services behind; and leave the terminal's
     process group, so that a Ctrl-C reaches the parent alone, which then stops its children in
-    order (after collecting what they know) instead of all of them dying at once."""
+    order (after collecting what they know) instead of all of them dying at once.
+
+    `parent`: the parent's pid, to be sure of it: a parent killed between the fork and this call
+    is gone before it could be watched, and the child ends at once (`dying_with_this_process`)."""
     os.setpgid(0, 0)
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
+
+
+def dying_with_this_process() -> Callable[[], None]:
+    """A `preexec_fn` for a child of this process that dies with it (`die_with_parent`)."""
+    return functools.partial(die_with_parent, os.getpid())
 
 
 @dataclass(frozen=True)
@@ -111,7 +123,7 @@ class EmbeddedNats:
         self._proc = await asyncio.create_subprocess_exec(
             nats_server_binary(), "-c", str(conf),
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-            preexec_fn=die_with_parent, env=self._environment(),
+            preexec_fn=dying_with_this_process(), env=self._environment(),
         )  # fmt: skip
         assert self._proc.stderr is not None
         lines: list[str] = []

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from gpuyard.embedded import die_with_parent
+from gpuyard.embedded import dying_with_this_process
 from gpuyard.shared.connection import Bus, NatsAuth, connect
 from gpuyard.shared.contract import CONTRACT_VERSION, Ping
 from gpuyard.shared.endpoints import PING, SERVICE_TOKENS, Subjects
@@ -97,7 +97,7 @@ class ServiceSet:
                 "--cluster", self.subjects.cluster, "--config", str(path),
                 "--log-level", self.log_level, *(auth.argv() if auth else []),
                 stdout=log or asyncio.subprocess.DEVNULL, stderr=log or None,
-                preexec_fn=die_with_parent,
+                preexec_fn=dying_with_this_process(),
                 env={**os.environ, **(auth.env() if auth else {})},
             )  # fmt: skip
         finally:

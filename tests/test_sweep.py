@@ -372,18 +372,19 @@ async def test_local_workers_simulate_on_servers_of_their_own_each_on_its_cpu(
     try:
         pids = [proc.process.pid for proc in local.procs]
         logs = [tmp_path / "workers" / f"worker-{i}.log" for i in range(2)]
-        async with asyncio.timeout(60):  # (pinned before they connect)
-            while not all(log.exists() and "worker.ready" in log.read_text() for log in logs):
-                await asyncio.sleep(0.02)
+        for _ in range(3000):  # (pinned before they connect)
+            if all(log.exists() and "worker.ready" in log.read_text() for log in logs):
+                break
+            await asyncio.sleep(0.02)
         assert [os.sched_getaffinity(pid) for pid in pids] == [{cpu} for cpu in cpu_slots(2)]
         servers: dict[int, set[int]] = {}  # worker pid -> the CPUs of its runs' servers
-        async with asyncio.timeout(120):
-            while len(servers) < 2 and (await js.stream_info(RESULTS_STREAM)).state.messages < 2:
-                for pid in pids:
-                    for child in _children(pid):
-                        if Path(f"/proc/{child}/comm").read_text().strip() == "nats-server":
-                            servers.setdefault(pid, set()).update(os.sched_getaffinity(child))
-                await asyncio.sleep(0.02)
+        for _ in range(6000):
+            if len(servers) == 2 or (await js.stream_info(RESULTS_STREAM)).state.messages == 2:
+                break
+            for pid in pids:
+                for cpus in _server_cpus(pid):
+                    servers.setdefault(pid, set()).update(cpus)
+            await asyncio.sleep(0.02)
         assert servers, "no run's server seen"
         for pid, cpus in servers.items():
             assert cpus == os.sched_getaffinity(pid)
@@ -396,11 +397,16 @@ async def test_local_workers_simulate_on_servers_of_their_own_each_on_its_cpu(
         await nc.close()
 
 
-def _children(pid: int) -> list[int]:
+def _server_cpus(pid: int) -> list[set[int]]:
+    """The CPUs of each nats-server process that `pid` started and that still runs."""
+    found = []
     try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except (OSError, ValueError):
-        return []
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            if Path(f"/proc/{child}/comm").read_text().strip() == "nats-server":
+                found.append(os.sched_getaffinity(int(child)))
+    except OSError:  # (one that ended meanwhile: the next look sees the next)
+        pass
+    return found
 
 
 async def test_workers_started_by_the_sweep_connect_as_it_does(tmp_path: Path) -> None:
