@@ -6,16 +6,16 @@ reference's.
     python bench/bench_gavel_traces.py                 # the fourteen runs, one per CPU at a time
     python bench/bench_gavel_traces.py --parallel 1    # one run at a time
 
-The fourteen runs are one `gpuyard sweep examples/sweeps/gavel-traces.toml` (one embedded
-server, `--parallel` runs at a time, each with its services and its simulated nodes over NATS),
-timed from the command's start to its results table; its CPU seconds are the whole machine's busy
-time meanwhile (the server's included). The reference figures are those of Gavel's own simulator
+The fourteen runs are one `gpuyard sweep examples/sweeps/gavel-traces.toml` (`--parallel` local
+workers, each pinned to a CPU of its own, each run on a private server beside its worker, with its
+services and its simulated nodes over NATS), timed from the command's start to its results table;
+its CPU seconds are the whole machine's busy time meanwhile (the servers' included). The reference figures are those of Gavel's own simulator
 (stanford-futuredata/gavel, `scripts/drivers/simulate_scheduler_with_trace.py --seed 0`,
 cvxpy/ECOS; `-c 12:12:12` and `-c 16:16:16 --num_gpus_per_server 4:4:4`), as docs/fidelity.md
 reports them. Its wall seconds were measured on this 2-core machine on 2026-12-01 (one run after
 another, each on one thread; cvxpy 1.9.3, ECOS 2.0.14, numpy 2.4.6), alternated with this
-script's runs: 121.3 and 122.8 s for the fourteen (126.5 and 134.2 s later that day, as the
-machine slowed). This machine's speed varies by a third from one day to the next (the same
+script's runs: 121.3 and 122.8 s for the fourteen (126.5-145.0 s later that day, as the
+machine slowed: README, Benchmarks). This machine's speed varies by a third from one day to the next (the same
 fourteen took 160.8 s on 2026-11-27), so compare figures of the same hour: `--reference-s` takes
 a total measured alongside.
 """

@@ -67,7 +67,7 @@ class Forked:
     `cpu`: it runs on that CPU alone, and so does every process it starts. A simulation and the
     private server it starts then share one CPU: each message between them passes the CPU from
     one to the other, where across two CPUs it wakes the other one up (on a 2-core VM a request
-    costs half the CPU time, and Gavel's fourteen trace runs take 13% less wall time)."""
+    costs half the CPU time, and Gavel's fourteen trace runs take 11-13% less wall time)."""
 
     def __init__(self, argv: list[str], log: Path, *, append: bool = False,
                  env: dict[str, str] | None = None, cpu: int | None = None) -> None:  # fmt: skip
