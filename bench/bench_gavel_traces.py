@@ -23,7 +23,6 @@ a total measured alongside.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from machine import machine_cpu_s  # (bench/machine.py, beside this script)
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / "examples" / "sweeps" / "gavel-traces.toml"
@@ -54,14 +54,6 @@ REFERENCE = {
     ("multi", "min_total_duration_perf"): (68_093, 0.519, 847_168, 8.63),
     ("multi", "gandiva"): (59_890, 0.435, 912_467, 6.33),
 }
-
-
-def machine_cpu_s() -> float:
-    """Busy CPU seconds of the whole machine so far (Linux): a comparison's runs are forked by a
-    fork server that reaps them itself, so `getrusage` of the command would not count them."""
-    with open("/proc/stat") as stat:
-        user, nice, system, _idle, _iowait, irq, softirq = map(int, stat.readline().split()[1:8])
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:

@@ -5,9 +5,10 @@
     python bench/bench_sweep.py --workers 4      # also: the same sweep via --nats with 4 workers
 
 Prints the wall time of the whole sweep (from the command's start to its table), the runs per
-minute, the runs' own wall times (median and p95, from the results table), the CPU time all the
-sweep's processes used (server and workers included: what the sweep would take on idle CPUs) and
-the machine's load average before and after (the machine may be shared). With `--workers N` it runs the sweep again
+minute, the runs' own wall times (median and p95, from the results table), the machine's busy CPU
+time meanwhile (the sweep's processes, its servers and workers included, on an otherwise idle
+machine: what the sweep would take on idle CPUs) and the machine's load average before and after
+(the machine may be shared). With `--workers N` it runs the sweep again
 through a server's queue with N `gpuyard worker` processes on this machine and says whether the
 two results tables are identical (but the wall times and which worker ran what).
 """
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from machine import machine_cpu_s  # (bench/machine.py, beside this script)
 
 POLICIES = ["fifo", "srtf"]
 LOADS = [10, 20, 30, 40, 50]
@@ -37,24 +38,17 @@ def config(runs: int, jobs: int) -> str:
     ).replace("'", '"')
 
 
-def cpu_s() -> float:
-    """CPU time of the children we waited for, theirs included (the sweep, its server, its
-    workers)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def sweep(folder: Path, *extra: str) -> tuple[float, pd.DataFrame]:
     started = time.perf_counter()
-    cpu = cpu_s()
+    cpu = machine_cpu_s()
     result = subprocess.run(
         [sys.executable, "-m", "gpuyard.cli", "sweep", "bench.toml", "--out", "out", *extra],
         cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     wall = time.perf_counter() - started
-    print(f"  CPU time of the sweep's processes: {cpu_s() - cpu:,.0f} s "
+    print(f"  busy CPU time of the machine meanwhile: {machine_cpu_s() - cpu:,.0f} s "
           f"(on {len(os.sched_getaffinity(0))} idle CPUs: about "
-          f"{(cpu_s() - cpu) / len(os.sched_getaffinity(0)):,.0f} s of wall time)")
+          f"{(machine_cpu_s() - cpu) / len(os.sched_getaffinity(0)):,.0f} s of wall time)")
     if result.returncode != 0:
         sys.exit(f"gpuyard sweep failed ({result.returncode}):\n{result.stderr[-2000:]}")
     return wall, pd.read_parquet(folder / "out" / "results.parquet")
@@ -109,10 +103,10 @@ def main() -> None:
                             worker.terminate()
                             await worker.wait()
 
-            before = cpu_s()
+            before = machine_cpu_s()
             wall_q, table_q = asyncio.run(via_queue())
-            print(f"  CPU time of the sweep, its server and the {args.workers} workers: "
-                  f"{cpu_s() - before:,.0f} s")  # fmt: skip
+            print(f"  busy CPU time of the machine meanwhile (the sweep, its server, {args.workers} workers): "
+                  f"{machine_cpu_s() - before:,.0f} s")  # fmt: skip
             report(f"{args.workers} workers through one server's queue", wall_q, table_q)
             varying = ["wall_s", "worker", "attempt"]
             same = table.drop(columns=varying).equals(table_q.drop(columns=varying))
