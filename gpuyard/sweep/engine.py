@@ -216,12 +216,12 @@ class LocalWorkers:
     process may use in turn, with the private servers of its runs (`Forked`'s `cpu`)."""
 
     def __init__(self, url: str, count: int, logs: Path, auth: NatsAuth | None = None, *,
-                 pin: bool = False) -> None:  # fmt: skip
+                 pin: bool = True) -> None:  # fmt: skip
         self.url = url
         self.auth = auth or NatsAuth()
         self.count = count
         self.logs = logs
-        self.cpus: list[int | None] = list(cpu_slots(count)) if pin else [None] * count
+        self.cpus: list[int | None] = [*cpu_slots(count)] if pin else [None] * count
         self.procs: list[Forked] = []
         self.restarts = 0
 
