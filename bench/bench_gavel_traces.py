@@ -14,7 +14,7 @@ its CPU seconds are the whole machine's busy time meanwhile (the servers' includ
 cvxpy/ECOS; `-c 12:12:12` and `-c 16:16:16 --num_gpus_per_server 4:4:4`), as docs/fidelity.md
 reports them. Its wall seconds were measured on this 2-core machine on 2026-12-01 (one run after
 another, each on one thread; cvxpy 1.9.3, ECOS 2.0.14, numpy 2.4.6), alternated with this
-script's runs: 121.3 and 122.8 s for the fourteen (126.5-145.0 s later that day, as the
+script's runs: 121.3 and 122.8 s for the fourteen (126.5-151.5 s later that day, as the
 machine slowed: README, Benchmarks). This machine's speed varies by a third from one day to the next (the same
 fourteen took 160.8 s on 2026-11-27), so compare figures of the same hour: `--reference-s` takes
 a total measured alongside.
