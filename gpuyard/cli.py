@@ -989,6 +989,14 @@ def cmd_service(args: argparse.Namespace) -> int:
     return 0
 
 
+def sim_parser() -> OneLineParser:
+    """A parser of `gpuyard sim` alone (a sweep parses every run's options: the whole command's
+    parser costs ten times more to build)."""
+    parser = OneLineParser(prog="gpuyard")
+    add_sim_parser(parser.add_subparsers(required=True, metavar="COMMAND"))
+    return parser
+
+
 def build_parser() -> OneLineParser:
     """The `gpuyard` command's parser, every subcommand in it."""
     parser = OneLineParser(prog="gpuyard", description=__doc__)

@@ -29,12 +29,14 @@ warnings.filterwarnings(
 
 PRELOADED = [
     "gpuyard.forks", "gpuyard.cli", "gpuyard.sim", "gpuyard.report", "gpuyard.workloads", "uvloop",
-    "gpuyard.compare", "gpuyard.sweep.worker",
+    "gpuyard.sweep.worker",
     "gpuyard.services.admission.service", "gpuyard.services.scheduler.service",
     "gpuyard.services.placement.service", "gpuyard.services.nodeagent.service",
     "gpuyard.policies.gavel.policies",  # (OR-Tools: the dearest import of the policies)
 ]  # fmt: skip
 """What the fork server imports, once, for every process forked from it."""
+PLOTTING = ["gpuyard.compare"]
+"""And for processes that draw figures (a comparison's runs; not a sweep's): matplotlib."""
 
 
 def default_parallel() -> int:
@@ -49,11 +51,12 @@ def cpu_slots(count: int) -> list[int]:
     return [cpus[i % len(cpus)] for i in range(count)]
 
 
-def fork_server() -> ForkServerContext:
-    """The fork server's context, the server started if it was not: it imports `PRELOADED` in
-    the background; the first process started waits for that."""
+def fork_server(*, plots: bool = True) -> ForkServerContext:
+    """The fork server's context, the server started if it was not: it imports `PRELOADED` (and
+    `PLOTTING` when its processes draw figures: `plots`, as the first call says) in the
+    background; the first process started waits for that."""
     forks = multiprocessing.get_context("forkserver")
-    forks.set_forkserver_preload(PRELOADED)
+    forks.set_forkserver_preload(PRELOADED + PLOTTING if plots else PRELOADED)
     forkserver.ensure_running()
     return forks
 

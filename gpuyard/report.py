@@ -10,13 +10,14 @@ throughput(1 GPU), over the cluster's GPUs, at every instant it changes."""
 
 from __future__ import annotations
 
+import functools
 import json
 import textwrap
 import threading
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
 import numpy as np
 import pandas as pd
 
@@ -24,10 +25,8 @@ from gpuyard.shared.contract import JobRecord, TimelinePoint
 from gpuyard.shared.model import GpuRef, JobSpec
 from gpuyard.shared.throughput import ThroughputModel
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-from matplotlib.axes import Axes
-from matplotlib.ticker import MaxNLocator
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 _PYPLOT = threading.Lock()
 """pyplot is not thread-safe: simulations in one process write their results one at a time."""
@@ -37,6 +36,18 @@ JOB_COLUMNS = [
     "jct", "queueing_delay", "preemptions", "gpu_seconds", "executed_time", "deadline",
     "deadline_met", "admission", "reason",
 ]  # fmt: skip
+
+
+@functools.cache
+def pyplot() -> ModuleType:
+    """matplotlib's pyplot, on the Agg backend, imported by the first figure drawn: a run
+    without plots (a sweep's) never imports it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
+
+    return matplotlib.pyplot
 
 
 def jobs_frame(
@@ -252,7 +263,7 @@ def save_figure(
     fig.savefig(path, dpi=dpi, metadata={"Title": title, "Description": caption})
     if svg:
         fig.savefig(path.with_suffix(".svg"), metadata={"Title": title, "Description": caption})
-    plt.close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -266,7 +277,7 @@ def plot(
     paths = []
     done = jobs["state"] == "completed"
     jct = np.sort(jobs.loc[done, "jct"].to_numpy(dtype=float))
-    fig, ax = plt.subplots(figsize=(7, 4.8))
+    fig, ax = pyplot().subplots(figsize=(7, 4.8))
     if len(jct):
         ax.plot(jct / 3600, np.arange(1, len(jct) + 1) / len(jct))
         ax.set_xscale("log")
@@ -278,7 +289,7 @@ def plot(
     ax.grid(True, alpha=0.3)
     paths.append(save_figure(fig, out / "jct_cdf.png", caption))
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5.8), sharex=True)
+    fig, (top, bottom) = pyplot().subplots(2, 1, figsize=(8, 5.8), sharex=True)
     hours = timeline["time"].to_numpy(dtype=float) / 3600
     top.step(hours, timeline["busy_gpus"] / timeline["gpus"].clip(lower=1), where="post")
     top.set_ylabel("GPU utilisation")
@@ -301,7 +312,7 @@ def plot_deadlines(
     """Deadline outcomes (met, missed, declined, best-effort) and, if known, cluster efficiency
     over time."""
     panels = 2 if efficiency is not None and not efficiency.empty else 1
-    fig, axes = plt.subplots(1, panels, figsize=(5 + 6 * (panels - 1), 4), squeeze=False)
+    fig, axes = pyplot().subplots(1, panels, figsize=(5 + 6 * (panels - 1), 4), squeeze=False)
     counted = jobs[jobs["admission"] != "best-effort"]
     admitted = counted[counted["admission"] == "accepted"]
     met = admitted["deadline_met"].astype(bool)
@@ -391,7 +402,7 @@ def plot_node_churn(
     timeline: pd.DataFrame, path: Path, caption: str, summary: dict[str, Any]
 ) -> Path:
     """Idle nodes and the nodes jobs use, over time; below, running and queued jobs."""
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True,
+    fig, (top, bottom) = pyplot().subplots(2, 1, figsize=(9, 6), sharex=True,
                                       gridspec_kw={"height_ratios": [2, 1]})  # fmt: skip
     hours = timeline["time"].to_numpy(dtype=float) / 3600
     top.fill_between(hours, timeline["gpus"], step="post", color="0.85", label="idle nodes")
@@ -405,6 +416,8 @@ def plot_node_churn(
     bottom.step(hours, timeline["running"], where="post", color="tab:green", label="running")
     bottom.step(hours, timeline["queued"], where="post", color="tab:orange", label="queued")
     bottom.set_ylabel("jobs")
+    from matplotlib.ticker import MaxNLocator
+
     bottom.yaxis.set_major_locator(MaxNLocator(integer=True))
     bottom.set_xlabel("time since the replay's start (hours)")
     bottom.legend(loc="upper right", fontsize=8)
@@ -491,7 +504,7 @@ def plot_workload(
     """Arrivals over time, the duration CDF and the GPU-demand histogram of a workload, titled
     with what it is (`info`: the trace and format, or the generator); every bar shows its count,
     on a log scale when the counts span more than two orders of magnitude."""
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.6))
+    fig, axes = pyplot().subplots(1, 3, figsize=(14, 4.6))
     arrivals = np.sort(jobs["submit_time"].to_numpy(dtype=float)) / 3600
     axes[0].plot(arrivals, np.arange(1, len(arrivals) + 1))
     axes[0].set_xlabel("submit time (hours)")

@@ -82,6 +82,12 @@ def reachable(args: argparse.Namespace, command: str) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    if not args.dry_run and (not args.nats or args.workers):
+        # The workers' fork server imports what they run while we import and plan (below):
+        # it starts first, as the workers wait for it. (They draw no figures.)
+        from gpuyard.forks import fork_server
+
+        fork_server(plots=False)
     import nats.errors
     import uvloop
 
@@ -90,11 +96,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from gpuyard.sweep.config import ConfigError, load_sweep
     from gpuyard.sweep.engine import format_results, results_table, run_sweep, write_table
 
-    if not args.dry_run and (not args.nats or args.workers):
-        # The workers' fork server imports what they run while we plan the runs (below).
-        from gpuyard.forks import fork_server
-
-        fork_server()
     try:
         sweep = load_sweep(args.config)
         if args.nats:

@@ -378,12 +378,12 @@ def sim_argv(spec: RunSpec) -> list[str]:
 def sim_args(spec: RunSpec, out: Path) -> argparse.Namespace:
     """`gpuyard sim`'s parsed options for `spec`, writing into `out`; ValueError for a value the
     command refuses (its one-line message)."""
-    from gpuyard.cli import build_parser, check_workload_args
+    from gpuyard.cli import check_workload_args, sim_parser
 
     errors = io.StringIO()
     try:
         with contextlib.redirect_stderr(errors):
-            args = build_parser().parse_args(["sim", *sim_argv(spec), "--out", str(out)])
+            args = sim_parser().parse_args(["sim", *sim_argv(spec), "--out", str(out)])
     except SystemExit:
         text = errors.getvalue().strip().splitlines()
         message = text[-1] if text else "bad options"
@@ -401,7 +401,6 @@ def _check(spec: RunSpec, source: Path, where: str) -> None:
         placement_policies,
         scheduling_policies,
     )
-    from gpuyard.sim import elasticflow_options
 
     chosen: dict[str, Any] = {
         "policy": spec.policy, "policy_params": spec.policy_params,
@@ -411,6 +410,8 @@ def _check(spec: RunSpec, source: Path, where: str) -> None:
     try:
         args = sim_args(spec, Path("unused"))
         if spec.preset == "elasticflow":  # the scheme's policies, then the run's (as `sim_setup`)
+            from gpuyard.sim import elasticflow_options  # (plots and all: only when needed)
+
             scheme = elasticflow_options(spec.policy, spec.round_s or 300.0, 0)  # (`sim`'s default)
             params = (spec.policy_params, spec.admission_params, spec.placement_params)
             chosen = preset_filled(scheme, args, params)
