@@ -148,7 +148,7 @@ def test_cli_refuses_node_options_it_would_ignore(
 @pytest.mark.parametrize(
     ("log", "message"),
     [
-        ("time,node,idle\n0,n1,1\n5,n2,0,9\n", "events.csv: CSV parse error: Expected 3 columns, got 4"),
+        ("time,node,idle\n0,n1,1\n5,n2,0,9\n", "events.csv: Expected 3 fields in line 3, saw 4"),
         ("time,node,idle\n2021-02-10 00:48:48,n1,1\nsoon,n2,0\n",
          "events.csv, line 3, field 'time': 'soon' is not a time"),
         ("time,node\n0,n1\n", "need a column 'idle' (BFTrainer) or 'up' (normalised)"),
