@@ -403,7 +403,7 @@ def plot_node_churn(
 ) -> Path:
     """Idle nodes and the nodes jobs use, over time; below, running and queued jobs."""
     fig, (top, bottom) = pyplot().subplots(2, 1, figsize=(9, 6), sharex=True,
-                                      gridspec_kw={"height_ratios": [2, 1]})  # fmt: skip
+                                           gridspec_kw={"height_ratios": [2, 1]})  # fmt: skip
     hours = timeline["time"].to_numpy(dtype=float) / 3600
     top.fill_between(hours, timeline["gpus"], step="post", color="0.85", label="idle nodes")
     top.step(hours, timeline["busy_gpus"], where="post", color="tab:blue", lw=0.8,
