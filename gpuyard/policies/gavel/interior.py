@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -50,6 +51,35 @@ REFINEMENTS = 9  # and its iterative refinement of their solutions
 DENSE_UP_TO = 1000  # variables up to which a max-min normal matrix is formed and solved whole
 SOC_SIZE = 3  # the second-order cones cvxpy writes for 1/r (r u >= 1): (r + u, r - u, 2)
 STALL = 10  # iterations without a better iterate after which we take the best (see `_solve`)
+
+
+def _inverse(a: np.ndarray) -> np.ndarray:
+    """The inverse of each matrix of `a` (..., m, m), by Gauss-Jordan elimination with partial
+    pivoting in numpy's own arithmetic: LAPACK's through OpenBLAS rounds differently with the
+    kernel OpenBLAS picks for the processor, and near an optimum that moves the point on a face
+    of optima, and the runs' results with it, from one machine to the next."""
+    m = a.shape[-1]
+    square = a.reshape(-1, m, m)
+    work = np.concatenate([square, np.broadcast_to(np.eye(m), square.shape)], axis=2)
+    batch = np.arange(work.shape[0])
+    for col in range(m):
+        pivot = col + np.abs(work[:, col:, col]).argmax(axis=1)
+        row = work[batch, pivot].copy()
+        work[batch, pivot] = work[:, col]
+        work[:, col] = row / row[:, col : col + 1]
+        factors = work[:, :, col].copy()
+        factors[:, col] = 0.0
+        work -= factors[:, :, None] * work[:, col][:, None, :]
+    return work[:, :, m:].reshape(a.shape)
+
+
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """a'b in numpy's own (pairwise) summation: BLAS's dot rounds differently per kernel."""
+    return float((a * b).sum())
+
+
+def _norm(a: np.ndarray) -> float:
+    return math.sqrt(_dot(a, a))
 
 
 REMEMBERED = 128  # answers each program keeps (`_remembered`)
@@ -156,7 +186,7 @@ class _Rows:
         xs = (self.nonneg * nonneg + self.capacity * capacity[None, :]
               + self.time * time[:, None] + self.rate * rate[:, None])  # fmt: skip
         if self.size > xs.size:
-            return np.concatenate([xs.ravel(), [float(self.level @ rate)]])
+            return np.concatenate([xs.ravel(), [_dot(self.level, rate)]])
         return xs.ravel()
 
     def normal_solver(self, v: tuple[np.ndarray, ...], delta: float):  # type: ignore[no-untyped-def]
@@ -169,15 +199,15 @@ class _Rows:
         blocks[:, np.arange(k), np.arange(k)] = self.nonneg**2 / v_nonneg + delta
         blocks += np.einsum("ja,jb->jab", self.time, self.time) / v_time[:, None, None]
         blocks += np.einsum("ja,jb->jab", self.rate, self.rate) / v_rate[:, None, None]
-        inverse = np.linalg.inv(blocks)
+        inverse = _inverse(blocks)
         # U's column t is the capacity row t: entries capacity[j, t] at (j, t).
         inverse_u = inverse * self.capacity[:, None, :]  # (n, k, k): B_j^-1 U_j
         small = np.diag(v_capacity) + np.einsum("ja,jab->ab", self.capacity, inverse_u)
-        small_inverse = np.linalg.inv(small)
+        small_inverse = _inverse(small)
 
         def solve_x(b: np.ndarray) -> np.ndarray:
             y = np.einsum("jab,jb->ja", inverse, b)
-            correction = small_inverse @ (self.capacity * y).sum(axis=0)
+            correction = (small_inverse * (self.capacity * y).sum(axis=0)).sum(axis=1)
             return y - np.einsum("jab,b->ja", inverse_u, correction)
 
         if self.size == n * k:
@@ -250,14 +280,14 @@ class _JobBlocks:
         blocks += np.einsum("jb,j,jc->jbc", epigraph, w_epigraph, epigraph)
         size = self.columns.shape[1]
         blocks[:, np.arange(size), np.arange(size)] += REGULARIZATION
-        inverse = np.linalg.inv(blocks)
+        inverse = _inverse(blocks)
         inverse_u = np.einsum("jbc,sjc->sjb", inverse, shared)  # B_j^-1 U_j'
         small = np.diag(block.vd[self.shared]) + np.einsum("sjb,tjb->st", shared, inverse_u)
-        small_inverse = np.linalg.inv(small)
+        small_inverse = _inverse(small)
 
         def solve_jobs(r: np.ndarray) -> np.ndarray:
             y = np.einsum("jbc,jc->jb", inverse, r)
-            correction = small_inverse @ np.einsum("sjb,jb->s", shared, y)
+            correction = (small_inverse * np.einsum("sjb,jb->s", shared, y)).sum(axis=1)
             return y - np.einsum("sjb,s->jb", inverse_u, correction)
 
         t_entries = self.t_entries
@@ -471,11 +501,11 @@ class _Operator:
             self.blocks.take(self.dense)
 
     def times(self, x: np.ndarray) -> np.ndarray:
-        return self.dense @ x if self.dense is not None else _flat(self.rows.times(x))
+        return (self.dense * x).sum(axis=1) if self.dense is not None else _flat(self.rows.times(x))
 
     def transposed(self, z: np.ndarray) -> np.ndarray:
         if self.dense is not None:
-            return self.dense.T @ z
+            return (self.dense * z[:, None]).sum(axis=0)
         return self.rows.transposed_times(_split(z, self.like))
 
     def normal_solver(self, block: _Block):  # type: ignore[no-untyped-def]
@@ -485,10 +515,10 @@ class _Operator:
             return self.blocks.normal_solver(block)
         if self.dense is not None:
             g = self.dense
-            normal = g.T @ (g / block.vd[:, None])
+            normal = np.einsum("ri,rj->ij", g, g / block.vd[:, None])  # not BLAS: `_inverse`
             normal[np.diag_indices_from(normal)] += REGULARIZATION
-            inverse = np.linalg.inv(normal)
-            return lambda b: inverse @ b  # (refined by the caller)
+            inverse = _inverse(normal)
+            return lambda b: (inverse * b).sum(axis=1)  # (refined by the caller)
         return self.rows.normal_solver(_split(block.vd, self.like), REGULARIZATION)
 
 
@@ -560,18 +590,18 @@ class _ConeBlock:
         w2[:, :SOC_SIZE, SOC_SIZE + 1] = w2[:, SOC_SIZE + 1, :SOC_SIZE] = u
         w2[:, SOC_SIZE, SOC_SIZE], w2[:, SOC_SIZE + 1, SOC_SIZE + 1] = 1.0, -1.0
         w2 *= scaling.eta_square[:, None, None]
-        self.inverse = np.linalg.inv(w2 + np.diag([*[REGULARIZATION] * SOC_SIZE, 0.0,
+        self.inverse = _inverse(w2 + np.diag([*[REGULARIZATION] * SOC_SIZE, 0.0,
                                                    -REGULARIZATION]))  # fmt: skip
         self.refined = w2 + np.diag([REGULARIZATION, REGULARIZATION, -REGULARIZATION, 0.0, 0.0])
         self.zz = np.ascontiguousarray(self.inverse[:, :SOC_SIZE, :SOC_SIZE])  # M^-1 on z
 
     def solve(self, r: np.ndarray) -> np.ndarray:
         """F^-1 r, r lifted."""
-        return (self.inverse @ r[:, :, None])[:, :, 0]
+        return (self.inverse * r[:, None, :]).sum(axis=2)
 
     def residual(self, r: np.ndarray, lifted: np.ndarray) -> np.ndarray:
         """r + (W^2 + refinement's delta) lifted, r lifted (rz - G dx, and the lifted rows')."""
-        return r + (self.refined @ lifted[:, :, None])[:, :, 0]
+        return r + (self.refined * lifted[:, None, :]).sum(axis=2)
 
 
 class _Block:
@@ -786,23 +816,23 @@ def _iterate(rows: _Rows | _DenseRows, c: np.ndarray) -> np.ndarray:
     _, z_start = start(-c, np.zeros(h.size))
     z = cones.into_cone(z_start)
     tau = kap = 1.0
-    resx0 = max(1.0, float(np.linalg.norm(c)))
-    resz0 = max(1.0, float(np.linalg.norm(h)))
+    resx0 = max(1.0, _norm(c))
+    resz0 = max(1.0, _norm(h))
     pres_before, step, since_best = np.nan, 0.0, 0
     best: _Iterate | None = None
     for iteration in range(MAX_ITERATIONS + 1):
         rx = -op.transposed(z)
-        hresx = float(np.linalg.norm(rx))
+        hresx = _norm(rx)
         rx = rx - tau * c
         rz = s + op.times(x) - tau * h
-        cx, hz = float(c @ x), float(h @ z)
+        cx, hz = _dot(c, x), _dot(h, z)
         rt = kap + cx + hz
-        gap = float(s @ z)
+        gap = _dot(s, z)
         mu = (gap + kap * tau) / (cones.degree + 1)
-        nz = float(np.linalg.norm(z))
-        pres = float(np.linalg.norm(rz)) / max(
-            resz0 + float(np.linalg.norm(x)) + float(np.linalg.norm(s)), 1.0) / tau
-        dres = float(np.linalg.norm(rx)) / max(resx0 + nz, 1.0) / tau
+        nz = _norm(z)
+        pres = _norm(rz) / max(
+            resz0 + _norm(x) + _norm(s), 1.0) / tau
+        dres = _norm(rx) / max(resx0 + nz, 1.0) / tau
         pcost, dcost = cx / tau, -hz / tau
         relgap = gap / -pcost if pcost < 0 else (gap / dcost if dcost > 0 else np.nan)
         pinfres = hresx / max(nz, 1.0) if hz / max(nz, 1.0) < -TOLERANCE else np.nan
@@ -827,8 +857,8 @@ def _iterate(rows: _Rows | _DenseRows, c: np.ndarray) -> np.ndarray:
         solve = factor(scaling.block())
         dx1, dz1 = solve(-c, h)
         dx2, dz2 = solve(rx, s - rz)
-        denominator = kap / tau - (float(c @ dx1) + float(h @ dz1))
-        dtau_affine = (rt - kap + float(c @ dx2) + float(h @ dz2)) / denominator
+        denominator = kap / tau - (_dot(c, dx1) + _dot(h, dz1))
+        dtau_affine = (rt - kap + _dot(c, dx2) + _dot(h, dz2)) / denominator
         w_dz_affine = scaling.times(dz2 + dtau_affine * dz1)
         ds_affine = -w_dz_affine - lam
         dkap_affine = -kap - kap / tau * dtau_affine
@@ -844,7 +874,7 @@ def _iterate(rows: _Rows | _DenseRows, c: np.ndarray) -> np.ndarray:
             lam_ds = (lam * lam + ds_affine * w_dz_affine - sigma * mu) / lam
         dx2, dz2 = solve((1 - sigma) * rx, -(1 - sigma) * rz + scaling.times(lam_ds))
         bkap = kap * tau + dkap_affine * dtau_affine - sigma * mu
-        dtau = ((1 - sigma) * rt - bkap / tau + float(c @ dx2) + float(h @ dz2)) / denominator
+        dtau = ((1 - sigma) * rt - bkap / tau + _dot(c, dx2) + _dot(h, dz2)) / denominator
         dx = dx2 + dtau * dx1
         dz = dz2 + dtau * dz1
         w_dz = scaling.times(dz)
