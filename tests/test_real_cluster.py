@@ -21,7 +21,15 @@ from gpuyard.launcher import ServiceSet
 from gpuyard.services.placement.service import PlacementConfig
 from gpuyard.shared.connection import Bus, connect
 from gpuyard.shared.contract import CancelRequest, Empty, JobQuery
-from gpuyard.shared.endpoints import CANCEL, HEARTBEATS, QUERY, SUBMIT, Endpoint, Subjects
+from gpuyard.shared.endpoints import (
+    CANCEL,
+    HEARTBEATS,
+    QUERY,
+    REREGISTER,
+    SUBMIT,
+    Endpoint,
+    Subjects,
+)
 from gpuyard.shared.endpoints import CLUSTER as CLUSTER_INFO
 from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.model import JobRecord
@@ -314,6 +322,27 @@ async def test_a_node_agent_killed_mid_command_stalls_no_round(
         await cluster.call(CANCEL, CancelRequest(job_ids=[big]))
         after = await cluster.submit(num_gpus=1, command=["sleep", "30"])
         await cluster.until_state(after, "running", within_s=2 * beat_s)
+
+
+async def test_an_agent_asked_to_register_as_it_leaves_stays_gone(cluster: RealCluster) -> None:
+    """A stopping agent's last heartbeats can reach placement after its departure; placement then
+    asks it to register again. It must not: a node registered by an exiting agent takes jobs that
+    never start (their next run is attempt 2, as seen on a loaded machine in `systemctl stop`)."""
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    job_id = await cluster.submit(num_gpus=2, command=[sys.executable, "-c", stubborn])
+    record = await cluster.until_state(job_id, "running")
+    (node,) = record.nodes
+    agent, log = cluster.agents[node], cluster.root / f"{node}.log"
+    agent.terminate()  # its part ignores SIGTERM: the agent leaves after its 5 s grace
+    await cluster.until(lambda: _async(lambda: "node.leaving" in log.read_text()), "leaving")
+    assert cluster.bus is not None
+    for _ in range(5):  # as placement does for a heartbeat of a node it does not know
+        await cluster.bus.publish(REREGISTER, Empty(), node=node)
+        await asyncio.sleep(0.2)
+    assert await agent.wait() == 0
+    assert log.read_text().count('"node.registered"') == 1
+    info = await cluster.call(CLUSTER_INFO, Empty())
+    assert node not in {n.node_id for n in info.nodes} and node in info.down
 
 
 async def test_cancel_heartbeats_and_malformed_submissions(cluster: RealCluster) -> None:

@@ -98,6 +98,7 @@ class NodeAgent(Service):
         self._exits_ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._register_lock = asyncio.Lock()
+        self.leaving = False  # stopping: never register again (placement may still ask us to)
         self.registered = asyncio.Event()
         self.notifier = SystemdNotifier()
         self.log = self.log.bind(node_id=self.node_id)
@@ -166,6 +167,8 @@ class NodeAgent(Service):
     async def stop(self) -> None:
         """Stop every job part (they checkpoint), tell placement the node is gone, disconnect."""
         self.notifier.notify("STOPPING=1")
+        self.leaving = True
+        self.log.info("node.leaving", jobs=sorted(self.parts), grace_s=self.config.grace_s)
         for part in list(self.parts.values()):
             part.stop()
         if self.parts:
@@ -189,6 +192,8 @@ class NodeAgent(Service):
         """Announce the node until placement answers; then stop parts placement does not know of."""
         async with self._register_lock:
             while True:
+                if self.leaving:
+                    return
                 sent = time.monotonic()
                 told = {*self.parts, *(e.job_id for e in self.pending_exits), *(k[0] for k in self.launched)}
                 try:
@@ -214,7 +219,9 @@ class NodeAgent(Service):
                     self._stop_part(job_id)
 
     async def _reregister(self, _: Empty) -> None:
-        if not self._register_lock.locked():
+        # A leaving agent's last heartbeats can reach placement after its departure, and
+        # placement then asks it to register again: it must not come back as it exits.
+        if not self._register_lock.locked() and not self.leaving:
             self._tasks.append(asyncio.create_task(self.register()))
 
     async def on_reconnect(self) -> None:
