@@ -440,7 +440,7 @@ def _time_out(awaited: asyncio.Future[Msg]) -> None:
 
 
 async def ensure_event_stream(
-    nc: Client, subjects: Subjects, *, max_age_s: float, storage: str = "file"
+    nc: Client, subjects: Subjects, *, max_age_s: float, storage: str = "file", replicas: int = 1
 ) -> bool:
     """Create (or update) the cluster's JetStream stream capturing `gpuyard.<cluster>.evt.>`.
 
@@ -455,6 +455,7 @@ async def ensure_event_stream(
         retention=RetentionPolicy.LIMITS,
         storage=StorageType(storage),
         max_age=max_age_s,
+        num_replicas=replicas,
     )
     js = nc.jetstream()
     try:

@@ -161,6 +161,10 @@ class Service:
     def durable(self) -> bool:
         return bool(getattr(getattr(self, "config", None), "durable", False))
 
+    @property
+    def replicas(self) -> int:
+        return int(getattr(getattr(self, "config", None), "replicas", 1))
+
     async def restore(self, values: dict[str, bytes]) -> None:
         """Take up the state loaded from the store (called before the first request)."""
 
@@ -268,8 +272,9 @@ class Service:
             if exc.reply.error != "no service is listening":
                 raise
         self.store = await open_store(
-            self.bus.nc, self.bus.subjects.cluster, self.name, durable=True
-        )
+            self.bus.nc, self.bus.subjects.cluster, self.name, durable=True,
+            replicas=self.replicas,
+        )  # fmt: skip
         started = time.perf_counter()
         await self.restore(await self.store.load())
         self.log.info("state.restored", took_s=round(time.perf_counter() - started, 4))

@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from typing import Any, TypeVar
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 import structlog
+from msgspec import Meta
 from nats.aio.client import Client
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
 T = TypeVar("T")
 
@@ -49,15 +54,29 @@ class NullStore:
         return {}
 
 
+REPLICAS_DOC = """Copies of the service's durable state (and the scheduler's event stream) that JetStream
+keeps, each on another server of a NATS cluster: 3 on a three-server cluster, so that losing any
+one server loses nothing; 1 on one server."""
+Replicas = Annotated[int, Meta(ge=1, le=5, description=REPLICAS_DOC)]
+
+UNAVAILABLE_FOR_S = 30.0
+"""How long a write or read is tried again while the bucket has no leader: on a NATS cluster,
+after its leader's server died, the other copies elect one (seconds)."""
+_UNAVAILABLE = (NoStreamResponseError, ServiceUnavailableError, NatsTimeoutError)
+
+
 class KvStore(NullStore):
     """A service's bucket `gpuyard_<cluster>_<service>` (file storage: it outlives the server)."""
 
     durable = True
 
-    def __init__(self, nc: Client, cluster: str, service: str, *, storage: str = "file") -> None:
+    def __init__(
+        self, nc: Client, cluster: str, service: str, *, storage: str = "file", replicas: int = 1
+    ) -> None:
         self.nc = nc
         self.bucket = f"gpuyard_{cluster}_{service}".replace(".", "_")
         self.storage = storage
+        self.replicas = replicas
         self._kv: Any = None
         self.log = structlog.get_logger().bind(bucket=self.bucket)
 
@@ -65,8 +84,23 @@ class KvStore(NullStore):
         from nats.js.api import KeyValueConfig, StorageType
 
         js = self.nc.jetstream()
-        config = KeyValueConfig(bucket=self.bucket, history=1, storage=StorageType(self.storage))
-        self._kv = await js.create_key_value(config)
+        config = KeyValueConfig(
+            bucket=self.bucket, history=1, storage=StorageType(self.storage), replicas=self.replicas
+        )
+        self._kv = await self._while_unavailable(lambda: js.create_key_value(config))
+
+    async def _while_unavailable(self, op: Callable[[], Awaitable[T]]) -> T:
+        """`op()`, tried again while the bucket is without a leader (`UNAVAILABLE_FOR_S`).
+        Writes are puts and deletes of whole values: one repeated after a lost answer is harmless."""
+        deadline = time.monotonic() + UNAVAILABLE_FOR_S
+        while True:
+            try:
+                return await op()
+            except _UNAVAILABLE as exc:
+                if time.monotonic() > deadline:
+                    raise
+                self.log.warning("store.unavailable", error=repr(exc), retry_s=0.25)
+                await asyncio.sleep(0.25)
 
     async def put_many(self, items: dict[str, Any]) -> None:
         """Write every item (concurrently; bytes as they are, anything else as JSON); returns
@@ -74,20 +108,26 @@ class KvStore(NullStore):
         if items:
             await asyncio.gather(
                 *(
-                    self._kv.put(k, v if isinstance(v, bytes) else _encoder.encode(v))
+                    self._while_unavailable(
+                        lambda k=k, v=v: self._kv.put(
+                            k, v if isinstance(v, bytes) else _encoder.encode(v)
+                        )
+                    )
                     for k, v in items.items()
                 )
             )
 
     async def delete_many(self, keys: list[str]) -> None:
         if keys:
-            await asyncio.gather(*(self._kv.delete(k) for k in keys))
+            await asyncio.gather(
+                *(self._while_unavailable(lambda k=k: self._kv.delete(k)) for k in keys)
+            )
 
     async def load(self) -> dict[str, bytes]:
         """Every key with its latest value (deleted keys left out), in one pass over the bucket's
         stream (an ordered consumer of the last value per key): ~10x faster than a get per key."""
         values: dict[str, bytes] = {}
-        status = await self._kv.status()
+        status = await self._while_unavailable(self._kv.status)
         if not status.values:
             return values
         # Read until the entry with nothing pending after it: the watcher's own "initial values
@@ -110,10 +150,12 @@ class KvStore(NullStore):
         return values
 
 
-async def open_store(nc: Client, cluster: str, service: str, *, durable: bool) -> NullStore:
+async def open_store(
+    nc: Client, cluster: str, service: str, *, durable: bool, replicas: int = 1
+) -> NullStore:
     if not durable:
         return NullStore()
-    store = KvStore(nc, cluster, service)
+    store = KvStore(nc, cluster, service, replicas=replicas)
     await store.open()
     return store
 

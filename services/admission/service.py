@@ -35,6 +35,7 @@ from gpuyard.shared.policy import (
     admission_policies,
 )
 from gpuyard.shared.service import Handler, Service
+from gpuyard.shared.store import Replicas
 from gpuyard.shared.throughput import LinearModel, ThroughputModel, load_throughputs
 
 from .identity import owned_by
@@ -52,6 +53,7 @@ class AdmissionConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     """Real clusters: try held jobs again this often (a simulation's clock does it on exits)."""
     durable: bool = False
     """Keep the id counter and the held jobs in a JetStream key-value bucket."""
+    replicas: Replicas = 1
     throughputs: str = "default"
     """The throughput model behind the views' `rate()` (deadline-feasibility admission)."""
     call_timeout_s: float | None = None

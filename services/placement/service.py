@@ -49,6 +49,7 @@ from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobSpec, NodeSpec
 from gpuyard.shared.policy import NodeView, PlacementInput, PlacementPolicy, placement_policies
 from gpuyard.shared.service import Handler, Service
+from gpuyard.shared.store import Replicas
 
 
 class PlacementConfig(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -68,6 +69,7 @@ class PlacementConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     which answer in virtual time."""
     durable: bool = False
     """Keep the cluster map in a JetStream key-value bucket: a restarted placement goes on."""
+    replicas: Replicas = 1
     simulated: bool = False
     """The nodes are the simclock's: the commands of an apply go to it in one request
     (`clock.cmds`) rather than one per node (a simulation's round trips are its cost)."""

@@ -73,6 +73,7 @@ from gpuyard.shared.policy import (
     scheduling_policies,
 )
 from gpuyard.shared.service import Handler, Service
+from gpuyard.shared.store import Replicas
 from gpuyard.shared.throughput import (
     LearnedThroughputs,
     LinearModel,
@@ -115,6 +116,7 @@ class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     """A policy that took longer than this once runs in a worker thread from then on."""
     durable: bool = False
     """Keep the jobs in a JetStream key-value bucket: a restarted scheduler goes on where it was."""
+    replicas: Replicas = 1
     call_timeout_s: float | None = None
     """How long one request to placement may take (None: the connection's default)."""
     retry_for_s: float = 0.0
@@ -208,7 +210,7 @@ class Scheduler(Service):
             self.log.info("events.not_stored", reason="event_storage is none")
         elif not await ensure_event_stream(
             self.bus.nc, self.bus.subjects, max_age_s=self.config.event_retention_s,
-            storage=self.config.event_storage,
+            storage=self.config.event_storage, replicas=self.config.replicas,
         ):  # fmt: skip
             self.log.warning("events.not_stored", reason="the NATS server has no JetStream")
         await super().start()
