@@ -260,10 +260,18 @@ def resolve_connection(args: argparse.Namespace, profile: str | Path | None = No
 async def connect(url: str, *, name: str, auth: NatsAuth | None = None, **options: Any) -> Client:
     """Connect with reconnects that never give up (a restarted server is picked up again).
 
-    `url` may list several servers, comma-separated; `options` override any default.
+    `url` may list several servers, comma-separated; `options` override any default. An error on
+    the connection (a server lost) is one log line: nats-py's own is a traceback each.
     """
+
+    async def error(exc: Exception) -> None:
+        structlog.get_logger().warning(
+            "nats.error", connection=name, error=str(exc) or type(exc).__name__
+        )
+
     settings: dict[str, Any] = {
         "name": name,
+        "error_cb": error,
         "max_reconnect_attempts": -1,
         "reconnect_time_wait": 0.5,
         "allow_reconnect": True,

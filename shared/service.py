@@ -540,6 +540,12 @@ def run_service(
     parser = argparse.ArgumentParser(prog=f"gpuyard-{service_cls.name}")
     add_nats_arguments(parser, url_default="nats://127.0.0.1:4222", cluster_default="default")
     parser.add_argument("--config", help="JSON file with the service's configuration")
+    if "replicas" in config_cls.__struct_fields__:
+        parser.add_argument(
+            "--replicas", type=int, default=None, metavar="N",
+            help="copies of its durable state on a NATS cluster (1-5; 3 on three servers): the "
+            "config's `replicas`, for one config file on a cluster of any size",
+        )  # fmt: skip
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
@@ -547,6 +553,10 @@ def run_service(
         resolve_connection(args)
         raw = Path(args.config).read_bytes() if args.config else b"{}"
         config = msgspec.json.decode(raw, type=config_cls)
+        if getattr(args, "replicas", None) is not None:
+            config = msgspec.convert(
+                {**msgspec.to_builtins(config), "replicas": args.replicas}, config_cls
+            )
         subjects = Subjects(args.cluster)
     except (OSError, ValueError, msgspec.ValidationError) as exc:
         parser.error(f"bad configuration: {exc}")

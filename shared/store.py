@@ -77,6 +77,7 @@ class KvStore(NullStore):
         self.bucket = f"gpuyard_{cluster}_{service}".replace(".", "_")
         self.storage = storage
         self.replicas = replicas
+        self.unavailable_since = 0.0  # (monotonic) since when writes find no leader; 0: they do
         self._kv: Any = None
         self.log = structlog.get_logger().bind(bucket=self.bucket)
 
@@ -92,15 +93,25 @@ class KvStore(NullStore):
     async def _while_unavailable(self, op: Callable[[], Awaitable[T]]) -> T:
         """`op()`, tried again while the bucket is without a leader (`UNAVAILABLE_FOR_S`).
         Writes are puts and deletes of whole values: one repeated after a lost answer is harmless."""
-        deadline = time.monotonic() + UNAVAILABLE_FOR_S
+        started = time.monotonic()
+        tries = 0
         while True:
             try:
-                return await op()
+                result = await op()
             except _UNAVAILABLE as exc:
-                if time.monotonic() > deadline:
+                if time.monotonic() - started > UNAVAILABLE_FOR_S:
                     raise
-                self.log.warning("store.unavailable", error=repr(exc), retry_s=0.25)
+                if not self.unavailable_since:  # one line an outage, not one a try
+                    self.unavailable_since = started
+                    self.log.warning("store.unavailable", error=repr(exc))
+                tries += 1
                 await asyncio.sleep(0.25)
+                continue
+            if tries and self.unavailable_since:
+                took_s = round(time.monotonic() - self.unavailable_since, 2)
+                self.unavailable_since = 0.0
+                self.log.info("store.available", after_s=took_s)
+            return result
 
     async def put_many(self, items: dict[str, Any]) -> None:
         """Write every item (concurrently; bytes as they are, anything else as JSON); returns

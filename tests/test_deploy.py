@@ -107,12 +107,13 @@ def states(jobs_json: str) -> dict[str, str]:
 class Compose:
     """One docker-compose project from a deploy/ file, on its own network and loopback port."""
 
-    def __init__(self, file: str, image: str) -> None:
+    def __init__(self, file: str, image: str, *overrides: str) -> None:
         tool = compose_tool()
         assert tool is not None
         self.port = free_port()
         self.project = f"gytest{uuid.uuid4().hex[:8]}"
-        self.base = [*tool, "--no-ansi", "-p", self.project, "-f", str(DEPLOY / file)]
+        files = [arg for f in (file, *overrides) for arg in ("-f", str(DEPLOY / f))]
+        self.base = [*tool, "--no-ansi", "-p", self.project, *files]
         if tool == ["docker", "compose"]:
             self.base.remove("--no-ansi")
         self.env = {**os.environ, "GPUYARD_IMAGE": image, "GPUYARD_NATS_PORT": str(self.port)}
@@ -315,6 +316,56 @@ def test_a_scheduler_with_another_policy_takes_over_mid_run(cluster: Compose) ->
     assert '"service.handing_over"' in handed and '"service.took_over"' in took
     swaps = [e["reason"] for e in tail.of("policy.changed")]
     assert len(swaps) == 1 and swaps[0].startswith("fifo -> las") and "took over" in swaps[0]
+
+
+def test_the_three_broker_control_plane_loses_nothing_when_a_broker_and_the_scheduler_die(
+    image: str,
+) -> None:
+    compose = Compose("docker-compose.cluster.yml", image, "docker-compose.ha.yml")
+    ports = [compose.port, free_port(), free_port()]
+    compose.env |= {"GPUYARD_NATS_PORT2": str(ports[1]), "GPUYARD_NATS_PORT3": str(ports[2])}
+    compose.nats[1] = ",".join(f"nats://127.0.0.1:{p}" for p in ports)
+    try:
+        compose("up", "-d", timeout=300)
+        compose.operator()
+
+        def both_nodes() -> bool:
+            result = gpuyard("nodes", "--json", *compose.nats, check=False, timeout=30)
+            return result.returncode == 0 and len(json.loads(result.stdout)["cluster"]["nodes"]) == 2
+
+        until(both_nodes, "two registered node agents", 120)
+        train = ["python", "examples/train.py", "--steps", "200", "--step-time", "0.05"]
+        jobs = [submit(compose.nats, "--", *train) for _ in range(4)]
+        leader = compose_stream_leader(compose, f"KV_gpuyard_{CLUSTER}_scheduler")
+        run("docker", "kill", compose.container(leader))  # the server leading its bucket
+        jobs += [submit(compose.nats, "--", *train) for _ in range(2)]
+        scheduler = compose.container("scheduler")
+        run("docker", "exec", scheduler, "sh", "-c", "kill -9 -1", check=False)  # (a crash)
+        jobs += [submit(compose.nats, "--", *train) for _ in range(2)]
+        assert set(wait_ended(compose, jobs, 180).values()) == {"completed"}
+        found = json.loads(gpuyard("jobs", "--json", *compose.nats, *jobs).stdout)["jobs"]
+        assert [j["preemptions"] for j in found] == [0] * len(jobs)  # the outage requeued none
+        restarts = compose.inspect("scheduler", "{{.RestartCount}}")
+        assert int(restarts) == 1  # it came back by itself, with its jobs
+        assert compose_stream_leader(compose, f"KV_gpuyard_{CLUSTER}_scheduler") != leader
+        journal = compose("logs", "--no-color", "scheduler").stdout
+        assert '"state.jobs_restored"' in journal and "Traceback" not in journal
+    finally:
+        compose.down()
+
+
+def compose_stream_leader(compose: Compose, stream: str) -> str:
+    """The compose service of the server leading `stream`'s copies (from a live server's /jsz)."""
+    ask = (
+        "import json, urllib.request as u; d = json.load(u.urlopen("
+        "'http://127.0.0.1:8222/jsz?streams=true', timeout=5)); print([s['cluster']['leader'] "
+        f"for a in d['account_details'] for s in a['stream_detail'] if s['name'] == '{stream}'][0])"
+    )
+    for server in ("nats", "nats2", "nats3"):
+        result = run("docker", "exec", compose.container(server), "python", "-c", ask, check=False)
+        if result.returncode == 0:
+            return result.stdout.strip()
+    raise AssertionError(f"no live server knows {stream}'s leader")
 
 
 def test_the_broker_keeps_the_event_stream_on_its_volume(cluster: Compose) -> None:

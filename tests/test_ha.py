@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -32,14 +34,16 @@ class Brokers:
         self.client_ports = [free_port() for _ in range(SERVERS)]
         route_ports = [free_port() for _ in range(SERVERS)]
         routes = ", ".join(f"nats-route://127.0.0.1:{p}" for p in route_ports)
-        self.servers = [
-            EmbeddedNats(
-                state_dir=root / f"nats{i}", listen=f"127.0.0.1:{self.client_ports[i]}",
-                extra_config=f'server_name: "s{i}"\n'
-                f'cluster {{ name: "gy", listen: "127.0.0.1:{route_ports[i]}", routes: [{routes}] }}',
-            )  # fmt: skip
-            for i in range(SERVERS)
-        ]
+        self.servers = []
+        for i in range(SERVERS):
+            cluster = f'name: "gy", listen: "127.0.0.1:{route_ports[i]}", routes: [{routes}]'
+            self.servers.append(
+                EmbeddedNats(
+                    state_dir=root / f"nats{i}",
+                    listen=f"127.0.0.1:{self.client_ports[i]}",
+                    extra_config=f'server_name: "s{i}"\ncluster {{ {cluster} }}',
+                )
+            )
         self.url = ",".join(f"nats://127.0.0.1:{p}" for p in self.client_ports)
 
     async def start(self) -> None:
@@ -89,11 +93,14 @@ async def brokers(tmp_path: Path) -> AsyncIterator[Brokers]:
         await b.stop()
 
 
+@pytest.mark.slow
 async def test_a_broker_killed_under_load_loses_nothing(brokers: Brokers, tmp_path: Path) -> None:
     cluster = ProcessCluster(brokers.url, tmp_path)
     for config in cluster.configs.values():
         config.replicas = SERVERS
     cluster.configs["scheduler"].event_storage = "file"
+    cluster.configs["scheduler"].policy, cluster.configs["scheduler"].params = "fifo", {}  # (no
+    # preemptions of its own: each one would be the outage's)
     # Long enough for clients to move to another server: the outage requeues nothing.
     cluster.configs["placement"].heartbeat_timeout_s = 10.0
     async with cluster:
@@ -115,3 +122,12 @@ async def test_a_broker_killed_under_load_loses_nothing(brokers: Brokers, tmp_pa
         assert [j.preemptions for j in page.jobs] == [0] * len(ids)
         assert await brokers.leader_of(f"KV_gpuyard_{CLUSTER}_scheduler") != victim
         assert await brokers.leader_of(Subjects(CLUSTER).stream_name) in range(SERVERS)
+
+
+def test_a_service_takes_its_replicas_from_the_command_line_within_bounds() -> None:
+    bad = subprocess.run(
+        [sys.executable, "-m", "gpuyard.cli", "service", "scheduler", "--replicas", "7"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2
+    assert bad.stderr.splitlines()[-1].endswith("bad configuration: Expected `int` <= 5 - at `$.replicas`")
