@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import structlog
 
 from gpuyard.embedded import dying_with_this_process
 from gpuyard.shared.connection import Bus, NatsAuth, connect
@@ -27,6 +28,38 @@ SERVICE_CLASSES = {
     "placement": ("gpuyard.services.placement.service", "Placement"),
     "simclock": ("gpuyard.services.simclock.service", "SimClock"),
 }
+
+
+class ConnectionLog:
+    """A service's connection, as a few log lines: one when it is lost, one when the server is out
+    of reach, one when it is back; a working connection's errors one line each. Without these,
+    nats-py logs a traceback at every failed attempt to reconnect (two a second per service)."""
+
+    def __init__(self, service: str) -> None:
+        self.log = structlog.get_logger().bind(service=service)
+        self.connected = True
+        self.unreachable = False
+
+    def callbacks(self) -> dict[str, Any]:
+        return {"error_cb": self.error, "disconnected_cb": self.disconnected,
+                "reconnected_cb": self.reconnected}  # fmt: skip
+
+    async def error(self, exc: Exception) -> None:
+        text = str(exc) or type(exc).__name__
+        if self.connected:
+            self.log.warning("nats.error", error=text)
+        elif not self.unreachable:
+            self.unreachable = True
+            self.log.warning("nats.unreachable", error=text)
+
+    async def disconnected(self) -> None:
+        if self.connected:
+            self.log.warning("nats.disconnected")
+        self.connected = False
+
+    async def reconnected(self) -> None:
+        self.log.info("nats.reconnected")
+        self.connected, self.unreachable = True, False
 
 
 def service_class(name: str) -> type[Service]:
@@ -67,7 +100,7 @@ class ServiceSet:
             for name, config in self.configs.items():
                 nc = await connect(
                     self.url, name=f"gpuyard-{name}-{self.subjects.cluster}",
-                    auth=self.auth_of(name),
+                    auth=self.auth_of(name), **ConnectionLog(name).callbacks(),
                 )  # fmt: skip
                 service = service_class(name)(Bus(nc, self.subjects), config)
                 await service.start()
