@@ -511,7 +511,7 @@ async def supervise_broker(
                 deaths.popleft()
             if len(deaths) > restarts:
                 print(
-                    f"gpuyard up: the embedded NATS server {how}, its {len(deaths)}th death in "
+                    f"gpuyard up: the embedded NATS server {how}, {len(deaths)} deaths within "
                     f"{window_s:g} s (--broker-restarts {restarts}): exiting",
                     file=sys.stderr, flush=True,
                 )  # fmt: skip

@@ -176,6 +176,8 @@ class ServiceSet:
 
     async def stop(self) -> None:
         for service in reversed(self._services):
+            if not service.bus.nc.is_connected:  # the server is gone: there is nothing to drain
+                await service.bus.nc.close()
             await service.stop()
         for proc in self._procs:
             if proc.returncode is None:

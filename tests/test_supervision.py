@@ -1,0 +1,191 @@
+"""Supervision of a real cluster, with real processes: `gpuyard up` starts its embedded broker
+again when it is killed (or gives up, within a bound, for systemd), `tail --follow` resumes after a
+broker restart with no event twice and none lost, and a second `up` on a state directory in use is
+refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.polling import free_port, until
+
+CLUSTER = "sup"
+RESTARTED = "started it again on"
+
+
+class Cluster:
+    """`gpuyard up` on a state directory of its own, its stderr in `up.log`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.state = root / "state"
+        self.port = free_port()
+        self.op = str(self.state / "profiles" / "op.admin.json")
+        self.procs: list[subprocess.Popen[str]] = []
+        self.up: subprocess.Popen[str] | None = None
+
+    def popen(self, *args: str, log: str) -> subprocess.Popen[str]:
+        out = (self.root / log).open("a")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuyard.cli", *args], stdout=out, stderr=out, text=True,
+            cwd=self.root,
+        )  # fmt: skip
+        self.procs.append(proc)
+        return proc
+
+    def gpuyard(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-m", "gpuyard.cli", *args], capture_output=True, text=True,
+            timeout=timeout, cwd=self.root,
+        )  # fmt: skip
+        if check and result.returncode != 0:
+            raise AssertionError(f"gpuyard {' '.join(args)}: {result.returncode}\n{result.stderr}")
+        return result
+
+    def up_args(self, *extra: str) -> list[str]:
+        return ["up", "--cluster", CLUSTER, "--state-dir", str(self.state), "--listen",
+                f"127.0.0.1:{self.port}", "--round", "0.5", *extra]  # fmt: skip
+
+    def start_up(self, *extra: str) -> None:
+        before = self.log().count("control plane up")
+        self.up = self.popen(*self.up_args(*extra), log="up.log")
+        until(lambda: self.log().count("control plane up") > before, "up started", within_s=60)
+
+    def log(self, name: str = "up.log") -> str:
+        path = self.root / name
+        return path.read_text() if path.exists() else ""
+
+    def broker_pid(self) -> int:
+        return int((self.state / "nats.pid").read_text())
+
+    def kill_broker(self) -> None:
+        pid = self.broker_pid()
+        os.kill(pid, signal.SIGKILL)
+        until(lambda: self.broker_pid() != pid and self.log().count(RESTARTED), "a new broker")
+
+    def agent(self, node: str) -> None:
+        profile = str(self.root / f"{node}.json")
+        self.gpuyard("auth", "add-node", node, "--cluster", CLUSTER, "--state-dir",
+                     str(self.state), "--out", profile)  # fmt: skip
+        self.popen("nodeagent", "--nats-config", profile, "--gpus", "1", "--gpu-type", "t4",
+                   "--no-nvml", "--heartbeat", "0.2", "--state-dir", str(self.root / node),
+                   "--checkpoint-root", str(self.root / "ckpt"), log=f"{node}.log")  # fmt: skip
+
+    def job_state(self, job: str) -> str | None:
+        out = self.gpuyard("jobs", "--json", "--nats-config", self.op, check=False).stdout
+        jobs = {j["job_id"]: j for j in json.loads(out or '{"jobs": []}')["jobs"]}
+        return jobs[job]["state"] if job in jobs else None
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+        for p in reversed(self.procs):
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def test_up_starts_its_killed_broker_again_and_the_cluster_goes_on(cluster: Cluster) -> None:
+    cluster.start_up()
+    cluster.agent("n1")
+    first = cluster.gpuyard("submit", "--nats-config", cluster.op, "--", sys.executable, "-c",
+                            "pass").stdout.split()[-1]  # fmt: skip
+    until(lambda: cluster.job_state(first) == "completed", f"{first} completed")
+
+    cluster.kill_broker()
+    # A job submitted after is scheduled and runs: the services and the agent reconnected, and
+    # the store (with the first job) is the same.
+    job = cluster.gpuyard("submit", "--nats-config", cluster.op, "--", sys.executable, "-c",
+                          "pass").stdout.split()[-1]  # fmt: skip
+    until(lambda: cluster.job_state(job) == "completed", f"{job} completed after the restart")
+    assert cluster.job_state(first) == "completed"
+    assert cluster.up is not None and cluster.up.poll() is None
+    log = cluster.log()
+    assert log.count(RESTARTED) == 1, log
+    assert "was killed (SIGKILL)" in log
+    assert "Traceback" not in log
+
+
+def test_up_exits_when_its_broker_dies_more_often_than_allowed(cluster: Cluster) -> None:
+    cluster.start_up("--broker-restarts", "1")
+    cluster.kill_broker()
+    os.kill(cluster.broker_pid(), signal.SIGKILL)  # the second death within the window
+    assert cluster.up is not None
+    assert cluster.up.wait(timeout=30) == 1
+    said = [line for line in cluster.log().splitlines() if line.startswith("gpuyard up:")]
+    assert said[-1].endswith("(--broker-restarts 1): exiting"), said
+    assert sum("the embedded NATS server" in line for line in said) == 2  # a restart, an exit
+    assert "Traceback" not in cluster.log()
+
+
+def test_tail_follow_resumes_after_a_broker_restart_with_no_event_twice(cluster: Cluster) -> None:
+    cluster.start_up()
+    tail = cluster.popen("tail", "--follow", "--json", "--nats-config", cluster.op, log="tail.log")
+    policies = ["las", "fifo", "las", "fifo"]
+
+    def events() -> list[dict[str, object]]:
+        return [json.loads(line) for line in cluster.log("tail.log").splitlines()
+                if line.startswith("{")]  # fmt: skip
+
+    for i, policy in enumerate(policies):
+        if i == 2:
+            cluster.kill_broker()
+        cluster.gpuyard("policy", "set", "scheduler", policy, "--nats-config", cluster.op)
+        until(lambda n=i + 1: len(events()) >= n, f"event {i + 1} printed")
+    assert tail.poll() is None
+    changes = [e for e in events() if e["type"] == "policy.changed"]
+    assert [str(e["reason"]).split(" {")[0] for e in changes] == [
+        "fifo -> las", "las -> fifo", "fifo -> las", "las -> fifo"
+    ]  # fmt: skip
+    seqs = [e["seq"] for e in events()]
+    assert seqs == list(range(1, len(seqs) + 1))  # each once, in order, none missing
+    assert cluster.log("tail.log").count("lost the connection to NATS") == 1
+
+
+def test_a_second_up_on_a_state_directory_in_use_is_refused(cluster: Cluster) -> None:
+    cluster.start_up()
+    url = json.loads(Path(cluster.op).read_text())["url"]
+    other = free_port()
+    second = cluster.gpuyard("up", "--cluster", CLUSTER, "--state-dir", str(cluster.state),
+                             "--listen", f"127.0.0.1:{other}", check=False)  # fmt: skip
+    assert second.returncode == 1
+    assert cluster.up is not None
+    assert second.stderr.strip().splitlines() == [
+        f"gpuyard up: {cluster.state} is in use by another gpuyard up (pid {cluster.up.pid}, {url})"
+    ]
+    # The first goes on, and the profiles still point at it.
+    assert json.loads(Path(cluster.op).read_text())["url"] == url
+    assert "scheduler  fifo" in cluster.gpuyard("policy", "show", "--nats-config", cluster.op).stdout
+    # Once the first has gone, however it went, the directory is free again.
+    cluster.up.send_signal(signal.SIGKILL)
+    cluster.up.wait(timeout=15)
+    until(lambda: not _alive(cluster.broker_pid()), "the broker gone with its up")
+    cluster.start_up()
+    assert "scheduler  fifo" in cluster.gpuyard("policy", "show", "--nats-config", cluster.op).stdout
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
