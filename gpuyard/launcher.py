@@ -149,6 +149,23 @@ class ServiceSet:
         self.extra.append(name)
         return proc
 
+    async def lost(self, grace_s: float, every_s: float = 0.1) -> tuple[str, int]:
+        """(processes=True) Wait for a service whose newest process ended and that was not
+        started again (`replace`) within `grace_s` seconds; its name and its process's exit code
+        (-N: killed by signal N). One started again in time is not lost."""
+        import time
+
+        down: dict[str, float] = {}
+        while True:
+            now = time.monotonic()
+            for name in self.configs:
+                proc = self.process(name)
+                if proc.returncode is None:
+                    down.pop(name, None)
+                elif now - down.setdefault(name, now) >= grace_s:
+                    return name, proc.returncode
+            await asyncio.sleep(every_s)
+
     async def wait_ready(self, within_s: float = 30.0) -> None:
         """Until every service answers a ping."""
         nc = await connect(self.url, name="gpuyard-launcher", auth=self.auth)

@@ -189,3 +189,47 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+async def test_a_simulation_whose_scheduler_dies_for_good_ends_partial_naming_it(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """The scheduler's process is SIGKILLed mid-run and nobody starts it again: the run ends with
+    one error naming it (not a stalled clock blaming the call that timed out), and writes what it
+    reached, as Ctrl-C does: the timeline, the jobs ended by then, a summary with `partial`."""
+    from gpuyard.launcher import ServiceSet
+    from gpuyard.shared.contract import Progress
+    from gpuyard.shared.model import ClusterSpec
+    from gpuyard.sim import ServiceLost, SimOptions, simulate
+    from gpuyard.workloads import blox
+
+    holder: list[ServiceSet] = []
+    killed: list[int] = []
+
+    def on_progress(p: Progress) -> None:
+        if not killed and not p.done and p.finished > 0 and p.submitted * 3 >= p.total:
+            killed.append(p.finished)
+            os.kill(holder[0].process("scheduler").pid, signal.SIGKILL)
+
+    jobs = list(blox(80, jobs_per_hour=8.0, seed=1).jobs)
+    options = SimOptions(cluster=ClusterSpec.parse("2x4"), policy="fifo", durable=True,
+                         call_timeout_s=0.5)  # fmt: skip
+    with pytest.raises(ServiceLost) as lost:
+        await simulate(
+            options, jobs, tmp_path, nats_url=nats_url, cluster_name="lost", processes=True,
+            on_progress=on_progress, on_services=holder.append, lost_after_s=0.5, plots=False,
+        )  # fmt: skip
+    assert killed, "the run ended before the kill"
+    said = str(lost.value)
+    assert said.startswith("the scheduler service was killed (signal 9) and was not started again")
+    assert "\n" not in said and "adm.submit" not in said
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["partial"] is True
+    assert summary["stopped_by"].startswith("the scheduler service was killed")
+    assert summary["simulated_s"] > 0
+    assert len((tmp_path / "timeline.csv").read_text().splitlines()) > 1
+    # The jobs that had ended, from the scheduler's bucket (it cannot answer), as far as the
+    # clock got: at least those it had reported finished before the kill.
+    ended = (tmp_path / "jobs.csv").read_text().splitlines()[1:]
+    assert len(ended) >= killed[0]
+    assert summary["completed"] == len(ended) < len(jobs)
