@@ -233,3 +233,49 @@ async def test_a_simulation_whose_scheduler_dies_for_good_ends_partial_naming_it
     ended = (tmp_path / "jobs.csv").read_text().splitlines()[1:]
     assert len(ended) >= killed[0]
     assert summary["completed"] == len(ended) < len(jobs)
+
+
+def _children_running(parent: int, module: str) -> list[int]:
+    """The processes `parent` started that run `python -m module`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and module.encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def test_gpuyard_sim_whose_scheduler_is_killed_exits_with_one_line_naming_it(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "run"
+    log = (tmp_path / "sim.err").open("w")
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "gpuyard.cli", "sim", "--processes", "--lost-after", "0.5", "--jobs", "1000",
+         "--cluster-spec", "2x4", "--out", str(out)],
+        stdout=subprocess.DEVNULL, stderr=log, text=True,
+    )  # fmt: skip
+    try:
+        # The run has begun (its first progress line): kill its scheduler for good.
+        until(lambda: "jobs  t=" in (tmp_path / "sim.err").read_text(), "the run started")
+        (scheduler,) = _children_running(sim.pid, "gpuyard.services.scheduler")
+        os.kill(scheduler, signal.SIGKILL)
+        code = sim.wait(timeout=120)
+    finally:
+        if sim.poll() is None:
+            sim.kill()
+    assert code == 1
+    lines = (tmp_path / "sim.err").read_text().splitlines()
+    named = [line for line in lines if "scheduler" in line]
+    assert len(named) == 1 and named[0].startswith(
+        "gpuyard sim: the scheduler service was killed (signal 9) and was not started again"
+    ), lines
+    assert "Traceback" not in "\n".join(lines)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["partial"] is True and summary["jobs_in_workload"] == 1000
