@@ -257,8 +257,8 @@ def test_gpuyard_sim_whose_scheduler_is_killed_exits_with_one_line_naming_it(
     out = tmp_path / "run"
     log = (tmp_path / "sim.err").open("w")
     sim = subprocess.Popen(
-        [sys.executable, "-m", "gpuyard.cli", "sim", "--processes", "--lost-after", "0.5", "--jobs", "1000",
-         "--cluster-spec", "2x4", "--out", str(out)],
+        [sys.executable, "-m", "gpuyard.cli", "sim", "--processes", "--lost-after", "0.5",
+         "--jobs", "1000", "--cluster-spec", "2x4", "--out", str(out)],
         stdout=subprocess.DEVNULL, stderr=log, text=True,
     )  # fmt: skip
     try:
