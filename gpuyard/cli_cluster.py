@@ -10,6 +10,7 @@ import contextlib
 import getpass
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -482,19 +483,22 @@ async def run_control_plane(args: argparse.Namespace) -> int:
             code = 0
         else:
             code = await supervise_broker(
-                server, stop, restarts=args.broker_restarts, window_s=args.broker_restart_window
-            )
+                server, stop, restarts=args.broker_restarts, window_s=args.broker_restart_window,
+                back=service_set.wait_ready,
+            )  # fmt: skip
         print("stopping", file=sys.stderr, flush=True)
     return code
 
 
 async def supervise_broker(
-    server: EmbeddedNats, stop: asyncio.Event, *, restarts: int, window_s: float
-) -> int:
+    server: EmbeddedNats, stop: asyncio.Event, *, restarts: int, window_s: float,
+    back: Callable[[], Awaitable[None]],
+) -> int:  # fmt: skip
     """Until `stop`: start the embedded server again whenever it dies (same address, same store;
-    the services reconnect by themselves), one line each time. Its `restarts + 1`th death within
-    `window_s` seconds, or a failed restart, ends `up` with 1: something is wrong that starting it
-    again does not mend, and a service manager (systemd) may do better."""
+    the services reconnect by themselves, and `back` waits for them to answer), one line each
+    time. Its `restarts + 1`th death within `window_s` seconds, or a failed restart, ends `up`
+    with 1: something is wrong that starting it again does not mend, and a service manager
+    (systemd) may do better."""
     deaths: collections.deque[float] = collections.deque()
     stopping = asyncio.ensure_future(stop.wait())
     try:
@@ -518,15 +522,18 @@ async def supervise_broker(
                 return 1
             try:
                 url = await server.restart()
-            except RuntimeError as exc:
-                first = str(exc).splitlines()[-1] if str(exc) else "no reason given"
+                await back()
+            except (RuntimeError, TimeoutError) as exc:
+                first = str(exc).splitlines()[-1] if str(exc) else "the services did not answer"
                 print(
-                    f"gpuyard up: the embedded NATS server {how} and did not start again: {first}",
+                    f"gpuyard up: the embedded NATS server {how} and the cluster did not come "
+                    f"back: {first}",
                     file=sys.stderr, flush=True,
                 )  # fmt: skip
                 return 1
             print(
-                f"gpuyard up: the embedded NATS server {how}; started it again on {url}",
+                f"gpuyard up: the embedded NATS server {how}; started it again on {url}, and "
+                "the services answer again",
                 file=sys.stderr, flush=True,
             )  # fmt: skip
     finally:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.errors
 import structlog
 
 from gpuyard.embedded import dying_with_this_process
@@ -158,13 +159,19 @@ class ServiceSet:
         down: dict[str, float] = {}
         while True:
             now = time.monotonic()
-            for name in self.configs:
-                proc = self.process(name)
-                if proc.returncode is None:
-                    down.pop(name, None)
-                elif now - down.setdefault(name, now) >= grace_s:
-                    return name, proc.returncode
+            ended = dict(self.ended())
+            for name in list(down):
+                if name not in ended:  # started again
+                    del down[name]
+            for name, code in ended.items():
+                if now - down.setdefault(name, now) >= grace_s:
+                    return name, code
             await asyncio.sleep(every_s)
+
+    def ended(self) -> list[tuple[str, int]]:
+        """(processes=True) The services whose newest process has ended, with its exit code."""
+        codes = [(name, self.process(name).returncode) for name in self.configs]
+        return [(name, code) for name, code in codes if code is not None]
 
     async def wait_ready(self, within_s: float = 30.0) -> None:
         """Until every service answers a ping."""
@@ -193,9 +200,16 @@ class ServiceSet:
 
     async def stop(self) -> None:
         for service in reversed(self._services):
-            if not service.bus.nc.is_connected:  # the server is gone: there is nothing to drain
-                await service.bus.nc.close()
-            await service.stop()
+            try:
+                if not service.bus.nc.is_connected:  # the server is gone: nothing to drain
+                    await service.bus.nc.close()
+                await service.stop()
+            except (nats.errors.Error, OSError, RuntimeError) as exc:  # (it went meanwhile)
+                structlog.get_logger().warning(
+                    "service.stopped_without_draining", service=service.name, error=str(exc)
+                )
+                with contextlib.suppress(Exception):
+                    await service.bus.nc.close()
         for proc in self._procs:
             if proc.returncode is None:
                 proc.terminate()

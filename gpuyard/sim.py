@@ -431,11 +431,22 @@ async def until_done(
         await asyncio.wait([finished, lost], return_when=asyncio.FIRST_COMPLETED)
     finally:
         lost.cancel()
-    if finished.done():
-        return finished.result()
-    name, code = lost.result()
-    how = f"was killed (signal {-code})" if code < 0 else f"exited ({code})"
-    raise ServiceLost(f"the {name} service {how} and was not started again within {grace_s:g} s")
+    if not finished.done():
+        name, code = lost.result()
+        raise ServiceLost(f"the {name} service {_ended(code)} and was not started again "
+                          f"within {grace_s:g} s")  # fmt: skip
+    final = finished.result()
+    if final.error:  # a call found nobody to answer it: if a service died, say which
+        for _ in range(20):  # (its exit may be seen an instant after the failed call)
+            if ended := services.ended():
+                name, code = ended[0]
+                raise ServiceLost(f"the {name} service {_ended(code)} and the run cannot go on")
+            await asyncio.sleep(0.05)
+    return final
+
+
+def _ended(code: int) -> str:
+    return f"was killed (signal {-code})" if code < 0 else f"exited ({code})"
 
 
 async def simulate(
@@ -587,7 +598,7 @@ async def simulate(
     )  # fmt: skip
     if isinstance(interrupted, ServiceLost):
         raise ServiceLost(
-            f"{interrupted}: the run stopped at t = {reached / 3600:,.1f} h simulated, "
+            f"{interrupted}: stopped at t = {reached / 3600:,.1f} h simulated, "
             f'{summary["completed"]:,} of {len(jobs):,} jobs completed; partial results '
             f'("partial": true) in {out}/'
         )
