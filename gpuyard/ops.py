@@ -237,6 +237,10 @@ async def follow_events(
     import nats.errors
 
     nc, last = connection, 0
+    if start == "new":  # from a sequence: what comes while we reconnect is not "before" us
+        with contextlib.suppress(Exception):  # (no stream: read_events says so)
+            info = await nc.jetstream().stream_info(subjects.stream_name)
+            start = info.state.last_seq + 1
     try:
         while True:
             try:

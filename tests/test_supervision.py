@@ -138,27 +138,42 @@ def test_up_exits_when_its_broker_dies_more_often_than_allowed(cluster: Cluster)
 
 
 def test_tail_follow_resumes_after_a_broker_restart_with_no_event_twice(cluster: Cluster) -> None:
+    """Two followers, one of every event and one of those after it started (`--new`): across a
+    broker restart, each prints every event once, in order, none missing."""
     cluster.start_up()
     tail = cluster.popen("tail", "--follow", "--json", "--nats-config", cluster.op, log="tail.log")
-    policies = ["las", "fifo", "las", "fifo"]
+    published: list[str] = []
 
-    def events() -> list[dict[str, object]]:
-        return [json.loads(line) for line in cluster.log("tail.log").splitlines()
+    def swap() -> None:  # one `policy.changed` event
+        policy = "las" if len(published) % 2 == 0 else "fifo"
+        cluster.gpuyard("policy", "set", "scheduler", policy, "--nats-config", cluster.op)
+        published.append(policy)
+
+    def events(log: str = "tail.log") -> list[dict[str, object]]:
+        return [json.loads(line) for line in cluster.log(log).splitlines()
                 if line.startswith("{")]  # fmt: skip
 
-    for i, policy in enumerate(policies):
-        if i == 2:
-            cluster.kill_broker()
-        cluster.gpuyard("policy", "set", "scheduler", policy, "--nats-config", cluster.op)
-        until(lambda n=i + 1: len(events()) >= n, f"event {i + 1} printed")
-    assert tail.poll() is None
-    changes = [e for e in events() if e["type"] == "policy.changed"]
-    assert [str(e["reason"]).split(" {")[0] for e in changes] == [
-        "fifo -> las", "las -> fifo", "fifo -> las", "las -> fifo"
-    ]  # fmt: skip
+    swap()
+    until(lambda: events(), "the first event printed")
+    new = cluster.popen("tail", "--follow", "--new", "--json", "--nats-config", cluster.op,
+                        log="new.log")  # fmt: skip
+    until(lambda: swap() or events("new.log"), "tail --new printing what comes")
+    cluster.kill_broker()
+    swap()
+    swap()
+    until(lambda: len(events()) == len(published), "every event printed")
+    until(lambda: len(events("new.log")) >= 2 and events("new.log")[-1]["seq"] == len(published),
+          "tail --new caught up")  # fmt: skip
+    assert tail.poll() is None and new.poll() is None
     seqs = [e["seq"] for e in events()]
-    assert seqs == list(range(1, len(seqs) + 1))  # each once, in order, none missing
-    assert cluster.log("tail.log").count("lost the connection to NATS") == 1
+    assert seqs == list(range(1, len(published) + 1))  # each once, in order, none missing
+    assert [str(e["reason"]).split(" ->")[0] for e in events()] == [
+        "fifo" if p == "las" else "las" for p in published
+    ]
+    later = [e["seq"] for e in events("new.log")]
+    assert later == list(range(later[0], len(published) + 1)) and later[0] > 1
+    for log in ("tail.log", "new.log"):
+        assert cluster.log(log).count("lost the connection to NATS") == 1
 
 
 def test_a_second_up_on_a_state_directory_in_use_is_refused(cluster: Cluster) -> None:
@@ -281,3 +296,4 @@ def test_gpuyard_sim_whose_scheduler_is_killed_exits_with_one_line_naming_it(
     assert "Traceback" not in "\n".join(lines)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["partial"] is True and summary["jobs_in_workload"] == 1000
+
