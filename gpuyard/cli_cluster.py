@@ -501,6 +501,12 @@ async def supervise_broker(
     (systemd) may do better."""
     deaths: collections.deque[float] = collections.deque()
     stopping = asyncio.ensure_future(stop.wait())
+
+    async def again() -> str:
+        url = await server.restart()
+        await back()
+        return url
+
     try:
         while True:
             died = asyncio.ensure_future(server.wait())
@@ -520,9 +526,15 @@ async def supervise_broker(
                     file=sys.stderr, flush=True,
                 )  # fmt: skip
                 return 1
+            restarted = asyncio.ensure_future(again())
+            await asyncio.wait([stopping, restarted], return_when=asyncio.FIRST_COMPLETED)
+            if not restarted.done():  # (SIGTERM meanwhile: no need to wait for the services)
+                restarted.cancel()
+                with contextlib.suppress(asyncio.CancelledError, RuntimeError, TimeoutError):
+                    await restarted
+                return 0
             try:
-                url = await server.restart()
-                await back()
+                url = restarted.result()
             except (RuntimeError, TimeoutError) as exc:
                 first = str(exc).splitlines()[-1] if str(exc) else "the services did not answer"
                 print(
