@@ -393,6 +393,11 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--processes", action="store_true", help="one OS process per service")
     p.add_argument(
+        "--lost-after", type=positive_float, default=5.0, metavar="S", dest="lost_after_s",
+        help="with --processes: a service process that died and was not started again within S "
+        "seconds ends the run, with partial results (default 5)",
+    )  # fmt: skip
+    p.add_argument(
         "--durable", action="store_true",
         help="services keep their state in JetStream key-value buckets, as on a real cluster "
         "(slower; with --nats, use a --cluster name new to that server)",
@@ -658,6 +663,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
                     nats_url=args.nats,
                     cluster_name=args.cluster,
                     processes=args.processes,
+                    lost_after_s=args.lost_after_s,
                     on_progress=ProgressBar(args.cluster),
                     external=external,
                     log_level=args.log_level,

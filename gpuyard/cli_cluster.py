@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import getpass
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,6 +34,7 @@ from gpuyard.cliopts import (
     run_command,
     run_on_bus,
 )
+from gpuyard.embedded import EmbeddedNats, StateDirInUse, StateDirLock
 from gpuyard.jobview import (
     JOB_STATES,
     NotAdmitted,
@@ -91,6 +94,16 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
         "--open", action="store_true",
         help="DANGEROUS, for a laptop: the embedded server requires no credentials; anyone who "
         "reaches it can run any command on every node (loopback only)",
+    )  # fmt: skip
+    p.add_argument(
+        "--broker-restarts", type=non_negative_int, default=5, metavar="N",
+        help="the embedded server is started again when it dies, up to N times within "
+        "--broker-restart-window; one more death and `up` exits 1 (for systemd to restart it) "
+        "(default 5)",
+    )  # fmt: skip
+    p.add_argument(
+        "--broker-restart-window", type=positive_float, default=60.0, metavar="S",
+        help="seconds over which --broker-restarts counts the server's deaths (default 60)",
     )  # fmt: skip
     p.add_argument("--policy", default="fifo", help="scheduling policy (default fifo)")
     p.add_argument("--param", action="append", default=[], help="scheduling policy KEY=VALUE")
@@ -394,7 +407,6 @@ def _server_tls(args: argparse.Namespace) -> Any:
 async def run_control_plane(args: argparse.Namespace) -> int:
     import signal
 
-    from gpuyard.embedded import EmbeddedNats
     from gpuyard.launcher import ServiceSet
     from gpuyard.natsauth import OPERATOR, Credentials, default_state_dir
     from gpuyard.shared.connection import NatsAuth
@@ -410,7 +422,15 @@ async def run_control_plane(args: argparse.Namespace) -> int:
     tls = _server_tls(args)
     if args.open and args.nats:
         raise CommandError("--open is for the embedded server; with --nats the server decides")
+    lock = StateDirLock(state)
+    if not args.nats:  # the store, the credentials and the profiles are one `up`'s at a time
+        try:
+            lock.acquire()
+        except StateDirInUse as exc:
+            raise CommandError(str(exc)) from None
     async with contextlib.AsyncExitStack() as stack:
+        stack.callback(lock.release)
+        server: EmbeddedNats | None = None
         operator: NatsAuth | None = None
         services: dict[str, NatsAuth] = {}
         if args.nats:  # reachable? (else one line, not services retrying forever)
@@ -435,6 +455,7 @@ async def run_control_plane(args: argparse.Namespace) -> int:
                 url = await stack.enter_async_context(server)
             except RuntimeError as exc:
                 raise CommandError(f"the embedded NATS server did not start: {exc}") from None
+            lock.record(url)
             if not args.open:
                 tls_ca = str(args.tls_ca.resolve()) if args.tls_ca else None
                 creds.set_server(url, tls_ca)
@@ -457,9 +478,89 @@ async def run_control_plane(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        if server is None:
+            await stop.wait()
+            code = 0
+        else:
+            code = await supervise_broker(
+                server, stop, restarts=args.broker_restarts, window_s=args.broker_restart_window,
+                back=service_set.wait_ready,
+            )  # fmt: skip
         print("stopping", file=sys.stderr, flush=True)
-    return 0
+    return code
+
+
+async def supervise_broker(
+    server: EmbeddedNats, stop: asyncio.Event, *, restarts: int, window_s: float,
+    back: Callable[[], Awaitable[None]],
+) -> int:  # fmt: skip
+    """Until `stop`: start the embedded server again whenever it dies (same address, same store;
+    the services reconnect by themselves, and `back` waits for them to answer), one line each
+    time. Its `restarts + 1`th death within `window_s` seconds, or a failed restart, ends `up`
+    with 1: something is wrong that starting it again does not mend, and a service manager
+    (systemd) may do better."""
+    deaths: collections.deque[float] = collections.deque()
+    stopping = asyncio.ensure_future(stop.wait())
+
+    async def again() -> str:
+        url = await server.restart()
+        await back()
+        return url
+
+    try:
+        while True:
+            died = asyncio.ensure_future(server.wait())
+            await asyncio.wait([stopping, died], return_when=asyncio.FIRST_COMPLETED)
+            if stopping.done():
+                died.cancel()
+                return 0
+            how = exit_description(died.result())
+            now = time.monotonic()
+            deaths.append(now)
+            while deaths[0] < now - window_s:
+                deaths.popleft()
+            if len(deaths) > restarts:
+                print(
+                    f"gpuyard up: the embedded NATS server {how}, {len(deaths)} deaths within "
+                    f"{window_s:g} s (--broker-restarts {restarts}): exiting",
+                    file=sys.stderr, flush=True,
+                )  # fmt: skip
+                return 1
+            restarted = asyncio.ensure_future(again())
+            await asyncio.wait([stopping, restarted], return_when=asyncio.FIRST_COMPLETED)
+            if not restarted.done():  # (SIGTERM meanwhile: no need to wait for the services)
+                restarted.cancel()
+                with contextlib.suppress(asyncio.CancelledError, RuntimeError, TimeoutError):
+                    await restarted
+                return 0
+            try:
+                url = restarted.result()
+            except (RuntimeError, TimeoutError) as exc:
+                first = str(exc).splitlines()[-1] if str(exc) else "the services did not answer"
+                print(
+                    f"gpuyard up: the embedded NATS server {how} and the cluster did not come "
+                    f"back: {first}",
+                    file=sys.stderr, flush=True,
+                )  # fmt: skip
+                return 1
+            print(
+                f"gpuyard up: the embedded NATS server {how}; started it again on {url}, and "
+                "the services answer again",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
+    finally:
+        stopping.cancel()
+
+
+def exit_description(code: int) -> str:
+    """`exited (3)`, or `was killed (SIGKILL)` for a negative code."""
+    import signal
+
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed ({signal.Signals(-code).name})"
+        return f"was killed (signal {-code})"
+    return f"exited ({code})"
 
 
 # --------------------------------------------------------------------------- submit

@@ -55,7 +55,7 @@ def add_tail_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
-    from gpuyard.ops import format_event, matches, parse_since, read_events
+    from gpuyard.ops import follow_events, format_event, matches, parse_since, read_events
 
     try:
         start: Any = parse_since(args.since) if args.since else ("new" if args.new else "all")
@@ -64,9 +64,14 @@ def cmd_tail(args: argparse.Namespace) -> int:
         return 2
 
     async def body(bus: Bus) -> int:
-        async for stored in read_events(
-            bus.nc, bus.subjects, types=args.types, start=start, follow=args.follow
-        ):
+        if args.follow:
+            events = follow_events(
+                bus.nc, partial(reconnect, args), bus.subjects, types=args.types, start=start,
+                on_lost=lost,
+            )  # fmt: skip
+        else:
+            events = read_events(bus.nc, bus.subjects, types=args.types, start=start)
+        async for stored in events:
             if not matches(stored, job=args.job, node=args.node):
                 continue
             line = json.dumps(stored.to_builtins()) if args.json else format_event(stored)
@@ -75,6 +80,27 @@ def cmd_tail(args: argparse.Namespace) -> int:
         return 0
 
     return run_on_bus("tail", args, body)
+
+
+def lost(last: int | None) -> None:
+    after = f" after #{last}" if last else ""
+    print(f"gpuyard tail: lost the connection to NATS; resuming{after} once it is back",
+          file=sys.stderr, flush=True)  # fmt: skip
+
+
+async def reconnect(args: argparse.Namespace, first_s: float = 0.5, most_s: float = 5.0) -> Any:
+    """A new connection for `tail --follow`, trying until the server is back (or Ctrl-C)."""
+    import asyncio
+
+    from gpuyard.cliopts import CommandError, open_bus
+
+    pause = first_s
+    while True:
+        try:
+            return (await open_bus(args, "gpuyard-tail")).nc
+        except CommandError:  # (unreachable yet: a bad option would have failed the first time)
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, most_s)
 
 
 # --------------------------------------------------------------------------- policy

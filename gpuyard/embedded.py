@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import fcntl
 import functools
+import json
 import os
 import shutil
 import signal
@@ -133,7 +135,9 @@ class EmbeddedNats:
                     lines.append(line)
                     if "Listening for client connections on" in line:
                         scheme = "tls" if self.tls is not None else "nats"
-                        self.url = f"{scheme}://" + line.rsplit(" ", 1)[1].strip()
+                        address = line.rsplit(" ", 1)[1].strip()
+                        self.url = f"{scheme}://{address}"
+                        self.listen = address  # started again (`restart`): the same port
                         break
         except TimeoutError:
             pass
@@ -158,6 +162,20 @@ class EmbeddedNats:
         if self._proc is not None and self._proc.returncode is None:
             self._proc.send_signal(signal.SIGHUP)
 
+    async def wait(self) -> int:
+        """Until the server exits, however it does; its exit code (-N: killed by signal N)."""
+        assert self._proc is not None
+        return await self._proc.wait()
+
+    async def restart(self) -> str:
+        """Start it again after it died: the same config, address and store (what JetStream kept
+        on disk is there again). Its URL; RuntimeError when it does not start."""
+        if self._drain is not None:
+            self._drain.cancel()
+            self._drain = None
+        self.url = ""
+        return await self.start()
+
     async def _drain_stderr(self) -> None:
         """Keep reading the server's log so it never blocks on a full pipe."""
         assert self._proc is not None and self._proc.stderr is not None
@@ -175,6 +193,7 @@ class EmbeddedNats:
                 await self._proc.wait()
         if self._drain is not None:
             self._drain.cancel()
+            self._drain = None
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None
@@ -184,3 +203,56 @@ class EmbeddedNats:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+class StateDirInUse(RuntimeError):
+    """Another process holds the state directory (`StateDirLock`)."""
+
+
+class StateDirLock:
+    """An exclusive `flock` on `<state_dir>/up.lock`, held while one `gpuyard up` uses the state
+    directory: a second one is refused (`StateDirInUse`, naming the holder), and since the kernel
+    drops the lock with the process that held it, a crashed `up` leaves no stale lock behind. The
+    file says who holds it (pid, then the server's URL once known), for the refusal's line."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / "up.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)  # (not inherited by children)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = self._holder(fd)
+            os.close(fd)
+            raise StateDirInUse(
+                f"{self.path.parent} is in use by another gpuyard up ({holder})"
+            ) from None
+        self._fd = fd
+        self.record()
+
+    def record(self, url: str | None = None) -> None:
+        """Write who holds the lock: this process, and its server's `url`."""
+        assert self._fd is not None
+        data = json.dumps({"pid": os.getpid(), "url": url}).encode()
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, data, 0)
+
+    @staticmethod
+    def _holder(fd: int) -> str:
+        try:
+            held = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        except ValueError:  # (being written at this instant)
+            held = {}
+        if not isinstance(held, dict):
+            held = {}
+        return f"pid {held.get('pid', '?')}, {held.get('url') or 'address not known yet'}"
+
+    def release(self) -> None:
+        # The file stays: removing it would let a third `up` lock a new file while a second one
+        # still holds the old one.
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.errors
+import structlog
 
 from gpuyard.embedded import dying_with_this_process
 from gpuyard.shared.connection import Bus, NatsAuth, connect
@@ -27,6 +29,38 @@ SERVICE_CLASSES = {
     "placement": ("gpuyard.services.placement.service", "Placement"),
     "simclock": ("gpuyard.services.simclock.service", "SimClock"),
 }
+
+
+class ConnectionLog:
+    """A service's connection, as a few log lines: one when it is lost, one when the server is out
+    of reach, one when it is back; a working connection's errors one line each. Without these,
+    nats-py logs a traceback at every failed attempt to reconnect (two a second per service)."""
+
+    def __init__(self, service: str) -> None:
+        self.log = structlog.get_logger().bind(service=service)
+        self.connected = True
+        self.unreachable = False
+
+    def callbacks(self) -> dict[str, Any]:
+        return {"error_cb": self.error, "disconnected_cb": self.disconnected,
+                "reconnected_cb": self.reconnected}  # fmt: skip
+
+    async def error(self, exc: Exception) -> None:
+        text = str(exc) or type(exc).__name__
+        if self.connected:
+            self.log.warning("nats.error", error=text)
+        elif not self.unreachable:
+            self.unreachable = True
+            self.log.warning("nats.unreachable", error=text)
+
+    async def disconnected(self) -> None:
+        if self.connected:
+            self.log.warning("nats.disconnected")
+        self.connected = False
+
+    async def reconnected(self) -> None:
+        self.log.info("nats.reconnected")
+        self.connected, self.unreachable = True, False
 
 
 def service_class(name: str) -> type[Service]:
@@ -67,7 +101,7 @@ class ServiceSet:
             for name, config in self.configs.items():
                 nc = await connect(
                     self.url, name=f"gpuyard-{name}-{self.subjects.cluster}",
-                    auth=self.auth_of(name),
+                    auth=self.auth_of(name), **ConnectionLog(name).callbacks(),
                 )  # fmt: skip
                 service = service_class(name)(Bus(nc, self.subjects), config)
                 await service.start()
@@ -116,6 +150,29 @@ class ServiceSet:
         self.extra.append(name)
         return proc
 
+    async def lost(self, grace_s: float, every_s: float = 0.1) -> tuple[str, int]:
+        """(processes=True) Wait for a service whose newest process ended and that was not
+        started again (`replace`) within `grace_s` seconds; its name and its process's exit code
+        (-N: killed by signal N). One started again in time is not lost."""
+        import time
+
+        down: dict[str, float] = {}
+        while True:
+            now = time.monotonic()
+            ended = dict(self.ended())
+            for name in list(down):
+                if name not in ended:  # started again
+                    del down[name]
+            for name, code in ended.items():
+                if now - down.setdefault(name, now) >= grace_s:
+                    return name, code
+            await asyncio.sleep(every_s)
+
+    def ended(self) -> list[tuple[str, int]]:
+        """(processes=True) The services whose newest process has ended, with its exit code."""
+        codes = [(name, self.process(name).returncode) for name in self.configs]
+        return [(name, code) for name, code in codes if code is not None]
+
     async def wait_ready(self, within_s: float = 30.0) -> None:
         """Until every service answers a ping."""
         nc = await connect(self.url, name="gpuyard-launcher", auth=self.auth)
@@ -143,7 +200,16 @@ class ServiceSet:
 
     async def stop(self) -> None:
         for service in reversed(self._services):
-            await service.stop()
+            try:
+                if not service.bus.nc.is_connected:  # the server is gone: nothing to drain
+                    await service.bus.nc.close()
+                await service.stop()
+            except (nats.errors.Error, OSError, RuntimeError) as exc:  # (it went meanwhile)
+                structlog.get_logger().warning(
+                    "service.stopped_without_draining", service=service.name, error=str(exc)
+                )
+                with contextlib.suppress(Exception):
+                    await service.bus.nc.close()
         for proc in self._procs:
             if proc.returncode is None:
                 proc.terminate()

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -48,6 +48,11 @@ _event_decoder = msgspec.json.Decoder(Event)
 
 class NoEventStream(RuntimeError):
     """The cluster has no event stream (no scheduler ever started, or no JetStream)."""
+
+
+class EventsInterrupted(RuntimeError):
+    """Following events, the connection was lost (closed, or reconnected to a server that may no
+    longer have our consumer): `follow_events` resumes after the last event read."""
 
 
 # --------------------------------------------------------------------------- events
@@ -97,7 +102,8 @@ def event_filters(subjects: Subjects, types: Sequence[str]) -> list[str]:
     return [subjects.of(EVENT, type=t) for t in types] or [subjects.of(EVENT, type=">")]
 
 
-Start = Literal["all", "new"] | dt.datetime
+Start = Literal["all", "new"] | dt.datetime | int
+"""Every stored event, only new ones, those stored since a time, or from a stream sequence on."""
 
 
 def consumer_config(filters: list[str], start: Start) -> ConsumerConfig:
@@ -109,6 +115,9 @@ def consumer_config(filters: list[str], start: Start) -> ConsumerConfig:
     elif isinstance(start, dt.datetime):
         config.deliver_policy = DeliverPolicy.BY_START_TIME
         config.opt_start_time = start
+    elif isinstance(start, int):
+        config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
+        config.opt_start_seq = start
     return config
 
 
@@ -129,13 +138,14 @@ def _stored(msg: Msg, seq: int | None = None, stored: dt.datetime | None = None)
 
 async def read_events(
     nc: Client, subjects: Subjects, *, types: Sequence[str] = (), start: Start = "all",
-    follow: bool = False, idle_s: float = 0.5,
+    follow: bool = False, idle_s: float = 0.5, check_s: float = 1.0,
 ) -> AsyncIterator[StoredEvent]:  # fmt: skip
     """The cluster's stored events through an ordered, ephemeral JetStream consumer.
 
     Without `follow` it ends after the last event stored when it began; with it, it waits for more
-    until cancelled. A cluster that stores no events (a sweep's runs) has only `follow`: its events
-    as they are published from then on (sequence 0: not stored).
+    until cancelled, and raises EventsInterrupted when the connection closes or reconnects (seen
+    within `check_s`; `follow_events` resumes). A cluster that stores no events (a sweep's runs)
+    has only `follow`: its events as they are published from then on (sequence 0: not stored).
     """
     js = nc.jetstream()
     from nats.js.errors import NotFoundError
@@ -150,7 +160,7 @@ async def read_events(
                 "its scheduler run on this server? a sweep's runs store none: --follow shows "
                 "their events as they come)"
             ) from None
-        async for stored in _published_events(nc, filters):
+        async for stored in _published_events(nc, filters, check_s):
             yield stored
         return
     # Delivered to a queue of our own by a callback: `next_msg` costs a task (and a uuid) per
@@ -164,12 +174,17 @@ async def read_events(
         filters[0], stream=subjects.stream_name, ordered_consumer=True, cb=deliver,
         config=consumer_config(filters, start), idle_heartbeat=2.0,
     )  # fmt: skip
+    reconnects = nc.stats["reconnects"]
     try:
         while True:
             if arrived.empty():
                 try:
-                    msg = await asyncio.wait_for(arrived.get(), idle_s if not follow else None)
+                    msg = await asyncio.wait_for(arrived.get(), check_s if follow else idle_s)
                 except TimeoutError:
+                    if follow:
+                        if nc.is_closed or nc.stats["reconnects"] != reconnects:
+                            raise EventsInterrupted("the connection to NATS was lost") from None
+                        continue
                     if (await sub.consumer_info()).num_pending == 0:
                         return
                     continue
@@ -183,8 +198,11 @@ async def read_events(
             await sub.unsubscribe()
 
 
-async def _published_events(nc: Client, filters: list[str]) -> AsyncIterator[StoredEvent]:
-    """Events as they are published, until cancelled (a cluster that stores none)."""
+async def _published_events(
+    nc: Client, filters: list[str], check_s: float
+) -> AsyncIterator[StoredEvent]:
+    """Events as they are published, until cancelled (a cluster that stores none), or
+    EventsInterrupted once the connection is closed (a reconnected one subscribes again itself)."""
     arrived: asyncio.Queue[Msg] = asyncio.Queue()
 
     async def deliver(msg: Msg) -> None:
@@ -193,11 +211,59 @@ async def _published_events(nc: Client, filters: list[str]) -> AsyncIterator[Sto
     subs = [await nc.subscribe(subject, cb=deliver) for subject in filters]
     try:
         while True:
-            yield _stored(await arrived.get(), seq=0, stored=dt.datetime.now(dt.UTC))
+            try:
+                msg = await asyncio.wait_for(arrived.get(), check_s)
+            except TimeoutError:
+                if nc.is_closed:
+                    raise EventsInterrupted("the connection to NATS was closed") from None
+                continue
+            yield _stored(msg, seq=0, stored=dt.datetime.now(dt.UTC))
     finally:
         for sub in subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+
+async def follow_events(
+    connection: Client, reconnect: Callable[[], Awaitable[Client]], subjects: Subjects, *,
+    types: Sequence[str] = (), start: Start = "all", check_s: float = 1.0,
+    on_lost: Callable[[int | None], object] | None = None,
+) -> AsyncIterator[StoredEvent]:  # fmt: skip
+    """`read_events(follow=True)` that outlives its connection: when the server goes away, it
+    resumes (`reconnect` gives a new connection once the old one is closed; it may take as long
+    as the server is away) from the stream sequence after the last event it gave: no event twice,
+    none skipped. `on_lost(last sequence)` is called once per loss. Every connection it got from
+    `reconnect` is closed when it ends; `connection` is the caller's."""
+    import nats.errors
+
+    nc, last = connection, 0
+    if start == "new":  # from a sequence: what comes while we reconnect is not "before" us
+        with contextlib.suppress(Exception):  # (no stream: read_events says so)
+            info = await nc.jetstream().stream_info(subjects.stream_name)
+            start = info.state.last_seq + 1
+    try:
+        while True:
+            try:
+                async for stored in read_events(
+                    nc, subjects, types=types, start=last + 1 if last else start, follow=True,
+                    check_s=check_s,
+                ):  # fmt: skip
+                    if stored.seq and stored.seq <= last:
+                        continue  # (delivered again by a consumer the client reset itself)
+                    last = stored.seq or last
+                    yield stored
+            except (EventsInterrupted, nats.errors.Error, TimeoutError) as exc:
+                # (a server just back may not answer JetStream requests yet: the same again)
+                if isinstance(exc, EventsInterrupted) and on_lost is not None:
+                    on_lost(last or None)
+                if nc.is_closed:
+                    nc = await reconnect()
+                else:
+                    await asyncio.sleep(check_s)
+    finally:
+        if nc is not connection:
+            with contextlib.suppress(Exception):
+                await nc.close()
 
 
 def matches(stored: StoredEvent, *, job: str | None = None, node: str | None = None) -> bool:

@@ -369,23 +369,84 @@ def policies_label(options: SimOptions) -> str:
     )
 
 
+class ServiceLost(RuntimeError):
+    """A service of the run died and was not started again: the run ended, partial."""
+
+
 async def collect_partial(
-    bus: Bus, subjects: Subjects, within_s: float = 30.0
+    bus: Bus, subjects: Subjects, within_s: float = 30.0, *, durable: bool = False
 ) -> tuple[list[JobRecord], list[TimelinePoint], float]:
     """What an interrupted run got to: the timeline so far, the jobs that had ended by its last
     instant (the clock may still be moving while we ask), and that instant. Nothing when the
-    server is gone (a sweep's private server with its sweep): no one would answer."""
+    server is gone (a sweep's private server with its sweep): no one would answer. Whichever of
+    the two a dead service cannot give (the timeline is the clock's, the jobs the scheduler's),
+    the other still is; a `durable` run's jobs are read from the scheduler's bucket then."""
     if not bus.nc.is_connected:
         return [], [], 0.0
-    try:
-        async with asyncio.timeout(within_s):
-            points = await fetch_pages(bus, TIMELINE, "points")
-            records = await fetch_pages(bus, JOBS, "jobs")
-    except (TimeoutError, RemoteError):
-        return [], [], 0.0
-    reached = points[-1].time if points else 0.0
+
+    async def pages(endpoint: Endpoint[PageQuery, Any], field: str) -> list[Any] | None:
+        try:
+            async with asyncio.timeout(within_s):
+                return await fetch_pages(bus, endpoint, field)
+        except (TimeoutError, RemoteError):
+            return None
+
+    points: list[TimelinePoint] = await pages(TIMELINE, "points") or []
+    records: list[JobRecord] | None = await pages(JOBS, "jobs")
+    if records is None and durable:
+        records = await stored_jobs(bus, within_s)
+    records = records or []
+    ends = [r.end_time for r in records if r.end_time is not None]
+    # (no timeline: the clock is dead, and stopped where the last job it saw end ended)
+    reached = points[-1].time if points else max(ends, default=0.0)
     ended = [r for r in records if r.end_time is not None and r.end_time <= reached]
     return ended, points, reached
+
+
+async def stored_jobs(bus: Bus, within_s: float) -> list[JobRecord]:
+    """The jobs as a durable run's scheduler last stored them (it cannot answer: dead)."""
+    import nats.errors
+
+    from gpuyard.services.scheduler.durability import SchedulerStore
+    from gpuyard.shared.store import KvStore
+
+    store = KvStore(bus.nc, bus.subjects.cluster, "scheduler")
+    try:
+        async with asyncio.timeout(within_s):
+            await store.open()
+            return SchedulerStore(store).read(await store.load()).records
+    except (TimeoutError, nats.errors.Error):
+        return []
+
+
+async def until_done(
+    finished: asyncio.Future[Progress], services: ServiceSet, grace_s: float
+) -> Progress:
+    """The run's last progress report; ServiceLost when one of its service processes died first
+    and was not started again within `grace_s` (services in this process die with it)."""
+    if not services.processes:
+        return await finished
+    lost = asyncio.ensure_future(services.lost(grace_s))
+    try:
+        await asyncio.wait([finished, lost], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        lost.cancel()
+    if not finished.done():
+        name, code = lost.result()
+        raise ServiceLost(f"the {name} service {_ended(code)} and was not started again "
+                          f"within {grace_s:g} s")  # fmt: skip
+    final = finished.result()
+    if final.error:  # a call found nobody to answer it: if a service died, say which
+        for _ in range(20):  # (its exit may be seen an instant after the failed call)
+            if ended := services.ended():
+                name, code = ended[0]
+                raise ServiceLost(f"the {name} service {_ended(code)} and the run cannot go on")
+            await asyncio.sleep(0.05)
+    return final
+
+
+def _ended(code: int) -> str:
+    return f"was killed (signal {-code})" if code < 0 else f"exited ({code})"
 
 
 async def simulate(
@@ -404,6 +465,7 @@ async def simulate(
     workload: dict[str, Any] | None = None,
     on_policies: Callable[[dict[str, PolicyInfo | str]], object] | None = None,
     plots: bool = True,
+    lost_after_s: float = 5.0,
 ) -> SimResult:
     """Run one simulation and write its results into `out`. Without `nats_url`, on a private server.
 
@@ -419,11 +481,12 @@ async def simulate(
 
     Cancelled mid-run (Ctrl-C, SIGTERM), it writes what the run got to (`collect_partial`) with
     `"partial": true` and the simulated time reached in `summary.json`, stops everything and
-    raises CancelledError.
+    raises CancelledError. So it does, raising ServiceLost (naming it), when a service process
+    (`processes=True`) dies and is not started again within `lost_after_s` seconds.
     """
     workload_path = await asyncio.to_thread(prepare_run, options, jobs, out, workload)
     started = time.perf_counter()
-    interrupted: asyncio.CancelledError | None = None
+    interrupted: asyncio.CancelledError | ServiceLost | None = None
     async with contextlib.AsyncExitStack() as stack:
         url = nats_url or await stack.enter_async_context(EmbeddedNats(runs=1))
         subjects = Subjects(cluster_name)
@@ -457,10 +520,12 @@ async def simulate(
         await nc.subscribe(subjects.of(PROGRESS), cb=on_progress_msg)
         await bus.call(RUN, RunRequest())
         try:
-            final = await finished
-        except asyncio.CancelledError as cancelled:
-            interrupted = cancelled
-            records, points, reached = await collect_partial(bus, subjects)
+            final = await until_done(finished, services, lost_after_s)
+        except (asyncio.CancelledError, ServiceLost) as stopped:
+            interrupted = stopped
+            records, points, reached = await collect_partial(
+                bus, subjects, durable=options.durable
+            )
             stats: list[ServiceStats] = []
         else:
             if final.error:
@@ -522,6 +587,8 @@ async def simulate(
         caption += f"; JCT of jobs {first} to {end - 1} in arrival order (measurement window)"
     if options.elasticflow:
         caption = f"ElasticFlow scheme {options.elasticflow}, {options.round_s:g} s slots\n{caption}"
+    if isinstance(interrupted, ServiceLost):
+        extra["stopped_by"] = str(interrupted)
     if interrupted is not None:
         caption += f"\nPARTIAL: interrupted at t = {reached / 3600:,.1f} h"
     summary = await asyncio.to_thread(
@@ -529,6 +596,12 @@ async def simulate(
         reached if interrupted is not None else None, **deadlines, plots=plots,
         node_churn=options.node_events is not None,
     )  # fmt: skip
+    if isinstance(interrupted, ServiceLost):
+        raise ServiceLost(
+            f"{interrupted}: stopped at t = {reached / 3600:,.1f} h simulated, "
+            f'{summary["completed"]:,} of {len(jobs):,} jobs completed; partial results '
+            f'("partial": true) in {out}/'
+        )
     if interrupted is not None:
         raise interrupted
     return SimResult(summary=summary, jobs=records, timeline=points, wall_s=wall, stats=stats)

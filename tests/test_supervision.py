@@ -1,0 +1,299 @@
+"""Supervision of a real cluster, with real processes: `gpuyard up` starts its embedded broker
+again when it is killed (or gives up, within a bound, for systemd), `tail --follow` resumes after a
+broker restart with no event twice and none lost, and a second `up` on a state directory in use is
+refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.polling import free_port, until
+
+CLUSTER = "sup"
+RESTARTED = "the services answer again"
+
+
+class Cluster:
+    """`gpuyard up` on a state directory of its own, its stderr in `up.log`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.state = root / "state"
+        self.port = free_port()
+        self.op = str(self.state / "profiles" / "op.admin.json")
+        self.procs: list[subprocess.Popen[str]] = []
+        self.up: subprocess.Popen[str] | None = None
+
+    def popen(self, *args: str, log: str) -> subprocess.Popen[str]:
+        out = (self.root / log).open("a")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuyard.cli", *args], stdout=out, stderr=out, text=True,
+            cwd=self.root,
+        )  # fmt: skip
+        self.procs.append(proc)
+        return proc
+
+    def gpuyard(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-m", "gpuyard.cli", *args], capture_output=True, text=True,
+            timeout=timeout, cwd=self.root,
+        )  # fmt: skip
+        if check and result.returncode != 0:
+            raise AssertionError(f"gpuyard {' '.join(args)}: {result.returncode}\n{result.stderr}")
+        return result
+
+    def up_args(self, *extra: str) -> list[str]:
+        return ["up", "--cluster", CLUSTER, "--state-dir", str(self.state), "--listen",
+                f"127.0.0.1:{self.port}", "--round", "0.5", *extra]  # fmt: skip
+
+    def start_up(self, *extra: str) -> None:
+        before = self.log().count("control plane up")
+        self.up = self.popen(*self.up_args(*extra), log="up.log")
+        until(lambda: self.log().count("control plane up") > before, "up started", within_s=60)
+
+    def log(self, name: str = "up.log") -> str:
+        path = self.root / name
+        return path.read_text() if path.exists() else ""
+
+    def broker_pid(self) -> int:
+        return int((self.state / "nats.pid").read_text())
+
+    def kill_broker(self) -> None:
+        pid = self.broker_pid()
+        os.kill(pid, signal.SIGKILL)
+        until(lambda: self.broker_pid() != pid and self.log().count(RESTARTED), "a new broker")
+
+    def agent(self, node: str) -> None:
+        profile = str(self.root / f"{node}.json")
+        self.gpuyard("auth", "add-node", node, "--cluster", CLUSTER, "--state-dir",
+                     str(self.state), "--out", profile)  # fmt: skip
+        self.popen("nodeagent", "--nats-config", profile, "--gpus", "1", "--gpu-type", "t4",
+                   "--no-nvml", "--heartbeat", "0.2", "--state-dir", str(self.root / node),
+                   "--checkpoint-root", str(self.root / "ckpt"), log=f"{node}.log")  # fmt: skip
+
+    def job_state(self, job: str) -> str | None:
+        out = self.gpuyard("jobs", "--json", "--nats-config", self.op, check=False).stdout
+        jobs = {j["job_id"]: j for j in json.loads(out or '{"jobs": []}')["jobs"]}
+        return jobs[job]["state"] if job in jobs else None
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+        for p in reversed(self.procs):
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def test_up_starts_its_killed_broker_again_and_the_cluster_goes_on(cluster: Cluster) -> None:
+    cluster.start_up()
+    cluster.agent("n1")
+    first = cluster.gpuyard("submit", "--nats-config", cluster.op, "--", sys.executable, "-c",
+                            "pass").stdout.split()[-1]  # fmt: skip
+    until(lambda: cluster.job_state(first) == "completed", f"{first} completed")
+
+    cluster.kill_broker()
+    # A job submitted after is scheduled and runs: the services and the agent reconnected, and
+    # the store (with the first job) is the same.
+    job = cluster.gpuyard("submit", "--nats-config", cluster.op, "--", sys.executable, "-c",
+                          "pass").stdout.split()[-1]  # fmt: skip
+    until(lambda: cluster.job_state(job) == "completed", f"{job} completed after the restart")
+    assert cluster.job_state(first) == "completed"
+    assert cluster.up is not None and cluster.up.poll() is None
+    log = cluster.log()
+    assert log.count(RESTARTED) == 1, log
+    assert "was killed (SIGKILL)" in log
+    assert "Traceback" not in log
+
+
+def test_up_exits_when_its_broker_dies_more_often_than_allowed(cluster: Cluster) -> None:
+    cluster.start_up("--broker-restarts", "1")
+    cluster.kill_broker()
+    os.kill(cluster.broker_pid(), signal.SIGKILL)  # the second death within the window
+    assert cluster.up is not None
+    assert cluster.up.wait(timeout=30) == 1
+    said = [line for line in cluster.log().splitlines() if line.startswith("gpuyard up:")]
+    assert said[-1].endswith("(--broker-restarts 1): exiting"), said
+    assert sum("the embedded NATS server" in line for line in said) == 2  # a restart, an exit
+    assert "Traceback" not in cluster.log()
+
+
+def test_tail_follow_resumes_after_a_broker_restart_with_no_event_twice(cluster: Cluster) -> None:
+    """Two followers, one of every event and one of those after it started (`--new`): across a
+    broker restart, each prints every event once, in order, none missing."""
+    cluster.start_up()
+    tail = cluster.popen("tail", "--follow", "--json", "--nats-config", cluster.op, log="tail.log")
+    published: list[str] = []
+
+    def swap() -> None:  # one `policy.changed` event
+        policy = "las" if len(published) % 2 == 0 else "fifo"
+        cluster.gpuyard("policy", "set", "scheduler", policy, "--nats-config", cluster.op)
+        published.append(policy)
+
+    def events(log: str = "tail.log") -> list[dict[str, object]]:
+        return [json.loads(line) for line in cluster.log(log).splitlines()
+                if line.startswith("{")]  # fmt: skip
+
+    swap()
+    until(lambda: events(), "the first event printed")
+    new = cluster.popen("tail", "--follow", "--new", "--json", "--nats-config", cluster.op,
+                        log="new.log")  # fmt: skip
+    until(lambda: swap() or events("new.log"), "tail --new printing what comes")
+    cluster.kill_broker()
+    swap()
+    swap()
+    until(lambda: len(events()) == len(published), "every event printed")
+    until(lambda: len(events("new.log")) >= 2 and events("new.log")[-1]["seq"] == len(published),
+          "tail --new caught up")  # fmt: skip
+    assert tail.poll() is None and new.poll() is None
+    seqs = [e["seq"] for e in events()]
+    assert seqs == list(range(1, len(published) + 1))  # each once, in order, none missing
+    assert [str(e["reason"]).split(" ->")[0] for e in events()] == [
+        "fifo" if p == "las" else "las" for p in published
+    ]
+    later = [e["seq"] for e in events("new.log")]
+    assert later == list(range(later[0], len(published) + 1)) and later[0] > 1
+    for log in ("tail.log", "new.log"):
+        assert cluster.log(log).count("lost the connection to NATS") == 1
+
+
+def test_a_second_up_on_a_state_directory_in_use_is_refused(cluster: Cluster) -> None:
+    cluster.start_up()
+    url = json.loads(Path(cluster.op).read_text())["url"]
+    other = free_port()
+    second = cluster.gpuyard("up", "--cluster", CLUSTER, "--state-dir", str(cluster.state),
+                             "--listen", f"127.0.0.1:{other}", check=False)  # fmt: skip
+    assert second.returncode == 1
+    assert cluster.up is not None
+    assert second.stderr.strip().splitlines() == [
+        f"gpuyard up: {cluster.state} is in use by another gpuyard up (pid {cluster.up.pid}, {url})"
+    ]
+    # The first goes on, and the profiles still point at it.
+    assert json.loads(Path(cluster.op).read_text())["url"] == url
+    assert "scheduler  fifo" in cluster.gpuyard("policy", "show", "--nats-config", cluster.op).stdout
+    # Once the first has gone, however it went, the directory is free again.
+    cluster.up.send_signal(signal.SIGKILL)
+    cluster.up.wait(timeout=15)
+    until(lambda: not _alive(cluster.broker_pid()), "the broker gone with its up")
+    cluster.start_up()
+    assert "scheduler  fifo" in cluster.gpuyard("policy", "show", "--nats-config", cluster.op).stdout
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_a_simulation_whose_scheduler_dies_for_good_ends_partial_naming_it(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """The scheduler's process is SIGKILLed mid-run and nobody starts it again: the run ends with
+    one error naming it (not a stalled clock blaming the call that timed out), and writes what it
+    reached, as Ctrl-C does: the timeline, the jobs ended by then, a summary with `partial`."""
+    from gpuyard.launcher import ServiceSet
+    from gpuyard.shared.contract import Progress
+    from gpuyard.shared.model import ClusterSpec
+    from gpuyard.sim import ServiceLost, SimOptions, simulate
+    from gpuyard.workloads import blox
+
+    holder: list[ServiceSet] = []
+    killed: list[int] = []
+
+    def on_progress(p: Progress) -> None:
+        if not killed and not p.done and p.finished > 0 and p.submitted * 3 >= p.total:
+            killed.append(p.finished)
+            os.kill(holder[0].process("scheduler").pid, signal.SIGKILL)
+
+    jobs = list(blox(80, jobs_per_hour=8.0, seed=1).jobs)
+    options = SimOptions(cluster=ClusterSpec.parse("2x4"), policy="fifo", durable=True,
+                         call_timeout_s=0.5)  # fmt: skip
+    with pytest.raises(ServiceLost) as lost:
+        await simulate(
+            options, jobs, tmp_path, nats_url=nats_url, cluster_name="lost", processes=True,
+            on_progress=on_progress, on_services=holder.append, lost_after_s=0.5, plots=False,
+        )  # fmt: skip
+    assert killed, "the run ended before the kill"
+    said = str(lost.value)
+    assert said.startswith("the scheduler service was killed (signal 9) and was not started again")
+    assert "\n" not in said and "adm.submit" not in said
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["partial"] is True
+    assert summary["stopped_by"].startswith("the scheduler service was killed")
+    assert summary["simulated_s"] > 0
+    assert len((tmp_path / "timeline.csv").read_text().splitlines()) > 1
+    # The jobs that had ended, from the scheduler's bucket (it cannot answer), as far as the
+    # clock got: at least those it had reported finished before the kill.
+    ended = (tmp_path / "jobs.csv").read_text().splitlines()[1:]
+    assert len(ended) >= killed[0]
+    assert summary["completed"] == len(ended) < len(jobs)
+
+
+def _children_running(parent: int, module: str) -> list[int]:
+    """The processes `parent` started that run `python -m module`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and module.encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def test_gpuyard_sim_whose_scheduler_is_killed_exits_with_one_line_naming_it(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "run"
+    log = (tmp_path / "sim.err").open("w")
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "gpuyard.cli", "sim", "--processes", "--lost-after", "0.5",
+         "--jobs", "1000", "--cluster-spec", "2x4", "--out", str(out)],
+        stdout=subprocess.DEVNULL, stderr=log, text=True,
+    )  # fmt: skip
+    try:
+        # The run has begun (its first progress line): kill its scheduler for good.
+        until(lambda: "jobs  t=" in (tmp_path / "sim.err").read_text(), "the run started")
+        (scheduler,) = _children_running(sim.pid, "gpuyard.services.scheduler")
+        os.kill(scheduler, signal.SIGKILL)
+        code = sim.wait(timeout=120)
+    finally:
+        if sim.poll() is None:
+            sim.kill()
+    assert code == 1
+    lines = (tmp_path / "sim.err").read_text().splitlines()
+    named = [line for line in lines if "scheduler" in line]
+    # (This run is in memory: a call to the dead scheduler fails at once, before --lost-after.)
+    assert len(named) == 1 and named[0].startswith(
+        "gpuyard sim: the scheduler service was killed (signal 9)"
+    ), lines
+    assert "adm.submit" not in named[0]
+    assert "Traceback" not in "\n".join(lines)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["partial"] is True and summary["jobs_in_workload"] == 1000
+
