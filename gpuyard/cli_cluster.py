@@ -309,6 +309,7 @@ def control_plane_configs(
             call_timeout_s=15.0,
             retry_for_s=RETRY_FOR_S,
             require_command=True,
+            reconsider_on_events=True,
         ),
     }
 
