@@ -80,7 +80,9 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     p.add_argument(
         "--listen", default="127.0.0.1:4222",
-        help="the embedded server's address (default 127.0.0.1:4222; port -1: any free one)",
+        help="the embedded server's address (default 127.0.0.1:4222; port -1: any free one); "
+        "beyond loopback it serves TLS, with the cluster's own CA (made once in --state-dir/tls) "
+        "unless given --tls-cert",
     )  # fmt: skip
     p.add_argument("--tls-cert", type=Path, help="the embedded server's TLS certificate (PEM)")
     p.add_argument("--tls-key", type=Path, help="its private key (PEM)")

@@ -162,3 +162,30 @@ def make_pki(folder: Path, host: str = "127.0.0.1", days: int = 1) -> tuple[Path
     _write(paths[1], _pem(cert), 0o644)
     _write_key(paths[2], key)
     return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m gpuyard.pki DIR NAME...`: the files `gpuyard up` makes, for a server of your own
+    (deploy/): the CA once in DIR, and a server certificate for NAMEs (addresses, DNS names)."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog="python -m gpuyard.pki",
+        description="Make a cluster's CA (once: kept in DIR) and a server certificate it signs.",
+    )
+    parser.add_argument("folder", type=Path, metavar="DIR", help="e.g. /etc/gpuyard/tls")
+    parser.add_argument("names", nargs="+", metavar="NAME", help="the server's addresses and names")
+    parser.add_argument("--cluster", default="default", help="named in the CA's subject")
+    args = parser.parse_args(argv)
+    try:
+        ca, cert, key = cluster_tls(args.folder, args.names, args.cluster)
+    except (OSError, ValueError) as exc:
+        print(f"gpuyard.pki: {exc}", file=sys.stderr)
+        return 1
+    print(f"CA {ca} (clients' tls_ca); server certificate {cert}, key {key}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

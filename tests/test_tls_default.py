@@ -23,6 +23,7 @@ from cryptography import x509
 
 from gpuyard.cli_cluster import _server_names, _wildcard_urls
 from gpuyard.pki import cluster_tls, make_pki
+from gpuyard.pki import main as pki_main
 from gpuyard.shared.connection import NatsAuth, connect
 from tests.polling import free_port
 
@@ -73,6 +74,15 @@ def test_a_throwaway_pki_for_tests(tmp_path: Path) -> None:
     assert names_of(cert) == {"127.0.0.1"} and stat.S_IMODE(key.stat().st_mode) == 0o600
     left = x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc
     assert left - datetime.datetime.now(datetime.UTC) < datetime.timedelta(days=2)
+
+
+def test_the_same_files_for_a_server_of_ones_own(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    assert pki_main([str(tmp_path / "tls"), "control", "10.0.0.5", "--cluster", CLUSTER]) == 0
+    assert names_of(tmp_path / "tls" / "server.pem") == {"control", "10.0.0.5"}
+    assert "ca.pem" in capsys.readouterr().out
+    (tmp_path / "file").write_text("")
+    assert pki_main([str(tmp_path / "file" / "tls"), "control"]) == 1  # one line, no traceback
+    assert capsys.readouterr().err.count("\n") == 1
 
 
 def test_a_server_on_every_interface_is_named_by_this_host() -> None:
