@@ -1,7 +1,7 @@
 """What the scheduler believes from whom (the caller is named by the request's subject; see
-gpuyard.shared.identity): a node agent reports exits only of its own job parts, a submitter
-cancels only their own jobs and sees only their own jobs' environment. Operators and services act for anyone; the server's permissions
-decide who may send what at all."""
+gpuyard.shared.identity): a node agent reports exits only of its own job parts, and a submitter
+cancels only their own jobs and reads only their own jobs' environment. Operators and services act
+for anyone; the server's permissions decide who may send what at all."""
 
 from __future__ import annotations
 
