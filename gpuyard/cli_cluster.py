@@ -83,7 +83,9 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     p.add_argument(
         "--listen", default="127.0.0.1:4222",
-        help="the embedded server's address (default 127.0.0.1:4222; port -1: any free one)",
+        help="the embedded server's address (default 127.0.0.1:4222; port -1: any free one); "
+        "beyond loopback it serves TLS, with the cluster's own CA (made once in --state-dir/tls) "
+        "unless given --tls-cert",
     )  # fmt: skip
     p.add_argument("--tls-cert", type=Path, help="the embedded server's TLS certificate (PEM)")
     p.add_argument("--tls-key", type=Path, help="its private key (PEM)")
@@ -322,6 +324,7 @@ def control_plane_configs(
             call_timeout_s=15.0,
             retry_for_s=RETRY_FOR_S,
             require_command=True,
+            reconsider_on_events=True,
         ),
     }
 
@@ -404,6 +407,65 @@ def _server_tls(args: argparse.Namespace) -> Any:
     return ServerTls(args.tls_cert, args.tls_key) if args.tls_cert else None
 
 
+WILDCARDS = ("0.0.0.0", "::", "[::]", "")
+
+
+async def _embedded_tls(args: argparse.Namespace, state: Path) -> tuple[Any, str | None]:
+    """The embedded server's TLS, and the CA the profiles carry: the operator's own certificate
+    (`--tls-cert/--tls-key/--tls-ca`, the CA's path); else, listening beyond loopback, the
+    cluster's, made by `up` (its CA made once in `<state>/tls/`, carried as PEM in the profiles so
+    they work on any machine); on loopback none (plain, as the server is reached from here only)."""
+    import ipaddress
+
+    from gpuyard.embedded import ServerTls
+    from gpuyard.pki import cluster_tls
+
+    tls = _server_tls(args)
+    if tls is not None or args.open:
+        return tls, str(args.tls_ca.resolve()) if args.tls_ca else None
+    host = args.listen.rsplit(":", 1)[0].strip("[]") if ":" in args.listen else args.listen
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        return None, str(args.tls_ca.resolve()) if args.tls_ca else None
+    names = await asyncio.to_thread(_server_names, host)
+    ca, cert, key = await asyncio.to_thread(cluster_tls, state / "tls", names, args.cluster)
+    print(
+        f"gpuyard up: TLS with the cluster's CA {ca} (server certificate for "
+        f"{', '.join(names)}; your own: --tls-cert --tls-key --tls-ca)",
+        file=sys.stderr, flush=True,
+    )  # fmt: skip
+    return ServerTls(cert, key), ca.read_text()
+
+
+def _server_names(host: str) -> list[str]:
+    """The names clients may reach a server listening on `host` by: that address, this host's
+    name and, on every interface (a wildcard), its addresses and loopback too. (DNS: in a thread.)"""
+    import socket
+
+    hostname = socket.gethostname()
+    if host not in WILDCARDS:
+        return list(dict.fromkeys([host, hostname, socket.getfqdn()]))
+    names = [hostname, socket.getfqdn()]
+    with contextlib.suppress(OSError):
+        names += sorted({str(a[4][0]) for a in socket.getaddrinfo(hostname, None)})
+    return list(dict.fromkeys([*names, "localhost", "127.0.0.1", "::1"]))
+
+
+def _wildcard_urls(url: str) -> tuple[str, str]:
+    """(the URL the services here connect to, the URL the profiles carry) of a server at `url`:
+    on every interface (`0.0.0.0`), loopback here and this host's name elsewhere; else `url`."""
+    import socket
+
+    scheme, _, rest = url.partition("://")
+    host, _, port = rest.rpartition(":")
+    if host.strip("[]") not in WILDCARDS:
+        return url, url
+    return f"{scheme}://127.0.0.1:{port}", f"{scheme}://{socket.gethostname()}:{port}"
+
+
 async def run_control_plane(args: argparse.Namespace) -> int:
     import signal
 
@@ -419,7 +481,6 @@ async def run_control_plane(args: argparse.Namespace) -> int:
         raise CommandError(str(exc), code=2) from None
     state = (args.state_dir or default_state_dir(args.cluster)).expanduser().resolve()
     creds = Credentials(state, args.cluster)
-    tls = _server_tls(args)
     if args.open and args.nats:
         raise CommandError("--open is for the embedded server; with --nats the server decides")
     lock = StateDirLock(state)
@@ -447,6 +508,7 @@ async def run_control_plane(args: argparse.Namespace) -> int:
                 state.mkdir(parents=True, exist_ok=True, mode=0o700)
             elif creds.init():
                 print(f"gpuyard up: created the cluster's credentials in {state}", file=sys.stderr)
+            tls, tls_ca = await _embedded_tls(args, state)
             server = EmbeddedNats(
                 state_dir=state, listen=args.listen, tls=tls,
                 auth=None if args.open else creds.users_conf,
@@ -455,10 +517,10 @@ async def run_control_plane(args: argparse.Namespace) -> int:
                 url = await stack.enter_async_context(server)
             except RuntimeError as exc:
                 raise CommandError(f"the embedded NATS server did not start: {exc}") from None
-            lock.record(url)
+            url, reachable = _wildcard_urls(url)
+            lock.record(reachable)
             if not args.open:
-                tls_ca = str(args.tls_ca.resolve()) if args.tls_ca else None
-                creds.set_server(url, tls_ca)
+                creds.set_server(reachable, tls_ca)
                 operator = NatsAuth.from_profile(creds.profile(OPERATOR))
                 services = {
                     n: NatsAuth.from_profile(creds.profile(Caller("svc", n))) for n in configs

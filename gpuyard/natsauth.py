@@ -34,6 +34,7 @@ from typing import Any
 
 import msgspec
 
+from gpuyard.services.admission.service import RECONSIDER_ON
 from gpuyard.shared.connection import ConnectionProfile
 from gpuyard.shared.endpoints import (
     CANCEL,
@@ -181,6 +182,7 @@ def permissions(caller: Caller, cluster: str) -> dict[str, Any]:
     subscribe = [*own, DISCOVERY]
     if name == "admission":
         publish += [call(SUBMIT), call(ENQUEUE), call(QUERY), call(CLUSTER)]
+        subscribe += [s.of(EVENT, type=kind) for kind in RECONSIDER_ON]  # (its held jobs)
     elif name == "scheduler":
         stream = s.stream_name
         publish += [call(TICK), f"{s.service('placement')}.>"]

@@ -121,7 +121,11 @@ class NatsAuth:
     def ssl_context(self) -> ssl.SSLContext | None:
         if not (self.tls_ca or self.tls_cert):
             return None
-        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.tls_ca)
+        ca = self.tls_ca
+        if ca is not None and ca.lstrip().startswith("-----BEGIN"):  # the PEM itself (a profile's)
+            context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=ca)
+        else:
+            context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
         if self.tls_cert:
             context.load_cert_chain(self.tls_cert, self.tls_key)
         return context
@@ -157,7 +161,7 @@ class NatsAuth:
         for f in fields(self):
             value = getattr(self, f.name)
             if value is not None and f.name not in self.SECRET_FIELDS:
-                args += [f"--nats-{f.name.replace('_', '-')}", str(value)]
+                args.append(f"--nats-{f.name.replace('_', '-')}={value}")  # (a PEM starts with -)
         return args
 
     def env(self) -> dict[str, str]:
@@ -217,7 +221,7 @@ def add_nats_arguments(
         "token": "authorization token (better: $GPUYARD_NATS_TOKEN)",
         "creds": "a .creds file (JWT + NKey seed)",
         "nkey_seed": "an NKey seed file",
-        "tls_ca": "CA certificate(s) to verify the server (PEM)",
+        "tls_ca": "CA certificate(s) to verify the server (a PEM file, or the PEM itself)",
         "tls_cert": "client certificate for mutual TLS (PEM)",
         "tls_key": "the client certificate's private key (PEM)",
         "tls_hostname": "the server name to verify, when it differs from the URL's host",

@@ -123,9 +123,9 @@ TICK = Endpoint("sched.tick", TickRequest, SchedulerStatus, "clock -> scheduler"
 EXITED = Endpoint("sched.exited.{caller}", ExitReport, SchedulerStatus, "node agents, simclock -> scheduler", ("scheduler",), "caller")  # fmt: skip
 STEPS = Endpoint("sched.steps", StepsUpdate, SchedulerStatus, "simclock -> scheduler", ("scheduler",))  # fmt: skip
 CLUSTER_CHANGED = Endpoint("sched.cluster_changed", ClusterChanged, SchedulerStatus, "simclock -> scheduler", ("scheduler",))  # fmt: skip
-JOBS = Endpoint("sched.jobs", PageQuery, JobsPage, "anyone -> scheduler", ("scheduler",))
+JOBS = Endpoint("sched.jobs.{caller}", PageQuery, JobsPage, "anyone -> scheduler", ("scheduler",), "caller")  # fmt: skip
 STATUS = Endpoint("sched.status", Empty, SchedulerStatus, "anyone -> scheduler", ("scheduler",))
-QUERY = Endpoint("sched.query", JobQuery, JobsPage, "anyone, admission -> scheduler", ("scheduler",))  # fmt: skip
+QUERY = Endpoint("sched.query.{caller}", JobQuery, JobsPage, "anyone, admission -> scheduler", ("scheduler",), "caller")  # fmt: skip
 CANCEL = Endpoint("sched.cancel.{caller}", CancelRequest, CancelReply, "users -> scheduler", ("scheduler",), "caller")  # fmt: skip
 
 # --------------------------------------------------------------------------- placement

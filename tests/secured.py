@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,9 +137,12 @@ async def fake_agent(
 
 
 @asynccontextmanager
-async def secured_cluster(root: Path, identities: list[str]) -> AsyncIterator[Secured]:
+async def secured_cluster(
+    root: Path, identities: list[str], configure: Callable[[dict[str, Any]], None] | None = None
+) -> AsyncIterator[Secured]:
     """The control plane of `gpuyard up` (durable, fast rounds) on a server requiring gpuyard's
-    credentials; each service connects as itself; `identities` get credentials too."""
+    credentials; each service connects as itself; `identities` get credentials too; `configure`
+    may change the services' configurations first."""
     creds = Credentials(root / "state", CLUSTER)
     creds.init()
     for identity in identities:
@@ -148,6 +151,8 @@ async def secured_cluster(root: Path, identities: list[str]) -> AsyncIterator[Se
     configs["placement"].heartbeat_check_s = 0.1
     configs["placement"].command_timeout_s = 1.0
     configs["scheduler"].event_storage = "memory"
+    if configure is not None:
+        configure(configs)
     server = EmbeddedNats(state_dir=creds.root, auth=creds.users_conf)
     async with server as url, AsyncExitStack() as stack:
         creds.set_server(url, None)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import stat
 import subprocess
@@ -21,7 +20,6 @@ import pytest
 from gpuyard.pki import make_pki
 from tests.polling import free_port, until
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 CLUSTER = "flow"
 
 

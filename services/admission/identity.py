@@ -3,6 +3,8 @@ when someone cancels them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 from gpuyard.shared.contract import SubmitRequest
@@ -26,3 +28,16 @@ def owned_by(req: SubmitRequest, caller: Caller) -> SubmitRequest:
             )
     jobs = [msgspec.structs.replace(spec, user=caller.name) for spec in req.jobs]
     return msgspec.structs.replace(req, jobs=jobs)
+
+
+def named_for(caller: Caller, asked: set[str], users: dict[str, str]) -> Callable[[str], bool]:
+    """Which jobs a submit's reply may name to `caller`: those it submitted (`asked`) and its own
+    (`users`: each job's user), such as its held jobs decided on with it; never another user's.
+    Services and anonymous callers (a simulation's clock, an open server) get every job."""
+    if caller.role == "user":
+        owner = caller.name
+    elif caller.role == "op" and caller != ANONYMOUS:
+        owner = str(caller)  # (an operator's own jobs are named so: `owned_by`)
+    else:
+        return lambda _: True
+    return lambda job_id: job_id in asked or users.get(job_id) == owner

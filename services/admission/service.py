@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 from msgspec import Struct
+from nats.aio.msg import Msg
 
 from gpuyard.shared.connection import Bus
 from gpuyard.shared.contract import (
@@ -22,7 +23,7 @@ from gpuyard.shared.contract import (
     SubmitRequest,
     SubmitResult,
 )
-from gpuyard.shared.endpoints import CLUSTER, ENQUEUE, QUERY, SUBMIT, Endpoint
+from gpuyard.shared.endpoints import CLUSTER, ENQUEUE, EVENT, QUERY, SUBMIT, Endpoint
 from gpuyard.shared.identity import ANONYMOUS, Caller
 from gpuyard.shared.model import ANY_GPU, JobRecord, JobSpec
 from gpuyard.shared.policy import (
@@ -38,7 +39,11 @@ from gpuyard.shared.service import Handler, Service
 from gpuyard.shared.store import Replicas
 from gpuyard.shared.throughput import LinearModel, ThroughputModel, load_throughputs
 
-from .identity import owned_by
+from .identity import named_for, owned_by
+
+RECONSIDER_ON = ("job.completed", "job.failed", "job.cancelled", "node.up", "policy.changed")
+"""The events after which held jobs are decided on again (`reconsider_on_events`): capacity freed
+or added, or a policy (an admission quota) changed."""
 
 QUERY_PAGE = 10_000
 """Jobs per page when admission reads the admitted jobs from the scheduler."""
@@ -51,6 +56,10 @@ class AdmissionConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     """Jobs submitted without a job_id are named `<id_prefix><n>`."""
     retry_held_s: float | None = None
     """Real clusters: try held jobs again this often (a simulation's clock does it on exits)."""
+    reconsider_on_events: bool = False
+    """Real clusters: decide on held jobs again whenever capacity or policy changes, as the event
+    stream says (`RECONSIDER_ON`: a job ended, a node joined, a policy or quota changed). A
+    simulation's clock asks itself, in its own order."""
     durable: bool = False
     """Keep the id counter and the held jobs in a JetStream key-value bucket."""
     replicas: Replicas = 1
@@ -93,6 +102,8 @@ class Admission(Service):
         self._due: asyncio.Task[None] | None = None
         """On the wall clock: the retry of held jobs at the time their policy named."""
         self.cluster: ClusterInfo | None = None
+        self._asked = False
+        """A decision on the held jobs is queued (`_ask_again`): a burst of events asks once."""
 
     def routes(self) -> dict[Endpoint[Any, Any], Handler]:
         return {SUBMIT: self.submit}
@@ -132,6 +143,18 @@ class Admission(Service):
         await super().start()
         if self.config.retry_held_s:
             self._retry = asyncio.create_task(self._retry_held(self.config.retry_held_s))
+        if self.config.reconsider_on_events:
+            for kind in RECONSIDER_ON:
+                sub = await self.bus.nc.subscribe(
+                    self.bus.subjects.of(EVENT, type=kind), cb=self._capacity_or_policy_changed
+                )
+                self._subs.append(sub)  # (drained when a replacement takes over)
+            await self._ask_again()  # held jobs restored from the store: capacity may have changed
+
+    async def _capacity_or_policy_changed(self, msg: Msg) -> None:
+        if msg.subject.endswith(".node.up"):
+            self.cluster = None  # its capacity: asked for again at the next decision
+        await self._ask_again()
 
     async def stop(self) -> None:
         self._stop_timers()
@@ -150,11 +173,13 @@ class Admission(Service):
     async def _ask_again(self) -> None:
         """Held jobs are decided again through our own subject, so that this queues behind other
         requests like any submit."""
-        if self.held:
+        if self.held and not self._asked:
+            self._asked = True
             await self.bus.nc.publish(self.bus.subject(SUBMIT), b'{"jobs": []}')
 
     async def submit(self, req: SubmitRequest, caller: Caller = ANONYMOUS) -> SubmitReply:
         req = owned_by(req, caller)
+        self._asked = False  # (every submit decides on the held jobs)
         now = req.now if req.now is not None else time.time()
         if self.cluster is None or not self.cluster.capacity:
             await self._refresh_cluster()
@@ -181,6 +206,7 @@ class Admission(Service):
         users = {s.job_id or "": s.user for s in self.held}
         still_held: list[JobSpec] = []
         held_ids = {s.job_id for s in self.held} if self.durable else set()
+        asked: set[str] = set()  # the ids of this request's jobs
         for spec in self.held:
             verdict, why = decide(spec, blocked=bool(still_held))
             if verdict == "hold":
@@ -199,6 +225,7 @@ class Admission(Service):
             )
             assert spec.job_id is not None
             users[spec.job_id] = spec.user
+            asked.add(spec.job_id)
             await self._event("job.submitted", now, spec.job_id, user=spec.user)
             never = self._never_fits(spec)
             if never and self.cluster is not None:
@@ -231,9 +258,13 @@ class Admission(Service):
             if self._due is not None:
                 self._due.cancel()
             self._due = asyncio.create_task(self._retry_at(retry_at))
+        # The reply names the caller's jobs only: a held job of another user decided on here
+        # is told to its owner by its events (`gpuyard jobs`), not to whoever submitted next.
+        mine = named_for(caller, asked, users)
+        held = sum(1 for s in self.held if mine(s.job_id or ""))
         return SubmitReply(
-            results=results, held=len(self.held), scheduler=status,
-            retry_at=retry_at if self.held else None,
+            results=[r for r in results if mine(r.job_id)], held=held, scheduler=status,
+            retry_at=retry_at if held else None,
         )  # fmt: skip
 
     @staticmethod

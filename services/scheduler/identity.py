@@ -1,9 +1,11 @@
 """What the scheduler believes from whom (the caller is named by the request's subject; see
 gpuyard.shared.identity): a node agent reports exits only of its own job parts, and a submitter
-cancels only their own jobs. Operators and services act for anyone; the server's permissions
-decide who may send what at all."""
+cancels only their own jobs and reads only their own jobs' environment. Operators and services act
+for anyone; the server's permissions decide who may send what at all."""
 
 from __future__ import annotations
+
+import msgspec
 
 from gpuyard.shared.contract import ExitReport, JobExit
 from gpuyard.shared.errors import BadRequest
@@ -39,3 +41,16 @@ def may_cancel(record: JobRecord, caller: Caller) -> str | None:
     if caller.role == "user" and record.spec.user != caller.name:
         return "not your job"
     return None
+
+
+def shown_to(caller: Caller, records: list[JobRecord]) -> list[JobRecord]:
+    """The records as `caller` may read them: a job's `env` (tokens, passwords) only to its owner,
+    operators and services; to anyone else it shows none."""
+    if caller.role in ("op", "svc"):
+        return records
+    mine = caller.name if caller.role == "user" else None
+    return [
+        r if r.spec.user == mine or not r.spec.env
+        else msgspec.structs.replace(r, spec=msgspec.structs.replace(r.spec, env={}))
+        for r in records
+    ]  # fmt: skip

@@ -83,7 +83,7 @@ from gpuyard.shared.throughput import (
 )
 
 from .durability import SchedulerStore, StoredMeta
-from .identity import check_exits, may_cancel, ran_there
+from .identity import check_exits, may_cancel, ran_there, shown_to
 from .jobs import JobTable
 from .mechanism import TimeShareConfig, make_mechanism
 
@@ -473,15 +473,15 @@ class Scheduler(Service):
         self._after(now)
         return ran
 
-    async def list_jobs(self, req: PageQuery) -> JobsPage:
+    async def list_jobs(self, req: PageQuery, caller: Caller = ANONYMOUS) -> JobsPage:
         page = list(self.table.jobs.values())[req.offset : req.offset + req.limit]
-        return JobsPage(jobs=page, total=len(self.table))
+        return JobsPage(jobs=shown_to(caller, page), total=len(self.table))
 
     async def status_request(self, _: Empty) -> SchedulerStatus:
         """Counts and the wake-up time, as they are."""
         return self._status(self.last_round or 0.0)
 
-    async def query(self, req: JobQuery) -> JobsPage:
+    async def query(self, req: JobQuery, caller: Caller = ANONYMOUS) -> JobsPage:
         """Jobs by id and/or state, in admission order; with the caller's time, when a job
         admitted then would first be decided on."""
         if req.job_ids:
@@ -493,7 +493,9 @@ class Scheduler(Service):
         if req.states:
             states = set(req.states)
             found = [r for r in found if r.state in states]
-        page = JobsPage(jobs=found[req.offset : req.offset + req.limit], total=len(found))
+        page = JobsPage(
+            jobs=shown_to(caller, found[req.offset : req.offset + req.limit]), total=len(found)
+        )
         own_clock = self.config.mode == "clock" or self.policy.mechanism == "time_shares"
         if req.now is not None and not own_clock:
             page.next_decision = self._decides(req.now)
