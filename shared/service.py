@@ -282,6 +282,16 @@ class Service:
         )
 
     async def _on_takeover(self, msg: Msg) -> None:
+        refused = self._takeover_refused(msg)
+        if refused is not None:  # not a replacement's request: one line, and keep serving
+            self.log.warning(
+                "takeover.refused", subject=msg.subject, error=refused.error, field=refused.field
+            )
+            if msg.reply:
+                error = ErrorReply(error=refused.error, field=refused.field, subject=msg.subject)
+                with contextlib.suppress(Exception):
+                    await self.bus.nc.publish(msg.reply, encode(error), headers=_ERROR_HEADERS)
+            return
         self.log.info("service.handing_over")
         await self.hand_over()
         for sub in self._subs:
@@ -291,6 +301,25 @@ class Service:
         self._serving.clear()
         await msg.respond(encode(self.policy_info()))
         self.handed_over.set()
+
+    def _takeover_refused(self, msg: Msg) -> BadRequest | None:
+        """Why `msg` is no takeover request (None: it is one). A replacement asks through
+        `Bus.call`: an `Empty` body and a reply subject, where it waits for our state."""
+        if self.handed_over.is_set():
+            return BadRequest("this instance has handed over already")
+        if not msg.reply:
+            return BadRequest("a takeover needs a reply subject to answer on")
+        version = msg.headers.get(VERSION_HEADER) if msg.headers else None
+        if version is not None and version != str(CONTRACT_VERSION):
+            return BadRequest(
+                f"contract version {version} is not supported (this service speaks "
+                f"{CONTRACT_VERSION})"
+            )
+        try:
+            decoder(TAKEOVER.request).decode(msg.data or b"{}")
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            return error_from_validation(exc)
+        return None
 
     # ------------------------------------------------------------------ serving
 
