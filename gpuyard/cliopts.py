@@ -65,7 +65,9 @@ class OneLineParser(argparse.ArgumentParser):
 # --------------------------------------------------------------------------- numeric options
 
 
-def _number(kind: type, text: str, gt: float | None, ge: float | None) -> int | float:
+def _number(
+    kind: type, text: str, gt: float | None, ge: float | None, le: float | None = None
+) -> int | float:
     """`text` as an int or a finite float with the given bound; ArgumentTypeError otherwise, which
     argparse prints after the option's name."""
     try:
@@ -80,14 +82,18 @@ def _number(kind: type, text: str, gt: float | None, ge: float | None) -> int | 
         raise argparse.ArgumentTypeError(f"must be greater than {gt:g}, not {text}")
     if ge is not None and not value >= ge:
         raise argparse.ArgumentTypeError(f"must be {ge:g} or more, not {text}")
+    if le is not None and not value <= le:
+        raise argparse.ArgumentTypeError(f"must be {le:g} or less, not {text}")
     return value
 
 
-def number(kind: type, *, gt: float | None = None, ge: float | None = None) -> Callable[[str], Any]:
+def number(
+    kind: type, *, gt: float | None = None, ge: float | None = None, le: float | None = None
+) -> Callable[[str], Any]:
     """An argparse `type`: `number(int, gt=0)` accepts 1, 2, ... and names the bound otherwise."""
 
     def parse(text: str) -> int | float:
-        return _number(kind, text.strip(), gt, ge)
+        return _number(kind, text.strip(), gt, ge, le)
 
     parse.__name__ = kind.__name__
     return parse
@@ -128,6 +134,21 @@ def id_window(text: str) -> tuple[int, int]:
             f"{text!r} is not FIRST:END with 0 <= FIRST < END (jobs FIRST to END - 1)"
         )
     return window
+
+
+def job_id_arg(text: str) -> str:
+    """An argparse `type` for a job id, as jobs are named (no path, at most 128 characters)."""
+    import msgspec
+
+    from gpuyard.shared.model import Name
+
+    try:
+        return msgspec.convert(text, Name)
+    except msgspec.ValidationError:
+        raise argparse.ArgumentTypeError(
+            f"{text[:140]!r} is not a job id (1-128 letters, digits, '_', '.', ':' or '-', "
+            "starting with a letter, a digit or '_')"
+        ) from None
 
 
 positive_int = number(int, gt=0)

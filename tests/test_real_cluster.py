@@ -144,7 +144,7 @@ class RealCluster:
 
     def job_log(self, job_id: str, rank: int = 0) -> str:
         return "".join(
-            p.read_text() for p in sorted(self.root.glob(f"*/logs/{job_id}/rank{rank}.log"))
+            p.read_text() for p in sorted(self.root.glob(f"*/logs/{CLUSTER}/{job_id}/rank{rank}.log"))
         )
 
 
@@ -266,7 +266,7 @@ async def test_killed_node_agent_requeues_the_job_and_it_completes_elsewhere(
     assert record.state == "completed", record.reason
     assert record.preemptions == 1
     other = "b" if node == "a" else "a"
-    resumed = (cluster.root / other / "logs" / job_id / "rank0.log").read_text()
+    resumed = (cluster.root / other / "logs" / CLUSTER / job_id / "rank0.log").read_text()
     assert "attempt=1 resumed=True" in resumed and "done at step 60 (attempt 1)" in resumed
     assert await cluster.node_count(1)
 

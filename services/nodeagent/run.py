@@ -57,7 +57,7 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", help="address other nodes reach this one at (default: resolved)")
     p.add_argument("--grace", type=float, default=30.0, help="seconds from SIGTERM to SIGKILL")
     p.add_argument("--heartbeat", type=float, default=1.0, help="seconds between heartbeats")
-    p.add_argument("--state-dir", type=Path, help="job logs go to STATE_DIR/logs")
+    p.add_argument("--state-dir", type=Path, help="job logs go to STATE_DIR/logs/<cluster>")
     p.add_argument(
         "--checkpoint-root",
         type=Path,
