@@ -30,6 +30,7 @@ import nats.errors
 from gpuyard.shared.connection import (
     Bus,
     NatsAuth,
+    TlsFailure,
     add_nats_arguments,
     connect,
     connection_given,
@@ -299,10 +300,10 @@ async def open_bus(
     except (OSError, TimeoutError, nats.errors.Error) as exc:
         # The server's refusal says more than the broken pipe that may follow it.
         refusals = [f for f in failures if "authoriz" in str(f).lower()]
-        why = (refusals or failures or [exc])[-1]
-        raise CommandError(
-            f"cannot connect to NATS at {redact(url)}: {describe_error(why)}"
-        ) from None
+        why = describe_error((refusals or failures or [exc])[-1])
+        if isinstance(exc, TlsFailure):
+            why = str(exc)
+        raise CommandError(f"cannot connect to NATS at {redact(url)}: {why}") from None
     connected = True
     return Bus(nc, subjects, request_timeout=request_timeout, caller=auth.caller)
 

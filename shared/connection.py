@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import os
 import ssl
@@ -257,11 +258,42 @@ def resolve_connection(args: argparse.Namespace, profile: str | Path | None = No
         args.cluster = args.cluster or p.cluster or args.nats_cluster_default
 
 
+class TlsFailure(ConnectionError):
+    """The server's certificate could not be verified (unknown CA, no CA given, another host
+    name), or TLS failed otherwise: trying again would not help."""
+
+
+def tls_failure_text(exc: ssl.SSLError) -> str:
+    """One line for a TLS failure, with what to check."""
+    reason = (getattr(exc, "verify_message", None) or exc.reason or str(exc)).rstrip(".")
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return (
+            f"TLS: the server's certificate is not trusted ({reason}): give the cluster's CA "
+            "(--nats-tls-ca, a profile's tls_ca) and a URL with the host name the certificate "
+            "names (or --nats-tls-hostname)"
+        )
+    return f"TLS failed: {reason}"
+
+
 async def connect(url: str, *, name: str, auth: NatsAuth | None = None, **options: Any) -> Client:
     """Connect with reconnects that never give up (a restarted server is picked up again).
 
-    `url` may list several servers, comma-separated; `options` override any default.
+    `url` may list several servers, comma-separated; `options` override any default. A TLS failure
+    before the first connection raises TlsFailure at once (after `error_cb` has seen it): a
+    certificate that cannot be verified will not become valid by trying again, and nats-py would
+    wait forever closing the failed connection.
     """
+    given_error_cb = options.pop("error_cb", None)
+    tls_failed: list[TlsFailure] = []
+
+    async def on_error(exc: Exception) -> None:
+        if given_error_cb is not None:
+            await given_error_cb(exc)
+        if isinstance(exc, ssl.SSLError) and client is None:
+            tls_failed.append(TlsFailure(tls_failure_text(exc)))
+            raise tls_failed[-1]
+
+    client: Client | None = None
     settings: dict[str, Any] = {
         "name": name,
         "max_reconnect_attempts": -1,
@@ -272,10 +304,29 @@ async def connect(url: str, *, name: str, auth: NatsAuth | None = None, **option
         "drain_timeout": 5,
         **(auth.options() if auth is not None else {}),
         **options,
+        "error_cb": on_error,
     }
-    if settings.get("tls") is not None or "tls://" in url:
+    wants_tls = settings.get("tls") is not None or "tls://" in url
+    if wants_tls:
         _one_write_per_flush()
-    return await nats.connect(url.split(",") if "," in url else url, **settings)
+    nc = Client()
+    try:
+        await nc.connect(url.split(",") if "," in url else url, **settings)
+    except TlsFailure:
+        transport = getattr(nc, "_transport", None)  # (not closed by nats-py: it would hang)
+        if transport is not None:
+            with contextlib.suppress(Exception):
+                transport.close()
+        raise tls_failed[-1] from None
+    if wants_tls and not getattr(nc, "_server_info", {}).get("tls_required"):
+        # nats-py speaks TLS only to a server that requires it: never fall back to plain text.
+        await nc.close()
+        raise TlsFailure(
+            f"TLS was asked for ({'a tls:// URL' if 'tls://' in url else 'a CA or certificate'}), "
+            "but the server does not use it"
+        )
+    client = nc
+    return nc
 
 
 def _one_write_per_flush() -> None:

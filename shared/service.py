@@ -40,6 +40,7 @@ from . import __version__
 from .connection import (
     Bus,
     NatsAuth,
+    TlsFailure,
     add_nats_arguments,
     connect,
     decoder,
@@ -576,10 +577,13 @@ def run_service(
         parser.error(f"bad configuration: {exc}")
 
     async def main() -> None:
-        nc = await connect(
-            args.nats, name=f"gpuyard-{service_cls.name}-{args.cluster}",
-            auth=NatsAuth.from_args(args),
-        )  # fmt: skip
+        try:
+            nc = await connect(
+                args.nats, name=f"gpuyard-{service_cls.name}-{args.cluster}",
+                auth=NatsAuth.from_args(args),
+            )  # fmt: skip
+        except TlsFailure as exc:  # (it would not pass by trying again)
+            parser.exit(1, f"gpuyard-{service_cls.name}: cannot connect to NATS: {exc}\n")
         try:
             service = service_cls(Bus(nc, subjects), config)
         except (PolicyError, ValueError) as exc:

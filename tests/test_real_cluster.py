@@ -172,7 +172,7 @@ async def test_four_gpu_job_across_two_nodes_gets_consistent_ranks(
     record = await cluster.until_state(job_id, "completed", "failed")
     assert record.state == "completed", record.reason
     envs = [
-        json.loads((cluster.checkpoints / job_id / f"env.rank{r}.json").read_text())
+        json.loads((cluster.checkpoints / CLUSTER / job_id / f"env.rank{r}.json").read_text())
         for r in range(4)
     ]
     assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]

@@ -17,6 +17,7 @@ import structlog
 from gpuyard.shared.connection import (
     Bus,
     NatsAuth,
+    TlsFailure,
     add_nats_arguments,
     connect,
     resolve_connection,
@@ -215,4 +216,6 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         uvloop.run(run_agent(args.nats, args.cluster, config, auth))
     except ValueError as exc:  # no GPUs found and none given
         parser.exit(2, f"gpuyard nodeagent: {exc}\n")
+    except TlsFailure as exc:  # (trying again would not help: systemd's restarts say it again)
+        parser.exit(1, f"gpuyard nodeagent: cannot connect to NATS: {exc}\n")
     return 0
