@@ -115,10 +115,12 @@ def _kv(bucket: str) -> list[str]:
 
 
 def _read_events(stream: str) -> list[str]:
-    """Read the event stream (`gpuyard tail`): ordered consumers, nothing that changes it."""
+    """Read the event stream (`gpuyard tail`): ephemeral (ordered) consumers only, created on the
+    subject the server refuses a durable name on (`CONSUMER.CREATE.<stream>`, no name token), and
+    nothing that changes the stream or another reader's consumer; the stream bounds how many, and
+    how long each outlives its reader (shared/connection.py, `ensure_event_stream`)."""
     return [
         "$JS.API.INFO", f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}",
-        f"$JS.API.CONSUMER.CREATE.{stream}.>", f"$JS.API.CONSUMER.DELETE.{stream}.>",
         f"$JS.API.CONSUMER.INFO.{stream}.>", f"$JS.FC.{stream}.>",
     ]  # fmt: skip
 

@@ -490,14 +490,24 @@ def _time_out(awaited: asyncio.Future[Msg]) -> None:
         awaited.set_exception(NatsTimeoutError())
 
 
+EVENT_READERS_MAX = 256
+"""The most consumers (`gpuyard tail`s, each its own) the event stream has at once."""
+EVENT_READER_IDLE_MAX_S = 60.0
+"""The longest a consumer of the event stream outlives its reader (as long as any may ask)."""
+
+
 async def ensure_event_stream(
     nc: Client, subjects: Subjects, *, max_age_s: float, storage: str = "file"
 ) -> bool:
     """Create (or update) the cluster's JetStream stream capturing `gpuyard.<cluster>.evt.>`.
 
+    Its readers (submitters, operators) may create only ephemeral consumers (gpuyard/natsauth.py),
+    and at most `EVENT_READERS_MAX` at once, each gone `EVENT_READER_IDLE_MAX_S` at the most
+    after its reader left: nobody keeps server resources for good.
+
     Returns False when the server has no JetStream: events are then published but not stored.
     """
-    from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+    from nats.js.api import RetentionPolicy, StorageType, StreamConfig, StreamConsumerLimits
     from nats.js.errors import Error as JetStreamError
 
     config = StreamConfig(
@@ -506,6 +516,8 @@ async def ensure_event_stream(
         retention=RetentionPolicy.LIMITS,
         storage=StorageType(storage),
         max_age=max_age_s,
+        max_consumers=EVENT_READERS_MAX,
+        consumer_limits=StreamConsumerLimits(inactive_threshold=EVENT_READER_IDLE_MAX_S),
     )
     js = nc.jetstream()
     try:

@@ -103,3 +103,50 @@ async def test_two_clusters_on_one_machine_keep_their_own_job_logs(
     assert sorted(p.parent.parent.name for p in (state / "logs").glob("*/j1/rank0.log")) == [
         "first", "second",
     ]  # fmt: skip
+
+
+async def test_a_submitter_reads_events_only_through_bounded_ephemeral_consumers(
+    tmp_path: Path,
+) -> None:
+    """`gpuyard tail` works for a submitter; a durable consumer is refused by whichever subject
+    it is asked on, an ephemeral one may not outlive its reader past the stream's limit, nobody
+    deletes another reader's consumer, and the stream bounds how many there are."""
+    from nats.js.api import ConsumerConfig
+    from nats.js.errors import BadRequestError
+
+    from gpuyard.ops import read_events
+    from gpuyard.shared.connection import EVENT_READER_IDLE_MAX_S, EVENT_READERS_MAX
+    from gpuyard.shared.contract import SubmitRequest
+    from gpuyard.shared.endpoints import SUBMIT
+
+    from .secured import S, secured_cluster
+
+    async with secured_cluster(tmp_path, ["user.alice"]) as c:
+        alice = await c.client("user.alice")
+        await alice.bus.call(SUBMIT, SubmitRequest(jobs=[JobSpec(num_gpus=1, command=["x"])]))
+        events = [e async for e in read_events(alice.bus.nc, alice.bus.subjects)]
+        assert "job.submitted" in {e.event.type for e in events if e.event}
+        stream = S.stream_name
+        js = alice.bus.nc.jetstream()
+        info = await js.stream_info(stream)
+        assert info.config.max_consumers == EVENT_READERS_MAX
+        limits = info.config.consumer_limits
+        assert limits is not None and limits.inactive_threshold == EVENT_READER_IDLE_MAX_S
+
+        # Durable, by the subject that names it, or by a consumer's name: not allowed at all.
+        durable = b'{"stream_name": "%s", "config": {"durable_name": "mine"}}' % stream.encode()
+        for subject in (
+            f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.mine",
+            f"$JS.API.CONSUMER.CREATE.{stream}.mine",
+            f"$JS.API.CONSUMER.CREATE.{stream}.mine.{S.events}.>",
+        ):
+            assert await alice.publish(subject, durable)
+        # ... and on the subject ephemeral consumers are made on, the server refuses the name.
+        reply = await alice.bus.nc.request(f"$JS.API.CONSUMER.CREATE.{stream}", durable, timeout=5)
+        assert b"expected to be ephemeral" in reply.data, reply.data
+        # An ephemeral one that would stay an hour after its reader left: beyond the limit.
+        with pytest.raises(BadRequestError, match="inactive threshold exceeds"):
+            await js.add_consumer(stream, ConsumerConfig(inactive_threshold=3600))
+        # Another reader's consumer is not ours to delete.
+        mine = await js.add_consumer(stream, ConsumerConfig())
+        assert await alice.publish(f"$JS.API.CONSUMER.DELETE.{stream}.{mine.name}")
