@@ -4,21 +4,30 @@ logs."""
 
 from __future__ import annotations
 
+import itertools
+import re
 import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
+from nats.js.api import ConsumerConfig
+from nats.js.errors import BadRequestError
 
+from gpuyard.natsauth import OPERATOR, SIMCLOCK, permissions
+from gpuyard.ops import read_events
 from gpuyard.services.nodeagent.service import NodeAgent, NodeAgentConfig
-from gpuyard.shared.connection import Bus, connect
-from gpuyard.shared.contract import Launch, LogsRequest, NodeCommand
-from gpuyard.shared.endpoints import NODE_LOGS, Subjects
+from gpuyard.shared.connection import EVENT_READER_IDLE_MAX_S, EVENT_READERS_MAX, Bus, connect
+from gpuyard.shared.contract import Launch, LogsRequest, NodeCommand, SubmitRequest
+from gpuyard.shared.endpoints import ENDPOINTS, NODE_LOGS, SERVICE_TOKENS, SUBMIT, Subjects
 from gpuyard.shared.errors import RemoteError
+from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import JobSpec
 
 from .polling import until_async
+from .secured import S, secured_cluster
 
 
 async def start_agent(stack: AsyncExitStack, url: str, cluster: str, root: Path) -> NodeAgent:
@@ -111,16 +120,6 @@ async def test_a_submitter_reads_events_only_through_bounded_ephemeral_consumers
     """`gpuyard tail` works for a submitter; a durable consumer is refused by whichever subject
     it is asked on, an ephemeral one may not outlive its reader past the stream's limit, nobody
     deletes another reader's consumer, and the stream bounds how many there are."""
-    from nats.js.api import ConsumerConfig
-    from nats.js.errors import BadRequestError
-
-    from gpuyard.ops import read_events
-    from gpuyard.shared.connection import EVENT_READER_IDLE_MAX_S, EVENT_READERS_MAX
-    from gpuyard.shared.contract import SubmitRequest
-    from gpuyard.shared.endpoints import SUBMIT
-
-    from .secured import S, secured_cluster
-
     async with secured_cluster(tmp_path, ["user.alice"]) as c:
         alice = await c.client("user.alice")
         await alice.bus.call(SUBMIT, SubmitRequest(jobs=[JobSpec(num_gpus=1, command=["x"])]))
@@ -150,3 +149,137 @@ async def test_a_submitter_reads_events_only_through_bounded_ephemeral_consumers
         # Another reader's consumer is not ours to delete.
         mine = await js.add_consumer(stream, ConsumerConfig())
         assert await alice.publish(f"$JS.API.CONSUMER.DELETE.{stream}.{mine.name}")
+
+
+# --------------------------------------------------------------------------- least privilege
+
+IDENTITIES = [
+    "op.admin", "user.alice", "node.n1", "svc.admission", "svc.scheduler", "svc.placement",
+    "svc.simclock",
+]  # fmt: skip
+VALUES = {
+    "caller": ["op.admin", "user.alice", "user.bob", "node.n1", "node.n2", "svc.admission",
+               "svc.scheduler", "svc.placement", "svc.simclock"],
+    "node": ["n1", "n2"],
+    "svc": ["adm", "sched", "place", "clock", "node.n1", "node.n2"],
+    "type": ["job.submitted", "node.up"],
+    "job": ["j1"],
+}  # fmt: skip
+TABLE_EXTRAS = ("$JS.", "$KV.", "$SRV.", "_INBOX.")
+"""What the permissions grant beyond the endpoint table: JetStream, replies, discovery."""
+
+
+def matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: `*` one token, a last `>` one token or more."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or token not in ("*", have[i]):
+            return False
+    return len(want) == len(have)
+
+
+def samples(endpoint: Any) -> list[tuple[dict[str, str], str]]:
+    """Concrete subjects of `endpoint` in cluster `c`, with the values they were made from."""
+    names = re.findall(r"{(\w+)}", endpoint.pattern)
+    out = []
+    for combo in itertools.product(*(VALUES[n] for n in names)):
+        params = dict(zip(names, combo, strict=True))
+        out.append((params, Subjects("c").of(endpoint, **params)))
+    return out
+
+
+def may_send(identity: str, endpoint: Any, params: dict[str, str]) -> bool:
+    """The rule, stated once more: a listed caller, as itself; a node for itself only; a
+    service to itself where it serves the endpoint, anyone else to those that serve it."""
+    role, name = identity.split(".")
+    who = name if role == "svc" else role
+    if who not in endpoint.callers:
+        return False
+    if endpoint.sender == "caller" and params["caller"] != identity:
+        return False
+    if role == "node" and (params.get("node", name), params.get("svc", f"node.{name}")) != (
+        name, f"node.{name}",
+    ):  # fmt: skip
+        return False
+    if "svc" not in params:
+        return True
+    if who in endpoint.serves:
+        return params["svc"] == SERVICE_TOKENS[who]
+    servers = [*SERVICE_TOKENS, "nodeagent"] if "*" in endpoint.serves else endpoint.serves
+    return any(
+        params["svc"].startswith("node.") if s == "nodeagent" else params["svc"] == SERVICE_TOKENS[s]
+        for s in servers
+    )
+
+
+def may_hear(identity: str, endpoint: Any, params: dict[str, str], subject: str) -> bool:
+    """Everything under its own prefix (a service, a node agent, subscribes to its own at once
+    and routes by the rest), what it serves elsewhere as itself (a takeover; the simclock every
+    node's commands), and the publishes it is listed to listen to."""
+    role, name = identity.split(".")
+    token = f"node.{name}" if role == "node" else SERVICE_TOKENS.get(name, "")
+    if role in ("node", "svc") and subject.startswith(f"gpuyard.c.{token}."):
+        return True
+    if role == "node":
+        return False
+    who = name if role == "svc" else role
+    if role == "svc" and who in endpoint.serves:
+        return params.get("svc", token) == token
+    return who in endpoint.listeners
+
+
+@pytest.mark.parametrize("identity", IDENTITIES)
+def test_each_identity_may_send_and_hear_what_the_endpoint_table_gives_its_role_only(
+    identity: str,
+) -> None:
+    """Every endpoint x every identity x concrete subjects (as itself, as another; to its own
+    node, another's; to each service): the generated permissions allow exactly what the table's
+    `callers`, `serves` and `listeners` give, and nothing of the namespace beyond."""
+    perms = permissions(Caller.parse(identity), "c")
+    publish, subscribe = perms["publish"]["allow"], perms["subscribe"]["allow"]
+    used: set[str] = set()
+    for endpoint in ENDPOINTS:
+        for params, subject in samples(endpoint):
+            sent = [p for p in publish if matches(p, subject)]
+            heard = [p for p in subscribe if matches(p, subject)]
+            assert bool(sent) == may_send(identity, endpoint, params), (endpoint.pattern, subject, sent)
+            assert bool(heard) == may_hear(identity, endpoint, params, subject), (endpoint.pattern, subject, heard)
+            used |= {*sent, *heard}
+    # Nothing granted in the cluster's namespace that no endpoint of the table needs.
+    stray = [p for p in {*publish, *subscribe} if p not in used and not p.startswith(TABLE_EXTRAS)]
+    assert not stray, stray
+    assert not any(p.startswith("gpuyard.c.>") or p == ">" for p in {*publish, *subscribe})
+
+
+async def test_a_real_cluster_has_no_simclock_and_the_server_refuses_beyond_each_role(
+    tmp_path: Path,
+) -> None:
+    """A real cluster's credentials hold no simclock identity (nor keep one from before), and
+    the server enforces the derived permissions: a service may not call what it does not call
+    (as the hand-written ones let it: a whole prefix), nor a node hear another node's commands."""
+    async with secured_cluster(tmp_path, ["node.n1"]) as c:
+        assert SIMCLOCK.token not in {i.identity for i in c.creds.index().identities}
+        assert not c.creds.profile_path(SIMCLOCK).exists()
+        assert '"seed"' not in c.creds.users_conf.read_text()
+        scheduler, admission = await c.client("svc.scheduler"), await c.client("svc.admission")
+        placement, node = await c.client("svc.placement"), await c.client("node.n1")
+        assert await scheduler.publish(f"{S.root}.place.nodes.svc.scheduler")
+        assert await scheduler.publish(f"{S.root}.sched.jobs")  # its own prefix: not a caller
+        assert await admission.publish(f"{S.root}.adm.policy.set")
+        assert await admission.publish(f"{S.root}.place.apply")
+        assert await placement.publish(f"{S.root}.sched.enqueue")
+        assert await placement.subscribe(f"{S.root}.evt.>")
+        assert await node.subscribe(f"{S.root}.node.n2.cmd")
+        op = await c.client(OPERATOR.token)
+        assert await op.publish(f"{S.root}.clock.run")  # a simulation's driver's
+    # Credentials made with the simclock's (a simulation's) lose it on a real cluster's init.
+    creds = type(c.creds)(tmp_path / "sim-then-real", "sec")
+    creds.init(simulation=True)
+    assert creds.profile_path(SIMCLOCK).exists()
+    creds.init()
+    assert not creds.profile_path(SIMCLOCK).exists()
+    assert {i.identity for i in creds.index().identities} == {
+        OPERATOR.token, "svc.admission", "svc.scheduler", "svc.placement",
+    }  # fmt: skip
