@@ -254,6 +254,17 @@ class Subjects:
         return f"GPUYARD_{self.cluster.replace('-', '_')}_EVENTS"
 
 
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: `*` is one token, a last `>` one token or more."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or token not in ("*", have[i]):
+            return False
+    return len(want) == len(have)
+
+
 def subject_table() -> str:
     """The README's subject table (Markdown), generated from `ENDPOINTS`."""
     rows = [

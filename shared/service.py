@@ -70,6 +70,7 @@ from .endpoints import (
     TAKEOVER,
     Endpoint,
     Subjects,
+    subject_matches,
 )
 from .errors import BadRequest, RemoteError, error_from_validation, policy_error_field
 from .identity import SERVICES, Caller
@@ -308,6 +309,8 @@ class Service:
         `Bus.call`: an `Empty` body and a reply subject, where it waits for our state."""
         if self.handed_over.is_set():
             return BadRequest("this instance has handed over already")
+        if msg.subject != self.bus.subjects.of(TAKEOVER, svc=self.token):
+            return BadRequest(f"{msg.subject!r} is not this service's takeover subject")
         if not msg.reply:
             return BadRequest("a takeover needs a reply subject to answer on")
         version = msg.headers.get(VERSION_HEADER) if msg.headers else None
@@ -359,8 +362,13 @@ class Service:
             routed[suffix] = route
             return route
 
+        head = prefix + "."
+
         async def dispatch(msg: Msg) -> None:
-            suffix = msg.subject[len(prefix) + 1 :]
+            if not msg.subject.startswith(head):
+                self._misdelivered(msg, f"{prefix}.>")
+                return
+            suffix = msg.subject[len(head) :]
             route = routed[suffix] if suffix in routed else find(suffix)
             await self._dispatch(msg, route, table, suffix)
 
@@ -374,9 +382,18 @@ class Service:
         table = {endpoint.name: route}
 
         async def dispatch(msg: Msg) -> None:
+            if not subject_matches(subject, msg.subject):
+                self._misdelivered(msg, subject)
+                return
             await self._dispatch(msg, route, table, endpoint.name)
 
         await self._subscribe(subject, dispatch)
+
+    def _misdelivered(self, msg: Msg, subscribed: str) -> None:
+        """A message on our subscription with a subject it does not match: a stream consumer
+        someone pointed at our subject delivers the stream's messages with their own subjects.
+        Nobody sent it to us: one line, and it is dropped."""
+        self.log.warning("message.misdelivered", subject=msg.subject, subscribed=subscribed)
 
     async def _subscribe(self, subject: str, dispatch: Callable[[Msg], Awaitable[None]]) -> None:
         sub = await self.bus.nc.subscribe(subject, queue=self.name, cb=dispatch)

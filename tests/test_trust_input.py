@@ -15,13 +15,22 @@ from typing import Any
 import pytest
 from nats.js.api import ConsumerConfig
 from nats.js.errors import BadRequestError
+from structlog.testing import capture_logs
 
 from gpuyard.natsauth import OPERATOR, SIMCLOCK, permissions
 from gpuyard.ops import read_events
 from gpuyard.services.nodeagent.service import NodeAgent, NodeAgentConfig
 from gpuyard.shared.connection import EVENT_READER_IDLE_MAX_S, EVENT_READERS_MAX, Bus, connect
-from gpuyard.shared.contract import Launch, LogsRequest, NodeCommand, SubmitRequest
-from gpuyard.shared.endpoints import ENDPOINTS, NODE_LOGS, SERVICE_TOKENS, SUBMIT, Subjects
+from gpuyard.shared.contract import Launch, LogsRequest, NodeCommand, Ping, SubmitRequest
+from gpuyard.shared.endpoints import (
+    ENDPOINTS,
+    NODE_LOGS,
+    PING,
+    SERVICE_TOKENS,
+    SUBMIT,
+    TAKEOVER,
+    Subjects,
+)
 from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import JobSpec
@@ -119,7 +128,8 @@ async def test_a_submitter_reads_events_only_through_bounded_ephemeral_consumers
 ) -> None:
     """`gpuyard tail` works for a submitter; a durable consumer is refused by whichever subject
     it is asked on, an ephemeral one may not outlive its reader past the stream's limit, nobody
-    deletes another reader's consumer, and the stream bounds how many there are."""
+    deletes another reader's consumer, and the stream bounds how many there are. A consumer that
+    delivers the events onto a takeover subject stops no service."""
     async with secured_cluster(tmp_path, ["user.alice"]) as c:
         alice = await c.client("user.alice")
         await alice.bus.call(SUBMIT, SubmitRequest(jobs=[JobSpec(num_gpus=1, command=["x"])]))
@@ -149,6 +159,20 @@ async def test_a_submitter_reads_events_only_through_bounded_ephemeral_consumers
         # Another reader's consumer is not ours to delete.
         mine = await js.add_consumer(stream, ConsumerConfig())
         assert await alice.publish(f"$JS.API.CONSUMER.DELETE.{stream}.{mine.name}")
+        # A consumer pointed at a service's takeover subject: the server delivers the events
+        # there (a plain subscription; the services' others are queue subscriptions, which
+        # it does not deliver to), with a reply subject; each is refused, nothing handed over.
+        with capture_logs() as logs:
+            config = ConsumerConfig(deliver_subject=S.of(TAKEOVER, svc="sched"))
+            await js.add_consumer(stream, config)
+
+            async def refused() -> list[Any]:
+                return [e for e in logs if e["event"] == "takeover.refused"]
+
+            await until_async(refused, "the delivered events refused")
+        assert not [e for e in logs if e["event"] == "service.handing_over"]
+        op = await c.client(OPERATOR.token)
+        assert await op.bus.call(PING, Ping(), svc="sched")
 
 
 # --------------------------------------------------------------------------- least privilege
