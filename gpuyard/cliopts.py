@@ -297,7 +297,7 @@ async def open_bus(
             url, name=name, auth=auth, connect_timeout=3, max_reconnect_attempts=1,
             reconnect_time_wait=0.2, error_cb=on_error,
         )  # fmt: skip
-    except (OSError, TimeoutError, nats.errors.Error) as exc:
+    except (OSError, TimeoutError, nats.errors.Error, TlsFailure) as exc:
         # The server's refusal says more than the broken pipe that may follow it.
         refusals = [f for f in failures if "authoriz" in str(f).lower()]
         why = describe_error((refusals or failures or [exc])[-1])

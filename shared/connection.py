@@ -258,9 +258,10 @@ def resolve_connection(args: argparse.Namespace, profile: str | Path | None = No
         args.cluster = args.cluster or p.cluster or args.nats_cluster_default
 
 
-class TlsFailure(ConnectionError):
+class TlsFailure(Exception):
     """The server's certificate could not be verified (unknown CA, no CA given, another host
-    name), or TLS failed otherwise: trying again would not help."""
+    name), or TLS failed otherwise: trying again would not help. (No OSError: nats-py would take
+    it for a connection error to try again on.)"""
 
 
 def tls_failure_text(exc: ssl.SSLError) -> str:

@@ -4,8 +4,10 @@ logs."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import re
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -98,6 +100,14 @@ async def test_a_logs_request_naming_a_path_gets_one_error_and_no_file(
     assert refused.value.reply.field == "$.tail_bytes"
     # The agent goes on serving.
     assert (await bus.call(NODE_LOGS, LogsRequest(job_id="j1"), node="n1")).lines == []
+    # `gpuyard logs` says so before it asks anyone.
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "gpuyard.cli", "logs", "--nats", nats_url,
+                         "--cluster", "logs", relative],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and "is not a job id" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not done.stdout
 
 
 async def test_two_clusters_on_one_machine_keep_their_own_job_logs(
