@@ -1,6 +1,8 @@
-"""Input that cannot hurt, and each cluster's own agent state (issue 40, items 6 and 10): a
-`logs` request names a job, never a path; two clusters on one machine never see each other's job
-logs."""
+"""Issue 40, items 2, 6 and 10 against real servers and agents: a `logs` request names a job,
+never a path; two clusters on one machine never see each other's job logs; readers of the event
+stream get bounded ephemeral consumers only; every identity's permissions are what the endpoint
+table gives its role, and a real cluster has no simclock identity. (TLS failures:
+tests/test_ops_auth.py; malformed messages on every subject: tests/test_fuzz.py.)"""
 
 from __future__ import annotations
 
