@@ -1,7 +1,9 @@
 """`gpuyard auth`: the cluster's identities (gpuyard/natsauth.py), managed on the control machine.
 
     gpuyard auth init      [--cluster C] [--state-dir D] [--node ID ...] [--user NAME ...]
-                           operator + services (+ these), those missing only (`up` does it too)
+                           [--simulation]
+                           operator + services (+ these), those missing only (`up` does it too);
+                           the simclock's only with --simulation
     gpuyard auth add-node  ID [--out FILE]                 a node agent's credentials
     gpuyard auth add-user  NAME [--operator] [--out FILE]  a submitter's (or an operator's)
     gpuyard auth remove    ROLE.NAME                       revoke an identity
@@ -39,6 +41,12 @@ def add_auth_parser(sub: argparse._SubParsersAction) -> None:
     a = action("init", "create the operator's and the services' identities, those missing only")
     a.add_argument("--node", action="append", default=[], help="a node's too (repeatable)")
     a.add_argument("--user", action="append", default=[], help="a submitter's too (repeatable)")
+    a.add_argument(
+        "--simulation", action="store_true",
+        help="for a simulation's services (deploy/docker-compose.yml): the simclock's identity "
+        "too, which may drive every service (a real cluster has none: without this option, one "
+        "there is removed)",
+    )  # fmt: skip
     a = action("add-node", "issue a node agent's credentials (it can act only as that node)")
     a.add_argument("name", metavar="ID", help="the node id")
     a.add_argument("--out", type=Path, help="also write the profile here")
@@ -67,7 +75,7 @@ def _run(args: argparse.Namespace, action: str) -> int:
     creds = Credentials(state, args.cluster)
     if action == "init":
         more = [Caller("node", n) for n in args.node] + [Caller("user", u) for u in args.user]
-        new = creds.init(more)
+        new = creds.init(more, simulation=args.simulation)
         print(f"{'created' if new else 'already there'}: {state}")
         print(f"the server's users: include {creds.users_conf} in its config")
         return 0

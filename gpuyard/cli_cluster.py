@@ -24,9 +24,10 @@ from gpuyard.cliopts import (
     add_nats_options,
     check_nats_url,
     checked_subjects,
+    job_id_arg,
     nats_auth,
     non_negative_float,
-    non_negative_int,
+    number,
     open_bus,
     positive_float,
     positive_int,
@@ -47,6 +48,7 @@ from gpuyard.jobview import (
 )
 from gpuyard.shared.connection import Bus
 from gpuyard.shared.contract import (
+    LOGS_TAIL_MAX,
     CancelRequest,
     ClusterInfo,
     Empty,
@@ -237,9 +239,10 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     add_nats_options(p)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     p.add_argument(
-        "--tail", type=non_negative_int, default=65536, help="bytes per rank from the log files"
-    )
-    p.add_argument("job_id")
+        "--tail", type=number(int, ge=0, le=LOGS_TAIL_MAX), default=65536,
+        help=f"bytes per rank from the log files (at most {LOGS_TAIL_MAX})",
+    )  # fmt: skip
+    p.add_argument("job_id", type=job_id_arg)
     p.set_defaults(run=cmd_logs)
 
     p = sub.add_parser("nodes", help="nodes, their GPUs and last heartbeats")

@@ -30,6 +30,7 @@ import nats.errors
 from gpuyard.shared.connection import (
     Bus,
     NatsAuth,
+    TlsFailure,
     add_nats_arguments,
     connect,
     connection_given,
@@ -65,7 +66,9 @@ class OneLineParser(argparse.ArgumentParser):
 # --------------------------------------------------------------------------- numeric options
 
 
-def _number(kind: type, text: str, gt: float | None, ge: float | None) -> int | float:
+def _number(
+    kind: type, text: str, gt: float | None, ge: float | None, le: float | None = None
+) -> int | float:
     """`text` as an int or a finite float with the given bound; ArgumentTypeError otherwise, which
     argparse prints after the option's name."""
     try:
@@ -80,14 +83,18 @@ def _number(kind: type, text: str, gt: float | None, ge: float | None) -> int | 
         raise argparse.ArgumentTypeError(f"must be greater than {gt:g}, not {text}")
     if ge is not None and not value >= ge:
         raise argparse.ArgumentTypeError(f"must be {ge:g} or more, not {text}")
+    if le is not None and not value <= le:
+        raise argparse.ArgumentTypeError(f"must be {le:g} or less, not {text}")
     return value
 
 
-def number(kind: type, *, gt: float | None = None, ge: float | None = None) -> Callable[[str], Any]:
+def number(
+    kind: type, *, gt: float | None = None, ge: float | None = None, le: float | None = None
+) -> Callable[[str], Any]:
     """An argparse `type`: `number(int, gt=0)` accepts 1, 2, ... and names the bound otherwise."""
 
     def parse(text: str) -> int | float:
-        return _number(kind, text.strip(), gt, ge)
+        return _number(kind, text.strip(), gt, ge, le)
 
     parse.__name__ = kind.__name__
     return parse
@@ -128,6 +135,21 @@ def id_window(text: str) -> tuple[int, int]:
             f"{text!r} is not FIRST:END with 0 <= FIRST < END (jobs FIRST to END - 1)"
         )
     return window
+
+
+def job_id_arg(text: str) -> str:
+    """An argparse `type` for a job id, as jobs are named (no path, at most 128 characters)."""
+    import msgspec
+
+    from gpuyard.shared.model import Name
+
+    try:
+        return msgspec.convert(text, Name)
+    except msgspec.ValidationError:
+        raise argparse.ArgumentTypeError(
+            f"{text[:140]!r} is not a job id (1-128 letters, digits, '_', '.', ':' or '-', "
+            "starting with a letter, a digit or '_')"
+        ) from None
 
 
 positive_int = number(int, gt=0)
@@ -275,13 +297,13 @@ async def open_bus(
             url, name=name, auth=auth, connect_timeout=3, max_reconnect_attempts=1,
             reconnect_time_wait=0.2, error_cb=on_error,
         )  # fmt: skip
-    except (OSError, TimeoutError, nats.errors.Error) as exc:
+    except (OSError, TimeoutError, nats.errors.Error, TlsFailure) as exc:
         # The server's refusal says more than the broken pipe that may follow it.
         refusals = [f for f in failures if "authoriz" in str(f).lower()]
-        why = (refusals or failures or [exc])[-1]
-        raise CommandError(
-            f"cannot connect to NATS at {redact(url)}: {describe_error(why)}"
-        ) from None
+        why = describe_error((refusals or failures or [exc])[-1])
+        if isinstance(exc, TlsFailure):
+            why = str(exc)
+        raise CommandError(f"cannot connect to NATS at {redact(url)}: {why}") from None
     connected = True
     return Bus(nc, subjects, request_timeout=request_timeout, caller=auth.caller)
 

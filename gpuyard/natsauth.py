@@ -34,45 +34,23 @@ from typing import Any
 
 import msgspec
 
-from gpuyard.services.admission.service import RECONSIDER_ON
 from gpuyard.shared.connection import ConnectionProfile
 from gpuyard.shared.endpoints import (
-    CANCEL,
-    CLUSTER,
-    ENQUEUE,
+    CONTROL_PLANE,
+    ENDPOINTS,
     EVENT,
-    EXITED,
-    HEARTBEAT,
-    HEARTBEATS,
-    JOBS,
-    LOG_LINE,
-    NODE_COMMAND,
-    NODE_COMMANDS,
-    NODE_LOGS,
-    NODES,
-    PING,
-    POLICY,
-    POLICY_SET,
-    PROGRESS,
-    QUERY,
-    REGISTER,
-    REREGISTER,
     SERVICE_TOKENS,
-    STATS,
-    STATUS,
-    SUBMIT,
-    TAKEOVER,
-    TICK,
     Endpoint,
     Subjects,
 )
-from gpuyard.shared.identity import SERVICES, Caller
+from gpuyard.shared.identity import Caller
 
 DISCOVERY = "$SRV.>"
 """The NATS micro discovery subjects every service answers (`nats micro ls`)."""
 OPERATOR = Caller("op", "admin")
 """The operator `gpuyard up` creates."""
-CONTROL_PLANE = ("admission", "scheduler", "placement")
+SIMCLOCK = Caller("svc", "simclock")
+"""A simulation's clock and driver: no real cluster has it."""
 
 
 def default_state_dir(cluster: str) -> Path:
@@ -116,10 +94,12 @@ def _kv(bucket: str) -> list[str]:
 
 
 def _read_events(stream: str) -> list[str]:
-    """Read the event stream (`gpuyard tail`): ordered consumers, nothing that changes it."""
+    """Read the event stream (`gpuyard tail`): ephemeral (ordered) consumers only, created on the
+    subject the server refuses a durable name on (`CONSUMER.CREATE.<stream>`, no name token), and
+    nothing that changes the stream or another reader's consumer; the stream bounds how many, and
+    how long each outlives its reader (shared/connection.py, `ensure_event_stream`)."""
     return [
         "$JS.API.INFO", f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}",
-        f"$JS.API.CONSUMER.CREATE.{stream}.>", f"$JS.API.CONSUMER.DELETE.{stream}.>",
         f"$JS.API.CONSUMER.INFO.{stream}.>", f"$JS.FC.{stream}.>",
     ]  # fmt: skip
 
@@ -141,56 +121,92 @@ def _perms(
     return perms
 
 
-def permissions(caller: Caller, cluster: str) -> dict[str, Any]:
-    """The `permissions` block of `caller` in `cluster`'s namespace."""
+def principal(caller: Caller) -> str:
+    """What the endpoint table calls `caller` (its `callers`, `serves`, `listeners`): its role,
+    or the service it is."""
+    return caller.name if caller.role == "svc" else caller.role
+
+
+def service_token(name: str, node: str = "*") -> str:
+    """The `{svc}` of a service in the endpoint table's terms (`nodeagent`: a node's)."""
+    return f"node.{node}" if name == "nodeagent" else SERVICE_TOKENS[name]
+
+
+def _servers(endpoint: Endpoint[Any, Any]) -> list[str]:
+    names = [*SERVICE_TOKENS, "nodeagent"] if "*" in endpoint.serves else endpoint.serves
+    return [service_token(name) for name in names]
+
+
+def sends(caller: Caller, cluster: str, endpoint: Endpoint[Any, Any]) -> list[str]:
+    """The subjects (with wildcards) `caller` may send `endpoint` on: none unless the table lists
+    it among the endpoint's callers; then as itself (`{caller}`), a node for itself only (`{node}`,
+    `{svc}`), a service to itself where it serves the endpoint (a takeover), else to its servers."""
+    who = principal(caller)
+    if who not in endpoint.callers:
+        return []
     s = Subjects(cluster)
-    me = caller.token
-
-    def call(endpoint: Endpoint[Any, Any], **params: str) -> str:
-        """The subject `caller` sends `endpoint` on (as itself where it names its caller)."""
-        if endpoint.sender == "caller":
-            params["caller"] = me
-        return s.every(endpoint, **params)
-
-    services = [*SERVICE_TOKENS.values()]
-    reads = [call(e) for e in (JOBS, STATUS, QUERY, CLUSTER, HEARTBEATS, NODE_LOGS)]
-    reads += [call(e, svc=svc) for e in (PING, STATS) for svc in [*services, "node.*"]]
-    reads += [call(POLICY, svc=SERVICE_TOKENS[n]) for n in CONTROL_PLANE]
-    watch = [s.every(LOG_LINE), s.every(EVENT, type=">"), s.of(PROGRESS)]
-    if caller.role == "user":
-        publish = [call(SUBMIT), call(CANCEL), *reads, *_read_events(s.stream_name)]
-        return _perms(publish, watch, caller, responds=False)
-    if caller.role == "op":
-        control = [call(e, svc=SERVICE_TOKENS[n]) for e in (POLICY_SET, TAKEOVER) for n in CONTROL_PLANE]
-        publish = [call(SUBMIT), call(CANCEL), call(NODES), *reads, *control, DISCOVERY]
-        return _perms([*publish, *_read_events(s.stream_name)], watch, caller, responds=False)
+    params = {"type": ">"}  # (an event's type is one token or more)
+    if endpoint.sender == "caller":
+        params["caller"] = caller.token
     if caller.role == "node":
-        node = caller.name
-        publish = [
-            call(REGISTER), call(NODES), call(EXITED), s.of(HEARTBEAT, node=node),
-            s.every(LOG_LINE, node=node), s.of(PING, svc=f"node.{node}"),  # (its health check)
-        ]  # fmt: skip
-        return _perms(publish, [f"{s.node(node)}.>", DISCOVERY], caller, responds=True)
-    # The services.
+        params |= {"node": caller.name, "svc": f"node.{caller.name}"}
+    if "{svc}" not in endpoint.pattern:
+        return [s.every(endpoint, **params)]
+    if who in endpoint.serves:
+        return [s.every(endpoint, **params, svc=service_token(who))]
+    tokens = [params["svc"]] if "svc" in params else _servers(endpoint)
+    return [s.every(endpoint, **{**params, "svc": svc}) for svc in tokens]
+
+
+def hears(caller: Caller, cluster: str, endpoint: Endpoint[Any, Any]) -> list[str]:
+    """The subjects `caller` may subscribe to for `endpoint`: what it serves (a service on its
+    own prefix, a node on its own subjects), and the publishes the table lets it listen to."""
+    who = principal(caller)
+    if who not in (*endpoint.serves, *endpoint.listeners) and not (
+        "*" in endpoint.serves and caller.role in ("svc", "node")
+    ):
+        return []
+    s = Subjects(cluster)
+    params = {"type": ">"}
+    if caller.role == "node":
+        params |= {"node": caller.name, "svc": f"node.{caller.name}"}
+    elif "{svc}" in endpoint.pattern:
+        params["svc"] = service_token(who)
+    return [s.every(endpoint, **params)]
+
+
+def _collapsed(subjects: list[str], prefix: str) -> list[str]:
+    """`subjects`, those under `prefix` as the one wildcard `<prefix>.>` (a service, a node
+    agent, subscribes to its prefix once and routes by the rest)."""
+    under = [x for x in subjects if x.startswith(prefix + ".")]
+    return [*(x for x in subjects if x not in under), *([f"{prefix}.>"] if under else [])]
+
+
+def permissions(caller: Caller, cluster: str) -> dict[str, Any]:
+    """The `permissions` block of `caller` in `cluster`'s namespace, made from the endpoint table
+    (`sends`, `hears`), plus what the table does not carry: JetStream (a service's own key-value
+    bucket, the scheduler's event stream, readers' ephemeral consumers), replies (an identity's own
+    inbox; services answer on any, nodes on the requests they got) and NATS micro discovery."""
+    s = Subjects(cluster)
+    publish = sorted({x for e in ENDPOINTS for x in sends(caller, cluster, e)})
+    subscribe = sorted({x for e in ENDPOINTS for x in hears(caller, cluster, e)})
+    who = principal(caller)
+    if who in EVENT.listeners and who not in CONTROL_PLANE:  # (the scheduler makes the stream)
+        publish += _read_events(s.stream_name)
+    if caller.role == "op":
+        publish.append(DISCOVERY)  # (`nats micro ls`)
+    if caller.role == "node":
+        subscribe = [*_collapsed(subscribe, s.node(caller.name)), DISCOVERY]
+        return _perms(publish, subscribe, caller, responds=True)
+    if caller.role != "svc":
+        return _perms(publish, subscribe, caller, responds=False)
     name = caller.name
-    token = SERVICE_TOKENS[name]
-    own = [f"{s.service(name)}.>", call(TAKEOVER, svc=token)]
-    if name == "simclock":  # drives a simulation: talks to every service, impersonates the nodes
-        subscribe = [*own, s.every(NODE_COMMAND), s.of(PROGRESS), DISCOVERY]
-        return _perms([f"{s.root}.>", DISCOVERY], subscribe, caller, responds=True)
-    publish = [*own, f"{s.events}.>", *_kv(f"gpuyard_{cluster}_{name}".replace(".", "_"))]
-    subscribe = [*own, DISCOVERY]
-    if name == "admission":
-        publish += [call(SUBMIT), call(ENQUEUE), call(QUERY), call(CLUSTER)]
-        subscribe += [s.of(EVENT, type=kind) for kind in RECONSIDER_ON]  # (its held jobs)
-    elif name == "scheduler":
+    subscribe = [*_collapsed(subscribe, s.service(name)), DISCOVERY]
+    if name in CONTROL_PLANE:
+        publish += _kv(f"gpuyard_{cluster}_{name}".replace(".", "_"))
+    if name == "scheduler":  # (it makes the event stream)
         stream = s.stream_name
-        publish += [call(TICK), f"{s.service('placement')}.>"]
         publish += [f"$JS.API.STREAM.{op}.{stream}" for op in ("INFO", "CREATE", "UPDATE")]
-        subscribe += [s.of(EVENT, type="node.>")]
-    elif name == "placement":
-        publish += [call(NODES), s.every(NODE_COMMAND), call(NODE_COMMANDS), s.every(REREGISTER)]
-        subscribe += [s.every(HEARTBEAT)]
     return _perms(publish, subscribe, caller, responds=True)
 
 
@@ -277,9 +293,11 @@ class Credentials:
 
     # ------------------------------------------------------------------ changing
 
-    def init(self, more: list[Caller] | None = None) -> bool:
-        """Create the store with the operator's and the services' identities, and `more`, those
-        of them that it lacks (so it can run again: nobody's key changes); True if it was new."""
+    def init(self, more: list[Caller] | None = None, *, simulation: bool = False) -> bool:
+        """Create the store with the operator's and the control plane's identities, and `more`,
+        those of them that it lacks (so it can run again: nobody's key changes); True if it was
+        new. The simclock's identity, which drives a simulation and may call nearly everything,
+        only with `simulation`: a real cluster has none (one left from before is removed)."""
         for folder in (self.root, self.auth_dir, self.profiles):
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
             os.chmod(folder, 0o700)
@@ -287,9 +305,12 @@ class Credentials:
         if new:
             self._save(Identities(cluster=self.cluster))
         have = {i.identity for i in self.index().identities}
-        for caller in (OPERATOR, *(Caller("svc", name) for name in SERVICES), *(more or [])):
+        services = [*CONTROL_PLANE, *(["simclock"] if simulation else [])]
+        for caller in (OPERATOR, *(Caller("svc", name) for name in services), *(more or [])):
             if caller.token not in have:
                 self.add(caller)
+        if not simulation and SIMCLOCK.token in have:
+            self.remove(SIMCLOCK)
         return new
 
     def add(self, caller: Caller) -> Path:

@@ -106,8 +106,13 @@ Start = Literal["all", "new"] | dt.datetime | int
 """Every stored event, only new ones, those stored since a time, or from a stream sequence on."""
 
 
+READER_IDLE_S = 5.0
+"""How long our consumer of the event stream outlives us (the server's default for ephemeral
+consumers; the stream's limit would keep it a minute)."""
+
+
 def consumer_config(filters: list[str], start: Start) -> ConsumerConfig:
-    config = ConsumerConfig()
+    config = ConsumerConfig(inactive_threshold=READER_IDLE_S)
     if len(filters) > 1:
         config.filter_subjects = filters
     if start == "new":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import os
 import ssl
@@ -261,21 +262,51 @@ def resolve_connection(args: argparse.Namespace, profile: str | Path | None = No
         args.cluster = args.cluster or p.cluster or args.nats_cluster_default
 
 
+class TlsFailure(Exception):
+    """The server's certificate could not be verified (unknown CA, no CA given, another host
+    name), or TLS failed otherwise: trying again would not help. (No OSError: nats-py would take
+    it for a connection error to try again on.)"""
+
+
+def tls_failure_text(exc: ssl.SSLError) -> str:
+    """One line for a TLS failure, with what to check."""
+    reason = (getattr(exc, "verify_message", None) or exc.reason or str(exc)).rstrip(".")
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return (
+            f"TLS: the server's certificate is not trusted ({reason}): give the cluster's CA "
+            "(--nats-tls-ca, a profile's tls_ca) and a URL with the host name the certificate "
+            "names (or --nats-tls-hostname)"
+        )
+    return f"TLS failed: {reason}"
+
+
 async def connect(url: str, *, name: str, auth: NatsAuth | None = None, **options: Any) -> Client:
     """Connect with reconnects that never give up (a restarted server is picked up again).
 
     `url` may list several servers, comma-separated; `options` override any default. An error on
-    the connection (a server lost) is one log line: nats-py's own is a traceback each.
+    the connection (a server lost) is one log line, unless `error_cb` is given: nats-py's own is a
+    traceback each. A TLS failure before the first connection raises TlsFailure at once (after
+    `error_cb` has seen it): a certificate that cannot be verified will not become valid by trying
+    again, and nats-py would wait forever closing the failed connection.
     """
 
-    async def error(exc: Exception) -> None:
+    async def log_error(exc: Exception) -> None:
         structlog.get_logger().warning(
             "nats.error", connection=name, error=str(exc) or type(exc).__name__
         )
 
+    given_error_cb = options.pop("error_cb", None) or log_error
+    tls_failed: list[TlsFailure] = []
+
+    async def on_error(exc: Exception) -> None:
+        await given_error_cb(exc)
+        if isinstance(exc, ssl.SSLError) and client is None:
+            tls_failed.append(TlsFailure(tls_failure_text(exc)))
+            raise tls_failed[-1]
+
+    client: Client | None = None
     settings: dict[str, Any] = {
         "name": name,
-        "error_cb": error,
         "max_reconnect_attempts": -1,
         "reconnect_time_wait": 0.5,
         "allow_reconnect": True,
@@ -284,10 +315,29 @@ async def connect(url: str, *, name: str, auth: NatsAuth | None = None, **option
         "drain_timeout": 5,
         **(auth.options() if auth is not None else {}),
         **options,
+        "error_cb": on_error,
     }
-    if settings.get("tls") is not None or "tls://" in url:
+    wants_tls = settings.get("tls") is not None or "tls://" in url
+    if wants_tls:
         _one_write_per_flush()
-    return await nats.connect(url.split(",") if "," in url else url, **settings)
+    nc = Client()
+    try:
+        await nc.connect(url.split(",") if "," in url else url, **settings)
+    except TlsFailure:
+        transport = getattr(nc, "_transport", None)  # (not closed by nats-py: it would hang)
+        if transport is not None:
+            with contextlib.suppress(Exception):
+                transport.close()
+        raise tls_failed[-1] from None
+    if wants_tls and not getattr(nc, "_server_info", {}).get("tls_required"):
+        # nats-py speaks TLS only to a server that requires it: never fall back to plain text.
+        await nc.close()
+        raise TlsFailure(
+            f"TLS was asked for ({'a tls:// URL' if 'tls://' in url else 'a CA or certificate'}), "
+            "but the server does not use it"
+        )
+    client = nc
+    return nc
 
 
 def _one_write_per_flush() -> None:
@@ -451,14 +501,24 @@ def _time_out(awaited: asyncio.Future[Msg]) -> None:
         awaited.set_exception(NatsTimeoutError())
 
 
+EVENT_READERS_MAX = 256
+"""The most consumers (`gpuyard tail`s, each its own) the event stream has at once."""
+EVENT_READER_IDLE_MAX_S = 60.0
+"""The longest a consumer of the event stream outlives its reader (as long as any may ask)."""
+
+
 async def ensure_event_stream(
     nc: Client, subjects: Subjects, *, max_age_s: float, storage: str = "file", replicas: int = 1
 ) -> bool:
     """Create (or update) the cluster's JetStream stream capturing `gpuyard.<cluster>.evt.>`.
 
+    Its readers (submitters, operators) may create only ephemeral consumers (gpuyard/natsauth.py),
+    and at most `EVENT_READERS_MAX` at once, each gone `EVENT_READER_IDLE_MAX_S` at the most
+    after its reader left: nobody keeps server resources for good.
+
     Returns False when the server has no JetStream: events are then published but not stored.
     """
-    from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+    from nats.js.api import RetentionPolicy, StorageType, StreamConfig, StreamConsumerLimits
     from nats.js.errors import Error as JetStreamError
 
     config = StreamConfig(
@@ -468,6 +528,8 @@ async def ensure_event_stream(
         storage=StorageType(storage),
         max_age=max_age_s,
         num_replicas=replicas,
+        max_consumers=EVENT_READERS_MAX,
+        consumer_limits=StreamConsumerLimits(inactive_threshold=EVENT_READER_IDLE_MAX_S),
     )
     js = nc.jetstream()
     try:

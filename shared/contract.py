@@ -10,12 +10,12 @@ Requests are answered either with their reply type or, when the request was bad 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import Struct
+from msgspec import Meta, Struct
 
-from .model import Allocation, GpuRef, JobRecord, JobSpec, JobState, NodeSpec
+from .model import Allocation, GpuRef, JobRecord, JobSpec, JobState, Name, NodeSpec
 
 CONTRACT_VERSION = 2
 VERSION_HEADER = "Gpuyard-Contract"
@@ -436,11 +436,17 @@ class HeartbeatsPage(Struct, kw_only=True):
     received: dict[str, float]
 
 
+LOGS_TAIL_MAX = 1 << 20
+"""The most bytes of each rank's log one `logs` request asks for (a reply fits in a message)."""
+
+
 class LogsRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     """`node.<id>.logs`: the tail of a job's log files on that node."""
 
-    job_id: str
-    tail_bytes: int = 65536
+    job_id: Name
+    """A job id as jobs are named (no `/`, never `.` or `..`, at most 128 characters): the
+    agent reads its own folder for the job, never another."""
+    tail_bytes: Annotated[int, Meta(ge=0, le=LOGS_TAIL_MAX)] = 65536
 
 
 class LogsReply(Struct, kw_only=True):

@@ -79,10 +79,18 @@ class Endpoint(Generic[Req, Rep]):
     route: str
     """Who sends it and who receives it, for people: `client, simclock -> admission`."""
     serves: tuple[str, ...] = ()
-    """Services that answer it (their `routes()`); empty for publishes anyone may read."""
+    """Services that answer it (their `routes()`, `nodeagent` for node agents; `*`: every one);
+    empty for publishes."""
     sender: Literal["caller", "node"] | None = None
     """Which placeholder names who sent it: `caller` (an identity token), or `node` (a node's own
     subject); None when the subject names nobody."""
+    callers: tuple[str, ...] = ()
+    """Who may send it: roles (`op`, `user`, `node`) and services (`admission`, ..., `simclock`:
+    in a simulation, its driver too). The server's permissions are made from this
+    (gpuyard/natsauth.py): a node only ever names itself (`{node}`, `{svc}`), every identity its
+    own `{caller}`, and a service names itself where it serves the endpoint (a takeover)."""
+    listeners: tuple[str, ...] = ()
+    """Besides `serves`: who may subscribe to a publish (heartbeats, events, log lines)."""
 
     @property
     def name(self) -> str:
@@ -95,67 +103,82 @@ class Endpoint(Generic[Req, Rep]):
         return "request" if self.reply is not None else "publish"
 
 
+# --------------------------------------------------------------------------- who calls
+
+PEOPLE = ("op", "user")
+"""Operators and submitters: both read the cluster's state."""
+DRIVER = "simclock"
+"""A simulation's identity: its clock and its driver (`gpuyard sim`, which reads results)."""
+CONTROL_PLANE = ("admission", "scheduler", "placement")
+
 # --------------------------------------------------------------------------- every service
 
-PING = Endpoint("{svc}.ping", Ping, Pong, "anyone -> every service", ("*",))
-STATS = Endpoint("{svc}.stats", Empty, ServiceStats, "anyone -> every service", ("*",))
+PING = Endpoint(
+    "{svc}.ping", Ping, Pong, "anyone -> every service", ("*",),
+    callers=(*PEOPLE, "node", DRIVER),  # (a node agent's health check pings itself)
+)  # fmt: skip
+STATS = Endpoint("{svc}.stats", Empty, ServiceStats, "anyone -> every service", ("*",), callers=(*PEOPLE, DRIVER))  # fmt: skip
 POLICY = Endpoint(
     "{svc}.policy", Empty, PolicyInfo, "operators -> admission, scheduler, placement",
-    ("admission", "scheduler", "placement"),
+    CONTROL_PLANE, callers=(*PEOPLE, DRIVER),
 )  # fmt: skip
 POLICY_SET = Endpoint(
     "{svc}.policy.set", SetPolicy, PolicyInfo, "operators -> admission, scheduler, placement",
-    ("admission", "scheduler", "placement"),
+    CONTROL_PLANE, callers=("op",),
 )  # fmt: skip
 TAKEOVER = Endpoint(
     "ctl.{svc}.takeover", Empty, PolicyInfo, "a starting durable service -> the running one",
-    ("admission", "scheduler", "placement"),
+    CONTROL_PLANE, callers=("op", *CONTROL_PLANE),
 )  # fmt: skip
 
 # --------------------------------------------------------------------------- admission
 
-SUBMIT = Endpoint("adm.submit.{caller}", SubmitRequest, SubmitReply, "client, simclock -> admission", ("admission",), "caller")  # fmt: skip
+SUBMIT = Endpoint(
+    "adm.submit.{caller}", SubmitRequest, SubmitReply, "client, simclock -> admission",
+    ("admission",), "caller", callers=(*PEOPLE, "admission", DRIVER),
+)  # fmt: skip  (admission: held jobs are decided again through its own subject)
 
 # --------------------------------------------------------------------------- scheduler
 
-ENQUEUE = Endpoint("sched.enqueue", EnqueueRequest, SchedulerStatus, "admission -> scheduler", ("scheduler",))  # fmt: skip
-TICK = Endpoint("sched.tick", TickRequest, SchedulerStatus, "clock -> scheduler", ("scheduler",))
-EXITED = Endpoint("sched.exited.{caller}", ExitReport, SchedulerStatus, "node agents, simclock -> scheduler", ("scheduler",), "caller")  # fmt: skip
-STEPS = Endpoint("sched.steps", StepsUpdate, SchedulerStatus, "simclock -> scheduler", ("scheduler",))  # fmt: skip
-CLUSTER_CHANGED = Endpoint("sched.cluster_changed", ClusterChanged, SchedulerStatus, "simclock -> scheduler", ("scheduler",))  # fmt: skip
-JOBS = Endpoint("sched.jobs.{caller}", PageQuery, JobsPage, "anyone -> scheduler", ("scheduler",), "caller")  # fmt: skip
-STATUS = Endpoint("sched.status", Empty, SchedulerStatus, "anyone -> scheduler", ("scheduler",))
-QUERY = Endpoint("sched.query.{caller}", JobQuery, JobsPage, "anyone, admission -> scheduler", ("scheduler",), "caller")  # fmt: skip
-CANCEL = Endpoint("sched.cancel.{caller}", CancelRequest, CancelReply, "users -> scheduler", ("scheduler",), "caller")  # fmt: skip
+ENQUEUE = Endpoint("sched.enqueue", EnqueueRequest, SchedulerStatus, "admission -> scheduler", ("scheduler",), callers=("admission",))  # fmt: skip
+TICK = Endpoint("sched.tick", TickRequest, SchedulerStatus, "clock -> scheduler", ("scheduler",), callers=("scheduler", DRIVER))  # fmt: skip
+EXITED = Endpoint("sched.exited.{caller}", ExitReport, SchedulerStatus, "node agents, simclock -> scheduler", ("scheduler",), "caller", callers=("node", DRIVER))  # fmt: skip
+STEPS = Endpoint("sched.steps", StepsUpdate, SchedulerStatus, "simclock -> scheduler", ("scheduler",), callers=(DRIVER,))  # fmt: skip
+CLUSTER_CHANGED = Endpoint("sched.cluster_changed", ClusterChanged, SchedulerStatus, "simclock -> scheduler", ("scheduler",), callers=(DRIVER,))  # fmt: skip
+JOBS = Endpoint("sched.jobs.{caller}", PageQuery, JobsPage, "anyone -> scheduler", ("scheduler",), "caller", callers=(*PEOPLE, DRIVER))  # fmt: skip
+STATUS = Endpoint("sched.status", Empty, SchedulerStatus, "anyone -> scheduler", ("scheduler",), callers=(*PEOPLE, DRIVER))  # fmt: skip
+QUERY = Endpoint("sched.query.{caller}", JobQuery, JobsPage, "anyone, admission -> scheduler", ("scheduler",), "caller", callers=(*PEOPLE, "admission", DRIVER))  # fmt: skip
+CANCEL = Endpoint("sched.cancel.{caller}", CancelRequest, CancelReply, "users -> scheduler", ("scheduler",), "caller", callers=PEOPLE)  # fmt: skip
 
 # --------------------------------------------------------------------------- placement
 
-REGISTER = Endpoint("place.register.{caller}", RegisterNode, ClusterInfo, "node agents -> placement", ("placement",), "caller")  # fmt: skip
-NODES = Endpoint("place.nodes.{caller}", NodesChanged, NodesChangedReply, "simclock, node agents, placement -> placement", ("placement",), "caller")  # fmt: skip
-APPLY = Endpoint("place.apply", ApplyRequest, ApplyReply, "scheduler -> placement", ("placement",))
-CLUSTER = Endpoint("place.cluster", Empty, ClusterInfo, "anyone -> placement", ("placement",))
-HEARTBEATS = Endpoint("place.heartbeats", Empty, HeartbeatsPage, "anyone -> placement", ("placement",))  # fmt: skip
+REGISTER = Endpoint("place.register.{caller}", RegisterNode, ClusterInfo, "node agents -> placement", ("placement",), "caller", callers=("node",))  # fmt: skip
+NODES = Endpoint("place.nodes.{caller}", NodesChanged, NodesChangedReply, "simclock, node agents, placement -> placement", ("placement",), "caller", callers=("op", "node", "placement", DRIVER))  # fmt: skip
+APPLY = Endpoint("place.apply", ApplyRequest, ApplyReply, "scheduler -> placement", ("placement",), callers=("scheduler",))  # fmt: skip
+CLUSTER = Endpoint("place.cluster", Empty, ClusterInfo, "anyone -> placement", ("placement",), callers=(*PEOPLE, "admission", "scheduler", DRIVER))  # fmt: skip
+HEARTBEATS = Endpoint("place.heartbeats", Empty, HeartbeatsPage, "anyone -> placement", ("placement",), callers=(*PEOPLE, DRIVER))  # fmt: skip
 
 # --------------------------------------------------------------------------- node agents
 
-NODE_COMMAND = Endpoint("node.{node}.cmd", NodeCommand, NodeCommandReply, "placement -> node agent (simclock)", ("nodeagent",))  # fmt: skip
-NODE_LOGS = Endpoint("node.{node}.logs", LogsRequest, LogsReply, "CLI -> node agent", ("nodeagent",))  # fmt: skip
-HEARTBEAT = Endpoint("node.{node}.hb", Heartbeat, None, "node agent -> placement", (), "node")
-REREGISTER = Endpoint("node.{node}.register", Empty, None, "placement -> node agent (register again)")  # fmt: skip
-LOG_LINE = Endpoint("logs.{job}.{node}", LogLine, None, "node agents -> `gpuyard logs -f`", (), "node")  # fmt: skip
+NODE_COMMAND = Endpoint("node.{node}.cmd", NodeCommand, NodeCommandReply, "placement -> node agent (simclock)", ("nodeagent", "simclock"), callers=("placement",))  # fmt: skip
+NODE_LOGS = Endpoint("node.{node}.logs", LogsRequest, LogsReply, "CLI -> node agent", ("nodeagent",), callers=(*PEOPLE, DRIVER))  # fmt: skip
+HEARTBEAT = Endpoint("node.{node}.hb", Heartbeat, None, "node agent -> placement", (), "node", callers=("node",), listeners=("placement",))  # fmt: skip
+REREGISTER = Endpoint("node.{node}.register", Empty, None, "placement -> node agent (register again)", callers=("placement",), listeners=("node",))  # fmt: skip
+LOG_LINE = Endpoint("logs.{job}.{node}", LogLine, None, "node agents -> `gpuyard logs -f`", (), "node", callers=("node",), listeners=PEOPLE)  # fmt: skip
 
 # --------------------------------------------------------------------------- simulation clock
 
-NODE_COMMANDS = Endpoint("clock.cmds", NodeCommands, None, "placement -> simclock (simulated nodes, one publish per apply)", ("simclock",))  # fmt: skip
-RUN = Endpoint("clock.run", RunRequest, Ack, "driver -> simclock", ("simclock",))
-TIMELINE = Endpoint("clock.timeline", PageQuery, TimelinePage, "driver -> simclock", ("simclock",))
-PROGRESS = Endpoint("progress", Progress, None, "simclock -> drivers")
+NODE_COMMANDS = Endpoint("clock.cmds", NodeCommands, None, "placement -> simclock (simulated nodes, one publish per apply)", ("simclock",), callers=("placement",))  # fmt: skip
+RUN = Endpoint("clock.run", RunRequest, Ack, "driver -> simclock", ("simclock",), callers=(DRIVER,))
+TIMELINE = Endpoint("clock.timeline", PageQuery, TimelinePage, "driver -> simclock", ("simclock",), callers=(DRIVER,))  # fmt: skip
+PROGRESS = Endpoint("progress", Progress, None, "simclock -> drivers", callers=(DRIVER,), listeners=(*PEOPLE, DRIVER))  # fmt: skip
 
 # --------------------------------------------------------------------------- events
 
 EVENT = Endpoint(
-    "evt.{type}", Event, None, "services -> JetStream stream `GPUYARD_<c>_EVENTS` (stored)"
-)
+    "evt.{type}", Event, None, "services -> JetStream stream `GPUYARD_<c>_EVENTS` (stored)",
+    callers=CONTROL_PLANE, listeners=(*PEOPLE, "scheduler", "admission", DRIVER),
+)  # fmt: skip
 
 ENDPOINTS: tuple[Endpoint[Any, Any], ...] = (
     SUBMIT, ENQUEUE, TICK, EXITED, STEPS, CLUSTER_CHANGED, JOBS, STATUS, QUERY, CANCEL,
@@ -229,6 +252,17 @@ class Subjects:
     @property
     def stream_name(self) -> str:
         return f"GPUYARD_{self.cluster.replace('-', '_')}_EVENTS"
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: `*` is one token, a last `>` one token or more."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or token not in ("*", have[i]):
+            return False
+    return len(want) == len(have)
 
 
 def subject_table() -> str:

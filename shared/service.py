@@ -40,6 +40,7 @@ from . import __version__
 from .connection import (
     Bus,
     NatsAuth,
+    TlsFailure,
     add_nats_arguments,
     connect,
     decoder,
@@ -69,6 +70,7 @@ from .endpoints import (
     TAKEOVER,
     Endpoint,
     Subjects,
+    subject_matches,
 )
 from .errors import BadRequest, RemoteError, error_from_validation, policy_error_field
 from .identity import SERVICES, Caller
@@ -287,6 +289,16 @@ class Service:
         )
 
     async def _on_takeover(self, msg: Msg) -> None:
+        refused = self._takeover_refused(msg)
+        if refused is not None:  # not a replacement's request: one line, and keep serving
+            self.log.warning(
+                "takeover.refused", subject=msg.subject, error=refused.error, field=refused.field
+            )
+            if msg.reply:
+                error = ErrorReply(error=refused.error, field=refused.field, subject=msg.subject)
+                with contextlib.suppress(Exception):
+                    await self.bus.nc.publish(msg.reply, encode(error), headers=_ERROR_HEADERS)
+            return
         self.log.info("service.handing_over")
         await self.hand_over()
         for sub in self._subs:
@@ -296,6 +308,27 @@ class Service:
         self._serving.clear()
         await msg.respond(encode(self.policy_info()))
         self.handed_over.set()
+
+    def _takeover_refused(self, msg: Msg) -> BadRequest | None:
+        """Why `msg` is no takeover request (None: it is one). A replacement asks through
+        `Bus.call`: an `Empty` body and a reply subject, where it waits for our state."""
+        if self.handed_over.is_set():
+            return BadRequest("this instance has handed over already")
+        if msg.subject != self.bus.subjects.of(TAKEOVER, svc=self.token):
+            return BadRequest(f"{msg.subject!r} is not this service's takeover subject")
+        if not msg.reply:
+            return BadRequest("a takeover needs a reply subject to answer on")
+        version = msg.headers.get(VERSION_HEADER) if msg.headers else None
+        if version is not None and version != str(CONTRACT_VERSION):
+            return BadRequest(
+                f"contract version {version} is not supported (this service speaks "
+                f"{CONTRACT_VERSION})"
+            )
+        try:
+            decoder(TAKEOVER.request).decode(msg.data or b"{}")
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            return error_from_validation(exc)
+        return None
 
     # ------------------------------------------------------------------ serving
 
@@ -334,8 +367,13 @@ class Service:
             routed[suffix] = route
             return route
 
+        head = prefix + "."
+
         async def dispatch(msg: Msg) -> None:
-            suffix = msg.subject[len(prefix) + 1 :]
+            if not msg.subject.startswith(head):
+                self._misdelivered(msg, f"{prefix}.>")
+                return
+            suffix = msg.subject[len(head) :]
             route = routed[suffix] if suffix in routed else find(suffix)
             await self._dispatch(msg, route, table, suffix)
 
@@ -349,9 +387,18 @@ class Service:
         table = {endpoint.name: route}
 
         async def dispatch(msg: Msg) -> None:
+            if not subject_matches(subject, msg.subject):
+                self._misdelivered(msg, subject)
+                return
             await self._dispatch(msg, route, table, endpoint.name)
 
         await self._subscribe(subject, dispatch)
+
+    def _misdelivered(self, msg: Msg, subscribed: str) -> None:
+        """A message on our subscription with a subject it does not match: a stream consumer
+        someone pointed at our subject delivers the stream's messages with their own subjects.
+        Nobody sent it to us: one line, and it is dropped."""
+        self.log.warning("message.misdelivered", subject=msg.subject, subscribed=subscribed)
 
     async def _subscribe(self, subject: str, dispatch: Callable[[Msg], Awaitable[None]]) -> None:
         sub = await self.bus.nc.subscribe(subject, queue=self.name, cb=dispatch)
@@ -562,10 +609,13 @@ def run_service(
         parser.error(f"bad configuration: {exc}")
 
     async def main() -> None:
-        nc = await connect(
-            args.nats, name=f"gpuyard-{service_cls.name}-{args.cluster}",
-            auth=NatsAuth.from_args(args),
-        )  # fmt: skip
+        try:
+            nc = await connect(
+                args.nats, name=f"gpuyard-{service_cls.name}-{args.cluster}",
+                auth=NatsAuth.from_args(args),
+            )  # fmt: skip
+        except TlsFailure as exc:  # (it would not pass by trying again)
+            parser.exit(1, f"gpuyard-{service_cls.name}: cannot connect to NATS: {exc}\n")
         try:
             service = service_cls(Bus(nc, subjects), config)
         except (PolicyError, ValueError) as exc:

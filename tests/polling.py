@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -32,3 +33,20 @@ def until(
                 f"timed out waiting for {what} ({within_s:.0f} s; last: {value!r})"
             )
         time.sleep(every_s)
+
+
+async def until_async(
+    check: Callable[[], Awaitable[T | None]], what: str, within_s: float = 30.0,
+    every_s: float = 0.05,
+) -> T:  # fmt: skip
+    """`until` for a coroutine `check`, without blocking the event loop."""
+    deadline = time.monotonic() + within_s
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out waiting for {what} ({within_s:.0f} s; last: {value!r})"
+            )
+        await asyncio.sleep(every_s)

@@ -106,7 +106,7 @@ class Views:
         return await self.c.until(check, f"{job_id} {state}", within_s)
 
     def job_log(self, job_id: str) -> str:
-        return "".join(p.read_text() for p in sorted(self.root.glob(f"*/logs/{job_id}/rank*.log")))
+        return "".join(p.read_text() for p in sorted(self.root.glob(f"*/logs/*/{job_id}/rank*.log")))
 
 
 @pytest.fixture

@@ -456,11 +456,11 @@ class Machine:
         return until(again, f"a restart of {unit}", within_s, every_s=1)
 
     def checkpointed(self, job_id: str) -> bool:
-        return bool(self.sh(f"find /shared/gpuyard/checkpoints/{job_id} -name '*.json' 2>/dev/null"
+        return bool(self.sh(f"find /shared/gpuyard/checkpoints/{CLUSTER}/{job_id} -name '*.json' 2>/dev/null"
                             " || true").strip())  # fmt: skip
 
     def log(self, job_id: str) -> str:
-        return self.sh(f"cat /var/lib/gpuyard/logs/{job_id}/rank0.log")
+        return self.sh(f"cat /var/lib/gpuyard/logs/{CLUSTER}/{job_id}/rank0.log")
 
     def completions(self, job_id: str) -> int:
         out = self.gpuyard("tail", "--job", job_id, "--type", "job.completed", "--json")

@@ -5,18 +5,20 @@ own profile; and `up` restarted on its state directory keeps every job."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpuyard.embedded import EmbeddedNats, ServerTls
 from gpuyard.pki import make_pki
 from tests.polling import free_port, until
 
@@ -161,3 +163,53 @@ def test_the_real_cluster_flow_under_auth_and_tls(flow: Flow) -> None:
     job = again.stdout.split()[-1]
     until(lambda: flow.jobs(alice)[job]["state"] == "completed", f"{job} completed")
     assert os.path.exists(flow.root / "a.json")
+
+
+@pytest.fixture
+async def tls_server(tmp_path: Path) -> AsyncIterator[tuple[int, Path, Path]]:
+    """A server requiring TLS with a certificate for 127.0.0.1: (port, its CA, another CA)."""
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "theirs").mkdir()
+    ca, cert, key = make_pki(tmp_path / "ours")
+    other_ca, _, _ = make_pki(tmp_path / "theirs")
+    async with EmbeddedNats(tls=ServerTls(cert, key)) as url:
+        yield int(url.rsplit(":", 1)[1]), ca, other_ca
+
+
+async def test_a_tls_failure_is_one_line_and_exit_1(tls_server: tuple[int, Path, Path]) -> None:
+    """A certificate that cannot be verified (another CA, no CA, another host name) or a server
+    without TLS where TLS was asked for: the command says so in one line and exits 1, rather than
+    hang; a node agent likewise."""
+    port, ca, other_ca = tls_server
+    cases = {
+        "another CA": [f"tls://127.0.0.1:{port}", "--nats-tls-ca", str(other_ca)],
+        "no CA": [f"tls://127.0.0.1:{port}"],
+        "a nats:// URL, no CA": [f"nats://127.0.0.1:{port}"],
+        "another host name": [f"tls://localhost:{port}", "--nats-tls-ca", str(ca)],
+        "--nats-tls-hostname": [
+            f"tls://127.0.0.1:{port}", "--nats-tls-ca", str(ca), "--nats-tls-hostname", "example.com"
+        ],
+    }  # fmt: skip
+    async with EmbeddedNats() as plain:
+        cases["a server without TLS"] = [plain.replace("nats://", "tls://"), "--nats-tls-ca", str(ca)]
+        for case, options in cases.items():
+            done = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "gpuyard.cli", "jobs", "--cluster", CLUSTER,
+                                 "--nats", *options],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            lines = done.stderr.strip().splitlines()
+            assert done.returncode == 1 and len(lines) == 1, (case, done.stderr)
+            assert "cannot connect to NATS" in lines[0] and "TLS" in lines[0], (case, lines)
+            assert "Traceback" not in done.stderr
+    agent = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "gpuyard.cli", "nodeagent", "--nats",
+                         f"tls://127.0.0.1:{port}", "--nats-tls-ca", str(other_ca), "--gpus", "1",
+                         "--no-nvml", "--node-id", "n1", "--cluster", CLUSTER],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert agent.returncode == 1, agent.stderr
+    assert agent.stderr.strip().splitlines()[-1].startswith(
+        "gpuyard nodeagent: cannot connect to NATS: TLS: the server's certificate is not trusted"
+    ), agent.stderr
+    assert "Traceback" not in agent.stderr

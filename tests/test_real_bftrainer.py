@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from tests.polling import until
-from tests.test_real_elastic import ElasticCluster, runs, train
+from tests.test_real_elastic import CLUSTER, ElasticCluster, runs, train
 
 
 def steps_on(cluster: ElasticCluster, job: str, rank: int, node: str) -> int:
     """The step a rank has reported, from its progress file (the scheduler's `steps_done`
     follows it only at decisions)."""
-    path = cluster.root / node / "logs" / job / f"progress.rank{rank}.json"
+    path = cluster.root / node / "logs" / CLUSTER / job / f"progress.rank{rank}.json"
     try:
         return int(json.loads(path.read_text())["iterations"])
     except (OSError, ValueError, KeyError):

@@ -152,7 +152,7 @@ class RealCluster:
 
     def job_log(self, job_id: str, rank: int = 0) -> str:
         return "".join(
-            p.read_text() for p in sorted(self.root.glob(f"*/logs/{job_id}/rank{rank}.log"))
+            p.read_text() for p in sorted(self.root.glob(f"*/logs/{CLUSTER}/{job_id}/rank{rank}.log"))
         )
 
 
@@ -180,7 +180,7 @@ async def test_four_gpu_job_across_two_nodes_gets_consistent_ranks(
     record = await cluster.until_state(job_id, "completed", "failed")
     assert record.state == "completed", record.reason
     envs = [
-        json.loads((cluster.checkpoints / job_id / f"env.rank{r}.json").read_text())
+        json.loads((cluster.checkpoints / CLUSTER / job_id / f"env.rank{r}.json").read_text())
         for r in range(4)
     ]
     assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
@@ -274,7 +274,7 @@ async def test_killed_node_agent_requeues_the_job_and_it_completes_elsewhere(
     assert record.state == "completed", record.reason
     assert record.preemptions == 1
     other = "b" if node == "a" else "a"
-    resumed = (cluster.root / other / "logs" / job_id / "rank0.log").read_text()
+    resumed = (cluster.root / other / "logs" / CLUSTER / job_id / "rank0.log").read_text()
     assert "attempt=1 resumed=True" in resumed and "done at step 60 (attempt 1)" in resumed
     assert await cluster.node_count(1)
 

@@ -118,7 +118,7 @@ class ElasticCluster:
         return {j["job_id"]: j for j in json.loads(out)["jobs"]}
 
     def log(self, job_id: str, rank: int = 0, node: str = "a") -> str:
-        path = self.root / node / "logs" / job_id / f"rank{rank}.log"
+        path = self.root / node / "logs" / CLUSTER / job_id / f"rank{rank}.log"
         return path.read_text() if path.exists() else ""
 
     def close(self) -> None:
@@ -279,7 +279,7 @@ async def test_a_job_moved_within_a_node_starts_after_its_stopped_part_has_check
     bus = Bus(await connect(nats_url, name="agent-n1"), Subjects("mv"))
     agent = NodeAgent(bus, config)
     spec = JobSpec(job_id="j", num_gpus=1, command=[sys.executable, str(script)])
-    events = tmp_path / "ckpt" / "j" / "events.txt"
+    events = tmp_path / "ckpt" / "mv" / "j" / "events.txt"
 
     def launch(gpu: int, attempt: int) -> Launch:
         return Launch(

@@ -21,7 +21,7 @@ from gpuyard.shared.contract import CancelRequest, Empty, GpuMetrics
 from gpuyard.shared.endpoints import CANCEL, HEARTBEATS
 from gpuyard.shared.endpoints import CLUSTER as CLUSTER_INFO
 
-from .test_real_cluster import RealCluster, _async
+from .test_real_cluster import CLUSTER, RealCluster, _async
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_torch.py"
 STEPS = 20_000
@@ -152,7 +152,7 @@ async def test_a_cancelled_cuda_job_checkpoints_and_frees_its_gpu(
         lambda: _async(lambda: "checkpointed" in gpu_node.job_log(job_id)),
         "the job's checkpoint on SIGTERM",
     )
-    assert (gpu_node.checkpoints / job_id / "rank0" / "model.pt").stat().st_size > 0
+    assert (gpu_node.checkpoints / CLUSTER / job_id / "rank0" / "model.pt").stat().st_size > 0
     await gpu_node.until(lambda: _freed(gpu_node, baseline), "the GPU's memory freed")
 
 
@@ -164,7 +164,7 @@ async def test_a_killed_agent_leaves_no_cuda_job_holding_the_gpu(
     baseline = await _wait_metrics(gpu_node)
     job_id = await gpu_node.submit(num_gpus=1, command=_job(1_000_000, checkpoint_every=100))
     await gpu_node.until(lambda: _holds(gpu_node, baseline), "the job holding GPU memory", 120)
-    checkpoint = gpu_node.checkpoints / job_id / "rank0" / "model.pt"
+    checkpoint = gpu_node.checkpoints / CLUSTER / job_id / "rank0" / "model.pt"
     await gpu_node.until(lambda: _async(lambda: checkpoint.exists()), "a checkpoint", within_s=60)
     agent = gpu_node.agents["g"]
     os.kill(agent.pid, signal.SIGKILL)

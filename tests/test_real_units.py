@@ -84,7 +84,7 @@ def _launch(processes: str) -> Launch:
 
 
 def test_process_environments_per_gpu_and_per_node(tmp_path: Path) -> None:
-    places = Places(tmp_path / "logs", tmp_path / "ckpt")
+    places = Places(tmp_path / "logs", tmp_path / "ckpt", "t")
     envs = process_envs(_launch("per_gpu"), "n2", places, {"PATH": "/bin"})
     assert [e["RANK"] for e in envs] == ["2", "3"] == [e["dist_rank"] for e in envs]
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["2", "3"]
@@ -93,7 +93,7 @@ def test_process_environments_per_gpu_and_per_node(tmp_path: Path) -> None:
     e = envs[0]
     assert e["WORLD_SIZE"] == e["world_size"] == "4" and e["MASTER_ADDR"] == "10.0.0.1"
     assert e["local_accessible_gpu"] == "2,3" and e["PATH"] == "/bin" and e["A"] == "1"
-    assert e["GPUYARD_ATTEMPT"] == "2" and e["GPUYARD_CHECKPOINT_DIR"] == str(tmp_path / "ckpt/j1")
+    assert e["GPUYARD_ATTEMPT"] == "2" and e["GPUYARD_CHECKPOINT_DIR"] == str(tmp_path / "ckpt/t/j1")
     (one,) = process_envs(_launch("per_node"), "n2", places, {}, grace_s=7.5)
     assert one["CUDA_VISIBLE_DEVICES"] == "2,3" and one["NODE_RANK"] == "1" and one["RANK"] == "2"
     assert e["GPUYARD_GRACE_S"] == "30" and one["GPUYARD_GRACE_S"] == "7.5"
@@ -111,7 +111,7 @@ def test_the_agent_measures_each_runs_rate_from_the_jobs_reports(tmp_path: Path)
     async def no_lines(job_id: str, rank: int, line: str) -> None:
         pass
 
-    part = JobPart(launch, "n1", Places(tmp_path / "logs", tmp_path / "ckpt"), no_lines, 5.0)
+    part = JobPart(launch, "n1", Places(tmp_path / "logs", tmp_path / "ckpt", "t"), no_lines, 5.0)
     files = [tmp_path / "p2.json", tmp_path / "p3.json"]
     part.ranks, part.progress_files = [2, 3], files
 
@@ -143,7 +143,7 @@ async def test_a_part_stopped_while_its_processes_start_is_stopped(tmp_path: Pat
     async def no_lines(job_id: str, rank: int, line: str) -> None:
         pass
 
-    part = JobPart(launch, "n1", Places(tmp_path / "logs", tmp_path / "ckpt"), no_lines, 5.0)
+    part = JobPart(launch, "n1", Places(tmp_path / "logs", tmp_path / "ckpt", "t"), no_lines, 5.0)
     spawning = asyncio.create_task(part.spawn(dict(os.environ)))
     await asyncio.sleep(0)  # the spawn is under way: no process handed back yet
     assert not part.procs

@@ -71,7 +71,7 @@ class ProcessCluster(RealCluster):
         """How many times the job ran to its end (across nodes and attempts)."""
         return sum(
             p.read_text().count("done at step")
-            for p in self.root.glob(f"*/logs/{job_id}/rank0.log")
+            for p in self.root.glob(f"*/logs/{CLUSTER}/{job_id}/rank0.log")
         )
 
     def kill(self, name: str) -> None:

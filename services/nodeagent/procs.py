@@ -17,7 +17,9 @@ from pathlib import Path
 import msgspec
 
 from gpuyard.shared.contract import JobProgress, Launch
+from gpuyard.shared.model import Name
 
+NAME_RULE = "1-128 letters, digits, '_', '.', ':' or '-', not starting with '.', ':' or '-'"
 LineSink = Callable[[str, int, str], Awaitable[None]]
 """(job_id, rank, line) -> publish it."""
 
@@ -34,17 +36,29 @@ def _die_with_agent() -> None:
 
 @dataclass(frozen=True)
 class Places:
-    """Where a job's files go on this node."""
+    """Where a job's files go on this node: in a folder of its cluster's, so clusters sharing a
+    machine (or a checkpoint root) never find each other's jobs of the same id."""
 
     log_dir: Path
     checkpoint_root: Path
+    cluster: str
 
     def job_logs(self, job_id: str) -> Path:
-        return self.log_dir / job_id
+        return self.log_dir / self.cluster / job_folder(job_id)
 
     def checkpoint_dir(self, job_id: str) -> Path:
-        """Keyed by job id only, so a resumed job finds it on any node sharing the root."""
-        return self.checkpoint_root / job_id
+        """Keyed by cluster and job id only, so a resumed job finds it on any node sharing the
+        root."""
+        return self.checkpoint_root / self.cluster / job_folder(job_id)
+
+
+def job_folder(job_id: str) -> str:
+    """`job_id` as the name of one folder; ValueError for one that is not a job id (a path, `..`,
+    too long): a request never names a place outside the job's own."""
+    try:
+        return msgspec.convert(job_id, Name)
+    except msgspec.ValidationError:
+        raise ValueError(f"job id {job_id[:140]!r} is not a job id ({NAME_RULE})") from None
 
 
 def process_envs(

@@ -17,6 +17,7 @@ import structlog
 from gpuyard.shared.connection import (
     Bus,
     NatsAuth,
+    TlsFailure,
     add_nats_arguments,
     connect,
     resolve_connection,
@@ -57,7 +58,7 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", help="address other nodes reach this one at (default: resolved)")
     p.add_argument("--grace", type=float, default=30.0, help="seconds from SIGTERM to SIGKILL")
     p.add_argument("--heartbeat", type=float, default=1.0, help="seconds between heartbeats")
-    p.add_argument("--state-dir", type=Path, help="job logs go to STATE_DIR/logs")
+    p.add_argument("--state-dir", type=Path, help="job logs go to STATE_DIR/logs/<cluster>")
     p.add_argument(
         "--checkpoint-root",
         type=Path,
@@ -215,4 +216,6 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         uvloop.run(run_agent(args.nats, args.cluster, config, auth))
     except ValueError as exc:  # no GPUs found and none given
         parser.exit(2, f"gpuyard nodeagent: {exc}\n")
+    except TlsFailure as exc:  # (trying again would not help: systemd's restarts say it again)
+        parser.exit(1, f"gpuyard nodeagent: cannot connect to NATS: {exc}\n")
     return 0

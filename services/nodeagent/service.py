@@ -72,8 +72,10 @@ class NodeAgentConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     grace_s: float = 30.0
     """Seconds between SIGTERM and SIGKILL when a job is preempted."""
     log_dir: str = "/var/lib/gpuyard/logs"
+    """A job's logs go to `<log_dir>/<cluster>/<job id>/`."""
     checkpoint_root: str = "/var/lib/gpuyard/checkpoints"
-    """Shared by all nodes (NFS or similar) so a job resumes from its checkpoint anywhere."""
+    """Shared by all nodes (NFS or similar) so a job resumes from its checkpoint anywhere; a job's
+    checkpoints go to `<checkpoint_root>/<cluster>/<job id>/`."""
     exit_retry_s: float = 0.5
     labels: dict[str, str] = {}
 
@@ -87,7 +89,9 @@ class NodeAgent(Service):
         self.config = config
         self.node_id = config.node_id
         self.boot_id = uuid.uuid4().hex[:12]
-        self.places = Places(Path(config.log_dir), Path(config.checkpoint_root))
+        self.places = Places(
+            Path(config.log_dir), Path(config.checkpoint_root), bus.subjects.cluster
+        )
         self.nvml: Nvml | None = None
         self.node = self._discover()
         self.parts: dict[str, JobPart] = {}
@@ -365,7 +369,10 @@ class NodeAgent(Service):
             await self.bus.publish(LOG_LINE, msg, job=job_id, node=self.node_id)
 
     async def logs(self, req: LogsRequest) -> LogsReply:
-        folder = self.places.job_logs(req.job_id)
+        try:
+            folder = self.places.job_logs(req.job_id)
+        except ValueError as exc:  # (the contract's type refuses these already)
+            raise BadRequest(str(exc), field="$.job_id") from None
         lines = await asyncio.to_thread(_tail_logs, folder, req.tail_bytes, self.node_id)
         return LogsReply(lines=lines)
 
