@@ -27,6 +27,7 @@ from gpuyard.cliopts import (
     job_id_arg,
     nats_auth,
     non_negative_float,
+    non_negative_int,
     number,
     open_bus,
     positive_float,
