@@ -140,7 +140,7 @@ HEARTBEATS = Endpoint("place.heartbeats", Empty, HeartbeatsPage, "anyone -> plac
 
 NODE_COMMAND = Endpoint("node.{node}.cmd", NodeCommand, NodeCommandReply, "placement -> node agent (simclock)", ("nodeagent",))  # fmt: skip
 NODE_LOGS = Endpoint("node.{node}.logs", LogsRequest, LogsReply, "CLI -> node agent", ("nodeagent",))  # fmt: skip
-HEARTBEAT = Endpoint("node.{node}.hb", Heartbeat, None, "node agent -> placement", (), "node")
+HEARTBEAT = Endpoint("node.{node}.hb", Heartbeat, Ack, "node agent -> placement (its answer renews the agent's lease)", ("placement",), "node")  # fmt: skip
 REREGISTER = Endpoint("node.{node}.register", Empty, None, "placement -> node agent (register again)")  # fmt: skip
 LOG_LINE = Endpoint("logs.{job}.{node}", LogLine, None, "node agents -> `gpuyard logs -f`", (), "node")  # fmt: skip
 

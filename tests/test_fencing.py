@@ -1,0 +1,250 @@
+"""Fencing and outages, for real: a nats-server that is stopped and started again, node agents as
+processes with short leases. An agent cut off from the control plane for its lease stops its jobs;
+an outage shorter than the lease, or a placement restarted, requeues nothing; a cancel shows
+CANCELLED only once the job's processes are gone."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpuyard.cli_cluster import control_plane_configs
+from gpuyard.launcher import ServiceSet
+from gpuyard.shared.contract import CancelRequest, Empty
+from gpuyard.shared.endpoints import CANCEL
+from gpuyard.shared.endpoints import CLUSTER as CLUSTER_INFO
+
+from .test_real_cluster import CLUSTER, RealCluster, _train
+from .test_recovery import NatsProcess
+
+PID_JOB = """
+import os, signal, sys, time
+from pathlib import Path
+Path(sys.argv[1]).write_text(str(os.getpid()))
+if len(sys.argv) > 2:  # slow to stop: the SIGTERM is taken, the process ends that much later
+    signal.signal(signal.SIGTERM, lambda *_: (time.sleep(float(sys.argv[2])), sys.exit(0)))
+time.sleep(600)
+"""
+
+
+def _configs(heartbeat_timeout_s: float) -> dict[str, Any]:
+    configs = control_plane_configs(round_s=0.3, heartbeat_timeout_s=heartbeat_timeout_s)
+    configs["placement"].heartbeat_check_s = 0.1
+    return configs
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _agent_events(cluster: RealCluster, node_id: str, event: str) -> list[dict[str, Any]]:
+    """The agent's log lines (structlog JSON) of one event."""
+    lines = (cluster.root / f"{node_id}.log").read_text().splitlines()
+    found = []
+    for line in lines:
+        if f'"{event}"' in line:
+            with_json = line[line.index("{") :]
+            found.append(json.loads(with_json))
+    return [e for e in found if e.get("event") == event]
+
+
+async def _pid_of(cluster: RealCluster, path: Path) -> int:
+    async def written() -> bool:
+        return _read_pid(path) is not None
+
+    await cluster.until(written, f"{path.name} written")
+    pid = _read_pid(path)
+    assert pid is not None
+    return pid
+
+
+def _read_pid(path: Path) -> int | None:
+    text = path.read_text() if path.exists() else ""
+    return int(text) if text.isdigit() else None
+
+
+def _pid_job(cluster: RealCluster, name: str, stop_s: float | None = None) -> tuple[list[str], Path]:
+    script = cluster.root / "pid_job.py"
+    script.write_text(PID_JOB)
+    path = cluster.root / f"{name}.pid"
+    command = [sys.executable, str(script), str(path)]
+    return ([*command, str(stop_s)] if stop_s is not None else command), path
+
+
+async def test_an_agent_cut_off_from_the_broker_stops_its_jobs_after_its_lease(
+    tmp_path: Path,
+) -> None:
+    """The broker stops: after its 2 s lease the agent stops its job (SIGTERM, grace, SIGKILL),
+    saying so in one line; the job's process is gone though the node is not yet declared lost
+    (20 s). With the broker back it registers afresh, and the job, requeued, runs again."""
+    server = NatsProcess(tmp_path / "nats")
+    url = await server.start()
+    lease = ("--lease", "2", "--grace", "1")
+    try:
+        async with RealCluster(
+            url, tmp_path, _configs(20.0), nodes=("a",), agent_args=lease
+        ) as cluster:
+            command, pid_file = _pid_job(cluster, "cut")
+            job = await cluster.submit(num_gpus=1, command=command)
+            await cluster.until_state(job, "running")
+            pid = await _pid_of(cluster, pid_file)
+            pid_file.unlink()
+            await server.stop()
+
+            async def fenced() -> bool:
+                return bool(_agent_events(cluster, "a", "node.fenced"))
+
+            await cluster.until(fenced, "the agent fenced", within_s=15)
+            await cluster.until(lambda: _gone(pid), "the job's process gone", within_s=10)
+            (line,) = _agent_events(cluster, "a", "node.fenced")
+            assert line["jobs"] == [job] and "no answer from the control plane" in line["reason"]
+
+            await server.start()
+            # Back: a new boot with no jobs; placement requeues the job, which runs again.
+            await cluster.until(lambda: _registered(cluster, "a", 2), "registered again", 20)
+            record = await cluster.until_state(job, "running", within_s=20)
+            assert record.preemptions == 1 and record.attempt == 2
+            assert await _pid_of(cluster, pid_file) != pid
+            assert len(_agent_events(cluster, "a", "node.fenced")) == 1
+    finally:
+        await server.stop()
+
+
+async def _gone(pid: int) -> bool:
+    return not _alive(pid)
+
+
+async def _registered(cluster: RealCluster, node_id: str, times: int) -> bool:
+    return len(_agent_events(cluster, node_id, "node.registered")) >= times
+
+
+async def test_a_broker_outage_shorter_than_the_lease_requeues_nothing(tmp_path: Path) -> None:
+    """The broker down 3 s, agents' lease 10 s, nodes lost after 20 s: the same processes run
+    on and every job ends once, in its first run; each agent registers once more, not once per
+    heartbeat it sent meanwhile."""
+    server = NatsProcess(tmp_path / "nats")
+    url = await server.start()
+    try:
+        async with RealCluster(
+            url, tmp_path, _configs(20.0), agent_args=("--lease", "10")
+        ) as cluster:
+            jobs = [await cluster.submit(num_gpus=2, command=_train(300, 0.03)) for _ in range(2)]
+            for job in jobs:
+                await cluster.until_state(job, "running")
+            await server.stop()
+            await asyncio.sleep(3.0)  # (the outage)
+            await server.start()
+            for job in jobs:
+                record = await cluster.until_state(job, "completed", "failed", within_s=60)
+                assert (record.state, record.preemptions, record.attempt) == ("completed", 0, 1)
+                log = cluster.job_log(job)
+                assert log.count("done at step") == 1 and "attempt=1" not in log
+            for node in ("a", "b"):
+                assert not _agent_events(cluster, node, "node.fenced")
+                assert len(_agent_events(cluster, node, "node.registered")) == 2
+            info = await cluster.call(CLUSTER_INFO, Empty())
+            assert not info.down
+    finally:
+        await server.stop()
+
+
+async def test_a_placement_restart_requeues_nothing(nats_url: str, tmp_path: Path) -> None:
+    """Placement killed -9 and started again only after its heartbeat timeout (3 s) is over: the
+    silence clock starts at its own start, agents register again with what they run, and no job
+    is requeued or run twice."""
+    configs = _configs(3.0)
+    cluster = RealCluster(nats_url, tmp_path, configs, agent_args=("--lease", "30"))
+    configs["scheduler"].event_storage = "memory"
+    cluster.services = ServiceSet(
+        nats_url, CLUSTER, configs, processes=True, log_file=tmp_path / "control.log"
+    )
+    async with cluster:
+        jobs = [await cluster.submit(num_gpus=2, command=_train(250, 0.03)) for _ in range(2)]
+        for job in jobs:
+            await cluster.until_state(job, "running")
+        os.kill(cluster.services.process("placement").pid, signal.SIGKILL)
+        await asyncio.sleep(4.0)  # (down longer than the timeout it restores its nodes with)
+        await cluster.services.replace("placement")
+        for job in jobs:
+            record = await cluster.until_state(job, "completed", "failed", within_s=60)
+            assert (record.state, record.preemptions, record.attempt) == ("completed", 0, 1)
+            assert cluster.job_log(job).count("done at step") == 1
+        for node in ("a", "b"):
+            assert len(_agent_events(cluster, node, "node.registered")) == 2
+        assert not (await cluster.call(CLUSTER_INFO, Empty())).down
+
+
+async def test_a_cancel_shows_cancelled_only_once_the_ranks_are_gone(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """A job that takes 2 s to stop after its SIGTERM: until its process is gone it shows as
+    running (being cancelled), then CANCELLED."""
+    async with RealCluster(nats_url, tmp_path, nodes=("a",)) as cluster:
+        command, pid_file = _pid_job(cluster, "slow", stop_s=2.0)
+        job = await cluster.submit(num_gpus=1, command=command)
+        await cluster.until_state(job, "running")
+        pid = await _pid_of(cluster, pid_file)
+        reply = await cluster.call(CANCEL, CancelRequest(job_ids=[job]))
+        assert reply.cancelled == [job]
+        seen: list[str] = []
+
+        async def cancelled() -> bool:
+            record = await cluster.job(job)
+            if record.state == "cancelled":
+                assert not _alive(pid), "CANCELLED while the job's process still runs"
+                return True
+            assert record.state == "running" and record.reason.startswith("cancelling")
+            seen.append(record.state)
+            return False
+
+        await cluster.until(cancelled, "the job cancelled", within_s=20)
+        assert seen  # it was seen being cancelled first
+        record = await cluster.job(job)
+        assert record.reason == "cancelled by request" and record.nodes == []
+
+
+async def test_a_cancel_on_a_paused_agent_waits_until_the_node_is_lost(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """The agent is paused (SIGSTOP), the job's process runs on: the cancelled job shows as
+    running until the node is declared lost (after the agent's lease and grace: it stops its
+    jobs when it runs again), then CANCELLED."""
+    args = ("--lease", "2", "--grace", "1")
+    async with RealCluster(nats_url, tmp_path, _configs(4.0), nodes=("a",), agent_args=args) as cluster:
+        command, pid_file = _pid_job(cluster, "paused")
+        job = await cluster.submit(num_gpus=1, command=command)
+        await cluster.until_state(job, "running")
+        pid = await _pid_of(cluster, pid_file)
+        agent = cluster.agents["a"]
+        agent.send_signal(signal.SIGSTOP)
+        try:
+            await cluster.call(CANCEL, CancelRequest(job_ids=[job]))
+            record = await cluster.job(job)
+            assert record.state == "running" and _alive(pid)
+
+            async def lost() -> bool:
+                info = await cluster.call(CLUSTER_INFO, Empty())
+                if "a" in info.down:
+                    return True
+                if (await cluster.job(job)).state == "cancelled":
+                    raise AssertionError("CANCELLED before the node was lost")
+                return False
+
+            await cluster.until(lost, "the node declared lost", within_s=20)
+            record = await cluster.until_state(job, "cancelled", within_s=5)
+            assert record.reason == "cancelled by request"
+        finally:
+            agent.send_signal(signal.SIGCONT)
+        # Running again, the agent finds its lease over and stops the job.
+        await cluster.until(lambda: _gone(pid), "the job's process gone", within_s=15)
+        (line,) = _agent_events(cluster, "a", "node.fenced")
+        assert line["jobs"] == [job]
