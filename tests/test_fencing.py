@@ -128,14 +128,14 @@ async def _registered(cluster: RealCluster, node_id: str, times: int) -> bool:
 
 
 async def test_a_broker_outage_shorter_than_the_lease_requeues_nothing(tmp_path: Path) -> None:
-    """The broker down 3 s, agents' lease 10 s, nodes lost after 20 s: the same processes run
-    on and every job ends once, in its first run; each agent registers once more, not once per
-    heartbeat it sent meanwhile."""
+    """The broker down 3 s, agents' lease 6 s (shorter than the jobs: renewed), nodes lost after
+    20 s: the same processes run on and every job ends once, in its first run; each agent
+    registers once more, not once per heartbeat it sent meanwhile."""
     server = NatsProcess(tmp_path / "nats")
     url = await server.start()
     try:
         async with RealCluster(
-            url, tmp_path, _configs(20.0), agent_args=("--lease", "10")
+            url, tmp_path, _configs(20.0), agent_args=("--lease", "6")
         ) as cluster:
             jobs = [await cluster.submit(num_gpus=2, command=_train(300, 0.03)) for _ in range(2)]
             for job in jobs:
@@ -248,3 +248,124 @@ async def test_a_cancel_on_a_paused_agent_waits_until_the_node_is_lost(
         await cluster.until(lambda: _gone(pid), "the job's process gone", within_s=15)
         (line,) = _agent_events(cluster, "a", "node.fenced")
         assert line["jobs"] == [job]
+
+
+def test_the_lease_is_an_option_checked_and_placements_timeout_exceeds_the_defaults() -> None:
+    import argparse
+
+    import msgspec
+    import pytest
+
+    from gpuyard.services.nodeagent.run import add_agent_args, config_from_args
+    from gpuyard.services.nodeagent.service import NodeAgentConfig
+    from gpuyard.services.placement.service import PlacementConfig
+
+    p = argparse.ArgumentParser()
+    add_agent_args(p)
+    for bad in ("0", "-1", "nan"):
+        with pytest.raises(ValueError, match="--lease must be > 0"):
+            config_from_args(p.parse_args(["--node-id", "n1", "--lease", bad]))
+    assert config_from_args(p.parse_args(["--node-id", "n1", "--lease", "7"])).lease_s == 7.0
+    with pytest.raises(msgspec.ValidationError, match="lease_s"):
+        msgspec.convert({"node_id": "n1", "lease_s": 0}, NodeAgentConfig)
+    # By default a silent node is declared lost only once it has stopped its jobs.
+    agent = NodeAgentConfig(node_id="n1")
+    assert PlacementConfig().heartbeat_timeout_s > agent.lease_s + agent.grace_s
+
+
+async def test_asks_to_register_again_in_a_burst_make_one_registration(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """Placement's asks to register again, 20 at once (as after an outage, one per heartbeat
+    the agent sent meanwhile): one registration, not one each."""
+    import msgspec
+
+    from gpuyard.services.nodeagent.service import NodeAgent, NodeAgentConfig
+    from gpuyard.shared.connection import Bus, connect
+    from gpuyard.shared.contract import Ack, ClusterInfo, Ping
+    from gpuyard.shared.endpoints import HEARTBEAT, PING, REGISTER, REREGISTER, Subjects
+
+    subjects = Subjects("burst")
+    nc = await connect(nats_url, name="placement")
+    registrations = []
+
+    async def register(msg: Any) -> None:
+        registrations.append(msg.data)
+        await msg.respond(msgspec.json.encode(ClusterInfo(nodes=[], capacity={}, busy={})))
+
+    async def heartbeat(msg: Any) -> None:
+        await msg.respond(msgspec.json.encode(Ack()))
+
+    await nc.subscribe(subjects.every(REGISTER), cb=register)
+    await nc.subscribe(subjects.every(HEARTBEAT), cb=heartbeat)
+    config = NodeAgentConfig(
+        node_id="n1", gpus=1, use_nvml=False, log_dir=str(tmp_path / "logs"),
+        checkpoint_root=str(tmp_path / "ckpt"), register_every_s=0.5,
+    )  # fmt: skip
+    bus = Bus(await connect(nats_url, name="agent-n1"), subjects)
+    agent = NodeAgent(bus, config)
+    try:
+        await agent.start()
+        async with asyncio.timeout(10):
+            await agent.registered.wait()
+        for _ in range(20):
+            await nc.publish(subjects.of(REREGISTER, node="n1"), b"{}")
+        # Its one subscription takes them in order: once it answers this, it has had them all.
+        await bus.call(PING, Ping(), svc="node.n1")
+        assert agent._registering is not None
+        async with asyncio.timeout(10):
+            await agent._registering
+        assert len(registrations) == 2  # the first, and one for the 20 asks
+    finally:
+        await agent.stop()
+        await nc.close()
+
+
+async def test_a_revoked_agent_stops_its_jobs(tmp_path: Path) -> None:
+    """`gpuyard auth remove node.a` on a running cluster: the server drops the agent's connection
+    and refuses it; the agent stops its job at once (its lease is long) and says why in one line,
+    and keeps trying to connect."""
+    from gpuyard.shared.contract import SubmitRequest
+    from gpuyard.shared.endpoints import SUBMIT
+    from gpuyard.shared.identity import Caller
+    from gpuyard.shared.model import JobSpec
+
+    from .secured import secured_cluster
+
+    async with secured_cluster(tmp_path, ["node.a", "user.alice"]) as cluster:
+        script = tmp_path / "pid_job.py"
+        script.write_text(PID_JOB)
+        pid_file = tmp_path / "revoked.pid"
+        log_path = tmp_path / "a.log"
+        with log_path.open("ab") as log:
+            agent = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "gpuyard.cli", "nodeagent", "--nats-config",
+                str(cluster.creds.profile_path(Caller("node", "a"))), "--gpus", "1", "--no-nvml",
+                "--heartbeat", "0.2", "--grace", "1", "--lease", "60", "--address", "127.0.0.1",
+                "--state-dir", str(tmp_path / "a"), "--checkpoint-root", str(tmp_path / "ckpt"),
+                stdout=log, stderr=log,
+            )  # fmt: skip
+        try:
+            alice = await cluster.client("user.alice")
+            spec = JobSpec(num_gpus=1, command=[sys.executable, str(script), str(pid_file)])
+            (result,) = (await alice.bus.call(SUBMIT, SubmitRequest(jobs=[spec]))).results
+            job = result.job_id
+
+            async def pid() -> int | None:
+                return _read_pid(pid_file)
+
+            pid_value = await cluster.until(pid, "the job started", within_s=30)
+            cluster.creds.remove(Caller("node", "a"))
+            assert cluster.creds.reload_server()
+
+            async def gone() -> bool:
+                return not _alive(pid_value)
+
+            await cluster.until(gone, "the job's process gone", within_s=20)
+            lines = [line for line in log_path.read_text().splitlines() if '"node.fenced"' in line]
+            assert len(lines) == 1 and "credentials refused" in lines[0] and job in lines[0]
+            assert agent.returncode is None  # (still trying: let in again, it registers afresh)
+        finally:
+            if agent.returncode is None:
+                agent.kill()
+                await agent.wait()

@@ -94,6 +94,7 @@ class NodeAgentConfig(Struct, kw_only=True, forbid_unknown_fields=True):
 
 class NodeAgent(Service):
     name = "nodeagent"
+    answered_elsewhere = frozenset({HEARTBEAT.name})  # (ours, under our prefix: placement answers)
 
     def __init__(self, bus: Bus, config: NodeAgentConfig) -> None:
         super().__init__(bus)
