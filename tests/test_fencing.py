@@ -15,8 +15,8 @@ from typing import Any
 
 from gpuyard.cli_cluster import control_plane_configs
 from gpuyard.launcher import ServiceSet
-from gpuyard.shared.contract import CancelRequest, Empty
-from gpuyard.shared.endpoints import CANCEL
+from gpuyard.shared.contract import CancelRequest, Empty, JobQuery
+from gpuyard.shared.endpoints import CANCEL, QUERY
 from gpuyard.shared.endpoints import CLUSTER as CLUSTER_INFO
 
 from .test_real_cluster import CLUSTER, RealCluster, _train
@@ -195,6 +195,8 @@ async def test_a_cancel_shows_cancelled_only_once_the_ranks_are_gone(
         pid = await _pid_of(cluster, pid_file)
         reply = await cluster.call(CANCEL, CancelRequest(job_ids=[job]))
         assert reply.cancelled == [job]
+        page = await cluster.call(QUERY, JobQuery(states=["running"]))  # (still listed as such)
+        assert [j.job_id for j in page.jobs] == [job] and _alive(pid)
         seen: list[str] = []
 
         async def cancelled() -> bool:
@@ -262,7 +264,7 @@ def test_the_lease_is_an_option_checked_and_placements_timeout_exceeds_the_defau
 
     p = argparse.ArgumentParser()
     add_agent_args(p)
-    for bad in ("0", "-1", "nan"):
+    for bad in ("0", "-1", "nan", "inf"):
         with pytest.raises(ValueError, match="--lease must be > 0"):
             config_from_args(p.parse_args(["--node-id", "n1", "--lease", bad]))
     assert config_from_args(p.parse_args(["--node-id", "n1", "--lease", "7"])).lease_s == 7.0

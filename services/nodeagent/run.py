@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -90,7 +91,7 @@ def config_from_args(args: argparse.Namespace) -> NodeAgentConfig:
         raise ValueError(f"--heartbeat must be > 0 seconds, not {args.heartbeat}")
     if not args.grace >= 0:
         raise ValueError(f"--grace must be >= 0 seconds, not {args.grace}")
-    if not args.lease > 0:
+    if not 0 < args.lease < math.inf:
         raise ValueError(f"--lease must be > 0 seconds, not {args.lease}")
     labels = {}
     for item in args.label:

@@ -233,6 +233,8 @@ class NodeAgent(Service):
         """Announce the node until placement answers; then stop parts placement does not know of."""
         if after_s > 0:
             await asyncio.sleep(after_s)
+        if self.fenced:  # what placement will requeue (and a cancel wait for) is gone first
+            await asyncio.gather(*(part.done.wait() for part in list(self.stopping.values())))
         async with self._register_lock:
             self._register_started = time.monotonic()
             while True:

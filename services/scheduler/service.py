@@ -497,6 +497,8 @@ class Scheduler(Service):
             found = [r for j in req.job_ids if (r := self.table.get(j)) is not None]
         elif req.states and set(req.states) <= {"queued", "running"}:
             found = list(self.table.active.values())  # admission asks this often: no full scan
+            if self.table.cancelling:  # (running until their nodes say they stopped)
+                found = sorted([*found, *self.table.cancelling.values()], key=lambda r: r.seq)
         else:
             found = list(self.table.jobs.values())
         if req.states:
