@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
+import pytest
+
 from gpuyard.cli_cluster import control_plane_configs
 from gpuyard.launcher import ServiceSet
 from gpuyard.shared.contract import CancelRequest, Empty, JobQuery
@@ -255,9 +258,6 @@ async def test_a_cancel_on_a_paused_agent_waits_until_the_node_is_lost(
 def test_the_lease_is_an_option_checked_and_placements_timeout_exceeds_the_defaults() -> None:
     import argparse
 
-    import msgspec
-    import pytest
-
     from gpuyard.services.nodeagent.run import add_agent_args, config_from_args
     from gpuyard.services.nodeagent.service import NodeAgentConfig
     from gpuyard.services.placement.service import PlacementConfig
@@ -280,8 +280,6 @@ async def test_asks_to_register_again_in_a_burst_make_one_registration(
 ) -> None:
     """Placement's asks to register again, 20 at once (as after an outage, one per heartbeat
     the agent sent meanwhile): one registration, not one each."""
-    import msgspec
-
     from gpuyard.services.nodeagent.service import NodeAgent, NodeAgentConfig
     from gpuyard.shared.connection import Bus, connect
     from gpuyard.shared.contract import Ack, ClusterInfo, Ping
@@ -371,3 +369,33 @@ async def test_a_revoked_agent_stops_its_jobs(tmp_path: Path) -> None:
             if agent.returncode is None:
                 agent.kill()
                 await agent.wait()
+
+
+async def test_placement_answers_every_heartbeat_even_a_bad_one(nats_url: str) -> None:
+    """Heartbeats are requests now (the answer is the agent's lease): a malformed one gets an
+    error naming the field, a forged one (another node's id) is not taken, and placement runs on."""
+    from gpuyard.services.placement.service import PlacementConfig
+    from gpuyard.shared.connection import Bus, connect
+    from gpuyard.shared.contract import STATUS_HEADER, Ack, Heartbeat
+    from gpuyard.shared.endpoints import HEARTBEAT, REREGISTER, Subjects
+    from gpuyard.shared.errors import RemoteError
+
+    subjects = Subjects("hb")
+    async with ServiceSet(nats_url, "hb", {"placement": PlacementConfig()}, log_level="error"):
+        bus = Bus(await connect(nats_url, name="n1"), subjects, request_timeout=5)
+        try:
+            asks = await bus.nc.subscribe(subjects.of(REREGISTER, node="n1"))
+            for garbage in (b"\xff", b"[]", b'{"now": "x", "node_id": "n1"}'):
+                reply = await bus.nc.request(subjects.of(HEARTBEAT, node="n1"), garbage, timeout=5)
+                assert reply.headers and reply.headers.get(STATUS_HEADER) == "error", reply.data
+            forged = Heartbeat(now=0.0, node_id="n2")
+            assert await bus.call(HEARTBEAT, forged, node="n1") == Ack(ok=False)
+            beat = Heartbeat(now=0.0, node_id="n1")
+            assert await bus.call(HEARTBEAT, beat, node="n1") == Ack()
+            # An unknown node is asked to register.
+            ask = await asks.next_msg(timeout=5)
+            assert msgspec.json.decode(ask.data) == {}
+            with pytest.raises(RemoteError, match="Expected `object`"):
+                await bus.call(HEARTBEAT, [], node="n1")
+        finally:
+            await bus.close()

@@ -28,6 +28,7 @@ ROUTES: dict[str, dict[str, type]] = {
         e.pattern.format(svc=token, caller="op.fuzz").removeprefix(f"{token}."): e.request
         for e in ENDPOINTS
         if e.reply is not None and (name in e.serves or "*" in e.serves) and "ctl." not in e.pattern
+        and "{node}" not in e.pattern  # (a node's subject, which placement answers: heartbeats)
     }
     for name, token in SERVICE_TOKENS.items()
     if name != "simclock"
