@@ -173,8 +173,9 @@ async def run_agent(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    # Back within the lease from an outage shorter than it: retries at most a tenth of it apart.
-    attempts = ConnectionAttempts(url, max_s=min(30.0, max(config.lease_s / 10, 0.5)))
+    # Back soon after an outage shorter than the lease: retries at most a twentieth of it apart
+    # (3 s by default).
+    attempts = ConnectionAttempts(url, max_s=min(30.0, max(config.lease_s / 20, 0.5)))
     connecting = asyncio.ensure_future(
         connect(  # the pause between attempts is `attempts.error`'s
             url,
