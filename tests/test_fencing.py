@@ -399,3 +399,27 @@ async def test_placement_answers_every_heartbeat_even_a_bad_one(nats_url: str) -
                 await bus.call(HEARTBEAT, [], node="n1")
         finally:
             await bus.close()
+
+
+def test_a_job_being_cancelled_survives_a_scheduler_restart_and_ends_with_its_last_part() -> None:
+    """The job table: a running job cancelled on two agents leaves the active jobs (no decision
+    includes it) but stays running until both parts stopped; a table restored from the records
+    (a restarted scheduler) goes on from there, its counters right."""
+    from gpuyard.services.scheduler.jobs import JobTable
+    from gpuyard.shared.model import JobSpec
+
+    table = JobTable()
+    record = table.admit(JobSpec(job_id="j1", num_gpus=4, command=["x"]), 0.0, None)
+    table.start(record, 1.0, ["a", "b"], 4, "t4", 1.0)
+    table.cancel_running(record, 2.0, "cancelled by user.alice", ["a", "b"])
+    assert record.state == "running" and record.reason.startswith("cancelling")
+    assert not table.active and table.running == table.busy_gpus == table.finished == 0
+
+    restored = JobTable()
+    restored.load([msgspec.json.decode(msgspec.json.encode(record), type=type(record))])
+    again = restored.jobs["j1"]
+    assert not restored.active and list(restored.cancelling) == ["j1"]
+    assert not restored.part_stopped(again, "a", 3.0) and again.state == "running"
+    assert restored.part_stopped(again, "b", 4.0)
+    assert (again.state, again.reason, again.end_time) == ("cancelled", "cancelled by user.alice", 4.0)
+    assert not restored.cancelling and restored.finished == 1 and restored.running == 0

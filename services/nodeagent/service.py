@@ -325,6 +325,11 @@ class NodeAgent(Service):
             steps = [p.iterations for p in part.progress()] if part is not None else []
             if steps:
                 progress[job_id] = float(min(steps))  # what every rank has reached
+        for job_id in cmd.preempt:
+            if job_id not in self.parts and job_id not in self.stopping:
+                # Nothing of it runs here (it never came, or ended): say so, as of a part stopped.
+                self.pending_exits.append(JobExit(job_id=job_id, node_id=self.node_id, status="stopped"))
+                self._exits_ready.set()
         preempted = [job_id for job_id in cmd.preempt if self._stop_part(job_id)]
         launched = []
         for launch in cmd.launch:
