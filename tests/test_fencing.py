@@ -21,6 +21,7 @@ from gpuyard.launcher import ServiceSet
 from gpuyard.shared.contract import CancelRequest, Empty, JobQuery
 from gpuyard.shared.endpoints import CANCEL, QUERY
 from gpuyard.shared.endpoints import CLUSTER as CLUSTER_INFO
+from gpuyard.shared.errors import RemoteError
 
 from .test_real_cluster import CLUSTER, RealCluster, _train
 from .test_recovery import NatsProcess
@@ -112,6 +113,7 @@ async def test_an_agent_cut_off_from_the_broker_stops_its_jobs_after_its_lease(
             assert line["jobs"] == [job] and "no answer from the control plane" in line["reason"]
 
             await server.start()
+            await _back(cluster)
             # Back: a new boot with no jobs; placement requeues the job, which runs again.
             await cluster.until(lambda: _registered(cluster, "a", 2), "registered again", 20)
             record = await cluster.until_state(job, "running", within_s=20)
@@ -120,6 +122,20 @@ async def test_an_agent_cut_off_from_the_broker_stops_its_jobs_after_its_lease(
             assert len(_agent_events(cluster, "a", "node.fenced")) == 1
     finally:
         await server.stop()
+
+
+async def _back(cluster: RealCluster) -> None:
+    """Until the control plane answers again (its services reconnect to the restarted broker)."""
+
+    async def answers() -> bool:
+        try:
+            await cluster.call(CLUSTER_INFO, Empty())
+            await cluster.call(QUERY, JobQuery(limit=1))
+        except RemoteError:
+            return False
+        return True
+
+    await cluster.until(answers, "the control plane back", within_s=20)
 
 
 async def _gone(pid: int) -> bool:
@@ -146,6 +162,7 @@ async def test_a_broker_outage_shorter_than_the_lease_requeues_nothing(tmp_path:
             await server.stop()
             await asyncio.sleep(3.0)  # (the outage)
             await server.start()
+            await _back(cluster)
             for job in jobs:
                 record = await cluster.until_state(job, "completed", "failed", within_s=60)
                 assert (record.state, record.preemptions, record.attempt) == ("completed", 0, 1)
@@ -378,7 +395,6 @@ async def test_placement_answers_every_heartbeat_even_a_bad_one(nats_url: str) -
     from gpuyard.shared.connection import Bus, connect
     from gpuyard.shared.contract import STATUS_HEADER, Ack, Heartbeat
     from gpuyard.shared.endpoints import HEARTBEAT, REREGISTER, Subjects
-    from gpuyard.shared.errors import RemoteError
 
     subjects = Subjects("hb")
     async with ServiceSet(nats_url, "hb", {"placement": PlacementConfig()}, log_level="error"):
