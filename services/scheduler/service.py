@@ -61,7 +61,7 @@ from gpuyard.shared.endpoints import (
 )
 from gpuyard.shared.errors import BadRequest
 from gpuyard.shared.identity import ANONYMOUS, Caller
-from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobRecord, JobSpec
+from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobRecord, JobSpec, JobState
 from gpuyard.shared.policy import (
     ClusterView,
     Decision,
@@ -431,7 +431,8 @@ class Scheduler(Service):
         steps = ex.steps_done
         if steps is None and ex.status == "completed":
             steps = record.total_steps
-        self.table.end(record, now, ex.status, ex.reason, steps)
+        state: JobState = "completed" if ex.status == "completed" else "failed"  # (not `stopped`)
+        self.table.end(record, now, state, ex.reason, steps)
         self.released.append(record.job_id)
         self.dirty = self.dirty or self.policy.needs.decide_on_exit or self.table.queued > 0
 
