@@ -137,8 +137,9 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
         "--round", type=positive_float, default=5.0, help="seconds between scheduling rounds"
     )
     p.add_argument(
-        "--heartbeat-timeout", type=positive_float, default=5.0,
-        help="seconds of silence: node lost",
+        "--heartbeat-timeout", type=positive_float, default=95.0,
+        help="seconds of silence: node lost, its jobs requeued (above the agents' --lease plus "
+        "--grace: by then they stopped them)",
     )  # fmt: skip
     p.add_argument(
         "--min-resolve-s", type=non_negative_float, default=1920.0, metavar="S",
@@ -279,7 +280,7 @@ RETRY_FOR_S = 60.0
 
 def control_plane_configs(
     policy: str = "fifo", placement: str = "consolidated", admission: str = "accept-all",
-    round_s: float = 5.0, heartbeat_timeout_s: float = 5.0, durable: bool = True, *,
+    round_s: float = 5.0, heartbeat_timeout_s: float = 95.0, durable: bool = True, *,
     min_run_s: float = 0.0, policy_params: dict[str, Any] | None = None,
     placement_params: dict[str, Any] | None = None, admission_params: dict[str, Any] | None = None,
     throughputs: str = "default", mode: Literal["rounds", "events", "slots"] = "events",

@@ -188,7 +188,9 @@ class TickRequest(Struct, kw_only=True, forbid_unknown_fields=True):
 class JobExit(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
     job_id: str
     node_id: str = ""
-    status: Literal["completed", "failed"]
+    status: Literal["completed", "failed", "stopped"]
+    """`stopped`: the part was told to stop (preempted, cancelled, fenced) and its processes are
+    gone (a job being cancelled ends once each of its nodes said so)."""
     exit_code: int = 0
     steps_done: float | None = None
     attempt: int | None = None
@@ -255,6 +257,11 @@ class RegisterNode(Struct, kw_only=True, forbid_unknown_fields=True):
     jobs: list[str] | None = None
     """The jobs the agent was told to launch since it started, whether their parts still run or
     ended (None: not said, as by the simclock)."""
+    lease_s: float | None = None
+    """The agent's lease: with no answer from placement this long, it stops its jobs (fencing)."""
+    grace_s: float | None = None
+    """The agent's SIGTERM-to-SIGKILL grace: a fenced node's jobs are gone `lease_s + grace_s`
+    after its last contact (placement's `heartbeat_timeout_s` must be longer)."""
 
 
 class NodesChanged(Struct, kw_only=True, forbid_unknown_fields=True):

@@ -162,7 +162,7 @@ HEARTBEATS = Endpoint("place.heartbeats", Empty, HeartbeatsPage, "anyone -> plac
 
 NODE_COMMAND = Endpoint("node.{node}.cmd", NodeCommand, NodeCommandReply, "placement -> node agent (simclock)", ("nodeagent", "simclock"), callers=("placement",))  # fmt: skip
 NODE_LOGS = Endpoint("node.{node}.logs", LogsRequest, LogsReply, "CLI -> node agent", ("nodeagent",), callers=(*PEOPLE, DRIVER))  # fmt: skip
-HEARTBEAT = Endpoint("node.{node}.hb", Heartbeat, None, "node agent -> placement", (), "node", callers=("node",), listeners=("placement",))  # fmt: skip
+HEARTBEAT = Endpoint("node.{node}.hb", Heartbeat, Ack, "node agent -> placement (its answer renews the agent's lease)", ("placement",), "node", callers=("node",))  # fmt: skip
 REREGISTER = Endpoint("node.{node}.register", Empty, None, "placement -> node agent (register again)", callers=("placement",), listeners=("node",))  # fmt: skip
 LOG_LINE = Endpoint("logs.{job}.{node}", LogLine, None, "node agents -> `gpuyard logs -f`", (), "node", callers=("node",), listeners=PEOPLE)  # fmt: skip
 

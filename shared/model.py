@@ -155,6 +155,9 @@ class JobRecord(Struct, kw_only=True):
     """Steps per second of the current run (measured, or from the throughput model)."""
     reason: str = ""
     """Why it waits or ended (the last preemption's, exit's or cancellation's reason)."""
+    cancelling: str = ""
+    """A running job cancelled on node agents: why, until every node in `nodes` said its part
+    stopped (or was declared lost: it fenced itself). It shows as running until then."""
 
 
 class NodeSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):

@@ -125,6 +125,9 @@ class Service:
 
     name: ClassVar[str] = ""
     policies: ClassVar[Registry[Any] | None] = None
+    answered_elsewhere: ClassVar[frozenset[str]] = frozenset()
+    """Requests under our prefix that another service answers (a node agent's own heartbeats,
+    placement's): left unanswered rather than refused."""
     """The registry this service's policy comes from (None: the service has no policy)."""
     commits_in_groups: ClassVar[bool] = False
     """Under load, handle the requests already queued before writing the state once and answering
@@ -439,8 +442,8 @@ class Service:
         """Run the request's handler: its answer (None: a publish, which gets none)."""
         try:
             if route is None:
-                if not msg.reply:
-                    return None  # a publish this service does not serve (its own heartbeats, say)
+                if not msg.reply or suffix in self.answered_elsewhere:
+                    return None  # a publish this service does not serve, or not ours to answer
                 raise BadRequest(f"unknown request {suffix!r}; known: {', '.join(sorted(table))}")
             version = msg.headers.get(VERSION_HEADER) if msg.headers else None
             if version is not None and version != str(CONTRACT_VERSION):

@@ -20,13 +20,15 @@ from gpuyard.launcher import ServiceSet
 from gpuyard.natsauth import OPERATOR, Credentials
 from gpuyard.shared.connection import Bus, NatsAuth, connect
 from gpuyard.shared.contract import (
+    ExitReport,
     Heartbeat,
+    JobExit,
     JobQuery,
     NodeCommand,
     NodeCommandReply,
     RegisterNode,
 )
-from gpuyard.shared.endpoints import HEARTBEAT, NODE_COMMAND, QUERY, REGISTER, Subjects
+from gpuyard.shared.endpoints import EXITED, HEARTBEAT, NODE_COMMAND, QUERY, REGISTER, Subjects
 from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import JobRecord, NodeSpec
 
@@ -112,8 +114,9 @@ async def fake_agent(
     boot: str = "",
 ) -> asyncio.Task[None]:  # fmt: skip
     """A node agent over `c`'s connection: it registers, heartbeats, and answers its commands at
-    once (or never, with `answer=False`: an agent stuck in the middle of a command). Its boot id
-    is `boot` (default `<node>-boot`): another one is the agent restarted."""
+    once (or never, with `answer=False`: an agent stuck in the middle of a command), reporting
+    the jobs it preempts stopped. Its boot id is `boot` (default `<node>-boot`): another one is
+    the agent restarted."""
     boot = boot or f"{node}-boot"
     decoder = msgspec.json.Decoder(NodeCommand)
 
@@ -122,6 +125,9 @@ async def fake_agent(
             cmd = decoder.decode(msg.data)
             reply = NodeCommandReply(preempted=cmd.preempt, launched=[x.job_id for x in cmd.launch])
             await msg.respond(msgspec.json.encode(reply))
+            if cmd.preempt:
+                stopped = [JobExit(job_id=j, node_id=node, status="stopped") for j in cmd.preempt]
+                await c.bus.call(EXITED, ExitReport(now=time.time(), exits=stopped))
 
     await c.bus.nc.subscribe(S.of(NODE_COMMAND, node=node), cb=on_command)
     spec = NodeSpec(node_id=node, num_gpus=gpus, gpu_type="t4", labels={"boot": boot})

@@ -21,8 +21,8 @@ import pytest
 from gpuyard.cli import main
 from gpuyard.natsauth import OPERATOR
 from gpuyard.ops import read_events
-from gpuyard.shared.contract import SubmitRequest
-from gpuyard.shared.endpoints import SUBMIT
+from gpuyard.shared.contract import Empty, SubmitRequest
+from gpuyard.shared.endpoints import CLUSTER, SUBMIT
 from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import JobSpec
 
@@ -115,6 +115,13 @@ async def views(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> AsyncIter
         v = Views(c, tmp_path, capsys)
         try:
             await asyncio.gather(v.start_agent("a"), v.start_agent("b"))
+            op = await c.client(OPERATOR.token)
+
+            async def registered() -> bool:
+                return len((await op.bus.call(CLUSTER, Empty())).nodes) == 2
+
+            await c.until(registered, "both agents registered", 30)
+            capsys.readouterr()  # (the control plane's lines so far: no command's output)
             yield v
         finally:
             for proc in v.agents.values():

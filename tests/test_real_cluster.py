@@ -58,11 +58,11 @@ class RealCluster:
     def __init__(
         self, url: str, root: Path, configs: dict[str, Any] | None = None, *,
         heartbeat_s: float = 0.2, agent: tuple[str, ...] = ("-m", "gpuyard.services.nodeagent"),
-        nodes: tuple[str, ...] = ("a", "b"),
+        nodes: tuple[str, ...] = ("a", "b"), agent_args: tuple[str, ...] = (),
     ) -> None:  # fmt: skip
         """`configs`: the control plane's (default: fast rounds, nodes lost after 1 s of
-        silence); agents heartbeat every `heartbeat_s`, run as `python <agent>`, and those of
-        `nodes` start with the cluster."""
+        silence); agents heartbeat every `heartbeat_s`, run as `python <agent>` with
+        `agent_args` last, and those of `nodes` start with the cluster."""
         self.url = url
         self.root = root
         self.checkpoints = root / "ckpt"
@@ -75,6 +75,7 @@ class RealCluster:
         self.heartbeat_s = heartbeat_s
         self.agent = agent
         self.nodes = nodes
+        self.agent_args = agent_args
         self.bus: Bus | None = None
 
     async def start_agent(self, node_id: str, gpus: int | None = 2, gpu_type: str = "t4") -> None:
@@ -87,7 +88,7 @@ class RealCluster:
             "--cluster", CLUSTER, "--node-id", node_id, *offer,
             "--heartbeat", str(self.heartbeat_s), "--grace", "5", "--address", "127.0.0.1",
             "--state-dir", str(self.root / node_id), "--checkpoint-root", str(self.checkpoints),
-            stdout=log, stderr=log,
+            *self.agent_args, stdout=log, stderr=log,
         )  # fmt: skip
         log.close()
 
@@ -284,10 +285,11 @@ async def test_a_node_agent_killed_mid_command_stalls_no_round(
 ) -> None:
     """Issue 10's fault, for real: a `gpuyard nodeagent` killed -9 while placement's command to it
     is unanswered. Placement as `gpuyard service placement` runs it without a config (its default
-    `command_timeout_s`, nodes lost after 5 s of silence), agents heartbeating every second as by
-    default: the next round runs within two heartbeat intervals, the node is declared lost within
-    the heartbeat timeout of its silence, and its job is requeued."""
-    placement = PlacementConfig()
+    `command_timeout_s`; nodes lost after 5 s of silence here rather than its default, the agents'
+    lease and grace), agents heartbeating every second as by default: the next round runs within
+    two heartbeat intervals, the node is declared lost within the heartbeat timeout of its
+    silence, and its job is requeued."""
+    placement = PlacementConfig(heartbeat_timeout_s=5.0)
     configs = {**control_plane_configs(round_s=0.5), "placement": placement}
     beat_s = 1.0
     cli = ("-m", "gpuyard.cli", "nodeagent")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -12,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import msgspec
+import nats
 import structlog
 
 from gpuyard.shared.connection import (
@@ -58,6 +60,11 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", help="address other nodes reach this one at (default: resolved)")
     p.add_argument("--grace", type=float, default=30.0, help="seconds from SIGTERM to SIGKILL")
     p.add_argument("--heartbeat", type=float, default=1.0, help="seconds between heartbeats")
+    p.add_argument(
+        "--lease", type=float, default=60.0,
+        help="seconds without an answer from the control plane after which the agent stops its "
+        "jobs (fencing); placement's heartbeat timeout must exceed it plus --grace",
+    )  # fmt: skip
     p.add_argument("--state-dir", type=Path, help="job logs go to STATE_DIR/logs/<cluster>")
     p.add_argument(
         "--checkpoint-root",
@@ -85,6 +92,8 @@ def config_from_args(args: argparse.Namespace) -> NodeAgentConfig:
         raise ValueError(f"--heartbeat must be > 0 seconds, not {args.heartbeat}")
     if not args.grace >= 0:
         raise ValueError(f"--grace must be >= 0 seconds, not {args.grace}")
+    if not 0 < args.lease < math.inf:
+        raise ValueError(f"--lease must be > 0 seconds, not {args.lease}")
     labels = {}
     for item in args.label:
         key, sep, value = item.partition("=")
@@ -99,7 +108,7 @@ def config_from_args(args: argparse.Namespace) -> NodeAgentConfig:
         node_id=args.node_id, gpus=args.gpus, gpu_type=args.gpu_type,
         address=args.address or default_address(), use_nvml=not args.no_nvml,
         heartbeat_s=args.heartbeat, grace_s=args.grace, log_dir=str(state / "logs"),
-        checkpoint_root=str(checkpoints), labels=labels,
+        checkpoint_root=str(checkpoints), labels=labels, lease_s=args.lease,
     )  # fmt: skip
 
 
@@ -116,9 +125,16 @@ class ConnectionAttempts:
         self.attempt = 0
         self.connected = False
         self.on_reconnect: Callable[[], Awaitable[None]] | None = None
+        self.on_refused: Callable[[str], None] | None = None
+        """Called when the server refuses our credentials (revoked): the agent fences."""
+        self.closed = asyncio.Event()
 
     async def error(self, exc: Exception) -> None:
         text = str(exc) or type(exc).__name__
+        if self.on_refused is not None and (
+            isinstance(exc, nats.errors.AuthorizationError) or "authorization" in text.lower()
+        ):
+            self.on_refused(f"credentials refused by the server ({text})")
         if self.connected:  # an error on a working connection (e.g. a permission denied)
             self.log.warning("nats.error", error=text)
             return
@@ -144,6 +160,10 @@ class ConnectionAttempts:
             self.log.warning("nats.disconnected")
         self.connected = False
 
+    async def on_closed(self) -> None:
+        """The client gave up the connection for good (the server refused our credentials)."""
+        self.closed.set()
+
 
 async def run_agent(
     url: str, cluster: str, config: NodeAgentConfig, auth: NatsAuth | None = None
@@ -154,7 +174,9 @@ async def run_agent(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    attempts = ConnectionAttempts(url)
+    # Back soon after an outage shorter than the lease: retries at most a twentieth of it apart
+    # (3 s by default).
+    attempts = ConnectionAttempts(url, max_s=min(30.0, max(config.lease_s / 20, 0.5)))
     connecting = asyncio.ensure_future(
         connect(  # the pause between attempts is `attempts.error`'s
             url,
@@ -163,6 +185,7 @@ async def run_agent(
             error_cb=attempts.error,
             reconnected_cb=attempts.reconnected,
             disconnected_cb=attempts.disconnected,
+            closed_cb=attempts.on_closed,
             reconnect_time_wait=0,
         )
     )
@@ -177,9 +200,18 @@ async def run_agent(
     await attempts.up()
     agent = NodeAgent(Bus(nc, Subjects(cluster)), config)
     attempts.on_reconnect = agent.on_reconnect
+    attempts.on_refused = agent.fence
     await agent.start()
-    await stopping
-    await agent.stop()
+    closed = asyncio.ensure_future(attempts.closed.wait())
+    await asyncio.wait([stopping, closed], return_when=asyncio.FIRST_COMPLETED)
+    if stopping.done():
+        closed.cancel()
+        await agent.stop()
+        return
+    # No connection and none to come: stop the jobs, and leave (systemd starts a fresh agent).
+    agent.fence(f"connection closed by the server ({nc.last_error or 'no reason given'})")
+    await agent.halt()
+    raise SystemExit(1)
 
 
 def main(argv: list[str] | None = None) -> int:

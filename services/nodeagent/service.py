@@ -4,9 +4,15 @@ logs and reports their exits to the scheduler.
 
 Subjects (all under `gpuyard.<cluster>.`): it serves `node.<id>.cmd` (NodeCommand), `node.<id>.logs`
 (LogsRequest), `node.<id>.register` (placement asks it to register again), `node.<id>.ping`/`.stats`;
-it publishes `node.<id>.hb` (Heartbeat) and `logs.<job_id>.<id>` (LogLine); it requests
-`place.register.node.<id>`, `place.nodes.node.<id>` (when it stops) and `sched.exited.node.<id>`:
-every subject it sends on names it, and a secured server lets it send on no other node's.
+it publishes `logs.<job_id>.<id>` (LogLine); it requests `node.<id>.hb` (Heartbeat: placement's
+answer renews its lease), `place.register.node.<id>`, `place.nodes.node.<id>` (when it stops) and
+`sched.exited.node.<id>`: every subject it sends on names it, and a secured server lets it send on
+no other node's.
+
+Fencing (as a Kubernetes node lease): an agent that has had no answer from placement for `lease_s`,
+or whose credentials the server refuses, stops every job part (placement declares it lost, and its
+jobs run elsewhere, only after the lease and the grace are over), and registers afresh, with no
+jobs and a new boot id, once placement answers again.
 """
 
 from __future__ import annotations
@@ -17,10 +23,10 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
-from msgspec import Struct
+from msgspec import Meta, Struct
 
 from gpuyard.shared.connection import Bus
 from gpuyard.shared.contract import (
@@ -78,10 +84,19 @@ class NodeAgentConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     checkpoints go to `<checkpoint_root>/<cluster>/<job id>/`."""
     exit_retry_s: float = 0.5
     labels: dict[str, str] = {}
+    lease_s: Annotated[float, Meta(gt=0)] = 60.0
+    """With no answer from placement this long (to a heartbeat or a registration), or with its
+    credentials refused, the agent stops every job part (fencing): placement declares a silent
+    node lost only after this plus `grace_s` (its `heartbeat_timeout_s`). An outage shorter than
+    this stops no job."""
+    register_every_s: Annotated[float, Meta(ge=0)] = 5.0
+    """At most one registration per this many seconds: placement's asks, repeated after an
+    outage, are answered by one."""
 
 
 class NodeAgent(Service):
     name = "nodeagent"
+    answered_elsewhere = frozenset({HEARTBEAT.name})  # (ours, under our prefix: placement answers)
 
     def __init__(self, bus: Bus, config: NodeAgentConfig) -> None:
         super().__init__(bus)
@@ -103,7 +118,14 @@ class NodeAgent(Service):
         self._tasks: list[asyncio.Task[None]] = []
         self._register_lock = asyncio.Lock()
         self.leaving = False  # stopping: never register again (placement may still ask us to)
+        self._registering: asyncio.Task[None] | None = None  # the registration in flight or due
+        self._register_started = -float("inf")  # (monotonic) when the last registration began
         self.registered = asyncio.Event()
+        self.contact = time.monotonic()
+        """When the last request that placement answered was sent (the lease runs from there)."""
+        self._renewing: asyncio.Task[None] | None = None  # the heartbeat awaiting placement's answer
+        self.fenced = ""
+        """Why the agent stopped its jobs on its own, until it registers again."""
         self.notifier = SystemdNotifier()
         self.log = self.log.bind(node_id=self.node_id)
 
@@ -162,11 +184,12 @@ class NodeAgent(Service):
         await self.listen(self.prefix, self.routes())
         await self._serve_discovery()
         self.log.info("service.started", prefix=self.prefix, gpus=self.node.num_gpus)
+        self.contact = time.monotonic()
         self._tasks = [
             asyncio.create_task(self._heartbeats()),
             asyncio.create_task(self._report_exits()),
-            asyncio.create_task(self.register()),
         ]
+        self.register_soon()
 
     async def stop(self) -> None:
         """Stop every job part (they checkpoint), tell placement the node is gone, disconnect."""
@@ -192,23 +215,54 @@ class NodeAgent(Service):
             self.nvml.close()
         await super().stop()
 
-    async def register(self) -> None:
+    async def halt(self) -> None:
+        """The connection is gone for good: wait for the parts told to stop, stop the tasks."""
+        waiting = [part.done.wait() for part in [*self.parts.values(), *self.stopping.values()]]
+        if waiting:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.grace_s + 5):
+                    await asyncio.gather(*waiting)
+        for task in self._tasks:
+            task.cancel()
+        if self.nvml is not None:
+            self.nvml.close()
+        self.log.info("service.stopped", reason=self.fenced)
+
+    def register_soon(self) -> None:
+        """Register (again): at once, unless a registration is in flight or due (it answers this
+        ask too), or one began less than `register_every_s` ago (then once, when that is over)."""
+        if self._registering is not None and not self._registering.done():
+            return
+        wait = self._register_started + self.config.register_every_s - time.monotonic()
+        self._registering = asyncio.create_task(self.register(after_s=max(wait, 0.0)))
+
+    async def register(self, after_s: float = 0.0) -> None:
         """Announce the node until placement answers; then stop parts placement does not know of."""
+        if after_s > 0:
+            await asyncio.sleep(after_s)
+        if self.fenced:  # what placement will requeue (and a cancel wait for) is gone first
+            await asyncio.gather(*(part.done.wait() for part in list(self.stopping.values())))
         async with self._register_lock:
+            self._register_started = time.monotonic()
             while True:
                 if self.leaving:
                     return
                 sent = time.monotonic()
                 told = {*self.parts, *(e.job_id for e in self.pending_exits), *(k[0] for k in self.launched)}
+                request = RegisterNode(
+                    now=time.time(), node=self.node, jobs=sorted(told),
+                    lease_s=self.config.lease_s, grace_s=self.config.grace_s,
+                )  # fmt: skip
                 try:
-                    info = await self.bus.call(
-                        REGISTER, RegisterNode(now=time.time(), node=self.node, jobs=sorted(told)),
-                        within_s=5.0,
-                    )
-                    break
+                    info = await self.bus.call(REGISTER, request, within_s=5.0)
                 except RemoteError as exc:
                     self.log.warning("register.failed", error=str(exc))
                     await asyncio.sleep(1.0)
+                    continue
+                if request.node.labels.get("boot") == self.boot_id:
+                    break  # (else it fenced meanwhile: register as its new boot)
+            self._renew(sent)
+            self.fenced = ""
             self.registered.set()
             self.notifier.notify("READY=1", f"STATUS=registered {self.node.num_gpus} GPUs")
             self.log.info("node.registered", gpus=self.node.num_gpus, gpu_type=self.node.gpu_type)
@@ -225,18 +279,52 @@ class NodeAgent(Service):
     async def _reregister(self, _: Empty) -> None:
         # A leaving agent's last heartbeats can reach placement after its departure, and
         # placement then asks it to register again: it must not come back as it exits.
-        if not self._register_lock.locked() and not self.leaving:
-            self._tasks.append(asyncio.create_task(self.register()))
+        if not self.leaving:
+            self.register_soon()
 
     async def on_reconnect(self) -> None:
         """The NATS connection came back: placement may have restarted meanwhile."""
-        await self._reregister(Empty())
+        self.register_soon()
+
+    # ------------------------------------------------------------------ the lease
+
+    def _renew(self, sent: float) -> None:
+        """Placement answered a request sent at `sent` (monotonic): the lease runs from there (an
+        answer that was held up, e.g. while this process was paused, renews only up to then)."""
+        self.contact = max(self.contact, sent)
+        if self.fenced:
+            self.register_soon()  # back in contact: join again, as a new boot with no jobs
+
+    def lease_left_s(self) -> float:
+        return self.config.lease_s - (time.monotonic() - self.contact)
+
+    def check_lease(self) -> None:
+        if self.lease_left_s() < 0 and not self.fenced:
+            self.fence(f"no answer from the control plane for {self.config.lease_s:g} s")
+
+    def fence(self, reason: str) -> None:
+        """Stop every job part (they checkpoint, as when preempted): placement will declare this
+        node lost, or has, and run its jobs elsewhere. Until the node registers again it takes
+        no launch, and then as a new boot, so that placement requeues what it placed here."""
+        if self.fenced:
+            return
+        self.fenced = reason
+        self.log.warning("node.fenced", reason=reason, jobs=sorted(self.parts))
+        for job_id in list(self.parts):
+            self._stop_part(job_id)
+        self.boot_id = uuid.uuid4().hex[:12]
+        self.node = msgspec.structs.replace(self.node, labels={**self.node.labels, "boot": self.boot_id})
+        self.launched.clear()
+        self.registered.clear()
 
     # ------------------------------------------------------------------ commands
 
     async def command(self, cmd: NodeCommand) -> NodeCommandReply:
         """Preempt, then launch. Returns at once: a launch waits in the background for its GPUs'
         previous holders to exit, so the control plane never waits out a grace period."""
+        self.check_lease()  # (a command held up while this process was paused comes late)
+        if self.fenced and cmd.launch:
+            raise BadRequest(f"node {self.node_id!r} is fenced ({self.fenced}): no launch until it registers again")
         for i, launch in enumerate(cmd.launch):
             if launch.spec is None:
                 raise BadRequest(
@@ -249,6 +337,11 @@ class NodeAgent(Service):
             steps = [p.iterations for p in part.progress()] if part is not None else []
             if steps:
                 progress[job_id] = float(min(steps))  # what every rank has reached
+        for job_id in cmd.preempt:
+            if job_id not in self.parts and job_id not in self.stopping:
+                # Nothing of it runs here (it never came, or ended): say so, as of a part stopped.
+                self.pending_exits.append(JobExit(job_id=job_id, node_id=self.node_id, status="stopped"))
+                self._exits_ready.set()
         preempted = [job_id for job_id in cmd.preempt if self._stop_part(job_id)]
         launched = []
         for launch in cmd.launch:
@@ -333,6 +426,12 @@ class NodeAgent(Service):
         finished = bool(part.procs) and failure[0] < 0  # every process ran and exited 0
         if part.stopping and not finished and not reason.startswith("launch failed"):
             self.log.info("job.stopped", job_id=job_id)
+            # (a job being cancelled ends when each of its nodes said its part is gone)
+            self.pending_exits.append(
+                JobExit(job_id=job_id, node_id=self.node_id, status="stopped",
+                        steps_done=part.steps_done(), attempt=part.launch.attempt)
+            )  # fmt: skip
+            self._exits_ready.set()
             return
         if part.stopping and finished:  # it was told to stop just as it finished: report that
             reason = "finished as it was being stopped"
@@ -387,15 +486,32 @@ class NodeAgent(Service):
         )
 
     async def _heartbeats(self) -> None:
+        """Heartbeat; one at a time asks for placement's answer (the lease's renewal), the others
+        are published while it is awaited. Fence when the lease is over."""
         every = self.config.heartbeat_s
         watchdog = self.notifier.watchdog_interval_s()
         if watchdog is not None:
             every = min(every, watchdog)
         while True:
-            with contextlib.suppress(Exception):
-                await self.bus.publish(HEARTBEAT, self.heartbeat(), node=self.node_id)
+            beat = self.heartbeat()
+            if self._renewing is None or self._renewing.done():
+                self._renewing = asyncio.create_task(self._renew_with(beat))
+            else:
+                with contextlib.suppress(Exception):
+                    await self.bus.publish(HEARTBEAT, beat, node=self.node_id)
+            self.check_lease()
             self.notifier.notify("WATCHDOG=1")
             await asyncio.sleep(every)
+
+    async def _renew_with(self, beat: Heartbeat) -> None:
+        sent = time.monotonic()
+        try:  # (any failure, a closed connection's too, only leaves the lease as it was)
+            await self.bus.call(
+                HEARTBEAT, beat, node=self.node_id, within_s=min(max(self.config.lease_s / 4, 1.0), 10.0)
+            )
+        except Exception:
+            return
+        self._renew(sent)
 
 
 def _launch_key(launch: Launch) -> tuple[Any, ...]:

@@ -16,6 +16,7 @@ from msgspec import Struct
 
 from gpuyard.shared.connection import Bus, encode
 from gpuyard.shared.contract import (
+    Ack,
     ApplyReply,
     ApplyRequest,
     ClusterInfo,
@@ -55,18 +56,24 @@ from gpuyard.shared.store import Replicas
 class PlacementConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     policy: str = "consolidated"
     params: dict[str, Any] = {}
-    heartbeat_timeout_s: float = 5.0
-    """A node agent silent this long (its heartbeats come every second) is declared lost. Nodes
-    that never sent a heartbeat (simulated ones) are never declared lost."""
+    heartbeat_timeout_s: float = 95.0
+    """A node agent silent this long (its heartbeats come every second) is declared lost and its
+    jobs requeued. It must exceed the agents' lease (`lease_s`, 60 s) plus their grace
+    (`grace_s`, 30 s): an agent that heard nothing from placement for its lease stops its jobs
+    (fencing), so by then no process of them runs; an outage shorter than the lease requeues
+    nothing. A registering agent whose lease and grace do not fit is warned of. Nodes that never
+    sent a heartbeat (simulated ones) are never declared lost."""
     heartbeat_check_s: float = 0.5
     """How often the heartbeat checker looks."""
     command_timeout_s: float | None = 3.0
     """Real node agents (those that heartbeat): placement sends them their commands without
     waiting (one slow or dead agent must not hold up the cluster) and watches for the answers in
-    the background; an agent that has not answered within this (it answers at once: launches
-    run in the background) is declared lost at once, its jobs requeued. Other nodes' answers are
-    awaited this long. None (`gpuyard sim`): wait for every answer, as for simulated nodes,
-    which answer in virtual time."""
+    the background. An agent that has not answered within this (it answers at once: launches
+    run in the background) gets no new jobs; one that still heartbeats is sent the command once
+    more, then declared lost, its jobs requeued; a silent one is sent it again until it answers
+    or the heartbeat check declares it lost (it may be cut off, its jobs still running until its
+    lease ends). Other nodes' answers are awaited this long. None (`gpuyard sim`): wait for every
+    answer, as for simulated nodes, which answer in virtual time."""
     durable: bool = False
     """Keep the cluster map in a JetStream key-value bucket: a restarted placement goes on."""
     replicas: Replicas = 1
@@ -122,6 +129,7 @@ class Placement(Service):
         self.beats: dict[str, Heartbeat] = {}
         self._checker: asyncio.Task[None] | None = None
         self.unresponsive: set[str] = set()  # nodes that did not answer a command, until they register
+        self._lease_warned: set[str] = set()  # nodes warned of a lease longer than our timeout
         self._watchers: set[asyncio.Task[None]] = set()  # real agents' answers to commands
         self._last_command: dict[str, asyncio.Task[None]] = {}  # per node: its commands in order
         self.lost: list[str] = []  # stopped by a node's departure, not yet told to the scheduler
@@ -245,6 +253,7 @@ class Placement(Service):
         self.changed = True
         self.unresponsive.discard(req.node.node_id)
         self._every_view = None
+        self._check_lease(req)
         old = self.nodes.get(req.node.node_id)
         # A node agent's own registration: it must heartbeat, or it is declared lost.
         boot = req.node.labels.get("boot") or ("agent" if caller.role == "node" else None)
@@ -270,6 +279,19 @@ class Placement(Service):
             Event(type="node.up", now=req.now, node_id=req.node.node_id, service=self.name)
         )
         return await self.cluster(Empty())
+
+    def _check_lease(self, req: RegisterNode) -> None:
+        """Warn (once per node) of an agent that may still run its jobs when declared lost."""
+        if req.lease_s is None or req.node.node_id in self._lease_warned:
+            return
+        fenced_after_s = req.lease_s + (req.grace_s or 0.0)
+        if fenced_after_s >= self.config.heartbeat_timeout_s:
+            self._lease_warned.add(req.node.node_id)
+            self.log.warning(
+                "node.lease_too_long", node_id=req.node.node_id, lease_s=req.lease_s,
+                grace_s=req.grace_s, heartbeat_timeout_s=self.config.heartbeat_timeout_s,
+                why="declared lost before it stops its jobs: they may run twice",
+            )  # fmt: skip
 
     async def nodes_changed(self, req: NodesChanged) -> NodesChangedReply:
         self.changed = True
@@ -330,17 +352,19 @@ class Placement(Service):
     async def heartbeats(self, _: Empty) -> HeartbeatsPage:
         return HeartbeatsPage(beats=list(self.beats.values()), received=dict(self.last_seen))
 
-    async def _heartbeat(self, hb: Heartbeat, caller: Caller) -> None:
-        """`node.<id>.hb`, on its own subscription: only records (no await before the record)."""
+    async def _heartbeat(self, hb: Heartbeat, caller: Caller) -> Ack:
+        """`node.<id>.hb`, on its own subscription: only records (no await before the record).
+        The answer renews the agent's lease."""
         if hb.node_id != caller.name:
             self.log.warning("heartbeat.forged", subject_node=caller.name, node_id=hb.node_id)
-            return
+            return Ack(ok=False)
         if hb.node_id not in self.nodes:
             # Declared lost, or this placement started after the agent: have it register again.
             await self.bus.publish(REREGISTER, Empty(), node=hb.node_id)
-            return
+            return Ack()
         self.last_seen[hb.node_id] = time.time()
         self.beats[hb.node_id] = hb
+        return Ack()
 
     async def _check_heartbeats(self) -> None:
         """Declare silent node agents lost, through our own subject (it queues behind applies)."""
@@ -675,12 +699,14 @@ class Placement(Service):
         stopped jobs' progress itself). Real agents' answers are not awaited (see
         `command_timeout_s`): `_watch` declares a silent one lost."""
         order = sorted(commands)
-        for node_id in order:
-            if node_id in self.unresponsive:
-                self.log.warning("node.command_skipped", node_id=node_id, reason="unresponsive")
-        order = [n for n in order if n not in self.unresponsive]
         watched = self.config.command_timeout_s is not None
+        # A real agent's commands queue behind its unanswered one (it may be cut off for a while:
+        # a stop must still reach it when it is back within its lease).
         real = [n for n in order if watched and n in self.last_seen]
+        for node_id in order:
+            if node_id in self.unresponsive and node_id not in real:
+                self.log.warning("node.command_skipped", node_id=node_id, reason="unresponsive")
+        order = [n for n in order if n in real or n not in self.unresponsive]
         for node_id in real:
             before = self._last_command.get(node_id)
             task = asyncio.create_task(self._watch(node_id, commands[node_id], before))
@@ -726,8 +752,11 @@ class Placement(Service):
         a launch must not overtake an earlier preempt), and watch for its answer. Sent again
         while nobody listens (the agent reconnects), and once more if it went unanswered while the
         agent kept heartbeating (the answer was lost, e.g. in a NATS restart: a repeated launch is
-        a no-op for the agent); otherwise, after `command_timeout_s`, the node is declared lost
-        (through our own subject, in order with the other requests) and its jobs requeued."""
+        a no-op for the agent); if that goes unanswered too, the node is declared lost (through
+        our own subject, in order with the other requests) and its jobs requeued. A silent agent
+        (no heartbeat either: paused, or cut off) gets no new jobs and the command again until it
+        answers or the heartbeat check declares it lost: before its lease ran out it may still run
+        its jobs, which must not start elsewhere."""
         if before is not None:
             with contextlib.suppress(BaseException):
                 await asyncio.shield(before)
@@ -741,12 +770,23 @@ class Placement(Service):
                 await self.bus.call(
                     NODE_COMMAND, command, node=node_id, within_s=max(deadline - time.monotonic(), 0.1)
                 )
+                if node_id in self.unresponsive and node_id in self.nodes:
+                    self.unresponsive.discard(node_id)  # it was silent, and is back
+                    self._every_view = None
                 return
             except RemoteError as exc:
                 error = exc
             alive = self.last_seen.get(node_id, 0.0) > sent
             if error.reply.error == "no service is listening" and time.monotonic() + 0.1 < deadline:
                 await asyncio.sleep(0.1)  # not delivered: safe to send again
+                continue
+            if not alive and node_id in self.last_seen:  # silent: lost only by its heartbeats
+                if node_id not in self.unresponsive:
+                    self.unresponsive.add(node_id)
+                    self._every_view = None
+                    self.log.warning("node.unresponsive", node_id=node_id, error=str(error))
+                deadline = time.monotonic() + timeout
+                await asyncio.sleep(0.1)
                 continue
             if alive and not resent:
                 resent, deadline = True, time.monotonic() + timeout

@@ -22,6 +22,9 @@ class JobTable:
         """Every job, in admission order."""
         self.active: dict[str, JobRecord] = {}
         """Queued and running jobs, in admission order."""
+        self.cancelling: dict[str, JobRecord] = {}
+        """Running jobs cancelled, until their node agents say their parts stopped (not active:
+        no decision includes them, so placement stops them; they show as running)."""
         self.running = 0
         self.busy_gpus = 0
         self.finished = 0
@@ -124,6 +127,33 @@ class JobTable:
         self._touch(record)
         return True
 
+    def cancel_running(self, record: JobRecord, now: float, reason: str, nodes: list[str]) -> None:
+        """A running job is cancelled on node agents `nodes`: it is cancelled once each of them
+        said its part stopped (`part_stopped`), and shows as running until then."""
+        assert record.state == "running" and record.job_id in self.active
+        self._stop(record, now, None)
+        record.nodes, record.cancelling = list(nodes), reason
+        record.reason = f"cancelling ({reason})"
+        del self.active[record.job_id]
+        del self.views[record.job_id]
+        self.cancelling[record.job_id] = record
+        self.changed = True
+
+    def part_stopped(self, record: JobRecord, node_id: str, now: float) -> bool:
+        """A job being cancelled: `node_id`'s part stopped (or the node is lost, so it fenced
+        itself). True when that was the last: the job is cancelled now."""
+        if node_id in record.nodes:
+            record.nodes = [n for n in record.nodes if n != node_id]
+            self._touch(record)
+        if record.nodes or record.job_id not in self.cancelling:
+            return False
+        del self.cancelling[record.job_id]
+        record.state, record.end_time = "cancelled", now
+        record.reason, record.cancelling = record.cancelling, ""
+        self.finished += 1
+        self._touch(record)
+        return True
+
     def report(self, record: JobRecord, report: StepsReport) -> float | None:
         """Progress measured by the job's node agents (steps done as of `report.at`; of a queued
         job, the steps it had done when it stopped). Returns
@@ -164,6 +194,9 @@ class JobTable:
         """Take records back (a restarted scheduler), in admission order; counters follow."""
         for record in sorted(records, key=lambda r: r.seq):
             self.jobs[record.job_id] = record
+            if record.cancelling:
+                self.cancelling[record.job_id] = record
+                continue
             if record.state in ("queued", "running"):
                 self.active[record.job_id] = record
                 self.views[record.job_id] = JobView.of(record, self.context)

@@ -61,7 +61,7 @@ from gpuyard.shared.endpoints import (
 )
 from gpuyard.shared.errors import BadRequest
 from gpuyard.shared.identity import ANONYMOUS, Caller
-from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobRecord, JobSpec
+from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobRecord, JobSpec, JobState
 from gpuyard.shared.policy import (
     ClusterView,
     Decision,
@@ -319,7 +319,12 @@ class Scheduler(Service):
                     record, now, (g.node_id for g in gpus), len(gpus), gpu_type,
                     self._rate(record, gpu_type, len(gpus)),
                 )  # fmt: skip
-        strays = [j for j in info.busy if j not in self.table.active and j not in self.released]
+        # (a job being cancelled is left to the next apply, which stops it: a released one is
+        # only freed)
+        strays = [
+            j for j in info.busy
+            if j not in self.table.active and j not in self.released and j not in self.table.cancelling
+        ]  # fmt: skip
         self.released += strays
         if strays:
             self.log.warning("state.stray_jobs_released", jobs=strays[:10], count=len(strays))
@@ -370,6 +375,12 @@ class Scheduler(Service):
             if record is not None and not ran_there(record, ex, caller):
                 self.log.warning("exit.not_placed_there", job_id=ex.job_id, node_id=ex.node_id)
                 continue
+            if record is not None and record.cancelling:  # its part there is gone, however
+                if ex.attempt is None or ex.attempt == record.attempt - 1:
+                    await self._part_stopped(record, ex.node_id, req.now)
+                continue
+            if ex.status == "stopped":
+                continue  # a part told to stop, stopped: the job moved on when it was told
             if record is not None and self._done_by_an_earlier_run(record, ex):
                 # Its work is done (runs share the checkpoint): it must not run again. A run
                 # started since is left out of the next apply, which stops it.
@@ -422,7 +433,8 @@ class Scheduler(Service):
         steps = ex.steps_done
         if steps is None and ex.status == "completed":
             steps = record.total_steps
-        self.table.end(record, now, ex.status, ex.reason, steps)
+        state: JobState = "completed" if ex.status == "completed" else "failed"  # (not `stopped`)
+        self.table.end(record, now, state, ex.reason, steps)
         self.released.append(record.job_id)
         self.dirty = self.dirty or self.policy.needs.decide_on_exit or self.table.queued > 0
 
@@ -488,6 +500,8 @@ class Scheduler(Service):
             found = [r for j in req.job_ids if (r := self.table.get(j)) is not None]
         elif req.states and set(req.states) <= {"queued", "running"}:
             found = list(self.table.active.values())  # admission asks this often: no full scan
+            if self.table.cancelling:  # (running until their nodes say they stopped)
+                found = sorted([*found, *self.table.cancelling.values()], key=lambda r: r.seq)
         else:
             found = list(self.table.jobs.values())
         if req.states:
@@ -516,6 +530,17 @@ class Scheduler(Service):
                 refused[job_id] = why
                 continue
             why = "cancelled by request" if caller == ANONYMOUS else f"cancelled by {caller}"
+            if record.cancelling:  # (asked again: it is being cancelled)
+                cancelled.append(job_id)
+                continue
+            if agents := await self._agents_running(record):
+                # Cancelled once its agents said its processes are gone (or were lost, so they
+                # stopped them): never shown cancelled while its ranks still run.
+                self.table.cancel_running(record, now, why, agents)
+                self.dirty = True
+                cancelled.append(job_id)
+                self.log.info("job.cancelling", job_id=job_id, nodes=agents, reason=why)
+                continue
             if not self.table.end(record, now, "cancelled", why):
                 refused[job_id] = f"the job has already ended ({record.state})"
                 continue
@@ -527,16 +552,38 @@ class Scheduler(Service):
 
     # ------------------------------------------------------------------ real clusters
 
+    async def _agents_running(self, record: JobRecord) -> list[str]:
+        """The node agents a running job's parts run on, on a real cluster (a simulation's
+        nodes, and nodes no agent runs, stop a job as they are told)."""
+        if self.config.clock != "wall" or record.state != "running" or not record.nodes:
+            return []
+        if self.cluster is None:
+            self.cluster = await self._placement(CLUSTER, Empty())
+        agents = {n.node_id for n in self.cluster.nodes if n.labels.get("boot")}
+        return [n for n in record.nodes if n in agents]
+
+    async def _part_stopped(self, record: JobRecord, node_id: str, now: float) -> None:
+        if self.table.part_stopped(record, node_id, now):
+            self.dirty = True
+            await self.emit("job.cancelled", now, record.job_id, reason=record.reason)
+
     def _poke(self) -> None:
         """Wall clock: something changed, tick now rather than at the next round."""
         if self._ticker is not None:
             self._wake.set()
 
-    async def _node_event(self, _: Any) -> None:
+    async def _node_event(self, msg: Any) -> None:
         """Wall clock: a node came or went (`evt.node.*`): refresh the cluster, decide again soon.
 
-        Jobs on a lost node come back in the next apply's `lost` and are requeued there.
+        Jobs on a lost node come back in the next apply's `lost` and are requeued there; jobs
+        being cancelled there are cancelled (a node is declared lost once its agent fenced it).
         """
+        if msg.subject.endswith(".node.lost") and self.table.cancelling:
+            with contextlib.suppress(msgspec.ValidationError, msgspec.DecodeError):
+                event = msgspec.json.decode(msg.data, type=Event)
+                for record in list(self.table.cancelling.values()):
+                    if event.node_id in record.nodes:
+                        await self._part_stopped(record, event.node_id, time.time())
         self.cluster = None
         self.dirty = True
         self._poke()
