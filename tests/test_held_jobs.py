@@ -69,6 +69,13 @@ async def admitted(c: Secured, job_id: str) -> bool:
     return bool((await op.bus.call(QUERY, JobQuery(job_ids=[job_id]))).jobs)
 
 
+async def cancelled(c: Secured, job_id: str) -> bool:
+    """The cancel reached the job's processes (its node agent said so): its GPUs are free."""
+    op = await c.client(OPERATOR.token)
+    page = await op.bus.call(QUERY, JobQuery(job_ids=[job_id]))
+    return bool(page.jobs) and page.jobs[0].state == "cancelled"
+
+
 async def test_a_held_job_is_admitted_when_a_job_exits(cluster: Secured) -> None:
     await admission_policy(cluster, "tenant-quota", quotas={"a": 2})
     n1 = await cluster.client("node.n1")
@@ -120,6 +127,7 @@ async def test_a_submit_reply_names_only_the_callers_jobs(tmp_path: Path) -> Non
         alice, bob = await c.client("user.alice"), await c.client("user.bob")
         first, second = await held_then_admitted(c, alice)
         await alice.bus.call(CANCEL, CancelRequest(job_ids=[first]))
+        await c.until(lambda: cancelled(c, first), f"{first} cancelled")
         assert not await admitted(c, second)
 
         reply = await submit(bob, gpus=1, tenant="b")
@@ -132,6 +140,7 @@ async def test_a_submit_reply_names_only_the_callers_jobs(tmp_path: Path) -> Non
         # Alice's own held job decided on with her submit is named to her.
         third = (await submit(alice)).results[0].job_id  # held: the quota is in use again
         await alice.bus.call(CANCEL, CancelRequest(job_ids=[second]))
+        await c.until(lambda: cancelled(c, second), f"{second} cancelled")
         reply = await submit(alice, gpus=1, tenant="c")
         assert {r.job_id: r.verdict for r in reply.results}[third] == "admit", reply
         beat.cancel()
