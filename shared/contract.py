@@ -17,7 +17,7 @@ from msgspec import Meta, Struct
 
 from .model import Allocation, GpuRef, JobRecord, JobSpec, JobState, Name, NodeSpec
 
-CONTRACT_VERSION = 2
+CONTRACT_VERSION = 3
 VERSION_HEADER = "Gpuyard-Contract"
 STATUS_HEADER = "Gpuyard-Status"
 
