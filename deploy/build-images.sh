@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build gpuyard's image on a machine that cannot pull from a registry:
 #   1. a Debian base image from the system's packages (debootstrap + docker import), once;
-#   2. the pinned dependencies (deploy/requirements.lock) as wheels in deploy/wheelhouse/, once,
-#      downloaded by pip on this machine for the base image's Python;
+#   2. the pinned dependencies (deploy/requirements.lock) as wheels in deploy/wheelhouse/,
+#      downloaded by pip on this machine for the base image's Python (again when the lock changed);
 #   3. deploy/Dockerfile on that base (cached layers: fast when nothing changed).
 #
 #   deploy/build-images.sh [IMAGE]        (default IMAGE: gpuyard; needs root for debootstrap)
@@ -33,7 +33,7 @@ if ! docker image inspect "$BASE" >/dev/null 2>&1; then
     trap - EXIT
 fi
 
-if ! compgen -G "deploy/wheelhouse/*.whl" >/dev/null; then
+if ! cmp -s deploy/requirements.lock deploy/wheelhouse/requirements.lock; then
     # Wheels for the base image's Python and glibc (bookworm: 2.36), whatever Python runs here.
     pyver=$(docker run --rm --network none "$BASE" python3 -c \
         'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
@@ -54,6 +54,7 @@ if ! compgen -G "deploy/wheelhouse/*.whl" >/dev/null; then
     "${PIP[@]}" wheel --quiet --disable-pip-version-check --no-deps --wheel-dir deploy/wheelhouse \
         "$(grep '^nkeys==' deploy/requirements.lock)"
     rm -f "$pinned"
+    cp deploy/requirements.lock deploy/wheelhouse/requirements.lock  # (what the wheels are for)
 fi
 
 docker build --quiet --network none --build-arg BASE="$BASE" -f deploy/Dockerfile -t "$IMAGE" . >/dev/null

@@ -254,10 +254,11 @@ async def test_a_cancel_on_a_paused_agent_waits_until_the_node_is_lost(
             assert record.state == "running" and _alive(pid)
 
             async def lost() -> bool:
-                info = await cluster.call(CLUSTER_INFO, Empty())
-                if "a" in info.down:
+                # The job's state first: cancelled, the node must be down by the time we look.
+                state = (await cluster.job(job)).state
+                if "a" in (await cluster.call(CLUSTER_INFO, Empty())).down:
                     return True
-                if (await cluster.job(job)).state == "cancelled":
+                if state == "cancelled":
                     raise AssertionError("CANCELLED before the node was lost")
                 return False
 
