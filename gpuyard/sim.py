@@ -37,6 +37,7 @@ from gpuyard.shared.contract import (
 )
 from gpuyard.shared.endpoints import JOBS, PROGRESS, RUN, STATS, TIMELINE, Endpoint, Subjects
 from gpuyard.shared.errors import RemoteError
+from gpuyard.shared.identity import ANONYMOUS
 from gpuyard.shared.model import ClusterSpec, JobRecord, JobSpec
 from gpuyard.shared.throughput import load_throughputs
 
@@ -499,8 +500,9 @@ async def simulate(
         await stack.enter_async_context(services)
         if on_services is not None:
             on_services(services)
-        nc = await connect(url, name=f"gpuyard-sim-{cluster_name}", auth=auth if nats_url else None)
-        bus = Bus(nc, subjects)
+        ours = auth if nats_url else None
+        nc = await connect(url, name=f"gpuyard-sim-{cluster_name}", auth=ours)
+        bus = Bus(nc, subjects, caller=ours.caller if ours is not None else ANONYMOUS)
         stack.push_async_callback(bus.close)
         ran = await show_policies(bus)
         options = ran_options(options, ran)

@@ -42,6 +42,7 @@ DEPLOY = ROOT / "deploy"
 README = ROOT / "README.md"
 IMAGE = f"gpuyard:test-{hashlib.sha1(str(ROOT).encode()).hexdigest()[:10]}"
 CLUSTER = "demo"  # the compose files' cluster
+UNITS_CLUSTER = "default"  # the systemd units' (deploy/config/*.env)
 
 
 # --------------------------------------------------------------------------- plumbing
@@ -456,11 +457,11 @@ class Machine:
         return until(again, f"a restart of {unit}", within_s, every_s=1)
 
     def checkpointed(self, job_id: str) -> bool:
-        return bool(self.sh(f"find /shared/gpuyard/checkpoints/{CLUSTER}/{job_id} -name '*.json' 2>/dev/null"
+        return bool(self.sh(f"find /shared/gpuyard/checkpoints/{UNITS_CLUSTER}/{job_id} -name '*.json' 2>/dev/null"
                             " || true").strip())  # fmt: skip
 
     def log(self, job_id: str) -> str:
-        return self.sh(f"cat /var/lib/gpuyard/logs/{CLUSTER}/{job_id}/rank0.log")
+        return self.sh(f"cat /var/lib/gpuyard/logs/{UNITS_CLUSTER}/{job_id}/rank0.log")
 
     def completions(self, job_id: str) -> int:
         out = self.gpuyard("tail", "--job", job_id, "--type", "job.completed", "--json")
