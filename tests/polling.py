@@ -4,11 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+
+def stop_processes(procs: Iterable[subprocess.Popen[Any]], within_s: float = 15.0) -> None:
+    """SIGTERM each process still running, then wait for each, killing one that outlasts
+    `within_s`."""
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=within_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def free_port() -> int:

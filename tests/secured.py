@@ -32,6 +32,8 @@ from gpuyard.shared.endpoints import EXITED, HEARTBEAT, NODE_COMMAND, QUERY, REG
 from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import JobRecord, NodeSpec
 
+from .polling import until_async
+
 CLUSTER = "sec"
 S = Subjects(CLUSTER)
 
@@ -84,14 +86,7 @@ class Secured:
         return record
 
     async def until(self, check: Any, what: str, within_s: float = 15.0) -> Any:
-        deadline = time.monotonic() + within_s
-        while True:
-            value = await check()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            await asyncio.sleep(0.05)
+        return await until_async(check, what, within_s)
 
 
 async def connect_as(stack: AsyncExitStack, url: str, auth: NatsAuth) -> Client:

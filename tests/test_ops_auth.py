@@ -20,7 +20,7 @@ import pytest
 
 from gpuyard.embedded import EmbeddedNats, ServerTls
 from gpuyard.pki import make_pki
-from tests.polling import free_port, until
+from tests.polling import free_port, stop_processes, until
 
 CLUSTER = "flow"
 
@@ -79,14 +79,7 @@ class Flow:
         return {j["job_id"]: j for j in json.loads(out)["jobs"]}
 
     def close(self) -> None:
-        for p in [*self.procs, *([self.up] if self.up else [])]:
-            if p.poll() is None:
-                p.terminate()
-        for p in [*self.procs, *([self.up] if self.up else [])]:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes([*self.procs, *([self.up] if self.up else [])])
 
 
 @pytest.fixture

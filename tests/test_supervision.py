@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.polling import free_port, until
+from tests.polling import free_port, stop_processes, until
 
 CLUSTER = "sup"
 RESTARTED = "the services answer again"
@@ -85,14 +85,7 @@ class Cluster:
         return jobs[job]["state"] if job in jobs else None
 
     def close(self) -> None:
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                p.terminate()
-        for p in reversed(self.procs):
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(reversed(self.procs))
 
 
 @pytest.fixture
