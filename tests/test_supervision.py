@@ -1,7 +1,7 @@
 """Supervision of a real cluster, with real processes: `gpuyard up` starts its embedded broker
 again when it is killed (or gives up, within a bound, for systemd), `tail --follow` resumes after a
-broker restart with no event twice and none lost, and a second `up` on a state directory in use is
-refused."""
+broker restart with no event twice and none lost, `logs -f` goes on after one, each saying so in
+one line, and a second `up` on a state directory in use is refused."""
 
 from __future__ import annotations
 
