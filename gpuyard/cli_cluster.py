@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
+import nats.errors
 
 from gpuyard.cliopts import (
     DEFAULT_ADMISSION,
@@ -24,6 +25,7 @@ from gpuyard.cliopts import (
     add_nats_options,
     check_nats_url,
     checked_subjects,
+    is_connection_loss,
     job_id_arg,
     nats_auth,
     non_negative_float,
@@ -33,6 +35,7 @@ from gpuyard.cliopts import (
     positive_float,
     positive_int,
     preset_filled,
+    reopen_bus,
     run_command,
     run_on_bus,
 )
@@ -61,6 +64,7 @@ from gpuyard.shared.contract import (
     SubmitRequest,
 )
 from gpuyard.shared.endpoints import CANCEL, CLUSTER, HEARTBEATS, LOG_LINE, NODE_LOGS, QUERY, SUBMIT
+from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.identity import ANONYMOUS
 from gpuyard.shared.model import JobRecord
 from gpuyard.shared.policy import PolicyError
@@ -792,10 +796,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    async def body(bus: Bus) -> int:
-        live: asyncio.Queue[tuple[str, LogLine]] = asyncio.Queue()
-        decoder = msgspec.json.Decoder(LogLine)
+    live: asyncio.Queue[tuple[str, LogLine]] = asyncio.Queue()
+    decoder = msgspec.json.Decoder(LogLine)
 
+    async def subscribe(bus: Bus) -> None:
         async def on_line(msg: Any) -> None:
             sender = bus.subjects.sender(LOG_LINE, msg.subject)
             with contextlib.suppress(msgspec.ValidationError, msgspec.DecodeError):
@@ -803,10 +807,12 @@ def cmd_logs(args: argparse.Namespace) -> int:
                 if sender is not None and line.node_id == sender.name:
                     live.put_nowait((sender.name, line))
 
+        await bus.nc.subscribe(bus.subjects.every(LOG_LINE, job=args.job_id), cb=on_line)
+
+    async def body(bus: Bus) -> int:
         if args.follow:  # subscribe first: no line falls between the files and the stream
-            await bus.nc.subscribe(bus.subjects.every(LOG_LINE, job=args.job_id), cb=on_line)
-        info = await bus.call(CLUSTER, Empty())
-        placed = {g.node_id for g in info.busy.get(args.job_id, [])}
+            await subscribe(bus)
+        placed = await _placed(bus, args.job_id)
         # The files only from the nodes the job ran on: any other node's would be made up.
         page = await bus.call(QUERY, JobQuery(job_ids=[args.job_id]))
         ran_on = sorted({*placed, *(node for job in page.jobs for node in job.ran_on)})
@@ -827,23 +833,63 @@ def cmd_logs(args: argparse.Namespace) -> int:
                 for line in reply.lines:
                     print(line)
         sys.stdout.flush()
-        while args.follow:
+        if not args.follow:
+            return 0
+        return await _follow_lines(args, bus, live, subscribe, placed)
+
+    return run_on_bus("logs", args, body, reports_loss=args.follow)
+
+
+async def _placed(bus: Bus, job_id: str) -> set[str]:
+    """The nodes `job_id` runs on now."""
+    info = await bus.call(CLUSTER, Empty())
+    return {g.node_id for g in info.busy.get(job_id, [])}
+
+
+async def _follow_lines(
+    args: argparse.Namespace, bus: Bus, live: asyncio.Queue[tuple[str, LogLine]],
+    subscribe: Callable[[Bus], Awaitable[None]], placed: set[str],
+) -> int:  # fmt: skip
+    """`logs -f`: print the job's live lines until it ends. Live lines are plain publishes: a
+    lost connection loses those published meanwhile (the job's files keep them), so it is one
+    line saying so, and the lines go on, on the connection the client got back or a new one."""
+    current, reconnects = bus, bus.nc.stats["reconnects"]
+    try:
+        while True:
+            if current.nc.is_closed or current.nc.stats["reconnects"] != reconnects:
+                print(
+                    "gpuyard logs: lost the connection to NATS; lines written meanwhile are in "
+                    f"the job's log files (gpuyard logs {args.job_id})", file=sys.stderr,
+                    flush=True,
+                )  # fmt: skip
+                if current.nc.is_closed:
+                    if current is not bus:
+                        await current.close()
+                    current = await reopen_bus(args, "gpuyard-logs")
+                    await subscribe(current)
+                reconnects = current.nc.stats["reconnects"]
             try:
-                async with asyncio.timeout(1.0):
-                    node, line = await live.get()
+                try:
+                    async with asyncio.timeout(1.0):
+                        node, line = await live.get()
+                except TimeoutError:
+                    page = await current.call(QUERY, JobQuery(job_ids=[args.job_id]))
+                    if not page.jobs or page.jobs[0].state in ENDED:
+                        return 0
+                    continue
                 if node not in placed:  # believed only from a node the job runs on
-                    info = await bus.call(CLUSTER, Empty())
-                    placed = {g.node_id for g in info.busy.get(args.job_id, [])}
+                    placed = await _placed(current, args.job_id)
                     if node not in placed:
                         continue
                 print(f"[{line.node_id} rank{line.rank}] {line.line}", flush=True)
-            except TimeoutError:
-                page = await bus.call(QUERY, JobQuery(job_ids=[args.job_id]))
-                if not page.jobs or page.jobs[0].state in ENDED:
-                    return 0
-        return 0
-
-    return run_on_bus("logs", args, body)
+            except (nats.errors.Error, RemoteError) as exc:
+                # The connection is going (said above once gone), or a service is not back yet.
+                if not (exc.transient if isinstance(exc, RemoteError) else is_connection_loss(exc)):
+                    raise
+                await asyncio.sleep(0.2)
+    finally:
+        if current is not bus:
+            await current.close()
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:

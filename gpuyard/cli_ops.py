@@ -79,7 +79,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
         sys.stdout.flush()  # a closed pipe shows here, inside the command, not at exit
         return 0
 
-    return run_on_bus("tail", args, body)
+    return run_on_bus("tail", args, body, reports_loss=args.follow)
 
 
 def lost(last: int | None) -> None:
@@ -88,19 +88,11 @@ def lost(last: int | None) -> None:
           file=sys.stderr, flush=True)  # fmt: skip
 
 
-async def reconnect(args: argparse.Namespace, first_s: float = 0.5, most_s: float = 5.0) -> Any:
+async def reconnect(args: argparse.Namespace) -> Any:
     """A new connection for `tail --follow`, trying until the server is back (or Ctrl-C)."""
-    import asyncio
+    from gpuyard.cliopts import reopen_bus
 
-    from gpuyard.cliopts import CommandError, open_bus
-
-    pause = first_s
-    while True:
-        try:
-            return (await open_bus(args, "gpuyard-tail")).nc
-        except CommandError:  # (unreachable yet: a bad option would have failed the first time)
-            await asyncio.sleep(pause)
-            pause = min(2 * pause, most_s)
+    return (await reopen_bus(args, "gpuyard-tail")).nc
 
 
 # --------------------------------------------------------------------------- policy

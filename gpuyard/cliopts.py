@@ -257,16 +257,26 @@ def describe_error(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def is_connection_loss(exc: BaseException) -> bool:
+    """An error of losing the connection to the server, or of failing to get it back."""
+    return isinstance(exc, (
+        OSError, TimeoutError, nats.errors.StaleConnectionError, nats.errors.ConnectionClosedError,
+        nats.errors.ConnectionReconnectingError, nats.errors.NoServersError,
+    ))  # fmt: skip
+
+
 async def open_bus(
     args: argparse.Namespace, name: str, *, request_timeout: float = 10.0,
-    refused: asyncio.Future[str] | None = None,
+    refused: asyncio.Future[str] | None = None, reports_loss: bool = False,
 ) -> Bus:  # fmt: skip
     """Connect to `args.nats` with the `--nats-*` options; a Bus for `args.cluster`.
 
     A bad URL raises CommandError (exit 2); a server that cannot be reached (or refuses us) raises
     CommandError naming it after two quick attempts. Once connected, each distinct error the
     client meets is one line on stderr; the server's first refusal of something our identity
-    may not do goes to `refused` instead, when given.
+    may not do goes to `refused` instead, when given. `reports_loss`: the caller says itself,
+    in one line, that the connection was lost (it reconnects), so the client's errors of losing
+    it are not printed (others still are).
     """
     url = checked_url(args.nats)
     subjects = checked_subjects(args.cluster)
@@ -282,6 +292,8 @@ async def open_bus(
     async def on_error(exc: Exception) -> None:  # no tracebacks: collected, or one line each
         if not connected:
             failures.append(exc)
+            return
+        if reports_loss and is_connection_loss(exc):
             return
         text = describe_error(exc)
         if refused is not None and "permissions violation" in text.lower():
@@ -306,6 +318,20 @@ async def open_bus(
         raise CommandError(f"cannot connect to NATS at {redact(url)}: {why}") from None
     connected = True
     return Bus(nc, subjects, request_timeout=request_timeout, caller=auth.caller)
+
+
+async def reopen_bus(
+    args: argparse.Namespace, name: str, *, first_s: float = 0.5, most_s: float = 5.0
+) -> Bus:
+    """A new connection for a command that outlives its first one (`tail --follow`, `logs -f`),
+    trying with backoff until the server is back (or Ctrl-C). Its loss is the caller's to say."""
+    pause = first_s
+    while True:
+        try:
+            return await open_bus(args, name, reports_loss=True)
+        except CommandError:  # (unreachable yet: a bad option would have failed the first time)
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, most_s)
 
 
 # --------------------------------------------------------------------------- running a command
@@ -388,13 +414,16 @@ async def unless_refused(work: Awaitable[int], refused: asyncio.Future[str], bus
 
 
 def run_on_bus(
-    command: str, args: argparse.Namespace, body: Callable[[Bus], Awaitable[int]]
-) -> int:
-    """Connect (see `open_bus`), run `body(bus)`, close; failures as in `run_command`."""
+    command: str, args: argparse.Namespace, body: Callable[[Bus], Awaitable[int]], *,
+    reports_loss: bool = False,
+) -> int:  # fmt: skip
+    """Connect (see `open_bus`, and its `reports_loss`), run `body(bus)`, close; failures as in
+    `run_command`."""
 
     async def main() -> int:
         refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        bus = await open_bus(args, f"gpuyard-{command.replace(' ', '-')}", refused=refused)
+        bus = await open_bus(args, f"gpuyard-{command.replace(' ', '-')}", refused=refused,
+                             reports_loss=reports_loss)  # fmt: skip
         try:
             return await unless_stdout_closes(unless_refused(body(bus), refused, bus))
         except BrokenPipeError:

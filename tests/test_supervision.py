@@ -1,7 +1,7 @@
 """Supervision of a real cluster, with real processes: `gpuyard up` starts its embedded broker
 again when it is killed (or gives up, within a bound, for systemd), `tail --follow` resumes after a
-broker restart with no event twice and none lost, and a second `up` on a state directory in use is
-refused."""
+broker restart with no event twice and none lost, `logs -f` goes on after one, each saying so in
+one line, and a second `up` on a state directory in use is refused."""
 
 from __future__ import annotations
 
@@ -32,10 +32,12 @@ class Cluster:
         self.procs: list[subprocess.Popen[str]] = []
         self.up: subprocess.Popen[str] | None = None
 
-    def popen(self, *args: str, log: str) -> subprocess.Popen[str]:
+    def popen(self, *args: str, log: str, err: str | None = None) -> subprocess.Popen[str]:
+        """`gpuyard ARGS`, its stdout in `log`, its stderr there too or in `err`."""
         out = (self.root / log).open("a")
+        errors = (self.root / err).open("a") if err else out
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuyard.cli", *args], stdout=out, stderr=out, text=True,
+            [sys.executable, "-m", "gpuyard.cli", *args], stdout=out, stderr=errors, text=True,
             cwd=self.root,
         )  # fmt: skip
         self.procs.append(proc)
@@ -132,9 +134,11 @@ def test_up_exits_when_its_broker_dies_more_often_than_allowed(cluster: Cluster)
 
 def test_tail_follow_resumes_after_a_broker_restart_with_no_event_twice(cluster: Cluster) -> None:
     """Two followers, one of every event and one of those after it started (`--new`): across a
-    broker restart, each prints every event once, in order, none missing."""
+    broker restart, each prints every event once, in order, none missing, and says once on
+    stderr that it lost the connection (not the client's errors as well)."""
     cluster.start_up()
-    tail = cluster.popen("tail", "--follow", "--json", "--nats-config", cluster.op, log="tail.log")
+    tail = cluster.popen("tail", "--follow", "--json", "--nats-config", cluster.op, log="tail.log",
+                         err="tail.err")  # fmt: skip
     published: list[str] = []
 
     def swap() -> None:  # one `policy.changed` event
@@ -149,8 +153,11 @@ def test_tail_follow_resumes_after_a_broker_restart_with_no_event_twice(cluster:
     swap()
     until(lambda: events(), "the first event printed")
     new = cluster.popen("tail", "--follow", "--new", "--json", "--nats-config", cluster.op,
-                        log="new.log")  # fmt: skip
+                        log="new.log", err="new.err")  # fmt: skip
     until(lambda: swap() or events("new.log"), "tail --new printing what comes")
+    before = len(published)
+    until(lambda: events()[-1]["seq"] == events("new.log")[-1]["seq"] == before,
+          "both printed the last event before the outage")  # fmt: skip
     cluster.kill_broker()
     swap()
     swap()
@@ -165,8 +172,61 @@ def test_tail_follow_resumes_after_a_broker_restart_with_no_event_twice(cluster:
     ]
     later = [e["seq"] for e in events("new.log")]
     assert later == list(range(later[0], len(published) + 1)) and later[0] > 1
-    for log in ("tail.log", "new.log"):
-        assert cluster.log(log).count("lost the connection to NATS") == 1
+    for err in ("tail.err", "new.err"):
+        assert cluster.log(err).splitlines() == [
+            f"gpuyard tail: lost the connection to NATS; resuming after #{before} once it is back"
+        ]
+
+
+def _numbers(output: str) -> list[int]:
+    """The numbers the counting job printed, from `gpuyard logs` lines (`[n1 rank0] 17`)."""
+    return [int(line.split()[-1]) for line in output.splitlines()
+            if line.startswith("[") and line.split()[-1].isdigit()]  # fmt: skip
+
+
+@pytest.mark.parametrize("outage", ["broker", "up"])
+def test_logs_follow_goes_on_after_a_broker_restart_saying_once_what_it_missed(
+    cluster: Cluster, outage: str
+) -> None:
+    """`logs -f` of a job that prints a line every 0.1 s: the broker is killed and started again
+    (by `up`, at once: the client gets its connection back itself), or `up` and its broker are
+    killed and `up` started again (seconds: the client gives up, `logs -f` connects anew); it
+    prints the lines written after that (live ones, not only the files'), with one line on stderr
+    about those it missed, and ends when the job does."""
+    cluster.start_up()
+    cluster.agent("n1")
+    count = "import itertools, time\nfor i in itertools.count(): print(i, flush=True); time.sleep(0.1)"
+    job = cluster.gpuyard("submit", "--nats-config", cluster.op, "--", sys.executable, "-c",
+                          count).stdout.split()[-1]  # fmt: skip
+    until(lambda: cluster.job_state(job) == "running", f"{job} running")
+    logs = cluster.popen("logs", "-f", job, "--nats-config", cluster.op, log="logs.out",
+                         err="logs.err")  # fmt: skip
+    until(lambda: _numbers(cluster.log("logs.out")), "live lines printed")
+    if outage == "broker":
+        cluster.kill_broker()
+    else:
+        assert cluster.up is not None
+        broker = cluster.broker_pid()
+        cluster.up.send_signal(signal.SIGKILL)
+        cluster.up.wait(timeout=15)
+        until(lambda: not _alive(broker), "the broker gone with its up")
+        cluster.start_up()
+
+    def in_files() -> list[int]:
+        return _numbers(cluster.gpuyard("logs", job, "--nats-config", cluster.op,
+                                        check=False).stdout)  # fmt: skip
+
+    # What the job had written once the broker was back (the agent answering again): what
+    # `logs -f` prints beyond it came live, over a connection made after the restart.
+    written = until(in_files, "the agent answering again")[-1]
+    until(lambda: _numbers(cluster.log("logs.out"))[-1] > written, "live lines after the restart")
+    assert logs.poll() is None
+    cluster.gpuyard("cancel", job, "--nats-config", cluster.op)
+    assert logs.wait(timeout=30) == 0  # it saw the job end, asking on its new connection
+    assert cluster.log("logs.err").splitlines() == [
+        "gpuyard logs: lost the connection to NATS; lines written meanwhile are in the job's log "
+        f"files (gpuyard logs {job})"
+    ]
 
 
 def test_a_second_up_on_a_state_directory_in_use_is_refused(cluster: Cluster) -> None:
