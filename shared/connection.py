@@ -509,14 +509,15 @@ EVENT_READER_IDLE_MAX_S = 60.0
 
 async def ensure_event_stream(
     nc: Client, subjects: Subjects, *, max_age_s: float, storage: str = "file", replicas: int = 1
-) -> bool:
+) -> str | None:
     """Create (or update) the cluster's JetStream stream capturing `gpuyard.<cluster>.evt.>`.
 
     Its readers (submitters, operators) may create only ephemeral consumers (gpuyard/natsauth.py),
     and at most `EVENT_READERS_MAX` at once, each gone `EVENT_READER_IDLE_MAX_S` at the most
     after its reader left: nobody keeps server resources for good.
 
-    Returns False when the server has no JetStream: events are then published but not stored.
+    Returns why the events cannot be stored (the server has no JetStream, or refuses the stream:
+    e.g. replicas on one server), None when they are: otherwise they are published, not stored.
     """
     from nats.js.api import RetentionPolicy, StorageType, StreamConfig, StreamConsumerLimits
     from nats.js.errors import Error as JetStreamError
@@ -537,8 +538,12 @@ async def ensure_event_stream(
             await js.update_stream(config)
         except nats.js.errors.NotFoundError:
             await js.add_stream(config)
+    except nats.js.errors.APIError as exc:
+        if exc.code != 503:  # (503: JetStream is not enabled)
+            return f"the server refused the event stream: {exc.description or exc}"
+        return "the NATS server has no JetStream"
     except (JetStreamError, NatsTimeoutError, NoRespondersError):
-        return False
-    return True
+        return "the NATS server has no JetStream"
+    return None
 
 

@@ -75,7 +75,7 @@ from .endpoints import (
 from .errors import BadRequest, RemoteError, error_from_validation, policy_error_field
 from .identity import SERVICES, Caller
 from .policy import Policy, PolicyError, Registry
-from .store import NullStore, open_store
+from .store import NullStore, StoreError, open_store
 
 T = TypeVar("T")
 
@@ -628,7 +628,11 @@ def run_service(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await service.start()
+        try:
+            await service.start()
+        except StoreError as exc:
+            await nc.close()
+            parser.exit(1, f"gpuyard-{service_cls.name}: {exc}\n")
         handed_over = asyncio.ensure_future(service.handed_over.wait())
         await asyncio.wait(
             [asyncio.ensure_future(stop.wait()), handed_over], return_when=asyncio.FIRST_COMPLETED

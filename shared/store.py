@@ -23,7 +23,7 @@ import structlog
 from msgspec import Meta
 from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
+from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 
 T = TypeVar("T")
 
@@ -37,6 +37,10 @@ def store_key(name: str) -> str:
 
 def name_of(key: str) -> str:
     return base64.urlsafe_b64decode(key.encode()).decode()
+
+
+class StoreError(RuntimeError):
+    """A service's bucket cannot be made or opened as configured (e.g. 3 replicas on one server)."""
 
 
 class NullStore:
@@ -88,7 +92,13 @@ class KvStore(NullStore):
         config = KeyValueConfig(
             bucket=self.bucket, history=1, storage=StorageType(self.storage), replicas=self.replicas
         )
-        self._kv = await self._while_unavailable(lambda: js.create_key_value(config))
+        try:
+            self._kv = await self._while_unavailable(lambda: js.create_key_value(config))
+        except APIError as exc:
+            raise StoreError(
+                f"cannot make the key-value bucket {self.bucket} with {self.replicas} "
+                f"replica(s): {exc.description or exc}"
+            ) from None
 
     async def _while_unavailable(self, op: Callable[[], Awaitable[T]]) -> T:
         """`op()`, tried again while the bucket is without a leader (`UNAVAILABLE_FOR_S`).

@@ -131,3 +131,21 @@ def test_a_service_takes_its_replicas_from_the_command_line_within_bounds() -> N
     )  # fmt: skip
     assert bad.returncode == 2
     assert bad.stderr.splitlines()[-1].endswith("bad configuration: Expected `int` <= 5 - at `$.replicas`")
+
+
+async def test_replicas_a_single_server_cannot_keep_are_one_line(
+    nats_url: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "scheduler.json"
+    config.write_text('{"durable": true, "clock": "wall"}')
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpuyard.cli", "service", "scheduler", "--nats", nats_url,
+        "--cluster", "one", "--config", str(config), "--replicas", "3",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 1 and "Traceback" not in err.decode()
+    assert err.decode().splitlines()[-1] == (
+        "gpuyard-scheduler: cannot make the key-value bucket gpuyard_one_scheduler with 3 "
+        "replica(s): replicas > 1 not supported in non-clustered mode"
+    )

@@ -208,11 +208,11 @@ class Scheduler(Service):
             self.model = LearnedThroughputs(self.model)
         if self.config.event_storage == "none":
             self.log.info("events.not_stored", reason="event_storage is none")
-        elif not await ensure_event_stream(
+        elif why := await ensure_event_stream(
             self.bus.nc, self.bus.subjects, max_age_s=self.config.event_retention_s,
             storage=self.config.event_storage, replicas=self.config.replicas,
         ):  # fmt: skip
-            self.log.warning("events.not_stored", reason="the NATS server has no JetStream")
+            self.log.warning("events.not_stored", reason=why)
         await super().start()
         if self.config.clock == "wall":
             self._ticker = asyncio.create_task(self._tick_on_wall_clock())
