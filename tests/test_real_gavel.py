@@ -120,8 +120,10 @@ def test_learned_throughputs_move_each_job_to_the_type_it_is_faster_on(
         after = placed()
         if after is None or any(after[j]["attempt"] != before[j]["attempt"] for j in settled):
             return None
+        runs.update({j: cluster.types_run_on(j) for j in settled})  # (as they were then)
         return after
 
+    runs: dict[str, list[str]] = {}
     final = until(stays, "each job to stay on its faster type for 3 rounds", 60)
     # What the scheduler measured is what the jobs do there: at most their nominal 100 and 50
     # steps/s (a job that sleeps per step only slows on a loaded machine: 65 steps/s was seen
@@ -131,5 +133,5 @@ def test_learned_throughputs_move_each_job_to_the_type_it_is_faster_on(
         assert 0.55 * nominal <= rate <= 1.05 * nominal, final[job_id]
     # Both explored both types before (the table alone would keep them alternating).
     for job_id, gpu_type in settled.items():
-        runs = cluster.types_run_on(job_id)
-        assert runs[-1] == gpu_type and {"v100", "k80"} <= set(runs), (job_id, runs)
+        ran = runs[job_id]
+        assert ran[-1] == gpu_type and {"v100", "k80"} <= set(ran), (job_id, ran)
