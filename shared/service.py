@@ -321,12 +321,8 @@ class Service:
             return BadRequest(f"{msg.subject!r} is not this service's takeover subject")
         if not msg.reply:
             return BadRequest("a takeover needs a reply subject to answer on")
-        version = msg.headers.get(VERSION_HEADER) if msg.headers else None
-        if version is not None and version != str(CONTRACT_VERSION):
-            return BadRequest(
-                f"contract version {version} is not supported (this service speaks "
-                f"{CONTRACT_VERSION})"
-            )
+        if (unsupported := _version_refused(msg)) is not None:
+            return unsupported
         try:
             decoder(TAKEOVER.request).decode(msg.data or b"{}")
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -445,12 +441,8 @@ class Service:
                 if not msg.reply or suffix in self.answered_elsewhere:
                     return None  # a publish this service does not serve, or not ours to answer
                 raise BadRequest(f"unknown request {suffix!r}; known: {', '.join(sorted(table))}")
-            version = msg.headers.get(VERSION_HEADER) if msg.headers else None
-            if version is not None and version != str(CONTRACT_VERSION):
-                raise BadRequest(
-                    f"contract version {version} is not supported (this service speaks "
-                    f"{CONTRACT_VERSION})"
-                )
+            if (unsupported := _version_refused(msg)) is not None:
+                raise unsupported
             try:
                 request = route.decoder.decode(msg.data or b"{}")
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -577,6 +569,16 @@ class Service:
         """Stop taking new messages, finish those in hand, and close the connection."""
         await self.bus.close()
         self.log.info("service.stopped")
+
+
+def _version_refused(msg: Msg) -> BadRequest | None:
+    """Why `msg`'s contract version is not ours (None: it is, or it names none)."""
+    version = msg.headers.get(VERSION_HEADER) if msg.headers else None
+    if version is None or version == str(CONTRACT_VERSION):
+        return None
+    return BadRequest(
+        f"contract version {version} is not supported (this service speaks {CONTRACT_VERSION})"
+    )
 
 
 def run_service(

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -24,6 +27,28 @@ def stop_processes(procs: Iterable[subprocess.Popen[Any]], within_s: float = 15.
             p.wait(timeout=within_s)
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+def run_gpuyard(
+    *args: str, cwd: Path, check: bool = True, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """`gpuyard ARGS` in `cwd`; with `check`, a non-zero status fails the test with its stderr."""
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuyard.cli", *args], capture_output=True, text=True,
+        timeout=timeout, cwd=cwd,
+    )  # fmt: skip
+    if check and result.returncode != 0:
+        raise AssertionError(f"gpuyard {' '.join(args)}: {result.returncode}\n{result.stderr}")
+    return result
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists (a zombie counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def free_port() -> int:

@@ -23,6 +23,7 @@ from gpuyard.shared.endpoints import CANCEL, QUERY
 from gpuyard.shared.endpoints import CLUSTER as CLUSTER_INFO
 from gpuyard.shared.errors import RemoteError
 
+from .polling import alive
 from .test_real_cluster import CLUSTER, RealCluster, _train
 from .test_recovery import NatsProcess
 
@@ -40,14 +41,6 @@ def _configs(heartbeat_timeout_s: float) -> dict[str, Any]:
     configs = control_plane_configs(round_s=0.3, heartbeat_timeout_s=heartbeat_timeout_s)
     configs["placement"].heartbeat_check_s = 0.1
     return configs
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _agent_events(cluster: RealCluster, node_id: str, event: str) -> list[dict[str, Any]]:
@@ -139,7 +132,7 @@ async def _back(cluster: RealCluster) -> None:
 
 
 async def _gone(pid: int) -> bool:
-    return not _alive(pid)
+    return not alive(pid)
 
 
 async def _registered(cluster: RealCluster, node_id: str, times: int) -> bool:
@@ -216,13 +209,13 @@ async def test_a_cancel_shows_cancelled_only_once_the_ranks_are_gone(
         reply = await cluster.call(CANCEL, CancelRequest(job_ids=[job]))
         assert reply.cancelled == [job]
         page = await cluster.call(QUERY, JobQuery(states=["running"]))  # (still listed as such)
-        assert [j.job_id for j in page.jobs] == [job] and _alive(pid)
+        assert [j.job_id for j in page.jobs] == [job] and alive(pid)
         seen: list[str] = []
 
         async def cancelled() -> bool:
             record = await cluster.job(job)
             if record.state == "cancelled":
-                assert not _alive(pid), "CANCELLED while the job's process still runs"
+                assert not alive(pid), "CANCELLED while the job's process still runs"
                 return True
             assert record.state == "running" and record.reason.startswith("cancelling")
             seen.append(record.state)
@@ -251,7 +244,7 @@ async def test_a_cancel_on_a_paused_agent_waits_until_the_node_is_lost(
         try:
             await cluster.call(CANCEL, CancelRequest(job_ids=[job]))
             record = await cluster.job(job)
-            assert record.state == "running" and _alive(pid)
+            assert record.state == "running" and alive(pid)
 
             async def lost() -> bool:
                 # The job's state first: cancelled, the node must be down by the time we look.
@@ -377,7 +370,7 @@ async def test_a_revoked_agent_stops_its_jobs(tmp_path: Path) -> None:
             assert cluster.creds.reload_server()
 
             async def gone() -> bool:
-                return not _alive(pid_value)
+                return not alive(pid_value)
 
             await cluster.until(gone, "the job's process gone", within_s=20)
             lines = [line for line in log_path.read_text().splitlines() if '"node.fenced"' in line]

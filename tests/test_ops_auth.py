@@ -20,7 +20,7 @@ import pytest
 
 from gpuyard.embedded import EmbeddedNats, ServerTls
 from gpuyard.pki import make_pki
-from tests.polling import free_port, stop_processes, until
+from tests.polling import free_port, run_gpuyard, stop_processes, until
 
 CLUSTER = "flow"
 
@@ -35,13 +35,7 @@ class Flow:
         self.up: subprocess.Popen[str] | None = None
 
     def gpuyard(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:  # fmt: skip
-        result = subprocess.run(
-            [sys.executable, "-m", "gpuyard.cli", *args], capture_output=True, text=True,
-            timeout=timeout, cwd=self.root,
-        )  # fmt: skip
-        if check and result.returncode != 0:
-            raise AssertionError(f"gpuyard {' '.join(args)}: {result.returncode}\n{result.stderr}")
-        return result
+        return run_gpuyard(*args, cwd=self.root, check=check, timeout=timeout)
 
     def start_up(self) -> str:
         log = (self.root / "up.log").open("a")

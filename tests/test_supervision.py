@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.polling import free_port, stop_processes, until
+from tests.polling import alive, free_port, run_gpuyard, stop_processes, until
 
 CLUSTER = "sup"
 RESTARTED = "the services answer again"
@@ -44,13 +44,7 @@ class Cluster:
         return proc
 
     def gpuyard(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:  # fmt: skip
-        result = subprocess.run(
-            [sys.executable, "-m", "gpuyard.cli", *args], capture_output=True, text=True,
-            timeout=timeout, cwd=self.root,
-        )  # fmt: skip
-        if check and result.returncode != 0:
-            raise AssertionError(f"gpuyard {' '.join(args)}: {result.returncode}\n{result.stderr}")
-        return result
+        return run_gpuyard(*args, cwd=self.root, check=check, timeout=timeout)
 
     def up_args(self, *extra: str) -> list[str]:
         return ["up", "--cluster", CLUSTER, "--state-dir", str(self.state), "--listen",
@@ -209,7 +203,7 @@ def test_logs_follow_goes_on_after_a_broker_restart_saying_once_what_it_missed(
         broker = cluster.broker_pid()
         cluster.up.send_signal(signal.SIGKILL)
         cluster.up.wait(timeout=15)
-        until(lambda: not _alive(broker), "the broker gone with its up")
+        until(lambda: not alive(broker), "the broker gone with its up")
         cluster.start_up()
 
     def in_files() -> list[int]:
@@ -246,17 +240,9 @@ def test_a_second_up_on_a_state_directory_in_use_is_refused(cluster: Cluster) ->
     # Once the first has gone, however it went, the directory is free again.
     cluster.up.send_signal(signal.SIGKILL)
     cluster.up.wait(timeout=15)
-    until(lambda: not _alive(cluster.broker_pid()), "the broker gone with its up")
+    until(lambda: not alive(cluster.broker_pid()), "the broker gone with its up")
     cluster.start_up()
     assert "scheduler  fifo" in cluster.gpuyard("policy", "show", "--nats-config", cluster.op).stdout
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 async def test_a_simulation_whose_scheduler_dies_for_good_ends_partial_naming_it(

@@ -25,7 +25,7 @@ from gpuyard.cli_cluster import _server_names, _wildcard_urls
 from gpuyard.pki import cluster_tls, make_pki
 from gpuyard.pki import main as pki_main
 from gpuyard.shared.connection import NatsAuth, TlsFailure, connect
-from tests.polling import free_port
+from tests.polling import free_port, run_gpuyard
 
 CLUSTER = "tlsdef"
 
@@ -103,10 +103,7 @@ class Up:
         self.proc: subprocess.Popen[str] | None = None
 
     def gpuyard(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "gpuyard.cli", *args], capture_output=True, text=True,
-            timeout=60, cwd=self.root,
-        )  # fmt: skip
+        return run_gpuyard(*args, cwd=self.root, check=False)
 
     def start(self) -> str:
         self.proc = subprocess.Popen(

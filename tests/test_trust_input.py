@@ -34,6 +34,7 @@ from gpuyard.shared.endpoints import (
     SUBMIT,
     TAKEOVER,
     Subjects,
+    subject_matches,
 )
 from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.identity import Caller
@@ -205,17 +206,6 @@ TABLE_EXTRAS = ("$JS.", "$KV.", "$SRV.", "_INBOX.")
 """What the permissions grant beyond the endpoint table: JetStream, replies, discovery."""
 
 
-def matches(pattern: str, subject: str) -> bool:
-    """NATS subject matching: `*` one token, a last `>` one token or more."""
-    want, have = pattern.split("."), subject.split(".")
-    for i, token in enumerate(want):
-        if token == ">":
-            return len(have) > i
-        if i >= len(have) or token not in ("*", have[i]):
-            return False
-    return len(want) == len(have)
-
-
 def samples(endpoint: Any) -> list[tuple[dict[str, str], str]]:
     """Concrete subjects of `endpoint` in cluster `c`, with the values they were made from."""
     names = re.findall(r"{(\w+)}", endpoint.pattern)
@@ -278,8 +268,8 @@ def test_each_identity_may_send_and_hear_what_the_endpoint_table_gives_its_role_
     used: set[str] = set()
     for endpoint in ENDPOINTS:
         for params, subject in samples(endpoint):
-            sent = [p for p in publish if matches(p, subject)]
-            heard = [p for p in subscribe if matches(p, subject)]
+            sent = [p for p in publish if subject_matches(p, subject)]
+            heard = [p for p in subscribe if subject_matches(p, subject)]
             assert bool(sent) == may_send(identity, endpoint, params), (endpoint.pattern, subject, sent)
             assert bool(heard) == may_hear(identity, endpoint, params, subject), (endpoint.pattern, subject, heard)
             used |= {*sent, *heard}
