@@ -31,6 +31,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from machine import job_python, open_to_jobs
+
 from gpuyard.cli_cluster import control_plane_configs
 from gpuyard.embedded import EmbeddedNats
 from gpuyard.launcher import ServiceSet
@@ -115,7 +117,7 @@ async def until(check: Callable[[], Awaitable[bool]], within_s: float = 120.0) -
 
 
 async def main(args: argparse.Namespace) -> int:
-    root = Path(tempfile.mkdtemp(prefix="gpuyard-faults-"))
+    root = open_to_jobs(Path(tempfile.mkdtemp(prefix="gpuyard-faults-")))
     broker = EmbeddedNats(state_dir=root / "nats", listen=f"127.0.0.1:{free_port()}")
     url = await broker.start()
     configs = control_plane_configs(round_s=1.0)
@@ -152,7 +154,7 @@ async def main(args: argparse.Namespace) -> int:
     runs = Runs()
     sampler = asyncio.create_task(runs.sample())
     ids = [f"f{i}" for i in range(args.jobs)]
-    command = [sys.executable, str(TRAIN), "--steps", str(args.steps), "--step-time", "0.05",
+    command = [*job_python(), str(TRAIN), "--steps", str(args.steps), "--step-time", "0.05",
                "--checkpoint-every", "10"]  # fmt: skip
     for job_id in ids:
         spec = {"job_id": job_id, "num_gpus": 1, "command": command}

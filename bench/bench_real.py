@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import msgspec
+from machine import open_to_jobs
 
 from gpuyard.cli_cluster import control_plane_configs
 from gpuyard.embedded import EmbeddedNats, ServerTls
@@ -380,6 +381,7 @@ async def kill_mid_command(
 async def main(args: argparse.Namespace) -> None:
     if {"serial", "secure", "kill"} & set(args.only):
         with tempfile.TemporaryDirectory(prefix="gpuyard-bench-") as tmp:
+            open_to_jobs(Path(tmp))
             await secured(args, Path(tmp))
     if not {"latency", "heartbeats"} & set(args.only):
         return
@@ -387,6 +389,7 @@ async def main(args: argparse.Namespace) -> None:
         configs = control_plane_configs(round_s=5.0, heartbeat_timeout_s=args.hb_timeout)
         configs["scheduler"].event_storage = "memory"
         with tempfile.TemporaryDirectory(prefix="gpuyard-bench-") as tmp:
+            open_to_jobs(Path(tmp))
             async with ServiceSet(url, CLUSTER, configs, processes=True, log_level="warning"):
                 if "latency" in args.only:
                     lat = await latency(url, args.agents, args.jobs, Path(tmp))

@@ -269,12 +269,15 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_nodeagent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """A node agent retries a server it cannot reach (as a service should), but not a bad URL."""
+    from gpuyard.natsauth import SYSTEM_STATE_DIR, default_state_dir
     from gpuyard.services.nodeagent.run import run_from_args
 
     try:
         check_nats_url(args.nats)
     except ValueError as exc:
         parser.error(str(exc))
+    # A control plane's state that may be on this machine: no job may read it.
+    args.protect += [str(SYSTEM_STATE_DIR), str(default_state_dir(args.cluster or "default"))]
     return run_from_args(args, parser)
 
 

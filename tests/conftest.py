@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
 from gpuyard.embedded import EmbeddedNats
+
+from .jobaccount import AS_ROOT, open_to_jobs
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -16,6 +21,25 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 async def nats_url() -> AsyncIterator[str]:
     async with EmbeddedNats() as url:
         yield url
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """As root, the tests' folders live in a base of this session's own, not under pytest's
+    `pytest-of-root`: every pytest session (another one, or one a test starts) makes that 700
+    again, which would shut the job accounts out of the folders their jobs run in."""
+    if AS_ROOT and config.option.basetemp is None and not hasattr(config, "workerinput"):
+        base = Path(tempfile.gettempdir())
+        for stale in base.glob("gpuyard-pytest-*"):
+            pid = stale.name.rpartition("-")[2]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                shutil.rmtree(stale, ignore_errors=True)
+        config.option.basetemp = str(base / f"gpuyard-pytest-{os.getpid()}")
+
+
+@pytest.fixture
+def tmp_path(tmp_path: Path) -> Path:
+    """pytest's, open to the job accounts that real jobs run as (tests/jobaccount.py)."""
+    return open_to_jobs(tmp_path)
 
 
 @pytest.fixture

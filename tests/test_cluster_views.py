@@ -26,6 +26,7 @@ from gpuyard.shared.endpoints import CLUSTER, SUBMIT
 from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import JobSpec
 
+from .jobaccount import JOB_PYTHON
 from .secured import Secured, secured_cluster
 
 CLUSTER_IDENTITIES = ["node.a", "node.b", "user.alice", "user.bob"]
@@ -133,7 +134,7 @@ async def views(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> AsyncIter
 
 
 def counter(steps: int) -> list[str]:
-    return ["--", sys.executable, "-c", COUNTER, str(steps)]
+    return ["--", *JOB_PYTHON, "-c", COUNTER, str(steps)]
 
 
 async def test_jobs_start_where_they_were_submitted_and_need_a_command(
@@ -144,7 +145,7 @@ async def test_jobs_start_where_they_were_submitted_and_need_a_command(
     other.mkdir()
     (project / "train.py").write_text("import os; print('ran in', os.getcwd())\n")
     # The README's `gpuyard submit -- python examples/train.py`: a path relative to the checkout.
-    here = await views.submit("user.alice", "--", sys.executable, "train.py", cwd=project)
+    here = await views.submit("user.alice", "--", *JOB_PYTHON, "train.py", cwd=project)
     there = await views.submit("user.alice", "--chdir", str(other), *counter(1), cwd=project)
     nowhere = await views.submit("user.alice", "--chdir", str(tmp_path / "nope"), *counter(1))
     for job_id in (here, there):

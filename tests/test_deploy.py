@@ -501,7 +501,15 @@ def test_the_systemd_units_run_with_their_shipped_configs(machine: Machine) -> N
         assert installed == (DEPLOY / "config" / f"{name}.json").read_text()
     pids = [machine.show(unit)["MainPID"] for unit in [AGENT, "nats-server", *CONTROL_PLANE]]
     users = machine.sh(" ".join(["stat -c %U", *(f"/proc/{pid}" for pid in pids)])).split()
-    assert users == ["gpuyard"] * len(pids)  # User=gpuyard, not root
+    # The agent is root, to start each job as the job account, which can read no secret.
+    assert users == ["root", *["gpuyard"] * (len(pids) - 1)]
+    out = machine.gpuyard("submit", "--", "sh", "-c", "id -un; cat /etc/gpuyard/node.json; "
+                          "ls /etc/gpuyard/cluster; echo GPUYARD_NATS_CONFIG=$GPUYARD_NATS_CONFIG")  # fmt: skip
+    probe = re.fullmatch(r"submitted (\S+)\n", out)[1]  # type: ignore[index]
+    machine.until_state([probe], "completed", 60)
+    lines = machine.log(probe).splitlines()
+    assert lines[0] == "gpuyard-job" and lines[-1] == "GPUYARD_NATS_CONFIG=", lines
+    assert "Permission denied" in machine.log(probe) and '"seed"' not in machine.log(probe)
     # Wall clock: no simclock here, yet a submitted job is scheduled, runs and completes.
     job = machine.submit(steps=20)
     machine.until_state([job], "completed", 60)

@@ -23,6 +23,7 @@ from gpuyard.shared.endpoints import CANCEL, QUERY
 from gpuyard.shared.endpoints import CLUSTER as CLUSTER_INFO
 from gpuyard.shared.errors import RemoteError
 
+from .jobaccount import JOB_PYTHON
 from .polling import alive
 from .test_real_cluster import CLUSTER, RealCluster, _train
 from .test_recovery import NatsProcess
@@ -73,7 +74,7 @@ def _pid_job(cluster: RealCluster, name: str, stop_s: float | None = None) -> tu
     script = cluster.root / "pid_job.py"
     script.write_text(PID_JOB)
     path = cluster.root / f"{name}.pid"
-    command = [sys.executable, str(script), str(path)]
+    command = [*JOB_PYTHON, str(script), str(path)]
     return ([*command, str(stop_s)] if stop_s is not None else command), path
 
 
@@ -358,7 +359,7 @@ async def test_a_revoked_agent_stops_its_jobs(tmp_path: Path) -> None:
             )  # fmt: skip
         try:
             alice = await cluster.client("user.alice")
-            spec = JobSpec(num_gpus=1, command=[sys.executable, str(script), str(pid_file)])
+            spec = JobSpec(num_gpus=1, command=[*JOB_PYTHON, str(script), str(pid_file)])
             (result,) = (await alice.bus.call(SUBMIT, SubmitRequest(jobs=[spec]))).results
             job = result.job_id
 

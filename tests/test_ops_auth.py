@@ -22,6 +22,8 @@ from gpuyard.embedded import EmbeddedNats, ServerTls
 from gpuyard.pki import make_pki
 from tests.polling import free_port, run_gpuyard, stop_processes, until
 
+from .jobaccount import JOB_PYTHON
+
 CLUSTER = "flow"
 
 
@@ -117,9 +119,9 @@ def test_the_real_cluster_flow_under_auth_and_tls(flow: Flow) -> None:
     assert anonymous.returncode == 1 and "authorization" in anonymous.stderr.lower()
 
     script = "import time; print('hello from rank', flush=True); time.sleep(1.0)"
-    short = flow.gpuyard("submit", "--nats-config", alice, "--gpus", "3", "--", sys.executable,
+    short = flow.gpuyard("submit", "--nats-config", alice, "--gpus", "3", "--", *JOB_PYTHON,
                          "-c", script).stdout.split()[-1]  # fmt: skip
-    long = flow.gpuyard("submit", "--nats-config", alice, "--", sys.executable, "-c",
+    long = flow.gpuyard("submit", "--nats-config", alice, "--", *JOB_PYTHON, "-c",
                         "import time; time.sleep(600)").stdout.split()[-1]  # fmt: skip
     until(lambda: flow.jobs(alice)[short]["state"] == "completed", f"{short} completed")
     assert flow.jobs(alice)[short]["spec"]["user"] == "alice"
@@ -146,7 +148,7 @@ def test_the_real_cluster_flow_under_auth_and_tls(flow: Flow) -> None:
     assert (after[short]["state"], after[long]["state"]) == ("completed", "cancelled")
     assert "scheduler  las" in flow.gpuyard("policy", "show", "--nats-config", op).stdout
     until(two_nodes, "the agents registered again")
-    again = flow.gpuyard("submit", "--nats-config", alice, "--", sys.executable, "-c", "pass")
+    again = flow.gpuyard("submit", "--nats-config", alice, "--", *JOB_PYTHON, "-c", "pass")
     job = again.stdout.split()[-1]
     until(lambda: flow.jobs(alice)[job]["state"] == "completed", f"{job} completed")
     assert os.path.exists(flow.root / "a.json")

@@ -22,7 +22,7 @@ from tests.test_real_elastic import CLUSTER, ElasticCluster, runs, train
 def steps_on(cluster: ElasticCluster, job: str, rank: int, node: str) -> int:
     """The step a rank has reported, from its progress file (the scheduler's `steps_done`
     follows it only at decisions)."""
-    path = cluster.root / node / "logs" / CLUSTER / job / f"progress.rank{rank}.json"
+    path = cluster.root / node / "logs" / CLUSTER / job / "run" / f"progress.rank{rank}.json"
     try:
         return int(json.loads(path.read_text())["iterations"])
     except (OSError, ValueError, KeyError):

@@ -34,6 +34,8 @@ from gpuyard.shared.endpoints import CLUSTER as CLUSTER_INFO
 from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.model import JobRecord
 
+from .jobaccount import JOB_PYTHON
+
 CLUSTER = "rc"
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
 ENV_DUMP = """
@@ -165,7 +167,7 @@ async def cluster(nats_url: str, tmp_path: Path) -> AsyncIterator[RealCluster]:
 
 def _train(steps: int, step_time: float = 0.02, checkpoint_every: int = 1000) -> list[str]:
     return [
-        sys.executable, str(EXAMPLE), "--steps", str(steps), "--step-time", str(step_time),
+        *JOB_PYTHON, str(EXAMPLE), "--steps", str(steps), "--step-time", str(step_time),
         "--checkpoint-every", str(checkpoint_every),
     ]  # fmt: skip
 
@@ -176,7 +178,7 @@ async def test_four_gpu_job_across_two_nodes_gets_consistent_ranks(
     script = tmp_path / "dump_env.py"
     script.write_text(ENV_DUMP)
     job_id = await cluster.submit(
-        num_gpus=4, command=[sys.executable, str(script), "0.3"], env={"EXTRA": "x"}
+        num_gpus=4, command=[*JOB_PYTHON, str(script), "0.3"], env={"EXTRA": "x"}
     )
     record = await cluster.until_state(job_id, "completed", "failed")
     assert record.state == "completed", record.reason
@@ -243,7 +245,7 @@ async def test_a_run_killed_as_it_exits_after_finishing_does_not_run_again(
     wrapper = tmp_path / "slow_exit.py"
     wrapper.write_text(SLOW_EXIT)
     low = await cluster.submit(
-        num_gpus=1, command=[sys.executable, str(wrapper), *_train(5, 0.01)[1:]], priority=0
+        num_gpus=1, command=[*JOB_PYTHON, str(wrapper), *_train(5, 0.01)[len(JOB_PYTHON):]], priority=0
     )
     await cluster.until(
         lambda: _async(lambda: "done at step 5 (attempt 0)" in cluster.job_log(low)), "low done"
@@ -331,7 +333,7 @@ async def test_an_agent_asked_to_register_as_it_leaves_stays_gone(cluster: RealC
     asks it to register again. It must not: a node registered by an exiting agent takes jobs that
     never start (their next run is attempt 2, as seen on a loaded machine in `systemctl stop`)."""
     stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
-    job_id = await cluster.submit(num_gpus=2, command=[sys.executable, "-c", stubborn])
+    job_id = await cluster.submit(num_gpus=2, command=[*JOB_PYTHON, "-c", stubborn])
     record = await cluster.until_state(job_id, "running")
     (node,) = record.nodes
     agent, log = cluster.agents[node], cluster.root / f"{node}.log"
@@ -396,7 +398,7 @@ async def test_a_failing_part_fails_a_multi_node_job_and_stops_its_other_parts(
         "print('stopped by the agent', flush=True)\n"
         "job.exit_preempted()\n"
     )
-    job_id = await cluster.submit(num_gpus=4, command=[sys.executable, str(script)])
+    job_id = await cluster.submit(num_gpus=4, command=[*JOB_PYTHON, str(script)])
     record = await cluster.until_state(job_id, "completed", "failed")
     assert record.state == "failed" and "exited with 3" in record.reason
 

@@ -29,6 +29,8 @@ from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import JobSpec
 from tests.polling import free_port, until
 
+from .jobaccount import JOB_PYTHON
+
 CLUSTER = "efreal"
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
 STEP_S = 0.02
@@ -142,7 +144,7 @@ def cluster(tmp_path: Path) -> Iterator[ElasticCluster]:
 
 
 def train(steps: int) -> list[str]:
-    return [sys.executable, str(EXAMPLE), "--steps", str(steps), "--step-time", str(STEP_S),
+    return [*JOB_PYTHON, str(EXAMPLE), "--steps", str(steps), "--step-time", str(STEP_S),
             "--checkpoint-every", "100000", "--data-parallel"]  # fmt: skip
 
 
@@ -278,7 +280,7 @@ async def test_a_job_moved_within_a_node_starts_after_its_stopped_part_has_check
     )  # fmt: skip
     bus = Bus(await connect(nats_url, name="agent-n1"), Subjects("mv"))
     agent = NodeAgent(bus, config)
-    spec = JobSpec(job_id="j", num_gpus=1, command=[sys.executable, str(script)])
+    spec = JobSpec(job_id="j", num_gpus=1, command=[*JOB_PYTHON, str(script)])
     events = tmp_path / "ckpt" / "mv" / "j" / "events.txt"
 
     def launch(gpu: int, attempt: int) -> Launch:

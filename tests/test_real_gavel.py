@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,8 @@ import pytest
 
 from tests.polling import until
 from tests.test_real_elastic import ElasticCluster
+
+from .jobaccount import JOB_PYTHON
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
 ROUND_S = 2.0
@@ -77,7 +78,7 @@ class GavelCluster(ElasticCluster):
 
 def train(job_type: str) -> list[str]:
     per_type = [f"--step-time-on={t}={s}" for t, s in STEP_S[job_type].items()]
-    return [sys.executable, str(EXAMPLE), "--steps", str(STEPS), *per_type,
+    return [*JOB_PYTHON, str(EXAMPLE), "--steps", str(STEPS), *per_type,
             "--checkpoint-every", "100000"]  # fmt: skip
 
 

@@ -28,6 +28,8 @@ from gpuyard.shared.contract import Launch
 from gpuyard.shared.endpoints import Subjects
 from gpuyard.shared.model import JobSpec
 
+from .jobaccount import JOB_PYTHON
+
 
 class _NoNats:
     """Enough of a NATS client to build a service object."""
@@ -134,7 +136,7 @@ async def test_a_part_stopped_while_its_processes_start_is_stopped(tmp_path: Pat
     """A preemption that lands while the agent is still starting a part's processes (a launch and
     the next round's preempt close together, on a loaded machine) stops them once they have
     started: they must not run on, to their end, beside the job's next run elsewhere."""
-    spec = JobSpec(num_gpus=1, command=[sys.executable, "-c", "import time; time.sleep(60)"])
+    spec = JobSpec(num_gpus=1, command=[*JOB_PYTHON, "-c", "import time; time.sleep(60)"])
     launch = Launch(
         job_id="j1", spec=spec, gpus=[0], world_size=1, rank_offset=0, node_rank=0,
         num_nodes=1, master_addr="127.0.0.1", master_port=23456,
@@ -403,7 +405,7 @@ async def test_a_job_told_to_share_gpus_runs_beside_their_holder_and_others_wait
     agent = NodeAgent(bus, config)
 
     def launch(job: str, share_with: str | None = None) -> Launch:
-        spec = JobSpec(job_id=job, num_gpus=1, command=[sys.executable, str(script), str(tmp_path / job)])
+        spec = JobSpec(job_id=job, num_gpus=1, command=[*JOB_PYTHON, str(script), str(tmp_path / job)])
         return Launch(job_id=job, spec=spec, gpus=[0], world_size=1, rank_offset=0, node_rank=0,
                       num_nodes=1, master_addr="127.0.0.1", master_port=20000, share_with=share_with)  # fmt: skip
 

@@ -17,6 +17,8 @@ import pytest
 
 from tests.polling import alive, free_port, run_gpuyard, stop_processes, until
 
+from .jobaccount import JOB_PYTHON
+
 CLUSTER = "sup"
 RESTARTED = "the services answer again"
 
@@ -96,14 +98,14 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 def test_up_starts_its_killed_broker_again_and_the_cluster_goes_on(cluster: Cluster) -> None:
     cluster.start_up()
     cluster.agent("n1")
-    first = cluster.gpuyard("submit", "--nats-config", cluster.op, "--", sys.executable, "-c",
+    first = cluster.gpuyard("submit", "--nats-config", cluster.op, "--", *JOB_PYTHON, "-c",
                             "pass").stdout.split()[-1]  # fmt: skip
     until(lambda: cluster.job_state(first) == "completed", f"{first} completed")
 
     cluster.kill_broker()
     # A job submitted after is scheduled and runs: the services and the agent reconnected, and
     # the store (with the first job) is the same.
-    job = cluster.gpuyard("submit", "--nats-config", cluster.op, "--", sys.executable, "-c",
+    job = cluster.gpuyard("submit", "--nats-config", cluster.op, "--", *JOB_PYTHON, "-c",
                           "pass").stdout.split()[-1]  # fmt: skip
     until(lambda: cluster.job_state(job) == "completed", f"{job} completed after the restart")
     assert cluster.job_state(first) == "completed"
@@ -190,7 +192,7 @@ def test_logs_follow_goes_on_after_a_broker_restart_saying_once_what_it_missed(
     cluster.start_up()
     cluster.agent("n1")
     count = "import itertools, time\nfor i in itertools.count(): print(i, flush=True); time.sleep(0.1)"
-    job = cluster.gpuyard("submit", "--nats-config", cluster.op, "--", sys.executable, "-c",
+    job = cluster.gpuyard("submit", "--nats-config", cluster.op, "--", *JOB_PYTHON, "-c",
                           count).stdout.split()[-1]  # fmt: skip
     until(lambda: cluster.job_state(job) == "running", f"{job} running")
     logs = cluster.popen("logs", "-f", job, "--nats-config", cluster.op, log="logs.out",

@@ -40,6 +40,7 @@ from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import JobSpec
 
+from .jobaccount import JOB_PYTHON
 from .polling import until_async
 from .secured import S, secured_cluster
 
@@ -89,7 +90,7 @@ async def test_a_logs_request_naming_a_path_gets_one_error_and_no_file(
     state = tmp_path / "agent"
     await start_agent(stack, nats_url, "logs", state)
     bus = await client(stack, nats_url, "logs")
-    (state / "logs" / "logs").mkdir(parents=True)
+    assert (state / "logs" / "logs").is_dir()  # (made at start: jobs must be able to enter it)
     relative = str(Path("..") / ".." / ".." / "secret")  # from <state>/logs/<cluster>/<job id>
     for attempt in (relative, str(secret), "..", ".", "a/../../../secret", "j" * 129, ""):
         with pytest.raises(RemoteError) as refused:
@@ -121,7 +122,7 @@ async def test_two_clusters_on_one_machine_keep_their_own_job_logs(
     state = tmp_path / "var-lib-gpuyard"
     for cluster in ("first", "second"):
         agent = await start_agent(stack, nats_url, cluster, state)
-        await agent.command(run_job("j1", sys.executable, "-c", f"print('I am j1 of {cluster}')"))
+        await agent.command(run_job("j1", *JOB_PYTHON, "-c", f"print('I am j1 of {cluster}')"))
     for cluster, other in (("first", "second"), ("second", "first")):
         bus = await client(stack, nats_url, cluster)
 

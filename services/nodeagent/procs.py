@@ -1,5 +1,6 @@
-"""One job's part on this node: its processes (each its own process group), their environment,
-logs and progress files, and stopping them (SIGTERM, a grace period, SIGKILL)."""
+"""One job's part on this node: its processes (each its own process group, running as the job's
+account), their environment, logs and progress files, and stopping them (SIGTERM, a grace period,
+SIGKILL)."""
 
 from __future__ import annotations
 
@@ -8,22 +9,46 @@ import contextlib
 import ctypes
 import os
 import signal
+import stat
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import msgspec
 
 from gpuyard.shared.contract import JobProgress, Launch
 from gpuyard.shared.model import Name
 
+from .accounts import Account
+
 NAME_RULE = "1-128 letters, digits, '_', '.', ':' or '-', not starting with '.', ':' or '-'"
 LineSink = Callable[[str, int, str], Awaitable[None]]
 """(job_id, rank, line) -> publish it."""
 
 _PR_SET_PDEATHSIG = 1
+_PROGRESS_MAX_BYTES = 64 * 1024
+
+PASSED_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "LD_LIBRARY_PATH")
+PASSED_ENV_PREFIXES = ("LC_", "CUDA_", "NCCL_", "NVIDIA_")
+"""What a job inherits of the agent's environment: the locale, the search paths and the GPU
+libraries' settings. Nothing else: the agent's may hold its credentials (GPUYARD_NATS_SEED) or
+name them (GPUYARD_NATS_CONFIG), and systemd's sockets."""
+
+
+def job_environment(agent_env: dict[str, str], account: Account | None) -> dict[str, str]:
+    """The environment a job's processes start from (the job's own `env` and gpuyard's names go
+    over it): `PASSED_ENV` of the agent's, and the account's own home and names."""
+    env = {
+        k: v for k, v in agent_env.items() if k in PASSED_ENV or k.startswith(PASSED_ENV_PREFIXES)
+    }
+    if account is not None:
+        env |= {"HOME": account.home, "USER": account.name, "LOGNAME": account.name}
+    else:
+        env |= {k: agent_env[k] for k in ("HOME", "USER", "LOGNAME") if k in agent_env}
+    return env
 
 
 def _die_with_agent() -> None:
@@ -32,6 +57,20 @@ def _die_with_agent() -> None:
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _start_as(account: Account | None) -> Callable[[], None]:
+    """What the child does before exec: become `account` (groups first, the user last, so that
+    nothing of the agent's stays), then `_die_with_agent` (a change of user clears that)."""
+
+    def start() -> None:
+        if account is not None:
+            os.setgroups(list(account.groups))
+            os.setgid(account.gid)
+            os.setuid(account.uid)
+        _die_with_agent()
+
+    return start
 
 
 @dataclass(frozen=True)
@@ -44,7 +83,12 @@ class Places:
     cluster: str
 
     def job_logs(self, job_id: str) -> Path:
+        """The agent's: each rank's output (the job's processes cannot write or read here)."""
         return self.log_dir / self.cluster / job_folder(job_id)
+
+    def job_run(self, job_id: str) -> Path:
+        """The job's own, inside its logs' folder: its processes' progress files."""
+        return self.job_logs(job_id) / "run"
 
     def checkpoint_dir(self, job_id: str) -> Path:
         """Keyed by cluster and job id only, so a resumed job finds it on any node sharing the
@@ -76,7 +120,7 @@ def process_envs(
     for local in range(count):
         rank = launch.rank_offset + local
         visible = gpus[local] if per_gpu else ",".join(gpus)
-        logs = places.job_logs(launch.job_id)
+        run = places.job_run(launch.job_id)
         env = {
             **base,
             **spec.env,
@@ -104,7 +148,7 @@ def process_envs(
             "GPUYARD_NODE_ID": node_id,
             "GPUYARD_ATTEMPT": str(launch.attempt),
             "GPUYARD_CHECKPOINT_DIR": str(places.checkpoint_dir(launch.job_id)),
-            "GPUYARD_PROGRESS_FILE": str(logs / f"progress.rank{rank}.json"),
+            "GPUYARD_PROGRESS_FILE": str(run / f"progress.rank{rank}.json"),
             "GPUYARD_GRACE_S": f"{grace_s:g}",
         }
         if gpu_type:
@@ -118,9 +162,11 @@ class JobPart:
 
     def __init__(
         self, launch: Launch, node_id: str, places: Places, on_line: LineSink, grace_s: float,
-        gpu_type: str = "",
+        gpu_type: str = "", account: Account | None = None,
     ) -> None:  # fmt: skip
         self.launch = launch
+        self.account = account
+        """Who its processes run as (None: the agent's own account)."""
         self.gpu_type = gpu_type
         self.job_id = launch.job_id
         self.node_id = node_id
@@ -149,20 +195,20 @@ class JobPart:
         workdir = spec.workdir or None  # None: the agent's own
         if workdir is not None and not await asyncio.to_thread(os.path.isdir, workdir):
             raise ValueError(f"working directory {workdir} is not a directory on {self.node_id}")
-        logs = self.places.job_logs(self.job_id)
-        logs.mkdir(parents=True, exist_ok=True)
-        self.places.checkpoint_dir(self.job_id).mkdir(parents=True, exist_ok=True)
+        account = self.account
         self._spawning = True
         try:
+            await asyncio.to_thread(self._prepare_folders)
             envs = process_envs(
-                self.launch, self.node_id, self.places, base_env, self.grace_s, self.gpu_type
-            )
+                self.launch, self.node_id, self.places, job_environment(base_env, account),
+                self.grace_s, self.gpu_type,
+            )  # fmt: skip
             for env in envs:
                 rank = int(env["RANK"])
                 proc = await asyncio.create_subprocess_exec(
                     *command, env=env, cwd=workdir, stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                    start_new_session=True, preexec_fn=_die_with_agent,
+                    start_new_session=True, preexec_fn=_start_as(account),
                 )  # fmt: skip
                 self.procs.append(proc)
                 self.ranks.append(rank)
@@ -171,6 +217,22 @@ class JobPart:
             self._spawning = False
             if self.stopping:  # stopped while its processes were starting: stop them now
                 self._terminate_soon()
+
+    def _prepare_folders(self) -> None:
+        """The logs' folder is the agent's (others may only pass through, to the job's `run`);
+        `run` and the checkpoints are the job account's alone."""
+        logs = self.places.job_logs(self.job_id)
+        logs.mkdir(parents=True, exist_ok=True)
+        run = self.places.job_run(self.job_id)
+        run.mkdir(exist_ok=True)
+        checkpoints = self.places.checkpoint_dir(self.job_id)
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        if self.account is None:
+            return
+        os.chmod(logs, 0o711)
+        for folder in (run, checkpoints):
+            _give(folder, self.account)
+            os.chmod(folder, 0o700)
 
     async def wait(self) -> tuple[int, int]:
         """Until every process has exited: (rank, exit code) of the first failure, or (-1, 0).
@@ -197,7 +259,8 @@ class JobPart:
     async def _run_one(self, proc: asyncio.subprocess.Process, rank: int) -> int:
         assert proc.stdout is not None
         path = self.places.job_logs(self.job_id) / f"rank{rank}.log"
-        with path.open("ab", buffering=0) as log:
+        # The agent's alone: another job (of the same account too) may pass through its folder.
+        with _open_private(path) as log:
             while line := await proc.stdout.readline():
                 log.write(line)
                 await self.on_line(self.job_id, rank, line.decode(errors="replace").rstrip("\n"))
@@ -245,7 +308,7 @@ class JobPart:
         out = []
         for rank, path in zip(self.ranks, self.progress_files, strict=True):
             try:
-                p = msgspec.json.decode(path.read_bytes(), type=JobProgress)
+                p = msgspec.json.decode(_read_progress(path), type=JobProgress)
             except (OSError, msgspec.DecodeError, msgspec.ValidationError):
                 continue
             p.rate = 0.0  # ours to measure, not the job's to claim
@@ -255,3 +318,34 @@ class JobPart:
                     p.rate = (p.iterations - first.iterations) / (p.time - first.time)
             out.append(p)
         return out
+
+
+def _read_progress(path: Path) -> bytes:
+    """A progress file as the job wrote it, read so that the job cannot make the agent do more:
+    not through a link (to a file only the agent may read), not from a pipe (that would block),
+    and no more than `_PROGRESS_MAX_BYTES`. OSError for anything but a plain file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a plain file")
+        return f.read(_PROGRESS_MAX_BYTES)
+
+
+def _open_private(path: Path) -> BinaryIO:
+    """`path` to append to, readable by the agent alone (one made before by an agent that left it
+    open to others is closed now), never through a link."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab", buffering=0)
+
+
+def _give(folder: Path, account: Account) -> None:
+    """`folder` and what it holds to `account` (a job resumed by another account than the run
+    before it, after the node's mapping changed, must still read its checkpoints). Links are
+    given as links: never the files they point to."""
+    if os.lstat(folder).st_uid == account.uid:
+        return
+    os.chown(folder, account.uid, account.gid, follow_symlinks=False)
+    for base, dirs, files in os.walk(folder):
+        for name in [*dirs, *files]:
+            os.chown(os.path.join(base, name), account.uid, account.gid, follow_symlinks=False)

@@ -28,7 +28,9 @@ from gpuyard.shared.endpoints import Subjects
 from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import Name
 
-from .service import NodeAgent, NodeAgentConfig
+from .accounts import JobAccounts
+from .procs import Places
+from .service import NodeAgent, NodeAgentConfig, job_accounts
 
 
 def default_state_dir() -> Path:
@@ -73,6 +75,30 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
         help="shared folder for checkpoints (default $GPUYARD_CHECKPOINT_ROOT or STATE_DIR/checkpoints)",
     )
     p.add_argument("--label", action="append", default=[], help="KEY=VALUE node label")
+    jobs = p.add_argument_group(
+        "who jobs run as",
+        "never root, never the agent's account; an agent that is not root cannot switch accounts",
+    )
+    jobs.add_argument(
+        "--job-user", default="", metavar="ACCOUNT",
+        help="the Unix account jobs run as (default: gpuyard-job where it exists, else nobody)",
+    )  # fmt: skip
+    jobs.add_argument(
+        "--map-user", action="append", default=[], metavar="USER=ACCOUNT",
+        help="run the jobs of submitter USER (alice, op.admin) as Unix ACCOUNT, as Slurm runs a "
+        "job as its submitter (repeatable)",
+    )  # fmt: skip
+    jobs.add_argument(
+        "--jobs-as-agent-user", action="store_true",
+        help="an agent that is not root: run jobs as the agent's own account, which lets them "
+        "read this node's credentials (for a machine whose every submitter may act as this node)",
+    )  # fmt: skip
+    jobs.add_argument(
+        "--protect", action="append", default=[], metavar="PATH",
+        help="a control plane's state (file or folder) on this machine that no job may read: the "
+        "agent refuses to start if a job account could (repeatable; `gpuyard nodeagent` adds "
+        "/etc/gpuyard/cluster and the default `gpuyard up` state directory of --cluster)",
+    )  # fmt: skip
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
 
 
@@ -94,12 +120,8 @@ def config_from_args(args: argparse.Namespace) -> NodeAgentConfig:
         raise ValueError(f"--grace must be >= 0 seconds, not {args.grace}")
     if not 0 < args.lease < math.inf:
         raise ValueError(f"--lease must be > 0 seconds, not {args.lease}")
-    labels = {}
-    for item in args.label:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--label {item!r} is not KEY=VALUE")
-        labels[key] = value
+    labels = key_values("--label", args.label)
+    accounts = key_values("--map-user", args.map_user)
     # Absolute: a job's processes start in their own directory (the submitter's) and find their
     # checkpoints and progress file by these paths.
     state = Path(args.state_dir or default_state_dir()).expanduser().absolute()
@@ -109,7 +131,27 @@ def config_from_args(args: argparse.Namespace) -> NodeAgentConfig:
         address=args.address or default_address(), use_nvml=not args.no_nvml,
         heartbeat_s=args.heartbeat, grace_s=args.grace, log_dir=str(state / "logs"),
         checkpoint_root=str(checkpoints), labels=labels, lease_s=args.lease,
+        job_user=args.job_user, user_accounts=accounts, jobs_as_agent_user=args.jobs_as_agent_user,
+        credentials=credential_files(args), control_planes=[str(Path(p).absolute()) for p in args.protect],
     )  # fmt: skip
+
+
+def key_values(option: str, items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{option} {item!r} is not KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def credential_files(args: argparse.Namespace) -> list[str]:
+    """The files that hold the agent's secrets: its profile, and the seed, creds and TLS key
+    files it names (a PEM given inline is in the profile)."""
+    auth = NatsAuth.from_args(args)
+    named = [getattr(args, "nats_config", None), auth.creds, auth.nkey_seed, auth.tls_key]
+    return [str(Path(f).absolute()) for f in named if f and not f.lstrip().startswith("-----")]
 
 
 class ConnectionAttempts:
@@ -166,8 +208,9 @@ class ConnectionAttempts:
 
 
 async def run_agent(
-    url: str, cluster: str, config: NodeAgentConfig, auth: NatsAuth | None = None
-) -> None:
+    url: str, cluster: str, config: NodeAgentConfig, auth: NatsAuth | None = None,
+    accounts: JobAccounts | None = None,
+) -> None:  # fmt: skip
     """Run until SIGTERM or SIGINT, then stop the jobs (they checkpoint) and leave; a signal while
     the server is still out of reach ends the attempts."""
     stop = asyncio.Event()
@@ -198,7 +241,7 @@ async def run_agent(
         return
     nc = connecting.result()
     await attempts.up()
-    agent = NodeAgent(Bus(nc, Subjects(cluster)), config)
+    agent = NodeAgent(Bus(nc, Subjects(cluster)), config, accounts)
     attempts.on_reconnect = agent.on_reconnect
     attempts.on_refused = agent.fence
     await agent.start()
@@ -237,6 +280,8 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             args.node_id = own.name if own and own.role == "node" else default_node_id()
         config = config_from_args(args)
         Subjects(args.cluster)
+        places = Places(Path(config.log_dir), Path(config.checkpoint_root), args.cluster)
+        accounts = job_accounts(config, places)
         if auth.identity is not None and auth.caller != Caller("node", config.node_id):
             raise ValueError(
                 f"the credentials are {auth.identity!r}, not node.{config.node_id}: give the "
@@ -245,7 +290,7 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     except (ValueError, msgspec.ValidationError) as exc:
         parser.error(str(exc))
     try:
-        uvloop.run(run_agent(args.nats, args.cluster, config, auth))
+        uvloop.run(run_agent(args.nats, args.cluster, config, auth, accounts))
     except ValueError as exc:  # no GPUs found and none given
         parser.exit(2, f"gpuyard nodeagent: {exc}\n")
     except TlsFailure as exc:  # (trying again would not help: systemd's restarts say it again)

@@ -61,6 +61,7 @@ from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import NodeSpec
 from gpuyard.shared.service import Handler, Service
 
+from .accounts import JobAccounts
 from .nvml import Nvml, gpu_type_name
 from .procs import JobPart, Places
 from .sdnotify import SystemdNotifier
@@ -92,13 +93,27 @@ class NodeAgentConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     register_every_s: Annotated[float, Meta(ge=0)] = 5.0
     """At most one registration per this many seconds: placement's asks, repeated after an
     outage, are answered by one."""
+    job_user: str = ""
+    """The Unix account jobs run as when their submitter is not in `user_accounts` (an agent
+    running as root; "": `gpuyard-job` where it exists, else `nobody`)."""
+    user_accounts: dict[str, str] = {}
+    """Submitter (a job's `user`: `alice`, `op.admin`) -> the Unix account their jobs run as."""
+    jobs_as_agent_user: bool = False
+    """An agent that is not root runs its jobs as itself only when told so (they can read its
+    credentials)."""
+    credentials: list[str] = []
+    """The agent's secret files (its profile, seed, key): no job may read them."""
+    control_planes: list[str] = []
+    """Control planes' state on this machine (files or folders): no job may read a file of it."""
 
 
 class NodeAgent(Service):
     name = "nodeagent"
     answered_elsewhere = frozenset({HEARTBEAT.name})  # (ours, under our prefix: placement answers)
 
-    def __init__(self, bus: Bus, config: NodeAgentConfig) -> None:
+    def __init__(
+        self, bus: Bus, config: NodeAgentConfig, accounts: JobAccounts | None = None
+    ) -> None:
         super().__init__(bus)
         bus.caller = Caller("node", config.node_id)  # our requests act for this node
         self.config = config
@@ -107,6 +122,8 @@ class NodeAgent(Service):
         self.places = Places(
             Path(config.log_dir), Path(config.checkpoint_root), bus.subjects.cluster
         )
+        self.accounts = accounts or job_accounts(config, self.places)
+        """Who its jobs run as (checked: ValueError if no one can safely)."""
         self.nvml: Nvml | None = None
         self.node = self._discover()
         self.parts: dict[str, JobPart] = {}
@@ -368,9 +385,10 @@ class NodeAgent(Service):
         return True
 
     def _start_part(self, launch: Launch) -> None:
+        assert launch.spec is not None  # (`command` refused a launch without one)
         part = JobPart(
             launch, self.node_id, self.places, self._publish_line, self.config.grace_s,
-            self.node.gpu_type,
+            self.node.gpu_type, self.accounts.for_user(launch.spec.user),
         )  # fmt: skip
         # It starts once the GPUs' holders have exited (but the running job it is to share them
         # with), and this job's own part told to stop (resized or moved here): that part writes
@@ -512,6 +530,22 @@ class NodeAgent(Service):
         except Exception:
             return
         self._renew(sent)
+
+
+def job_accounts(config: NodeAgentConfig, places: Places) -> JobAccounts:
+    """Who this node's jobs run as, checked (ValueError: one line): the folders its jobs write
+    to made first, so that a job account that cannot enter them is found now, not at a launch."""
+    folders = [places.log_dir / places.cluster, places.checkpoint_root / places.cluster]
+    for folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"cannot make {folder}: {exc.strerror}") from None
+    return JobAccounts.resolve(
+        config.job_user, config.user_accounts, config.jobs_as_agent_user,
+        credentials=config.credentials, control_planes=config.control_planes,
+        job_folders=[str(f) for f in folders],
+    )  # fmt: skip
 
 
 def _launch_key(launch: Launch) -> tuple[Any, ...]:
