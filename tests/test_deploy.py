@@ -242,7 +242,8 @@ def test_two_compose_node_agents_run_real_jobs(cluster: Compose) -> None:
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{outputs[-1]}") from None
     assert {node for node, _ in done} == {"n1", "n2"}  # one job over both machines
-    assert "uid 10001" in gpuyard("logs", *cluster.nats, whoami).stdout  # jobs do not run as root
+    # Jobs run as the job account (gpuyard-job, 10002): neither root nor the agent (root here)
+    assert "uid 10002" in gpuyard("logs", *cluster.nats, whoami).stdout
     ups = gpuyard("tail", *cluster.nats, "--type", "node.up", "--json").stdout.splitlines()
     assert {json.loads(line)["node_id"] for line in ups} == {"n1", "n2"}  # stored: stream was up
 
