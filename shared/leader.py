@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from typing import Annotated, Any
 
@@ -49,7 +50,8 @@ class Lease:
         self.kv = kv
         self.holder = holder
         self.lease_s = lease_s
-        self.log = log or structlog.get_logger()
+        # (which process leads: an operator's `kill`, a test's)
+        self.log = (log or structlog.get_logger()).bind(instance=holder, pid=os.getpid())
         self.revision = 0
         """The revision of our last write of the lease (0: we do not hold it)."""
         self.renewed_at = -float("inf")

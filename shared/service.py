@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -300,7 +301,10 @@ class Service:
         self.lease = Lease(self.store.kv, self.instance_id, self.lease_s, self.log)
         previous: PolicyInfo | None = None
         if self.standby:
-            self.log.info("service.standing_by", lease_s=self.lease_s)
+            self.log.info(
+                "service.standing_by", lease_s=self.lease_s, instance=self.instance_id,
+                pid=os.getpid(),
+            )  # fmt: skip
             await self.lease.acquire()
         else:
             previous = await self._take_over()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -23,6 +24,9 @@ from gpuyard.shared.model import JobSpec
 from gpuyard.shared.store import KvStore
 
 from .polling import until_async
+from .test_ha import SERVERS, Brokers
+from .test_real_cluster import CLUSTER
+from .test_recovery import ProcessCluster, _assert_exactly_once
 
 LEASE_S = 1.0
 
@@ -233,3 +237,100 @@ def test_a_standby_needs_a_durable_service(tmp_path: Path) -> None:
         'bad configuration: --standby needs a durable service (`"durable": true` in its '
         "config): a standby takes over the state the running instance stored"
     )
+
+
+# ---------------------------------------------------------------------- a cluster, under load
+
+
+def _leaders(log: Path) -> dict[str, int]:
+    """Per service, the pid of the process that leads now (as the log says)."""
+    leading: dict[str, int] = {}
+    for line in log.read_text().splitlines():
+        if '"leader.' not in line:
+            continue
+        entry = json.loads(line)
+        if entry["event"] == "leader.acquired":
+            leading[entry["service"]] = entry["pid"]
+        elif entry["event"] == "leader.lost" and leading.get(entry["service"]) == entry["pid"]:
+            del leading[entry["service"]]
+    return leading
+
+
+@pytest.fixture
+async def brokers(tmp_path: Path) -> AsyncIterator[Brokers]:
+    b = Brokers(tmp_path / "brokers")
+    try:
+        await b.start()
+        yield b
+    finally:
+        await b.stop()
+
+
+@pytest.mark.slow
+async def test_standbys_take_over_from_killed_leaders_under_load_and_lose_nothing(
+    brokers: Brokers, tmp_path: Path
+) -> None:
+    """Three brokers, every durable service with a standby, two agents running real jobs. Kill -9
+    the broker leading the scheduler's bucket and the active scheduler, then the active placement,
+    then the active admission, submitting all along: each time a standby takes the lease over
+    (the old leader never came back), the jobs submitted while none led are all decided, and
+    every job ends exactly once."""
+    cluster = ProcessCluster(brokers.url, tmp_path)
+    for config in cluster.configs.values():
+        config.replicas = SERVERS
+    cluster.configs["scheduler"].policy, cluster.configs["scheduler"].params = "fifo", {}
+    cluster.configs["placement"].heartbeat_timeout_s = 10.0  # (clients move to another server)
+    log = tmp_path / "control.log"
+    async with cluster:
+        for name in ("scheduler", "placement", "admission"):
+            await cluster.services.add_standby(name)
+        await until_async(
+            lambda: _count(log, "service.standing_by", 3), "three standbys", within_s=60
+        )
+        ids = iter(f"t{i}" for i in range(12))
+        submitted: list[str] = []
+
+        async def submit(n: int) -> None:
+            for job_id in [next(ids) for _ in range(n)]:
+                await cluster.submit_retrying(job_id)
+                submitted.append(job_id)
+
+        await submit(3)
+        await until_async(lambda: _some_running(cluster), "jobs running", within_s=30)
+        first = await asyncio.to_thread(_leaders, log)
+        assert first.keys() == {"scheduler", "placement", "admission"}
+        victim = await brokers.leader_of(f"KV_gpuyard_{CLUSTER}_scheduler")
+        brokers.kill(victim)
+        killed: dict[str, int] = {}
+        for name in ("scheduler", "placement", "admission"):
+            # (a broker's death may have moved a lease already: kill whoever leads now)
+            pid = (await asyncio.to_thread(_leaders, log))[name]
+            os.kill(pid, signal.SIGKILL)
+            killed[name] = pid
+            await submit(3)  # while none leads: each waits for the standby, none is lost
+            await until_async(
+                lambda name=name: _led_by_other(log, name, killed[name]),
+                f"a standby leading {name}", within_s=60,
+            )  # fmt: skip
+        page = await cluster.until_all_ended(len(submitted), within_s=120)
+        _assert_exactly_once(cluster, page, submitted)
+        assert len(submitted) == 12
+        leaders = await asyncio.to_thread(_leaders, log)
+        assert all(leaders[n] not in (first[n], killed[n]) for n in killed), (first, leaders)
+        standbys = {n: {p.pid for p in ps} for n, ps in cluster.services.standbys.items()}
+        assert all(leaders[n] in standbys[n] for n in killed), (standbys, leaders)
+
+
+async def _count(log: Path, event: str, n: int) -> bool:
+    lines = await asyncio.to_thread(lambda: log.read_text() if log.exists() else "")
+    return lines.count(f'"event": "{event}"') >= n
+
+
+async def _led_by_other(log: Path, name: str, dead: int) -> bool:
+    leader = (await asyncio.to_thread(_leaders, log)).get(name)
+    return leader is not None and leader != dead
+
+
+async def _some_running(cluster: ProcessCluster) -> bool:
+    page = await cluster.all_jobs()
+    return any(j.state == "running" for j in page.jobs)
