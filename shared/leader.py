@@ -7,11 +7,15 @@ exactly one wins. The holder renews it every `lease_s / 3`; a standby that has s
 revision for `lease_s` (the holder was killed, paused or cut off) takes it, loads the stored state
 and serves. A holder stopping gracefully deletes it, and a standby takes it at once.
 
-Fencing: the holder acts (handles a request, sends, writes) only within `HOLD_FRACTION` of the
-lease after its last renewal was sent, or after confirming it again: a standby counts the lease
-from when it saw that renewal, later, so the holder stops at least `lease_s / 3` before anyone
-else can start. A holder that cannot renew before then, or finds the lease taken, stops serving
-and becomes a standby (`leader.lost`, with the reason).
+Fencing: the holder acts (handles a request, calls, publishes, writes) only within
+`HOLD_FRACTION` of the lease after its last renewal was sent, or after renewing it again on its
+own revision (proof that nobody took it): a standby counts the lease from when it saw that
+renewal, later, so the holder has stopped at least `lease_s / 3` before anyone else can start. A
+holder that cannot renew in time acts on nothing until it can (a bucket electing a leader after a
+server died stops it for that long, and nobody can take the lease meanwhile); one that finds the
+lease taken, or cannot renew it for `UNCONFIRMED_FOR_S`, stops serving and becomes a standby
+(`leader.lost`, with the reason). A standby that could not read the lease for a while gives the
+holder half a lease to renew it once it can.
 """
 
 from __future__ import annotations
@@ -33,14 +37,19 @@ LEASE_KEY = "leader.lease"
 """The lease's key in the service's bucket (no state key has a dot: those are base64 or words)."""
 
 LEASE_DOC = """How long a durable service's leader lease lasts (seconds): a standby takes over
-when the active instance has not renewed it for this long (renewals come every third of it), and
-an active instance that could not renew it stops serving before then."""
+when the active instance has not renewed it for this long (renewals come every third of it); an
+active instance that could not renew it for two thirds of it acts on nothing until it has."""
 LEASE_S = 3.0
 """The lease's default length: a standby takes over 3-4 s after the active instance died."""
 LeaseSeconds = Annotated[float, Meta(ge=0.5, le=120.0, description=LEASE_DOC)]
 
 HOLD_FRACTION = 2 / 3
 """The part of the lease, from its last renewal, in which the holder acts without confirming it."""
+
+UNCONFIRMED_FOR_S = 30.0
+"""How long a holder that cannot renew (the bucket has no leader, or we are cut off) waits,
+acting on nothing, before it gives the lease up and stands by: as long as a write waits for the
+bucket (`shared.store.UNAVAILABLE_FOR_S`)."""
 
 
 class Lease:
@@ -62,6 +71,10 @@ class Lease:
         self._writing = asyncio.Lock()
         self._stopped = False
         """We handed the lease over or released it: we act no more, and renew no more."""
+        self._failing_since: float | None = None
+        """Since when renewals fail (monotonic); None: the last one succeeded."""
+        self._unconfirmed = False
+        """Renewals failed past our part of the lease: we act no more until one succeeds."""
         self._renewer: asyncio.Task[None] | None = None
 
     @property
@@ -75,18 +88,23 @@ class Lease:
         """Wait until we hold the lease: when it is free (never taken, or released), or when its
         holder has not renewed it for `lease_s`. Returns how it came free."""
         seen, seen_at = -1, time.monotonic()
+        back_at = -float("inf")  # when we could read the lease again after we could not
         unreachable = False
         while True:
             try:
                 holder, revision = await asyncio.wait_for(self._read(), self.lease_s)
                 now = time.monotonic()
+                if unreachable:
+                    unreachable, back_at = False, now
                 if revision != seen:
                     seen, seen_at = revision, now
-                how = "free" if holder in (None, self.holder) else "lapsed" if now - seen_at >= self.lease_s else None
+                # Lapsed: unrenewed for a lease, and, if the bucket was out of reach (electing a
+                # leader: nobody could renew), for half a lease since (the holder renews at once).
+                lapsed = now - seen_at >= self.lease_s and now - back_at >= self.lease_s / 2
+                how = "free" if holder in (None, self.holder) else "lapsed" if lapsed else None
                 if how is not None and await asyncio.wait_for(self._write(revision), self.lease_s):
                     self._held(how, previous=holder)
                     return how
-                unreachable = False
             except (NatsError, TimeoutError) as exc:  # the bucket has no leader, or we are cut off
                 if not unreachable:
                     unreachable = True
@@ -116,40 +134,50 @@ class Lease:
         )
 
     async def confirm(self) -> None:
-        """Make sure we still hold the lease (renewing it now if its time is up), or raise
-        NotLeading: then we have stopped acting, and the lease is lost."""
-        if self.holds():
-            return
-        if self.revision and not self.lost.is_set() and not self._stopped:
-            with contextlib.suppress(NatsError, TimeoutError):
-                await asyncio.wait_for(self._renew_once(), self.lease_s / 3)
-            if self.holds():
-                return
-            self._lose("not renewed within the lease")
-        raise NotLeading(self.lost_reason or ("handed over" if self._stopped else "not the leader"))
+        """Return once we may act: at once while the lease is fresh, else when a renewal on our
+        revision succeeds (proof that nobody took it meanwhile: a bucket electing a leader stops
+        us for that long, and no longer). Raise NotLeading when it was taken, or could not be
+        renewed for `UNCONFIRMED_FOR_S`: then the lease is lost and we act no more."""
+        while not self.holds():
+            if not self.revision or self.lost.is_set() or self._stopped:
+                raise NotLeading(
+                    self.lost_reason or ("handed over" if self._stopped else "not the leader")
+                )
+            await self._try_renewing()
+            if not self.holds():
+                await asyncio.sleep(self.poll_s)
 
     async def _renew(self) -> None:
-        """Renew every third of the lease; lose it when that fails until its time is up."""
-        failing = False
+        """Renew every third of the lease (more often while renewals fail)."""
         while self.revision and not self.lost.is_set() and not self._stopped:
-            await asyncio.sleep(self.lease_s / 3 if not failing else self.poll_s)
-            try:
-                await asyncio.wait_for(self._renew_once(), self.lease_s / 3)
-                if failing:
-                    self.log.info("leader.renewed")
-                failing = False
-            except (NatsError, TimeoutError) as exc:
-                if not failing:
-                    self.log.warning("leader.not_renewed", error=repr(exc))
-                failing = True
-            if self.revision and not self.holds():
-                self._lose("not renewed within the lease")
+            await asyncio.sleep(self.lease_s / 3 if self._failing_since is None else self.poll_s)
+            await self._try_renewing()
+
+    async def _try_renewing(self) -> None:
+        """One renewal; the lease is lost when it was taken, or unconfirmed for too long."""
+        try:
+            await asyncio.wait_for(self._renew_once(), self.lease_s / 3)
+        except (NatsError, TimeoutError) as exc:
+            now = time.monotonic()
+            if self._failing_since is None:
+                self._failing_since = now
+                self.log.warning("leader.not_renewed", error=repr(exc))
+            if not self.holds() and not self._unconfirmed:
+                self._unconfirmed = True  # (one line: we act no more until it is confirmed)
+                self.log.warning("leader.unconfirmed", error=repr(exc))
+            if now - self._failing_since > UNCONFIRMED_FOR_S:
+                self._lose(f"not renewed for {UNCONFIRMED_FOR_S:.0f} s: {exc!r}")
+            return
+        if self._failing_since is not None and self.revision:
+            took_s = round(time.monotonic() - self._failing_since, 2)
+            self.log.info("leader.renewed", after_s=took_s, unconfirmed=self._unconfirmed)
+        self._failing_since, self._unconfirmed = None, False
 
     async def _renew_once(self) -> None:
         if not await self._write(self.revision):
             holder, revision = await self._read()
-            if holder == self.holder and revision > self.revision:
-                self.revision = revision  # our own write, whose answer was lost: still ours
+            if holder == self.holder:  # our own write (a concurrent renewal, or a lost answer)
+                self.revision = max(self.revision, revision)
             else:
                 self._lose(f"taken over by {holder}" if holder else "released by another")
 

@@ -308,7 +308,7 @@ class Service:
             await self.lease.acquire()
         else:
             previous = await self._take_over()
-        self.bus.fence = self.lease
+        self.bus.fence = self.store.fence = self.lease
         started = time.perf_counter()
         await self.restore(await self.store.load())
         self.log.info("state.restored", took_s=round(time.perf_counter() - started, 4))

@@ -25,6 +25,7 @@ from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 
+from .connection import Fence
 from .leader import LEASE_KEY
 
 T = TypeVar("T")
@@ -86,6 +87,8 @@ class KvStore(NullStore):
         self.unavailable_since = 0.0  # (monotonic) since when writes find no leader; 0: they do
         self.kv: Any = None
         """The bucket (nats-py's KeyValue), once open."""
+        self.fence: Fence | None = None
+        """The service's leader lease: a write is tried again only while we still hold it."""
         self.log = structlog.get_logger().bind(bucket=self.bucket)
 
     async def open(self) -> None:
@@ -119,6 +122,8 @@ class KvStore(NullStore):
                     self.log.warning("store.unavailable", error=repr(exc))
                 tries += 1
                 await asyncio.sleep(0.25)
+                if self.fence is not None and not self.fence.holds():
+                    await self.fence.confirm()  # (raises NotLeading if another took over)
                 continue
             if tries and self.unavailable_since:
                 took_s = round(time.monotonic() - self.unavailable_since, 2)
