@@ -178,6 +178,10 @@ class Service:
         self.lease: Lease | None = None
         """Durable services: the leader lease this instance holds while it serves."""
         self._takeover_sub: Any = None
+        self._lease_watch: asyncio.Task[None] | None = None
+        self.stood_down = asyncio.Event()
+        """Set when this instance lost its lease and stopped serving: it is done (a process
+        starts a fresh instance, as a standby)."""
 
     # ------------------------------------------------------------------ for subclasses
 
@@ -309,6 +313,7 @@ class Service:
         else:
             previous = await self._take_over()
         self.bus.fence = self.store.fence = self.lease
+        self._lease_watch = asyncio.create_task(self._stand_down_when_lost(self.lease))
         started = time.perf_counter()
         await self.restore(await self.store.load())
         self.log.info("state.restored", took_s=round(time.perf_counter() - started, 4))
@@ -364,15 +369,15 @@ class Service:
         self._subs.clear()
         self._serving.clear()
 
-    async def lost_lease(self) -> None:
-        """The lease is lost (not renewed in time, or taken): stop serving; the caller starts a
-        fresh instance as a standby."""
+    async def _stand_down_when_lost(self, lease: Lease) -> None:
+        """The lease is lost (taken, or not renewed for long): stop serving."""
+        await lease.lost.wait()
         if self._takeover_sub is not None:
             with contextlib.suppress(Exception):
                 await self._takeover_sub.unsubscribe()
         await self._stand_down()
-        if self.lease is not None:
-            await self.lease.stop_renewing()
+        await lease.stop_renewing()
+        self.stood_down.set()
 
     def _takeover_refused(self, msg: Msg) -> BadRequest | None:
         """Why `msg` is no takeover request (None: it is one). A replacement asks through
@@ -644,6 +649,8 @@ class Service:
     async def stop(self) -> None:
         """Stop taking new messages, finish those in hand, and close the connection. A leader
         hands over first: it releases its lease for a standby to take at once."""
+        if self._lease_watch is not None:
+            self._lease_watch.cancel()
         if self.lease is not None and self.lease.revision and not self.handed_over.is_set():
             await self._stand_down()
             await self.lease.release()
@@ -737,15 +744,15 @@ def run_service(
             except StoreError as exc:
                 await nc.close()
                 parser.exit(1, f"gpuyard-{service_cls.name}: {exc}\n")
-            ending = [stopping, asyncio.ensure_future(service.handed_over.wait())]
-            if service.lease is not None:
-                ending.append(asyncio.ensure_future(service.lease.lost.wait()))
+            ending = [
+                stopping, asyncio.ensure_future(service.handed_over.wait()),
+                asyncio.ensure_future(service.stood_down.wait()),
+            ]  # fmt: skip
             await asyncio.wait(ending, return_when=asyncio.FIRST_COMPLETED)
             for waiting in ending[1:]:
                 waiting.cancel()
-            if service.lease is None or not service.lease.lost.is_set() or stop.is_set():
+            if not service.stood_down.is_set() or stop.is_set():
                 break
-            await service.lost_lease()
             standby = True
         await service.stop()
 
