@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import sys
 import tempfile
@@ -92,7 +93,10 @@ class ServiceSet:
         self._services: list[Service] = []
         self._procs: list[asyncio.subprocess.Process] = []
         self.extra: list[str] = []  # services started again by `replace`, in order
+        self.standbys: dict[str, list[asyncio.subprocess.Process]] = {}
+        """(processes=True) Standby processes started by `add_standby`, per service."""
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._spawned = itertools.count()  # (each process's config file)
 
     async def start(self) -> None:
         if self.processes:
@@ -115,14 +119,17 @@ class ServiceSet:
         for name, config in self.configs.items():
             self._procs.append(await self.spawn(name, config))
 
-    async def spawn(self, name: str, config: Any) -> asyncio.subprocess.Process:
+    async def spawn(
+        self, name: str, config: Any, *, standby: bool = False
+    ) -> asyncio.subprocess.Process:
         """Start one service process (again, or a replacement with another config); a durable
-        service takes over from a running instance and loads the state it left."""
+        service takes over from a running instance and loads the state it left (a `standby`
+        waits until that one's leader lease lapses or it stops)."""
         if self._tmp is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="gpuyard-svc-")
         # The children write their logs straight into the run's log file.
         log = self.log_file.open("ab") if self.log_file else None
-        path = Path(self._tmp.name) / f"{name}-{len(self._procs)}.json"
+        path = Path(self._tmp.name) / f"{name}-{next(self._spawned)}.json"
         path.write_bytes(msgspec.json.encode(config))
         auth = self.auth_of(name)
         try:
@@ -130,7 +137,7 @@ class ServiceSet:
                 sys.executable, "-m", f"gpuyard.services.{name}", "--nats", self.url,
                 "--cluster", self.subjects.cluster, "--config", str(path),
                 "--log-level", self.log_level, *(auth.argv() if auth else []),
-                stdout=log or asyncio.subprocess.DEVNULL, stderr=log or None,
+                *(["--standby"] if standby else []), stdout=log or asyncio.subprocess.DEVNULL, stderr=log or None,
                 preexec_fn=dying_with_this_process(),
                 env={**os.environ, **(auth.env() if auth else {})},
             )  # fmt: skip
@@ -148,6 +155,13 @@ class ServiceSet:
         proc = await self.spawn(name, config if config is not None else self.configs[name])
         self._procs.append(proc)
         self.extra.append(name)
+        return proc
+
+    async def add_standby(self, name: str) -> asyncio.subprocess.Process:
+        """(processes=True) Start a standby of durable service `name`: it takes over when the
+        active instance's lease lapses (killed, paused, cut off) or it stops."""
+        proc = await self.spawn(name, self.configs[name], standby=True)
+        self.standbys.setdefault(name, []).append(proc)
         return proc
 
     async def lost(self, grace_s: float, every_s: float = 0.1) -> tuple[str, int]:
@@ -210,10 +224,11 @@ class ServiceSet:
                 )
                 with contextlib.suppress(Exception):
                     await service.bus.nc.close()
-        for proc in self._procs:
+        procs = [*self._procs, *(p for ps in self.standbys.values() for p in ps)]
+        for proc in procs:
             if proc.returncode is None:
                 proc.terminate()
-        for proc in self._procs:
+        for proc in procs:
             try:
                 async with asyncio.timeout(10):
                     await proc.wait()

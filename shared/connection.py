@@ -15,7 +15,7 @@ import ssl
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import msgspec
 import nats
@@ -363,6 +363,15 @@ def _one_write_per_flush() -> None:
     tcp._gpuyard_joined = True  # type: ignore[attr-defined]
 
 
+class Fence(Protocol):
+    """What a service that may be replaced by a standby checks before it acts (`shared.leader`)."""
+
+    def holds(self) -> bool: ...
+
+    async def confirm(self) -> None:
+        """Return if we may act (confirming the lease if need be); else raise NotLeading."""
+
+
 class Bus:
     """One NATS connection in one cluster's namespace: typed calls through the endpoint table."""
 
@@ -388,6 +397,8 @@ class Bus:
         self._awaited: dict[str, asyncio.Future[Msg]] = {}
         """Requests waiting for their reply, by token."""
         self._tokens = itertools.count()
+        self.fence: Fence | None = None
+        """A durable service's leader lease: no call, publish or event goes out without it."""
 
     async def call(
         self, endpoint: Endpoint[Any, Rep], msg: Any, *, within_s: float | None = None,
@@ -404,6 +415,8 @@ class Bus:
         deadline = time.monotonic() + retry_for_s
         pause = 0.05
         while True:
+            if self.fence is not None and not self.fence.holds():
+                await self.fence.confirm()
             try:
                 return await self._request_once(endpoint, subject, msg, within_s)
             except RemoteError as exc:
@@ -483,12 +496,16 @@ class Bus:
 
     async def publish(self, endpoint: Endpoint[Any, Any], msg: Any, **params: str) -> None:
         """Publish on an endpoint (placeholders from `params`)."""
+        if self.fence is not None and not self.fence.holds():
+            await self.fence.confirm()
         await self.nc.publish(self.subject(endpoint, **params), encode(msg))
 
     async def emit(self, event: Event) -> None:
         subject = self._event_subjects.get(event.type)
         if subject is None:
             subject = self._event_subjects[event.type] = self.subject(EVENT, type=event.type)
+        if self.fence is not None and not self.fence.holds():
+            await self.fence.confirm()
         await self.nc.publish(subject, encode(event))
 
     async def close(self) -> None:

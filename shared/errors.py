@@ -14,8 +14,17 @@ import msgspec
 
 from .contract import ErrorReply
 
-TRANSIENT_ERRORS = frozenset({"no service is listening", "timed out"})
-"""Errors a caller may retry: the service is restarting, or busy beyond the timeout."""
+NOT_LEADING = "this instance is standing down: another takes over"
+"""The error of a request that a durable service's instance got as it lost its leader lease."""
+
+TRANSIENT_ERRORS = frozenset({"no service is listening", "timed out", NOT_LEADING})
+"""Errors a caller may retry: the service is restarting or changing leader, or busy beyond the
+timeout."""
+
+
+class NotLeading(Exception):
+    """This instance of a durable service does not hold its leader lease (any more): it must not
+    act (`shared.leader`)."""
 
 
 class RemoteError(Exception):

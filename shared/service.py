@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -72,10 +73,18 @@ from .endpoints import (
     Subjects,
     subject_matches,
 )
-from .errors import BadRequest, RemoteError, error_from_validation, policy_error_field
+from .errors import (
+    NOT_LEADING,
+    BadRequest,
+    NotLeading,
+    RemoteError,
+    error_from_validation,
+    policy_error_field,
+)
 from .identity import SERVICES, Caller
+from .leader import LEASE_S, Lease
 from .policy import Policy, PolicyError, Registry
-from .store import NullStore, StoreError, open_store
+from .store import KvStore, NullStore, StoreError, open_store
 
 T = TypeVar("T")
 
@@ -107,6 +116,10 @@ class _Answer(msgspec.Struct):
     """The encoded reply, or error reply."""
     error: bool = False
 
+
+TAKEOVER_TRIES = 5
+"""How often a replacement asks the running instance to hand over, when a standby took the lease
+in between each time."""
 
 GROUP_MAX = 64
 """A service that commits in groups answers at least every this many requests."""
@@ -159,6 +172,16 @@ class Service:
         """Set when a replacement process took over: the process may exit."""
         self.instance_id = uuid.uuid4().hex
         self.started_at = datetime.now(UTC)
+        self.standby = False
+        """Durable services: wait for the leader lease before serving (`--standby`), rather than
+        take over from the running instance at once."""
+        self.lease: Lease | None = None
+        """Durable services: the leader lease this instance holds while it serves."""
+        self._takeover_sub: Any = None
+        self._lease_watch: asyncio.Task[None] | None = None
+        self.stood_down = asyncio.Event()
+        """Set when this instance lost its lease and stopped serving: it is done (a process
+        starts a fresh instance, as a standby)."""
 
     # ------------------------------------------------------------------ for subclasses
 
@@ -169,6 +192,10 @@ class Service:
     @property
     def replicas(self) -> int:
         return int(getattr(getattr(self, "config", None), "replicas", 1))
+
+    @property
+    def lease_s(self) -> float:
+        return float(getattr(getattr(self, "config", None), "lease_s", LEASE_S))
 
     async def restore(self, values: dict[str, bytes]) -> None:
         """Take up the state loaded from the store (called before the first request)."""
@@ -262,24 +289,31 @@ class Service:
     # ------------------------------------------------------------------ durable state, takeover
 
     async def prepare(self) -> None:
-        """Durable services: have a running instance hand over, then load the state it left.
+        """Durable services: become the leader (a standby waits for the lease; any other instance
+        has the running one hand over), then load the state the previous leader left.
 
         The old instance stops taking requests and finishes those in hand before it answers; a
         request that arrives in between finds nobody listening and its caller retries.
         """
         if not self.durable:
             return
-        previous: PolicyInfo | None = None
-        try:
-            previous = await self.bus.call(TAKEOVER, Empty(), within_s=60.0, svc=self.token)
-            self.log.info("service.took_over")
-        except RemoteError as exc:
-            if exc.reply.error != "no service is listening":
-                raise
         self.store = await open_store(
             self.bus.nc, self.bus.subjects.cluster, self.name, durable=True,
             replicas=self.replicas,
         )  # fmt: skip
+        assert isinstance(self.store, KvStore)
+        self.lease = Lease(self.store.kv, self.instance_id, self.lease_s, self.log)
+        previous: PolicyInfo | None = None
+        if self.standby:
+            self.log.info(
+                "service.standing_by", lease_s=self.lease_s, instance=self.instance_id,
+                pid=os.getpid(),
+            )  # fmt: skip
+            await self.lease.acquire()
+        else:
+            previous = await self._take_over()
+        self.bus.fence = self.store.fence = self.lease
+        self._lease_watch = asyncio.create_task(self._stand_down_when_lost(self.lease))
         started = time.perf_counter()
         await self.restore(await self.store.load())
         self.log.info("state.restored", took_s=round(time.perf_counter() - started, 4))
@@ -287,9 +321,25 @@ class Service:
         if previous is not None and (previous.policy, previous.params) != (mine.policy, mine.params):
             # A replacement with another policy: the stream shows the swap like a `policy set`.
             await self._policy_changed(previous.policy, mine, "took over")
-        await self.bus.nc.subscribe(
+        self._takeover_sub = await self.bus.nc.subscribe(
             self.bus.subjects.of(TAKEOVER, svc=self.token), cb=self._on_takeover
         )
+
+    async def _take_over(self) -> PolicyInfo | None:
+        """Have the running instance (if any) hand over, and take the lease from it: the policy it
+        ran. A standby that took the lease meanwhile is asked in turn."""
+        assert self.lease is not None and isinstance(self.store, KvStore)
+        for _ in range(TAKEOVER_TRIES):
+            previous: PolicyInfo | None = None
+            try:
+                previous = await self.bus.call(TAKEOVER, Empty(), within_s=60.0, svc=self.token)
+                self.log.info("service.took_over")
+            except RemoteError as exc:
+                if exc.reply.error != "no service is listening":
+                    raise
+            if await self.store.while_unavailable(self.lease.seize):
+                return previous
+        raise StoreError(f"could not take the {self.name}'s leader lease: other instances kept it")
 
     async def _on_takeover(self, msg: Msg) -> None:
         refused = self._takeover_refused(msg)
@@ -303,14 +353,31 @@ class Service:
                     await self.bus.nc.publish(msg.reply, encode(error), headers=_ERROR_HEADERS)
             return
         self.log.info("service.handing_over")
+        await self._stand_down()
+        if self.lease is not None:  # (the replacement writes it over our last revision)
+            await self.lease.stop_renewing()
+        await msg.respond(encode(self.policy_info()))
+        self.handed_over.set()
+
+    async def _stand_down(self) -> None:
+        """Serve no more: stop background tasks, finish the requests in hand (those queued get
+        `NOT_LEADING` once the lease is gone: their callers ask again, and find the next leader)."""
         await self.hand_over()
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.drain()
         self._subs.clear()
         self._serving.clear()
-        await msg.respond(encode(self.policy_info()))
-        self.handed_over.set()
+
+    async def _stand_down_when_lost(self, lease: Lease) -> None:
+        """The lease is lost (taken, or not renewed for long): stop serving."""
+        await lease.lost.wait()
+        if self._takeover_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._takeover_sub.unsubscribe()
+        await self._stand_down()
+        await lease.stop_renewing()
+        self.stood_down.set()
 
     def _takeover_refused(self, msg: Msg) -> BadRequest | None:
         """Why `msg` is no takeover request (None: it is one). A replacement asks through
@@ -437,6 +504,8 @@ class Service:
     ) -> _Answer | None:
         """Run the request's handler: its answer (None: a publish, which gets none)."""
         try:
+            if self.lease is not None and not self.lease.holds():
+                await self.lease.confirm()
             if route is None:
                 if not msg.reply or suffix in self.answered_elsewhere:
                     return None  # a publish this service does not serve, or not ours to answer
@@ -457,6 +526,10 @@ class Service:
                 reply = await route.handler(request, caller=caller)
             else:
                 reply = await route.handler(request)
+        except NotLeading:
+            if not msg.reply:
+                return None
+            return self._failed(msg, route, ErrorReply(error=NOT_LEADING, subject=msg.subject))
         except BadRequest as exc:
             self.log.warning(
                 "request.rejected", subject=msg.subject, error=exc.error, field=exc.field
@@ -474,7 +547,15 @@ class Service:
         """Write what the requests handled changed, then answer them: a reply means durable."""
         answers, self._unanswered = self._unanswered, []
         try:
+            if self.lease is not None and not self.lease.holds():
+                await self.lease.confirm()  # (a write after another took over would undo its own)
             await self.persist()
+        except NotLeading:
+            answers = [
+                a if a.error else self._failed(a.msg, a.route, ErrorReply(
+                    error=NOT_LEADING, subject=a.msg.subject))
+                for a in answers
+            ]  # fmt: skip
         except Exception as exc:  # not written: the callers must not take it as done
             self.log.exception("state.not_written", requests=len(answers))
             answers = [
@@ -566,7 +647,13 @@ class Service:
         self._subs.append(await self.bus.nc.subscribe("$SRV.>", cb=answer))
 
     async def stop(self) -> None:
-        """Stop taking new messages, finish those in hand, and close the connection."""
+        """Stop taking new messages, finish those in hand, and close the connection. A leader
+        hands over first: it releases its lease for a standby to take at once."""
+        if self._lease_watch is not None:
+            self._lease_watch.cancel()
+        if self.lease is not None and self.lease.revision and not self.handed_over.is_set():
+            await self._stand_down()
+            await self.lease.release()
         await self.bus.close()
         self.log.info("service.stopped")
 
@@ -598,6 +685,12 @@ def run_service(
             help="copies of its durable state on a NATS cluster (1-5; 3 on three servers): the "
             "config's `replicas`, for one config file on a cluster of any size",
         )  # fmt: skip
+    if "durable" in config_cls.__struct_fields__:
+        parser.add_argument(
+            "--standby", action="store_true",
+            help="connect and wait: take over (load the stored state and serve) when the running "
+            "instance's leader lease lapses or it stops; durable services only",
+        )  # fmt: skip
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
@@ -610,6 +703,11 @@ def run_service(
                 {**msgspec.to_builtins(config), "replicas": args.replicas}, config_cls
             )
         subjects = Subjects(args.cluster)
+        if getattr(args, "standby", False) and not config.durable:
+            raise ValueError(
+                "--standby needs a durable service (`\"durable\": true` in its config): a "
+                "standby takes over the state the running instance stored"
+            )
     except (OSError, ValueError, msgspec.ValidationError) as exc:
         parser.error(f"bad configuration: {exc}")
 
@@ -621,24 +719,41 @@ def run_service(
             )  # fmt: skip
         except TlsFailure as exc:  # (it would not pass by trying again)
             parser.exit(1, f"gpuyard-{service_cls.name}: cannot connect to NATS: {exc}\n")
-        try:
-            service = service_cls(Bus(nc, subjects), config)
-        except (PolicyError, ValueError) as exc:
-            await nc.close()
-            parser.exit(2, f"gpuyard-{service_cls.name}: bad configuration: {exc}\n")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        try:
-            await service.start()
-        except StoreError as exc:
-            await nc.close()
-            parser.exit(1, f"gpuyard-{service_cls.name}: {exc}\n")
-        handed_over = asyncio.ensure_future(service.handed_over.wait())
-        await asyncio.wait(
-            [asyncio.ensure_future(stop.wait()), handed_over], return_when=asyncio.FIRST_COMPLETED
-        )
+        stopping = asyncio.ensure_future(stop.wait())
+        standby = bool(getattr(args, "standby", False))
+        while True:  # one instance a term as leader: one that lost its lease stands by afresh
+            try:
+                service = service_cls(Bus(nc, subjects), config)
+            except (PolicyError, ValueError) as exc:
+                await nc.close()
+                parser.exit(2, f"gpuyard-{service_cls.name}: bad configuration: {exc}\n")
+            service.standby = standby
+            starting = asyncio.ensure_future(service.start())
+            await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+            if not starting.done():  # stopped while standing by
+                starting.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await starting
+                break
+            try:
+                starting.result()
+            except StoreError as exc:
+                await nc.close()
+                parser.exit(1, f"gpuyard-{service_cls.name}: {exc}\n")
+            ending = [
+                stopping, asyncio.ensure_future(service.handed_over.wait()),
+                asyncio.ensure_future(service.stood_down.wait()),
+            ]  # fmt: skip
+            await asyncio.wait(ending, return_when=asyncio.FIRST_COMPLETED)
+            for waiting in ending[1:]:
+                waiting.cancel()
+            if not service.stood_down.is_set() or stop.is_set():
+                break
+            standby = True
         await service.stop()
 
     import uvloop

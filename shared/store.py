@@ -25,6 +25,9 @@ from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 
+from .connection import Fence
+from .leader import LEASE_KEY
+
 T = TypeVar("T")
 
 _encoder = msgspec.json.Encoder()
@@ -82,7 +85,10 @@ class KvStore(NullStore):
         self.storage = storage
         self.replicas = replicas
         self.unavailable_since = 0.0  # (monotonic) since when writes find no leader; 0: they do
-        self._kv: Any = None
+        self.kv: Any = None
+        """The bucket (nats-py's KeyValue), once open."""
+        self.fence: Fence | None = None
+        """The service's leader lease: a write is tried again only while we still hold it."""
         self.log = structlog.get_logger().bind(bucket=self.bucket)
 
     async def open(self) -> None:
@@ -93,14 +99,14 @@ class KvStore(NullStore):
             bucket=self.bucket, history=1, storage=StorageType(self.storage), replicas=self.replicas
         )
         try:
-            self._kv = await self._while_unavailable(lambda: js.create_key_value(config))
+            self.kv = await self.while_unavailable(lambda: js.create_key_value(config))
         except APIError as exc:
             raise StoreError(
                 f"cannot make the key-value bucket {self.bucket} with {self.replicas} "
                 f"replica(s): {exc.description or exc}"
             ) from None
 
-    async def _while_unavailable(self, op: Callable[[], Awaitable[T]]) -> T:
+    async def while_unavailable(self, op: Callable[[], Awaitable[T]]) -> T:
         """`op()`, tried again while the bucket is without a leader (`UNAVAILABLE_FOR_S`).
         Writes are puts and deletes of whole values: one repeated after a lost answer is harmless."""
         started = time.monotonic()
@@ -116,6 +122,8 @@ class KvStore(NullStore):
                     self.log.warning("store.unavailable", error=repr(exc))
                 tries += 1
                 await asyncio.sleep(0.25)
+                if self.fence is not None and not self.fence.holds():
+                    await self.fence.confirm()  # (raises NotLeading if another took over)
                 continue
             if tries and self.unavailable_since:
                 took_s = round(time.monotonic() - self.unavailable_since, 2)
@@ -129,8 +137,8 @@ class KvStore(NullStore):
         if items:
             await asyncio.gather(
                 *(
-                    self._while_unavailable(
-                        lambda k=k, v=v: self._kv.put(
+                    self.while_unavailable(
+                        lambda k=k, v=v: self.kv.put(
                             k, v if isinstance(v, bytes) else _encoder.encode(v)
                         )
                     )
@@ -141,25 +149,27 @@ class KvStore(NullStore):
     async def delete_many(self, keys: list[str]) -> None:
         if keys:
             await asyncio.gather(
-                *(self._while_unavailable(lambda k=k: self._kv.delete(k)) for k in keys)
+                *(self.while_unavailable(lambda k=k: self.kv.delete(k)) for k in keys)
             )
 
     async def load(self) -> dict[str, bytes]:
         """Every key with its latest value (deleted keys left out), in one pass over the bucket's
         stream (an ordered consumer of the last value per key): ~10x faster than a get per key."""
         values: dict[str, bytes] = {}
-        status = await self._while_unavailable(self._kv.status)
+        status = await self.while_unavailable(self.kv.status)
         if not status.values:
             return values
         # Read until the entry with nothing pending after it: the watcher's own "initial values
         # done" marker can come first when the server pushed everything before it looked.
-        watcher = await self._kv.watchall()
+        watcher = await self.kv.watchall()
         try:
             while True:
                 entry = await watcher.updates(timeout=30.0)
                 if entry is None:
                     continue
-                if entry.operation is None and entry.value:
+                if entry.key == LEASE_KEY:  # (whose the service is, not its state)
+                    pass
+                elif entry.operation is None and entry.value:
                     values[entry.key] = entry.value
                 else:
                     values.pop(entry.key, None)  # deleted or purged

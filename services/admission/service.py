@@ -25,6 +25,7 @@ from gpuyard.shared.contract import (
 )
 from gpuyard.shared.endpoints import CLUSTER, ENQUEUE, EVENT, QUERY, SUBMIT, Endpoint
 from gpuyard.shared.identity import ANONYMOUS, Caller
+from gpuyard.shared.leader import LEASE_S, LeaseSeconds
 from gpuyard.shared.model import ANY_GPU, JobRecord, JobSpec
 from gpuyard.shared.policy import (
     AdmissionDecision,
@@ -63,6 +64,9 @@ class AdmissionConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     durable: bool = False
     """Keep the id counter and the held jobs in a JetStream key-value bucket."""
     replicas: Replicas = 1
+    lease_s: LeaseSeconds = LEASE_S
+    """Durable: the leader lease (`shared.leader`): a standby takes over this long after the
+    active instance stopped renewing it."""
     throughputs: str = "default"
     """The throughput model behind the views' `rate()` (deadline-feasibility admission)."""
     call_timeout_s: float | None = None

@@ -47,6 +47,7 @@ from gpuyard.shared.endpoints import (
 )
 from gpuyard.shared.errors import BadRequest, RemoteError
 from gpuyard.shared.identity import Caller
+from gpuyard.shared.leader import LEASE_S, LeaseSeconds
 from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobSpec, NodeSpec
 from gpuyard.shared.policy import NodeView, PlacementInput, PlacementPolicy, placement_policies
 from gpuyard.shared.service import Handler, Service
@@ -77,6 +78,9 @@ class PlacementConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     durable: bool = False
     """Keep the cluster map in a JetStream key-value bucket: a restarted placement goes on."""
     replicas: Replicas = 1
+    lease_s: LeaseSeconds = LEASE_S
+    """Durable: the leader lease (`shared.leader`): a standby takes over this long after the
+    active instance stopped renewing it."""
     simulated: bool = False
     """The nodes are the simclock's: the commands of an apply go to it in one request
     (`clock.cmds`) rather than one per node (a simulation's round trips are its cost)."""

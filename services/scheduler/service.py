@@ -61,6 +61,7 @@ from gpuyard.shared.endpoints import (
 )
 from gpuyard.shared.errors import BadRequest
 from gpuyard.shared.identity import ANONYMOUS, Caller
+from gpuyard.shared.leader import LEASE_S, LeaseSeconds
 from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobRecord, JobSpec, JobState
 from gpuyard.shared.policy import (
     ClusterView,
@@ -117,6 +118,9 @@ class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     durable: bool = False
     """Keep the jobs in a JetStream key-value bucket: a restarted scheduler goes on where it was."""
     replicas: Replicas = 1
+    lease_s: LeaseSeconds = LEASE_S
+    """Durable: the leader lease (`shared.leader`): a standby takes over this long after the
+    active instance stopped renewing it."""
     call_timeout_s: float | None = None
     """How long one request to placement may take (None: the connection's default)."""
     retry_for_s: float = 0.0
@@ -217,7 +221,8 @@ class Scheduler(Service):
         if self.config.clock == "wall":
             self._ticker = asyncio.create_task(self._tick_on_wall_clock())
             node_events = self.bus.subjects.of(EVENT, type="node.>")
-            await self.bus.nc.subscribe(node_events, cb=self._node_event)
+            # (drained when it hands over or stands down: no stale instance acts on them)
+            self._subs.append(await self.bus.nc.subscribe(node_events, cb=self._node_event))
 
     async def stop(self) -> None:
         if self._ticker is not None:
