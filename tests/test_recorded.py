@@ -72,11 +72,19 @@ def test_results_are_those_recorded(case: Case, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_command_as_typed_gives_them_too(tmp_path: Path) -> None:
-    """The same through `gpuyard sim` in a process of its own (plots and all), from the root."""
+    """The same through `gpuyard sim` in a process of its own (plots and all), from the root,
+    with the services' counters in `stats.json`: one submission per arrival instant."""
     c = next(c for c in CASES if c.name == "tiresias-rounds")
     recorded(c)
     run_gpuyard(*shlex.split(c.command)[1:], "--out", str(tmp_path), cwd=ROOT)
     compare(c, tmp_path)
+    # and the services' own counters: every request each made, every decision
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert sorted(stats) == ["admission", "placement", "scheduler", "simclock"]
+    submits = stats["simclock"]["requests"]["adm.submit.{caller}"]["count"]
+    assert submits == len({line.split(",")[6] for line in gzip.decompress(
+        (HERE / f"{c.name}.jobs.csv.gz").read_bytes()).decode().splitlines()[1:]})  # fmt: skip
+    assert stats["scheduler"]["decisions"] >= stats["scheduler"]["requests"]["place.apply"]["count"]
 
 
 def test_the_cases_cover_what_must_not_change() -> None:
