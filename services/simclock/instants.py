@@ -58,7 +58,7 @@ class InstantLoop:
 
     retries_held_at = True
     """Whether held jobs are decided again at the time admission asks (not only at exits)."""
-    stuck = "the scheduler starts nothing"
+    stuck: str
     """Why jobs that never finished did not (the end of the error's line)."""
 
     def __init__(self, clock: SimClock, workload: list[JobSpec], churn: NodeEvents) -> None:
@@ -106,8 +106,8 @@ class InstantLoop:
             lost = await clock.change_nodes(now, self.churn[self.next_churn][1])
             self.next_churn += 1
         exits = clock.runs.exits(now)
-        for exit in exits:
-            self.awaited.discard(exit.job_id)
+        for ended in exits:
+            self.awaited.discard(ended.job_id)
         batch = self.arrivals(now)
         # Jobs held by admission get another chance when others have left, or when admission
         # asked for one.
@@ -246,6 +246,7 @@ class GavelRounds(InstantLoop):
     decided again at exits, and every instant ticks."""
 
     retries_held_at = False
+    stuck = "the scheduler starts nothing"
 
     def __init__(self, clock: SimClock, workload: list[JobSpec], round_s: float) -> None:
         super().__init__(clock, workload, [])
