@@ -538,6 +538,7 @@ async def simulate(
                 await bus.call(STATS, Empty(), svc=token)
                 for token in ("clock", "adm", "sched", "place")
             ]
+            await asyncio.to_thread(write_stats, stats, out)
             reached = final.now
             if options.elasticflow:
                 runs, declined = await deadline_events(bus)
@@ -607,6 +608,21 @@ async def simulate(
     if interrupted is not None:
         raise interrupted
     return SimResult(summary=summary, jobs=records, timeline=points, wall_s=wall, stats=stats)
+
+
+def write_stats(stats: list[ServiceStats], out: Path) -> None:
+    """`stats.json`: each service's own counters (requests handled, requests it made per subject
+    with the seconds it waited for their replies, decisions), for benchmarks and for whoever
+    wonders where a run's time went."""
+
+    def one(s: ServiceStats) -> dict[str, Any]:
+        requests = {subject: {"count": int(count), "wait_s": wait}
+                    for subject, (count, wait) in s.requests.items()}  # fmt: skip
+        return {"handled": s.handled, "handler_s": s.handler_s, "policy_s": s.policy_s,
+                "decisions": len(s.decision_s), "requests": requests}  # fmt: skip
+
+    record = {s.service: one(s) for s in stats}
+    (out / "stats.json").write_bytes(msgspec.json.format(msgspec.json.encode(record)))
 
 
 def churn_figures(final: Progress, stats: list[ServiceStats]) -> dict[str, Any]:

@@ -371,24 +371,3 @@ async def test_the_clock_waits_for_the_node_commands_a_reply_names(
             await clock._commands_handled()
     finally:
         await bus.close()
-
-
-async def test_elasticflow_keys_warm_processes_by_first_rank_and_size(
-    tmp_path: Path, nats_url: str
-) -> None:
-    """ElasticFlow's simulator caches a job's processes by the rank of its first GPU in the
-    cluster's order and its size (`RestartCost.warm_key="first_rank"`): two GPUs on nodes 1 and 3
-    of 2-GPU nodes are ranks 2 and 7, keyed (2, 2), as the GPUs of node 1 are."""
-    from gpuyard.services.simclock.service import SimClock, SimClockConfig
-    from gpuyard.shared.connection import Bus
-
-    bus = Bus(await connect(nats_url, name="test"), Subjects("ranks"))
-    config = SimClockConfig(workload=str(tmp_path / "none.jsonl"), cluster=ClusterSpec.parse("4x2"))
-    try:
-        clock = SimClock(bus, config)
-        spread = frozenset({("gpu-0001", 0), ("gpu-0003", 1)})
-        node1 = frozenset({("gpu-0001", 0), ("gpu-0001", 1)})
-        assert clock._first_rank(spread) == clock._first_rank(node1) == (2, 2)
-        assert clock._first_rank(frozenset({("gpu-0003", 1)})) == (7, 1)
-    finally:
-        await bus.close()

@@ -1,0 +1,56 @@
+"""The simclock's configuration: the workload, the cluster, and the simulator semantics to follow."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta, Struct
+
+from gpuyard.services.simclock.costs import PreemptionCost
+from gpuyard.shared.model import ClusterSpec
+
+
+class SimClockConfig(Struct, kw_only=True, forbid_unknown_fields=True):
+    workload: str
+    """JSON-lines file of job specs (each with job_id and submit_time)."""
+    cluster: ClusterSpec
+    """Nodes present from the start."""
+    throughputs: str = "default"
+    """Throughput model: a Gavel JSON, ElasticFlow table(s), BFTrainer JNPs CSV, or "default"."""
+    node_events: str | None = None
+    """CSV `time,node,up` (seconds): nodes that join and leave (see gpuyard.workloads.churn)."""
+    churn_node_gpus: int = 1
+    churn_node_type: str = "gpu"
+    """GPUs per node and their type, for nodes that only appear in `node_events`."""
+    completion_quantum: float | None = None
+    """If set, a job's exit is reported at the next multiple of this (Blox: the round length;
+    ElasticFlow: 1 s, its ends being rounded up to whole seconds)."""
+    completion_grid_s: Annotated[float, Meta(gt=0)] | None = None
+    """ElasticFlow's simulator: a job's end is an event at the end of the last slot of this
+    length its run reaches (slots counted from its last restart, after the restart's pause: the
+    end its plan predicted), or at the first instant after its finish at which anything else
+    happens, whichever comes first; its JCT counts to its finish."""
+    arrival_quantum: float | None = None
+    """If set, jobs are submitted at the next multiple of this (Blox admits at round starts);
+    their submit_time, and so their JCT, stays the true arrival."""
+    at_node_events: bool = False
+    """BFTrainer's replayer: jobs are submitted, and their exits reported, only at node events
+    (the first at or after their arrival, completion); their submit_time, and so their JCT,
+    stays the true arrival, and a finished job holds its nodes until that event."""
+    gavel_round_s: Annotated[float, Meta(gt=0)] | None = None
+    """Gavel's simulator semantics, rounds of this length (Gavel: 360 s): every round, each
+    running job runs `min(int(rate * round), steps left)` steps; the round ends when the last of
+    those micro-tasks ends (so a round ends early when every job finishes), a job that finished
+    leaves its GPUs idle until then, completions are reported and arrivals submitted at round
+    ends, and with nothing running time jumps to the next arrival."""
+    preemption_cost: PreemptionCost = msgspec.field(default_factory=PreemptionCost)
+    window: tuple[Annotated[int, Meta(ge=0)], Annotated[int, Meta(ge=1)]] | None = None
+    """Gavel's measurement window (its `jobs_to_complete`): jobs `window[0]` to `window[1] - 1`
+    of the workload in arrival order; the run ends as soon as they have all ended, the jobs
+    still running or queued then left as they are."""
+    progress_interval_s: float = 0.25
+    call_timeout_s: float | None = None
+    """How long one request to the services may go unanswered (None: the connection's default)."""
+    retry_for_s: float = 0.0
+    """Durable runs: send a request again while its service restarts (it was killed), this long."""

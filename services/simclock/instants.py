@@ -1,0 +1,294 @@
+"""Virtual time: the instants of a simulation, one after another, and what the clock asks of the
+services at each. One loop for both cadences: at every event (arrivals, completions, node
+events, the ticks the scheduler asks for: `EventInstants`), or from one Gavel round's end to the
+next (`GavelRounds`). At an instant the clock tells the scheduler, in this order, of the nodes
+that changed, the jobs that exited and the jobs that arrived (`plan_instant`), then makes the
+running jobs' rates again."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Literal
+
+from gpuyard.shared.contract import (
+    ClusterChanged,
+    ExitReport,
+    SubmitRequest,
+    TickRequest,
+)
+from gpuyard.shared.endpoints import CLUSTER_CHANGED, EXITED, SUBMIT, TICK
+from gpuyard.shared.model import JobSpec
+
+if TYPE_CHECKING:
+    from gpuyard.services.simclock.service import SimClock
+
+MAX_TICKS_PER_INSTANT = 3
+
+Step = Literal["nodes", "exits", "submit"]
+NodeEvents = list[tuple[float, list[tuple[str, bool]]]]
+"""Node events grouped by instant: [(time, [(node, up), ...]), ...]."""
+
+
+def plan_instant(*, nodes: bool, exits: bool, submit: bool) -> list[tuple[Step, bool]]:
+    """The requests of one instant, in their order (the nodes that changed, the jobs that exited,
+    the jobs that arrived with those held to decide again), each with whether it carries the
+    scheduler's tick: the last one does (the scheduler runs its round if one is due). None: a
+    tick goes alone, if one is due."""
+    steps = [s for s, due in (("nodes", nodes), ("exits", exits), ("submit", submit)) if due]
+    return [(step, i == len(steps) - 1) for i, step in enumerate(steps)]
+
+
+def next_event(
+    *, arrival: float | None, completion: float | None, node_event: float | None,
+    wake: float | None, held_retry: float | None, last: float | None,
+) -> float | None:  # fmt: skip
+    """The next instant at which something can change: an arrival, a completion, a node event,
+    the tick the scheduler asked for or admission's time to decide on held jobs again (those
+    two never before the last instant). None: nothing ever will."""
+    floor = last or 0.0
+    candidates = [t for t in (arrival, completion, node_event) if t is not None]
+    candidates += [max(t, floor) for t in (wake, held_retry) if t is not None]
+    return min(candidates, default=None)
+
+
+class InstantLoop:
+    """The instants of one run of `clock` over `workload` (sorted by arrival) with its node
+    events, until every job has ended (or the measurement window's jobs have)."""
+
+    retries_held_at = True
+    """Whether held jobs are decided again at the time admission asks (not only at exits)."""
+    stuck: str
+    """Why jobs that never finished did not (the end of the error's line)."""
+
+    def __init__(self, clock: SimClock, workload: list[JobSpec], churn: NodeEvents) -> None:
+        self.clock = clock
+        self.progress = clock.progress
+        self.workload = workload
+        self.churn = churn
+        self.next_arrival = 0
+        self.next_churn = 0
+        self.rejected = 0
+        self.held = 0  # jobs admission holds, as it last said
+        self.held_retry: float | None = None  # when admission asked to decide on them again
+        self.awaited: set[str] = set()  # the window's jobs that have not ended yet
+        if clock.config.window is not None:
+            first, end = clock.config.window
+            self.awaited = {spec.job_id for spec in workload[first:end] if spec.job_id}
+        self.last_report = time.monotonic()
+
+    async def run(self) -> None:
+        progress = self.progress
+        now = self.first_instant()
+        while now is not None:
+            await self.instant(now)
+            if self.window_done():
+                break
+            await self.after_instant(now)
+            if time.monotonic() - self.last_report >= self.clock.config.progress_interval_s:
+                self.last_report = time.monotonic()
+                await self.clock.publish_progress()
+            now = await self.next_instant(now)
+        if progress.finished != progress.total and not self.window_done():
+            raise RuntimeError(
+                f"{progress.total - progress.finished} jobs never finished ({self.held} held by "
+                f"admission): nothing runs, nothing arrives, and {self.stuck}"
+            )
+
+    async def instant(self, now: float) -> None:
+        """Nodes, then exits, then arrivals, then the round: the tick rides on the last request
+        of the instant, or goes alone if the cadence says one is due."""
+        clock, progress = self.clock, self.progress
+        progress.now = now
+        progress.instants += 1
+        lost: list[str] | None = None
+        if self.next_churn < len(self.churn) and self.churn[self.next_churn][0] == now:
+            lost = await clock.change_nodes(now, self.churn[self.next_churn][1])
+            self.next_churn += 1
+        exits = clock.runs.exits(now)
+        for ended in exits:
+            self.awaited.discard(ended.job_id)
+        batch = self.arrivals(now)
+        # Jobs held by admission get another chance when others have left, or when admission
+        # asked for one.
+        due = self.held_retry is not None and self.held_retry <= now
+        retry_held = self.held > 0 and (bool(exits) or due)
+        ticked = False
+        for step, tick in plan_instant(
+            nodes=lost is not None, exits=bool(exits), submit=bool(batch) or retry_held
+        ):
+            if step == "nodes":
+                assert lost is not None
+                msg = ClusterChanged(now=now, lost_jobs=lost, tick=tick)
+                clock.note(now, await clock.call(CLUSTER_CHANGED, msg))
+                ticked = tick
+            elif step == "exits":
+                clock.note(now, await clock.call(EXITED, ExitReport(now=now, exits=exits, tick=tick)))
+                ticked = tick
+            else:
+                ticked = await self.submit(now, batch)
+        if not ticked and self.tick_due(now):
+            clock.note(now, await clock.call(TICK, TickRequest(now=now)))
+        await clock.refresh(now)
+        progress.finished = clock.runs.finished + self.rejected
+
+    def arrivals(self, now: float) -> list[JobSpec]:
+        """The jobs submitted at `now`."""
+        batch: list[JobSpec] = []
+        workload = self.workload
+        while self.next_arrival < len(workload) and self.delivery(workload[self.next_arrival]) <= now:
+            batch.append(workload[self.next_arrival])
+            self.next_arrival += 1
+        return batch
+
+    async def submit(self, now: float, batch: list[JobSpec]) -> bool:
+        """Submit the arrivals (and have the held jobs decided again), with the tick; whether the
+        scheduler got the tick."""
+        reply = await self.clock.call(SUBMIT, SubmitRequest(now=now, jobs=batch, tick=True))
+        self.progress.submitted += len(batch)
+        self.held = reply.held
+        if self.retries_held_at:
+            self.held_retry = reply.retry_at
+        for r in reply.results:
+            if r.verdict == "reject":
+                self.rejected += 1
+                self.clock.nodes.jobs.pop(r.job_id, None)
+                self.awaited.discard(r.job_id)
+        if reply.scheduler is None:
+            return False
+        self.clock.note(now, reply.scheduler)
+        return True
+
+    def window_done(self) -> bool:
+        """Every job of the measurement window has ended (never, without one)."""
+        return self.clock.config.window is not None and not self.awaited
+
+    def delivery(self, spec: JobSpec) -> float:
+        """When the job is submitted: its arrival, the next arrival quantum (Blox's round
+        start) or the next node event (BFTrainer's replayer)."""
+        arrival = spec.submit_time or 0.0
+        config = self.clock.config
+        if config.at_node_events:
+            return self.clock.runs.next_node_event(arrival)
+        quantum = config.arrival_quantum
+        return math.ceil(arrival / quantum - 1e-9) * quantum if quantum else arrival
+
+    # The cadence: when the instants are.
+
+    def first_instant(self) -> float | None:
+        raise NotImplementedError
+
+    def tick_due(self, now: float) -> bool:
+        """Whether an instant whose requests did not carry the tick needs one alone."""
+        raise NotImplementedError
+
+    async def after_instant(self, now: float) -> None:
+        """What the cadence does once the instant's requests are answered."""
+
+    async def next_instant(self, now: float) -> float | None:
+        """The instant after `now` (None: the run is over)."""
+        raise NotImplementedError
+
+
+class EventInstants(InstantLoop):
+    """Time jumps to the next instant at which something can change (`next_event`)."""
+
+    stuck = (
+        "the scheduler asks for no tick (do they need more GPUs than the policy will ever give?)"
+    )
+
+    def __init__(self, clock: SimClock, workload: list[JobSpec], churn: NodeEvents) -> None:
+        super().__init__(clock, workload, churn)
+        self.last: float | None = None
+        self.ticks_here = 0  # ticks asked for again at the same instant
+
+    def first_instant(self) -> float | None:
+        return self._next()
+
+    def tick_due(self, now: float) -> bool:
+        wake = self.clock.sched_wake
+        if wake is None or wake > now:
+            return False
+        if self.ticks_here >= MAX_TICKS_PER_INSTANT:
+            raise RuntimeError(f"the scheduler keeps asking for a tick at t={now}")
+        return True
+
+    async def next_instant(self, now: float) -> float | None:
+        return self._next()
+
+    def _next(self) -> float | None:
+        unfinished = self.progress.finished < self.progress.total
+        arrival = (
+            self.delivery(self.workload[self.next_arrival])
+            if self.next_arrival < len(self.workload)
+            else None
+        )
+        node_event = (
+            self.churn[self.next_churn][0]
+            if self.next_churn < len(self.churn) and unfinished
+            else None
+        )
+        now = next_event(
+            arrival=arrival, completion=self.clock.runs.next_completion(), node_event=node_event,
+            wake=self.clock.sched_wake, held_retry=self.held_retry if self.held else None,
+            last=self.last,
+        )  # fmt: skip
+        if now is not None:
+            self.ticks_here = self.ticks_here + 1 if now == self.last else 0
+            self.last = now
+        return now
+
+
+class GavelRounds(InstantLoop):
+    """Gavel's simulator (`SimClockConfig.gavel_round_s`): time moves from round end to round
+    end, a round ending when its last micro-task does (`Completions.plan_round`); arrivals are
+    submitted at their time (no quantum; Gavel's rounds replay no node events), held jobs are
+    decided again at exits, and every instant ticks."""
+
+    retries_held_at = False
+    stuck = "the scheduler starts nothing"
+
+    def __init__(self, clock: SimClock, workload: list[JobSpec], round_s: float) -> None:
+        super().__init__(clock, workload, [])
+        self.round_s = round_s
+        self.end: float | None = None  # the end of the round planned from the last instant
+        self.compute_gpu_s = 0.0
+        self.resolved = False  # a forced re-decision (nothing running) was tried at this instant
+
+    def first_instant(self) -> float | None:
+        return (self.workload[0].submit_time or 0.0) if self.workload else 0.0
+
+    def delivery(self, spec: JobSpec) -> float:
+        return spec.submit_time or 0.0
+
+    def tick_due(self, now: float) -> bool:
+        return True
+
+    async def after_instant(self, now: float) -> None:
+        self.plan(now)
+
+    def plan(self, now: float) -> None:
+        self.end, busy = self.clock.runs.plan_round(now, self.round_s)
+        self.compute_gpu_s += busy
+        self.progress.compute_gpu_s = self.compute_gpu_s
+
+    async def next_instant(self, now: float) -> float | None:
+        clock = self.clock
+        if self.end is not None:
+            return self.end
+        if self.next_arrival < len(self.workload):  # nothing runs: on to the next arrival
+            return max(now, self.workload[self.next_arrival].submit_time or 0.0)
+        if clock.runs.next_completion() is not None:  # a failure to report
+            return now
+        if self.progress.finished < self.progress.total and not self.resolved:
+            # Nothing runs and nothing more arrives: Gavel then resets its allocation.
+            self.resolved = True
+            clock.note(now, await clock.call(TICK, TickRequest(now=now, resolve=True)))
+            await clock.refresh(now)
+            self.plan(now)
+            if self.end is not None:
+                self.resolved = False
+                return self.end
+            return now
+        return None
+

@@ -1,0 +1,198 @@
+"""Each simulated job's progress: its rate from the throughput model on the GPUs it holds (with
+its space-sharing partner's, its restart pauses and rescale costs), when it finishes, and its
+exit when it has. No I/O."""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+
+from gpuyard.services.simclock.agents import SimJob, SimNodes
+from gpuyard.services.simclock.config import SimClockConfig
+from gpuyard.services.simclock.costs import Restarts
+from gpuyard.shared.contract import JobExit, StepsReport
+from gpuyard.shared.throughput import ThroughputModel
+
+
+class Completions:
+    """The jobs' rates and completion times, made again for the jobs whose parts changed at an
+    instant (`refresh`), and the jobs that have finished by an instant (`exits`).
+
+    The config's `completion_quantum`, `completion_grid_s`, `at_node_events` and
+    `gavel_round_s` say when a finished job's exit is reported."""
+
+    def __init__(
+        self, nodes: SimNodes, model: ThroughputModel, config: SimClockConfig
+    ) -> None:
+        self.nodes = nodes
+        self.jobs = nodes.jobs
+        self.model = model
+        self.cost = config.preemption_cost
+        self.config = config
+        self.restarts = Restarts(self.cost.restart, nodes.node_specs)
+        self.heap: list[tuple[float, int, str, int]] = []  # (finish, launch, job, version)
+        self.finishes: list[tuple[float, int, str, int]] = []  # real finishes (completion_grid_s)
+        self.launches = 0
+        self.finished = 0
+        self.finished_steps = 0.0  # steps of the jobs that completed
+        self.rescale_steps = 0.0  # steps lost to growing and shrinking jobs
+        self.churn_times: list[float] = []  # instants with node events (`at_node_events`)
+
+    def next_node_event(self, t: float) -> float:
+        """The first node-event instant at or after `t` (`t` itself after the last)."""
+        i = bisect.bisect_left(self.churn_times, t)
+        return self.churn_times[i] if i < len(self.churn_times) else t
+
+    def refresh(self, now: float, decided: float | None) -> dict[str, StepsReport]:
+        """New rates and completion times for the jobs whose parts changed at `now` (`decided`:
+        the last instant the scheduler decided at). Returns the jobs that made less than their
+        rate says (restart pauses, restores, rescales), for the scheduler, as a real node
+        agent's heartbeats would: its plans (ElasticFlow's admission) see the progress lost, as
+        ElasticFlow's own do."""
+        nodes = self.nodes
+        sharing = nodes.sharing()
+        behind: dict[str, StepsReport] = {}
+        pauses = self.restarts.pauses(
+            now, decided=decided, launched=nodes.launched, running=nodes.running,
+            gpu_set=nodes.gpu_set,
+        )  # fmt: skip
+        for job_id in sorted(nodes.changed | sharing.keys() | pauses.keys()):
+            job = self.jobs.get(job_id)
+            if job is None:  # ended at this instant
+                continue
+            if job_id not in nodes.changed and job_id not in sharing:
+                job.settle(now)  # a running job restarting with the others
+            job.version += 1
+            job.restarting = False
+            gpus = sum(len(p) for p in job.parts.values())
+            partner = sharing.get(job_id)
+            if partner is not None:  # space sharing: the pair's measured throughput
+                other = self.jobs[partner].job_type
+                job.rate = self.model.colocated(job.job_type, other, job.gpu_type, gpus)[0]
+            else:
+                job.rate = self.model.throughput(job.job_type, job.gpu_type, gpus) if gpus else 0.0
+            job.since = now
+            made = job.done
+            self.charge_rescale(job, gpus)
+            job.floor = job.done
+            pause = pauses.get(job_id, 0.0)
+            if job.restoring and job.rate > 0:
+                pause += self.cost.of(job.job_type)[1]
+                job.restoring = False
+            if pause and job.rate > 0:
+                job.done -= job.rate * pause  # no progress while (re)starting
+            if job.done < made and job.rate > 0:  # behind what its rate alone says: tell
+                behind[job_id] = StepsReport(job.done, now, job.rate)
+            if gpus and job.rate <= 0:  # e.g. a batch that does not fit that GPU: it crashes
+                job.failure = f"no throughput for {job.job_type!r} on {gpus} x {job.gpu_type}"
+                self.launches += 1
+                heapq.heappush(self.heap, (now, self.launches, job_id, job.version))
+            elif job.rate > 0 and self.config.gavel_round_s is None:
+                self.schedule_finish(job_id, job, now, pause)
+        nodes.changed.clear()
+        nodes.launched.clear()
+        return behind
+
+    def schedule_finish(self, job_id: str, job: SimJob, now: float, pause: float) -> None:
+        """When the job's exit is reported: its finish at its rate, or later (Blox's round
+        quantum, BFTrainer's node events, ElasticFlow's slot grid)."""
+        config = self.config
+        finish = now + max(job.total - job.done, 0.0) / job.rate
+        quantum = config.completion_quantum
+        if quantum:
+            finish = math.ceil(finish / quantum - 1e-9) * quantum
+        if config.at_node_events:
+            finish = self.next_node_event(finish)
+        if grid := config.completion_grid_s:
+            job.ended_at = finish
+            heapq.heappush(self.finishes, (finish, self.launches, job_id, job.version))
+            start = now + pause  # (its slots count from its restart's end)
+            finish = start + grid * math.ceil((finish - start) / grid - 1e-9)
+        self.launches += 1
+        heapq.heappush(self.heap, (finish, self.launches, job_id, job.version))
+
+    def charge_rescale(self, job: SimJob, gpus: int) -> None:
+        """A job that grew (shrank) loses `up_s` (`down_s`) seconds of the rate it had before, at
+        the size this instant's node losses left it (BFTrainer's rescale cost)."""
+        before = job.held if job.base is None else job.base
+        if gpus != before and (job.up_s or job.down_s) and before >= job.min_gpus and before:
+            rate = self.model.throughput(job.job_type, job.gpu_type, before)
+            lost = (job.up_s if gpus > before else job.down_s) * rate
+            job.done -= lost
+            self.rescale_steps += lost
+        job.held, job.base = gpus, None
+        if job.up_s or job.down_s:  # (what a node loss leaves it: only rescale costs ask)
+            job.placed = {node: len(part) for node, part in job.parts.items()}
+
+    def next_completion(self) -> float | None:
+        heap = self.heap
+        while heap:
+            finish, _, job_id, version = heap[0]
+            job = self.jobs.get(job_id)
+            if job is not None and job.version == version:
+                return finish
+            heapq.heappop(heap)
+        return None
+
+    def exits(self, now: float) -> list[JobExit]:
+        """The jobs whose exit is reported at `now`: they leave their GPUs and the simulation."""
+        exits: list[JobExit] = []
+        while self.finishes and self.finishes[0][0] <= now:  # finished: ends at this instant
+            _, launch, job_id, version = heapq.heappop(self.finishes)
+            heapq.heappush(self.heap, (now, launch, job_id, version))
+        while (finish := self.next_completion()) is not None and finish <= now:
+            _, _, job_id, _ = heapq.heappop(self.heap)
+            for node in list(self.jobs[job_id].parts):
+                self.nodes.partners_alone(self.nodes.detach(job_id, node), now)
+            job = self.jobs.pop(job_id)
+            if job.failure:
+                exits.append(
+                    JobExit(job_id=job_id, status="failed", reason=job.failure, attempt=job.attempt)
+                )
+            else:
+                self.finished_steps += job.total
+                exits.append(
+                    JobExit(
+                        job_id=job_id, status="completed", steps_done=job.total,
+                        attempt=job.attempt, ended_at=job.ended_at,
+                    )
+                )  # fmt: skip
+            self.finished += 1
+        return exits
+
+    def plan_round(self, now: float, round_s: float) -> tuple[float | None, float]:
+        """Gavel's round from `now`: each running job's micro-task, `min(int(rate x round),
+        steps left)` steps. Returns when the round ends (the last micro-task's end; None if
+        nothing runs) and the GPU-seconds spent computing, and credits the steps at the round's
+        end (a job whose steps are all done then exits there)."""
+        running = sorted(j for j in self.nodes.running if self.jobs[j].rate > 0)
+        if not running:
+            return None, 0.0
+        length = 0.0
+        busy = 0.0
+        sharing: set[tuple[str, int]] = set()
+        for job_id in running:
+            job = self.jobs[job_id]
+            job.round_steps = min(float(int(job.rate * round_s)), max(job.total - job.done, 0.0))
+            took = job.round_steps / job.rate
+            length = max(length, took)
+            gpus = job.gpu_set()
+            if sharing.isdisjoint(gpus):  # a pair's GPUs count once
+                busy += took * len(gpus)
+            sharing |= gpus
+        end = now + length
+        for job_id in running:
+            job = self.jobs[job_id]
+            job.done += job.round_steps
+            job.since = end
+            if job.done >= job.total:  # it exits at the round's end, its work done before
+                job.ended_at = now + job.round_steps / job.rate
+                job.version += 1
+                self.launches += 1
+                heapq.heappush(self.heap, (end, self.launches, job_id, job.version))
+        return end, busy
+
+    def steps_done(self) -> float:
+        """Steps trained so far by every job, finished or not (costs deducted)."""
+        return self.finished_steps + sum(max(j.done, 0.0) for j in self.jobs.values())
