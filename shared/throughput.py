@@ -33,6 +33,7 @@ Models:
 
 from __future__ import annotations
 
+import bisect
 import csv
 import functools
 import math
@@ -42,7 +43,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
-import numpy as np
 
 from .model import ANY_GPU, JobSpec
 
@@ -115,14 +115,14 @@ class Curve:
 
     def __init__(self, points: Mapping[int, float] | Iterable[tuple[int, float]]):
         items = sorted(dict(points).items())
-        self.counts = np.array([c for c, _ in items], dtype=float)
-        self.values = np.array([_supported(v) for _, v in items], dtype=float)
+        self.counts = [float(c) for c, _ in items]
+        self.values = [_supported(v) for _, v in items]
 
     def __call__(self, n: float) -> float:
-        if n < 1 or not len(self.counts):
+        if n < 1 or not self.counts:
             return 0.0
         counts, values = self.counts, self.values
-        i = int(np.searchsorted(counts, n))
+        i = bisect.bisect_left(counts, n)
         if i < len(counts) and counts[i] == n:
             return float(values[i])
         if i == 0:
@@ -136,7 +136,7 @@ class Curve:
         return float(lo + frac * (hi - lo))
 
     def __repr__(self) -> str:
-        return f"Curve({dict(zip(self.counts.tolist(), self.values.tolist(), strict=True))})"
+        return f"Curve({dict(zip(self.counts, self.values, strict=True))})"
 
 
 def _supported(v: Any) -> float:
