@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import re
 import typing
 from collections.abc import Mapping
-from importlib.metadata import EntryPoint, EntryPoints, entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -52,12 +51,6 @@ def _structured(params: Mapping[str, Any], cls: type[msgspec.Struct]) -> dict[st
     return out
 
 
-@functools.cache
-def _entry_points() -> EntryPoints:
-    """Every installed package's entry points, read once for the three kinds of policies."""
-    return entry_points()
-
-
 class Registry(Generic[P]):
     """Policies of one kind by name (entry-point group `gpuyard.<kind>`)."""
 
@@ -80,9 +73,7 @@ class Registry(Generic[P]):
 
     def _installed(self, *, again: bool = False) -> dict[str, EntryPoint]:
         if self._entry_points is None or again:
-            if again:
-                _entry_points.cache_clear()
-            self._entry_points = {ep.name: ep for ep in _entry_points().select(group=self.group)}
+            self._entry_points = {ep.name: ep for ep in entry_points(group=self.group)}
         return self._entry_points
 
     def names(self) -> list[str]:
