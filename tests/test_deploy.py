@@ -502,8 +502,17 @@ def test_the_systemd_units_run_with_their_shipped_configs(machine: Machine) -> N
         assert installed == (DEPLOY / "config" / f"{name}.json").read_text()
     pids = [machine.show(unit)["MainPID"] for unit in [AGENT, "nats-server", *CONTROL_PLANE]]
     users = machine.sh(" ".join(["stat -c %U", *(f"/proc/{pid}" for pid in pids)])).split()
-    # The agent is root, to start each job as the job account, which can read no secret.
-    assert users == ["root", *["gpuyard"] * (len(pids) - 1)]
+    # Each its own account: the agent root, to start each job as the job account (which can read
+    # no secret), the broker one that cannot read the control plane's keys.
+    assert users == ["root", "gpuyard-nats", *["gpuyard"] * len(CONTROL_PLANE)]
+    assert machine.sh("runuser -u gpuyard-nats -- cat /etc/gpuyard/cluster/auth/users.conf "
+                      "2>&1 || true").strip().endswith("Permission denied")  # fmt: skip
+    # A new identity gets in after a reload (systemd copies the broker its public keys again).
+    machine.sh("runuser -u gpuyard -- /opt/gpuyard/bin/gpuyard auth add-user carol --state-dir "
+               "/etc/gpuyard/cluster --out /tmp/carol.json && systemctl reload nats-server")  # fmt: skip
+    until(lambda: machine.gpuyard("jobs", "--nats-config", "/tmp/carol.json", check=False)
+          .startswith("JOB"), "carol let in", 20)  # fmt: skip
+    assert machine.show("nats-server")["NRestarts"] == "0"
     out = machine.gpuyard("submit", "--", "sh", "-c", "id -un; cat /etc/gpuyard/node.json; "
                           "ls /etc/gpuyard/cluster; echo GPUYARD_NATS_CONFIG=$GPUYARD_NATS_CONFIG")  # fmt: skip
     probe = re.fullmatch(r"submitted (\S+)\n", out)[1]  # type: ignore[index]
