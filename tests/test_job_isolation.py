@@ -167,7 +167,7 @@ def test_the_agent_refuses_job_accounts_that_could_read_a_secret(tmp_path: Path)
     assert list(readable_files([tmp_path / "cp"], Account.named("nobody"))) == []
 
     for option, said in [
-        (["--job-user", "root"], "is root (uid 0): no job runs as root"),
+        (["--job-user", "root"], "has uid 0: no job runs as root"),
         (["--jobs-as-agent-user"], "no job runs as root"),
         (["--job-user", "no-such-account"], "there is no Unix account 'no-such-account'"),
         (["--map-user", "alice"], "--map-user 'alice' is not KEY=VALUE"),

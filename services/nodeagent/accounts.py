@@ -160,7 +160,7 @@ class JobAccounts:
         for account in {default, *by_user.values()}:
             if account.uid == 0:
                 raise ValueError(
-                    f"Unix account {account.name!r} is root (uid 0): no job runs as root"
+                    f"Unix account {account.name!r} has uid 0: no job runs as root"
                 )
             cls._refuse_readable(account, [*credentials, *control_planes])
             for folder in job_folders:
