@@ -23,10 +23,14 @@ from gpuyard.shared.leader import LEASE_KEY, Lease
 from gpuyard.shared.model import JobSpec
 from gpuyard.shared.store import KvStore
 
+from . import test_ha
 from .polling import until_async
 from .test_ha import SERVERS, Brokers
 from .test_real_cluster import CLUSTER
 from .test_recovery import ProcessCluster, _assert_exactly_once
+
+brokers = test_ha.brokers  # (the fixture: three brokers in one NATS cluster)
+
 
 LEASE_S = 1.0
 
@@ -251,16 +255,6 @@ def _leaders(log: Path) -> dict[str, int]:
         elif entry["event"] == "leader.lost" and leading.get(entry["service"]) == entry["pid"]:
             del leading[entry["service"]]
     return leading
-
-
-@pytest.fixture
-async def brokers(tmp_path: Path) -> AsyncIterator[Brokers]:
-    b = Brokers(tmp_path / "brokers")
-    try:
-        await b.start()
-        yield b
-    finally:
-        await b.stop()
 
 
 @pytest.mark.slow
