@@ -558,7 +558,8 @@ def test_systemd_restarts_a_killed_agent_and_its_jobs_recover(machine: Machine) 
 
 
 def test_systemctl_stop_checkpoints_the_jobs_and_start_resumes_them(machine: Machine) -> None:
-    jobs = [machine.submit(steps=200) for _ in range(2)]
+    # 20 s jobs: `gpuyard jobs` through docker exec may see them running late on a busy machine
+    jobs = [machine.submit(steps=400) for _ in range(2)]
     machine.until_state(jobs, "running", 30)
     time.sleep(2)
     machine.sh(f"systemctl stop {AGENT}")
