@@ -489,7 +489,8 @@ class Progress(Struct, kw_only=True):
     """Round-based simulations (Gavel's semantics): GPU-seconds jobs spent computing (a GPU that
     idles after its job's last step of a round is not counted), for the utilisation."""
     steps_done: float = 0.0
-    """Steps (BFTrainer: samples) trained so far, by every job (costs deducted)."""
+    """Steps (BFTrainer: samples) trained by every job (costs deducted), in the last report
+    (`done`) only: the sum over every job is not worth paying at each report."""
     rescale_steps: float = 0.0
     """Steps lost to growing and shrinking jobs (`JobSpec.rescale_up_s`, `rescale_down_s`)."""
     preemption_steps: float = 0.0

@@ -200,7 +200,8 @@ class SimClock(Service):
 
     async def publish_progress(self) -> None:
         progress = self.progress
-        progress.steps_done = self.runs.steps_done()
+        if progress.done:  # (a sum over every job: only the last report carries it)
+            progress.steps_done = self.runs.steps_done()
         progress.rescale_steps = self.runs.rescale_steps
         progress.preemption_steps = self.nodes.preemption_steps
         await self.bus.publish(PROGRESS, progress)
