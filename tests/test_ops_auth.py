@@ -165,7 +165,9 @@ async def tls_server(tmp_path: Path) -> AsyncIterator[tuple[int, Path, Path]]:
         yield int(url.rsplit(":", 1)[1]), ca, other_ca
 
 
-async def test_a_tls_failure_is_one_line_and_exit_1(tls_server: tuple[int, Path, Path]) -> None:
+async def test_a_tls_failure_is_one_line_and_exit_1(
+    tls_server: tuple[int, Path, Path], tmp_path: Path
+) -> None:
     """A certificate that cannot be verified (another CA, no CA, another host name) or a server
     without TLS where TLS was asked for: the command says so in one line and exits 1, rather than
     hang; a node agent likewise."""
@@ -194,7 +196,8 @@ async def test_a_tls_failure_is_one_line_and_exit_1(tls_server: tuple[int, Path,
     agent = await asyncio.to_thread(
         subprocess.run, [sys.executable, "-m", "gpuyard.cli", "nodeagent", "--nats",
                          f"tls://127.0.0.1:{port}", "--nats-tls-ca", str(other_ca), "--gpus", "1",
-                         "--no-nvml", "--node-id", "n1", "--cluster", CLUSTER],
+                         "--no-nvml", "--node-id", "n1", "--cluster", CLUSTER,
+                         "--state-dir", str(tmp_path / "agent")],
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert agent.returncode == 1, agent.stderr

@@ -46,12 +46,13 @@ def test_without_nvml_the_agent_takes_its_gpus_from_flags_and_says_so(tmp_path: 
     if nvml is not None:
         pytest.skip("this machine has NVML")
     assert why
-    agent = _agent(NodeAgentConfig(node_id="n1", gpus=3, gpu_type="v100", log_dir=str(tmp_path)))
+    places = {"log_dir": str(tmp_path / "logs"), "checkpoint_root": str(tmp_path / "ckpt")}
+    agent = _agent(NodeAgentConfig(node_id="n1", gpus=3, gpu_type="v100", **places))
     assert agent.node.num_gpus == 3 and agent.node.gpu_type == "v100"
     assert agent.node.labels["gpu_source"] == "flags" and agent.nvml is None
     assert agent.heartbeat().gpus == [] and not agent.heartbeat().nvml
     with pytest.raises(ValueError, match="--gpus"):
-        _agent(NodeAgentConfig(node_id="n1"))
+        _agent(NodeAgentConfig(node_id="n1", **places))
 
 
 def test_gpu_type_names_from_nvml_models() -> None:
