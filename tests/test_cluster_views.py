@@ -26,7 +26,7 @@ from gpuyard.shared.endpoints import CLUSTER, SUBMIT
 from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import JobSpec
 
-from .jobaccount import JOB_PYTHON
+from .jobaccount import AGENT_ARGS, JOB_PYTHON
 from .secured import Secured, secured_cluster
 
 CLUSTER_IDENTITIES = ["node.a", "node.b", "user.alice", "user.bob"]
@@ -65,7 +65,7 @@ class Views:
             sys.executable, "-m", "gpuyard.cli", "nodeagent", "--nats-config",
             self.profile(f"node.{node}"), "--gpus", "1", "--gpu-type", "t4", "--no-nvml", "--heartbeat",
             "0.2", "--grace", "5", "--address", "127.0.0.1", "--state-dir",
-            str(self.root / node), "--checkpoint-root", str(self.root / "ckpt"),
+            str(self.root / node), "--checkpoint-root", str(self.root / "ckpt"), *AGENT_ARGS,
             stdout=log, stderr=log,
         )  # fmt: skip
         log.close()

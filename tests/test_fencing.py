@@ -23,7 +23,7 @@ from gpuyard.shared.endpoints import CANCEL, QUERY
 from gpuyard.shared.endpoints import CLUSTER as CLUSTER_INFO
 from gpuyard.shared.errors import RemoteError
 
-from .jobaccount import JOB_PYTHON
+from .jobaccount import AGENT_ARGS, AGENT_CONFIG, JOB_PYTHON
 from .polling import alive
 from .test_real_cluster import CLUSTER, RealCluster, _train
 from .test_recovery import NatsProcess
@@ -311,6 +311,7 @@ async def test_asks_to_register_again_in_a_burst_make_one_registration(
     await nc.subscribe(subjects.every(REGISTER), cb=register)
     await nc.subscribe(subjects.every(HEARTBEAT), cb=heartbeat)
     config = NodeAgentConfig(
+        **AGENT_CONFIG,
         node_id="n1", gpus=1, use_nvml=False, log_dir=str(tmp_path / "logs"),
         checkpoint_root=str(tmp_path / "ckpt"), register_every_s=0.5,
     )  # fmt: skip
@@ -355,7 +356,7 @@ async def test_a_revoked_agent_stops_its_jobs(tmp_path: Path) -> None:
                 str(cluster.creds.profile_path(Caller("node", "a"))), "--gpus", "1", "--no-nvml",
                 "--heartbeat", "0.2", "--grace", "1", "--lease", "60", "--address", "127.0.0.1",
                 "--state-dir", str(tmp_path / "a"), "--checkpoint-root", str(tmp_path / "ckpt"),
-                stdout=log, stderr=log,
+                *AGENT_ARGS, stdout=log, stderr=log,
             )  # fmt: skip
         try:
             alice = await cluster.client("user.alice")

@@ -28,6 +28,8 @@ from gpuyard.shared.contract import STATUS_HEADER, Empty, ErrorReply, Ping
 from gpuyard.shared.endpoints import ENDPOINTS, PING, SERVICE_TOKENS, TAKEOVER, Endpoint, Subjects
 from gpuyard.shared.model import ClusterSpec
 
+from .jobaccount import AGENT_CONFIG
+
 CLUSTER = "fuzz"
 S = Subjects(CLUSTER)
 NODE = "n1"
@@ -173,7 +175,7 @@ async def plane(nats_url: str, tmp_path: Path) -> AsyncIterator[Plane]:
     workload.write_text('{"job_id": "j1", "num_gpus": 1, "duration": 10, "submit_time": 0}\n')
     clock = SimClockConfig(workload=str(workload), cluster=ClusterSpec.parse("1x1"))
     agent_config = NodeAgentConfig(
-        node_id=NODE, gpus=1, use_nvml=False, grace_s=1, log_dir=str(tmp_path / "logs"),
+        **AGENT_CONFIG, node_id=NODE, gpus=1, use_nvml=False, grace_s=1, log_dir=str(tmp_path / "logs"),
         checkpoint_root=str(tmp_path / "ckpt"),
     )  # fmt: skip
     async with (

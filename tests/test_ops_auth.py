@@ -22,7 +22,7 @@ from gpuyard.embedded import EmbeddedNats, ServerTls
 from gpuyard.pki import make_pki
 from tests.polling import free_port, run_gpuyard, stop_processes, until
 
-from .jobaccount import JOB_PYTHON
+from .jobaccount import AGENT_ARGS, JOB_PYTHON
 
 CLUSTER = "flow"
 
@@ -65,7 +65,7 @@ class Flow:
                 [sys.executable, "-m", "gpuyard.cli", "nodeagent", "--nats-config",
                  str(self.root / f"{node}.json"), "--gpus", "2", "--gpu-type", "t4", "--no-nvml",
                  "--heartbeat", "0.2", "--grace", "5", "--address", "127.0.0.1", "--state-dir",
-                 str(self.root / node), "--checkpoint-root", str(self.root / "ckpt")],
+                 str(self.root / node), "--checkpoint-root", str(self.root / "ckpt"), *AGENT_ARGS],
                 stdout=log, stderr=log, text=True,
             )
         )

@@ -34,7 +34,7 @@ from gpuyard.shared.endpoints import CLUSTER as CLUSTER_INFO
 from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.model import JobRecord
 
-from .jobaccount import JOB_PYTHON
+from .jobaccount import AGENT_ARGS, JOB_PYTHON
 
 CLUSTER = "rc"
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
@@ -89,7 +89,7 @@ class RealCluster:
             sys.executable, *self.agent, "--nats", self.url,
             "--cluster", CLUSTER, "--node-id", node_id, *offer,
             "--heartbeat", str(self.heartbeat_s), "--grace", "5", "--address", "127.0.0.1",
-            "--state-dir", str(self.root / node_id), "--checkpoint-root", str(self.checkpoints),
+            "--state-dir", str(self.root / node_id), "--checkpoint-root", str(self.checkpoints), *AGENT_ARGS,
             *self.agent_args, stdout=log, stderr=log,
         )  # fmt: skip
         log.close()

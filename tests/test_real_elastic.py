@@ -29,7 +29,7 @@ from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import JobSpec
 from tests.polling import free_port, until
 
-from .jobaccount import JOB_PYTHON
+from .jobaccount import AGENT_ARGS, AGENT_CONFIG, JOB_PYTHON
 
 CLUSTER = "efreal"
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
@@ -98,7 +98,8 @@ class ElasticCluster:
             [sys.executable, "-m", "gpuyard.cli", "nodeagent", "--nats-config",
              str(self.profiles / f"node.{node}.json"), "--gpus", str(gpus), "--gpu-type", gpu_type,
              "--no-nvml", "--heartbeat", "0.2", "--grace", "10", "--address", "127.0.0.1",
-             "--state-dir", str(self.root / node), "--checkpoint-root", str(self.root / "ckpt")],
+             "--state-dir", str(self.root / node), "--checkpoint-root", str(self.root / "ckpt"),
+             *AGENT_ARGS],
             stdout=log, stderr=log, text=True,
         )  # fmt: skip
         self.procs.append(agent)
@@ -275,6 +276,7 @@ async def test_a_job_moved_within_a_node_starts_after_its_stopped_part_has_check
     script = tmp_path / "slow_checkpoint.py"
     script.write_text(SLOW_CHECKPOINT)
     config = NodeAgentConfig(
+        **AGENT_CONFIG,
         node_id="n1", gpus=4, use_nvml=False, grace_s=10, log_dir=str(tmp_path / "logs"),
         checkpoint_root=str(tmp_path / "ckpt"),
     )  # fmt: skip

@@ -28,7 +28,7 @@ from gpuyard.shared.contract import Launch
 from gpuyard.shared.endpoints import Subjects
 from gpuyard.shared.model import JobSpec
 
-from .jobaccount import JOB_PYTHON
+from .jobaccount import AGENT_CONFIG, JOB_PYTHON
 
 
 class _NoNats:
@@ -375,7 +375,7 @@ async def test_the_agent_refuses_a_command_with_a_launch_that_carries_no_spec(
     from gpuyard.shared.contract import NodeCommand
     from gpuyard.shared.errors import BadRequest
 
-    config = NodeAgentConfig(node_id="n1", gpus=2, use_nvml=False, grace_s=5,
+    config = NodeAgentConfig(**AGENT_CONFIG, node_id="n1", gpus=2, use_nvml=False, grace_s=5,
                              log_dir=str(tmp_path / "logs"), checkpoint_root=str(tmp_path / "ckpt"))  # fmt: skip
     bus = Bus(await connect(nats_url, name="agent-n1"), Subjects("nospec"))
     agent = NodeAgent(bus, config)
@@ -400,7 +400,7 @@ async def test_a_job_told_to_share_gpus_runs_beside_their_holder_and_others_wait
 
     script = tmp_path / "sharer.py"
     script.write_text(SHARER)
-    config = NodeAgentConfig(node_id="n1", gpus=1, use_nvml=False, grace_s=5,
+    config = NodeAgentConfig(**AGENT_CONFIG, node_id="n1", gpus=1, use_nvml=False, grace_s=5,
                              log_dir=str(tmp_path / "logs"), checkpoint_root=str(tmp_path / "ckpt"))  # fmt: skip
     bus = Bus(await connect(nats_url, name="agent-n1"), Subjects("share"))
     agent = NodeAgent(bus, config)

@@ -17,7 +17,7 @@ import pytest
 
 from tests.polling import alive, free_port, run_gpuyard, stop_processes, until
 
-from .jobaccount import JOB_PYTHON
+from .jobaccount import AGENT_ARGS, JOB_PYTHON
 
 CLUSTER = "sup"
 RESTARTED = "the services answer again"
@@ -75,7 +75,7 @@ class Cluster:
                      str(self.state), "--out", profile)  # fmt: skip
         self.popen("nodeagent", "--nats-config", profile, "--gpus", "1", "--gpu-type", "t4",
                    "--no-nvml", "--heartbeat", "0.2", "--state-dir", str(self.root / node),
-                   "--checkpoint-root", str(self.root / "ckpt"), log=f"{node}.log")  # fmt: skip
+                   "--checkpoint-root", str(self.root / "ckpt"), *AGENT_ARGS, log=f"{node}.log")  # fmt: skip
 
     def job_state(self, job: str) -> str | None:
         out = self.gpuyard("jobs", "--json", "--nats-config", self.op, check=False).stdout

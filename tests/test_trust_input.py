@@ -40,7 +40,7 @@ from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import JobSpec
 
-from .jobaccount import JOB_PYTHON
+from .jobaccount import AGENT_CONFIG, JOB_PYTHON
 from .polling import until_async
 from .secured import S, secured_cluster
 
@@ -48,6 +48,7 @@ from .secured import S, secured_cluster
 async def start_agent(stack: AsyncExitStack, url: str, cluster: str, root: Path) -> NodeAgent:
     """A real node agent `n1` of `cluster`, its state in `root` (the same for every cluster)."""
     config = NodeAgentConfig(
+        **AGENT_CONFIG,
         node_id="n1", gpus=1, use_nvml=False, grace_s=1, log_dir=str(root / "logs"),
         checkpoint_root=str(root / "ckpt"),
     )  # fmt: skip
