@@ -142,7 +142,9 @@ async def test_a_job_finds_no_secret_and_cannot_touch_its_agent(tmp_path: Path) 
         # Nothing of the agent's environment but the harmless, nothing naming its credentials.
         assert CANARY not in json.dumps(found["env"])
         assert not [k for k in found["env"] if k.startswith(("GPUYARD_NATS", "NATS_"))]
-        assert found["env"]["HOME"] == nobody.home and found["env"]["USER"] == "nobody"
+        # nobody's home is /nonexistent: the job's own `run` folder takes its place
+        assert found["env"]["USER"] == "nobody"
+        assert found["env"]["HOME"] == str(logs_of / attacker / "run")
         # No key of any identity anywhere in what it saw.
         seeds = [json.loads(p.read_text())["seed"] for p in (state / "profiles").glob("*.json")]
         assert seeds and not [s for s in seeds if s in report.read_text()]

@@ -38,14 +38,18 @@ libraries' settings. Nothing else: the agent's may hold its credentials (GPUYARD
 name them (GPUYARD_NATS_CONFIG), and systemd's sockets."""
 
 
-def job_environment(agent_env: dict[str, str], account: Account | None) -> dict[str, str]:
+def job_environment(
+    agent_env: dict[str, str], account: Account | None, home: str = ""
+) -> dict[str, str]:
     """The environment a job's processes start from (the job's own `env` and gpuyard's names go
-    over it): `PASSED_ENV` of the agent's, and the account's own home and names."""
+    over it): `PASSED_ENV` of the agent's, and the account's names and `home` (its own, or, for
+    an account without one such as `nobody`'s `/nonexistent`, a folder of the job's: tools that
+    keep caches under `~` need one)."""
     env = {
         k: v for k, v in agent_env.items() if k in PASSED_ENV or k.startswith(PASSED_ENV_PREFIXES)
     }
     if account is not None:
-        env |= {"HOME": account.home, "USER": account.name, "LOGNAME": account.name}
+        env |= {"HOME": home or account.home, "USER": account.name, "LOGNAME": account.name}
     else:
         env |= {k: agent_env[k] for k in ("HOME", "USER", "LOGNAME") if k in agent_env}
     return env
@@ -198,9 +202,9 @@ class JobPart:
         account = self.account
         self._spawning = True
         try:
-            await asyncio.to_thread(self._prepare_folders)
+            home = await asyncio.to_thread(self._prepare_folders)
             envs = process_envs(
-                self.launch, self.node_id, self.places, job_environment(base_env, account),
+                self.launch, self.node_id, self.places, job_environment(base_env, account, home),
                 self.grace_s, self.gpu_type,
             )  # fmt: skip
             for env in envs:
@@ -218,9 +222,10 @@ class JobPart:
             if self.stopping:  # stopped while its processes were starting: stop them now
                 self._terminate_soon()
 
-    def _prepare_folders(self) -> None:
+    def _prepare_folders(self) -> str:
         """The logs' folder is the agent's (others may only pass through, to the job's `run`);
-        `run` and the checkpoints are the job account's alone."""
+        `run` and the checkpoints are the job account's alone. Returns the job's home: its
+        account's, or `run` where the account has none."""
         logs = self.places.job_logs(self.job_id)
         logs.mkdir(parents=True, exist_ok=True)
         run = self.places.job_run(self.job_id)
@@ -228,11 +233,12 @@ class JobPart:
         checkpoints = self.places.checkpoint_dir(self.job_id)
         checkpoints.mkdir(parents=True, exist_ok=True)
         if self.account is None:
-            return
+            return ""
         os.chmod(logs, 0o711)
         for folder in (run, checkpoints):
             _give(folder, self.account)
             os.chmod(folder, 0o700)
+        return self.account.home if os.path.isdir(self.account.home) else str(run)
 
     async def wait(self) -> tuple[int, int]:
         """Until every process has exited: (rank, exit code) of the first failure, or (-1, 0).
