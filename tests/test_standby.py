@@ -183,10 +183,14 @@ async def test_a_paused_leader_loses_its_lease_to_the_standby_and_stops_serving(
         assert active.returncode is None and standby.returncode is None
     finally:
         await nc.close()
-        for proc in (active, standby):
-            if proc is not None and proc.returncode is None:
-                proc.terminate()
-                await proc.wait()
+        await _terminate(active, standby)
+
+
+async def _terminate(*procs: asyncio.subprocess.Process | None) -> None:
+    for proc in procs:
+        if proc is not None and proc.returncode is None:
+            proc.terminate()
+            await proc.wait()
 
 
 async def test_a_graceful_stop_hands_the_lease_over_at_once(
@@ -214,10 +218,7 @@ async def test_a_graceful_stop_hands_the_lease_over_at_once(
         assert await _job_ids(bus) == ["a", "b"]
     finally:
         await nc.close()
-        for proc in (active, standby):
-            if proc is not None and proc.returncode is None:
-                proc.terminate()
-                await proc.wait()
+        await _terminate(active, standby)
 
 
 async def _ready(log: Path, event: str, count: int = 1, **fields: Any) -> bool:

@@ -83,6 +83,13 @@ def reachable(path: Path, account: Account, want: int = os.R_OK) -> str:
     return str(real)
 
 
+def _plain_file(path: Path) -> bool:
+    """(not a link, a socket or a pipe; False for one gone since the folder was listed)"""
+    with contextlib.suppress(OSError):
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    return False
+
+
 def _has_acl(path: Path) -> bool:
     with contextlib.suppress(OSError):
         return _ACL in os.listxattr(path)
@@ -105,7 +112,7 @@ def readable_files(roots: Iterable[Path], account: Account) -> Iterator[Path]:
             base = Path(folder)
             dirs[:] = [d for d in dirs if reachable(base / d, account, os.X_OK)]
             for name in files:
-                if stat.S_ISREG(os.lstat(base / name).st_mode) and reachable(base / name, account):
+                if _plain_file(base / name) and reachable(base / name, account):
                     yield base / name
 
 
@@ -119,10 +126,6 @@ class JobAccounts:
 
     def for_user(self, user: str) -> Account | None:
         return self.by_user.get(user, self.default)
-
-    @property
-    def switching(self) -> bool:
-        return self.default is not None
 
     @classmethod
     def resolve(
