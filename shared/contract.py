@@ -111,6 +111,10 @@ class SubmitRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     now: float | None = None
     tick: bool = False
     """Simulation clocks: after enqueueing, run the scheduling round if one is due (saves a tick)."""
+    times: list[float] = []
+    """When each job arrived, where they arrived at different times, all at most `now` (a
+    simulation's clock tells of a quiet window's arrivals together: `SchedulerStatus.quiet_until`,
+    `SubmitReply.batches`); each job is decided on at its own time. Empty: all at `now`."""
 
 
 class SubmitResult(Struct, kw_only=True):
@@ -129,6 +133,9 @@ class SubmitReply(Struct, kw_only=True):
     itself."""
     scheduler: SchedulerStatus | None = None
     """The scheduler's answer to the enqueue, passed back up the chain to the clock."""
+    batches: bool = False
+    """Admission decides on each job by itself (its policy reads no other jobs, and none is
+    held): jobs that arrived at different times may come in one request (`times`)."""
 
 
 # --------------------------------------------------------------------------- scheduler
@@ -144,6 +151,9 @@ class EnqueueRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     declined: int = 0
     """Arrivals of the same submission that admission declined: an event all the same for the
     policies that reschedule at every arrival (`Needs.decide_on_arrival`)."""
+    times: list[float] = []
+    """When each job was admitted, where at different times (`SubmitRequest.times`); empty: all
+    at `now`."""
 
 
 class SchedulerStatus(Struct, kw_only=True):
@@ -160,6 +170,23 @@ class SchedulerStatus(Struct, kw_only=True):
     commands: int = 0
     """The number of the last `clock.cmds` placement published for the scheduler's applies
     (`ApplyReply.commands`): a simulation's clock handles those before it goes on."""
+    quiet_until: float | None = None
+    """Jobs that arrive or end before this time are decided on at it at the earliest (rounds: the
+    next round boundary; slots: the end of the slot): a clock may tell of them together, at the
+    last of their instants, each with its own time (`SubmitRequest.times`, `JobExit.ended_at`).
+    None: what comes is decided on when it comes."""
+    changes: list[CountsChange] = []
+    """What a request telling of earlier instants (`quiet_until`) changed in the counts, at each
+    of those instants, in time order: a clock's timeline has their points."""
+
+
+class CountsChange(Struct, array_like=True):
+    """The change in the scheduler's counts at `time`."""
+
+    time: float
+    busy_gpus: int
+    queued: int
+    running: int
 
 
 class ClusterChanged(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -289,10 +316,21 @@ class ApplyRequest(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fiel
 
     `specs` carries the spec of every allocated job not running now (the node agents need it to
     launch). `released` lists jobs that ended on their own since the last apply.
+
+    With a `base`, the request tells only what changed since that apply: `allocations` are the
+    jobs whose allocation changed or that do not run (placed again), `stop` the running jobs no
+    longer allocated, and every other job running keeps its GPUs. A base that is not placement's
+    last apply (it restarted without its state) is refused (field `$.base`): send every
+    allocation then.
     """
 
     now: float
     allocations: list[Allocation]
+    base: int = 0
+    """The number of the apply (`ApplyReply.applied`) this one changes; 0: none, `allocations`
+    are every allocated job's."""
+    stop: list[str] = []
+    """With a `base`: the jobs it allocated that this one does not."""
     specs: dict[str, JobSpec] = {}
     released: list[str] = []
     attempts: dict[str, int] = {}
@@ -339,6 +377,9 @@ class ApplyReply(Struct, kw_only=True, omit_defaults=True):
     """Simulated nodes: the number of the last `clock.cmds` placement published (0: none yet).
     Those commands are published, not answered: the stopped jobs' progress reaches the scheduler
     from the clock, and the clock handles them before it goes on."""
+    applied: int = 0
+    """This apply's number (counted across placement's restarts, where it is durable): the base
+    of the next apply that tells only what changed (`ApplyRequest.base`)."""
 
 
 class ClusterInfo(Struct, kw_only=True):
@@ -549,7 +590,7 @@ class Event(Struct, kw_only=True, omit_defaults=True):
 
 MESSAGES: tuple[type[Struct], ...] = (
     ErrorReply, Ack, Ping, Pong, ServiceStats, Empty, PageQuery, SubmitRequest, SubmitResult, SubmitReply,
-    EnqueueRequest, SchedulerStatus, ClusterChanged, TickRequest, JobExit, ExitReport, JobRecord, JobsPage,
+    EnqueueRequest, SchedulerStatus, CountsChange, ClusterChanged, TickRequest, JobExit, ExitReport, JobRecord, JobsPage,
     RegisterNode, NodesChanged, NodesChangedReply, ApplyRequest, StepsReport, StepsUpdate, ApplyReply, ClusterInfo, Launch,
     NodeCommand, NodeCommandReply, NodeCommands, RunRequest, Progress, TimelinePoint, TimelinePage, Event,
     JobQuery, CancelRequest, CancelReply, GpuMetrics, JobProgress, Heartbeat, HeartbeatsPage,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from gpuyard.services.scheduler.jobs import JobTable
+from gpuyard.services.scheduler.jobs import CountsLog, JobTable
 from gpuyard.services.scheduler.mechanism import TimeShareConfig, TimeShareMechanism
-from gpuyard.shared.contract import StepsReport
+from gpuyard.shared.contract import CountsChange, StepsReport
 from gpuyard.shared.model import JobRecord, JobSpec
 from gpuyard.shared.policy import ClusterView, Decision, JobView, SchedulingInput
 from gpuyard.shared.throughput import LinearModel
@@ -43,6 +43,25 @@ def test_counters_follow_every_transition() -> None:
     again = JobTable()
     again.load(msgspec.json.decode(msgspec.json.encode(list(table.jobs.values())), type=list[JobRecord]))
     assert (again.queued, again.running, again.busy_gpus, again.finished) == (0, 0, 0, 2)
+
+
+def test_a_request_telling_of_earlier_instants_logs_its_changes_at_each() -> None:
+    """Exits and arrivals told of together (a quiet window): what each changed, by time, in
+    time order whatever order they were handled in; nothing at the request's own time (its
+    reply's counts show that), nothing where nothing changed."""
+    table = JobTable()
+    a = table.admit(spec("a", 2), 0.0, total_steps=100.0)
+    table.start(a, 0.0, ["n1"], 2, "v100", rate=1.0)
+    log = CountsLog(table, now=50.0)
+    with log.at(40.0):
+        table.admit(spec("b"), 40.0, total_steps=10.0)
+    with log.at(30.0):
+        table.end(a, 30.0, "completed", steps=100.0)
+    with log.at(30.0):
+        table.end(a, 30.0, "completed")  # (ended already: no change)
+    with log.at(50.0):
+        table.admit(spec("c"), 50.0, total_steps=10.0)
+    assert log.changes() == [CountsChange(30.0, -2, 0, -1), CountsChange(40.0, 0, 1, 0)]
 
 
 def test_busy_gpus_count_a_shared_gpu_once_through_moves_and_stops() -> None:

@@ -129,6 +129,37 @@ async def test_rounds_mode_decides_only_at_boundaries(tmp_path: Path, nats_url: 
     assert ends == [60.0, 60.0]  # exact completions, between rounds
 
 
+async def test_rounds_mode_tells_a_rounds_arrivals_and_exits_together(
+    tmp_path: Path, nats_url: str
+) -> None:
+    """Between two boundaries nothing is decided: the clock tells the scheduler of a round's
+    exits and arrivals in one request each, at the last of their instants, each with its own
+    time; the timeline still has a point at every one of those instants, with its counts."""
+    jobs = [job("a", 2, 20.0, 5.0), job("b", 1, 30.0, 10.0), job("c", 1, 500.0, 20.0),
+            job("d", 1, 10.0, 160.0), job("e", 1, 10.0, 170.0), job("f", 1, 10.0, 180.0)]  # fmt: skip
+    options = SimOptions(cluster=ClusterSpec.parse("1x4"), mode="rounds", round_s=100.0)
+    result = await simulate(options, jobs, tmp_path, nats_url=nats_url)
+    by_id = {r.job_id: r for r in result.jobs}
+    assert [by_id[j].admit_time for j in "abcdef"] == [5.0, 10.0, 20.0, 160.0, 170.0, 180.0]
+    assert [by_id[j].first_start for j in "abcdef"] == [100.0] * 3 + [200.0] * 3
+    assert [by_id[j].end_time for j in "abcdef"] == [120.0, 130.0, 600.0, 210.0, 210.0, 210.0]
+    points = [(p.time, p.busy_gpus, p.queued, p.running) for p in result.timeline]
+    assert points == [
+        (5.0, 0, 1, 0), (10.0, 0, 2, 0), (20.0, 0, 3, 0), (100.0, 4, 0, 3),
+        (120.0, 2, 0, 2), (130.0, 1, 0, 1), (160.0, 1, 1, 1), (170.0, 1, 2, 1), (180.0, 1, 3, 1),
+        (200.0, 4, 0, 4), (210.0, 1, 0, 1), (600.0, 0, 0, 0),
+    ]  # fmt: skip
+    # The first arrival comes alone (no quiet window known yet); 10 and 20 come together, and
+    # so do the exits at 120 and 130 with the arrivals at 160, 170 and 180 (one exit report,
+    # one submission); then the exits at 210 and 600, and a tick at each decision.
+    requests = next(s for s in result.stats if s.service == "simclock").requests
+    counts = {subject: int(n) for subject, (n, _) in requests.items()}
+    assert counts == {
+        "place.nodes.{caller}": 1, "adm.submit.{caller}": 3, "sched.exited.{caller}": 3,
+        "sched.tick": 2,
+    }  # fmt: skip
+
+
 async def test_multi_gpu_jobs_on_partly_free_nodes(tmp_path: Path, nats_url: str) -> None:
     """Two 1-GPU jobs leave each 4-GPU node with 3 free; a 6-GPU job must span both nodes."""
     jobs = [job("s1", 1, 1000.0, 0.0), job("s2", 1, 1000.0, 0.0), job("big", 6, 100.0, 1.0)]

@@ -24,6 +24,7 @@ from gpuyard.shared.contract import (
     SubmitResult,
 )
 from gpuyard.shared.endpoints import CLUSTER, ENQUEUE, EVENT, QUERY, SUBMIT, Endpoint
+from gpuyard.shared.errors import BadRequest
 from gpuyard.shared.identity import ANONYMOUS, Caller
 from gpuyard.shared.leader import LEASE_S, LeaseSeconds
 from gpuyard.shared.model import ANY_GPU, JobRecord, JobSpec
@@ -194,14 +195,16 @@ class Admission(Service):
         declined = 0  # arrivals refused: still an event for some scheduling policies
         retry_at: float | None = None  # the earliest time a held job asks to be decided again
 
-        def decide(spec: JobSpec, blocked: bool, never: str | None = None) -> tuple[str, str]:
+        def decide(
+            spec: JobSpec, blocked: bool, never: str | None = None, at: float = now
+        ) -> tuple[str, str]:
             nonlocal retry_at
             decision = self._decide(
-                now, spec, view, jobs, blocked=blocked, never=never, next_decision=decides
+                at, spec, view, jobs, blocked=blocked, never=never, next_decision=decides
             )
             if decision.verdict == "admit":
                 admitted.append(spec)
-                jobs.append(self._admitted_view(spec, now))  # counts for the jobs after it
+                jobs.append(self._admitted_view(spec, at))  # counts for the jobs after it
             elif decision.verdict == "hold" and (again := decision.retry_at) is not None:
                 retry_at = again if retry_at is None else min(retry_at, again)
             return decision.verdict, decision.reason
@@ -219,24 +222,30 @@ class Admission(Service):
                 results.append(SubmitResult(job_id=spec.job_id or "", verdict=verdict, reason=why))
                 declined += verdict == "reject"  # (its arrival is decided on now)
         self.held = still_held
-        for spec in req.jobs:
+        if req.times and len(req.times) != len(req.jobs):
+            raise BadRequest("times: one per job, or none", field="$.times")
+        arrived: dict[str, float] = {}  # (batched arrivals: the time of each)
+        for i, spec in enumerate(req.jobs):
             if spec.job_id is not None and spec.job_id in held_ids:
                 continue  # durable: a retried submit whose first attempt held this job
+            at = min(req.times[i], now) if req.times else now
             spec = msgspec.structs.replace(
                 spec,
                 job_id=spec.job_id or self._new_id(),
-                submit_time=spec.submit_time if spec.submit_time is not None else now,
+                submit_time=spec.submit_time if spec.submit_time is not None else at,
             )
             assert spec.job_id is not None
             users[spec.job_id] = spec.user
             asked.add(spec.job_id)
-            await self._event("job.submitted", now, spec.job_id, user=spec.user)
+            if req.times:
+                arrived[spec.job_id] = at
+            await self._event("job.submitted", at, spec.job_id, user=spec.user)
             never = self._never_fits(spec)
             if never and self.cluster is not None:
                 await self._refresh_cluster()  # nodes may have joined since we last looked
                 view = self._cluster_view()
                 never = self._never_fits(spec)
-            verdict, why = decide(spec, blocked=bool(self.held), never=never)
+            verdict, why = decide(spec, blocked=bool(self.held), never=never, at=at)
             results.append(SubmitResult(job_id=spec.job_id, verdict=verdict, reason=why))
             if verdict == "hold":
                 self.held.append(spec)
@@ -247,8 +256,12 @@ class Admission(Service):
         if admitted or req.tick or declined:
             # The ids given out are stored before the scheduler hears of them: never reused.
             await self.persist()
+            times = [arrived[s.job_id or ""] for s in admitted] if arrived else []
             status = await self._call(
-                ENQUEUE, EnqueueRequest(now=now, jobs=admitted, tick=req.tick, declined=declined)
+                ENQUEUE,
+                EnqueueRequest(
+                    now=now, jobs=admitted, tick=req.tick, declined=declined, times=times
+                ),
             )
             for r in results:
                 if r.job_id in status.rejected:
@@ -257,7 +270,8 @@ class Admission(Service):
             kind = {"admit": "job.admitted", "hold": "job.held", "reject": "job.rejected"}[
                 r.verdict
             ]
-            await self._event(kind, now, r.job_id, r.reason, user=users.get(r.job_id, ""))
+            at = arrived.get(r.job_id, now)
+            await self._event(kind, at, r.job_id, r.reason, user=users.get(r.job_id, ""))
         if retry_at is not None and req.now is None:  # the wall clock: our own timer
             if self._due is not None:
                 self._due.cancel()
@@ -269,6 +283,7 @@ class Admission(Service):
         return SubmitReply(
             results=[r for r in results if mine(r.job_id)], held=held, scheduler=status,
             retry_at=retry_at if held else None,
+            batches=not (self.policy.needs.jobs or self.policy.all_or_none or self.held),
         )  # fmt: skip
 
     @staticmethod

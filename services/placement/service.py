@@ -100,6 +100,8 @@ class StoredPlacement(Struct, kw_only=True):
     last_reply: str = ""
     commands_sent: int = 0
     """The number of the last `clock.cmds` published (simulated nodes)."""
+    applied: int = 0
+    """The number of the last apply."""
     policy_state: str = ""
     """The placement policy's own state (its `snapshot()`, JSON), for one that keeps any."""
 
@@ -125,6 +127,9 @@ class Placement(Service):
         self._capacity: dict[str, int] | None = None  # of `nodes`, while they do not change
         self._every_view: list[NodeView] | None = None  # `_all_views`, while nodes do not change
         self.running: dict[str, list[GpuRef]] = {}
+        self.held_at: dict[str, int] = {}  # when each running job took its GPUs (`running`'s order)
+        self._holds = 0
+        self.applied = 0  # the number of the last apply (`ApplyReply.applied`)
         self.free: dict[str, set[int]] = {}  # free GPU indices per node
         self.holders: dict[GpuRef, int] = {}  # how many running jobs hold each busy GPU
         self.specs: dict[str, JobSpec] = {}  # of the jobs placed, for relaunching them
@@ -153,7 +158,8 @@ class Placement(Service):
         state = StoredPlacement(
             nodes=list(self.nodes.values()), running=self.running, specs=self.specs, lost=self.lost,
             down=self.down, last_request=self.last_request, last_reply=self.last_reply,
-            commands_sent=self.commands_sent, policy_state=self._policy_state(),
+            commands_sent=self.commands_sent, applied=self.applied,
+            policy_state=self._policy_state(),
         )  # fmt: skip
         await self.store.put_many({STATE_KEY: state})
         self.changed = False  # (left set when the write failed: the next request writes)
@@ -171,7 +177,7 @@ class Placement(Service):
         for job_id, gpus in state.running.items():
             self._hold(job_id, gpus)
         self.last_request, self.last_reply = state.last_request, state.last_reply
-        self.commands_sent = state.commands_sent
+        self.commands_sent, self.applied = state.commands_sent, state.applied
         if state.policy_state and self.policy.State is not None:
             try:
                 policy_state = msgspec.json.decode(state.policy_state, type=self.policy.State)
@@ -428,7 +434,18 @@ class Placement(Service):
         return list(self._every_view)
 
     async def apply(self, req: ApplyRequest) -> ApplyReply:
+        if req.base and req.base != self.applied:
+            raise BadRequest(
+                f"apply #{req.base} is not the last one applied here (#{self.applied}): send "
+                "every allocation", field="$.base",
+            )  # fmt: skip
+        if req.base and (self.policy.rearranges or any(a.share_with for a in req.allocations)):
+            raise BadRequest(
+                "a policy that rearranges, and jobs that share GPUs, need every allocation",
+                field="$.base",
+            )
         self.changed = True
+        self.applied += 1
         reported = self._reported_progress()  # (before the jobs it stops leave `running`)
         ended = self._stop_released(req.released)
         for job_id in req.released:
@@ -464,7 +481,7 @@ class Placement(Service):
                 if a.share_with in keep and gpus is not None and gpus == keep[a.share_with]:
                     keep[a.job_id] = gpus
             movable: dict[str, list[int]] = {}
-            for job_id in running.keys() - keep.keys():  # (a stopped job's partner may stay)
+            for job_id in self._affected(req) - keep.keys():  # (a stopped job's partner may stay)
                 for g in running[job_id]:
                     if g not in held:
                         movable.setdefault(g.node_id, []).append(g.index)
@@ -494,7 +511,8 @@ class Placement(Service):
                 gpus = placed[a.job_id] = placed[a.share_with]
                 if running.get(a.job_id) != gpus:
                     started[a.job_id] = gpus
-        stopped = {j: running[j] for j in running if j not in placed or j in started}
+        affected = running if not req.base else sorted(self._affected(req), key=self.held_at.get)
+        stopped = {j: running[j] for j in affected if j not in placed or j in started}
         for job_id in stopped:
             self._free(job_id)
         if started:
@@ -524,8 +542,16 @@ class Placement(Service):
             capacity=self.capacity(),
             progress={**reported, **self._with_rates(progress, reported)},
             settled=self.policy.rearranges and self.policy.settled and placed_all,
-            commands=self.commands_sent,
+            commands=self.commands_sent, applied=self.applied,
         )
+
+    def _affected(self, req: ApplyRequest) -> set[str]:
+        """The running jobs an apply may stop or move: every one, or, where it tells only what
+        changed (`base`), those it names (the others keep their GPUs)."""
+        if not req.base:
+            return set(self.running)
+        named = (*req.stop, *(a.job_id for a in req.allocations))
+        return {j for j in named if j in self.running}
 
     def _reported_progress(self) -> dict[str, StepsReport]:
         """What the node agents' last heartbeats said of the running jobs (rank 0's steps, and
@@ -578,6 +604,7 @@ class Placement(Service):
     def _hold(self, job_id: str, gpus: list[GpuRef]) -> None:
         """`job_id` runs on `gpus` (which a job sharing them may hold too)."""
         self.running[job_id] = gpus
+        self.held_at[job_id] = self._holds = self._holds + 1
         for g in gpus:
             self.holders[g] = self.holders.get(g, 0) + 1
             if g.node_id in self.free:
@@ -585,6 +612,7 @@ class Placement(Service):
 
     def _free(self, job_id: str) -> None:
         """`job_id` no longer runs: its GPUs are free unless a job sharing them still holds them."""
+        self.held_at.pop(job_id, None)
         for g in self.running.pop(job_id, ()):
             left = self.holders.get(g, 0) - 1
             if left > 0:

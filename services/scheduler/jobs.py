@@ -8,9 +8,10 @@ writes before it replies.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
-from gpuyard.shared.contract import StepsReport
+from gpuyard.shared.contract import CountsChange, StepsReport
 from gpuyard.shared.model import JobRecord, JobSpec, JobState
 from gpuyard.shared.policy import JobView, ViewContext
 from gpuyard.shared.throughput import LinearModel
@@ -230,3 +231,32 @@ class JobTable:
 
     def _touch(self, record: JobRecord) -> None:
         self.touched.add(record.job_id)
+
+
+class CountsLog:
+    """What a request telling of earlier instants changed in the table's counts, at each of
+    them (`SchedulerStatus.changes`): a clock's timeline has a point at every instant it told of,
+    though it told of several in one request. Changes at the request's own time are not logged:
+    the reply's counts show them."""
+
+    def __init__(self, table: JobTable, now: float) -> None:
+        self.table = table
+        self.now = now
+        self.by_time: dict[float, list[int]] = {}
+
+    @contextmanager
+    def at(self, time: float) -> Iterator[None]:
+        """Log what the transitions inside the block change, at `time`."""
+        table = self.table
+        before = (table.busy_gpus, table.queued, table.running)
+        yield
+        if time >= self.now:
+            return
+        after = (table.busy_gpus, table.queued, table.running)
+        if after != before:
+            total = self.by_time.setdefault(time, [0, 0, 0])
+            for i in range(3):
+                total[i] += after[i] - before[i]
+
+    def changes(self) -> list[CountsChange]:
+        return [CountsChange(t, *d) for t, d in sorted(self.by_time.items())]

@@ -59,7 +59,7 @@ from gpuyard.shared.endpoints import (
     TICK,
     Endpoint,
 )
-from gpuyard.shared.errors import BadRequest
+from gpuyard.shared.errors import BadRequest, RemoteError
 from gpuyard.shared.identity import ANONYMOUS, Caller
 from gpuyard.shared.leader import LEASE_S, LeaseSeconds
 from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobRecord, JobSpec, JobState
@@ -85,7 +85,7 @@ from gpuyard.shared.throughput import (
 
 from .durability import SchedulerStore, StoredMeta
 from .identity import check_exits, may_cancel, ran_there, shown_to
-from .jobs import JobTable
+from .jobs import CountsLog, JobTable
 from .mechanism import TimeShareConfig, make_mechanism
 
 
@@ -156,8 +156,9 @@ class Scheduler(Service):
         self.released: list[str] = []  # ended on their own since the last apply
         self.commands = 0  # placement's last `clock.cmds` for our applies (simulated nodes)
         self.cluster: ClusterInfo | None = None  # placement's, as last heard; None: ask again
-        # The last apply's cluster, allocations (by job) and whether placement was settled.
-        self._applied: tuple[ClusterInfo, dict[str, Allocation], bool] | None = None
+        # The last apply's cluster, allocations (by job), whether placement was settled, and
+        # the apply's number (`ApplyReply.applied`: the next one tells what changed since).
+        self._applied: tuple[ClusterInfo, dict[str, Allocation], bool, int] | None = None
         self._node_list: tuple[ClusterInfo, list[NodeStatus]] | None = None  # its node views
         self._node_views: dict[str, NodeStatus] = {}  # the last view of each node
         self.dirty = False
@@ -349,7 +350,10 @@ class Scheduler(Service):
 
     async def enqueue(self, req: EnqueueRequest) -> SchedulerStatus:
         rejected: dict[str, str] = {}
-        for spec in req.jobs:
+        if req.times and len(req.times) != len(req.jobs):
+            raise BadRequest("times: one per job, or none", field="$.times")
+        changes = CountsLog(self.table, req.now)
+        for i, spec in enumerate(req.jobs):
             if spec.job_id is None:
                 raise BadRequest("admitted jobs must carry a job_id", field="$.jobs[].job_id")
             known = self.table.get(spec.job_id)
@@ -363,65 +367,73 @@ class Scheduler(Service):
             except ValueError as exc:
                 rejected[spec.job_id] = str(exc)
                 continue
-            self.table.admit(spec, req.now, work)
+            at = req.times[i] if req.times else req.now
+            with changes.at(at):
+                self.table.admit(spec, at, work)
             self.dirty = True
-            await self.emit("job.queued", req.now, spec.job_id)
+            await self.emit("job.queued", at, spec.job_id)
         if req.declined and self.policy.needs.decide_on_arrival:
             self.dirty = True
         self._poke()
         ran = await self._round_if_due(req.now, req.tick)
-        return self._status(req.now, ran_round=ran, rejected=rejected)
+        return self._status(req.now, ran_round=ran, rejected=rejected, changes=changes)
 
     async def exited(self, req: ExitReport, caller: Caller = ANONYMOUS) -> SchedulerStatus:
         check_exits(req, caller)
         self._simulated_progress(req.steps)
+        changes = CountsLog(self.table, req.now)
         for ex in req.exits:
-            record = self.table.get(ex.job_id)
-            if record is not None and not ran_there(record, ex, caller):
-                self.log.warning("exit.not_placed_there", job_id=ex.job_id, node_id=ex.node_id)
-                continue
-            if record is not None and record.cancelling:  # its part there is gone, however
-                if ex.attempt is None or ex.attempt == record.attempt - 1:
-                    await self._part_stopped(record, ex.node_id, req.now)
-                continue
-            if ex.status == "stopped":
-                continue  # a part told to stop, stopped: the job moved on when it was told
-            if record is not None and self._done_by_an_earlier_run(record, ex):
-                # Its work is done (runs share the checkpoint): it must not run again. A run
-                # started since is left out of the next apply, which stops it.
-                self.table.end(record, req.now, "completed", ex.reason, record.total_steps)
-                self.dirty = True
-                await self.emit("job.completed", req.now, ex.job_id, reason=ex.reason)
-                continue
-            if record is None or record.state != "running":
-                state = "unknown" if record is None else record.state
-                self.log.warning("exit.ignored", job_id=ex.job_id, state=state)
-                continue
-            if ex.attempt is not None and ex.attempt != record.attempt - 1:
-                self.log.warning(
-                    "exit.stale", job_id=ex.job_id, node_id=ex.node_id, attempt=ex.attempt,
-                    current=record.attempt - 1,
-                )  # fmt: skip
-                continue
-            if ex.node_id and ex.node_id not in record.nodes:
-                self.log.warning("exit.stale", job_id=ex.job_id, node_id=ex.node_id)
-                continue
-            # A job on several nodes ends when every part has exited 0, or at the first failure.
-            if (
-                ex.status == "completed"
-                and ex.node_id
-                and not self.table.part_exited(record, ex.node_id)
-            ):
-                if ex.steps_done is not None:  # rank 0's part: the job's progress as it ended
-                    self.table.report(record, StepsReport(ex.steps_done, req.now))
-                continue
-            # (within what the scheduler has accounted of this run already)
-            at = req.now if ex.ended_at is None else min(max(ex.ended_at, record.progress_at), req.now)
-            self._end(record, at, ex)
-            await self.emit(f"job.{ex.status}", at, ex.job_id, reason=ex.reason)
+            with changes.at(req.now if ex.ended_at is None else ex.ended_at):
+                await self._exit(req, ex, caller)
         self._poke()
         ran = await self._round_if_due(req.now, req.tick)
-        return self._status(req.now, ran_round=ran)
+        return self._status(req.now, ran_round=ran, changes=changes)
+
+    async def _exit(self, req: ExitReport, ex: JobExit, caller: Caller) -> None:
+        """One job's exit (a part's, of a job on several nodes)."""
+        record = self.table.get(ex.job_id)
+        if record is not None and not ran_there(record, ex, caller):
+            self.log.warning("exit.not_placed_there", job_id=ex.job_id, node_id=ex.node_id)
+            return
+        if record is not None and record.cancelling:  # its part there is gone, however
+            if ex.attempt is None or ex.attempt == record.attempt - 1:
+                await self._part_stopped(record, ex.node_id, req.now)
+            return
+        if ex.status == "stopped":
+            return  # a part told to stop, stopped: the job moved on when it was told
+        if record is not None and self._done_by_an_earlier_run(record, ex):
+            # Its work is done (runs share the checkpoint): it must not run again. A run
+            # started since is left out of the next apply, which stops it.
+            self.table.end(record, req.now, "completed", ex.reason, record.total_steps)
+            self.dirty = True
+            await self.emit("job.completed", req.now, ex.job_id, reason=ex.reason)
+            return
+        if record is None or record.state != "running":
+            state = "unknown" if record is None else record.state
+            self.log.warning("exit.ignored", job_id=ex.job_id, state=state)
+            return
+        if ex.attempt is not None and ex.attempt != record.attempt - 1:
+            self.log.warning(
+                "exit.stale", job_id=ex.job_id, node_id=ex.node_id, attempt=ex.attempt,
+                current=record.attempt - 1,
+            )  # fmt: skip
+            return
+        if ex.node_id and ex.node_id not in record.nodes:
+            self.log.warning("exit.stale", job_id=ex.job_id, node_id=ex.node_id)
+            return
+        # A job on several nodes ends when every part has exited 0, or at the first failure.
+        if (
+            ex.status == "completed"
+            and ex.node_id
+            and not self.table.part_exited(record, ex.node_id)
+        ):
+            if ex.steps_done is not None:  # rank 0's part: the job's progress as it ended
+                self.table.report(record, StepsReport(ex.steps_done, req.now))
+            return
+        # (within what the scheduler has accounted of this run already)
+        at = req.now if ex.ended_at is None else min(max(ex.ended_at, record.progress_at), req.now)
+        self._end(record, at, ex)
+        await self.emit(f"job.{ex.status}", at, ex.job_id, reason=ex.reason)
 
     @staticmethod
     def _done_by_an_earlier_run(record: JobRecord, ex: JobExit) -> bool:
@@ -630,15 +642,7 @@ class Scheduler(Service):
                 placed={}, started={}, stopped=[], unplaced=[], lost=[], capacity=cluster.capacity
             )
         else:
-            self._applied = None
-            reply = await self._placement(
-                APPLY,
-                ApplyRequest(
-                    now=now, allocations=allocations, specs=specs, released=self.released,
-                    attempts=attempts,
-                ),
-            )  # fmt: skip
-            self._applied = (cluster, {a.job_id: a for a in allocations}, reply.settled)
+            reply = await self._apply(now, cluster, allocations, specs, attempts)
             self.released = []
             self.commands = max(self.commands, reply.commands)
         cluster.capacity = reply.capacity
@@ -685,6 +689,43 @@ class Scheduler(Service):
         if lease_ends is not None:  # the guard held a decision back: decide again when it ends
             wake = lease_ends if wake is None else min(wake, lease_ends)
         self.policy_wake = wake
+
+    async def _apply(
+        self, now: float, cluster: ClusterInfo, allocations: list[Allocation],
+        specs: dict[str, JobSpec], attempts: dict[str, int],
+    ) -> ApplyReply:  # fmt: skip
+        """Have placement run `allocations`: told as what changed since the last apply where it
+        can be (`ApplyRequest.base`), else in full (and in full again if placement refuses the
+        base: it restarted without its state)."""
+        last, self._applied = self._applied, None
+        by_job = {a.job_id: a for a in allocations}
+        request = ApplyRequest(
+            now=now, allocations=allocations, specs=specs, released=self.released,
+            attempts=attempts,
+        )  # fmt: skip
+        if (
+            last is not None and last[3] and not cluster.rearranges
+            and not any(a.share_with for a in allocations)
+        ):  # fmt: skip
+            previous = last[1]
+            changed = [a for a in allocations if a.job_id in specs or previous.get(a.job_id) != a]
+            delta = msgspec.structs.replace(
+                request, allocations=changed, base=last[3],
+                stop=[j for j in previous if j not in by_job],
+                attempts={a.job_id: attempts[a.job_id] for a in changed if a.job_id in attempts},
+            )  # fmt: skip
+            try:
+                reply = await self._placement(APPLY, delta)
+            except RemoteError as exc:
+                if exc.reply.field != "$.base":
+                    raise
+                self.log.info("apply.in_full", why=exc.reply.error)
+            else:
+                self._applied = (cluster, by_job, reply.settled, reply.applied)
+                return reply
+        reply = await self._placement(APPLY, request)
+        self._applied = (cluster, by_job, reply.settled, reply.applied)
+        return reply
 
     def _confirms_what_runs(
         self, cluster: ClusterInfo, allocations: list[Allocation], specs: dict[str, JobSpec]
@@ -961,14 +1002,29 @@ class Scheduler(Service):
         if self.wake_at is not None and self.wake_at <= now:
             self._poke()
 
+    def quiet_until(self, now: float) -> float | None:
+        """Until when jobs that arrive or end after `now` are decided on no sooner than then: the
+        next round boundary (rounds), the end of the slot the last decision began (slots)."""
+        if self.config.clock != "external" or self.policy.mechanism == "time_shares":
+            return None
+        round_s = self.config.round_s
+        if self.config.mode == "rounds":
+            return self._decides(math.floor(now / round_s) * round_s + round_s)
+        if self.config.mode == "slots" and self.last_round is not None:
+            ends = self.last_round + round_s
+            return ends if ends > now else None
+        return None
+
     def _status(
-        self, now: float, *, ran_round: bool = False, rejected: dict[str, str] | None = None
-    ) -> SchedulerStatus:
+        self, now: float, *, ran_round: bool = False, rejected: dict[str, str] | None = None,
+        changes: CountsLog | None = None,
+    ) -> SchedulerStatus:  # fmt: skip
         table = self.table
         return SchedulerStatus(
             wake_at=self.wake_at, busy_gpus=table.busy_gpus, queued=table.queued,
             running=table.running, finished=table.finished, ran_round=ran_round,
-            rejected=rejected or {}, commands=self.commands,
+            rejected=rejected or {}, commands=self.commands, quiet_until=self.quiet_until(now),
+            changes=changes.changes() if changes is not None else [],
         )  # fmt: skip
 
     async def emit(self, kind: Any, now: float, job_id: str, **fields: Any) -> None:

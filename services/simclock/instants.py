@@ -11,9 +11,12 @@ import math
 import time
 from typing import TYPE_CHECKING, Literal
 
+import msgspec
+
 from gpuyard.shared.contract import (
     ClusterChanged,
     ExitReport,
+    JobExit,
     SubmitRequest,
     TickRequest,
 )
@@ -58,6 +61,8 @@ class InstantLoop:
 
     retries_held_at = True
     """Whether held jobs are decided again at the time admission asks (not only at exits)."""
+    batches_quiet = True
+    """Whether the instants of the scheduler's quiet windows are told of together."""
     stuck: str
     """Why jobs that never finished did not (the end of the error's line)."""
 
@@ -71,6 +76,7 @@ class InstantLoop:
         self.rejected = 0
         self.held = 0  # jobs admission holds, as it last said
         self.held_retry: float | None = None  # when admission asked to decide on them again
+        self.admission_batches = False  # admission takes arrivals of several instants at once
         self.awaited: set[str] = set()  # the window's jobs that have not ended yet
         if clock.config.window is not None:
             first, end = clock.config.window
@@ -81,7 +87,7 @@ class InstantLoop:
         progress = self.progress
         now = self.first_instant()
         while now is not None:
-            await self.instant(now)
+            now = await self.instant(now)
             if self.window_done():
                 break
             await self.after_instant(now)
@@ -95,20 +101,40 @@ class InstantLoop:
                 f"admission): nothing runs, nothing arrives, and {self.stuck}"
             )
 
-    async def instant(self, now: float) -> None:
+    async def instant(self, now: float) -> float:
         """Nodes, then exits, then arrivals, then the round: the tick rides on the last request
-        of the instant, or goes alone if the cadence says one is due."""
+        of the instant, or goes alone if the cadence says one is due. Instants after it that
+        the scheduler's quiet window holds (`SchedulerStatus.quiet_until`) are told of with the
+        last of them, their exits and arrivals each with its own time; returns that last one."""
         clock, progress = self.clock, self.progress
-        progress.now = now
-        progress.instants += 1
         lost: list[str] | None = None
         if self.next_churn < len(self.churn) and self.churn[self.next_churn][0] == now:
             lost = await clock.change_nodes(now, self.churn[self.next_churn][1])
             self.next_churn += 1
-        exits = clock.runs.exits(now)
-        for ended in exits:
-            self.awaited.discard(ended.job_id)
-        batch = self.arrivals(now)
+        before = clock.timeline[-1] if clock.timeline else None
+        earlier: list[float] = []  # instants told of with this one
+        exits: list[JobExit] = []
+        batch: list[JobSpec] = []
+        times: list[float] = []
+        while True:
+            progress.now = now
+            progress.instants += 1
+            ended = clock.runs.exits(now)
+            for ex in ended:
+                self.awaited.discard(ex.job_id)
+            arrived = self.arrivals(now)
+            later = await self.quiet_after(now) if lost is None else None
+            if later is None:
+                exits += ended
+                batch += arrived
+                times += [now] * len(arrived) if earlier else []
+                break
+            earlier.append(now)
+            exits += [msgspec.structs.replace(ex, ended_at=now) for ex in ended]
+            batch += arrived
+            times += [now] * len(arrived)
+            progress.finished = clock.runs.finished + self.rejected
+            now = later
         # Jobs held by admission get another chance when others have left, or when admission
         # asked for one.
         due = self.held_retry is not None and self.held_retry <= now
@@ -126,11 +152,50 @@ class InstantLoop:
                 clock.note(now, await clock.call(EXITED, ExitReport(now=now, exits=exits, tick=tick)))
                 ticked = tick
             else:
-                ticked = await self.submit(now, batch)
+                ticked = await self.submit(now, batch, times)
         if not ticked and self.tick_due(now):
             clock.note(now, await clock.call(TICK, TickRequest(now=now)))
+        clock.earlier_points(earlier, before)
         await clock.refresh(now)
         progress.finished = clock.runs.finished + self.rejected
+        return now
+
+    async def quiet_after(self, now: float) -> float | None:
+        """The next instant, if it is within the scheduler's quiet window and nothing but exits
+        and arrivals happen until then: it is then told of with this one (having refreshed the
+        rates at `now`, as the instant's requests start nothing). None: this instant is told of
+        now."""
+        clock = self.clock
+        quiet = clock.quiet_until
+        if (
+            not self.batches_quiet
+            or quiet is None
+            or now >= quiet
+            or not self.admission_batches
+            or self.held
+            or clock.config.window is not None
+            or clock.config.completion_grid_s is not None
+        ):
+            return None
+        await clock.refresh(now)  # (a job whose partner left goes on at another rate)
+        later = min(
+            (t for t in (self.next_delivery(), clock.runs.next_completion()) if t is not None),
+            default=None,
+        )
+        limits = [quiet]
+        if self.next_churn < len(self.churn):
+            limits.append(self.churn[self.next_churn][0])
+        if clock.sched_wake is not None:
+            limits.append(clock.sched_wake)
+        if later is None or later <= now or later >= min(limits):
+            return None
+        return later
+
+    def next_delivery(self) -> float | None:
+        """When the next job is submitted (None: every job has been)."""
+        if self.next_arrival >= len(self.workload):
+            return None
+        return self.delivery(self.workload[self.next_arrival])
 
     def arrivals(self, now: float) -> list[JobSpec]:
         """The jobs submitted at `now`."""
@@ -141,12 +206,14 @@ class InstantLoop:
             self.next_arrival += 1
         return batch
 
-    async def submit(self, now: float, batch: list[JobSpec]) -> bool:
+    async def submit(self, now: float, batch: list[JobSpec], times: list[float]) -> bool:
         """Submit the arrivals (and have the held jobs decided again), with the tick; whether the
-        scheduler got the tick."""
-        reply = await self.clock.call(SUBMIT, SubmitRequest(now=now, jobs=batch, tick=True))
+        scheduler got the tick. `times`: when each arrived (empty: all now)."""
+        msg = SubmitRequest(now=now, jobs=batch, tick=True, times=times)
+        reply = await self.clock.call(SUBMIT, msg)
         self.progress.submitted += len(batch)
         self.held = reply.held
+        self.admission_batches = reply.batches
         if self.retries_held_at:
             self.held_retry = reply.retry_at
         for r in reply.results:
@@ -205,6 +272,9 @@ class EventInstants(InstantLoop):
     def first_instant(self) -> float | None:
         return self._next()
 
+    async def after_instant(self, now: float) -> None:
+        self.last = now  # (the last of the instants told of together)
+
     def tick_due(self, now: float) -> bool:
         wake = self.clock.sched_wake
         if wake is None or wake > now:
@@ -218,11 +288,7 @@ class EventInstants(InstantLoop):
 
     def _next(self) -> float | None:
         unfinished = self.progress.finished < self.progress.total
-        arrival = (
-            self.delivery(self.workload[self.next_arrival])
-            if self.next_arrival < len(self.workload)
-            else None
-        )
+        arrival = self.next_delivery()
         node_event = (
             self.churn[self.next_churn][0]
             if self.next_churn < len(self.churn) and unfinished
@@ -246,6 +312,7 @@ class GavelRounds(InstantLoop):
     decided again at exits, and every instant ticks."""
 
     retries_held_at = False
+    batches_quiet = False
     stuck = "the scheduler starts nothing"
 
     def __init__(self, clock: SimClock, workload: list[JobSpec], round_s: float) -> None:

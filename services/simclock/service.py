@@ -27,6 +27,7 @@ from gpuyard.services.simclock.workload import load_node_events, load_workload, 
 from gpuyard.shared.connection import Bus
 from gpuyard.shared.contract import (
     Ack,
+    CountsChange,
     NodeCommand,
     NodeCommandReply,
     NodeCommands,
@@ -78,6 +79,8 @@ class SimClock(Service):
         self.runs = Completions(self.nodes, self.model, config)
         self.decided: float | None = None  # the last instant at which the scheduler decided
         self.sched_wake: float | None = None
+        self.quiet_until: float | None = None  # the scheduler's (`SchedulerStatus.quiet_until`)
+        self.changes: list[CountsChange] = []  # its replies' changes at earlier instants
         self.timeline: list[TimelinePoint] = []
         self.task: asyncio.Task[None] | None = None
         self.progress = Progress(now=0.0, submitted=0, finished=0, total=0, instants=0)
@@ -170,6 +173,8 @@ class SimClock(Service):
         """The scheduler's reply at `now`: when it wants its next tick, the node commands to wait
         for, and the timeline's point."""
         self.sched_wake = status.wake_at
+        self.quiet_until = status.quiet_until
+        self.changes += status.changes
         self.commands_due = max(self.commands_due, status.commands)
         if status.ran_round:
             self.decided = now
@@ -178,6 +183,28 @@ class SimClock(Service):
             self.timeline[-1] = point
         else:
             self.timeline.append(point)
+
+    def earlier_points(self, times: list[float], before: TimelinePoint | None) -> None:
+        """The timeline's points at instants told of with a later one (`times`, in order, after
+        the point `before`): its counts and the changes the scheduler's replies gave for them."""
+        if not times:
+            self.changes.clear()
+            return
+        counts = [before.busy_gpus, before.queued, before.running] if before else [0, 0, 0]
+        changes = sorted(self.changes, key=lambda c: c.time)  # (two replies' lists: merged)
+        self.changes.clear()
+        at = len(self.timeline) - 1  # (this instant's own point is the last)
+        points: list[TimelinePoint] = []
+        i = 0
+        for t in times:
+            while i < len(changes) and changes[i].time <= t:
+                c = changes[i]
+                counts[0] += c.busy_gpus
+                counts[1] += c.queued
+                counts[2] += c.running
+                i += 1
+            points.append(TimelinePoint(t, counts[0], counts[1], counts[2], self.nodes.gpus))
+        self.timeline[at:at] = points
 
     async def refresh(self, now: float) -> None:
         """Once the node commands of `now` are handled: new rates and completion times for the
