@@ -132,6 +132,7 @@ class Placement(Service):
         self.applied = 0  # the number of the last apply (`ApplyReply.applied`)
         self.free: dict[str, set[int]] = {}  # free GPU indices per node
         self.holders: dict[GpuRef, int] = {}  # how many running jobs hold each busy GPU
+        self.shared = 0  # GPUs two jobs hold
         self.specs: dict[str, JobSpec] = {}  # of the jobs placed, for relaunching them
         self.down: dict[str, float] = {}  # nodes that left, and when (until they come back)
         self.last_seen: dict[str, float] = {}  # node agents that heartbeat: when last heard of
@@ -439,7 +440,9 @@ class Placement(Service):
                 f"apply #{req.base} is not the last one applied here (#{self.applied}): send "
                 "every allocation", field="$.base",
             )  # fmt: skip
-        if req.base and (self.policy.rearranges or any(a.share_with for a in req.allocations)):
+        if req.base and (
+            self.policy.rearranges or self.shared or any(a.share_with for a in req.allocations)
+        ):
             raise BadRequest(
                 "a policy that rearranges, and jobs that share GPUs, need every allocation",
                 field="$.base",
@@ -606,7 +609,8 @@ class Placement(Service):
         self.running[job_id] = gpus
         self.held_at[job_id] = self._holds = self._holds + 1
         for g in gpus:
-            self.holders[g] = self.holders.get(g, 0) + 1
+            held = self.holders[g] = self.holders.get(g, 0) + 1
+            self.shared += held == 2
             if g.node_id in self.free:
                 self.free[g.node_id].discard(g.index)
 
@@ -615,6 +619,7 @@ class Placement(Service):
         self.held_at.pop(job_id, None)
         for g in self.running.pop(job_id, ()):
             left = self.holders.get(g, 0) - 1
+            self.shared -= left == 1
             if left > 0:
                 self.holders[g] = left
                 continue

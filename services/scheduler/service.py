@@ -159,6 +159,7 @@ class Scheduler(Service):
         # The last apply's cluster, allocations (by job), whether placement was settled, and
         # the apply's number (`ApplyReply.applied`: the next one tells what changed since).
         self._applied: tuple[ClusterInfo, dict[str, Allocation], bool, int] | None = None
+        self._shared_last = False  # jobs shared GPUs in the last apply
         self._node_list: tuple[ClusterInfo, list[NodeStatus]] | None = None  # its node views
         self._node_views: dict[str, NodeStatus] = {}  # the last view of each node
         self.dirty = False
@@ -699,13 +700,16 @@ class Scheduler(Service):
         base: it restarted without its state)."""
         last, self._applied = self._applied, None
         by_job = {a.job_id: a for a in allocations}
+        sharing = any(a.share_with for a in allocations)
         request = ApplyRequest(
             now=now, allocations=allocations, specs=specs, released=self.released,
             attempts=attempts,
         )  # fmt: skip
+        # (Jobs sharing GPUs, now or before, are placed with their partners: every allocation.
+        # A durable simulation's scheduler, restarted, sends the request in hand again: in full.)
         if (
-            last is not None and last[3] and not cluster.rearranges
-            and not any(a.share_with for a in allocations)
+            last is not None and last[3] and not cluster.rearranges and not sharing
+            and not self._shared_last and not (self.config.durable and self.config.clock == "external")
         ):  # fmt: skip
             previous = last[1]
             changed = [a for a in allocations if a.job_id in specs or previous.get(a.job_id) != a]
@@ -725,6 +729,7 @@ class Scheduler(Service):
                 return reply
         reply = await self._placement(APPLY, request)
         self._applied = (cluster, by_job, reply.settled, reply.applied)
+        self._shared_last = sharing
         return reply
 
     def _confirms_what_runs(

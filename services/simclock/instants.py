@@ -155,7 +155,7 @@ class InstantLoop:
                 ticked = await self.submit(now, batch, times)
         if not ticked and self.tick_due(now):
             clock.note(now, await clock.call(TICK, TickRequest(now=now)))
-        clock.earlier_points(earlier, before)
+        clock.earlier_points(now, earlier, before)
         await clock.refresh(now)
         progress.finished = clock.runs.finished + self.rejected
         return now

@@ -184,16 +184,16 @@ class SimClock(Service):
         else:
             self.timeline.append(point)
 
-    def earlier_points(self, times: list[float], before: TimelinePoint | None) -> None:
-        """The timeline's points at instants told of with a later one (`times`, in order, after
-        the point `before`): its counts and the changes the scheduler's replies gave for them."""
+    def earlier_points(self, now: float, times: list[float], before: TimelinePoint | None) -> None:
+        """The timeline's points at instants told of with the one at `now` (`times`, in order,
+        after the point `before`): its counts and the changes the scheduler's replies gave."""
         if not times:
             self.changes.clear()
             return
         counts = [before.busy_gpus, before.queued, before.running] if before else [0, 0, 0]
         changes = sorted(self.changes, key=lambda c: c.time)  # (two replies' lists: merged)
         self.changes.clear()
-        at = len(self.timeline) - 1  # (this instant's own point is the last)
+        at = len(self.timeline) - (bool(self.timeline) and self.timeline[-1].time == now)
         points: list[TimelinePoint] = []
         i = 0
         for t in times:
