@@ -177,19 +177,22 @@ class InstantLoop:
             or clock.config.completion_grid_s is not None
         ):
             return None
-        await clock.refresh(now)  # (a job whose partner left goes on at another rate)
-        later = min(
-            (t for t in (self.next_delivery(), clock.runs.next_completion()) if t is not None),
-            default=None,
-        )
         limits = [quiet]
         if self.next_churn < len(self.churn):
             limits.append(self.churn[self.next_churn][0])
         if clock.sched_wake is not None:
             limits.append(clock.sched_wake)
-        if later is None or later <= now or later >= min(limits):
+        until = min(limits)
+
+        def within() -> float | None:
+            nxt = (self.next_delivery(), clock.runs.next_completion())
+            later = min((t for t in nxt if t is not None), default=None)
+            return later if later is not None and now < later < until else None
+
+        if within() is None:
             return None
-        return later
+        await clock.refresh(now)  # (a job whose partner left goes on at another rate)
+        return within()
 
     def next_delivery(self) -> float | None:
         """When the next job is submitted (None: every job has been)."""
