@@ -79,7 +79,7 @@ def error_from_validation(exc: msgspec.ValidationError | msgspec.DecodeError) ->
     text = str(exc)
     m = _AT.match(text)
     if not m:
-        top = _MISSING.search(text)  # a top-level field: msgspec gives no path
+        top = _MISSING.search(text) or _POST_INIT.match(text)  # (top level: msgspec gives no path)
         return BadRequest(text, field=child_path("$", top["name"]) if top else None)
     msg, path = m["msg"], m["path"]
     named = _MISSING.search(msg) or _POST_INIT.match(msg)

@@ -142,6 +142,9 @@ class Service:
     """Requests under our prefix that another service answers (a node agent's own heartbeats,
     placement's): left unanswered rather than refused."""
     """The registry this service's policy comes from (None: the service has no policy)."""
+    decoded_as: ClassVar[dict[Endpoint[Any, Any], type[Any]]] = {}
+    """Requests this service decodes as another type than the contract's, to judge their parts
+    one by one (admission: each job spec of a submission)."""
     commits_in_groups: ClassVar[bool] = False
     """Under load, handle the requests already queued before writing the state once and answering
     them all (group commit: one write to the store for many requests, not one each). Only for a
@@ -476,7 +479,8 @@ class Service:
         return sum(sub.pending_msgs for sub in self._serving)
 
     def _route(self, subject: str, endpoint: Endpoint[Any, Any], handler: Handler) -> _Route:
-        route = self._routes[subject] = _Route(endpoint, handler, decoder(endpoint.request))
+        request = self.decoded_as.get(endpoint, endpoint.request)
+        route = self._routes[subject] = _Route(endpoint, handler, decoder(request))
         return route
 
     async def _dispatch(

@@ -173,6 +173,13 @@ async def test_jobs_start_where_they_were_submitted_and_need_a_command(
     assert rejected["user"] == "alice"
     code, out, _ = await views.gpuyard("user.alice", "jobs", result.job_id)
     assert code == 0 and "REJECTED" in out and "no command" in out
+    # A file of jobs with one malformed: that one refused by its place and field, the rest run.
+    jobs = [{"num_gpus": 1, "command": ["true"]}, {"num_gpus": "two", "command": ["true"]},
+            {"num_gpus": 1, "command": ["true"]}]  # fmt: skip
+    (tmp_path / "jobs.json").write_text(json.dumps({"jobs": jobs}))
+    code, out, err = await views.gpuyard("user.alice", "submit", "--file", str(tmp_path / "jobs.json"))
+    assert code == 1 and out.count("submitted ") == 2, (out, err)
+    assert "rejected a job: Expected `int`, got `str` (at $.jobs[1].num_gpus)" in err
 
 
 async def test_jobs_show_current_states_reasons_users_and_progress(views: Views) -> None:

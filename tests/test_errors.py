@@ -17,6 +17,7 @@ from gpuyard.shared.contract import (
     ErrorReply,
     Ping,
     RegisterNode,
+    SubmitReply,
     SubmitRequest,
     TickRequest,
 )
@@ -60,10 +61,32 @@ async def raw_request(bus: Bus, subject: str, data: bytes, headers=None) -> Erro
     ],
 )
 async def test_bad_submissions_name_the_field(control_plane: Bus, payload, field, words) -> None:
-    error = await raw_request(control_plane, "gpuyard.errs.adm.submit", payload)
+    subject = "gpuyard.errs.adm.submit.op.anonymous"
+    error = await raw_request(control_plane, subject, payload)
     assert field == error.field
     assert words.lower() in error.error.lower()
-    assert error.subject == "gpuyard.errs.adm.submit"
+    assert error.subject == subject
+
+
+async def test_a_malformed_spec_in_a_batch_is_refused_alone(control_plane: Bus) -> None:
+    """One bad spec among good ones: refused by its index and field, the others decided; its
+    job id, where it names one, in its result."""
+    batch = (b'{"jobs": [{"num_gpus": 1, "job_id": "good1"}, {"num_gpus": "two", "job_id": "bad"},'
+             b' {"num_gpus": 1, "gpus": 2}, {"num_gpus": 2, "job_id": "good2"}]}')  # fmt: skip
+    msg = await control_plane.nc.request("gpuyard.errs.adm.submit.op.anonymous", batch, timeout=5)
+    reply = msgspec.json.decode(msg.data, type=SubmitReply)
+    verdicts = {(r.job_id, r.verdict) for r in reply.results}
+    assert verdicts == {("good1", "admit"), ("good2", "admit"), ("bad", "reject"), ("", "reject")}
+    reasons = [r.reason for r in reply.results if r.verdict == "reject"]
+    assert "Expected `int`" in reasons[0] and "$.jobs[1].num_gpus" in reasons[0]
+    assert "unknown field" in reasons[1] and "$.jobs[2].gpus" in reasons[1]
+    # A submitter naming another user is refused whole, by the spec's place in the submission.
+    with pytest.raises(RemoteError) as refused:
+        await control_plane.call(
+            SUBMIT, {"jobs": [{"num_gpus": "x"}, {"num_gpus": 1, "user": "mallory"}]},
+            caller="user.alice",
+        )  # fmt: skip
+    assert refused.value.reply.field == "$.jobs[1].user"
 
 
 async def test_unknown_request_and_wrong_version(control_plane: Bus) -> None:

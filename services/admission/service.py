@@ -4,6 +4,7 @@ admitted jobs to the scheduler."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Any
 
@@ -24,7 +25,7 @@ from gpuyard.shared.contract import (
     SubmitResult,
 )
 from gpuyard.shared.endpoints import CLUSTER, ENQUEUE, EVENT, QUERY, SUBMIT, Endpoint
-from gpuyard.shared.errors import BadRequest
+from gpuyard.shared.errors import BadRequest, error_from_validation
 from gpuyard.shared.identity import ANONYMOUS, Caller
 from gpuyard.shared.leader import LEASE_S, LeaseSeconds
 from gpuyard.shared.model import ANY_GPU, JobRecord, JobSpec
@@ -79,6 +80,60 @@ class AdmissionConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     one without is rejected at submission rather than failing at launch."""
 
 
+class Submission(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`adm.submit` as admission reads it: a `SubmitRequest` whose job specs are read one by one,
+    so that a malformed one is refused alone (by index and field) and the others decided."""
+
+    jobs: list[msgspec.Raw]
+    now: float | None = None
+    tick: bool = False
+    times: list[float] = []
+
+    def judged(self) -> tuple[SubmitRequest, list[SubmitResult], list[int]]:
+        """The request with the specs that are well formed, a refusal for each other one, and
+        where each spec kept was in the submission. None well formed: the request is wrong (the
+        first spec's error, by field)."""
+        if self.times and len(self.times) != len(self.jobs):
+            raise BadRequest("times: one per job, or none", field="$.times")
+        specs: list[JobSpec] = []
+        times: list[float] = []
+        refused: list[SubmitResult] = []
+        kept: list[int] = []
+        first: BadRequest | None = None
+        for i, raw in enumerate(self.jobs):
+            try:
+                spec = _spec_decoder.decode(raw)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                bad = error_from_validation(exc)
+                field = (bad.field or "$").replace("$", f"$.jobs[{i}]", 1)
+                first = first or BadRequest(bad.error, field=field)
+                refused.append(SubmitResult(
+                    job_id=_job_id(raw), verdict="reject", reason=f"{bad.error} (at {field})"
+                ))  # fmt: skip
+                continue
+            specs.append(spec)
+            kept.append(i)
+            if self.times:
+                times.append(self.times[i])
+        if first is not None and not specs:
+            raise first
+        req = SubmitRequest(jobs=specs, now=self.now, tick=self.tick, times=times)
+        return req, refused, kept
+
+
+_spec_decoder = msgspec.json.Decoder(JobSpec)
+
+
+def _job_id(raw: msgspec.Raw) -> str:
+    """The id a malformed spec names, if it names one ("" if not)."""
+    try:
+        named = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return ""
+    job_id = named.get("job_id") if isinstance(named, dict) else None
+    return job_id if isinstance(job_id, str) else ""
+
+
 class StoredAdmission(Struct, kw_only=True):
     counter: int = 0
     held: list[JobSpec] = []
@@ -91,6 +146,7 @@ class Admission(Service):
     name = "admission"
     policies = admission_policies
     commits_in_groups = True  # it calls the scheduler and placement, which never call it
+    decoded_as = {SUBMIT: Submission}
 
     def __init__(self, bus: Bus, config: AdmissionConfig) -> None:
         super().__init__(bus)
@@ -182,15 +238,28 @@ class Admission(Service):
             self._asked = True
             await self.bus.nc.publish(self.bus.subject(SUBMIT), b'{"jobs": []}')
 
-    async def submit(self, req: SubmitRequest, caller: Caller = ANONYMOUS) -> SubmitReply:
-        req = owned_by(req, caller)
+    async def submit(
+        self, submission: SubmitRequest | Submission, caller: Caller = ANONYMOUS
+    ) -> SubmitReply:
+        if isinstance(submission, Submission):
+            req, results, kept = submission.judged()
+        else:
+            req, results, kept = submission, [], list(range(len(submission.jobs)))
+        malformed = len(results)  # (refused first, then the jobs decided)
+        for r in results:
+            self.log.warning("job.malformed", job_id=r.job_id, reason=r.reason)
+        try:
+            req = owned_by(req, caller)
+        except BadRequest as exc:  # (named by its place in the submission)
+            if exc.field and (m := re.match(r"\$\.jobs\[(\d+)\]", exc.field)):
+                exc.field = f"$.jobs[{kept[int(m[1])]}]{exc.field[m.end():]}"
+            raise
         self._asked = False  # (every submit decides on the held jobs)
         now = req.now if req.now is not None else time.time()
         if self.cluster is None or not self.cluster.capacity:
             await self._refresh_cluster()
         view = self._cluster_view()
         jobs, decides = await self._admitted_jobs(view, now) if self.held or req.jobs else ([], None)
-        results: list[SubmitResult] = []
         admitted: list[JobSpec] = []
         declined = 0  # arrivals refused: still an event for some scheduling policies
         retry_at: float | None = None  # the earliest time a held job asks to be decided again
@@ -266,7 +335,7 @@ class Admission(Service):
             for r in results:
                 if r.job_id in status.rejected:
                     r.verdict, r.reason = "reject", status.rejected[r.job_id]
-        for r in results:
+        for r in results[malformed:]:  # (a malformed spec named no job: no event)
             kind = {"admit": "job.admitted", "hold": "job.held", "reject": "job.rejected"}[
                 r.verdict
             ]
@@ -281,7 +350,8 @@ class Admission(Service):
         mine = named_for(caller, asked, users)
         held = sum(1 for s in self.held if mine(s.job_id or ""))
         return SubmitReply(
-            results=[r for r in results if mine(r.job_id)], held=held, scheduler=status,
+            results=results[:malformed] + [r for r in results[malformed:] if mine(r.job_id)],
+            held=held, scheduler=status,
             retry_at=retry_at if held else None,
             batches=not (self.policy.needs.jobs or self.policy.all_or_none or self.held),
         )  # fmt: skip
