@@ -175,6 +175,9 @@ class SchedulerStatus(Struct, kw_only=True):
     next round boundary; slots: the end of the slot): a clock may tell of them together, at the
     last of their instants, each with its own time (`SubmitRequest.times`, `JobExit.ended_at`).
     None: what comes is decided on when it comes."""
+    exit_decides: bool = False
+    """An exit would make a decision due (the policy decides at every exit, or jobs wait): a
+    quiet window with an exit ends with a decision (a clock tells of the window with it)."""
     changes: list[CountsChange] = []
     """What a request telling of earlier instants (`quiet_until`) changed in the counts, at each
     of those instants, in time order: a clock's timeline has their points."""

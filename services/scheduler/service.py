@@ -1014,7 +1014,7 @@ class Scheduler(Service):
             return None
         round_s = self.config.round_s
         if self.config.mode == "rounds":
-            return self._decides(math.floor(now / round_s) * round_s + round_s)
+            return self._decides((math.floor(now / round_s) + 1) * round_s)
         if self.config.mode == "slots" and self.last_round is not None:
             ends = self.last_round + round_s
             return ends if ends > now else None
@@ -1029,6 +1029,7 @@ class Scheduler(Service):
             wake_at=self.wake_at, busy_gpus=table.busy_gpus, queued=table.queued,
             running=table.running, finished=table.finished, ran_round=ran_round,
             rejected=rejected or {}, commands=self.commands, quiet_until=self.quiet_until(now),
+            exit_decides=self.policy.needs.decide_on_exit or table.queued > 0,
             changes=changes.changes() if changes is not None else [],
         )  # fmt: skip
 

@@ -123,7 +123,7 @@ class InstantLoop:
             for ex in ended:
                 self.awaited.discard(ex.job_id)
             arrived = self.arrivals(now)
-            later = await self.quiet_after(now) if lost is None else None
+            later = await self.quiet_after(now, bool(exits or ended)) if lost is None else None
             if later is None:
                 exits += ended
                 batch += arrived
@@ -160,11 +160,12 @@ class InstantLoop:
         progress.finished = clock.runs.finished + self.rejected
         return now
 
-    async def quiet_after(self, now: float) -> float | None:
+    async def quiet_after(self, now: float, exits: bool) -> float | None:
         """The next instant, if it is within the scheduler's quiet window and nothing but exits
-        and arrivals happen until then: it is then told of with this one (having refreshed the
-        rates at `now`, as the instant's requests start nothing). None: this instant is told of
-        now."""
+        and arrivals happen until then, or the window's end if nothing more happens in it and
+        the scheduler will decide then (it asked to, or the window has `exits` that make it):
+        it is then told of with this one (having refreshed the rates at `now`, as the
+        instant's requests start nothing). None: this instant is told of now."""
         clock = self.clock
         quiet = clock.quiet_until
         if (
@@ -184,10 +185,14 @@ class InstantLoop:
             limits.append(clock.sched_wake)
         until = min(limits)
 
+        decides = until == quiet and (clock.sched_wake == quiet or (exits and clock.exit_decides))
+
         def within() -> float | None:
             nxt = (self.next_delivery(), clock.runs.next_completion())
             later = min((t for t in nxt if t is not None), default=None)
-            return later if later is not None and now < later < until else None
+            if later is not None and now < later < until:
+                return later
+            return quiet if decides and (later is None or later >= quiet) else None
 
         if within() is None:
             return None

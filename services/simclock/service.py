@@ -80,6 +80,7 @@ class SimClock(Service):
         self.decided: float | None = None  # the last instant at which the scheduler decided
         self.sched_wake: float | None = None
         self.quiet_until: float | None = None  # the scheduler's (`SchedulerStatus.quiet_until`)
+        self.exit_decides = False  # ... and whether an exit would make it decide
         self.changes: list[CountsChange] = []  # its replies' changes at earlier instants
         self.timeline: list[TimelinePoint] = []
         self.task: asyncio.Task[None] | None = None
@@ -174,6 +175,7 @@ class SimClock(Service):
         for, and the timeline's point."""
         self.sched_wake = status.wake_at
         self.quiet_until = status.quiet_until
+        self.exit_decides = status.exit_decides
         self.changes += status.changes
         self.commands_due = max(self.commands_due, status.commands)
         if status.ran_round:
