@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -130,6 +131,30 @@ def test_broken_line_and_duplicate_id(tmp_path: Path) -> None:
     w = load_workload(f, skip_bad=True)
     assert [j.job_id for j in w] == ["0", "3"] and w.skipped == 2
     assert any("duplicate" in r and "line 5" in r for r in w.skip_reasons)
+
+
+def test_many_broken_rows_report_the_first_five_in_file_order_and_a_count(tmp_path: Path) -> None:
+    """A long trace with broken rows of every kind (a line of too many fields, a bad cell, a
+    bad value, a duplicate id): one error naming the first five by line and field, and how many
+    there are; `skip_bad` skips and counts the same rows."""
+    rows = ["job_id,arrival_time_s,duration_s,num_gpus"]
+    for i in range(1000):
+        rows.append(f"{i},{i},10,1")
+    for k, bad in enumerate(["x,1,10,1,9", "{k},1,abc,1", "{k},1,10,0", "7,1,10,1"] * 2):
+        rows.insert(100 * (k + 1), bad.format(k=f"b{k}"))
+    f = tmp_path / "t.csv"
+    f.write_text("\n".join(rows) + "\n")
+    with pytest.raises(WorkloadError) as err:
+        load_workload(f)
+    message = str(err.value)
+    assert err.value.line == 101 and err.value.field is None  # (the first, as before)
+    assert message.startswith(f"{f}: 8 broken rows: line 101: broken line")
+    lines = [int(m) for m in re.findall(r"line (\d+)", message)]
+    assert lines == [101, 201, 301, 401, 501] and message.endswith("; and 3 more")
+    assert "field 'duration_s'" in message and "field 'num_gpus'" in message
+    assert "duplicate job id '7'" in message
+    w = load_workload(f, skip_bad=True)
+    assert len(w) == 1000 and w.skipped == 8  # (the id 7 at line 401 is the duplicate)
 
 
 def test_gavel_bad_fields(tmp_path: Path) -> None:

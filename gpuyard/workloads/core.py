@@ -53,6 +53,23 @@ class WorkloadError(ValueError):
         super().__init__(f"{where}: {reason}")
 
 
+class BrokenRows(WorkloadError):
+    """Rows of a workload that cannot become jobs: the first of them (`path`, `line`, `field`),
+    and in the message the first `SHOWN` with the count of all (pass `skip_bad` to skip them)."""
+
+    SHOWN = 5
+
+    def __init__(self, errors: Sequence[WorkloadError]) -> None:
+        first = errors[0]
+        super().__init__(first.path, first.line, first.field, first.reason)
+        self.errors = list(errors)
+        if len(errors) == 1:
+            return
+        shown = "; ".join(str(e).removeprefix(f"{first.path}, ") for e in errors[: self.SHOWN])
+        more = f"; and {len(errors) - self.SHOWN:,} more" if len(errors) > self.SHOWN else ""
+        self.args = (f"{first.path}: {len(errors):,} broken rows: {shown}{more}",)
+
+
 _TOML_AT = re.compile(r"^(?P<msg>.*) \(at line (?P<line>\d+), column (?P<col>\d+)\)$", re.S)
 
 
@@ -249,12 +266,15 @@ def build_jobs(
     extras: pd.DataFrame | None = None,
     fmt: str = "",
     pre_bad: dict[int, WorkloadError] | None = None,
+    broken: Sequence[WorkloadError] = (),
 ) -> Workload:
     """Validate `n` rows given as JobSpec-named columns into a `Workload`.
 
     None in a column means "field absent" (JobSpec default). `pre_bad` holds rows a loader already
-    found broken (unparsable cells). Missing job ids become the row number; duplicate ids are an
-    error (or skipped). Missing submit times become 0.
+    found broken (unparsable cells), `broken` lines that were no rows at all (too many fields).
+    Missing job ids become the row number; duplicate ids are an error (or skipped). Missing
+    submit times become 0. Bad rows are skipped and counted with `skip_bad`, else they are one
+    `BrokenRows` error: the first few, in file order, and how many.
     """
     bad = dict(pre_bad or {})
     if lines is None:
@@ -304,9 +324,9 @@ def build_jobs(
         seen.add(job.job_id)
         unique_jobs.append(job)
         unique_keep.append(i)
-    reasons = [str(bad[i]) for i in sorted(bad)]
-    if bad and not skip_bad:
-        raise bad[min(bad)]
+    errors = sorted([*broken, *bad.values()], key=lambda e: (e.line is None, e.line or 0))
+    if errors and not skip_bad:
+        raise BrokenRows(errors)
     ex = pd.DataFrame(index=pd.Index([j.job_id for j in unique_jobs], name="job_id"))
     if extras is not None and len(extras.columns):
         ex = extras.iloc[unique_keep].set_axis(ex.index, axis=0)
@@ -315,8 +335,8 @@ def build_jobs(
         extras=ex,
         source=str(path) if path is not None else "",
         format=fmt,
-        skipped=len(bad),
-        skip_reasons=reasons,
+        skipped=len(errors),
+        skip_reasons=[str(e) for e in errors],
     )
 
 

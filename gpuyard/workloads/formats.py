@@ -122,8 +122,8 @@ def read_table(
 ) -> Table:
     """Read a CSV/TSV (header unless `names`), keeping each row's line number.
 
-    Lines with too many fields raise `WorkloadError` (or are counted in `broken` with
-    `skip_bad`); blank lines are ignored; too few fields leave empty cells that the field checks
+    Lines with too many fields are in `broken` (for `build_jobs`: an error with the rows' own,
+    or skipped and counted with `skip_bad`); blank lines are ignored; too few fields leave empty cells that the field checks
     report.
     """
     header = 0 if names is None else None
@@ -147,8 +147,6 @@ def read_table(
     for w in caught:
         for line, why in _SKIP_RE.findall(str(w.message)):
             broken.append(WorkloadError(path, int(line), None, f"broken line: {why.strip()}"))
-    if broken and not skip_bad:
-        raise broken[0]
     if names is None:
         df.columns = [str(c).strip() for c in df.columns]
         missing = [c for c in required if c not in df.columns]
@@ -169,14 +167,6 @@ def read_table(
         df = df.loc[~blank].reset_index(drop=True)
         lines = [ln for ln, b in zip(lines, blank, strict=True) if not b]
     return Table(df, lines, broken)
-
-
-def _finish(workload: Workload, broken: list[WorkloadError]) -> Workload:
-    """Count bad lines that the table reader skipped in the workload's skipped rows."""
-    if broken:
-        workload.skipped += len(broken)
-        workload.skip_reasons = [str(e) for e in broken] + workload.skip_reasons
-    return workload
 
 
 def _row_ids(table: Table, first_line: int) -> list[str]:
@@ -284,7 +274,7 @@ def load_gavel_trace(
             "SLO": slo,
         }
     )
-    w = build_jobs(
+    return build_jobs(
         columns,
         len(df),
         path=path,
@@ -293,8 +283,8 @@ def load_gavel_trace(
         extras=extras,
         fmt="gavel",
         pre_bad=bad,
+        broken=t.broken,
     )
-    return _finish(w, t.broken)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -364,7 +354,7 @@ def load_elasticflow(
     used = {"job_id", "num_gpu", "duration", "best_effort", *cols.values()}
     extras = df[[c for c in df.columns if c not in used]]
     fmt = "itp" if cols["submit_time"] == "submission_time" else "elasticflow"
-    w = build_jobs(
+    return build_jobs(
         columns,
         len(df),
         path=path,
@@ -373,8 +363,8 @@ def load_elasticflow(
         extras=extras,
         fmt=fmt,
         pre_bad=bad,
+        broken=t.broken,
     )
-    return _finish(w, t.broken)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -416,7 +406,7 @@ def load_bftrainer(path: str | Path, *, skip_bad: bool = False) -> Workload:
         "rescale_down_s": nan_to_none(num["Tcdw"]),
     }
     extras = pd.DataFrame({"Tcup": num["Tcup"], "Tcdw": num["Tcdw"], "Tsub": df["Tsub"].to_numpy()})
-    w = build_jobs(
+    return build_jobs(
         columns,
         len(df),
         path=path,
@@ -425,8 +415,8 @@ def load_bftrainer(path: str | Path, *, skip_bad: bool = False) -> Workload:
         extras=extras,
         fmt="bftrainer",
         pre_bad=bad,
+        broken=t.broken,
     )
-    return _finish(w, t.broken)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -450,7 +440,7 @@ def load_blox_jobs(path: str | Path, *, skip_bad: bool = False) -> Workload:
         "submit_time": nan_to_none(arrival),
     }
     extra_cols = [c for c in df.columns if c not in BLOX_FIELDS]
-    w = build_jobs(
+    return build_jobs(
         columns,
         len(df),
         path=path,
@@ -459,8 +449,8 @@ def load_blox_jobs(path: str | Path, *, skip_bad: bool = False) -> Workload:
         extras=df[extra_cols] if extra_cols else None,
         fmt="blox",
         pre_bad=bad,
+        broken=t.broken,
     )
-    return _finish(w, t.broken)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -528,8 +518,6 @@ def load_philly(
             bad.append(WorkloadError(path, None, fld, f"job #{k}: missing or malformed {fld}"))
             continue
         entries.append((j, submitted))
-    if bad and not skip_bad:
-        raise bad[0]
     rows: list[dict[str, Any]] = []
     if entries:
         t0 = min(s for _, s in entries)
@@ -544,8 +532,9 @@ def load_philly(
         "tenant": [r["vc"] for r in rows],
     }
     extras = pd.DataFrame({k: [r[k] for r in rows] for k in ("status", "vc", "queueing_delay")})
-    w = build_jobs(columns, len(rows), path=path, skip_bad=skip_bad, extras=extras, fmt="philly")
-    return _finish(w, bad)
+    return build_jobs(
+        columns, len(rows), path=path, skip_bad=skip_bad, extras=extras, fmt="philly", broken=bad
+    )
 
 
 _BLOX_MIN_S = 60 * 10**1.5
@@ -634,7 +623,7 @@ def load_native(path: str | Path, *, skip_bad: bool = False) -> Workload:
             skip_bad=skip_bad,
         )
         df, lines, broken = t.df, t.lines, t.broken
-    return _finish(_native_frame(df, path, lines, skip_bad), broken)
+    return _native_frame(df, path, lines, skip_bad, broken)
 
 
 def from_frame(
@@ -650,8 +639,9 @@ def from_frame(
 
 
 def _native_frame(
-    df: pd.DataFrame, path: str | Path | None, lines: list[int], skip_bad: bool
-) -> Workload:
+    df: pd.DataFrame, path: str | Path | None, lines: list[int], skip_bad: bool,
+    broken: Sequence[WorkloadError] = (),
+) -> Workload:  # fmt: skip
     bad: dict[int, WorkloadError] = {}
     columns: dict[str, Any] = {}
     for name in JOB_FIELDS:
@@ -693,6 +683,7 @@ def _native_frame(
         extras=df[extra_cols] if extra_cols else None,
         fmt="gpuyard",
         pre_bad=bad,
+        broken=broken,
     )
 
 
