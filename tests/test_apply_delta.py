@@ -67,3 +67,37 @@ async def test_an_apply_of_what_changed_leaves_the_others_where_they_run(nats_ur
             assert refused.value.reply.field == "$.base"
         finally:
             await bus.close()
+
+
+async def test_the_scheduler_sends_every_allocation_to_a_placement_that_lost_its_state(
+    nats_url: str,
+) -> None:
+    """Placement restarted without its state: it refuses the scheduler's apply of what changed
+    (the base is not its last apply), and the scheduler sends every allocation instead, at the
+    same round: the job it starts runs."""
+    from gpuyard.services.scheduler.service import SchedulerConfig
+    from gpuyard.shared.contract import CancelRequest, EnqueueRequest, JobQuery, TickRequest
+    from gpuyard.shared.endpoints import CANCEL, ENQUEUE, QUERY, TICK
+
+    node = NodeSpec(node_id="n1", num_gpus=4, gpu_type="v100")
+    placement = {"placement": PlacementConfig(simulated=True, command_timeout_s=None)}
+    scheduler = {"scheduler": SchedulerConfig(event_storage="none")}
+    async with ServiceSet(nats_url, "refused", scheduler, log_level="error"):
+        bus = Bus(await connect(nats_url, name="test"), Subjects("refused"), request_timeout=5)
+        try:
+            async with ServiceSet(nats_url, "refused", placement, log_level="error"):
+                await bus.call(NODES, NodesChanged(now=0.0, up=[node]))
+                status = await bus.call(ENQUEUE, EnqueueRequest(now=1.0, jobs=[spec("j1", 4)], tick=True))
+                assert status.running == 1
+            async with ServiceSet(nats_url, "refused", placement, log_level="error"):
+                await bus.call(NODES, NodesChanged(now=2.0, up=[node]))
+                await bus.call(CANCEL, CancelRequest(job_ids=["j1"], now=3.0))
+                status = await bus.call(ENQUEUE, EnqueueRequest(now=3.0, jobs=[spec("j2", 2)], tick=True))
+                if not status.running:  # (the cancel's round may come with the next tick)
+                    status = await bus.call(TICK, TickRequest(now=3.0))
+                assert status.running == 1
+                page = await bus.call(QUERY, JobQuery(job_ids=["j2"]))
+                assert page.jobs[0].state == "running"
+                assert list((await bus.call(CLUSTER, Empty())).busy) == ["j2"]
+        finally:
+            await bus.close()

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import math
 import time
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -140,6 +141,21 @@ class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"round_s ({self.round_s}) must be > 0")
 
 
+@dataclass(frozen=True)
+class LastApply:
+    """What the scheduler last had placement apply."""
+
+    cluster: ClusterInfo
+    allocations: dict[str, Allocation]
+    """By job."""
+    settled: bool
+    """Placement would place them again where they run (`ApplyReply.settled`)."""
+    number: int
+    """Its number (`ApplyReply.applied`): the next apply may tell what changed since."""
+    sharing: bool
+    """Jobs shared GPUs in it (the next apply tells every allocation)."""
+
+
 class Scheduler(Service):
     name = "scheduler"
     policies = scheduling_policies
@@ -156,10 +172,7 @@ class Scheduler(Service):
         self.released: list[str] = []  # ended on their own since the last apply
         self.commands = 0  # placement's last `clock.cmds` for our applies (simulated nodes)
         self.cluster: ClusterInfo | None = None  # placement's, as last heard; None: ask again
-        # The last apply's cluster, allocations (by job), whether placement was settled, and
-        # the apply's number (`ApplyReply.applied`: the next one tells what changed since).
-        self._applied: tuple[ClusterInfo, dict[str, Allocation], bool, int] | None = None
-        self._shared_last = False  # jobs shared GPUs in the last apply
+        self._applied: LastApply | None = None
         self._node_list: tuple[ClusterInfo, list[NodeStatus]] | None = None  # its node views
         self._node_views: dict[str, NodeStatus] = {}  # the last view of each node
         self.dirty = False
@@ -708,13 +721,13 @@ class Scheduler(Service):
         # (Jobs sharing GPUs, now or before, are placed with their partners: every allocation.
         # A durable simulation's scheduler, restarted, sends the request in hand again: in full.)
         if (
-            last is not None and last[3] and not cluster.rearranges and not sharing
-            and not self._shared_last and not (self.config.durable and self.config.clock == "external")
+            last is not None and last.number and not cluster.rearranges and not sharing
+            and not last.sharing and not (self.config.durable and self.config.clock == "external")
         ):  # fmt: skip
-            previous = last[1]
+            previous = last.allocations
             changed = [a for a in allocations if a.job_id in specs or previous.get(a.job_id) != a]
             delta = msgspec.structs.replace(
-                request, allocations=changed, base=last[3],
+                request, allocations=changed, base=last.number,
                 stop=[j for j in previous if j not in by_job],
                 attempts={a.job_id: attempts[a.job_id] for a in changed if a.job_id in attempts},
             )  # fmt: skip
@@ -725,11 +738,10 @@ class Scheduler(Service):
                     raise
                 self.log.info("apply.in_full", why=exc.reply.error)
             else:
-                self._applied = (cluster, by_job, reply.settled, reply.applied)
+                self._applied = LastApply(cluster, by_job, reply.settled, reply.applied, False)
                 return reply
         reply = await self._placement(APPLY, request)
-        self._applied = (cluster, by_job, reply.settled, reply.applied)
-        self._shared_last = sharing
+        self._applied = LastApply(cluster, by_job, reply.settled, reply.applied, sharing)
         return reply
 
     def _confirms_what_runs(
@@ -747,12 +759,12 @@ class Scheduler(Service):
         if not (
             self.config.clock == "external"
             and last is not None
-            and last[0] is cluster
-            and (not cluster.rearranges or last[2])
+            and last.cluster is cluster
+            and (not cluster.rearranges or last.settled)
             and not specs
         ):
             return False
-        applied = last[1]
+        applied = last.allocations
         if self.released:
             ended = set(self.released)
             applied = {job_id: a for job_id, a in applied.items() if job_id not in ended}
