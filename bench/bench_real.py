@@ -11,7 +11,9 @@
    (`serial`, `--jobs`): the submissions achieved per second and submit -> running (the
    `job.started` event). Targets: >= 80/s sustained, p99 <= 100 ms. `--insecure`: the same
    cluster without auth and TLS, to compare.
-4. kill -9 mid-command (`--only kill`, same secured cluster): an agent is stopped (SIGSTOP), given
+4. one submission of `--bulk` jobs (`--only bulk`, same secured cluster): the time until every
+   job has its verdict, and until the first round is running (target: both within 2 s).
+5. kill -9 mid-command (`--only kill`, same secured cluster): an agent is stopped (SIGSTOP), given
    a job only it can run, and killed (SIGKILL) while placement waits for its answer; then a job
    for the others is submitted: the time from the kill to that job running (the next round;
    target: within 2 heartbeat intervals, 2 s), and to the dead node declared lost.
@@ -261,6 +263,8 @@ async def secured(args: argparse.Namespace, root: Path) -> None:
                     await serial(args, bus, started)
                 if "secure" in args.only:
                     await throughput(args, bus, started)
+                if "bulk" in args.only:
+                    await bulk(args, bus, started)
                 if "kill" in args.only:
                     await kill_mid_command(args, url, root, creds, bus, watcher, started)
             finally:
@@ -318,6 +322,33 @@ async def throughput(args: argparse.Namespace, bus: Bus, started: Started) -> No
         f"max {max(samples):.1f} ms (targets >= 80/s, p99 <= 100 ms)",
         flush=True,
     )
+    await service_stats(bus)
+
+
+async def bulk(args: argparse.Namespace, bus: Bus, started: Started) -> None:
+    """One submission of `--bulk` jobs (a file of specs): the time until each has its verdict,
+    and until the first round has placed them (as many running as the cluster has GPUs); then
+    every one is cancelled."""
+    gpus = args.secure_agents * 2  # (start_agent's)
+    jobs = [{"job_id": f"b{i}", "num_gpus": 1, "command": ["sleep", "30"]} for i in range(args.bulk)]
+    t0 = time.perf_counter()
+    reply = await bus.call(SUBMIT, {"jobs": jobs})
+    answered = time.perf_counter() - t0
+    admitted = sum(r.verdict == "admit" for r in reply.results)
+    placed = max([await started.wait(f"b{i}", within_s=60) for i in range(gpus)]) - t0
+    print(
+        f"{'open (no auth, no TLS)' if args.insecure else 'secured (auth + TLS)'}, "
+        f"{args.secure_agents} agents: one submission of {args.bulk} jobs: {admitted} admitted, "
+        f"answered in {answered:.2f} s; the first round ({gpus} jobs) running {placed:.2f} s after "
+        f"it was sent (target: all admitted and the first round placed within 2 s)",
+        flush=True,
+    )
+    await service_stats(bus)
+    await bus.call(CANCEL, {"job_ids": [j["job_id"] for j in jobs]})
+
+
+async def service_stats(bus: Bus) -> None:
+    """Each control-plane service's requests handled, time in handlers, and calls made."""
     for name, token in SERVICE_TOKENS.items():
         if name != "simclock":
             st = await bus.call(STATS, Empty(), svc=token)
@@ -379,7 +410,7 @@ async def kill_mid_command(
 
 
 async def main(args: argparse.Namespace) -> None:
-    if {"serial", "secure", "kill"} & set(args.only):
+    if {"serial", "secure", "bulk", "kill"} & set(args.only):
         with tempfile.TemporaryDirectory(prefix="gpuyard-bench-") as tmp:
             open_to_jobs(Path(tmp))
             await secured(args, Path(tmp))
@@ -419,13 +450,14 @@ if __name__ == "__main__":
     p.add_argument("--hb-timeout", type=float, default=3.0)
     p.add_argument(
         "--only", type=lambda t: t.split(","),
-        default=["latency", "heartbeats", "serial", "secure", "kill"],
-        help="phases: latency,heartbeats,serial,secure,kill",
+        default=["latency", "heartbeats", "serial", "secure", "bulk", "kill"],
+        help="phases: latency,heartbeats,serial,secure,bulk,kill",
     )  # fmt: skip
     p.add_argument("--rate", type=float, default=80.0, help="secure: submissions per second")
     p.add_argument("--seconds", type=float, default=20.0, help="secure: for this long")
     p.add_argument("--secure-agents", type=int, default=20)
     p.add_argument("--kills", type=int, default=3, help="kill: how many times")
+    p.add_argument("--bulk", type=int, default=10_000, help="bulk: jobs in the one submission")
     p.add_argument("--insecure", action="store_true", help="secure, kill: without auth and TLS")
     import uvloop
 

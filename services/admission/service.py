@@ -273,7 +273,8 @@ class Admission(Service):
             )
             if decision.verdict == "admit":
                 admitted.append(spec)
-                jobs.append(self._admitted_view(spec, at))  # counts for the jobs after it
+                if self.policy.needs.jobs:  # counts for the jobs after it
+                    jobs.append(self._admitted_view(spec, at))
             elif decision.verdict == "hold" and (again := decision.retry_at) is not None:
                 retry_at = again if retry_at is None else min(retry_at, again)
             return decision.verdict, decision.reason
