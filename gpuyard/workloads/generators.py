@@ -107,7 +107,9 @@ def philly_durations(
     is_long = rng.random(n) < long_share
     lo = np.where(is_long, long[0], short[0])
     hi = np.where(is_long, long[1], short[1])
-    return 60.0 * 10.0 ** rng.uniform(lo, hi)
+    # (libm's pow, one by one: numpy's vectorised power rounds differently on CPUs with AVX-512,
+    # and a seed's workload must be the same on every machine)
+    return 60.0 * np.array([10.0**u for u in rng.uniform(lo, hi).tolist()], dtype=float)
 
 
 def poisson_gaps(rng: np.random.Generator, n: int, mean_gap_s: float) -> np.ndarray:
