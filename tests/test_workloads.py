@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +28,7 @@ from gpuyard.workloads import (
     save_workload,
     to_frame,
 )
-from gpuyard.workloads.generators import GAVEL_DISTRIBUTED, GAVEL_TEMPLATES
+from gpuyard.workloads.generators import GAVEL_DISTRIBUTED, GAVEL_TEMPLATES, philly_durations
 
 # ------------------------------------------------------------------ reference files
 
@@ -410,3 +411,12 @@ def test_load_elasticflow_cluster_specs(data: Callable[[str], Path]) -> None:
         spec = load_cluster(f)
         assert spec.total_gpus == int(n) * int(g), f
         assert spec.groups[0].gpu_type == "a100"
+
+
+def test_philly_durations_are_the_same_on_every_cpu() -> None:
+    # numpy's vectorised power rounds differently where AVX-512 is there; libm's does not.
+    durations = philly_durations(np.random.default_rng(3), 2000)
+    rng = np.random.default_rng(3)
+    is_long = rng.random(2000) < 0.2
+    exponents = rng.uniform(np.where(is_long, 3.0, 1.5), np.where(is_long, 4.0, 3.0))
+    assert durations.tolist() == [60.0 * math.pow(10.0, u) for u in exponents.tolist()]
