@@ -95,6 +95,8 @@ class Measured:
     requests: int | None = None
     instants: int | None = None
     decisions: int | None = None
+    of_changes: int | None = None
+    """Decisions that told only what changed (the scheduler's `decisions_of_changes`)."""
     by_subject: dict[str, int] | None = None
 
 
@@ -120,7 +122,7 @@ def run_sim(row: Row, out: Path) -> Measured:
         wall_s=wall, cpu_s=usage.ru_utime + usage.ru_stime, peak_rss_mib=usage.ru_maxrss / 1024,
         jobs_per_s=row.jobs / wall, requests=sum(by_subject.values()),
         instants=summary["instants"], decisions=stats["scheduler"]["decisions"],
-        by_subject=by_subject,
+        of_changes=stats["scheduler"].get("decisions_of_changes"), by_subject=by_subject,
     )  # fmt: skip
 
 
@@ -144,7 +146,8 @@ def show(name: str, command: str, target: str, m: Measured) -> None:
         per_decision = f"{m.requests / m.decisions:.2f}" if m.decisions else "n/a"
         print(f"            request/replies {m.requests:,}: {m.requests / jobs:.2f} per job, "
               f"{m.requests / m.instants:.2f} per instant ({m.instants:,} instants), "
-              f"{per_decision} per decision ({m.decisions:,} decisions)")  # fmt: skip
+              f"{per_decision} per decision ({m.decisions:,} decisions, "
+              f"{m.of_changes or 0:,} of them of what changed)")  # fmt: skip
         top = sorted((m.by_subject or {}).items(), key=lambda kv: -kv[1])[:6]
         print("            " + ", ".join(f"{subject} {count:,}" for subject, count in top))
     sys.stdout.flush()

@@ -619,7 +619,8 @@ def write_stats(stats: list[ServiceStats], out: Path) -> None:
         requests = {subject: {"count": int(count), "wait_s": wait}
                     for subject, (count, wait) in s.requests.items()}  # fmt: skip
         return {"handled": s.handled, "handler_s": s.handler_s, "policy_s": s.policy_s,
-                "decisions": len(s.decision_s), "requests": requests}  # fmt: skip
+                "decisions": len(s.decision_s), "decisions_of_changes": s.decisions_of_changes,
+                "requests": requests}  # fmt: skip
 
     record = {s.service: one(s) for s in stats}
     (out / "stats.json").write_bytes(msgspec.json.format(msgspec.json.encode(record)))

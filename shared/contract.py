@@ -60,6 +60,9 @@ class ServiceStats(Struct, kw_only=True):
     """Seconds spent in policy code."""
     decision_s: list[float] = []
     """Seconds of each scheduling decision, in order (the scheduler's policy calls)."""
+    decisions_of_changes: int = 0
+    """Scheduling decisions that told only what changed (`Decision.keep_running`): they cost
+    what they changed, not what runs or waits."""
     requests: dict[str, list[float]]
     """Requests this service made, per subject: [count, seconds waited for the reply]."""
 

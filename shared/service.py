@@ -168,6 +168,8 @@ class Service:
         """Subclasses add the time their policy takes here."""
         self.decision_s: list[float] = []
         """The scheduler: each decision's policy time, in order."""
+        self.decisions_of_changes = 0
+        """The scheduler: decisions that told only what changed."""
         self.policy: Any = None
         self.policy_name: str | None = None
         self.store: NullStore = NullStore()
@@ -287,6 +289,7 @@ class Service:
         return ServiceStats(
             service=self.name, handled=self.handled, handler_s=self.handler_s,
             policy_s=self.policy_s, requests=self.bus.request_stats, decision_s=self.decision_s,
+            decisions_of_changes=self.decisions_of_changes,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ durable state, takeover

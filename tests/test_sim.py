@@ -7,12 +7,15 @@ import itertools
 import os
 from pathlib import Path
 
+import msgspec
 import pandas as pd
 import pytest
 
 from gpuyard.embedded import EmbeddedNats
 from gpuyard.ops import read_events
+from gpuyard.services.scheduler.service import Scheduler
 from gpuyard.shared.connection import connect
+from gpuyard.shared.contract import ServiceStats
 from gpuyard.shared.endpoints import Subjects
 from gpuyard.shared.model import ClusterSpec, JobSpec
 from gpuyard.shared.throughput import load_throughputs
@@ -404,3 +407,38 @@ async def test_the_clock_waits_for_the_node_commands_a_reply_names(
             await clock._commands_handled()
     finally:
         await bus.close()
+
+
+@pytest.mark.parametrize(
+    ("policy", "params"),
+    [("fifo", {}), ("fifo", {"backfill": True}), ("sjf", {"preemptive": True, "backfill": True})],
+)
+async def test_a_long_queue_is_decided_from_what_changed(
+    tmp_path: Path, nats_url: str, monkeypatch: pytest.MonkeyPatch, policy: str, params: dict
+) -> None:
+    """Ordering policies over a queue far longer than the cluster (some jobs of a higher
+    priority, which preempt): nearly every decision tells only what changed, the running jobs
+    it does not name keeping their GPUs, and the jobs run exactly as when every decision names
+    every allocation."""
+    jobs = [
+        msgspec.structs.replace(j, priority=1 if i % 7 == 3 else 0)
+        for i, j in enumerate(poisson_workload(300, 40.0, 5, {1: 0.5, 2: 0.2, 4: 0.2, 8: 0.1}))
+    ]
+    options = SimOptions(cluster=ClusterSpec.parse("2x4"), policy=policy, policy_params=params)
+
+    async def run(name: str) -> tuple[ServiceStats, list[tuple]]:
+        result = await simulate(options, jobs, tmp_path / name, nats_url=nats_url, plots=False)
+        scheduler = next(s for s in result.stats if s.service == "scheduler")
+        runs = [(r.job_id, r.first_start, r.end_time, r.preemptions) for r in result.jobs]
+        return scheduler, runs
+
+    told, runs = await run("changes")
+    assert told.decisions_of_changes >= 0.9 * len(told.decision_s), told
+    assert sum(p for *_, p in runs) > 0  # (preemptions happened: stops were told too)
+    monkeypatch.setattr(Scheduler, "_feed", lambda self: None)  # (every allocation, every time)
+    whole, whole_runs = await run("whole")
+    assert whole.decisions_of_changes == 0
+    assert runs == whole_runs
+    assert {s: c for s, (c, _) in told.requests.items()} == {
+        s: c for s, (c, _) in whole.requests.items()
+    }  # (the same applies, and as many)

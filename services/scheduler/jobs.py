@@ -28,11 +28,16 @@ class JobTable:
         no decision includes them, so placement stops them; they show as running)."""
         self.running = 0
         self.busy_gpus = 0
+        self.busy_by_type: dict[str, int] = {}
+        """GPUs busy per type (jobs sharing a partner's GPUs not counted)."""
         self.finished = 0
         self.touched: set[str] = set()
         """Jobs changed since the last write (durable: what to store)."""
         self.changed = False
         """The set of active jobs changed (a job came or went) since this was last cleared."""
+        self.moved: dict[str, None] = {}
+        """Jobs that came, started, stopped or ended since this was last cleared (each once): what
+        a policy told what changed (`SchedulingInput.changed`) has to look at."""
         self.context = ViewContext(0.0, 0.0, LinearModel())
         """What the views see: the scheduler sets the time and model before each decision."""
         self.views: dict[str, JobView] = {}
@@ -62,6 +67,7 @@ class JobTable:
         self.jobs[record.job_id] = self.active[record.job_id] = record
         self.views[record.job_id] = JobView.of(record, self.context)
         self._touch(record)
+        self._moved(record)
         self.changed = True
         return record
 
@@ -74,7 +80,7 @@ class JobTable:
         resized = record.state == "running"
         if resized:
             self._settle(record, now)
-            self.busy_gpus -= record.gpus if record.shares_with is None else 0  # as it was added
+            self._busy(record, -1)  # as it was added
         else:
             self.running += 1
         record.state = "running"
@@ -89,8 +95,9 @@ class JobTable:
         record.attempt += 1
         if record.first_start is None:
             record.first_start = now
-        self.busy_gpus += gpus if shares_with is None else 0
+        self._busy(record, 1)
         self._touch(record)
+        self._moved(record)
         return resized
 
     def requeue(
@@ -126,6 +133,7 @@ class JobTable:
         self.finished += 1
         self.changed = True
         self._touch(record)
+        self._moved(record)
         return True
 
     def cancel_running(self, record: JobRecord, now: float, reason: str, nodes: list[str]) -> None:
@@ -205,7 +213,7 @@ class JobTable:
                 self.finished += 1
             if record.state == "running":
                 self.running += 1
-                self.busy_gpus += record.gpus if record.shares_with is None else 0
+                self._busy(record, 1)
 
     # ------------------------------------------------------------------ helpers
 
@@ -214,10 +222,19 @@ class JobTable:
         if report is not None:
             record.steps_done = report.steps
         self.running -= 1
-        self.busy_gpus -= record.gpus if record.shares_with is None else 0
+        self._busy(record, -1)
         record.gpus, record.gpu_type, record.rate = 0, None, 0.0
         record.nodes, record.shares_with = [], None
         self._touch(record)
+        self._moved(record)
+
+    def _busy(self, record: JobRecord, sign: int) -> None:
+        """Count a running job's GPUs in (1) or out (-1) of the busy ones."""
+        if record.shares_with is not None:
+            return
+        self.busy_gpus += sign * record.gpus
+        if (t := record.gpu_type) is not None:
+            self.busy_by_type[t] = self.busy_by_type.get(t, 0) + sign * record.gpus
 
     @staticmethod
     def _settle(record: JobRecord, now: float) -> None:
@@ -231,6 +248,9 @@ class JobTable:
 
     def _touch(self, record: JobRecord) -> None:
         self.touched.add(record.job_id)
+
+    def _moved(self, record: JobRecord) -> None:
+        self.moved[record.job_id] = None
 
 
 class CountsLog:

@@ -87,7 +87,7 @@ from gpuyard.shared.throughput import (
 from .durability import SchedulerStore, StoredMeta
 from .identity import check_exits, may_cancel, ran_there, shown_to
 from .jobs import CountsLog, JobTable
-from .mechanism import TimeShareConfig, make_mechanism
+from .mechanism import AllocationsMechanism, TimeShareConfig, make_mechanism
 
 
 class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -173,6 +173,9 @@ class Scheduler(Service):
         self.commands = 0  # placement's last `clock.cmds` for our applies (simulated nodes)
         self.cluster: ClusterInfo | None = None  # placement's, as last heard; None: ask again
         self._applied: LastApply | None = None
+        self._since_apply: dict[str, None] = {}
+        """Jobs that changed since the last apply, and those it left unplaced: of its allocations,
+        those that may no longer hold (what a decision of what changes must look at)."""
         self._node_list: tuple[ClusterInfo, list[NodeStatus]] | None = None  # its node views
         self._node_views: dict[str, NodeStatus] = {}  # the last view of each node
         self.dirty = False
@@ -200,6 +203,7 @@ class Scheduler(Service):
             )
         old_mechanism = getattr(self.policy, "mechanism", None) if self.policy else None
         self.policy, self.policy_name = policy, name
+        self.policy_fed = False  # it decided since it came: it may be told what changed since
         self.config = msgspec.structs.replace(self.config, policy=name, params=params)
         if old_mechanism != policy.mechanism:
             self.mechanism = make_mechanism(
@@ -308,6 +312,7 @@ class Scheduler(Service):
                 self.dirty, self.policy_wake = m.dirty, m.policy_wake
         if restored.policy_state is not None and self.policy.State is not None:
             self.policy.restore(msgspec.json.decode(restored.policy_state, type=self.policy.State))
+        self.policy_fed = False  # (what it kept of the jobs did not outlive the restart)
         if restored.mechanism_state is not None:
             self.mechanism.restore(restored.mechanism_state)
         if restored.throughputs is not None and isinstance(self.model, LearnedThroughputs):
@@ -630,35 +635,27 @@ class Scheduler(Service):
         # the policy decides and placement acts, so a restart between the apply and our next
         # write reconciles only what the apply itself did, and decides again from the same state.
         await self.persist()
-        inp = self._input(now, cluster)
+        inp = self._input(now, cluster, changed=self._feed())
         decision: Decision | None = None
         changed = self.table.changed or self._learned_since_decision()
         if self.force_decision or self.mechanism.wants_decision(now, changed):
+            self.policy_fed = False  # (until it answered)
             decision = await self._decide(inp)
+            self.policy_fed = True
+            self._since_apply.update(self.table.moved)
+            self.table.moved.clear()
             self.table.changed = self.force_decision = False
             if isinstance(self.model, LearnedThroughputs):
                 self.decided_with = self.model.version
-        allocations = self._checked(self.mechanism.allocations(decision, inp), cluster)
-        allocations, lease_ends = self._guarded(now, allocations, cluster.capacity)
-        active = self.table.active
-        specs: dict[str, JobSpec] = {}
-        # Every launch carries its attempt number, a running job's too (placement relaunches it
-        # when it resizes or moves it), so that its exit is not taken for an earlier run's.
-        attempts: dict[str, int] = {}
-        for a in allocations:
-            record = active[a.job_id]
-            if record.state != "running":
-                specs[a.job_id] = record.spec
-            if record.attempt:
-                attempts[a.job_id] = record.attempt
-        if self._confirms_what_runs(cluster, allocations, specs):
-            reply = ApplyReply(
-                placed={}, started={}, stopped=[], unplaced=[], lost=[], capacity=cluster.capacity
-            )
+        lease_ends: float | None = None
+        if decision is not None and decision.keep_running:
+            self.decisions_of_changes += 1
+            allocations, reply = await self._apply_changes(now, cluster, decision, inp)
         else:
-            reply = await self._apply(now, cluster, allocations, specs, attempts)
-            self.released = []
-            self.commands = max(self.commands, reply.commands)
+            allocations = self._checked(self.mechanism.allocations(decision, inp), cluster)
+            allocations, lease_ends = self._guarded(now, allocations, cluster.capacity)
+            reply = await self._apply_all(now, cluster, allocations)
+        active = self.table.active
         cluster.capacity = reply.capacity
         for job_id, steps in reply.progress.items():
             record = active.get(job_id)
@@ -696,7 +693,9 @@ class Scheduler(Service):
         # When to decide again with time alone, from the jobs as this round left them.
         # (The views read their records live: this round's changes show through the same views;
         # only the capacity is new.)
-        wake = self.policy.next_decision_time(self._input(now, cluster, inp.jobs, inp.finished))
+        wake = self.policy.next_decision_time(
+            self._input(now, cluster, inp.jobs, inp.finished, inp.changed)
+        )
         if wake is not None and wake <= now:  # "again, now" would never end: a policy's bug
             self.log.warning("policy.wake_in_the_past", policy=self.policy_name, wake=wake)
             wake = None
@@ -739,10 +738,112 @@ class Scheduler(Service):
                 self.log.info("apply.in_full", why=exc.reply.error)
             else:
                 self._applied = LastApply(cluster, by_job, reply.settled, reply.applied, False)
-                return reply
+                return self._done(reply)
         reply = await self._placement(APPLY, request)
         self._applied = LastApply(cluster, by_job, reply.settled, reply.applied, sharing)
+        return self._done(reply)
+
+    def _done(self, reply: ApplyReply) -> ApplyReply:
+        """After an apply: the jobs released are freed; what may no longer hold starts afresh."""
+        self.released = []
+        self.commands = max(self.commands, reply.commands)
+        self._since_apply = dict.fromkeys(reply.unplaced)
         return reply
+
+    async def _apply_all(
+        self, now: float, cluster: ClusterInfo, allocations: list[Allocation]
+    ) -> ApplyReply:
+        """Run every allocation (placement is told what changed where it can be)."""
+        specs, attempts = self._launches(allocations)
+        if self._confirms_what_runs(cluster, allocations, specs):
+            return _nothing_done(cluster)
+        return await self._apply(now, cluster, allocations, specs, attempts)
+
+    def _launches(self, allocations: list[Allocation]) -> tuple[dict[str, JobSpec], dict[str, int]]:
+        """The specs of the allocated jobs that do not run, and every allocated job's attempt:
+        every launch carries its attempt number, a running job's too (placement relaunches it when
+        it resizes or moves it), so that its exit is not taken for an earlier run's."""
+        active = self.table.active
+        specs: dict[str, JobSpec] = {}
+        attempts: dict[str, int] = {}
+        for a in allocations:
+            record = active[a.job_id]
+            if record.state != "running":
+                specs[a.job_id] = record.spec
+            if record.attempt:
+                attempts[a.job_id] = record.attempt
+        return specs, attempts
+
+    async def _apply_changes(
+        self, now: float, cluster: ClusterInfo, decision: Decision, inp: SchedulingInput
+    ) -> tuple[list[Allocation], ApplyReply]:
+        """A decision of what changes (`Decision.keep_running`), applied as one: the running jobs
+        it does not name keep their GPUs, and placement hears what changed since its last apply
+        (every allocation where it cannot be told so: jobs that share GPUs, a placement restarted
+        without its state). It costs what the decision names, not what runs. Returns the
+        allocations named and placement's reply."""
+        last = self._applied
+        if inp.changed is None or last is None:
+            raise RuntimeError(
+                f"policy {self.policy_name!r} kept running jobs (keep_running) in a decision "
+                "that was not told what changed"
+            )
+        if any(a.share_with for a in decision.allocations):
+            whole = self._checked(self._made_whole(decision, last), cluster)
+            return whole, await self._apply_all(now, cluster, whole)
+        active = self.table.active
+        named_ids = {a.job_id for a in decision.allocations}
+        stop = [
+            j for j in dict.fromkeys(decision.stop)
+            if j not in named_ids and (r := active.get(j)) is not None and r.state == "running"
+        ]  # fmt: skip
+        used = dict(self.table.busy_by_type)  # (what the jobs kept hold)
+        for job_id in (*named_ids, *stop):
+            r = active.get(job_id)
+            if r is not None and r.state == "running" and r.shares_with is None and r.gpu_type:
+                used[r.gpu_type] -= r.gpus
+        named = self._checked(decision.allocations, cluster, used)
+        if len(named) < len(named_ids):  # left out (it cannot run there): a running one stops
+            left_out = named_ids.difference(a.job_id for a in named)
+            stop += [j for j in left_out if active[j].state == "running"]
+        specs, attempts = self._launches(named)
+        previous = last.allocations
+        released = set(self.released)
+        stale = [
+            j for j in self._since_apply
+            if j in previous and j not in named_ids and j not in released
+            and ((r := active.get(j)) is None or r.state != "running")
+        ]  # fmt: skip
+        unchanged = [a for a in named if a.job_id not in specs and previous.get(a.job_id) == a]
+        if (
+            not stop and not stale and len(unchanged) == len(named)
+            and self.config.clock == "external" and last.cluster is cluster
+        ):  # fmt: skip
+            return named, _nothing_done(cluster)  # (as `_confirms_what_runs`)
+        changed = [a for a in named if a.job_id in specs or previous.get(a.job_id) != a]
+        request = ApplyRequest(
+            now=now, allocations=changed, specs=specs, released=self.released,
+            attempts={a.job_id: attempts[a.job_id] for a in changed if a.job_id in attempts},
+            base=last.number, stop=stop + stale,
+        )  # fmt: skip
+        self._applied = None  # (until placement answered)
+        try:
+            reply = await self._placement(APPLY, request)
+        except RemoteError as exc:
+            if exc.reply.field != "$.base":
+                raise
+            self.log.info("apply.in_full", why=exc.reply.error)
+            kept = msgspec.structs.replace(decision, allocations=named, stop=stop)
+            whole = self._made_whole(kept, last)
+            return whole, await self._apply(now, cluster, whole, *self._launches(whole))
+        allocations = last.allocations  # (what runs now, in the order of `_made_whole`)
+        for job_id in (*stop, *stale, *self.released):
+            allocations.pop(job_id, None)
+        for a in named:
+            allocations.pop(a.job_id, None)
+            allocations[a.job_id] = a
+        self._applied = LastApply(cluster, allocations, reply.settled, reply.applied, False)
+        return named, self._done(reply)
 
     def _confirms_what_runs(
         self, cluster: ClusterInfo, allocations: list[Allocation], specs: dict[str, JobSpec]
@@ -779,9 +880,47 @@ class Scheduler(Service):
             and self.model.version != self.decided_with
         )
 
+    def _feed(self) -> dict[str, JobView | None] | None:
+        """What changed since the policy's last decision (`SchedulingInput.changed`), where the
+        scheduler can take a decision of what changes (`Decision.keep_running`): the policy saw
+        every change since it came, the last apply is known (the jobs kept run as it left them),
+        and what runs follows the policy's allocations as they are (no time shares, no
+        preemption guard, no placement that moves running jobs, no jobs sharing GPUs), and no
+        restart of a durable simulation must decide again exactly as before."""
+        last = self._applied
+        if not (
+            self.policy_fed
+            and last is not None
+            and not last.cluster.rearranges
+            and not last.sharing
+            and isinstance(self.mechanism, AllocationsMechanism)
+            and self.config.min_run_s <= 0
+            and not (self.config.durable and self.config.clock == "external")
+        ):
+            return None
+        views = self.table.views
+        return {job_id: views.get(job_id) for job_id in self.table.moved}
+
+    def _made_whole(self, decision: Decision, last: LastApply) -> list[Allocation]:
+        """A decision of what changes (`Decision.keep_running`) as every allocation: the running
+        jobs it names neither in its allocations nor in `stop` keep their GPUs, first, in the
+        order of the last apply."""
+        named = {a.job_id for a in decision.allocations}
+        named.update(decision.stop)
+        active = self.table.active
+        kept: list[Allocation] = []
+        for job_id, a in last.allocations.items():
+            r = active.get(job_id)
+            if r is None or r.state != "running" or job_id in named:
+                continue
+            if a.num_gpus != r.gpus or a.gpu_type != r.gpu_type:
+                a = Allocation(job_id, r.gpus, r.gpu_type or ANY_GPU)
+            kept.append(a)
+        return kept + decision.allocations
+
     def _input(
         self, now: float, info: ClusterInfo, jobs: list[JobView] | None = None,
-        finished: list[JobView] | None = None,
+        finished: list[JobView] | None = None, changed: dict[str, JobView | None] | None = None,
     ) -> SchedulingInput:  # fmt: skip
         """The policy's input at `now`; `jobs` and `finished`: views of the same records at the
         same instant, to reuse (thousands of jobs in a long queue, twice a round)."""
@@ -804,7 +943,9 @@ class Scheduler(Service):
                 ]
         if jobs is None:
             jobs = list(self.table.views.values())
-        return SchedulingInput(now=now, jobs=jobs, cluster=cluster, finished=finished)
+        return SchedulingInput(
+            now=now, jobs=jobs, cluster=cluster, finished=finished, changed=changed
+        )
 
     def _nodes(self, info: ClusterInfo) -> list[NodeStatus]:
         """The node views, reusing those of nodes that did not change (node replays list
@@ -855,9 +996,12 @@ class Scheduler(Service):
         job_type = record.spec.job_type
         return all(self.model.throughput(job_type, t, a.num_gpus) > 0 for t in types)
 
-    def _checked(self, allocations: list[Allocation], cluster: ClusterInfo) -> list[Allocation]:
+    def _checked(
+        self, allocations: list[Allocation], cluster: ClusterInfo, used: dict[str, int] | None = None,
+    ) -> list[Allocation]:  # fmt: skip
         """A policy's answer must name active jobs once each, within their GPU bounds and the
-        capacity of `cluster` (the round's: a node event may have dropped `self.cluster` since).
+        capacity of `cluster` (the round's: a node event may have dropped `self.cluster` since),
+        with the GPUs `used` per type by the jobs it does not name.
         An allocation where the job cannot run (no throughput on that type) is left out with a
         warning: no policy ever starts a job where it would only fail."""
         capacity = cluster.capacity
@@ -866,7 +1010,7 @@ class Scheduler(Service):
         if len(set(ids)) != len(ids):
             twice = next(j for j in ids if ids.count(j) > 1)
             raise RuntimeError(f"policy {self.policy_name!r} allocated {twice!r} twice")
-        used: dict[str, int] = {}
+        used = dict(used or {})
         kept: list[Allocation] = []
         for a in allocations:
             record = active.get(a.job_id)
@@ -1047,6 +1191,13 @@ class Scheduler(Service):
 
     async def emit(self, kind: Any, now: float, job_id: str, **fields: Any) -> None:
         await self.bus.emit(Event(type=kind, now=now, job_id=job_id, service=self.name, **fields))
+
+
+def _nothing_done(cluster: ClusterInfo) -> ApplyReply:
+    """The reply to an apply not sent: it would change nothing."""
+    return ApplyReply(
+        placed={}, started={}, stopped=[], unplaced=[], lost=[], capacity=cluster.capacity
+    )
 
 
 def _same_job(known: JobSpec, new: JobSpec) -> bool:

@@ -59,6 +59,13 @@ class Decision(Struct):
     shuffle_types: bool = False
     """Time shares: walk the GPU types in a random order each round (Gavel's agnostic policies)
     rather than in the cluster's order."""
+    keep_running: bool = False
+    """`allocations` tell only what changes (only where the input has `changed`): running jobs
+    named neither there nor in `stop` keep their GPUs, and come before the named ones (among
+    themselves, in the order the scheduler last had them). A decision over a long queue then
+    costs what it changes, not what the queue holds."""
+    stop: list[str] = []
+    """With `keep_running`: the running jobs to preempt."""
 
 
 class AdmissionDecision(Struct, frozen=True):

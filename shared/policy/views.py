@@ -268,8 +268,16 @@ class SchedulingInput(Struct, kw_only=True):
     cluster: ClusterView
     finished: list[JobView] = []
     """Jobs that ended, in admission order (only for policies with `Needs.finished_jobs`)."""
+    changed: dict[str, JobView | None] | None = None
+    """The jobs whose state changed since this policy's last decision (they came, started,
+    stopped, were resized or ended), each with its view (None: it is no longer active); None: not
+    told (the policy's first decision, or a scheduler that takes
+    only whole decisions). Where it is given, the scheduler takes a decision of what changes
+    (`Decision.keep_running`). A policy may ignore it."""
 
     def __post_init__(self) -> None:
+        if self.changed is not None:  # (the services' views come bound: a feed is theirs)
+            return
         # Views built by hand (tests) take this input's time and model; the services' come bound.
         unbound = [v for v in self.jobs if v._ctx is None]
         unbound += [v for v in self.finished if v._ctx is None]

@@ -8,11 +8,12 @@ from typing import Annotated, Literal
 
 from msgspec import Meta, Struct
 
-from gpuyard.shared.model import Allocation
-from gpuyard.shared.policy import JobView, SchedulingInput, SchedulingPolicy
+from gpuyard.shared.model import Allocation, JobRecord
+from gpuyard.shared.policy import Decision, JobView, SchedulingInput, SchedulingPolicy
 
 from ..toolkit import (
     BLOX_STARVATION_S,
+    StandingOrder,
     earliest,
     fill_in_order,
     next_starvation,
@@ -42,15 +43,18 @@ class Fifo(SchedulingPolicy):
 
     Params = FifoParams
 
-    def schedule(self, inp: SchedulingInput) -> list[Allocation]:
+    def __init__(self, params: Struct | None = None) -> None:
+        super().__init__(params)
         backfill = self.params.backfill
 
-        def key(j: JobView) -> tuple[int, int, float, int]:
-            r = j.record  # (every job, every decision: the record's fields, not the properties)
+        def key(r: JobRecord) -> tuple[int, int, float]:
             first = 0 if backfill and r.state == "running" else 1
-            return (-r.spec.priority, first, r.submit_time, r.seq)
+            return (-r.spec.priority, first, r.submit_time)
 
-        return fill_in_order(sorted(inp.jobs, key=key), inp.cluster, backfill=backfill)
+        self.order = StandingOrder(key)
+
+    def schedule(self, inp: SchedulingInput) -> Decision | list[Allocation]:
+        return self.order.fill(inp, backfill=self.params.backfill)
 
 
 # --------------------------------------------------------------------------- SJF / SRTF
@@ -75,8 +79,21 @@ class Sjf(SchedulingPolicy):
 
     Params = SjfParams
 
-    def schedule(self, inp: SchedulingInput) -> list[Allocation]:
+    def __init__(self, params: Struct | None = None) -> None:
+        super().__init__(params)
+        preemptive = self.params.preemptive
+
+        def key(r: JobRecord) -> tuple[int, int, float, float]:  # (without the starvation guard)
+            keep = 0 if (not preemptive and r.state == "running") else 1
+            duration = r.spec.duration if r.spec.duration is not None else INF
+            return (-r.spec.priority, keep, duration, r.submit_time)
+
+        self.order = StandingOrder(key)
+
+    def schedule(self, inp: SchedulingInput) -> Decision | list[Allocation]:
         p, now = self.params, inp.now
+        if p.starvation_s is None:  # the order changes only when jobs do
+            return self.order.fill(inp, backfill=p.backfill)
 
         def key(j: JobView) -> tuple[int, int, float, float, int]:
             keep = 0 if (not p.preemptive and j.state == "running") else 1

@@ -10,12 +10,14 @@ random type among those with room), `fastest_types` fastest first.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from gpuyard.shared.model import ANY_GPU, Allocation
 from gpuyard.shared.policy import ClusterView, JobView
 
 TypeOrder = Callable[[JobView, list[str], int], list[str]]
+K = TypeVar("K", bound=Any)  # a job's place in the order (its index, or its sort entry)
 """(job, the types where it can run, GPUs it needs) -> the order in which to try them."""
 
 
@@ -78,16 +80,6 @@ def fill_in_order(
     if not isinstance(cluster, ClusterView):
         cluster = ClusterView(capacity=dict(cluster))
     free = dict(cluster.capacity)
-    known: dict[tuple[str, str, int], list[str]] = {}  # (type asked, job type, GPUs): runnable on
-
-    def runnable(job: JobView, need: int) -> list[str]:
-        spec = job.record.spec
-        key = (spec.gpu_type, spec.job_type, need)
-        types = known.get(key)
-        if types is None:
-            types = known[key] = runnable_types(job, cluster, need)
-        return types
-
     # Running jobs per type in walk order; entries [head:] are still "after" the walk position and
     # may be preempted from the tail. after[t] = their GPU total.
     running: dict[str, list[tuple[int, JobView]]] = {}
@@ -99,15 +91,44 @@ def fill_in_order(
             free[t] -= r.gpus
             running.setdefault(t, []).append((pos, job))
             after[t] = after.get(t, 0) + r.gpus
+    walked = walk(enumerate(order), cluster, free, running, after, backfill, demand, type_order)
+    return [a for _, a in walked]
+
+
+def walk(
+    sequence: Iterable[tuple[K, JobView]],
+    cluster: ClusterView,
+    free: dict[str, int],
+    running: dict[str, list[tuple[K, JobView]]],
+    after: dict[str, int],
+    backfill: bool,
+    demand: Callable[[JobView], int] = held_or_requested,
+    type_order: TypeOrder = agnostic_types,
+) -> list[tuple[K, Allocation]]:
+    """The walk of `fill_in_order` from some point of the order on: `sequence` is the jobs from
+    there (each with its place in the order, `K`), `free` the GPUs per type that no running job
+    holds, `running` the running jobs from there on per type (in order) and `after` their GPUs
+    per type. Returns the allocations of the jobs walked (and of running jobs left after a
+    blocking job), each with its place, in order."""
+    known: dict[tuple[str, str, int], list[str]] = {}  # (type asked, job type, GPUs): runnable on
+
+    def runnable(job: JobView, need: int) -> list[str]:
+        spec = job.record.spec
+        key = (spec.gpu_type, spec.job_type, need)
+        types = known.get(key)
+        if types is None:
+            types = known[key] = runnable_types(job, cluster, need)
+        return types
+
     head = dict.fromkeys(running, 0)
-    result: list[tuple[int, Allocation]] = []
+    result: list[tuple[K, Allocation]] = []
     stopped = False
-    for pos, job in enumerate(order):
+    for pos, job in sequence:
         need = demand(job)
         r = job.record
         t = r.gpu_type
         lst = running.get(t)  # type: ignore[arg-type]  (None is never a key)
-        if lst is not None and head[t] < len(lst) and lst[head[t]][0] == pos:
+        if lst is not None and head[t] < len(lst) and lst[head[t]][1] is job:
             # Running and not preempted: it competes for its own GPUs first, on its own type.
             head[t] += 1
             after[t] -= r.gpus
@@ -132,10 +153,12 @@ def fill_in_order(
                     chosen = c
                     break
         if chosen is None:
-            if backfill:
-                continue
-            stopped = True
-            break
+            if not backfill:
+                stopped = True
+                break
+            if not any(n > 0 for n in free.values()) and not any(after.values()):
+                break  # no GPU left to take or to preempt: no later job can be placed
+            continue
         while free[chosen] < need:  # preempt the last running job after this one
             _, victim = running[chosen].pop()
             free[chosen] += victim.record.gpus
@@ -148,4 +171,4 @@ def fill_in_order(
                 (p, Allocation(j.record.job_id, j.record.gpus, t)) for p, j in lst[head[t] :]
             )
         result.sort(key=lambda pa: pa[0])
-    return [a for _, a in result]
+    return result
