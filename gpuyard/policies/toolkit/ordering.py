@@ -17,8 +17,8 @@ from gpuyard.shared.model import ANY_GPU, Allocation
 from gpuyard.shared.policy import ClusterView, JobView
 
 TypeOrder = Callable[[JobView, list[str], int], list[str]]
-K = TypeVar("K", bound=Any)  # a job's place in the order (its index, or its sort entry)
 """(job, the types where it can run, GPUs it needs) -> the order in which to try them."""
+K = TypeVar("K", bound=Any)  # a job's place in the order (its index, or its sort entry)
 
 
 def held_or_requested(job: JobView) -> int:
