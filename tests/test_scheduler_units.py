@@ -82,6 +82,38 @@ def test_busy_gpus_count_a_shared_gpu_once_through_moves_and_stops() -> None:
     assert (table.running, table.busy_gpus) == (0, 0)
 
 
+def test_the_table_tells_which_jobs_moved_and_what_each_gpu_type_holds() -> None:
+    """What a decision of what changes is told (`moved`) and checked against (`busy_by_type`):
+    arrivals, starts, moves, stops and ends, each job once; progress is no move."""
+    table = JobTable()
+    a = table.admit(spec("a", 2), 0.0, total_steps=100.0)
+    b = table.admit(spec("b"), 0.0, total_steps=100.0)
+    c = table.admit(spec("c"), 0.0, total_steps=100.0)
+    table.start(a, 0.0, ["n1"], 2, "v100", rate=1.0)
+    table.start(b, 0.0, ["n2"], 1, "k80", rate=1.0)
+    table.start(c, 0.0, ["n1"], 1, "v100", rate=1.0, shares_with="a")  # (holds no GPU of its own)
+    assert list(table.moved) == ["a", "b", "c"]
+    assert table.busy_by_type == {"v100": 2, "k80": 1}
+    table.moved.clear()
+    table.report(a, StepsReport(10.0, 10.0))
+    assert not table.moved
+    table.requeue(b, 20.0, "preempted")
+    table.start(a, 20.0, ["n2"], 1, "k80", rate=1.0)  # moved to another type
+    assert list(table.moved) == ["b", "a"]
+    assert table.busy_by_type == {"v100": 0, "k80": 1}
+    table.moved.clear()
+    table.end(b, 30.0, "cancelled")  # (queued)
+    table.cancel_running(a, 30.0, "cancelled", ["n2"])
+    assert list(table.moved) == ["b", "a"]
+    assert table.busy_by_type == {"v100": 0, "k80": 0}
+    again = JobTable()
+    d = again.admit(spec("d", 4), 0.0, total_steps=1.0)
+    again.start(d, 0.0, ["n"], 4, "a100", rate=1.0)
+    restored = JobTable()
+    restored.load(msgspec.json.decode(msgspec.json.encode([d]), type=list[JobRecord]))
+    assert restored.busy_by_type == {"a100": 4} and not restored.moved
+
+
 def test_progress_reports_are_taken_only_when_newer() -> None:
     table = JobTable()
     a = table.admit(spec("a"), 0.0, total_steps=100.0)
