@@ -1,15 +1,18 @@
 """The scheduler's pieces without NATS: the job table's transitions and counters, the views
-policies get of it, and the time-share round mechanism."""
+policies get of it, the time-share round mechanism, its cadence and the guard on policies'
+answers."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
+from gpuyard.services.scheduler.cadence import Cadence
+from gpuyard.services.scheduler.guard import PolicyAnswerError, check, hold_leases, made_whole
 from gpuyard.services.scheduler.jobs import CountsLog, JobTable
 from gpuyard.services.scheduler.mechanism import TimeShareConfig, TimeShareMechanism
 from gpuyard.shared.contract import CountsChange, StepsReport
-from gpuyard.shared.model import JobRecord, JobSpec
+from gpuyard.shared.model import Allocation, JobRecord, JobSpec
 from gpuyard.shared.policy import ClusterView, Decision, JobView, SchedulingInput
 from gpuyard.shared.throughput import LinearModel
 
@@ -310,3 +313,107 @@ def test_a_job_newer_than_the_allocation_waits_for_one(new_jobs_wait: bool) -> N
     out = mech.allocations(Decision(shares={"a": {"v100": 1.0}, "b": {"k80": 1.0}}),
                            time_share_input(200.0, {"a": "v100"}))  # fmt: skip
     assert {(a.job_id, a.gpu_type) for a in out} == {("a", "v100"), ("b", "k80")}
+
+
+# --------------------------------------------------------------------------- cadence
+
+
+def test_each_mode_decides_what_is_due_at_its_own_time() -> None:
+    rounds = Cadence("rounds", 100.0, external=True)
+    assert rounds.decides(130.0, None) == 200.0 and rounds.decides(100.0, None) == 100.0
+    assert rounds.decides(50.0, last_round=100.0) == 200.0  # (never twice at one boundary)
+    slots = Cadence("slots", 100.0, external=True)
+    assert slots.decides(130.0, last_round=100.0) == 200.0  # waits for the slot's end
+    assert slots.decides(230.0, last_round=100.0) == 230.0 and slots.decides(130.0, None) == 130.0
+    events = Cadence("events", 100.0, external=True)
+    assert events.decides(130.0, last_round=100.0) == 130.0
+    # next_wake: what changed now, or the policy's own wake-up (never in the past)
+    assert events.next_wake(10.0, dirty=False, policy_wake=None, last_round=None) is None
+    assert events.next_wake(10.0, dirty=False, policy_wake=5.0, last_round=None) == 10.0
+    assert rounds.next_wake(130.0, dirty=True, policy_wake=500.0, last_round=100.0) == 200.0
+    assert rounds.next_wake(130.0, dirty=False, policy_wake=500.0, last_round=100.0) == 500.0
+    clock = Cadence("clock", 100.0, external=True)
+    assert clock.next_wake(10.0, dirty=True, policy_wake=None, last_round=None) is None
+
+
+def test_a_tick_runs_a_round_when_one_is_due_or_the_clock_owns_the_rounds() -> None:
+    events = Cadence("events", 100.0, external=True)
+    assert not events.round_due(10.0, wake=None, last_round=None)
+    assert not events.round_due(10.0, wake=20.0, last_round=None)
+    assert events.round_due(10.0, wake=10.0, last_round=None)
+    assert Cadence("clock", 100.0, external=True).round_due(10.0, wake=None, last_round=None)
+    assert Cadence("events", 100.0, external=False).round_due(10.0, wake=None, last_round=None)
+    wall_slots = Cadence("slots", 100.0, external=False)
+    assert not wall_slots.round_due(150.0, wake=None, last_round=100.0)  # (within the slot)
+    assert wall_slots.round_due(200.0, wake=None, last_round=100.0)
+
+
+def test_what_happens_before_the_next_decision_is_told_of_together() -> None:
+    rounds = Cadence("rounds", 100.0, external=True)
+    assert rounds.quiet_until(130.0, last_round=100.0) == 200.0
+    assert rounds.quiet_until(200.0, last_round=200.0) == 300.0
+    slots = Cadence("slots", 100.0, external=True)
+    assert slots.quiet_until(150.0, last_round=100.0) == 200.0
+    assert slots.quiet_until(250.0, last_round=100.0) is None
+    assert Cadence("events", 100.0, external=True).quiet_until(150.0, 100.0) is None
+    assert Cadence("rounds", 100.0, external=False).quiet_until(150.0, 100.0) is None
+
+
+# --------------------------------------------------------------------------- the guard
+
+
+def queued(job_id: str, gpus: int, **kw) -> JobRecord:  # type: ignore[no-untyped-def]
+    return JobTable().admit(spec(job_id, gpus, **kw), 0.0, total_steps=100.0)
+
+
+def running(job_id: str, gpus: int, gpu_type: str, since: float) -> JobRecord:
+    table = JobTable()
+    record = table.admit(spec(job_id, gpus), 0.0, total_steps=100.0)
+    table.start(record, since, ["n1"], gpus, gpu_type, rate=1.0)
+    return record
+
+
+def test_a_policys_answer_is_checked_before_it_runs() -> None:
+    a = running("a", 2, "v100", 0.0)
+    b, c = queued("b", 2, min_gpus=1, max_gpus=4), queued("c", 1)
+    active = {"a": a, "b": b, "c": c}
+    capacity = {"v100": 4, "k80": 2}
+    no_k80 = lambda r, al: al.gpu_type != "k80"  # noqa: E731
+    kept, left_out = check(
+        "p", [Allocation("a", 2, "v100"), Allocation("b", 2, "v100"), Allocation("c", 1, "k80")],
+        active, capacity, no_k80,
+    )  # fmt: skip
+    assert [x.job_id for x in kept] == ["a", "b"] and [x.job_id for x in left_out] == ["c"]
+    for bad, why in [
+        ([Allocation("b", 1, "v100"), Allocation("b", 1, "v100")], "twice"),
+        ([Allocation("z", 1, "v100")], "wrongly"),
+        ([Allocation("b", 5, "v100")], r"outside \[1, 4\]"),
+        ([Allocation("b", 3, "v100"), Allocation("a", 2, "v100")], "more GPUs than exist"),
+        ([Allocation("c", 1, "v100", share_with="b")], "not allocated before it"),
+    ]:
+        with pytest.raises(PolicyAnswerError, match=why):
+            check("p", bad, active, capacity, no_k80)
+    # What the jobs it does not name hold counts too (a decision of what changes).
+    with pytest.raises(PolicyAnswerError, match="more GPUs"):
+        check("p", [Allocation("b", 2, "v100")], active, capacity, no_k80, used={"v100": 3})
+
+
+def test_the_preemption_guard_holds_a_young_run_and_fits_the_rest_around_it() -> None:
+    young, old = running("young", 2, "v100", 90.0), running("old", 2, "v100", 0.0)
+    wanted = [Allocation("new", 4, "v100"), Allocation("small", 2, "v100")]
+    out, ends = hold_leases(100.0, wanted, {"v100": 4}, [young, old], lease_s=60.0)
+    assert [a.job_id for a in out] == ["young", "small"] and ends == 150.0
+    kept = [Allocation("young", 2, "v100"), Allocation("small", 2, "v100")]
+    assert hold_leases(100.0, kept, {"v100": 4}, [young], 60.0) == (kept, None)
+    assert hold_leases(100.0, wanted, {"v100": 4}, [young], 0.0) == (wanted, None)
+
+
+def test_a_decision_of_what_changes_is_made_whole_from_the_last_apply() -> None:
+    a, b, c = running("a", 1, "v100", 0.0), running("b", 2, "v100", 0.0), running("c", 1, "k80", 0.0)
+    q = queued("q", 1)
+    last = {"c": Allocation("c", 1, "k80"), "q": Allocation("q", 1, "v100"),
+            "b": Allocation("b", 1, "v100"), "a": Allocation("a", 1, "v100")}  # fmt: skip
+    decision = Decision(allocations=[Allocation("a", 1, "v100")], keep_running=True, stop=["c"])
+    whole = made_whole(decision, last, {"a": a, "b": b, "c": c, "q": q})
+    # b kept as it runs (its record says 2 GPUs), then what the decision names
+    assert whole == [Allocation("b", 2, "v100"), Allocation("a", 1, "v100")]

@@ -84,7 +84,9 @@ from gpuyard.shared.throughput import (
     total_steps,
 )
 
+from .cadence import Cadence
 from .durability import SchedulerStore, StoredMeta
+from .guard import check, hold_leases, made_whole
 from .identity import check_exits, may_cancel, ran_there, shown_to
 from .jobs import CountsLog, JobTable
 from .mechanism import AllocationsMechanism, TimeShareConfig, make_mechanism
@@ -164,6 +166,7 @@ class Scheduler(Service):
     def __init__(self, bus: Bus, config: SchedulerConfig) -> None:
         super().__init__(bus)
         self.config = config
+        self.cadence = Cadence(config.mode, config.round_s, external=config.clock == "external")
         self.model: ThroughputModel = LinearModel()  # the configured one is loaded at start
         self.policy: SchedulingPolicy
         self.table = JobTable()
@@ -511,13 +514,9 @@ class Scheduler(Service):
     async def _round_if_due(self, now: float, tick: bool) -> bool:
         """The clock's tick: run the round if one is due at `now` (always, on wall-clock time)."""
         ran = False
-        if tick:
-            wake = self.next_wake(now)
-            every = self.config.clock == "wall" or self.config.mode == "clock"
-            merging = self.config.mode == "slots" and self._decides(now) > now
-            if (every and not merging) or (wake is not None and wake <= now):
-                await self.run_round(now)
-                ran = True
+        if tick and self.cadence.round_due(now, self.next_wake(now), self.last_round):
+            await self.run_round(now)
+            ran = True
         self._after(now)
         return ran
 
@@ -548,7 +547,7 @@ class Scheduler(Service):
         )
         own_clock = self.config.mode == "clock" or self.policy.mechanism == "time_shares"
         if req.now is not None and not own_clock:
-            page.next_decision = self._decides(req.now)
+            page.next_decision = self.cadence.decides(req.now, self.last_round)
         return page
 
     async def cancel(self, req: CancelRequest, caller: Caller = ANONYMOUS) -> CancelReply:
@@ -789,7 +788,7 @@ class Scheduler(Service):
                 "that was not told what changed"
             )
         if any(a.share_with for a in decision.allocations):
-            whole = self._checked(self._made_whole(decision, last), cluster)
+            whole = self._checked(made_whole(decision, last.allocations, self.table.active), cluster)
             return whole, await self._apply_all(now, cluster, whole)
         active = self.table.active
         named_ids = {a.job_id for a in decision.allocations}
@@ -834,9 +833,9 @@ class Scheduler(Service):
                 raise
             self.log.info("apply.in_full", why=exc.reply.error)
             kept = msgspec.structs.replace(decision, allocations=named, stop=stop)
-            whole = self._made_whole(kept, last)
+            whole = made_whole(kept, last.allocations, self.table.active)
             return whole, await self._apply(now, cluster, whole, *self._launches(whole))
-        allocations = last.allocations  # (what runs now, in the order of `_made_whole`)
+        allocations = last.allocations  # (what runs now, in the order of `made_whole`)
         for job_id in (*stop, *stale, *self.released):
             allocations.pop(job_id, None)
         for a in named:
@@ -900,23 +899,6 @@ class Scheduler(Service):
             return None
         views = self.table.views
         return {job_id: views.get(job_id) for job_id in self.table.moved}
-
-    def _made_whole(self, decision: Decision, last: LastApply) -> list[Allocation]:
-        """A decision of what changes (`Decision.keep_running`) as every allocation: the running
-        jobs it names neither in its allocations nor in `stop` keep their GPUs, first, in the
-        order of the last apply."""
-        named = {a.job_id for a in decision.allocations}
-        named.update(decision.stop)
-        active = self.table.active
-        kept: list[Allocation] = []
-        for job_id, a in last.allocations.items():
-            r = active.get(job_id)
-            if r is None or r.state != "running" or job_id in named:
-                continue
-            if a.num_gpus != r.gpus or a.gpu_type != r.gpu_type:
-                a = Allocation(job_id, r.gpus, r.gpu_type or ANY_GPU)
-            kept.append(a)
-        return kept + decision.allocations
 
     def _input(
         self, now: float, info: ClusterInfo, jobs: list[JobView] | None = None,
@@ -999,56 +981,22 @@ class Scheduler(Service):
     def _checked(
         self, allocations: list[Allocation], cluster: ClusterInfo, used: dict[str, int] | None = None,
     ) -> list[Allocation]:  # fmt: skip
-        """A policy's answer must name active jobs once each, within their GPU bounds and the
-        capacity of `cluster` (the round's: a node event may have dropped `self.cluster` since),
-        with the GPUs `used` per type by the jobs it does not name.
-        An allocation where the job cannot run (no throughput on that type) is left out with a
-        warning: no policy ever starts a job where it would only fail."""
+        """The policy's allocations as they can run (`guard.check`) on `cluster` (the round's: a
+        node event may have dropped `self.cluster` since), with the GPUs `used` per type by the
+        jobs it does not name; those left out (the job cannot run there) with a warning."""
         capacity = cluster.capacity
-        active = self.table.active
-        ids = [a.job_id for a in allocations]
-        if len(set(ids)) != len(ids):
-            twice = next(j for j in ids if ids.count(j) > 1)
-            raise RuntimeError(f"policy {self.policy_name!r} allocated {twice!r} twice")
-        used = dict(used or {})
-        kept: list[Allocation] = []
-        for a in allocations:
-            record = active.get(a.job_id)
-            if record is None:
-                raise RuntimeError(f"policy {self.policy_name!r} allocated {a.job_id!r} wrongly")
-            kept_as_is = (  # a run goes on as it is: its bounds and type were checked at its start
-                record.state == "running" and record.gpus == a.num_gpus
-                and a.gpu_type in (ANY_GPU, record.gpu_type)
+
+        def runs_there(record: JobRecord, a: Allocation) -> bool:
+            return self._runs_there(record, a, capacity)
+
+        kept, left_out = check(
+            self.policy_name or "", allocations, self.table.active, capacity, runs_there, used
+        )
+        for a in left_out:
+            self.log.warning(
+                "allocation.unsupported", job_id=a.job_id, gpu_type=a.gpu_type,
+                gpus=a.num_gpus, policy=self.policy_name,
             )  # fmt: skip
-            if kept_as_is and a.share_with is None:
-                used[a.gpu_type] = used.get(a.gpu_type, 0) + a.num_gpus
-                kept.append(a)
-                continue
-            low, high = record.spec.gpu_range
-            if not low <= a.num_gpus <= high:
-                raise RuntimeError(
-                    f"policy {self.policy_name!r} gave {a.job_id!r} {a.num_gpus} GPUs "
-                    f"outside [{low}, {high}]"
-                )
-            if not kept_as_is and not self._runs_there(record, a, capacity):
-                self.log.warning(
-                    "allocation.unsupported", job_id=a.job_id, gpu_type=a.gpu_type,
-                    gpus=a.num_gpus, policy=self.policy_name,
-                )  # fmt: skip
-                continue
-            if a.share_with is not None:
-                if not any(k.job_id == a.share_with and k.share_with is None for k in kept):
-                    raise RuntimeError(
-                        f"policy {self.policy_name!r}: {a.job_id!r} shares the GPUs of "
-                        f"{a.share_with!r}, which is not allocated before it"
-                    )
-            else:
-                used[a.gpu_type] = used.get(a.gpu_type, 0) + a.num_gpus
-            kept.append(a)
-        if sum(used.values()) > sum(capacity.values()) or any(
-            t != ANY_GPU and n > capacity.get(t, 0) for t, n in used.items()
-        ):
-            raise RuntimeError(f"policy {self.policy_name!r} allocated more GPUs than exist")
         return kept
 
     def _preempted_for(
@@ -1067,55 +1015,14 @@ class Scheduler(Service):
     def _guarded(
         self, now: float, allocations: list[Allocation], capacity: dict[str, int]
     ) -> tuple[list[Allocation], float | None]:
-        """The preemption guard (`min_run_s`): a job running for less than that keeps its GPUs,
-        even if the decision stops, resizes or moves it; the decision's other allocations follow
-        in its order while GPUs are left. Jobs sharing GPUs are not held. Returns the
-        allocations and, if the guard changed the decision, when the first lease it held ends."""
-        lease = self.config.min_run_s
-        if lease <= 0:
+        """The preemption guard (`min_run_s`, `guard.hold_leases`): the allocations and, if the
+        guard changed the decision, when the first lease it held ends."""
+        if self.config.min_run_s <= 0:
             return allocations, None
-        running = [r for r in self.table.active.values() if r.state == "running"]
-        sharing = {r.shares_with for r in running if r.shares_with}
-        wanted = {a.job_id: a for a in allocations}
-        left = dict(capacity)
-        held: list[Allocation] = []
-        lease_ends: float | None = None
-        for r in running:
-            ends = r.run_start + lease  # (the very sum the wake-up below is set to)
-            if now >= ends or r.shares_with or r.job_id in sharing:
-                continue
-            assert r.gpu_type is not None
-            if left.get(r.gpu_type, 0) < r.gpus:  # its node went away: nothing to hold
-                continue
-            left[r.gpu_type] -= r.gpus
-            a = wanted.get(r.job_id)
-            if a is None or a.num_gpus != r.gpus or a.gpu_type not in (ANY_GPU, r.gpu_type):
-                a = Allocation(r.job_id, r.gpus, r.gpu_type)
-                lease_ends = ends if lease_ends is None else min(lease_ends, ends)
-            held.append(a)
-        if lease_ends is None:
-            return allocations, None  # the decision keeps every leased job as it is
-        kept = {a.job_id for a in held}
-        out = list(held)
-        for a in allocations:
-            if a.job_id in kept:
-                continue
-            if a.share_with is not None:
-                if a.share_with in kept:
-                    out.append(a)
-                    kept.add(a.job_id)
-                continue
-            types = [a.gpu_type] if a.gpu_type != ANY_GPU else list(left)
-            if a.num_gpus > sum(left.get(t, 0) for t in types):
-                continue
-            need = a.num_gpus
-            for t in types:  # (a job of any type: placement picks; count it against the total)
-                take = min(need, left.get(t, 0))
-                left[t] = left.get(t, 0) - take
-                need -= take
-            out.append(a)
-            kept.add(a.job_id)
-        self.log.debug("lease.held", jobs=len(held), until=lease_ends)
+        running = (r for r in self.table.active.values() if r.state == "running")
+        out, lease_ends = hold_leases(now, allocations, capacity, running, self.config.min_run_s)
+        if lease_ends is not None:
+            self.log.debug("lease.held", until=lease_ends)
         return out, lease_ends
 
     async def _requeue(
@@ -1129,31 +1036,11 @@ class Scheduler(Service):
 
     def next_wake(self, now: float) -> float | None:
         """When the next round is due, or None when nothing can change until the next event."""
-        if self.config.mode == "clock":
-            return None  # the clock ticks at every round's end
-        if self.policy.mechanism == "time_shares":
+        if self.config.mode != "clock" and self.policy.mechanism == "time_shares":
             return self.mechanism.next_round(now, self.config.round_s, bool(self.table.active))
-        wanted: list[float] = []
-        if self.dirty:
-            wanted.append(now)
-        if self.policy_wake is not None:
-            wanted.append(max(self.policy_wake, now))
-        if not wanted:
-            return None
-        return self._decides(min(wanted))
-
-    def _decides(self, due: float) -> float:
-        """When what is due at `due` is decided on: then (events), at the round boundary after
-        it (rounds), or at the end of the round the last decision began (slots)."""
-        round_s, last = self.config.round_s, self.last_round
-        if self.config.mode == "rounds":
-            boundary = math.ceil(due / round_s) * round_s
-            if last is not None and boundary <= last:
-                boundary = last + round_s
-            return boundary
-        if self.config.mode == "slots" and last is not None:
-            return max(due, last + round_s)
-        return due
+        return self.cadence.next_wake(
+            now, dirty=self.dirty, policy_wake=self.policy_wake, last_round=self.last_round
+        )
 
     def _after(self, now: float) -> None:
         """After a clock-driven request: when the scheduler next needs a tick. On the wall clock
@@ -1164,17 +1051,11 @@ class Scheduler(Service):
             self._poke()
 
     def quiet_until(self, now: float) -> float | None:
-        """Until when jobs that arrive or end after `now` are decided on no sooner than then: the
-        next round boundary (rounds), the end of the slot the last decision began (slots)."""
-        if self.config.clock != "external" or self.policy.mechanism == "time_shares":
+        """Until when jobs that arrive or end after `now` are decided on no sooner than then
+        (`Cadence.quiet_until`; time shares keep their own rounds)."""
+        if self.policy.mechanism == "time_shares":
             return None
-        round_s = self.config.round_s
-        if self.config.mode == "rounds":
-            return self._decides((math.floor(now / round_s) + 1) * round_s)
-        if self.config.mode == "slots" and self.last_round is not None:
-            ends = self.last_round + round_s
-            return ends if ends > now else None
-        return None
+        return self.cadence.quiet_until(now, self.last_round)
 
     def _status(
         self, now: float, *, ran_round: bool = False, rejected: dict[str, str] | None = None,
