@@ -237,6 +237,8 @@ class ServiceSet:
                 await proc.wait()
         if self._tmp is not None:
             self._tmp.cleanup()
+        self._services = []  # (their state, every job's record, goes with them: a run's results
+        # are written after its services stop)
 
     async def __aenter__(self) -> ServiceSet:
         await self.start()
