@@ -10,7 +10,8 @@ from gpuyard.services.simclock.config import SimClockConfig
 from gpuyard.services.simclock.costs import PreemptionCost, RestartCost, Restarts
 from gpuyard.services.simclock.instants import next_event, plan_instant
 from gpuyard.services.simclock.progress import Completions
-from gpuyard.shared.contract import Launch, NodeCommand
+from gpuyard.services.simclock.timeline import Timeline
+from gpuyard.shared.contract import Launch, NodeCommand, TimelinePoint
 from gpuyard.shared.errors import BadRequest
 from gpuyard.shared.model import ClusterSpec, JobSpec
 from gpuyard.shared.throughput import default_model
@@ -185,3 +186,15 @@ def test_the_next_instant_is_the_earliest_change_and_wakes_never_go_back() -> No
     # a tick asked for in the past, or admission's retry, comes at the last instant, not before
     assert next_event(**none | {"arrival": 50.0, "wake": 10.0}, last=30.0) == 30.0
     assert next_event(**none | {"held_retry": 10.0}, last=None) == 10.0
+
+
+def test_the_timeline_keeps_a_point_per_instant_as_columns() -> None:
+    timeline = Timeline()
+    assert timeline.last() is None and timeline.page(0, 10) == []
+    timeline.put(TimelinePoint(0.0, 0, 1, 0, 8))
+    timeline.put(TimelinePoint(10.0, 4, 0, 1, 8))
+    timeline.put(TimelinePoint(10.0, 6, 0, 2, 8))  # the same instant again: its latest counts
+    timeline.insert(1, [TimelinePoint(4.0, 2, 1, 1, 8), TimelinePoint(7.5, 2, 0, 1, 8)])
+    assert len(timeline) == 4 and timeline.last() == TimelinePoint(10.0, 6, 0, 2, 8)
+    assert timeline.page(1, 2) == [TimelinePoint(4.0, 2, 1, 1, 8), TimelinePoint(7.5, 2, 0, 1, 8)]
+    assert [p.time for p in timeline.page(0, 100)] == [0.0, 4.0, 7.5, 10.0]

@@ -111,7 +111,7 @@ class InstantLoop:
         if self.next_churn < len(self.churn) and self.churn[self.next_churn][0] == now:
             lost = await clock.change_nodes(now, self.churn[self.next_churn][1])
             self.next_churn += 1
-        before = clock.timeline[-1] if clock.timeline else None
+        before = clock.timeline.last()
         earlier: list[float] = []  # instants told of with this one
         exits: list[JobExit] = []
         batch: list[JobSpec] = []

@@ -23,6 +23,7 @@ from gpuyard.services.simclock.config import SimClockConfig
 from gpuyard.services.simclock.costs import PreemptionCost, RestartCost
 from gpuyard.services.simclock.instants import EventInstants, GavelRounds, NodeEvents
 from gpuyard.services.simclock.progress import Completions
+from gpuyard.services.simclock.timeline import Timeline
 from gpuyard.services.simclock.workload import load_node_events, load_workload, write_workload
 from gpuyard.shared.connection import Bus
 from gpuyard.shared.contract import (
@@ -82,7 +83,7 @@ class SimClock(Service):
         self.quiet_until: float | None = None  # the scheduler's (`SchedulerStatus.quiet_until`)
         self.exit_decides = False  # ... and whether an exit would make it decide
         self.changes: list[CountsChange] = []  # its replies' changes at earlier instants
-        self.timeline: list[TimelinePoint] = []
+        self.timeline = Timeline()
         self.task: asyncio.Task[None] | None = None
         self.progress = Progress(now=0.0, submitted=0, finished=0, total=0, instants=0)
         self.unreported: dict[str, StepsReport] = {}  # progress the scheduler has not heard of
@@ -134,7 +135,7 @@ class SimClock(Service):
         return Ack()
 
     async def get_timeline(self, req: PageQuery) -> TimelinePage:
-        points = self.timeline[req.offset : req.offset + req.limit]
+        points = self.timeline.page(req.offset, req.limit)
         return TimelinePage(points=points, total=len(self.timeline))
 
     async def node_commands(self, batch: NodeCommands) -> None:
@@ -180,11 +181,9 @@ class SimClock(Service):
         self.commands_due = max(self.commands_due, status.commands)
         if status.ran_round:
             self.decided = now
-        point = TimelinePoint(now, status.busy_gpus, status.queued, status.running, self.nodes.gpus)
-        if self.timeline and self.timeline[-1].time == now:
-            self.timeline[-1] = point
-        else:
-            self.timeline.append(point)
+        self.timeline.put(
+            TimelinePoint(now, status.busy_gpus, status.queued, status.running, self.nodes.gpus)
+        )
 
     def earlier_points(self, now: float, times: list[float], before: TimelinePoint | None) -> None:
         """The timeline's points at instants told of with the one at `now` (`times`, in order,
@@ -195,7 +194,8 @@ class SimClock(Service):
         counts = [before.busy_gpus, before.queued, before.running] if before else [0, 0, 0]
         changes = sorted(self.changes, key=lambda c: c.time)  # (two replies' lists: merged)
         self.changes.clear()
-        at = len(self.timeline) - (bool(self.timeline) and self.timeline[-1].time == now)
+        last = self.timeline.last()
+        at = len(self.timeline) - (last is not None and last.time == now)
         points: list[TimelinePoint] = []
         i = 0
         for t in times:
@@ -206,7 +206,7 @@ class SimClock(Service):
                 counts[2] += c.running
                 i += 1
             points.append(TimelinePoint(t, counts[0], counts[1], counts[2], self.nodes.gpus))
-        self.timeline[at:at] = points
+        self.timeline.insert(at, points)
 
     async def refresh(self, now: float) -> None:
         """Once the node commands of `now` are handled: new rates and completion times for the
