@@ -670,6 +670,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
                     auth=NatsAuth.from_args(args),
                     workload=described,
                     on_policies=lambda ran: warn_policies(options, ran),
+                    keep_jobs=False,  # (the summary is all it shows)
                 )
             )
         )

@@ -50,27 +50,28 @@ def pyplot() -> ModuleType:
     return matplotlib.pyplot
 
 
+def job_row(r: JobRecord) -> tuple[Any, ...]:
+    """A job's row of `jobs.csv`, in `JOB_COLUMNS`' order (a tuple: a million jobs' rows as dicts
+    would double a replay's peak memory as it writes its results)."""
+    end, start, spec = r.end_time, r.first_start, r.spec
+    deadline = spec.deadline
+    return (
+        r.job_id, r.state, spec.num_gpus, spec.gpu_type, spec.priority, spec.user,
+        r.submit_time, start, end, None if end is None else end - r.submit_time,
+        None if start is None else start - r.submit_time, r.preemptions, r.gpu_seconds,
+        r.executed_time, deadline, None if deadline is None else (end is not None and end <= deadline),
+        "best-effort" if spec.best_effort else "accepted", r.reason,
+    )  # fmt: skip
+
+
 def jobs_frame(
-    records: list[JobRecord], workload: list[JobSpec] | None = None,
+    rows: list[tuple[Any, ...]], workload: list[JobSpec] | None = None,
     declined: dict[str, str] | None = None,
 ) -> pd.DataFrame:  # fmt: skip
-    """One row per job: the admitted ones from their records, and, given the `workload`, the jobs
-    admission declined (with the reasons in `declined`, where known)."""
-    # Rows as tuples in JOB_COLUMNS' order (a million jobs: a dict per row would double the
-    # run's peak memory as it writes its results).
-    rows: list[tuple[Any, ...]] = []
-    for r in records:
-        end, start, spec = r.end_time, r.first_start, r.spec
-        deadline = spec.deadline
-        rows.append((
-            r.job_id, r.state, spec.num_gpus, spec.gpu_type, spec.priority, spec.user,
-            r.submit_time, start, end, None if end is None else end - r.submit_time,
-            None if start is None else start - r.submit_time, r.preemptions, r.gpu_seconds,
-            r.executed_time, deadline,
-            None if deadline is None else (end is not None and end <= deadline),
-            "best-effort" if spec.best_effort else "accepted", r.reason,
-        ))  # fmt: skip
-    seen = {r.job_id for r in records}
+    """One row per job: the admitted ones' (`job_row`, in admission order), and, given the
+    `workload`, the jobs admission declined (with the reasons in `declined`, where known)."""
+    seen = {row[0] for row in rows}
+    rows = list(rows)
     for spec in workload or []:
         if spec.job_id in seen:
             continue
@@ -325,13 +326,14 @@ def plot_deadlines(
 
 
 def write_results(
-    records: list[JobRecord], points: list[TimelinePoint], out: Path,
+    rows: list[tuple[Any, ...]], points: list[TimelinePoint], out: Path,
     extra: dict[str, Any] | None = None, caption: str = "", until: float | None = None, *,
     workload: list[JobSpec] | None = None, declined: dict[str, str] | None = None,
     efficiency: pd.DataFrame | None = None, measured: set[str] | None = None,
     plots: bool = True, node_churn: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
-    """Write every result file into `out` and return the summary; `caption` says what ran on
+    """Write every result file into `out` and return the summary: `rows` are the admitted jobs'
+    (`job_row`, in admission order); `caption` says what ran on
     every plot (`plots=False`: no plots, as in a sweep, whose report draws its own); `until`: an
     interrupted run's last instant (see `summarize`). With the `workload`, the jobs admission
     declined get rows too; with `efficiency` (`efficiency_frame`), `efficiency.csv`; with
@@ -339,7 +341,7 @@ def write_results(
     `node_churn` (nodes came and went: BFTrainer's idle nodes), `idle_node_utilization` and
     `idle_nodes.png`."""
     out.mkdir(parents=True, exist_ok=True)
-    jobs = jobs_frame(records, workload, declined)
+    jobs = jobs_frame(rows, workload, declined)
     timeline = timeline_frame(points)
     jobs.to_csv(out / "jobs.csv", index=False)
     timeline.to_csv(out / "timeline.csv", index=False)

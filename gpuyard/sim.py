@@ -18,7 +18,7 @@ from msgspec import Struct
 from gpuyard.embedded import EmbeddedNats
 from gpuyard.launcher import ServiceSet
 from gpuyard.ops import read_events, show_policies
-from gpuyard.report import JobRun, efficiency_frame, write_results
+from gpuyard.report import JOB_COLUMNS, JobRun, efficiency_frame, job_row, write_results
 from gpuyard.services.simclock.service import (
     PreemptionCost,
     RestartCost,
@@ -28,6 +28,7 @@ from gpuyard.services.simclock.service import (
 from gpuyard.shared.connection import Bus, NatsAuth, connect
 from gpuyard.shared.contract import (
     Empty,
+    FinishedQuery,
     PageQuery,
     PolicyInfo,
     Progress,
@@ -35,7 +36,16 @@ from gpuyard.shared.contract import (
     ServiceStats,
     TimelinePoint,
 )
-from gpuyard.shared.endpoints import JOBS, PROGRESS, RUN, STATS, TIMELINE, Endpoint, Subjects
+from gpuyard.shared.endpoints import (
+    FINISHED,
+    JOBS,
+    PROGRESS,
+    RUN,
+    STATS,
+    TIMELINE,
+    Endpoint,
+    Subjects,
+)
 from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.identity import ANONYMOUS
 from gpuyard.shared.model import ClusterSpec, JobRecord, JobSpec
@@ -237,6 +247,7 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
             durable=options.durable,
             call_timeout_s=timeout,
             retry_for_s=retry,
+            hand_over_results=not options.durable,
         ),
         "admission": AdmissionConfig(
             policy=options.admission,
@@ -374,16 +385,84 @@ class ServiceLost(RuntimeError):
     """A service of the run died and was not started again: the run ended, partial."""
 
 
+TAKE_EVERY_S = 1.0
+"""How often the driver takes the jobs that ended from the scheduler while a run goes."""
+
+
+class TakenJobs:
+    """The jobs that ended, taken from the scheduler while the run goes (`sched.finished`). Where
+    it hands its results over (`SchedulerConfig.hand_over_results`) it forgets what was taken, so
+    that a long replay's scheduler holds only the jobs still active, and the driver only each
+    job's row of `jobs.csv` (and its record, with `keep_records`)."""
+
+    def __init__(self, bus: Bus, keep_records: bool) -> None:
+        self.bus = bus
+        self.keep_records = keep_records
+        self.rows: list[tuple[int, tuple[Any, ...]]] = []
+        """(admission order, row) of each job taken."""
+        self.records: list[JobRecord] = []
+        self.taken = 0
+        self.forgotten = 0
+        """Of the jobs taken, those the scheduler forgot (the others it still lists)."""
+        self.forgets: bool | None = None  # (not asked yet)
+
+    async def take(self, *, forget_all: bool = False) -> None:
+        """Take what ended since the last take; `forget_all`: and have the scheduler forget it
+        all (at the end of a run: what it lists then are the jobs that did not end)."""
+        while True:
+            page = await self.bus.call(FINISHED, FinishedQuery(taken=self.taken, limit=5000))
+            self.forgets = page.forgets
+            if not page.forgets:
+                self.rows, self.records = [], []  # (its pages of every job will give them)
+                return
+            self.forgotten = self.taken
+            for record in page.jobs:
+                self.rows.append((record.seq, job_row(record)))
+                if self.keep_records:
+                    self.records.append(record)
+            self.taken += len(page.jobs)
+            if not page.jobs or (self.taken >= page.total and not forget_all):
+                return
+
+    async def keep_taking(self) -> None:
+        """While the run goes (a task, cancelled when it ends): take what ended every
+        `TAKE_EVERY_S`, as long as the scheduler forgets it and answers."""
+        while self.forgets is not False:
+            await asyncio.sleep(TAKE_EVERY_S)
+            try:
+                await self.take()
+            except RemoteError:  # (a service is going: the run's end or its loss says why)
+                return
+
+    def with_the_rest(
+        self, rest: list[JobRecord]
+    ) -> tuple[list[tuple[Any, ...]], list[JobRecord]]:
+        """Every job's row, in admission order, and (`keep_records`) its record: those taken and
+        `rest`, the scheduler's list of those it did not forget (or of every job)."""
+        if not self.forgets:
+            return [job_row(r) for r in rest], rest if self.keep_records else []
+        listed_too = {row[0] for _, row in self.rows[self.forgotten :]}
+        rest = [r for r in rest if r.job_id not in listed_too]
+        rows = sorted([*self.rows, *((r.seq, job_row(r)) for r in rest)], key=lambda sr: sr[0])
+        records: list[JobRecord] = []
+        if self.keep_records:
+            records = sorted([*self.records, *rest], key=lambda r: r.seq)
+        return [row for _, row in rows], records
+
+
 async def collect_partial(
-    bus: Bus, subjects: Subjects, within_s: float = 30.0, *, durable: bool = False
-) -> tuple[list[JobRecord], list[TimelinePoint], float]:
+    bus: Bus, subjects: Subjects, taken: TakenJobs, within_s: float = 30.0, *,
+    durable: bool = False,
+) -> tuple[list[tuple[Any, ...]], list[JobRecord], list[TimelinePoint], float]:  # fmt: skip
     """What an interrupted run got to: the timeline so far, the jobs that had ended by its last
-    instant (the clock may still be moving while we ask), and that instant. Nothing when the
-    server is gone (a sweep's private server with its sweep): no one would answer. Whichever of
-    the two a dead service cannot give (the timeline is the clock's, the jobs the scheduler's),
-    the other still is; a `durable` run's jobs are read from the scheduler's bucket then."""
+    instant (the clock may still be moving while we ask: their rows, and records where `taken`
+    keeps them), and that instant. Nothing when the server is gone (a sweep's private server
+    with its sweep): no one would answer. Whichever of the two a dead service cannot give (the
+    timeline is the clock's, the jobs the scheduler's), the other still is (with the jobs taken
+    before); a `durable` run's jobs are read from the scheduler's bucket then."""
     if not bus.nc.is_connected:
-        return [], [], 0.0
+        rows, records = taken.with_the_rest([])
+        return rows, records, [], 0.0
 
     async def pages(endpoint: Endpoint[PageQuery, Any], field: str) -> list[Any] | None:
         try:
@@ -393,15 +472,21 @@ async def collect_partial(
             return None
 
     points: list[TimelinePoint] = await pages(TIMELINE, "points") or []
-    records: list[JobRecord] | None = await pages(JOBS, "jobs")
-    if records is None and durable:
-        records = await stored_jobs(bus, within_s)
-    records = records or []
-    ends = [r.end_time for r in records if r.end_time is not None]
+    if taken.forgets:
+        with contextlib.suppress(TimeoutError, RemoteError):
+            async with asyncio.timeout(within_s):
+                await taken.take(forget_all=True)
+    listed: list[JobRecord] | None = await pages(JOBS, "jobs")
+    if listed is None and durable:
+        listed = await stored_jobs(bus, within_s)
+    rows, records = taken.with_the_rest(listed or [])
+    end = JOB_COLUMNS.index("end")
+    ends = [row[end] for row in rows if row[end] is not None]
     # (no timeline: the clock is dead, and stopped where the last job it saw end ended)
     reached = points[-1].time if points else max(ends, default=0.0)
-    ended = [r for r in records if r.end_time is not None and r.end_time <= reached]
-    return ended, points, reached
+    rows = [row for row in rows if row[end] is not None and row[end] <= reached]
+    records = [r for r in records if r.end_time is not None and r.end_time <= reached]
+    return rows, records, points, reached
 
 
 async def stored_jobs(bus: Bus, within_s: float) -> list[JobRecord]:
@@ -446,6 +531,12 @@ async def until_done(
     return final
 
 
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 def _ended(code: int) -> str:
     return f"was killed (signal {-code})" if code < 0 else f"exited ({code})"
 
@@ -467,6 +558,7 @@ async def simulate(
     on_policies: Callable[[dict[str, PolicyInfo | str]], object] | None = None,
     plots: bool = True,
     lost_after_s: float = 5.0,
+    keep_jobs: bool = True,
 ) -> SimResult:
     """Run one simulation and write its results into `out`. Without `nats_url`, on a private server.
 
@@ -479,6 +571,8 @@ async def simulate(
     and start it again with `ServiceSet.replace`, in a durable run with `processes=True`).
     `workload`: how the jobs were made (generator, load, seed, or trace and format), for
     `options.json` and the plots' captions. `plots=False`: result files without the PNGs.
+    `keep_jobs=False`: `SimResult.jobs` is empty, and the jobs' records leave memory as they end
+    (a long replay's results are written from their rows).
 
     Cancelled mid-run (Ctrl-C, SIGTERM), it writes what the run got to (`collect_partial`) with
     `"partial": true` and the simulated time reached in `summary.json`, stops everything and
@@ -521,18 +615,26 @@ async def simulate(
 
         await nc.subscribe(subjects.of(PROGRESS), cb=on_progress_msg)
         await bus.call(RUN, RunRequest())
+        # (ElasticFlow's figures read the jobs' types from their records)
+        taken = TakenJobs(bus, keep_records=keep_jobs or options.elasticflow is not None)
+        taking = asyncio.create_task(taken.keep_taking())
+        stack.push_async_callback(_cancelled, taking)
         try:
             final = await until_done(finished, services, lost_after_s)
         except (asyncio.CancelledError, ServiceLost) as stopped:
             interrupted = stopped
-            records, points, reached = await collect_partial(
-                bus, subjects, durable=options.durable
+            await _cancelled(taking)
+            rows, records, points, reached = await collect_partial(
+                bus, subjects, taken, durable=options.durable
             )
             stats: list[ServiceStats] = []
         else:
+            await _cancelled(taking)
             if final.error:
                 raise RuntimeError(f"simulation {cluster_name!r} failed: {final.error}")
-            records = await fetch_pages(bus, JOBS, "jobs")
+            if taken.forgets is not False:
+                await taken.take(forget_all=True)
+            rows, records = taken.with_the_rest(await fetch_pages(bus, JOBS, "jobs"))
             points = await fetch_pages(bus, TIMELINE, "points")
             stats = [
                 await bus.call(STATS, Empty(), svc=token)
@@ -595,7 +697,7 @@ async def simulate(
     if interrupted is not None:
         caption += f"\nPARTIAL: interrupted at t = {reached / 3600:,.1f} h"
     summary = await asyncio.to_thread(
-        write_results, records, points, out, extra, caption,
+        write_results, rows, points, out, extra, caption,
         reached if interrupted is not None else None, **deadlines, plots=plots,
         node_churn=options.node_events is not None,
     )  # fmt: skip
@@ -607,7 +709,8 @@ async def simulate(
         )
     if interrupted is not None:
         raise interrupted
-    return SimResult(summary=summary, jobs=records, timeline=points, wall_s=wall, stats=stats)
+    kept = records if keep_jobs else []
+    return SimResult(summary=summary, jobs=kept, timeline=points, wall_s=wall, stats=stats)
 
 
 def write_stats(stats: list[ServiceStats], out: Path) -> None:

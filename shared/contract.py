@@ -246,6 +246,25 @@ class ExitReport(Struct, kw_only=True, forbid_unknown_fields=True):
     reports its jobs' progress in its heartbeats, and may not send this."""
 
 
+class FinishedQuery(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`sched.finished`: the jobs that ended, in the order they ended, from `taken` on."""
+
+    taken: int = 0
+    """How many the caller holds already (it asks again with its count): a scheduler that hands
+    its results over forgets those."""
+    limit: int = 2000
+
+
+class FinishedPage(Struct, kw_only=True):
+    jobs: list[JobRecord]
+    """The jobs that ended from `FinishedQuery.taken` on, in the order they ended."""
+    total: int
+    """Jobs that ended so far."""
+    forgets: bool
+    """The scheduler forgets the jobs its caller took (`SchedulerConfig.hand_over_results`):
+    they are in no other page from then on."""
+
+
 class JobsPage(Struct, kw_only=True, omit_defaults=True):
     jobs: list[JobRecord]
     total: int

@@ -31,6 +31,8 @@ from .contract import (
     EnqueueRequest,
     Event,
     ExitReport,
+    FinishedPage,
+    FinishedQuery,
     Heartbeat,
     HeartbeatsPage,
     JobQuery,
@@ -146,6 +148,7 @@ EXITED = Endpoint("sched.exited.{caller}", ExitReport, SchedulerStatus, "node ag
 STEPS = Endpoint("sched.steps", StepsUpdate, SchedulerStatus, "simclock -> scheduler", ("scheduler",), callers=(DRIVER,))  # fmt: skip
 CLUSTER_CHANGED = Endpoint("sched.cluster_changed", ClusterChanged, SchedulerStatus, "simclock -> scheduler", ("scheduler",), callers=(DRIVER,))  # fmt: skip
 JOBS = Endpoint("sched.jobs.{caller}", PageQuery, JobsPage, "anyone -> scheduler", ("scheduler",), "caller", callers=(*PEOPLE, DRIVER))  # fmt: skip
+FINISHED = Endpoint("sched.finished", FinishedQuery, FinishedPage, "driver -> scheduler", ("scheduler",), callers=(DRIVER,))  # fmt: skip
 STATUS = Endpoint("sched.status", Empty, SchedulerStatus, "anyone -> scheduler", ("scheduler",), callers=(*PEOPLE, DRIVER))  # fmt: skip
 QUERY = Endpoint("sched.query.{caller}", JobQuery, JobsPage, "anyone, admission -> scheduler", ("scheduler",), "caller", callers=(*PEOPLE, "admission", DRIVER))  # fmt: skip
 CANCEL = Endpoint("sched.cancel.{caller}", CancelRequest, CancelReply, "users -> scheduler", ("scheduler",), "caller", callers=PEOPLE)  # fmt: skip

@@ -8,7 +8,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpuyard.report import efficiency_frame, jobs_frame, summarize, timeline_frame, write_results
+from gpuyard.report import (
+    efficiency_frame,
+    job_row,
+    jobs_frame,
+    summarize,
+    timeline_frame,
+    write_results,
+)
 from gpuyard.shared.model import GpuRef, JobRecord, JobSpec
 from gpuyard.shared.throughput import ElasticFlowThroughputs
 
@@ -32,7 +39,7 @@ def test_declined_jobs_count_against_the_ratio():
     workload = [r.spec for r in records] + [
         JobSpec(job_id="no", num_gpus=1, deadline=10.0, submit_time=3.0)
     ]
-    jobs = jobs_frame(records, workload, {"no": "cannot meet its deadline"})
+    jobs = jobs_frame([job_row(r) for r in records], workload, {"no": "cannot meet its deadline"})
     assert list(jobs["admission"]) == ["accepted", "accepted", "best-effort", "declined"]
     no = jobs.set_index("job_id").loc["no"]
     assert (no["state"], no["reason"], no["arrival"], no["deadline_met"]) == (
@@ -55,7 +62,7 @@ def test_cluster_efficiency_is_throughput_over_single_gpu_throughput_per_gpu():
     frame = efficiency_frame(runs, {"a": "toy@64", "b": "toy@64"}, MODEL, {"n0": "a100"}, 8)
     assert list(frame["time"]) == [0.0, 10.0, 20.0, 40.0]
     assert list(frame["efficiency"]) == pytest.approx([1.5 / 8, 3.5 / 8, 2.0 / 8, 0.0])
-    jobs = jobs_frame([record("a", 40.0, None)])
+    jobs = jobs_frame([job_row(record("a", 40.0, None))])
     assert summarize(jobs, timeline_frame([]), efficiency=frame)["mean_cluster_efficiency"] == pytest.approx(
         (1.5 * 10 + 3.5 * 10 + 2.0 * 20) / 8 / 40
     )
@@ -65,7 +72,8 @@ def test_write_results_adds_the_deadline_files(tmp_path: Path):
     records = [record("met", 50.0, 100.0)]
     frame = pd.DataFrame({"time": [0.0, 50.0], "efficiency": [0.5, 0.0]})
     summary = write_results(
-        records, [], tmp_path, workload=[r.spec for r in records], efficiency=frame, caption="t"
+        [job_row(r) for r in records], [], tmp_path, workload=[r.spec for r in records],
+        efficiency=frame, caption="t",
     )
     assert summary["deadline_satisfactory_ratio"] == 1.0
     assert (tmp_path / "efficiency.csv").exists() and (tmp_path / "deadlines.png").exists()

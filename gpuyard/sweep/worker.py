@@ -173,7 +173,7 @@ class Worker:
                              attempt=attempt, cluster=cluster, server=server)  # fmt: skip
                     result = await simulate(
                         options, workload.jobs, folder, nats_url=server, cluster_name=cluster,
-                        workload=described, log_level="warning", plots=False,
+                        workload=described, log_level="warning", plots=False, keep_jobs=False,
                     )  # fmt: skip
                 data = await asyncio.to_thread(pack_results, folder)
                 store = await js.object_store(BUCKET)

@@ -20,7 +20,13 @@ from gpuyard.shared.throughput import LinearModel
 class JobTable:
     def __init__(self) -> None:
         self.jobs: dict[str, JobRecord] = {}
-        """Every job, in admission order."""
+        """Every job, in admission order (less those that ended and were forgotten)."""
+        self.admitted = 0
+        """Jobs admitted so far (the next one's `seq`)."""
+        self.ended: list[JobRecord] = []
+        """The jobs that ended, in the order they ended, from the `ended_base`-th on."""
+        self.ended_base = 0
+        """Jobs that ended and were forgotten (`forget_ended`)."""
         self.active: dict[str, JobRecord] = {}
         """Queued and running jobs, in admission order."""
         self.cancelling: dict[str, JobRecord] = {}
@@ -60,11 +66,12 @@ class JobTable:
         """A new job, queued. `spec.job_id` must be new."""
         assert spec.job_id is not None and spec.job_id not in self.jobs
         record = JobRecord(
-            job_id=spec.job_id, seq=len(self.jobs), spec=spec,
+            job_id=spec.job_id, seq=self.admitted, spec=spec,
             submit_time=spec.submit_time if spec.submit_time is not None else now,
             admit_time=now, queued_since=now, total_steps=total_steps, progress_at=now,
         )  # fmt: skip
         self.jobs[record.job_id] = self.active[record.job_id] = record
+        self.admitted += 1
         self.views[record.job_id] = JobView.of(record, self.context)
         self._touch(record)
         self._moved(record)
@@ -131,6 +138,7 @@ class JobTable:
         del self.active[record.job_id]
         del self.views[record.job_id]
         self.finished += 1
+        self.ended.append(record)
         self.changed = True
         self._touch(record)
         self._moved(record)
@@ -160,6 +168,7 @@ class JobTable:
         record.state, record.end_time = "cancelled", now
         record.reason, record.cancelling = record.cancelling, ""
         self.finished += 1
+        self.ended.append(record)
         self._touch(record)
         return True
 
@@ -203,6 +212,7 @@ class JobTable:
         """Take records back (a restarted scheduler), in admission order; counters follow."""
         for record in sorted(records, key=lambda r: r.seq):
             self.jobs[record.job_id] = record
+            self.admitted = max(self.admitted, record.seq + 1)
             if record.cancelling:
                 self.cancelling[record.job_id] = record
                 continue
@@ -211,9 +221,21 @@ class JobTable:
                 self.views[record.job_id] = JobView.of(record, self.context)
             else:
                 self.finished += 1
+                self.ended.append(record)
             if record.state == "running":
                 self.running += 1
                 self._busy(record, 1)
+        self.ended.sort(key=lambda r: (r.end_time or 0.0, r.seq))
+
+    def forget_ended(self, upto: int) -> None:
+        """The jobs that ended before the `upto`-th leave memory (their results were taken)."""
+        count = min(upto - self.ended_base, len(self.ended))
+        if count <= 0:
+            return
+        for record in self.ended[:count]:
+            del self.jobs[record.job_id]
+        del self.ended[:count]
+        self.ended_base += count
 
     # ------------------------------------------------------------------ helpers
 

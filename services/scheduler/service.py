@@ -36,6 +36,8 @@ from gpuyard.shared.contract import (
     EnqueueRequest,
     Event,
     ExitReport,
+    FinishedPage,
+    FinishedQuery,
     JobExit,
     JobQuery,
     JobsPage,
@@ -53,6 +55,7 @@ from gpuyard.shared.endpoints import (
     ENQUEUE,
     EVENT,
     EXITED,
+    FINISHED,
     JOBS,
     QUERY,
     STATUS,
@@ -132,6 +135,10 @@ class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     """The preemption guard, for every policy: a job that started or resumed keeps its GPUs for
     at least this long (Gavel's lease, Tiresias' quanta); a decision that would stop it sooner
     waits until then. 0: off (the references have none)."""
+    hand_over_results: bool = False
+    """A simulation: the jobs that ended leave memory once the driver took them (`sched.finished`,
+    to stream a long replay's results to its files), unless the policy reads finished jobs or
+    the scheduler is durable. A real cluster keeps them for `gpuyard jobs`."""
     min_round_interval_s: Annotated[float, Meta(ge=0)] = 0.02
     """Wall clock under load: the least time from one round to the next. Arrivals and exits ask
     for a round at once; while requests wait to be handled, those that come within this interval
@@ -225,6 +232,7 @@ class Scheduler(Service):
             ENQUEUE: self.enqueue, TICK: self.tick, EXITED: self.exited, STEPS: self.steps,
             CLUSTER_CHANGED: self.cluster_changed, JOBS: self.list_jobs,
             STATUS: self.status_request, CANCEL: self.cancel, QUERY: self.query,
+            FINISHED: self.finished_page,
         }  # fmt: skip
 
     async def start(self) -> None:
@@ -523,6 +531,28 @@ class Scheduler(Service):
     async def list_jobs(self, req: PageQuery, caller: Caller = ANONYMOUS) -> JobsPage:
         page = list(self.table.jobs.values())[req.offset : req.offset + req.limit]
         return JobsPage(jobs=shown_to(caller, page), total=len(self.table))
+
+    async def finished_page(self, req: FinishedQuery) -> FinishedPage:
+        """The jobs that ended from `req.taken` on; those before are forgotten where the results
+        are handed over (`SchedulerConfig.hand_over_results`)."""
+        table = self.table
+        forgets = (
+            self.config.hand_over_results
+            and not self.policy.needs.finished_jobs
+            and not self.store.durable
+        )
+        if forgets:
+            table.forget_ended(req.taken)
+        start = req.taken - table.ended_base
+        if start < 0:
+            raise BadRequest(
+                f"the first {table.ended_base} jobs that ended were taken and forgotten",
+                field="$.taken",
+            )
+        return FinishedPage(
+            jobs=table.ended[start : start + req.limit], total=table.ended_base + len(table.ended),
+            forgets=forgets,
+        )  # fmt: skip
 
     async def status_request(self, _: Empty) -> SchedulerStatus:
         """Counts and the wake-up time, as they are."""
