@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Literal
 
 import msgspec
@@ -69,9 +70,10 @@ class InstantLoop:
     def __init__(self, clock: SimClock, workload: list[JobSpec], churn: NodeEvents) -> None:
         self.clock = clock
         self.progress = clock.progress
-        self.workload = workload
+        self.waiting = deque(workload)
+        """The jobs not submitted yet, in arrival order (each leaves as it is: a long replay's
+        specs go as their jobs end)."""
         self.churn = churn
-        self.next_arrival = 0
         self.next_churn = 0
         self.rejected = 0
         self.held = 0  # jobs admission holds, as it last said
@@ -201,17 +203,14 @@ class InstantLoop:
 
     def next_delivery(self) -> float | None:
         """When the next job is submitted (None: every job has been)."""
-        if self.next_arrival >= len(self.workload):
-            return None
-        return self.delivery(self.workload[self.next_arrival])
+        return self.delivery(self.waiting[0]) if self.waiting else None
 
     def arrivals(self, now: float) -> list[JobSpec]:
         """The jobs submitted at `now`."""
         batch: list[JobSpec] = []
-        workload = self.workload
-        while self.next_arrival < len(workload) and self.delivery(workload[self.next_arrival]) <= now:
-            batch.append(workload[self.next_arrival])
-            self.next_arrival += 1
+        waiting = self.waiting
+        while waiting and self.delivery(waiting[0]) <= now:
+            batch.append(waiting.popleft())
         return batch
 
     async def submit(self, now: float, batch: list[JobSpec], times: list[float]) -> bool:
@@ -331,7 +330,7 @@ class GavelRounds(InstantLoop):
         self.resolved = False  # a forced re-decision (nothing running) was tried at this instant
 
     def first_instant(self) -> float | None:
-        return (self.workload[0].submit_time or 0.0) if self.workload else 0.0
+        return (self.waiting[0].submit_time or 0.0) if self.waiting else 0.0
 
     def delivery(self, spec: JobSpec) -> float:
         return spec.submit_time or 0.0
@@ -351,8 +350,8 @@ class GavelRounds(InstantLoop):
         clock = self.clock
         if self.end is not None:
             return self.end
-        if self.next_arrival < len(self.workload):  # nothing runs: on to the next arrival
-            return max(now, self.workload[self.next_arrival].submit_time or 0.0)
+        if self.waiting:  # nothing runs: on to the next arrival
+            return max(now, self.waiting[0].submit_time or 0.0)
         if clock.runs.next_completion() is not None:  # a failure to report
             return now
         if self.progress.finished < self.progress.total and not self.resolved:

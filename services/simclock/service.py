@@ -277,6 +277,7 @@ class SimClock(Service):
                 GavelRounds(self, workload, round_s) if round_s is not None
                 else EventInstants(self, workload, churn)
             )  # fmt: skip
+            del workload  # (the loop submits each job once: its spec goes when the job ends)
             await loop.run()
             if self.unreported:  # (the jobs a measurement window left running)
                 now = self.progress.now
