@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 import textwrap
 import threading
 from pathlib import Path
@@ -51,12 +52,14 @@ def pyplot() -> ModuleType:
 
 
 def job_row(r: JobRecord) -> tuple[Any, ...]:
-    """A job's row of `jobs.csv`, in `JOB_COLUMNS`' order (a tuple: a million jobs' rows as dicts
-    would double a replay's peak memory as it writes its results)."""
+    """A job's row of `jobs.csv`, in `JOB_COLUMNS`' order (a tuple, its state and GPU type
+    interned: a million jobs' rows as dicts of their own strings would double a replay's peak
+    memory as it writes its results)."""
     end, start, spec = r.end_time, r.first_start, r.spec
     deadline = spec.deadline
     return (
-        r.job_id, r.state, spec.num_gpus, spec.gpu_type, spec.priority, spec.user,
+        r.job_id, sys.intern(r.state), spec.num_gpus, sys.intern(spec.gpu_type), spec.priority,
+        spec.user,
         r.submit_time, start, end, None if end is None else end - r.submit_time,
         None if start is None else start - r.submit_time, r.preemptions, r.gpu_seconds,
         r.executed_time, deadline, None if deadline is None else (end is not None and end <= deadline),

@@ -211,6 +211,7 @@ class InstantLoop:
         waiting = self.waiting
         while waiting and self.delivery(waiting[0]) <= now:
             batch.append(waiting.popleft())
+        self.clock.arrived(batch)
         return batch
 
     async def submit(self, now: float, batch: list[JobSpec], times: list[float]) -> bool:

@@ -171,6 +171,15 @@ class SimClock(Service):
             await self._request(STEPS, StepsUpdate(now=msg.now, jobs=self._take_unreported()))
         return await self._request(endpoint, msg)
 
+    def arrived(self, batch: list[JobSpec]) -> None:
+        """The simulated processes of jobs about to be submitted: made as they arrive (a long
+        replay holds those of the jobs that came and have not ended, not every job's)."""
+        for spec in batch:
+            assert spec.job_id is not None
+            total = total_steps(spec, self.model)
+            assert total is not None
+            self.nodes.jobs[spec.job_id] = SimJob(spec, total)
+
     def note(self, now: float, status: SchedulerStatus) -> None:
         """The scheduler's reply at `now`: when it wants its next tick, the node commands to wait
         for, and the timeline's point."""
@@ -267,11 +276,8 @@ class SimClock(Service):
             nodes = self.config.cluster.nodes()
             if nodes:
                 await self.call(NODES, NodesChanged(now=0.0, up=nodes))
-            for spec in workload:
-                assert spec.job_id is not None
-                total = total_steps(spec, self.model)
-                assert total is not None
-                self.nodes.jobs[spec.job_id] = SimJob(spec, total)
+            for spec in workload:  # (a job whose work cannot be known fails the run at its start)
+                total_steps(spec, self.model)
             round_s = self.config.gavel_round_s
             loop = (
                 GavelRounds(self, workload, round_s) if round_s is not None
