@@ -265,7 +265,8 @@ def plot(
     jct = np.sort(jobs.loc[done, "jct"].to_numpy(dtype=float))
     fig, ax = pyplot().subplots(figsize=(7, 4.8))
     if len(jct):
-        ax.plot(jct / 3600, np.arange(1, len(jct) + 1) / len(jct))
+        ranks = thinned_ranks(len(jct))
+        ax.plot(jct[ranks] / 3600, (ranks + 1) / len(jct))
         ax.set_xscale("log")
     else:
         ax.text(0.5, 0.5, "no job completed", ha="center", va="center", transform=ax.transAxes)
@@ -276,12 +277,15 @@ def plot(
     paths.append(save_figure(fig, out / "jct_cdf.png", caption))
 
     fig, (top, bottom) = pyplot().subplots(2, 1, figsize=(8, 5.8), sharex=True)
-    hours = timeline["time"].to_numpy(dtype=float) / 3600
-    top.step(hours, timeline["busy_gpus"] / timeline["gpus"].clip(lower=1), where="post")
+    busy = (timeline["busy_gpus"] / timeline["gpus"].clip(lower=1)).to_numpy(dtype=float)
+    queued = timeline["queued"].to_numpy(dtype=float)
+    kept = thinned_steps(timeline["time"].to_numpy(dtype=float), [busy, queued])
+    hours = timeline["time"].to_numpy(dtype=float)[kept] / 3600
+    top.step(hours, busy[kept], where="post")
     top.set_ylabel("GPU utilisation")
     top.set_ylim(0, 1.05)
     top.set_title("cluster timeline")
-    bottom.step(hours, timeline["queued"], where="post", color="tab:orange")
+    bottom.step(hours, queued[kept], where="post", color="tab:orange")
     bottom.set_ylabel("queued jobs")
     bottom.set_xlabel("simulated time (hours)")
     for ax in (top, bottom):
@@ -290,6 +294,42 @@ def plot(
     if jobs["deadline"].notna().any():
         paths.append(plot_deadlines(jobs, efficiency, out / "deadlines.png", caption))
     return paths
+
+
+PLOTTED_POINTS = 20_000
+"""About how many points of a series a plot draws: a million-job replay's timeline has millions,
+which no figure's pixels tell apart, and drawing them takes some 800 MB."""
+
+
+def thinned_ranks(n: int, most: int = PLOTTED_POINTS) -> np.ndarray:
+    """Indices of at most `most` of `n` sorted values, evenly by rank, first and last kept (a
+    CDF drawn through them is the CDF drawn through all)."""
+    if n <= most:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, most).round().astype(np.int64))
+
+
+def thinned_steps(
+    x: np.ndarray, ys: list[np.ndarray], most: int = PLOTTED_POINTS
+) -> np.ndarray:
+    """Indices of the points of step series over increasing `x` that a plot needs: all of them
+    when there are at most `most`; else, in each of as many spans of `x` as leave at most `most`,
+    its first and last point and each series' lowest and highest (the envelope the pixels show)."""
+    n = len(x)
+    if n <= most:
+        return np.arange(n)
+    count = max(most // (2 + 2 * len(ys)), 1)
+    spans = np.minimum(
+        ((x - x[0]) / max(x[-1] - x[0], 1e-300) * count).astype(np.int64), count - 1
+    )
+    first = np.flatnonzero(np.r_[True, spans[1:] != spans[:-1]])
+    last = np.r_[first[1:] - 1, n - 1]
+    keep = np.zeros(n, dtype=bool)
+    keep[first] = keep[last] = True
+    for y in ys:
+        order = np.lexsort((y, spans))  # (each span's points stay where they are, by value)
+        keep[order[first]] = keep[order[last]] = True
+    return np.flatnonzero(keep)
 
 
 def plot_deadlines(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -13,6 +14,8 @@ from gpuyard.report import (
     job_row,
     jobs_frame,
     summarize,
+    thinned_ranks,
+    thinned_steps,
     timeline_frame,
     write_results,
 )
@@ -78,3 +81,18 @@ def test_write_results_adds_the_deadline_files(tmp_path: Path):
     assert summary["deadline_satisfactory_ratio"] == 1.0
     assert (tmp_path / "efficiency.csv").exists() and (tmp_path / "deadlines.png").exists()
     assert pd.read_csv(tmp_path / "jobs.csv")["admission"].tolist() == ["accepted"]
+
+
+def test_plots_draw_a_long_series_through_the_points_its_pixels_show() -> None:
+    rng = np.random.default_rng(1)
+    x = np.cumsum(rng.exponential(1.0, 200_000))
+    busy, queued = rng.random(200_000), np.cumsum(rng.integers(-1, 2, 200_000)).astype(float)
+    kept = thinned_steps(x, [busy, queued], most=4_000)
+    assert len(kept) <= 4_000 and kept[0] == 0 and kept[-1] == len(x) - 1
+    assert np.all(np.diff(kept) > 0)  # (in order)
+    for y in (busy, queued):  # every extreme is drawn
+        assert y[kept].min() == y.min() and y[kept].max() == y.max()
+    assert list(thinned_steps(x[:100], [busy[:100]], most=4_000)) == list(range(100))
+    ranks = thinned_ranks(1_000_001, most=1_000)
+    assert len(ranks) == 1_000 and ranks[0] == 0 and ranks[-1] == 1_000_000
+    assert list(thinned_ranks(10)) == list(range(10))
