@@ -759,18 +759,23 @@ class Scheduler(Service):
                 stop=[j for j in previous if j not in by_job],
                 attempts={a.job_id: attempts[a.job_id] for a in changed if a.job_id in attempts},
             )  # fmt: skip
-            try:
-                reply = await self._placement(APPLY, delta)
-            except RemoteError as exc:
-                if exc.reply.field != "$.base":
-                    raise
-                self.log.info("apply.in_full", why=exc.reply.error)
-            else:
+            if (reply := await self._apply_delta(delta)) is not None:
                 self._applied = LastApply(cluster, by_job, reply.settled, reply.applied, False)
                 return self._done(reply)
         reply = await self._placement(APPLY, request)
         self._applied = LastApply(cluster, by_job, reply.settled, reply.applied, sharing)
         return self._done(reply)
+
+    async def _apply_delta(self, request: ApplyRequest) -> ApplyReply | None:
+        """Placement's reply to an apply of what changed (`ApplyRequest.base`); None when it
+        refused the base (it restarted without its state): send every allocation then."""
+        try:
+            return await self._placement(APPLY, request)
+        except RemoteError as exc:
+            if exc.reply.field != "$.base":
+                raise
+            self.log.info("apply.in_full", why=exc.reply.error)
+            return None
 
     def _done(self, reply: ApplyReply) -> ApplyReply:
         """After an apply: the jobs released are freed; what may no longer hold starts afresh."""
@@ -856,12 +861,7 @@ class Scheduler(Service):
             base=last.number, stop=stop + stale,
         )  # fmt: skip
         self._applied = None  # (until placement answered)
-        try:
-            reply = await self._placement(APPLY, request)
-        except RemoteError as exc:
-            if exc.reply.field != "$.base":
-                raise
-            self.log.info("apply.in_full", why=exc.reply.error)
+        if (reply := await self._apply_delta(request)) is None:
             kept = msgspec.structs.replace(decision, allocations=named, stop=stop)
             whole = made_whole(kept, last.allocations, self.table.active)
             return whole, await self._apply(now, cluster, whole, *self._launches(whole))
