@@ -456,13 +456,10 @@ async def collect_partial(
 ) -> tuple[list[tuple[Any, ...]], list[JobRecord], list[TimelinePoint], float]:  # fmt: skip
     """What an interrupted run got to: the timeline so far, the jobs that had ended by its last
     instant (the clock may still be moving while we ask: their rows, and records where `taken`
-    keeps them), and that instant. Nothing when the server is gone (a sweep's private server
-    with its sweep): no one would answer. Whichever of the two a dead service cannot give (the
-    timeline is the clock's, the jobs the scheduler's), the other still is (with the jobs taken
-    before); a `durable` run's jobs are read from the scheduler's bucket then."""
-    if not bus.nc.is_connected:
-        rows, records = taken.with_the_rest([])
-        return rows, records, [], 0.0
+    keeps them), and that instant. Whichever of the two a dead service cannot give (the timeline
+    is the clock's, the jobs the scheduler's), the other still is, and the jobs taken before
+    always are (all there is when the server is gone: a sweep's private server with its sweep);
+    a `durable` run's jobs are read from the scheduler's bucket then."""
 
     async def pages(endpoint: Endpoint[PageQuery, Any], field: str) -> list[Any] | None:
         try:
@@ -471,14 +468,17 @@ async def collect_partial(
         except (TimeoutError, RemoteError):
             return None
 
-    points: list[TimelinePoint] = await pages(TIMELINE, "points") or []
-    if taken.forgets:
-        with contextlib.suppress(TimeoutError, RemoteError):
-            async with asyncio.timeout(within_s):
-                await taken.take(forget_all=True)
-    listed: list[JobRecord] | None = await pages(JOBS, "jobs")
-    if listed is None and durable:
-        listed = await stored_jobs(bus, within_s)
+    points: list[TimelinePoint] = []
+    listed: list[JobRecord] | None = None
+    if bus.nc.is_connected:
+        points = await pages(TIMELINE, "points") or []
+        if taken.forgets:
+            with contextlib.suppress(TimeoutError, RemoteError):
+                async with asyncio.timeout(within_s):
+                    await taken.take(forget_all=True)
+        listed = await pages(JOBS, "jobs")
+        if listed is None and durable:
+            listed = await stored_jobs(bus, within_s)
     rows, records = taken.with_the_rest(listed or [])
     end = JOB_COLUMNS.index("end")
     ends = [row[end] for row in rows if row[end] is not None]
