@@ -17,7 +17,10 @@ from gpuyard.services.placement.service import PlacementConfig
 from gpuyard.services.scheduler.service import SchedulerConfig
 from gpuyard.shared.connection import Bus, connect
 from gpuyard.shared.contract import (
+    Empty,
+    ExitReport,
     Heartbeat,
+    JobExit,
     JobProgress,
     JobQuery,
     NodeCommand,
@@ -25,7 +28,16 @@ from gpuyard.shared.contract import (
     RegisterNode,
     SubmitRequest,
 )
-from gpuyard.shared.endpoints import HEARTBEAT, NODE_COMMAND, QUERY, REGISTER, SUBMIT, Subjects
+from gpuyard.shared.endpoints import (
+    EXITED,
+    HEARTBEAT,
+    NODE_COMMAND,
+    QUERY,
+    REGISTER,
+    STATS,
+    SUBMIT,
+    Subjects,
+)
 from gpuyard.shared.model import JobRecord, JobSpec, NodeSpec
 from gpuyard.shared.throughput import GavelThroughputs, LearnedThroughputs, split_job_type
 
@@ -152,6 +164,34 @@ TABLE = {  # Gavel's format: steps/s of one-GPU jobs on each type
 
 def learned() -> LearnedThroughputs:
     return LearnedThroughputs(GavelThroughputs(TABLE))
+
+
+async def test_a_part_that_stopped_as_it_was_told_asks_for_no_round(nats_url: str) -> None:
+    """On the wall clock a change asks for a round at once. An agent's word that a part it was
+    told to stop is gone changes nothing and asks for none: a round at every such exit had
+    Gavel's time shares swap two jobs back and forth within milliseconds."""
+    control = learning_control_plane()
+    control["scheduler"] = SchedulerConfig(event_storage="memory", clock="wall", round_s=60.0)
+    async with ServiceSet(nats_url, "stopped", control):
+        bus = Bus(await connect(nats_url, name="test"), Subjects("stopped"))
+        await answer_node_commands(bus)
+        node = NodeSpec(node_id="n1", num_gpus=1, gpu_type="a", labels={"boot": "x"})
+        await bus.call(REGISTER, RegisterNode(now=time.time(), node=node))
+        spec = JobSpec(job_id="j", num_gpus=1, total_steps=1e6)
+        await bus.call(SUBMIT, SubmitRequest(now=time.time(), jobs=[spec], tick=True))
+        async with asyncio.timeout(10):
+            while True:  # polling a remote service: no local event to wait for
+                if (await bus.call(QUERY, JobQuery(job_ids=["j"]))).jobs[0].state == "running":
+                    break
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # (the rounds its start asked for are done)
+        decisions = len((await bus.call(STATS, Empty(), svc="sched")).decision_s)
+        for _ in range(5):
+            stopped = JobExit(job_id="j", node_id="n1", status="stopped", attempt=0)
+            await bus.call(EXITED, ExitReport(now=time.time(), exits=[stopped]))
+        await asyncio.sleep(1.0)
+        assert len((await bus.call(STATS, Empty(), svc="sched")).decision_s) == decisions
+        await bus.close()
 
 
 def test_split_job_type_reads_the_reference_tables_names() -> None:

@@ -415,7 +415,8 @@ class Scheduler(Service):
         for ex in req.exits:
             with changes.at(req.now if ex.ended_at is None else ex.ended_at):
                 await self._exit(req, ex, caller)
-        self._poke()
+        if self.dirty:  # (a part that stopped as it was told changes nothing: no round for it)
+            self._poke()
         ran = await self._round_if_due(req.now, req.tick)
         return self._status(req.now, ran_round=ran, changes=changes)
 
