@@ -849,13 +849,12 @@ class Scheduler(Service):
             if j in previous and j not in named_ids and j not in released
             and ((r := active.get(j)) is None or r.state != "running")
         ]  # fmt: skip
-        unchanged = [a for a in named if a.job_id not in specs and previous.get(a.job_id) == a]
+        changed = [a for a in named if a.job_id in specs or previous.get(a.job_id) != a]
         if (
-            not stop and not stale and len(unchanged) == len(named)
+            not stop and not stale and not changed
             and self.config.clock == "external" and last.cluster is cluster
         ):  # fmt: skip
             return named, _nothing_done(cluster)  # (as `_confirms_what_runs`)
-        changed = [a for a in named if a.job_id in specs or previous.get(a.job_id) != a]
         request = ApplyRequest(
             now=now, allocations=changed, specs=specs, released=self.released,
             attempts={a.job_id: attempts[a.job_id] for a in changed if a.job_id in attempts},

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
@@ -88,6 +88,7 @@ class Sjf(SchedulingPolicy):
             duration = r.spec.duration if r.spec.duration is not None else INF
             return (-r.spec.priority, keep, duration, r.submit_time)
 
+        self.key = key
         self.order = StandingOrder(key)
 
     def schedule(self, inp: SchedulingInput) -> Decision | list[Allocation]:
@@ -95,10 +96,9 @@ class Sjf(SchedulingPolicy):
         if p.starvation_s is None:  # the order changes only when jobs do
             return self.order.fill(inp, backfill=p.backfill)
 
-        def key(j: JobView) -> tuple[int, int, float, float, int]:
-            keep = 0 if (not p.preemptive and j.state == "running") else 1
-            duration = j.spec.duration if j.spec.duration is not None else INF
-            return (priority_class(j, now, p.starvation_s), keep, duration, j.submit_time, j.seq)
+        def key(j: JobView) -> tuple[Any, ...]:  # the guard's class in place of the priority
+            _, *rest = self.key(j.record)
+            return (priority_class(j, now, p.starvation_s), *rest, j.seq)
 
         return fill_in_order(sorted(inp.jobs, key=key), inp.cluster, backfill=p.backfill)
 
