@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 import textwrap
 import threading
 from pathlib import Path
@@ -20,24 +19,17 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
-from gpuyard.shared.contract import JobRecord, TimelinePoint
-from gpuyard.shared.model import GpuRef, JobSpec
+from gpuyard.results import JobRows, Table, TimelineRows
+from gpuyard.shared.model import GpuRef
 from gpuyard.shared.throughput import ThroughputModel
 
 if TYPE_CHECKING:
+    import pandas as pd
     from matplotlib.axes import Axes
 
 _PYPLOT = threading.Lock()
 """pyplot is not thread-safe: simulations in one process write their results one at a time."""
-
-JOB_COLUMNS = [
-    "job_id", "state", "num_gpus", "gpu_type", "priority", "user", "arrival", "start", "end",
-    "jct", "queueing_delay", "preemptions", "gpu_seconds", "executed_time", "deadline",
-    "deadline_met", "admission", "reason",
-]  # fmt: skip
-
 
 @functools.cache
 def pyplot() -> ModuleType:
@@ -51,42 +43,6 @@ def pyplot() -> ModuleType:
     return matplotlib.pyplot
 
 
-def job_row(r: JobRecord) -> tuple[Any, ...]:
-    """A job's row of `jobs.csv`, in `JOB_COLUMNS`' order (a tuple, its state and GPU type
-    interned: a million jobs' rows as dicts of their own strings would double a replay's peak
-    memory as it writes its results)."""
-    end, start, spec = r.end_time, r.first_start, r.spec
-    deadline = spec.deadline
-    return (
-        r.job_id, sys.intern(r.state), spec.num_gpus, sys.intern(spec.gpu_type), spec.priority,
-        spec.user,
-        r.submit_time, start, end, None if end is None else end - r.submit_time,
-        None if start is None else start - r.submit_time, r.preemptions, r.gpu_seconds,
-        r.executed_time, deadline, None if deadline is None else (end is not None and end <= deadline),
-        "best-effort" if spec.best_effort else "accepted", r.reason,
-    )  # fmt: skip
-
-
-def jobs_frame(
-    rows: list[tuple[Any, ...]], workload: list[JobSpec] | None = None,
-    declined: dict[str, str] | None = None,
-) -> pd.DataFrame:  # fmt: skip
-    """One row per job: the admitted ones' (`job_row`, in admission order), and, given the
-    `workload`, the jobs admission declined (with the reasons in `declined`, where known)."""
-    seen = {row[0] for row in rows}
-    rows = list(rows)
-    for spec in workload or []:
-        if spec.job_id in seen:
-            continue
-        rows.append((
-            spec.job_id, "declined", spec.num_gpus, spec.gpu_type, spec.priority, spec.user,
-            spec.submit_time, None, None, None, None, 0, 0.0, 0.0, spec.deadline,
-            None if spec.deadline is None else False, "declined",
-            (declined or {}).get(spec.job_id or "", "declined by admission"),
-        ))  # fmt: skip
-    return pd.DataFrame(rows, columns=JOB_COLUMNS)
-
-
 JobRun = tuple[float, str, list[GpuRef]]
 """(time, job, the GPUs it runs on from then on: empty when it stops)."""
 
@@ -94,7 +50,7 @@ JobRun = tuple[float, str, list[GpuRef]]
 def efficiency_frame(
     runs: list[JobRun], job_types: dict[str, str], model: ThroughputModel,
     node_types: dict[str, str], total_gpus: int,
-) -> pd.DataFrame:  # fmt: skip
+) -> Table:  # fmt: skip
     """ElasticFlow's cluster efficiency at every instant it changes: the sum over running jobs of
     throughput(n) / throughput(1) on their GPU type, over the cluster's GPUs."""
     current: dict[str, float] = {}
@@ -112,55 +68,66 @@ def efficiency_frame(
             rows[-1] = (time, value)
         else:
             rows.append((time, value))
-    return pd.DataFrame(rows, columns=["time", "efficiency"])
+    times, values = zip(*rows, strict=True) if rows else ((), ())
+    return Table({"time": np.array(times, dtype=np.float64),
+                  "efficiency": np.array(values, dtype=np.float64)})  # fmt: skip
 
 
-def _time_mean(frame: pd.DataFrame, column: str, until: float) -> float | None:
+def _time_mean(frame: Table, column: str, until: float) -> float | None:
     """Time-weighted mean of a step function from its first point to `until`."""
-    if frame.empty:
+    if not len(frame):
         return None
-    times = np.append(frame["time"].to_numpy(dtype=float), max(until, float(frame["time"].iloc[-1])))
+    times = np.append(frame["time"], max(until, float(frame["time"][-1])))
     span = times[-1] - times[0]
     if span <= 0:
         return None
-    return float(np.sum(frame[column].to_numpy(dtype=float) * np.diff(times)) / span)
+    return float(np.sum(frame[column].astype(float) * np.diff(times)) / span)
 
 
-def timeline_frame(points: list[TimelinePoint]) -> pd.DataFrame:
-    return pd.DataFrame(
-        [(p.time, p.busy_gpus, p.queued, p.running, p.gpus) for p in points],
-        columns=["time", "busy_gpus", "queued", "running", "gpus"],
-    )
+def _mean(values: np.ndarray) -> float:
+    """The mean of the values there are (NaN: none), summed as pandas sums them (NaN as 0.0),
+    so that figures stay those pandas gave, to the last bit."""
+    missing = np.isnan(values)
+    if missing.any():
+        values = np.where(missing, 0.0, values)
+    return float(values.sum() / float(len(values) - int(missing.sum())))
+
+
+def _max(values: np.ndarray) -> float:
+    return float(np.max(values[~np.isnan(values)])) if (~np.isnan(values)).any() else np.nan
 
 
 def summarize(
-    jobs: pd.DataFrame, timeline: pd.DataFrame, until: float | None = None,
-    efficiency: pd.DataFrame | None = None, measured: set[str] | None = None,
+    jobs: Table, timeline: Table, until: float | None = None,
+    efficiency: Table | None = None, measured: set[str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Figures of a run. Utilisation counts up to `until` (an interrupted run: where it got to),
     by default up to the last job's end (instants after it, such as a policy's late wake-up,
     are idle time that is not the workload's). With `measured` (Gavel's measurement window),
     the JCT and queueing figures are over those jobs only (`measured_jobs` of them)."""
-    done = jobs[jobs["state"] == "completed"]
-    timed = done if measured is None else done[done["job_id"].isin(measured)]
-    jct = timed["jct"].to_numpy(dtype=float)
-    start = float(jobs["arrival"].min()) if len(jobs) else 0.0
-    end = float(done["end"].max()) if len(done) else start
+    done = jobs.where(jobs["state"] == "completed")
+    timed = done
+    if measured is not None:
+        timed = done.where(np.fromiter((j in measured for j in done["job_id"]), bool, len(done)))
+    jct = timed["jct"]
+    arrivals = jobs["arrival"][~np.isnan(jobs["arrival"])]
+    start = (float(arrivals.min()) if len(arrivals) else np.nan) if len(jobs) else 0.0
+    end = _max(done["end"]) if len(done) else start
     makespan = end - start
-    if until is None and jobs["end"].notna().any():
-        until = float(jobs["end"].max())
+    if until is None and (~np.isnan(jobs["end"])).any():
+        until = _max(jobs["end"])
     # Busy GPU-seconds: the timeline is a step function, each point holding until the next.
-    times = timeline["time"].to_numpy(dtype=float)
+    times = timeline["time"]
     if until is not None:
         times = np.minimum(times, until)
-    busy = timeline["busy_gpus"].to_numpy(dtype=float)
-    gpus = timeline["gpus"].to_numpy(dtype=float)
+    busy = timeline["busy_gpus"].astype(float)
+    gpus = timeline["gpus"].astype(float)
     busy_gpu_seconds = float(np.sum(busy[:-1] * np.diff(times))) if len(times) > 1 else 0.0
     # Against the GPUs actually present (nodes may come and go), over the same span.
     gpu_seconds = float(np.sum(gpus[:-1] * np.diff(times))) if len(times) > 1 else 0.0
-    with_deadline = jobs[jobs["deadline"].notna()]
-    counted = with_deadline[with_deadline["admission"] != "best-effort"]
-    met = int(counted["deadline_met"].astype(bool).sum())
+    with_deadline = jobs.where(~np.isnan(jobs["deadline"]))
+    counted = with_deadline.where(with_deadline["admission"] != "best-effort")
+    met = int(np.count_nonzero(counted["deadline_met"] == True))  # noqa: E712 (None is not)
 
     def q(p: float) -> float | None:
         return float(np.percentile(jct, p)) if len(jct) else None
@@ -171,24 +138,26 @@ def summarize(
     return {
         "jobs": len(jobs),
         "completed": len(done),
-        "failed": int((jobs["state"] == "failed").sum()),
+        "failed": int(np.count_nonzero(jobs["state"] == "failed")),
         "mean_jct": float(jct.mean()) if len(jct) else None,
         "p50_jct": q(50),
         "p95_jct": q(95),
         "p99_jct": q(99),
-        "mean_queueing_delay": float(timed["queueing_delay"].mean()) if len(timed) else None,
+        "mean_queueing_delay": _mean(timed["queueing_delay"]) if len(timed) else None,
         "makespan": makespan,
         "utilization": busy_gpu_seconds / gpu_seconds if gpu_seconds > 0 else 0.0,
         "preemptions": int(jobs["preemptions"].sum()),
         "deadline_jobs": len(with_deadline),
         "deadline_satisfaction": (
-            float(with_deadline["deadline_met"].astype(bool).mean()) if len(with_deadline) else None
+            float(np.count_nonzero(with_deadline["deadline_met"] == True)) / len(with_deadline)  # noqa: E712
+            if len(with_deadline)
+            else None
         ),
         "deadline_satisfactory_ratio": met / len(counted) if len(counted) else None,
         "deadline_met": met,
-        "accepted": int((jobs["admission"] == "accepted").sum()),
-        "declined": int((jobs["admission"] == "declined").sum()),
-        "best_effort": int((jobs["admission"] == "best-effort").sum()),
+        "accepted": int(np.count_nonzero(jobs["admission"] == "accepted")),
+        "declined": int(np.count_nonzero(jobs["admission"] == "declined")),
+        "best_effort": int(np.count_nonzero(jobs["admission"] == "best-effort")),
         "mean_cluster_efficiency": (
             _time_mean(efficiency, "efficiency", end) if efficiency is not None else None
         ),
@@ -202,11 +171,11 @@ THRASHING = 0.5
 jobs ran: it preempts more than it progresses."""
 
 
-def preemption_overhead(jobs: pd.DataFrame, cost_s: float | None) -> dict[str, Any]:
+def preemption_overhead(jobs: Table, cost_s: float | None) -> dict[str, Any]:
     """`preemption_overhead`: the share of the time jobs ran that their preemptions could cost
     (each preemption at most `cost_s`, a checkpoint's lost progress plus a restore), and
     `thrashing` when that is over `THRASHING`. None and False with no preemption cost."""
-    ran = float(jobs["executed_time"].sum())
+    ran = float(np.where(np.isnan(jobs["executed_time"]), 0.0, jobs["executed_time"]).sum())
     if not cost_s or not len(jobs):
         return {"preemption_overhead": None, "thrashing": False}
     cost = float(jobs["preemptions"].sum()) * cost_s
@@ -254,15 +223,15 @@ def save_figure(
 
 
 def plot(
-    jobs: pd.DataFrame, timeline: pd.DataFrame, out: Path, caption: str = "",
-    total: int | None = None, efficiency: pd.DataFrame | None = None,
+    jobs: Table, timeline: Table, out: Path, caption: str = "",
+    total: int | None = None, efficiency: Table | None = None,
 ) -> list[Path]:  # fmt: skip
     """`jct_cdf.png` and `timeline.png`, each captioned with `caption` (what ran); `total`: the
     workload's jobs, when `jobs` holds only some (an interrupted run); `deadlines.png` when jobs
     have deadlines."""
     paths = []
     done = jobs["state"] == "completed"
-    jct = np.sort(jobs.loc[done, "jct"].to_numpy(dtype=float))
+    jct = np.sort(jobs["jct"][done])
     fig, ax = pyplot().subplots(figsize=(7, 4.8))
     if len(jct):
         ranks = thinned_ranks(len(jct))
@@ -277,10 +246,10 @@ def plot(
     paths.append(save_figure(fig, out / "jct_cdf.png", caption))
 
     fig, (top, bottom) = pyplot().subplots(2, 1, figsize=(8, 5.8), sharex=True)
-    busy = (timeline["busy_gpus"] / timeline["gpus"].clip(lower=1)).to_numpy(dtype=float)
-    queued = timeline["queued"].to_numpy(dtype=float)
-    kept = thinned_steps(timeline["time"].to_numpy(dtype=float), [busy, queued])
-    hours = timeline["time"].to_numpy(dtype=float)[kept] / 3600
+    busy = timeline["busy_gpus"] / timeline["gpus"].clip(min=1)
+    queued = timeline["queued"].astype(float)
+    kept = thinned_steps(timeline["time"], [busy, queued])
+    hours = timeline["time"][kept] / 3600
     top.step(hours, busy[kept], where="post")
     top.set_ylabel("GPU utilisation")
     top.set_ylim(0, 1.05)
@@ -291,7 +260,7 @@ def plot(
     for ax in (top, bottom):
         ax.grid(True, alpha=0.3)
     paths.append(save_figure(fig, out / "timeline.png", caption))
-    if jobs["deadline"].notna().any():
+    if (~np.isnan(jobs["deadline"])).any():
         paths.append(plot_deadlines(jobs, efficiency, out / "deadlines.png", caption))
     return paths
 
@@ -333,20 +302,20 @@ def thinned_steps(
 
 
 def plot_deadlines(
-    jobs: pd.DataFrame, efficiency: pd.DataFrame | None, path: Path, caption: str = ""
+    jobs: Table, efficiency: Table | None, path: Path, caption: str = ""
 ) -> Path:
     """Deadline outcomes (met, missed, declined, best-effort) and, if known, cluster efficiency
     over time."""
-    panels = 2 if efficiency is not None and not efficiency.empty else 1
+    panels = 2 if efficiency is not None and len(efficiency) else 1
     fig, axes = pyplot().subplots(1, panels, figsize=(5 + 6 * (panels - 1), 4), squeeze=False)
-    counted = jobs[jobs["admission"] != "best-effort"]
-    admitted = counted[counted["admission"] == "accepted"]
-    met = admitted["deadline_met"].astype(bool)
+    counted = jobs.where(jobs["admission"] != "best-effort")
+    admitted = counted.where(counted["admission"] == "accepted")
+    met = int(np.count_nonzero(admitted["deadline_met"] == True))  # noqa: E712 (None is not)
     outcomes = {
-        "met": int(met.sum()),
-        "missed": int((~met).sum()),
-        "declined": int((counted["admission"] == "declined").sum()),
-        "best-effort": int((jobs["admission"] == "best-effort").sum()),
+        "met": met,
+        "missed": len(admitted) - met,
+        "declined": int(np.count_nonzero(counted["admission"] == "declined")),
+        "best-effort": int(np.count_nonzero(jobs["admission"] == "best-effort")),
     }
     ax = axes[0][0]
     bars = ax.bar(list(outcomes), list(outcomes.values()),
@@ -369,27 +338,26 @@ def plot_deadlines(
 
 
 def write_results(
-    rows: list[tuple[Any, ...]], points: list[TimelinePoint], out: Path,
+    rows: JobRows, points: TimelineRows, out: Path,
     extra: dict[str, Any] | None = None, caption: str = "", until: float | None = None, *,
-    workload: list[JobSpec] | None = None, declined: dict[str, str] | None = None,
-    efficiency: pd.DataFrame | None = None, measured: set[str] | None = None,
+    efficiency: Table | None = None, measured: set[str] | None = None,
     plots: bool = True, node_churn: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
-    """Write every result file into `out` and return the summary: `rows` are the admitted jobs'
-    (`job_row`, in admission order); `caption` says what ran on
+    """Write every result file into `out` and return the summary: `rows` are the jobs' (and
+    `points` the timeline's); `caption` says what ran on
     every plot (`plots=False`: no plots, as in a sweep, whose report draws its own); `until`: an
-    interrupted run's last instant (see `summarize`). With the `workload`, the jobs admission
-    declined get rows too; with `efficiency` (`efficiency_frame`), `efficiency.csv`; with
+    interrupted run's last instant (the jobs that ended by then are counted: see `summarize`).
+    With `efficiency` (`efficiency_frame`), `efficiency.csv`; with
     `measured` (a measurement window), JCT figures are those jobs' (see `summarize`); with
     `node_churn` (nodes came and went: BFTrainer's idle nodes), `idle_node_utilization` and
     `idle_nodes.png`."""
     out.mkdir(parents=True, exist_ok=True)
-    jobs = jobs_frame(rows, workload, declined)
-    timeline = timeline_frame(points)
-    jobs.to_csv(out / "jobs.csv", index=False)
-    timeline.to_csv(out / "timeline.csv", index=False)
+    jobs = rows.table(ended_by=until)
+    timeline = points.table()
+    jobs.write_csv(out / "jobs.csv")
+    timeline.write_csv(out / "timeline.csv")
     if efficiency is not None:
-        efficiency.to_csv(out / "efficiency.csv", index=False)
+        efficiency.write_csv(out / "efficiency.csv")
     summary = {**(extra or {}), **summarize(jobs, timeline, until, efficiency, measured)}
     compute = summary.get("compute_gpu_s")
     if compute is not None and len(timeline):
@@ -409,29 +377,29 @@ def write_results(
 
 
 def idle_node_utilization(
-    timeline: pd.DataFrame, until: float | None, jobs: pd.DataFrame
+    timeline: Table, until: float | None, jobs: Table
 ) -> float | None:
     """Node-time in use over the node-time present (idle nodes, in BFTrainer's replays), from time
     0 (the replay's start) to `until`, by default the last job's end."""
-    if until is None and jobs["end"].notna().any():
-        until = float(jobs["end"].max())
-    if until is None or timeline.empty or until <= 0:
+    if until is None and (~np.isnan(jobs["end"])).any():
+        until = _max(jobs["end"])
+    if until is None or not len(timeline) or until <= 0:
         return None
-    times = np.minimum(np.append(timeline["time"].to_numpy(dtype=float), until), until)
+    times = np.minimum(np.append(timeline["time"], until), until)
     times = np.maximum(times, 0.0)
     spans = np.diff(times)
-    present = float(np.sum(timeline["gpus"].to_numpy(dtype=float) * spans))
-    used = float(np.sum(timeline["busy_gpus"].to_numpy(dtype=float) * spans))
+    present = float(np.sum(timeline["gpus"].astype(float) * spans))
+    used = float(np.sum(timeline["busy_gpus"].astype(float) * spans))
     return used / present if present > 0 else None
 
 
 def plot_node_churn(
-    timeline: pd.DataFrame, path: Path, caption: str, summary: dict[str, Any]
+    timeline: Table, path: Path, caption: str, summary: dict[str, Any]
 ) -> Path:
     """Idle nodes and the nodes jobs use, over time; below, running and queued jobs."""
     fig, (top, bottom) = pyplot().subplots(2, 1, figsize=(9, 6), sharex=True,
                                            gridspec_kw={"height_ratios": [2, 1]})  # fmt: skip
-    hours = timeline["time"].to_numpy(dtype=float) / 3600
+    hours = timeline["time"] / 3600
     top.fill_between(hours, timeline["gpus"], step="post", color="0.85", label="idle nodes")
     top.step(hours, timeline["busy_gpus"], where="post", color="tab:blue", lw=0.8,
              label="nodes in use")  # fmt: skip

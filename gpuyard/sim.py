@@ -7,9 +7,9 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 import numpy as np
@@ -18,7 +18,8 @@ from msgspec import Struct
 from gpuyard.embedded import EmbeddedNats
 from gpuyard.launcher import ServiceSet
 from gpuyard.ops import read_events, show_policies
-from gpuyard.report import JOB_COLUMNS, JobRun, efficiency_frame, job_row, write_results
+from gpuyard.report import JobRun, efficiency_frame, write_results
+from gpuyard.results import JobRows, Table, TimelineRows, job_rows
 from gpuyard.services.simclock.service import (
     PreemptionCost,
     RestartCost,
@@ -34,7 +35,6 @@ from gpuyard.shared.contract import (
     Progress,
     RunRequest,
     ServiceStats,
-    TimelinePoint,
 )
 from gpuyard.shared.endpoints import (
     FINISHED,
@@ -50,6 +50,8 @@ from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.identity import ANONYMOUS
 from gpuyard.shared.model import ClusterSpec, JobRecord, JobSpec
 from gpuyard.shared.throughput import load_throughputs
+
+T = TypeVar("T")
 
 RETRY_FOR_S = 60.0
 """Durable runs: how long a call is sent again while its callee restarts."""
@@ -208,7 +210,7 @@ def elasticflow_options(
 class SimResult(Struct, kw_only=True):
     summary: dict[str, Any]
     jobs: list[JobRecord]
-    timeline: list[TimelinePoint]
+    timeline: Table
     wall_s: float
     stats: list[ServiceStats]
 
@@ -295,14 +297,33 @@ def write_options(options: SimOptions, out: Path, workload: dict[str, Any] | Non
 
 
 async def fetch_pages(bus: Bus, endpoint: Endpoint[PageQuery, Any], field: str) -> list[Any]:
-    """Every item of a paged endpoint (`sched.jobs`, `clock.timeline`)."""
+    """Every item of a paged endpoint (`sched.jobs`)."""
     items: list[Any] = []
-    while True:
-        page = await bus.call(endpoint, PageQuery(offset=len(items)))
-        batch = getattr(page, field)
+    async for batch in pages_of(bus, endpoint, field):
         items += batch
-        if not batch or len(items) >= page.total:
-            return items
+    return items
+
+
+async def fetch_timeline(bus: Bus) -> TimelineRows:
+    """The clock's timeline, in columns as its pages come."""
+    points = TimelineRows()
+    async for batch in pages_of(bus, TIMELINE, "points"):
+        points.extend(batch)
+    return points
+
+
+async def pages_of(
+    bus: Bus, endpoint: Endpoint[PageQuery, Any], field: str
+) -> AsyncIterator[list[Any]]:
+    """The items of a paged endpoint, a page at a time."""
+    count = 0
+    while True:
+        page = await bus.call(endpoint, PageQuery(offset=count))
+        batch = getattr(page, field)
+        count += len(batch)
+        yield batch
+        if not batch or count >= page.total:
+            return
 
 
 def ran_options(options: SimOptions, ran: dict[str, PolicyInfo | str]) -> SimOptions:
@@ -398,8 +419,8 @@ class TakenJobs:
     def __init__(self, bus: Bus, keep_records: bool) -> None:
         self.bus = bus
         self.keep_records = keep_records
-        self.rows: list[tuple[int, tuple[Any, ...]]] = []
-        """(admission order, row) of each job taken."""
+        self.rows = JobRows()
+        """The row of each job taken."""
         self.records: list[JobRecord] = []
         self.taken = 0
         self.forgotten = 0
@@ -413,11 +434,11 @@ class TakenJobs:
             page = await self.bus.call(FINISHED, FinishedQuery(taken=self.taken, limit=5000))
             self.forgets = page.forgets
             if not page.forgets:
-                self.rows, self.records = [], []  # (its pages of every job will give them)
+                self.rows, self.records = JobRows(), []  # (its pages of every job give them)
                 return
             self.forgotten = self.taken
             for record in page.jobs:
-                self.rows.append((record.seq, job_row(record)))
+                self.rows.add(record)
                 if self.keep_records:
                     self.records.append(record)
             self.taken += len(page.jobs)
@@ -436,55 +457,54 @@ class TakenJobs:
 
     def with_the_rest(
         self, rest: list[JobRecord]
-    ) -> tuple[list[tuple[Any, ...]], list[JobRecord]]:
-        """Every job's row, in admission order, and (`keep_records`) its record: those taken and
+    ) -> tuple[JobRows, list[JobRecord]]:
+        """Every job's row and (`keep_records`) its record, in admission order: those taken and
         `rest`, the scheduler's list of those it did not forget (or of every job)."""
         if not self.forgets:
-            return [job_row(r) for r in rest], rest if self.keep_records else []
-        listed_too = {row[0] for _, row in self.rows[self.forgotten :]}
+            return job_rows(rest), rest if self.keep_records else []
+        listed_too = set(self.rows.job_ids(self.forgotten))
         rest = [r for r in rest if r.job_id not in listed_too]
-        rows = sorted([*self.rows, *((r.seq, job_row(r)) for r in rest)], key=lambda sr: sr[0])
+        for record in rest:
+            self.rows.add(record)
         records: list[JobRecord] = []
         if self.keep_records:
             records = sorted([*self.records, *rest], key=lambda r: r.seq)
-        return [row for _, row in rows], records
+        return self.rows, records
 
 
 async def collect_partial(
     bus: Bus, subjects: Subjects, taken: TakenJobs, within_s: float = 30.0, *,
     durable: bool = False,
-) -> tuple[list[tuple[Any, ...]], list[JobRecord], list[TimelinePoint], float]:  # fmt: skip
+) -> tuple[JobRows, list[JobRecord], TimelineRows, float]:  # fmt: skip
     """What an interrupted run got to: the timeline so far, the jobs that had ended by its last
-    instant (the clock may still be moving while we ask: their rows, and records where `taken`
-    keeps them), and that instant. Whichever of the two a dead service cannot give (the timeline
-    is the clock's, the jobs the scheduler's), the other still is, and the jobs taken before
+    instant (the clock may still be moving while we ask: their rows, among which `write_results`
+    counts those that ended by then, and records where `taken` keeps them), and that instant.
+    Whichever of the two a dead service cannot give (the timeline is the clock's, the jobs the
+    scheduler's), the other still is, and the jobs taken before
     always are (all there is when the server is gone: a sweep's private server with its sweep);
     a `durable` run's jobs are read from the scheduler's bucket then."""
 
-    async def pages(endpoint: Endpoint[PageQuery, Any], field: str) -> list[Any] | None:
+    async def within(fetch: Awaitable[T]) -> T | None:
         try:
             async with asyncio.timeout(within_s):
-                return await fetch_pages(bus, endpoint, field)
+                return await fetch
         except (TimeoutError, RemoteError):
             return None
 
-    points: list[TimelinePoint] = []
+    points = TimelineRows()
     listed: list[JobRecord] | None = None
     if bus.nc.is_connected:
-        points = await pages(TIMELINE, "points") or []
+        points = await within(fetch_timeline(bus)) or TimelineRows()
         if taken.forgets:
             with contextlib.suppress(TimeoutError, RemoteError):
                 async with asyncio.timeout(within_s):
                     await taken.take(forget_all=True)
-        listed = await pages(JOBS, "jobs")
+        listed = await within(fetch_pages(bus, JOBS, "jobs"))
         if listed is None and durable:
             listed = await stored_jobs(bus, within_s)
     rows, records = taken.with_the_rest(listed or [])
-    end = JOB_COLUMNS.index("end")
-    ends = [row[end] for row in rows if row[end] is not None]
     # (no timeline: the clock is dead, and stopped where the last job it saw end ended)
-    reached = points[-1].time if points else max(ends, default=0.0)
-    rows = [row for row in rows if row[end] is not None and row[end] <= reached]
+    reached = points.last_time() if len(points) else rows.last_end()
     records = [r for r in records if r.end_time is not None and r.end_time <= reached]
     return rows, records, points, reached
 
@@ -635,7 +655,7 @@ async def simulate(
             if taken.forgets is not False:
                 await taken.take(forget_all=True)
             rows, records = taken.with_the_rest(await fetch_pages(bus, JOBS, "jobs"))
-            points = await fetch_pages(bus, TIMELINE, "points")
+            points = await fetch_timeline(bus)
             stats = [
                 await bus.call(STATS, Empty(), svc=token)
                 for token in ("clock", "adm", "sched", "place")
@@ -681,7 +701,8 @@ async def simulate(
         # `--policy` named the scheme: comparisons list runs by it
         extra |= {"policy": options.elasticflow, "scheme": options.elasticflow,
                   "scheduling_policy": options.policy}  # fmt: skip
-        deadlines = {"workload": jobs, "declined": declined, "efficiency": efficiency}
+        rows.add_declined(jobs, declined)
+        deadlines = {"efficiency": efficiency}
     if options.window is not None:
         first, end = options.window
         in_order = sorted(jobs, key=lambda spec: spec.submit_time or 0.0)  # as the simclock
@@ -710,7 +731,7 @@ async def simulate(
     if interrupted is not None:
         raise interrupted
     kept = records if keep_jobs else []
-    return SimResult(summary=summary, jobs=kept, timeline=points, wall_s=wall, stats=stats)
+    return SimResult(summary=summary, jobs=kept, timeline=points.table(), wall_s=wall, stats=stats)
 
 
 def write_stats(stats: list[ServiceStats], out: Path) -> None:

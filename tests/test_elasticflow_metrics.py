@@ -9,16 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpuyard.report import (
-    efficiency_frame,
-    job_row,
-    jobs_frame,
-    summarize,
-    thinned_ranks,
-    thinned_steps,
-    timeline_frame,
-    write_results,
-)
+from gpuyard.report import efficiency_frame, summarize, thinned_ranks, thinned_steps, write_results
+from gpuyard.results import Table, TimelineRows, job_rows, timeline_table
 from gpuyard.shared.model import GpuRef, JobRecord, JobSpec
 from gpuyard.shared.throughput import ElasticFlowThroughputs
 
@@ -42,16 +34,18 @@ def test_declined_jobs_count_against_the_ratio():
     workload = [r.spec for r in records] + [
         JobSpec(job_id="no", num_gpus=1, deadline=10.0, submit_time=3.0)
     ]
-    jobs = jobs_frame([job_row(r) for r in records], workload, {"no": "cannot meet its deadline"})
+    rows = job_rows(records)
+    rows.add_declined(workload, {"no": "cannot meet its deadline"})
+    jobs = rows.table()
     assert list(jobs["admission"]) == ["accepted", "accepted", "best-effort", "declined"]
-    no = jobs.set_index("job_id").loc["no"]
-    assert (no["state"], no["reason"], no["arrival"], no["deadline_met"]) == (
+    no = list(jobs["job_id"]).index("no")
+    assert tuple(jobs[c][no] for c in ("state", "reason", "arrival", "deadline_met")) == (
         "declined",
         "cannot meet its deadline",
         3.0,
         False,
     )
-    summary = summarize(jobs, timeline_frame([]))
+    summary = summarize(jobs, timeline_table([]))
     assert (summary["accepted"], summary["declined"], summary["best_effort"]) == (2, 1, 1)
     assert summary["deadline_met"] == 1
     assert summary["deadline_satisfactory_ratio"] == pytest.approx(1 / 3)  # best effort not counted
@@ -65,19 +59,18 @@ def test_cluster_efficiency_is_throughput_over_single_gpu_throughput_per_gpu():
     frame = efficiency_frame(runs, {"a": "toy@64", "b": "toy@64"}, MODEL, {"n0": "a100"}, 8)
     assert list(frame["time"]) == [0.0, 10.0, 20.0, 40.0]
     assert list(frame["efficiency"]) == pytest.approx([1.5 / 8, 3.5 / 8, 2.0 / 8, 0.0])
-    jobs = jobs_frame([job_row(record("a", 40.0, None))])
-    assert summarize(jobs, timeline_frame([]), efficiency=frame)["mean_cluster_efficiency"] == pytest.approx(
+    jobs = job_rows([record("a", 40.0, None)]).table()
+    assert summarize(jobs, timeline_table([]), efficiency=frame)["mean_cluster_efficiency"] == pytest.approx(
         (1.5 * 10 + 3.5 * 10 + 2.0 * 20) / 8 / 40
     )
 
 
 def test_write_results_adds_the_deadline_files(tmp_path: Path):
     records = [record("met", 50.0, 100.0)]
-    frame = pd.DataFrame({"time": [0.0, 50.0], "efficiency": [0.5, 0.0]})
-    summary = write_results(
-        [job_row(r) for r in records], [], tmp_path, workload=[r.spec for r in records],
-        efficiency=frame, caption="t",
-    )
+    frame = Table({"time": np.array([0.0, 50.0]), "efficiency": np.array([0.5, 0.0])})
+    rows = job_rows(records)
+    rows.add_declined([r.spec for r in records], {})
+    summary = write_results(rows, TimelineRows(), tmp_path, efficiency=frame, caption="t")
     assert summary["deadline_satisfactory_ratio"] == 1.0
     assert (tmp_path / "efficiency.csv").exists() and (tmp_path / "deadlines.png").exists()
     assert pd.read_csv(tmp_path / "jobs.csv")["admission"].tolist() == ["accepted"]

@@ -146,7 +146,9 @@ async def test_rounds_mode_tells_a_rounds_arrivals_and_exits_together(
     assert [by_id[j].admit_time for j in "abcdef"] == [5.0, 10.0, 20.0, 160.0, 170.0, 180.0]
     assert [by_id[j].first_start for j in "abcdef"] == [100.0] * 3 + [200.0] * 3
     assert [by_id[j].end_time for j in "abcdef"] == [120.0, 130.0, 600.0, 210.0, 210.0, 210.0]
-    points = [(p.time, p.busy_gpus, p.queued, p.running) for p in result.timeline]
+    t = result.timeline
+    points = list(zip(t["time"].tolist(), t["busy_gpus"].tolist(), t["queued"].tolist(),
+                      t["running"].tolist(), strict=True))  # fmt: skip
     assert points == [
         (5.0, 0, 1, 0), (10.0, 0, 2, 0), (20.0, 0, 3, 0), (100.0, 4, 0, 3),
         (120.0, 2, 0, 2), (130.0, 1, 0, 1), (160.0, 1, 1, 1), (170.0, 1, 2, 1), (180.0, 1, 3, 1),
