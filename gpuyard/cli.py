@@ -829,8 +829,9 @@ def replay_from_args(args: argparse.Namespace, workload: Any) -> tuple[Any, Any]
     start = parse_start(args.start) if args.start is not None else None
     nodes = load_node_list(args.nodes_from) if args.nodes_from is not None else None
     origin = start if isinstance(start, dt.datetime) else None
-    if "Tsub" in workload.extras.columns:  # BFTrainer: line node and job times up
-        first = pd.to_datetime(workload.extras["Tsub"]).min().to_pydatetime()
+    extras = workload.extras
+    if extras is not None and "Tsub" in extras.columns:  # BFTrainer: line node and job times up
+        first = pd.to_datetime(extras["Tsub"]).min().to_pydatetime()
         if origin is None:
             origin = first
         shift = (first - origin).total_seconds()

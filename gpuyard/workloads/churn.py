@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from .core import WorkloadError
+
+if TYPE_CHECKING:  # (imported where a file is read: a generated workload needs none)
+    import pandas as pd
 
 
 def load_node_events(
@@ -29,6 +32,8 @@ def load_node_events(
 ) -> pd.DataFrame:
     """Events as a DataFrame `time` (s), `node`, `up` (bool), sorted by time (file order on ties);
     only those of `nodes` if given (read first: BFTrainer's log has 850,000 lines)."""
+    import pandas as pd
+
     # pandas' own reader, not pyarrow's: its thread pool, left running as the process ends (on
     # a bad file's one-line error, say), could abort it ("terminate called without an active
     # exception"); BFTrainer's 850,000 lines take 0.3 s instead of 0.1-0.2.
@@ -97,6 +102,8 @@ def replay_events(events: pd.DataFrame, nodes: list[str] | None = None) -> pd.Da
     """The events of a replay that starts at time 0 (see the module docstring): each node of
     `nodes` (all if None) up at 0 if its last event at or before 0 left it idle, then only the
     events after 0 that change its state. Sorted by time, file order on ties."""
+    import pandas as pd
+
     if nodes is not None:
         events = events[events["node"].isin(set(nodes))]
     before = events[events["time"] <= 0].groupby("node", sort=False).tail(1)

@@ -16,18 +16,21 @@ import gc
 import json
 import math
 import re
+import sys
 import tomllib
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
-import pandas as pd
 
 from gpuyard.shared.model import JobSpec
+
+if TYPE_CHECKING:  # (imported where a frame is made: a generated workload needs none)
+    import pandas as pd
 
 JOB_FIELDS: tuple[str, ...] = JobSpec.__struct_fields__
 """JobSpec field names, in declaration order: the columns of `to_frame` and of our CSV format."""
@@ -102,15 +105,15 @@ class Workload:
     """Validated jobs plus what the source had beyond JobSpec.
 
     - `jobs`: every job has a unique str `job_id` and a `submit_time` (seconds).
-    - `extras`: DataFrame indexed by job_id with source columns that have no JobSpec slot (may have
-      no columns).
+    - `extras`: DataFrame indexed by job_id with source columns that have no JobSpec slot, or None
+      when the source has none.
     - `source`: the file (or generator call) it came from; `format`: the format name.
     - `skipped`: how many rows were skipped (only with `skip_bad=True`); `skip_reasons`: one
       `WorkloadError` message per skipped row.
     """
 
     jobs: list[JobSpec]
-    extras: pd.DataFrame = field(default_factory=pd.DataFrame)
+    extras: pd.DataFrame | None = None
     source: str = ""
     format: str = ""
     skipped: int = 0
@@ -134,7 +137,7 @@ class Workload:
     def to_frame(self, with_extras: bool = True) -> pd.DataFrame:
         """JobSpec columns (see `to_frame`), joined with `extras` when asked."""
         df = to_frame(self.jobs)
-        if with_extras and len(self.extras.columns):
+        if with_extras and self.extras is not None and len(self.extras.columns):
             ex = self.extras.rename(columns=lambda c: f"{c}_extra" if c in df.columns else c)
             df = df.join(ex, on="job_id")
         return df
@@ -183,17 +186,22 @@ def describe(jobs: Iterable[JobSpec]) -> dict[str, Any]:
 
 def to_frame(jobs: Iterable[JobSpec]) -> pd.DataFrame:
     """One row per job, one column per JobSpec field (`JOB_FIELDS`), unset optionals as NaN/None."""
+    import pandas as pd
+
     jobs = list(jobs)
     cols: dict[str, list[Any]] = {name: [getattr(j, name) for j in jobs] for name in JOB_FIELDS}
     return pd.DataFrame(cols, columns=list(JOB_FIELDS))
 
 
 def _missing(v: Any) -> bool:
-    if v is None or v is pd.NA:
+    if v is None:
         return True
     if isinstance(v, float):
         return math.isnan(v)
-    return isinstance(v, str) and v == ""
+    if isinstance(v, str):
+        return v == ""
+    pd = sys.modules.get("pandas")  # (pandas' NA comes only from a frame pandas made)
+    return pd is not None and v is pd.NA
 
 
 def numeric_column(
@@ -210,6 +218,8 @@ def numeric_column(
 
     Returns the parsed values; bad cells are NaN. `integer` additionally rejects fractional values.
     """
+    import pandas as pd
+
     if pd.api.types.is_numeric_dtype(raw.dtype) and not pd.api.types.is_bool_dtype(raw.dtype):
         values = raw.to_numpy(dtype="float64", na_value=np.nan)
         unparsable = np.zeros(len(values), dtype=bool)
@@ -327,9 +337,10 @@ def build_jobs(
     errors = sorted([*broken, *bad.values()], key=lambda e: (e.line is None, e.line or 0))
     if errors and not skip_bad:
         raise BrokenRows(errors)
-    ex = pd.DataFrame(index=pd.Index([j.job_id for j in unique_jobs], name="job_id"))
+    ex = None
     if extras is not None and len(extras.columns):
-        ex = extras.iloc[unique_keep].set_axis(ex.index, axis=0)
+        index = [j.job_id for j in unique_jobs]
+        ex = extras.iloc[unique_keep].set_axis(index, axis=0).rename_axis("job_id")
     return Workload(
         jobs=unique_jobs,
         extras=ex,

@@ -52,12 +52,14 @@ import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from gpuyard.shared.throughput import ThroughputModel
+
+if TYPE_CHECKING:  # (imported where a file is read: a generated workload needs none)
+    import pandas as pd
 
 from .core import (
     JOB_FIELDS,
@@ -126,6 +128,8 @@ def read_table(
     or skipped and counted with `skip_bad`); blank lines are ignored; too few fields leave empty cells that the field checks
     report.
     """
+    import pandas as pd
+
     header = 0 if names is None else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", pd.errors.ParserWarning)
@@ -223,6 +227,8 @@ def load_gavel_trace(
     path: str | Path, *, throughputs: ThroughputModel | None = None, skip_bad: bool = False
 ) -> Workload:
     """Gavel's 10-field tab-separated `.trace` (see module docstring for the mapping)."""
+    import pandas as pd
+
     t = read_table(
         path,
         sep="\t",
@@ -373,6 +379,8 @@ def load_elasticflow(
 
 def load_bftrainer(path: str | Path, *, skip_bad: bool = False) -> Workload:
     """BFTrainer job bounds (`*-Jbnd-*.csv`); node counts go into the GPU fields (docstring)."""
+    import pandas as pd
+
     t = read_table(
         path, required=BFTRAINER_FIELDS, dtype={"job": str, "Tsub": str}, skip_bad=skip_bad
     )
@@ -498,6 +506,8 @@ def load_philly(
     submit times here are the trace's own.
     extras: status, vc, queueing_delay (first start - submit).
     """
+    import pandas as pd
+
     if semantics not in ("blox", "plain"):
         raise ValueError(f"semantics must be 'blox' or 'plain', not {semantics!r}")
     try:
@@ -609,6 +619,8 @@ def _philly_rows(
 
 def load_native(path: str | Path, *, skip_bad: bool = False) -> Workload:
     """Our CSV (or Parquet, with pyarrow): columns are JobSpec field names."""
+    import pandas as pd
+
     path = Path(path)
     if path.suffix == ".parquet":
         _need_pyarrow()

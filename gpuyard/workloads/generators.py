@@ -31,7 +31,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from gpuyard.shared.model import JobSpec
 from gpuyard.shared.throughput import ThroughputModel
@@ -204,6 +203,8 @@ def gavel(
         columns["deadline"] = (arrival + slo_factor * duration).tolist()
     if throughputs is not None:
         columns["total_steps"] = _steps(throughputs, job_types, sf, duration)
+    import pandas as pd
+
     extras = pd.DataFrame({"SLO": slo_factor})
     w = build_jobs(columns, n_jobs, path=None, extras=extras, fmt="gavel")
     return _named(
@@ -273,6 +274,8 @@ def elasticflow(
     }
     if throughputs is not None:
         columns["total_steps"] = _steps(throughputs, job_types, gpus, duration)
+    import pandas as pd
+
     extras = pd.DataFrame({"model_name": models, "batch_size": batches})
     w = build_jobs(columns, n_jobs, path=None, extras=extras, fmt="elasticflow")
     return _named(w, f"elasticflow(n_jobs={n_jobs}, mean_gap_s={mean_gap_s}, seed={seed})")
@@ -296,7 +299,6 @@ def poisson_arrivals(
     ]
     return Workload(
         jobs=out,
-        extras=pd.DataFrame(index=pd.Index([j.job_id for j in out], name="job_id")),
         source=f"poisson_arrivals(n_jobs={n_jobs}, jobs_per_hour={jobs_per_hour}, seed={seed})",
         format="gpuyard",
     )
