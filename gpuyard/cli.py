@@ -642,13 +642,9 @@ def cmd_sim(args: argparse.Namespace) -> int:
         return cmd_compare(args, policies, loads, seeds)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        options, workload, described = sim_setup(args, external, load=loads[0], seed=seeds[0])
+        options, workload, described = written_setup(args, external, load=loads[0], seed=seeds[0])
     except (ValueError, OSError, msgspec.ValidationError, WorkloadError) as exc:
         return fail("sim", exc)
-    if workload.skipped:
-        print(f"gpuyard sim: {skipped_lines(workload)}", file=sys.stderr)
-    if philly_line(described):
-        print(f"gpuyard sim: {philly_line(described)}", file=sys.stderr)
     log = open(args.out / "services.log", "a")  # noqa: SIM115 (open for the whole run)
     configure_logging(args.log_level, log)
     library_logs_to(log)
@@ -658,7 +654,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
             stop_on_signals(
                 simulate(
                     options,
-                    workload.jobs,
+                    workload,
                     args.out,
                     nats_url=args.nats,
                     cluster_name=args.cluster,
@@ -686,6 +682,22 @@ def cmd_sim(args: argparse.Namespace) -> int:
         print(f"gpuyard sim: warning: {thrashing_line(result.summary)}", file=sys.stderr)
     print(f"results in {args.out}/", file=sys.stderr)
     return 0
+
+
+def written_setup(
+    args: argparse.Namespace, external: frozenset[str], *, load: float | None, seed: int | None
+) -> tuple[Any, Any, dict[str, Any]]:
+    """`sim_setup`'s run with its workload written into `args.out` (`sim.WrittenWorkload`): the
+    jobs leave this process's memory before the run starts (the clock reads them from the file).
+    Says on stderr what was skipped, and how a Philly trace was read."""
+    from gpuyard.sim import written_workload
+
+    options, workload, described = sim_setup(args, external, load=load, seed=seed)
+    if workload.skipped:
+        print(f"gpuyard sim: {skipped_lines(workload)}", file=sys.stderr)
+    if philly_line(described):
+        print(f"gpuyard sim: {philly_line(described)}", file=sys.stderr)
+    return options, written_workload(workload.jobs, args.out), described
 
 
 def first_run(args: argparse.Namespace, policy: str) -> argparse.Namespace:

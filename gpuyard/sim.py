@@ -26,6 +26,7 @@ from gpuyard.services.simclock.service import (
     SimClockConfig,
     write_workload,
 )
+from gpuyard.services.simclock.workload import read_workload
 from gpuyard.shared.connection import Bus, NatsAuth, connect
 from gpuyard.shared.contract import (
     Empty,
@@ -279,15 +280,32 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
     }
 
 
-def prepare_run(
-    options: SimOptions, jobs: list[JobSpec], out: Path, workload: dict[str, Any] | None = None
-) -> Path:
-    """The output folder with the exact workload and options of the run; the workload's path."""
+class WrittenWorkload(Struct, frozen=True):
+    """A run's jobs as written into its folder (`workload.jsonl`, which the clock reads), so that
+    the driver of a long replay holds none of them while it runs."""
+
+    path: Path
+    jobs: int
+
+    def specs(self) -> list[JobSpec]:
+        """The jobs, read again, in the order they were written."""
+        return read_workload(str(self.path))
+
+
+def written_workload(jobs: list[JobSpec], out: Path) -> WrittenWorkload:
     out.mkdir(parents=True, exist_ok=True)
-    workload_path = out / "workload.jsonl"
-    write_workload(jobs, workload_path)
+    write_workload(jobs, out / "workload.jsonl")
+    return WrittenWorkload(out / "workload.jsonl", len(jobs))
+
+
+def prepare_run(
+    options: SimOptions, jobs: list[JobSpec] | WrittenWorkload, out: Path,
+    workload: dict[str, Any] | None = None,
+) -> WrittenWorkload:  # fmt: skip
+    """The output folder with the exact workload and options of the run."""
+    written = jobs if isinstance(jobs, WrittenWorkload) else written_workload(jobs, out)
     write_options(options, out, workload)
-    return workload_path
+    return written
 
 
 def write_options(options: SimOptions, out: Path, workload: dict[str, Any] | None) -> None:
@@ -563,7 +581,7 @@ def _ended(code: int) -> str:
 
 async def simulate(
     options: SimOptions,
-    jobs: list[JobSpec],
+    jobs: list[JobSpec] | WrittenWorkload,
     out: Path,
     *,
     nats_url: str | None = None,
@@ -580,7 +598,8 @@ async def simulate(
     lost_after_s: float = 5.0,
     keep_jobs: bool = True,
 ) -> SimResult:
-    """Run one simulation and write its results into `out`. Without `nats_url`, on a private server.
+    """Run one simulation of `jobs` (or of those `written_workload` wrote into `out`) and write its
+    results into `out`. Without `nats_url`, on a private server.
 
     `external` names services already running on the server (e.g. in their own containers) for
     this cluster namespace: they are used as they are, with their own policies. Every run asks
@@ -599,13 +618,14 @@ async def simulate(
     raises CancelledError. So it does, raising ServiceLost (naming it), when a service process
     (`processes=True`) dies and is not started again within `lost_after_s` seconds.
     """
-    workload_path = await asyncio.to_thread(prepare_run, options, jobs, out, workload)
+    written = await asyncio.to_thread(prepare_run, options, jobs, out, workload)
+    del jobs  # (a long replay's jobs live in their file and in the clock from here on)
     started = time.perf_counter()
     interrupted: asyncio.CancelledError | ServiceLost | None = None
     async with contextlib.AsyncExitStack() as stack:
         url = nats_url or await stack.enter_async_context(EmbeddedNats(runs=1))
         subjects = Subjects(cluster_name)
-        configs = service_configs(options, workload_path)
+        configs = service_configs(options, written.path)
         services = ServiceSet(
             url, cluster_name, {k: v for k, v in configs.items() if k not in external},
             processes=processes, log_file=out / "services.log", log_level=log_level,
@@ -682,7 +702,7 @@ async def simulate(
         "min_run_s": options.min_run_s,
         "simulated_s": reached,
         "wall_s": round(wall, 3),
-        "jobs_in_workload": len(jobs),  # (jobs admission rejected have no record)
+        "jobs_in_workload": written.jobs,  # (jobs admission rejected have no record)
     }
     if interrupted is None:
         extra["instants"] = final.instants
@@ -701,11 +721,11 @@ async def simulate(
         # `--policy` named the scheme: comparisons list runs by it
         extra |= {"policy": options.elasticflow, "scheme": options.elasticflow,
                   "scheduling_policy": options.policy}  # fmt: skip
-        rows.add_declined(jobs, declined)
+        rows.add_declined(written.specs(), declined)
         deadlines = {"efficiency": efficiency}
     if options.window is not None:
         first, end = options.window
-        in_order = sorted(jobs, key=lambda spec: spec.submit_time or 0.0)  # as the simclock
+        in_order = sorted(written.specs(), key=lambda spec: spec.submit_time or 0.0)  # as the clock
         deadlines["measured"] = {spec.job_id for spec in in_order[first:end]}
         extra["window"] = [first, end]
     caption = f"{policies_label(options)}\n{labels['workload']}; cluster {labels['cluster']}"
@@ -725,7 +745,7 @@ async def simulate(
     if isinstance(interrupted, ServiceLost):
         raise ServiceLost(
             f"{interrupted}: stopped at t = {reached / 3600:,.1f} h simulated, "
-            f'{summary["completed"]:,} of {len(jobs):,} jobs completed; partial results '
+            f'{summary["completed"]:,} of {written.jobs:,} jobs completed; partial results '
             f'("partial": true) in {out}/'
         )
     if interrupted is not None:

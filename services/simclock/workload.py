@@ -14,6 +14,13 @@ from gpuyard.shared.model import JobSpec
 
 def load_workload(path: str) -> list[JobSpec]:
     """Job specs from JSON lines, in arrival order; an error names the file, line and field."""
+    jobs = read_workload(path)
+    jobs.sort(key=lambda s: s.submit_time or 0.0)  # stable: file order breaks ties
+    return jobs
+
+
+def read_workload(path: str) -> list[JobSpec]:
+    """Job specs from JSON lines, in the file's order (see `load_workload`)."""
     decoder = msgspec.json.Decoder(JobSpec)
     jobs: list[JobSpec] = []
     with open(path, "rb") as f:
@@ -29,7 +36,6 @@ def load_workload(path: str) -> list[JobSpec]:
             if spec.duration is None and spec.total_steps is None:
                 raise BadRequest(f"{path}:{lineno}: a simulated job needs duration or total_steps")
             jobs.append(spec)
-    jobs.sort(key=lambda s: s.submit_time or 0.0)  # stable: file order breaks ties
     return jobs
 
 
