@@ -98,10 +98,11 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     least this long before a decision may stop it; 0: off."""
     churn_node_gpus: int = 1
     churn_node_type: str = "gpu"
-    event_storage: Literal["file", "memory", "none"] = "memory"
-    """Where the run's event stream is kept (a simulation's events are usually read right away);
-    "none": published, not stored (a sweep's runs, whose streams went with them; ElasticFlow's
-    results are read from the stream, so its runs keep it)."""
+    event_storage: Literal["file", "memory", "none"] = "file"
+    """Where the run's event stream is kept: on the server's disk (a private server's goes with
+    it), not in its memory, where a million-job replay's events take some 2 GB; "none":
+    published, not stored (a sweep's runs, whose streams went with them; ElasticFlow's results
+    are read from the stream, so its runs keep it)."""
     durable: bool = False
     """Admission, scheduler and placement keep their state in JetStream key-value buckets, as on a
     real cluster (slower; use a cluster name not used before on that server). The services' calls
