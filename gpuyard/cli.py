@@ -602,7 +602,12 @@ def warn_policies(options: Any, ran: dict[str, Any]) -> None:
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
+    import uvloop
+
     from gpuyard.cliopts import checked_subjects, checked_url, run_command
+    from gpuyard.report import format_summary, thrashing_line
+    from gpuyard.shared.logs import configure_logging
+    from gpuyard.sim import ProgressBar, simulate
     from gpuyard.workloads import WorkloadError
 
     try:
@@ -635,30 +640,9 @@ def cmd_sim(args: argparse.Namespace) -> int:
         except (ValueError, OSError, msgspec.ValidationError, WorkloadError) as exc:
             return fail("sim", exc)
         return cmd_compare(args, policies, loads, seeds)
-    from gpuyard.plotter import Plotter
-
-    plotter = Plotter()  # (it imports matplotlib while this process sets the run up and runs it)
-    try:
-        return one_sim(args, external, loads[0], seeds[0], plotter)
-    finally:
-        plotter.close()
-
-
-def one_sim(
-    args: argparse.Namespace, external: frozenset[str], load: float | None, seed: int | None,
-    plotter: Any,
-) -> int:  # fmt: skip
-    """`gpuyard sim`'s run when it is one run, its figures drawn by `plotter`."""
-    import uvloop
-
-    from gpuyard.report import format_summary, thrashing_line
-    from gpuyard.shared.logs import configure_logging
-    from gpuyard.sim import ProgressBar, simulate
-    from gpuyard.workloads import WorkloadError
-
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        options, workload, described = written_setup(args, external, load=load, seed=seed)
+        options, workload, described = written_setup(args, external, load=loads[0], seed=seeds[0])
     except (ValueError, OSError, msgspec.ValidationError, WorkloadError) as exc:
         return fail("sim", exc)
     log = open(args.out / "services.log", "a")  # noqa: SIM115 (open for the whole run)
@@ -683,7 +667,6 @@ def one_sim(
                     workload=described,
                     on_policies=lambda ran: warn_policies(options, ran),
                     keep_jobs=False,  # (the summary is all it shows)
-                    plotter=plotter,
                 )
             )
         )

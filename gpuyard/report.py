@@ -28,8 +28,6 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.axes import Axes
 
-    from gpuyard.plotter import Plotter
-
 _PYPLOT = threading.Lock()
 """pyplot is not thread-safe: simulations in one process write their results one at a time."""
 
@@ -250,7 +248,7 @@ def plot(
     fig, (top, bottom) = pyplot().subplots(2, 1, figsize=(8, 5.8), sharex=True)
     busy = timeline["busy_gpus"] / timeline["gpus"].clip(min=1)
     queued = timeline["queued"].astype(float)
-    kept = drawn_points(timeline)
+    kept = thinned_steps(timeline["time"], [busy, queued])
     hours = timeline["time"][kept] / 3600
     top.step(hours, busy[kept], where="post")
     top.set_ylabel("GPU utilisation")
@@ -265,12 +263,6 @@ def plot(
     if (~np.isnan(jobs["deadline"])).any():
         paths.append(plot_deadlines(jobs, efficiency, out / "deadlines.png", caption))
     return paths
-
-
-def drawn_points(timeline: Table) -> np.ndarray:
-    """The points of the timeline its plot draws (`thinned_steps` of its utilisation and queue)."""
-    busy = timeline["busy_gpus"] / timeline["gpus"].clip(min=1)
-    return thinned_steps(timeline["time"], [busy, timeline["queued"].astype(float)])
 
 
 PLOTTED_POINTS = 20_000
@@ -349,15 +341,16 @@ def write_results(
     rows: JobRows, points: TimelineRows, out: Path,
     extra: dict[str, Any] | None = None, caption: str = "", until: float | None = None, *,
     efficiency: Table | None = None, measured: set[str] | None = None,
-    plots: bool = True, node_churn: bool = False, plotter: Plotter | None = None,
+    plots: bool = True, node_churn: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Write every result file into `out` and return the summary: `rows` are the jobs' (and
-    `points` the timeline's); `caption` says what ran on every plot (`plots=False`: no plots, as
-    in a sweep, whose report draws its own; a `plotter`: they are drawn in its process); `until`:
-    an interrupted run's last instant (the jobs that ended by then are counted: see `summarize`).
-    With `efficiency` (`efficiency_frame`), `efficiency.csv`; with `measured` (a measurement
-    window), JCT figures are those jobs' (see `summarize`); with `node_churn` (nodes came and
-    went: BFTrainer's idle nodes), `idle_node_utilization` and `idle_nodes.png`."""
+    `points` the timeline's); `caption` says what ran on
+    every plot (`plots=False`: no plots, as in a sweep, whose report draws its own); `until`: an
+    interrupted run's last instant (the jobs that ended by then are counted: see `summarize`).
+    With `efficiency` (`efficiency_frame`), `efficiency.csv`; with
+    `measured` (a measurement window), JCT figures are those jobs' (see `summarize`); with
+    `node_churn` (nodes came and went: BFTrainer's idle nodes), `idle_node_utilization` and
+    `idle_nodes.png`."""
     out.mkdir(parents=True, exist_ok=True)
     jobs = rows.table(ended_by=until)
     timeline = points.table()
@@ -375,35 +368,12 @@ def write_results(
     if node_churn:
         summary["idle_node_utilization"] = idle_node_utilization(timeline, until, jobs)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    if plots and plotter is None:
-        plot_run(jobs, timeline, out, caption, summary, efficiency, node_churn)
-    elif plots:  # (what the figures read: a few of the jobs' columns, the points drawn)
-        drawn = timeline if node_churn else timeline.where(drawn_points(timeline))
-        plotter.draw(jobs.only(DRAWN_COLUMNS), drawn, out, caption, summary, efficiency, node_churn)
+    if plots:
+        with _PYPLOT:
+            plot(jobs, timeline, out, caption, summary.get("jobs_in_workload"), efficiency)
+            if node_churn:
+                plot_node_churn(timeline, out / "idle_nodes.png", caption, summary)
     return summary
-
-
-DRAWN_COLUMNS = ("state", "jct", "deadline", "admission", "deadline_met")
-"""The jobs' columns `plot_run` reads."""
-
-
-def plot_run(
-    jobs: Table, timeline: Table, out: Path, caption: str, summary: dict[str, Any],
-    efficiency: Table | None = None, node_churn: bool = False,
-) -> None:  # fmt: skip
-    """Every figure of a run: `plot`'s, and with `node_churn` `idle_nodes.png`."""
-    with _PYPLOT:
-        plot(jobs, timeline, out, caption, summary.get("jobs_in_workload"), efficiency)
-        if node_churn:
-            plot_node_churn(timeline, out / "idle_nodes.png", caption, summary)
-
-
-def warm_up() -> None:
-    """Import matplotlib and load its fonts, as the first figure would."""
-    fig = pyplot().figure(figsize=(2, 1))
-    fig.text(0.5, 0.5, "warm-up", fontsize=7)
-    fig.canvas.draw()
-    pyplot().close(fig)
 
 
 def idle_node_utilization(

@@ -51,9 +51,6 @@ class Table:
     def __len__(self) -> int:
         return self._length
 
-    def only(self, names: Iterable[str]) -> Table:
-        return Table({name: self.columns[name] for name in names})
-
     def where(self, mask: np.ndarray) -> Table:
         """The rows where `mask` holds (or at the indices it gives), in order."""
         return Table({name: column[mask] for name, column in self.columns.items()})

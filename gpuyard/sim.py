@@ -18,7 +18,6 @@ from msgspec import Struct
 from gpuyard.embedded import EmbeddedNats
 from gpuyard.launcher import ServiceSet
 from gpuyard.ops import read_events, show_policies
-from gpuyard.plotter import Plotter
 from gpuyard.report import JobRun, efficiency_frame, write_results
 from gpuyard.results import JobRows, Table, TimelineRows, job_rows
 from gpuyard.services.simclock.service import (
@@ -597,7 +596,6 @@ async def simulate(
     workload: dict[str, Any] | None = None,
     on_policies: Callable[[dict[str, PolicyInfo | str]], object] | None = None,
     plots: bool = True,
-    plotter: Plotter | None = None,
     lost_after_s: float = 5.0,
     keep_jobs: bool = True,
 ) -> SimResult:
@@ -612,8 +610,7 @@ async def simulate(
     called with the services once they answer, before the run starts (tests: to kill one mid-run
     and start it again with `ServiceSet.replace`, in a durable run with `processes=True`).
     `workload`: how the jobs were made (generator, load, seed, or trace and format), for
-    `options.json` and the plots' captions. `plots=False`: result files without the PNGs; a
-    `plotter` draws them in its process.
+    `options.json` and the plots' captions. `plots=False`: result files without the PNGs.
     `keep_jobs=False`: `SimResult.jobs` is empty, and the jobs' records leave memory as they end
     (a long replay's results are written from their rows).
 
@@ -743,7 +740,7 @@ async def simulate(
         caption += f"\nPARTIAL: interrupted at t = {reached / 3600:,.1f} h"
     summary = await asyncio.to_thread(
         write_results, rows, points, out, extra, caption,
-        reached if interrupted is not None else None, **deadlines, plots=plots, plotter=plotter,
+        reached if interrupted is not None else None, **deadlines, plots=plots,
         node_churn=options.node_events is not None,
     )  # fmt: skip
     if isinstance(interrupted, ServiceLost):
