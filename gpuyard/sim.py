@@ -812,13 +812,16 @@ async def deadline_events(bus: Bus) -> tuple[list[JobRun], dict[str, str]]:
 
 
 class ProgressBar:
-    """One line, redrawn in place on a terminal; a line every few seconds otherwise."""
+    """One line, redrawn in place on a terminal; a line every few seconds otherwise. Past a few
+    seconds it says how long the run has taken and about how long is left (from the share of
+    jobs that ended: a replay's jobs end at a fairly steady pace once it is under way)."""
 
     def __init__(self, label: str, stream: Any = None) -> None:
         self.label = label
         self.stream = stream = stream or sys.stderr  # (the one of now, not of the import)
         self.tty = stream.isatty()
         self.last = 0.0
+        self.started = time.monotonic()
 
     def __call__(self, p: Progress) -> None:
         now = time.monotonic()
@@ -828,8 +831,29 @@ class ProgressBar:
         frac = p.finished / p.total if p.total else 1.0
         bar = "#" * int(30 * frac)
         line = (
-            f"{self.label} [{bar:<30}] {p.finished}/{p.total} jobs  "
-            f"t={p.now / 3600:,.1f} h  {p.instants} instants"
+            f"{self.label} [{bar:<30}] {p.finished:,}/{p.total:,} jobs  "
+            f"t={p.now / 3600:,.1f} h  {p.instants:,} instants"
         )
+        elapsed = now - self.started
+        if elapsed >= ETA_AFTER_S and not p.done:
+            line += f"  {_duration(elapsed)}"
+            if frac >= 0.01:
+                line += f", about {_duration(elapsed * (1 - frac) / frac)} left"
+        if self.tty:  # (what a longer line left behind goes)
+            line += "\x1b[K"
         end = "\n" if p.done or not self.tty else "\r"
         print(line, end=end, file=self.stream, flush=True)
+
+
+ETA_AFTER_S = 3.0
+"""A run shorter than this shows no time taken or left."""
+
+
+def _duration(seconds: float) -> str:
+    """`45 s`, `3 min 05 s`, `2 h 07 min`."""
+    s = int(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
