@@ -649,8 +649,16 @@ def cmd_sim(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, log)
     library_logs_to(log)
     started = time.time()
+
+    def show(summary: dict[str, Any]) -> None:  # (before the other result files are written)
+        if summary.get("partial"):  # (`interrupted` says what was written)
+            return
+        print(json.dumps(summary, indent=2) if args.json else format_summary(summary), flush=True)
+        if thrashing_line(summary):
+            print(f"gpuyard sim: warning: {thrashing_line(summary)}", file=sys.stderr)
+
     try:
-        result = uvloop.run(
+        uvloop.run(
             stop_on_signals(
                 simulate(
                     options,
@@ -666,6 +674,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
                     auth=NatsAuth.from_args(args),
                     workload=described,
                     on_policies=lambda ran: warn_policies(options, ran),
+                    on_summary=show,
                     keep_jobs=False,  # (the summary is all it shows)
                 )
             )
@@ -677,9 +686,6 @@ def cmd_sim(args: argparse.Namespace) -> int:
         return 1
     finally:
         log.close()
-    print(json.dumps(result.summary, indent=2) if args.json else format_summary(result.summary))
-    if thrashing_line(result.summary):
-        print(f"gpuyard sim: warning: {thrashing_line(result.summary)}", file=sys.stderr)
     print(f"results in {args.out}/", file=sys.stderr)
     return 0
 

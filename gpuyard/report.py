@@ -14,6 +14,7 @@ import functools
 import json
 import textwrap
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -342,22 +343,19 @@ def write_results(
     extra: dict[str, Any] | None = None, caption: str = "", until: float | None = None, *,
     efficiency: Table | None = None, measured: set[str] | None = None,
     plots: bool = True, node_churn: bool = False,
+    on_summary: Callable[[dict[str, Any]], object] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Write every result file into `out` and return the summary: `rows` are the jobs' (and
-    `points` the timeline's); `caption` says what ran on
-    every plot (`plots=False`: no plots, as in a sweep, whose report draws its own); `until`: an
-    interrupted run's last instant (the jobs that ended by then are counted: see `summarize`).
-    With `efficiency` (`efficiency_frame`), `efficiency.csv`; with
-    `measured` (a measurement window), JCT figures are those jobs' (see `summarize`); with
-    `node_churn` (nodes came and went: BFTrainer's idle nodes), `idle_node_utilization` and
-    `idle_nodes.png`."""
+    `points` the timeline's); `caption` says what ran on every plot (`plots=False`: no plots, as
+    in a sweep, whose report draws its own); `until`: an interrupted run's last instant (the jobs
+    that ended by then are counted: see `summarize`). With `efficiency` (`efficiency_frame`),
+    `efficiency.csv`; with `measured` (a measurement window), JCT figures are those jobs' (see
+    `summarize`); with `node_churn` (nodes came and went: BFTrainer's idle nodes),
+    `idle_node_utilization` and `idle_nodes.png`. `on_summary` is given the summary once
+    `summary.json` is written, before the other files (a million jobs' take seconds more)."""
     out.mkdir(parents=True, exist_ok=True)
     jobs = rows.table(ended_by=until)
     timeline = points.table()
-    jobs.write_csv(out / "jobs.csv")
-    timeline.write_csv(out / "timeline.csv")
-    if efficiency is not None:
-        efficiency.write_csv(out / "efficiency.csv")
     summary = {**(extra or {}), **summarize(jobs, timeline, until, efficiency, measured)}
     compute = summary.get("compute_gpu_s")
     if compute is not None and len(timeline):
@@ -368,6 +366,12 @@ def write_results(
     if node_churn:
         summary["idle_node_utilization"] = idle_node_utilization(timeline, until, jobs)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if on_summary is not None:
+        on_summary(summary)
+    jobs.write_csv(out / "jobs.csv")
+    timeline.write_csv(out / "timeline.csv")
+    if efficiency is not None:
+        efficiency.write_csv(out / "efficiency.csv")
     if plots:
         with _PYPLOT:
             plot(jobs, timeline, out, caption, summary.get("jobs_in_workload"), efficiency)

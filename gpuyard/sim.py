@@ -595,6 +595,7 @@ async def simulate(
     on_services: Callable[[ServiceSet], object] | None = None,
     workload: dict[str, Any] | None = None,
     on_policies: Callable[[dict[str, PolicyInfo | str]], object] | None = None,
+    on_summary: Callable[[dict[str, Any]], object] | None = None,
     plots: bool = True,
     lost_after_s: float = 5.0,
     keep_jobs: bool = True,
@@ -611,6 +612,8 @@ async def simulate(
     and start it again with `ServiceSet.replace`, in a durable run with `processes=True`).
     `workload`: how the jobs were made (generator, load, seed, or trace and format), for
     `options.json` and the plots' captions. `plots=False`: result files without the PNGs.
+    `on_summary` is given the summary as soon as it is known, before the other result files are
+    written (a thread's call: it may print, not touch the event loop).
     `keep_jobs=False`: `SimResult.jobs` is empty, and the jobs' records leave memory as they end
     (a long replay's results are written from their rows).
 
@@ -741,6 +744,7 @@ async def simulate(
     summary = await asyncio.to_thread(
         write_results, rows, points, out, extra, caption,
         reached if interrupted is not None else None, **deadlines, plots=plots,
+        on_summary=on_summary,
         node_churn=options.node_events is not None,
     )  # fmt: skip
     if isinstance(interrupted, ServiceLost):

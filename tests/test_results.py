@@ -134,3 +134,20 @@ def test_rows_cost_their_numbers() -> None:
         tracemalloc.stop()
     assert len(rows) == 20_000
     assert per_job < 160  # (the job ids are the records' own strings)
+
+
+def test_the_summary_comes_before_the_files_that_take_longer(tmp_path: Path) -> None:
+    from gpuyard.report import write_results
+    from gpuyard.results import TimelineRows
+
+    seen: list[tuple[bool, bool, int]] = []
+
+    def on_summary(summary: dict[str, object]) -> None:
+        seen.append(((tmp_path / "summary.json").exists(), (tmp_path / "jobs.csv").exists(),
+                     int(summary["jobs"])))  # type: ignore[call-overload]  # fmt: skip
+
+    records = random_records(np.random.default_rng(4), 50, deadlines="none")
+    summary = write_results(job_rows(records), TimelineRows(), tmp_path, {}, plots=False,
+                            on_summary=on_summary)  # fmt: skip
+    assert seen == [(True, False, 50)] and summary["jobs"] == 50
+    assert (tmp_path / "jobs.csv").exists() and (tmp_path / "timeline.csv").exists()
