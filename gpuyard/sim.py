@@ -478,7 +478,8 @@ class TakenJobs:
         self, rest: list[JobRecord]
     ) -> tuple[JobRows, list[JobRecord]]:
         """Every job's row and (`keep_records`) its record, in admission order: those taken and
-        `rest`, the scheduler's list of those it did not forget (or of every job)."""
+        `rest`, the scheduler's list of those it did not forget (or of every job), added to the
+        rows taken (once, at the end of a run)."""
         if not self.forgets:
             return job_rows(rest), rest if self.keep_records else []
         listed_too = set(self.rows.job_ids(self.forgotten))
@@ -499,9 +500,9 @@ async def collect_partial(
     instant (the clock may still be moving while we ask: their rows, among which `write_results`
     counts those that ended by then, and records where `taken` keeps them), and that instant.
     Whichever of the two a dead service cannot give (the timeline is the clock's, the jobs the
-    scheduler's), the other still is, and the jobs taken before
-    always are (all there is when the server is gone: a sweep's private server with its sweep);
-    a `durable` run's jobs are read from the scheduler's bucket then."""
+    scheduler's), the other still is, and the jobs taken before always are (all there is when
+    the server is gone: a sweep's private server with its sweep); a `durable` run's jobs are read
+    from the scheduler's bucket then."""
 
     async def within(fetch: Awaitable[T]) -> T | None:
         try:
