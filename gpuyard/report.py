@@ -94,8 +94,15 @@ def _mean(values: np.ndarray) -> float:
     return float(values.sum() / float(len(values) - int(missing.sum())))
 
 
+def _min(values: np.ndarray) -> float:
+    """The least of the values there are (NaN: none), as pandas' `min`."""
+    present = values[~np.isnan(values)]
+    return float(present.min()) if len(present) else np.nan
+
+
 def _max(values: np.ndarray) -> float:
-    return float(np.max(values[~np.isnan(values)])) if (~np.isnan(values)).any() else np.nan
+    present = values[~np.isnan(values)]
+    return float(present.max()) if len(present) else np.nan
 
 
 def summarize(
@@ -111,8 +118,7 @@ def summarize(
     if measured is not None:
         timed = done.where(np.fromiter((j in measured for j in done["job_id"]), bool, len(done)))
     jct = timed["jct"]
-    arrivals = jobs["arrival"][~np.isnan(jobs["arrival"])]
-    start = (float(arrivals.min()) if len(arrivals) else np.nan) if len(jobs) else 0.0
+    start = _min(jobs["arrival"]) if len(jobs) else 0.0
     end = _max(done["end"]) if len(done) else start
     makespan = end - start
     if until is None and (~np.isnan(jobs["end"])).any():
