@@ -249,12 +249,15 @@ def test_two_compose_node_agents_run_real_jobs(cluster: Compose) -> None:
 
 
 class Tail:
-    """`gpuyard tail --follow --json` from the host, read in a thread."""
+    """`gpuyard tail --follow --json` from the host, read in a thread. Its stderr goes to a file
+    (a pipe nobody reads could block it), with Python's stacks when it is aborted."""
 
     def __init__(self, nats: list[str]) -> None:
+        self.stderr = tempfile.TemporaryFile("w+")  # noqa: SIM115 (open while it runs)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpuyard.cli", "tail", *nats, "--follow", "--new", "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE, stderr=self.stderr, text=True,
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
         )  # fmt: skip
         self.events: list[dict[str, Any]] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -273,10 +276,16 @@ class Tail:
         try:
             rc = self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
+            self.proc.send_signal(signal.SIGABRT)  # (its stacks, to say where it was stuck)
+            self.proc.wait(timeout=10)
+            raise AssertionError(f"`gpuyard tail` went on 20 s after Ctrl-C:\n{self.said()}") from None
         self.reader.join(timeout=5)
         return rc
+
+    def said(self) -> str:
+        """What it wrote on stderr (the last 8,000 characters)."""
+        self.stderr.seek(0)
+        return self.stderr.read()[-8000:]
 
 
 def test_a_scheduler_with_another_policy_takes_over_mid_run(cluster: Compose) -> None:
@@ -309,7 +318,7 @@ def test_a_scheduler_with_another_policy_takes_over_mid_run(cluster: Compose) ->
               "every completion in the tail", 30)  # fmt: skip
     finally:
         rc = tail.stop()
-    assert rc in (0, 130), tail.proc.stderr.read() if tail.proc.stderr else ""
+    assert rc in (0, 130), tail.said()
     completed = [e["job_id"] for e in tail.of("job.completed") if e["job_id"] in jobs]
     assert sorted(completed) == sorted(jobs)  # each exactly once, none lost
     assert not [e for e in tail.of("job.failed") if e["job_id"] in jobs]
