@@ -384,17 +384,22 @@ async def stdout_closed(every_s: float = 0.2) -> None:
 
 
 async def unless_stdout_closes(work: Awaitable[int]) -> int:
-    """`await work`, or BrokenPipeError as soon as nobody reads our stdout any more."""
+    """`await work`, or BrokenPipeError as soon as nobody reads our stdout any more. Cancelled
+    (Ctrl-C), it cancels `work` and waits for it first: a `tail --follow` stops reading before
+    its connection is drained."""
     task = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(stdout_closed())
-    await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    watch.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    raise BrokenPipeError
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():  # (nobody reads our stdout: the watch ended first)
+        raise BrokenPipeError
+    return task.result()
 
 
 async def unless_refused(work: Awaitable[int], refused: asyncio.Future[str], bus: Bus) -> int:
