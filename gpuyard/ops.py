@@ -183,8 +183,9 @@ async def read_events(
     try:
         while True:
             if arrived.empty():
-                try:
-                    msg = await asyncio.wait_for(arrived.get(), check_s if follow else idle_s)
+                try:  # (not `wait_for`: on Python 3.11 it may swallow a Ctrl-C's cancellation)
+                    async with asyncio.timeout(check_s if follow else idle_s):
+                        msg = await arrived.get()
                 except TimeoutError:
                     if follow:
                         if nc.is_closed or nc.stats["reconnects"] != reconnects:
@@ -216,8 +217,9 @@ async def _published_events(
     subs = [await nc.subscribe(subject, cb=deliver) for subject in filters]
     try:
         while True:
-            try:
-                msg = await asyncio.wait_for(arrived.get(), check_s)
+            try:  # (not `wait_for`: see `read_events`)
+                async with asyncio.timeout(check_s):
+                    msg = await arrived.get()
             except TimeoutError:
                 if nc.is_closed:
                     raise EventsInterrupted("the connection to NATS was closed") from None

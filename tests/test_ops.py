@@ -41,6 +41,7 @@ from gpuyard.shared.contract import (
     TickRequest,
 )
 from gpuyard.shared.endpoints import (
+    EVENT,
     EXITED,
     JOBS,
     NODE_COMMAND,
@@ -300,3 +301,33 @@ async def test_jobs_lists_held_jobs_until_admitted(
     await plane.call(SUBMIT, SubmitRequest(jobs=[], now=100.0, tick=True))  # held ones again
     admitted = await row("h2")
     assert (admitted["job_state"], admitted["state_reason"]) == ("RUNNING", "")
+
+
+async def test_a_follower_stops_when_cancelled_however_busy_the_stream(nats_url: str) -> None:
+    """Ctrl-C stops `tail --follow` even while events pour in: on Python 3.11 `asyncio.wait_for`
+    drops a cancellation that comes as its item arrives, and the follower read on for good."""
+    nc = await connect(nats_url, name="test-follow-cancel")
+    subjects = Subjects("cancel-follow")  # (no stream: the events as they are published)
+    publishing = True
+
+    async def publish() -> None:
+        while publishing:
+            await nc.publish(subjects.of(EVENT, type="job.started"), b"{}")
+            await asyncio.sleep(0)
+
+    async def follow() -> None:
+        async for _ in read_events(nc, subjects, follow=True, check_s=0.5):
+            pass
+
+    publisher = asyncio.create_task(publish())
+    try:
+        for _ in range(40):
+            follower = asyncio.create_task(follow())
+            await asyncio.sleep(0.02)
+            follower.cancel()
+            done, _ = await asyncio.wait({follower}, timeout=2)
+            assert done, "the follower read on after it was cancelled"
+    finally:
+        publishing = False
+        await publisher
+        await nc.close()

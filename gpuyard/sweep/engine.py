@@ -168,8 +168,9 @@ async def _run_sweep(
             await stack.enter_async_context(local)
         bar.update(force=True)
         while len(results) < len(sweep.runs):
-            try:
-                result = await asyncio.wait_for(arrived.get(), timeout=2)
+            try:  # (not `wait_for`: on Python 3.11 it may swallow a Ctrl-C's cancellation)
+                async with asyncio.timeout(2):
+                    result = await arrived.get()
             except TimeoutError:
                 await local.restart_stopped()
                 continue
