@@ -92,7 +92,9 @@ class Lease:
         unreachable = False
         while True:
             try:
-                holder, revision = await asyncio.wait_for(self._read(), self.lease_s)
+                # (asyncio.timeout: Python 3.11's wait_for may drop a cancellation, a stop)
+                async with asyncio.timeout(self.lease_s):
+                    holder, revision = await self._read()
                 now = time.monotonic()
                 if unreachable:
                     unreachable, back_at = False, now
@@ -102,9 +104,12 @@ class Lease:
                 # leader: nobody could renew), for half a lease since (the holder renews at once).
                 lapsed = now - seen_at >= self.lease_s and now - back_at >= self.lease_s / 2
                 how = "free" if holder in (None, self.holder) else "lapsed" if lapsed else None
-                if how is not None and await asyncio.wait_for(self._write(revision), self.lease_s):
-                    self._held(how, previous=holder)
-                    return how
+                if how is not None:
+                    async with asyncio.timeout(self.lease_s):
+                        written = await self._write(revision)
+                    if written:
+                        self._held(how, previous=holder)
+                        return how
             except (NatsError, TimeoutError) as exc:  # the bucket has no leader, or we are cut off
                 if not unreachable:
                     unreachable = True
@@ -156,7 +161,8 @@ class Lease:
     async def _try_renewing(self) -> None:
         """One renewal; the lease is lost when it was taken, or unconfirmed for too long."""
         try:
-            await asyncio.wait_for(self._renew_once(), self.lease_s / 3)
+            async with asyncio.timeout(self.lease_s / 3):
+                await self._renew_once()
         except (NatsError, TimeoutError) as exc:
             now = time.monotonic()
             if self._failing_since is None:
@@ -194,7 +200,8 @@ class Lease:
         revision, self.revision = self.revision, 0
         if revision:  # (revision checked: if another took it meanwhile, it stays theirs)
             with contextlib.suppress(NatsError, TimeoutError):
-                await asyncio.wait_for(self.kv.delete(LEASE_KEY, last=revision), self.lease_s / 3)
+                async with asyncio.timeout(self.lease_s / 3):
+                    await self.kv.delete(LEASE_KEY, last=revision)
                 self.log.info("leader.released")
 
     async def stop_renewing(self) -> None:

@@ -266,10 +266,10 @@ class Scheduler(Service):
             now = time.time()
             due = self.wake_at if self.wake_at is not None else now + self.config.round_s
             self._wake.clear()
+            # (asyncio.timeout: Python 3.11's wait_for may drop a cancellation, the service's stop)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._wake.wait(), min(max(due - now, 0.05), self.config.round_s)
-                )
+                async with asyncio.timeout(min(max(due - now, 0.05), self.config.round_s)):
+                    await self._wake.wait()
             if time.monotonic() - self._tick_sent < self.config.round_s:
                 # A tick is still queued behind other requests: its round will see what changed
                 # since (arrivals under load share one round). Wait for it to be handled.

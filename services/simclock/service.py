@@ -260,8 +260,9 @@ class SimClock(Service):
         limit = self.config.call_timeout_s or self.bus.request_timeout
         while self.commands_handled < self.commands_due and self.command_error is None:
             self.commands_in.clear()
-            try:
-                await asyncio.wait_for(self.commands_in.wait(), limit)
+            try:  # (asyncio.timeout: Python 3.11's wait_for may drop a cancellation)
+                async with asyncio.timeout(limit):
+                    await self.commands_in.wait()
             except TimeoutError:
                 raise RuntimeError(
                     f"placement's node commands #{self.commands_due} did not come within {limit} s"
