@@ -7,6 +7,7 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,3 +62,22 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip("../shared/data is not present")
     return SHARED_DATA
+
+
+SLOW_S = 2.0
+"""A test that takes this long belongs to the integration tests: marked `slow`, it stays out of
+the fast loop (`pytest -m "not slow"`, under a minute)."""
+_unmarked_slow: list[tuple[float, str]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and report.duration >= SLOW_S and "slow" not in report.keywords:
+        _unmarked_slow.append((report.duration, report.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Name the tests that took `SLOW_S` or more and are not marked `slow`."""
+    if _unmarked_slow:
+        terminalreporter.section("tests to mark slow")
+        for took, nodeid in sorted(_unmarked_slow, reverse=True):
+            terminalreporter.write_line(f"{took:.1f}s {nodeid}: add @pytest.mark.slow")

@@ -34,6 +34,7 @@ CURVE = "job,Ns,Ps,Os,Tsub\nA,0 1 2 4,0 10 20 40,0 10 20 40,2021-02-10 00:00:00\
         ),
     ],
 )
+@pytest.mark.slow
 async def test_a_node_taken_back_preempts_its_share_and_growth_pays_its_cost(
     tmp_path: Path, nats_url: str, tfwd: float, end: float, rescale: float, utilisation: float
 ) -> None:
@@ -62,6 +63,7 @@ async def test_a_node_taken_back_preempts_its_share_and_growth_pays_its_cost(
     assert (tmp_path / "out" / "idle_nodes.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_replay_of_the_reference_window_matches_its_replayer(data: Callable[[str], Path]) -> None:
     """REPLAY.md: 64 nodes from 2021-02-10 20:21:15 give 3,707 instants (row 0 and 3,706
     events), the last at 22:16:58 two weeks on, with 4 nodes idle at the start."""
@@ -82,6 +84,7 @@ def test_replay_of_the_reference_window_matches_its_replayer(data: Callable[[str
     assert flips.all()
 
 
+@pytest.mark.slow
 def test_cli_replays_a_node_subset_from_a_start_time(tmp_path: Path, nats_url: str) -> None:
     """`--nodes-from` keeps the listed nodes, `--start` sets their state then (n2 went idle before
     it; n1 was idle and busy again), repeated states are dropped, other nodes are ignored, and the
@@ -154,6 +157,7 @@ def test_cli_refuses_node_options_it_would_ignore(
         ("time,node\n0,n1\n", "need a column 'idle' (BFTrainer) or 'up' (normalised)"),
     ],
 )  # fmt: skip
+@pytest.mark.slow
 def test_a_broken_node_log_is_one_line_naming_the_file(
     tmp_path: Path, log: str, message: str
 ) -> None:

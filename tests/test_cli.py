@@ -25,6 +25,7 @@ def gpuyard(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str
     )
 
 
+@pytest.mark.slow
 def test_sim_runs_on_an_embedded_server_and_writes_results(tmp_path: Path) -> None:
     out = tmp_path / "run"
     result = gpuyard(
@@ -38,6 +39,7 @@ def test_sim_runs_on_an_embedded_server_and_writes_results(tmp_path: Path) -> No
     assert len(pd.read_csv(out / "jobs.csv")) == 30
 
 
+@pytest.mark.slow
 def test_a_comparison_takes_its_options_in_any_order(tmp_path: Path) -> None:
     # `--json` before `--parallel N` once left N in every run's options ("unrecognized arguments").
     result = gpuyard("sim", "--policy", "fifo,las", "--jobs", "20", "--cluster-spec", "2x4",
@@ -47,6 +49,7 @@ def test_a_comparison_takes_its_options_in_any_order(tmp_path: Path) -> None:
     assert [(row["policy"], row["completed"]) for row in table] == [("fifo", 20), ("las", 20)]
 
 
+@pytest.mark.slow
 def test_bad_input_gets_a_clear_error(tmp_path: Path) -> None:
     result = gpuyard("sim", "--policy", "nosuch", "--out", str(tmp_path))
     assert result.returncode == 2
@@ -70,6 +73,7 @@ def test_bad_input_gets_a_clear_error(tmp_path: Path) -> None:
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "cmp").exists()
 
 
+@pytest.mark.slow
 def test_broken_trace_line_is_named_or_skipped(tmp_path: Path) -> None:
     trace = tmp_path / "jobs.csv"
     trace.write_text(
@@ -89,6 +93,7 @@ def test_broken_trace_line_is_named_or_skipped(tmp_path: Path) -> None:
     assert "jobs         2 completed, 0 failed of 2" in result.stdout
 
 
+@pytest.mark.slow
 def test_trace_generate_convert_describe(tmp_path: Path) -> None:
     generated = tmp_path / "gen.csv"
     result = gpuyard("trace", "generate", "--generator", "blox", "--jobs", "200", "--load", "10",
@@ -168,6 +173,7 @@ def progressing(path: Path) -> Callable[[], bool]:
     [(signal.SIGINT, []), (signal.SIGINT, ["--processes"]), (signal.SIGTERM, [])],
     ids=["ctrl-c", "ctrl-c-processes", "sigterm"],
 )
+@pytest.mark.slow
 def test_interrupted_run_writes_partial_results(
     tmp_path: Path, sig: signal.Signals, processes: list[str]
 ) -> None:
@@ -195,6 +201,7 @@ def test_interrupted_run_writes_partial_results(
         assert (run / png).stat().st_size > 0
 
 
+@pytest.mark.slow
 async def test_a_killed_comparison_stops_its_runs(tmp_path: Path, nats_url: str) -> None:
     """`kill -9` of a comparison: its runs, which a fork server started (they are not its
     children), stop as a run sent SIGTERM does: partial results written, nothing left alive.
@@ -215,6 +222,7 @@ async def test_a_killed_comparison_stops_its_runs(tmp_path: Path, nats_url: str)
         assert "interrupted at t = " in (run / "stderr.log").read_text()
 
 
+@pytest.mark.slow
 def test_interrupted_comparison_keeps_what_each_run_got_to(tmp_path: Path) -> None:
     runs = [tmp_path / "cmp" / f"{p}-load1-seed0" / "stderr.log" for p in ("fifo", "las")]
     code, out, err = interrupt(

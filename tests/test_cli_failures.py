@@ -39,6 +39,7 @@ def gpuyard(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
     ],
     ids=lambda c: " ".join(c[:3]),
 )
+@pytest.mark.slow
 def test_absent_server_is_one_line(command: list[str]) -> None:
     url = f"nats://127.0.0.1:{free_port()}"
     name = command[:2] if command[0] == "policy" else command[:1]  # "gpuyard policy show: ..."
@@ -75,6 +76,7 @@ def test_password_is_not_printed() -> None:
     assert result.returncode == 1 and "hunter2" not in result.stderr and "me:***@" in result.stderr
 
 
+@pytest.mark.slow
 def test_nodeagent_keeps_trying_with_backoff_then_connects(tmp_path: Path) -> None:
     """A systemd service: an absent server is retried, each attempt one JSON log line, the pause
     doubling; once the server is up the agent connects and runs until SIGTERM."""
@@ -115,6 +117,7 @@ def test_nodeagent_keeps_trying_with_backoff_then_connects(tmp_path: Path) -> No
             server.wait()
 
 
+@pytest.mark.slow
 def test_tail_into_head_ends_quietly(tmp_path: Path, nats_url: str) -> None:
     """`gpuyard tail | head -1` exits 0 with nothing on stderr, as `grep` would."""
     result = gpuyard(

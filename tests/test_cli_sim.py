@@ -179,6 +179,7 @@ def philly_log(path: Path) -> Path:
      (["--philly-reading", "plain"], {"app_1": 8, "app_4": 32})],
     ids=["blox", "blox-multi-gpu", "plain"],
 )  # fmt: skip
+@pytest.mark.slow
 def test_philly_reading_is_explicit_and_recorded(
     tmp_path: Path, reading: list[str], gpus: dict[str, int]
 ) -> None:
@@ -217,6 +218,7 @@ def test_philly_options_a_reading_ignores_are_refused(
         assert code == 2 and "--multi-gpu applies to Philly traces" in err
 
 
+@pytest.mark.slow
 def test_skipped_lines_are_listed(tmp_path: Path) -> None:
     trace = tmp_path / "jobs.csv"
     rows = ["job_id,arrival_time_s,duration_s,num_gpus", "1,0,600,1"]
@@ -236,6 +238,7 @@ def test_skipped_lines_are_listed(tmp_path: Path) -> None:
     assert listed[5] == "  ... and 3 more"
 
 
+@pytest.mark.slow
 def test_summary_for_people(tmp_path: Path) -> None:
     """The summary printed at the end, and what ran as the services report it (no warning when
     it is what was asked). `--json` prints summary.json: tests/test_cli.py."""
@@ -257,6 +260,7 @@ def test_summary_for_people(tmp_path: Path) -> None:
     assert f"utilisation  {100 * summary['utilization']:.1f}% of GPU time" in text
 
 
+@pytest.mark.slow
 async def test_external_services_are_asked_what_they_run(tmp_path: Path, nats_url: str) -> None:
     """`--external ... --policy srtf` against a LAS scheduler: the results say LAS (as the
     services report it, every parameter included), and stderr warns."""
@@ -286,6 +290,7 @@ async def test_external_services_are_asked_what_they_run(tmp_path: Path, nats_ur
     assert Image.open(out / "jct_cdf.png").text["Description"].startswith("scheduling las (")
 
 
+@pytest.mark.slow
 def test_every_plot_says_what_ran(tmp_path: Path) -> None:
     """Captions (and the PNG's Description) name the policies, workload, cluster and seeds."""
     out = tmp_path / "cmp"
@@ -330,6 +335,7 @@ def test_a_comparison_caption_names_the_simulator_semantics() -> None:
     assert plain_run.endswith("300 s rounds, events mode"), plain_run
 
 
+@pytest.mark.slow
 def test_describe_writes_its_plot_where_asked_never_beside_the_input(tmp_path: Path) -> None:
     data, work = tmp_path / "data", tmp_path / "work"
     data.mkdir()
@@ -360,6 +366,7 @@ def test_describe_shows_small_gpu_demand_counts(counts: dict[int, int], scale: s
     assert [text.get_text() for text in ax.texts] == [f"{n:,}" for n in counts.values()]
 
 
+@pytest.mark.slow
 def test_a_durable_simulation_gives_the_same_results(tmp_path: Path) -> None:
     """`gpuyard sim --durable`: the services keep their state in key-value buckets, as on a real
     cluster, and the run is the same run."""

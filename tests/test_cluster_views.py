@@ -29,6 +29,8 @@ from gpuyard.shared.model import JobSpec
 from .jobaccount import AGENT_ARGS, JOB_PYTHON
 from .secured import Secured, secured_cluster
 
+pytestmark = pytest.mark.slow  # (integration: `pytest -m "not slow"` leaves it out)
+
 CLUSTER_IDENTITIES = ["node.a", "node.b", "user.alice", "user.bob"]
 COUNTER = """
 import os, sys, time

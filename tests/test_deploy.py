@@ -35,7 +35,9 @@ from tests.polling import free_port, until
 
 # A first run builds the base image and the wheelhouse (about two minutes) within the first test.
 # One test process runs them all (`--dist loadgroup`): the image builds and Docker are shared.
-pytestmark = [pytest.mark.deploy, pytest.mark.timeout(600), pytest.mark.xdist_group("deploy")]
+pytestmark = [
+    pytest.mark.deploy, pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.xdist_group("deploy")
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -276,9 +278,16 @@ class Tail:
         try:
             rc = self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGABRT)  # (its stacks, to say where it was stuck)
+            # Whether SIGINT was blocked, ignored or caught (bit 2 of each mask), then its stacks.
+            status = Path(f"/proc/{self.proc.pid}/status").read_text().splitlines()
+            masks = " ".join(
+                line for line in status if line.startswith(("SigBlk", "SigIgn", "SigCgt"))
+            )
+            self.proc.send_signal(signal.SIGABRT)
             self.proc.wait(timeout=10)
-            raise AssertionError(f"`gpuyard tail` went on 20 s after Ctrl-C:\n{self.said()}") from None
+            raise AssertionError(
+                f"`gpuyard tail` went on 20 s after Ctrl-C ({masks}):\n{self.said()}"
+            ) from None
         self.reader.join(timeout=5)
         return rc
 

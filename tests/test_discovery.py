@@ -6,6 +6,8 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
+
 from gpuyard.launcher import ServiceSet
 from gpuyard.services.admission.service import AdmissionConfig
 from gpuyard.services.placement.service import PlacementConfig
@@ -14,6 +16,8 @@ from gpuyard.shared.connection import Bus, connect
 from gpuyard.shared.contract import RegisterNode, SubmitRequest
 from gpuyard.shared.endpoints import REGISTER, SUBMIT, Subjects
 from gpuyard.shared.model import JobSpec, NodeSpec
+
+pytestmark = pytest.mark.slow  # (integration: `pytest -m "not slow"` leaves it out)
 
 
 async def ask_all(bus: Bus, subject: str, wait_s: float = 0.5) -> list[dict[str, Any]]:

@@ -45,6 +45,7 @@ def ef_options(
     return options
 
 
+@pytest.mark.slow
 async def test_elastic_resizes_end_with_the_job_and_free_its_gpus(
     tmp_path: Path, nats_url: str, toy_model: str
 ) -> None:
@@ -71,6 +72,7 @@ async def test_elastic_resizes_end_with_the_job_and_free_its_gpus(
     assert (by_id["c"].first_start, by_id["c"].end_time) == (125.0, pytest.approx(255.0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("arrival", "w_start"), [(None, 110.0), (104.0, 104.0)])
 async def test_a_job_ends_where_its_plan_ends_or_at_the_next_event_after(
     tmp_path: Path, nats_url: str, toy_model: str, arrival: float | None, w_start: float
@@ -140,6 +142,7 @@ async def test_admission_declines_what_cannot_make_it(
     assert all(r.end_time is not None and r.end_time <= r.spec.deadline for r in result.jobs)  # type: ignore[operator]
 
 
+@pytest.mark.slow
 async def test_admission_sees_the_progress_that_restart_pauses_took(
     tmp_path: Path, nats_url: str, toy_model: str
 ) -> None:
@@ -205,6 +208,7 @@ async def test_a_held_arrival_declined_at_its_event_starts_a_slot(
     ("scheme", "at_events"),
     [("ef-accessctrl", True), ("ef-accessctrl", False), ("edf-accessctrl", True)],
 )
+@pytest.mark.slow
 async def test_the_arrivals_of_one_event_are_decided_at_it_as_in_elasticflow(
     tmp_path: Path, nats_url: str, toy_model: str, scheme: str, at_events: bool
 ) -> None:
@@ -248,6 +252,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_cli_runs_a_scheme_and_names_a_wrong_one(tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]
     base = [
         "sim", "--trace", str(data("elasticflow/traces/gen_200jobs_lam900.csv")),
@@ -350,6 +355,7 @@ REFERENCE_FIG10 = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", sorted(REFERENCE_FIG10))
 async def test_fidelity_fig10(tmp_path: Path, nats_url: str, data, scheme: str) -> None:  # type: ignore[no-untyped-def]
     from gpuyard.workloads import load_cluster, load_workload

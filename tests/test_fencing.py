@@ -78,6 +78,7 @@ def _pid_job(cluster: RealCluster, name: str, stop_s: float | None = None) -> tu
     return ([*command, str(stop_s)] if stop_s is not None else command), path
 
 
+@pytest.mark.slow
 async def test_an_agent_cut_off_from_the_broker_stops_its_jobs_after_its_lease(
     tmp_path: Path,
 ) -> None:
@@ -140,6 +141,7 @@ async def _registered(cluster: RealCluster, node_id: str, times: int) -> bool:
     return len(_agent_events(cluster, node_id, "node.registered")) >= times
 
 
+@pytest.mark.slow
 async def test_a_broker_outage_shorter_than_the_lease_requeues_nothing(tmp_path: Path) -> None:
     """The broker down 3 s, agents' lease 6 s (shorter than the jobs: renewed), nodes lost after
     20 s: the same processes run on and every job ends once, in its first run; each agent
@@ -171,6 +173,7 @@ async def test_a_broker_outage_shorter_than_the_lease_requeues_nothing(tmp_path:
         await server.stop()
 
 
+@pytest.mark.slow
 async def test_a_placement_restart_requeues_nothing(nats_url: str, tmp_path: Path) -> None:
     """Placement killed -9 and started again only after its heartbeat timeout (3 s) is over: the
     silence clock starts at its own start, agents register again with what they run, and no job
@@ -197,6 +200,7 @@ async def test_a_placement_restart_requeues_nothing(nats_url: str, tmp_path: Pat
         assert not (await cluster.call(CLUSTER_INFO, Empty())).down
 
 
+@pytest.mark.slow
 async def test_a_cancel_shows_cancelled_only_once_the_ranks_are_gone(
     nats_url: str, tmp_path: Path
 ) -> None:
@@ -228,6 +232,7 @@ async def test_a_cancel_shows_cancelled_only_once_the_ranks_are_gone(
         assert record.reason == "cancelled by request" and record.nodes == []
 
 
+@pytest.mark.slow
 async def test_a_cancel_on_a_paused_agent_waits_until_the_node_is_lost(
     nats_url: str, tmp_path: Path
 ) -> None:

@@ -236,6 +236,7 @@ def test_every_endpoint_is_fuzzed() -> None:
     assert served <= set(TARGETS), served - set(TARGETS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("service", sorted(TARGETS))
 async def test_services_survive_garbage(plane: Plane, service: str) -> None:
     await asyncio.to_thread(fuzz_service, plane.bus, asyncio.get_running_loop(), service)

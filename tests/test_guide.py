@@ -36,6 +36,7 @@ def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return site
 
 
+@pytest.mark.slow
 def test_example_policy_is_short_and_its_unit_test_passes(installed: Path) -> None:
     code = [line for line in (EXAMPLE / "fewest_gpus.py").read_text().splitlines() if line.strip()]
     assert len(code) <= 25
@@ -54,6 +55,7 @@ def test_entry_point_registers_the_policy(installed: Path) -> None:
     assert policy.params.backfill is False
 
 
+@pytest.mark.slow
 def test_compare_with_las_in_one_command(installed: Path, tmp_path: Path) -> None:
     out = tmp_path / "cmp"
     result = subprocess.run(

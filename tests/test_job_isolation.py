@@ -86,6 +86,7 @@ def _node_profile(c: Secured, node: str, where: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 async def test_a_job_finds_no_secret_and_cannot_touch_its_agent(tmp_path: Path) -> None:
     async with secured_cluster(tmp_path, ["user.alice", "user.bob", "node.n1"]) as c:
         state = c.creds.root
@@ -152,6 +153,7 @@ async def test_a_job_finds_no_secret_and_cannot_touch_its_agent(tmp_path: Path) 
         assert sorted(p.name for p in (logs_of / victim).iterdir()) == ["rank0.log", "run"]
 
 
+@pytest.mark.slow
 def test_the_agent_refuses_job_accounts_that_could_read_a_secret(tmp_path: Path) -> None:
     secret = tmp_path / "cp" / "profiles" / "op.admin.json"
     secret.parent.mkdir(parents=True)

@@ -166,6 +166,7 @@ def learned() -> LearnedThroughputs:
     return LearnedThroughputs(GavelThroughputs(TABLE))
 
 
+@pytest.mark.slow
 async def test_a_part_that_stopped_as_it_was_told_asks_for_no_round(nats_url: str) -> None:
     """On the wall clock a change asks for a round at once. An agent's word that a part it was
     told to stop is gone changes nothing and asks for none: a round at every such exit had

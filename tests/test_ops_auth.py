@@ -24,6 +24,8 @@ from tests.polling import free_port, run_gpuyard, stop_processes, until
 
 from .jobaccount import AGENT_ARGS, JOB_PYTHON
 
+pytestmark = pytest.mark.slow  # (integration: `pytest -m "not slow"` leaves it out)
+
 CLUSTER = "flow"
 
 

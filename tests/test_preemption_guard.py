@@ -31,6 +31,7 @@ def trace(path: Path, jobs: list[tuple[str, int, float, float]]) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_las_with_a_preemption_cost_thrashes_without_the_guard(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -62,6 +63,7 @@ def test_las_with_a_preemption_cost_thrashes_without_the_guard(
     assert bare["makespan"] > 10 * guarded["makespan"]
 
 
+@pytest.mark.slow
 def test_a_held_decision_is_taken_when_the_lease_ends(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -87,6 +89,7 @@ def test_guard_option_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
     assert "argument --min-run-s: must be 0 or more, not -1" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_comparison_names_the_runs_that_thrash(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

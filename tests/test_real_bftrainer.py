@@ -18,6 +18,8 @@ import pytest
 from tests.polling import until
 from tests.test_real_elastic import CLUSTER, ElasticCluster, runs, train
 
+pytestmark = pytest.mark.slow  # (integration: `pytest -m "not slow"` leaves it out)
+
 
 def steps_on(cluster: ElasticCluster, job: str, rank: int, node: str) -> int:
     """The step a rank has reported, from its progress file (the scheduler's `steps_done`

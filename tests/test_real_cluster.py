@@ -36,6 +36,8 @@ from gpuyard.shared.model import JobRecord
 
 from .jobaccount import AGENT_ARGS, JOB_PYTHON
 
+pytestmark = pytest.mark.slow  # (integration: `pytest -m "not slow"` leaves it out)
+
 CLUSTER = "rc"
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
 ENV_DUMP = """

@@ -31,6 +31,8 @@ from tests.polling import free_port, until
 
 from .jobaccount import AGENT_ARGS, AGENT_CONFIG, JOB_PYTHON
 
+pytestmark = pytest.mark.slow  # (integration: `pytest -m "not slow"` leaves it out)
+
 CLUSTER = "efreal"
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
 STEP_S = 0.02

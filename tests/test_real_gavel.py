@@ -25,6 +25,8 @@ from tests.test_real_elastic import ElasticCluster
 
 from .jobaccount import JOB_PYTHON
 
+pytestmark = pytest.mark.slow  # (integration: `pytest -m "not slow"` leaves it out)
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
 ROUND_S = 2.0
 STEPS = 1_000_000  # more than the test lasts: the jobs run until the agents stop

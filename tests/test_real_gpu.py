@@ -53,6 +53,7 @@ GPUS = _nvml_gpus()
 # One worker runs them all: they share the machine's GPUs, and each reads its job's use of memory
 # against the GPU's use before it started.
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.skipif(not GPUS, reason="NVML finds no GPU on this machine"),
     pytest.mark.xdist_group("gpu"),
 ]

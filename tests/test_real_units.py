@@ -291,6 +291,7 @@ print(json.dumps([job.load_checkpoint(), job.previous_world_size, job.resized]),
 """
 
 
+@pytest.mark.slow
 def test_a_restarted_job_waits_for_its_earlier_run_to_checkpoint(tmp_path: Path) -> None:
     """As on another node after a resize: the new run starts while the old one still writes."""
     script = tmp_path / "slow.py"
@@ -390,6 +391,7 @@ async def test_the_agent_refuses_a_command_with_a_launch_that_carries_no_spec(
         await bus.close()
 
 
+@pytest.mark.slow
 async def test_a_job_told_to_share_gpus_runs_beside_their_holder_and_others_wait(
     nats_url: str, tmp_path: Path
 ) -> None:

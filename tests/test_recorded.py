@@ -64,6 +64,7 @@ def recorded(c: Case) -> dict:
 @pytest.mark.parametrize(
     "case", [pytest.param(c, id=c.name, marks=[pytest.mark.slow] if c.slow else []) for c in CASES]
 )
+@pytest.mark.slow
 def test_results_are_those_recorded(case: Case, tmp_path: Path) -> None:
     entry = recorded(case)
     summary = run_case(case, tmp_path)

@@ -21,6 +21,8 @@ from gpuyard.shared.endpoints import POLICY, QUERY, SUBMIT
 
 from .test_real_cluster import CLUSTER, RealCluster, _train
 
+pytestmark = pytest.mark.slow  # (integration: `pytest -m "not slow"` leaves it out)
+
 RETRY_S = 30.0
 
 

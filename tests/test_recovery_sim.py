@@ -22,6 +22,8 @@ from gpuyard.shared.model import ClusterSpec, JobSpec
 from gpuyard.sim import SimOptions, simulate
 from gpuyard.workloads import blox
 
+pytestmark = pytest.mark.slow  # (integration: `pytest -m "not slow"` leaves it out)
+
 CLUSTER = ClusterSpec.parse("2x4")
 POLICY = "tiresias"
 PARAMS = {"thresholds": [3000.0], "promote_knob": 1.0}

@@ -117,6 +117,7 @@ def test_timeline_csv_is_what_pandas_writes(tmp_path: Path) -> None:
     assert (tmp_path / "timeline.csv").read_text() == expected
 
 
+@pytest.mark.slow
 def test_rows_cost_their_numbers() -> None:
     """A million-job replay keeps every row until it writes them: about 200 bytes a job beside
     its id, not a tuple of Python objects (about 500)."""

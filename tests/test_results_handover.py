@@ -68,6 +68,7 @@ async def test_the_scheduler_forgets_the_jobs_that_ended_once_they_were_taken(
             await bus.close()
 
 
+@pytest.mark.slow
 async def test_results_taken_while_the_run_goes_are_those_taken_at_its_end(
     tmp_path: Path, nats_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -102,6 +102,7 @@ async def test_nobody_gets_in_without_credentials(cluster: Secured, tmp_path: Pa
         )  # fmt: skip
 
 
+@pytest.mark.slow
 async def test_a_node_acts_only_for_itself_and_its_jobs(cluster: Secured) -> None:
     n1, n2 = await cluster.client("node.n1"), await cluster.client("node.n2")
     beats = [await fake_agent(n1, "n1"), await fake_agent(n2, "n2")]
@@ -167,6 +168,7 @@ async def test_a_node_acts_only_for_itself_and_its_jobs(cluster: Secured) -> Non
         beat.cancel()
 
 
+@pytest.mark.slow
 async def test_a_node_that_registers_itself_must_heartbeat(cluster: Secured) -> None:
     """A node credential registering a big node that never heartbeats: declared lost."""
     n3 = await cluster.client("node.n3")
@@ -287,6 +289,7 @@ async def test_a_removed_identity_is_refused(cluster: Secured) -> None:
         )  # fmt: skip
 
 
+@pytest.mark.slow
 async def test_a_stuck_node_agent_does_not_stall_the_rounds(cluster: Secured) -> None:
     """An agent that stops answering in the middle of a command (as one killed there, or hung):
     placement does not wait for it, other jobs start elsewhere at once, and the silent node is
@@ -317,6 +320,7 @@ async def test_a_stuck_node_agent_does_not_stall_the_rounds(cluster: Secured) ->
     assert await running_on(cluster, await submit(cluster, "user.bob", gpus=1)) == "good"
 
 
+@pytest.mark.slow
 async def test_logs_follow_believes_only_the_nodes_a_job_runs_on(cluster: Secured) -> None:
     """`gpuyard logs -f`: a node may write log lines only as itself (the server), and the command
     asks for the job's files only the nodes it ran on and shows live lines only from a node the

@@ -179,6 +179,7 @@ async def test_multi_gpu_jobs_on_partly_free_nodes(tmp_path: Path, nats_url: str
     assert timeline["busy_gpus"].max() == 8
 
 
+@pytest.mark.slow
 async def test_result_files(tmp_path: Path, nats_url: str) -> None:
     jobs = poisson_workload(60, 30.0, seed=3, gpu_demand={1: 0.5, 2: 0.3, 4: 0.2})
     options = SimOptions(cluster=ClusterSpec.parse("4x4"))
@@ -196,6 +197,7 @@ async def test_result_files(tmp_path: Path, nats_url: str) -> None:
         assert (tmp_path / name).stat().st_size > 0
 
 
+@pytest.mark.slow
 async def test_same_seed_same_results(tmp_path: Path, nats_url: str) -> None:
     jobs = poisson_workload(80, 40.0, seed=7, gpu_demand={1: 0.6, 4: 0.4})
     options = SimOptions(cluster=ClusterSpec.parse("3x4"), mode="rounds", round_s=120.0)
@@ -205,6 +207,7 @@ async def test_same_seed_same_results(tmp_path: Path, nats_url: str) -> None:
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
 
 
+@pytest.mark.slow
 async def test_two_simulations_share_one_server(tmp_path: Path, nats_url: str) -> None:
     """Run concurrently on one server under two namespaces: each gives what it gives alone."""
     loads = {"low": poisson_workload(50, 10.0, seed=1), "high": poisson_workload(50, 60.0, seed=2)}
@@ -229,6 +232,7 @@ async def test_two_simulations_share_one_server(tmp_path: Path, nats_url: str) -
     assert low["queueing_delay"].mean() < high["queueing_delay"].mean()
 
 
+@pytest.mark.slow
 async def test_one_process_per_service_gives_the_same_results(
     tmp_path: Path, nats_url: str
 ) -> None:
@@ -256,6 +260,7 @@ async def test_job_that_can_never_fit_is_rejected_not_lost(tmp_path: Path, nats_
     assert result.summary["completed"] == 1
 
 
+@pytest.mark.slow
 async def test_load_admission_holds_then_admits_in_order(tmp_path: Path, nats_url: str) -> None:
     """Blox's load-based admission: b and c wait in the overflow queue until a's GPUs free up."""
     options = SimOptions(
@@ -269,6 +274,7 @@ async def test_load_admission_holds_then_admits_in_order(tmp_path: Path, nats_ur
     assert by_id["c"].submit_time == 20.0
 
 
+@pytest.mark.slow
 async def test_preemption_cost_is_charged_as_lost_progress(tmp_path: Path, nats_url: str) -> None:
     """A high-priority arrival preempts a running job at t=10; it resumes at 60."""
     from gpuyard.services.simclock.service import PreemptionCost
@@ -289,6 +295,7 @@ async def test_preemption_cost_is_charged_as_lost_progress(tmp_path: Path, nats_
         assert by_id["low"].end_time == low_end  # 10 s done, -4 checkpoint, -6 restore
 
 
+@pytest.mark.slow
 async def test_node_churn_preempts_and_jobs_resume(tmp_path: Path, nats_url: str) -> None:
     """gpu-0000 leaves at 50 (taking job a's GPU) and returns at 80.
 
@@ -308,6 +315,7 @@ async def test_node_churn_preempts_and_jobs_resume(tmp_path: Path, nats_url: str
     assert timeline.loc[timeline["time"] == 80.0, "gpus"].item() == 2
 
 
+@pytest.mark.slow
 async def test_job_without_throughput_anywhere_is_rejected_with_a_reason(
     tmp_path: Path, nats_url: str
 ) -> None:
@@ -342,6 +350,7 @@ async def test_no_wake_up_after_the_last_job(tmp_path: Path, nats_url: str) -> N
     assert result.summary["utilization"] == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 async def test_fifo_backfill_runs_without_preemptions(tmp_path: Path, nats_url: str) -> None:
     """Multi-GPU jobs under FIFO with backfill: jobs jump ahead of ones that do not fit, and none
     is ever preempted (only priority preempts under FIFO)."""
@@ -356,6 +365,7 @@ async def test_fifo_backfill_runs_without_preemptions(tmp_path: Path, nats_url: 
     assert sum(r.preemptions for r in result.jobs) == 0
 
 
+@pytest.mark.slow
 async def test_heterogeneous_cluster_uses_every_type_and_never_fails_a_job(
     tmp_path: Path, nats_url: str, data
 ) -> None:
@@ -415,6 +425,7 @@ async def test_the_clock_waits_for_the_node_commands_a_reply_names(
     ("policy", "params"),
     [("fifo", {}), ("fifo", {"backfill": True}), ("sjf", {"preemptive": True, "backfill": True})],
 )
+@pytest.mark.slow
 async def test_a_long_queue_is_decided_from_what_changed(
     tmp_path: Path, nats_url: str, monkeypatch: pytest.MonkeyPatch, policy: str, params: dict
 ) -> None:

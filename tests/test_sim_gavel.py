@@ -90,6 +90,7 @@ async def test_the_scheduler_hears_the_steps_the_simulated_nodes_did(
     assert by_id["c"].steps_done > 0 and by_id["c"].steps_done % 360 == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", GAVEL_POLICIES)
 async def test_every_gavel_policy_runs_a_heterogeneous_workload(
     tmp_path: Path, nats_url: str, policy: str
@@ -110,6 +111,7 @@ async def test_every_gavel_policy_runs_a_heterogeneous_workload(
     ).read_bytes()
 
 
+@pytest.mark.slow
 async def test_heterogeneity_aware_las_beats_agnostic_las(tmp_path: Path, nats_url: str) -> None:
     """A's jobs are twice as fast on a v100, B's three times: the aware policy gives each type to
     the jobs that gain most from it, and the mean JCT falls (Gavel's headline effect)."""

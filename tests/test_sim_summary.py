@@ -11,6 +11,7 @@ import structlog
 from gpuyard.cli import main
 
 
+@pytest.mark.slow
 def test_rejected_jobs_count_in_the_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Seed 0's first eight jobs include two of 8 GPUs, which a 1x4 cluster can never run.
     try:

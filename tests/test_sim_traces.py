@@ -42,6 +42,7 @@ async def test_trace_runs_end_to_end(
         assert record.end_time is not None and record.end_time > record.submit_time
 
 
+@pytest.mark.slow
 async def test_own_csv_format_round_trips_through_a_simulation(
     tmp_path: Path, nats_url: str
 ) -> None:

@@ -46,6 +46,7 @@ async def bucket(nats_url: str) -> AsyncIterator[KvStore]:
         await nc.close()
 
 
+@pytest.mark.slow
 async def test_of_two_contenders_one_wins_and_a_paused_holder_loses(bucket: KvStore) -> None:
     a, b = Lease(bucket.kv, "a", LEASE_S), Lease(bucket.kv, "b", LEASE_S)
     contending = {asyncio.ensure_future(a.acquire()): a, asyncio.ensure_future(b.acquire()): b}
@@ -73,6 +74,7 @@ async def test_of_two_contenders_one_wins_and_a_paused_holder_loses(bucket: KvSt
     await c.release()
 
 
+@pytest.mark.slow
 async def test_a_replacement_seizes_the_lease_its_standby_waits_on(bucket: KvStore) -> None:
     """A plain start (a replacement, `gpuyard service` without --standby) takes the lease at once
     from its holder, whose next renewal finds it taken; the standby goes on waiting."""
@@ -146,6 +148,7 @@ async def _micro_ids(bus: Bus, name: str) -> set[str]:
     return ids
 
 
+@pytest.mark.slow
 async def test_a_paused_leader_loses_its_lease_to_the_standby_and_stops_serving(
     nats_url: str, tmp_path: Path
 ) -> None:
@@ -193,6 +196,7 @@ async def _terminate(*procs: asyncio.subprocess.Process | None) -> None:
             await proc.wait()
 
 
+@pytest.mark.slow
 async def test_a_graceful_stop_hands_the_lease_over_at_once(
     nats_url: str, tmp_path: Path
 ) -> None:

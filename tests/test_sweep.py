@@ -159,6 +159,7 @@ class Mine(Fifo):
 # --------------------------------------------------------------------------- one machine
 
 
+@pytest.mark.slow
 def test_the_sweep_writes_one_table_in_parquet_and_csv(local_sweep: Path) -> None:
     table = pd.read_parquet(local_sweep / "results.parquet")
     assert list(table["name"]) == [f"{p}-seed{s}" for p in ("fifo", "srtf") for s in range(3)]
@@ -174,6 +175,7 @@ def test_the_sweep_writes_one_table_in_parquet_and_csv(local_sweep: Path) -> Non
     assert table.loc[0, "mean_jct"] != table.loc[1, "mean_jct"]
 
 
+@pytest.mark.slow
 def test_a_sweep_run_is_the_simulation_gpuyard_sim_runs(local_sweep: Path, tmp_path: Path) -> None:
     result = gpuyard("sim", "--policy", "srtf", "--jobs", "80", "--load", "30", "--seed", "1",
                      "--cluster-spec", "4x2", "--out", str(tmp_path / "sim"))  # fmt: skip
@@ -183,6 +185,7 @@ def test_a_sweep_run_is_the_simulation_gpuyard_sim_runs(local_sweep: Path, tmp_p
         assert ours == (tmp_path / "sim" / name).read_bytes(), name
 
 
+@pytest.mark.slow
 def test_a_failed_run_is_recorded_and_a_sweep_resumes(tmp_path: Path) -> None:
     write(tmp_path, "job_id,arrival_time_s,duration_s,num_gpus\n1,0,600,1\n2,10,oops,1\n", "bad.csv")
     write(tmp_path, "[base]\ncluster_spec = '2x2'\n[[runs]]\npolicy = 'fifo'\njobs = 10\n"
@@ -210,6 +213,7 @@ def test_a_failed_run_is_recorded_and_a_sweep_resumes(tmp_path: Path) -> None:
     assert broken.stat().st_mtime_ns != stamps[broken]
 
 
+@pytest.mark.slow
 def test_an_interrupted_sweep_keeps_what_came_back_and_goes_on(tmp_path: Path) -> None:
     write(tmp_path, "[base]\njobs = 60\ncluster_spec = '2x2'\n[grid]\nseed = [0, 1, 2, 3]\n")
     proc = subprocess.Popen(
@@ -236,6 +240,7 @@ def test_an_interrupted_sweep_keeps_what_came_back_and_goes_on(tmp_path: Path) -
 # --------------------------------------------------------------------------- many machines
 
 
+@pytest.mark.slow
 async def test_four_workers_one_killed_give_the_single_machine_results(
     local_sweep: Path, nats_url: str, tmp_path: Path
 ) -> None:
@@ -287,6 +292,7 @@ async def test_four_workers_one_killed_give_the_single_machine_results(
             assert ours == (local_sweep / "runs" / run / name).read_bytes(), (run, name)
 
 
+@pytest.mark.slow
 async def test_a_worker_does_not_run_again_a_run_whose_result_is_stored(nats_url: str) -> None:
     """At-least-once delivery can hand out a run twice: its stored result stands."""
     import msgspec
@@ -320,6 +326,7 @@ async def test_a_worker_does_not_run_again_a_run_whose_result_is_stored(nats_url
     await nc.close()
 
 
+@pytest.mark.slow
 async def test_a_worker_waiting_for_runs_stops_at_once(nats_url: str, tmp_path: Path) -> None:
     """Stopped (SIGTERM, or its sweep ending) while it waits for a run, a sweep's local worker is
     gone at once, not after its connection's drain timeout (5 s) spent on the queue request it
@@ -409,6 +416,7 @@ def _server_cpus(pid: int) -> list[set[int]]:
     return found
 
 
+@pytest.mark.slow
 async def test_workers_started_by_the_sweep_connect_as_it_does(tmp_path: Path) -> None:
     """`sweep --nats URL --workers N` on a server with users: the workers it starts get its
     identity (the password through their environment, not their command line)."""
@@ -431,6 +439,7 @@ async def test_workers_started_by_the_sweep_connect_as_it_does(tmp_path: Path) -
     assert pd.read_csv(tmp_path / "out" / "results.csv")["status"].tolist() == ["ok"]
 
 
+@pytest.mark.slow
 async def test_a_server_that_refuses_the_sweep_queue_is_one_line(tmp_path: Path) -> None:
     """An identity without JetStream (e.g. a cluster's, from `gpuyard auth`): the refusal, named."""
     from gpuyard.embedded import EmbeddedNats
@@ -504,6 +513,7 @@ def test_runs_without_loads_or_seeds_are_kept_apart_by_the_inputs_that_vary() ->
     assert summary["deadlines met (%)"].tolist() == ["50.0", "25.0", "100", "90.0"]
 
 
+@pytest.mark.slow
 def test_deadline_ratios_get_their_figure(local_sweep: Path, tmp_path: Path) -> None:
     from gpuyard.sweep.report import write_report
 
@@ -517,6 +527,7 @@ def test_deadline_ratios_get_their_figure(local_sweep: Path, tmp_path: Path) -> 
     assert summary["deadlines met (%)"].tolist() == ["60.0 ± 24.8", "90.0 ± 24.8"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (Debian package `chromium`) to render the report")
 def test_the_html_report_renders_with_every_figure(local_sweep: Path, tmp_path: Path) -> None:
     result = gpuyard("report", str(local_sweep), "--out", str(tmp_path / "report"))

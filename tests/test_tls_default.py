@@ -140,6 +140,7 @@ def remote_up(tmp_path: Path) -> Iterator[Up]:
         up.stop()
 
 
+@pytest.mark.slow
 def test_up_beyond_loopback_serves_tls_with_its_own_ca(remote_up: Up) -> None:
     up = remote_up
     said = up.start()

@@ -112,6 +112,7 @@ def random_inputs(draw):
 @pytest.mark.parametrize(
     "name", ["fifo", "sjf", "srtf", "las", "tiresias", "tiresias-gittins", "optimus"]
 )
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(data=random_inputs())
 def test_allocations_always_valid(name: str, data: SchedulingInput):

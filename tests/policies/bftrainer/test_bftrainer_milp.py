@@ -96,6 +96,7 @@ def random_problem(rng: np.random.Generator) -> Problem:
     )
 
 
+@pytest.mark.slow
 def test_the_dynamic_programme_finds_the_milps_optimum() -> None:
     """On random problems the table gives the brute-force optimum, the solver's objective, and
     alike jobs their nodes least-trained first."""

@@ -20,6 +20,8 @@ import pytest
 from gpuyard.shared.model import ClusterSpec, JobSpec
 from gpuyard.sim import SimOptions, simulate
 
+pytestmark = pytest.mark.slow  # (integration: `pytest -m "not slow"` leaves it out)
+
 ROUND = 300.0
 STARVATION_S = 3.6e6
 

@@ -1028,6 +1028,7 @@ print(digest.hexdigest())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 OpenBLAS kernels")
 def test_interior_points_are_the_same_bits_whatever_blas_kernel_runs() -> None:
     """The interior points (and so a Gavel run's results) do not depend on which kernel OpenBLAS

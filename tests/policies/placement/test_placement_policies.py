@@ -141,6 +141,7 @@ def scenarios(draw):
     return node_list, allocs, current, draw(st.floats(0, 1e6))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario=scenarios())
