@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -123,7 +124,7 @@ def _still_good(path: Path, ca: x509.Certificate, hosts: list[str]) -> bool:
         cert = x509.load_pem_x509_certificate(path.read_bytes())
         cert.verify_directly_issued_by(ca)
         names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except (OSError, ValueError, TypeError, x509.ExtensionNotFound, x509.InvalidSignature):
+    except (OSError, ValueError, TypeError, x509.ExtensionNotFound, InvalidSignature):
         return False
     left = cert.not_valid_after_utc - datetime.datetime.now(datetime.UTC)
     return set(names) == {_san(h) for h in hosts} and left > datetime.timedelta(days=RENEW_DAYS)

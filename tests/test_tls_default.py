@@ -69,6 +69,19 @@ def test_the_cluster_ca_is_made_once_and_signs_the_servers_names(tmp_path: Path)
     )
 
 
+def test_a_new_ca_gets_a_new_server_certificate(tmp_path: Path) -> None:
+    """The CA made again (its files removed): the server's certificate, signed by the old one, is
+    made again under the new one, not kept."""
+    folder = tmp_path / "tls"
+    cluster_tls(folder, ["192.0.2.7"], CLUSTER)
+    (folder / "ca.pem").unlink()
+    (folder / "ca.key").unlink()
+    ca, cert, _ = cluster_tls(folder, ["192.0.2.7"], CLUSTER)
+    x509.load_pem_x509_certificate(cert.read_bytes()).verify_directly_issued_by(
+        x509.load_pem_x509_certificate(ca.read_bytes())
+    )
+
+
 def test_a_throwaway_pki_for_tests(tmp_path: Path) -> None:
     _, cert, key = make_pki(tmp_path, host="127.0.0.1", days=1)
     assert names_of(cert) == {"127.0.0.1"} and stat.S_IMODE(key.stat().st_mode) == 0o600
