@@ -460,6 +460,8 @@ def format_summary(summary: dict[str, Any]) -> str:
             lines.append(f"{key:<12} {summary[key]}")
     total = summary.get("jobs_in_workload", summary["jobs"])
     counts = f"{summary['completed']:,} completed, {summary['failed']:,} failed"
+    if summary.get("declined"):
+        counts += f", {summary['declined']:,} declined by admission"
     lines.append(f"jobs         {counts} of {total:,}")
     if "window" in summary:
         first, end = summary["window"]

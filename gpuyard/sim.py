@@ -189,7 +189,8 @@ def elasticflow_options(
     # (`node-sets`; EDF's jobs in the order its policy lists them). `dlas-gpu` charges only the
     # jobs it starts, never a move: `buddy` keeps running jobs where they are, as ElasticFlow's
     # charges assume. Its Gandiva places on node sets of its own; Chronus is another simulator.
-    placement, placement_params = "buddy", {}
+    placement = "buddy"
+    placement_params: dict[str, Any] = {}
     if scheme not in ("gandiva", "chronus", "dlas-gpu"):
         order = "given" if policy == "edf" else "largest-first"
         placement, placement_params = "node-sets", {"order": order}
@@ -687,8 +688,10 @@ async def simulate(
             ]
             await asyncio.to_thread(write_stats, stats, out)
             reached = final.now
+            if final.declined:  # (no service keeps them: the clock heard admission's verdicts)
+                rows.add_declined(written.specs(), final.declined)
             if options.elasticflow:
-                runs, declined = await deadline_events(bus)
+                runs = await job_runs(bus)
     wall = time.perf_counter() - started
     labels = {
         "cluster": cluster_label(options.cluster),
@@ -707,7 +710,7 @@ async def simulate(
         "min_run_s": options.min_run_s,
         "simulated_s": reached,
         "wall_s": round(wall, 3),
-        "jobs_in_workload": written.jobs,  # (jobs admission rejected have no record)
+        "jobs_in_workload": written.jobs,
     }
     if interrupted is None:
         extra["instants"] = final.instants
@@ -726,7 +729,6 @@ async def simulate(
         # `--policy` named the scheme: comparisons list runs by it
         extra |= {"policy": options.elasticflow, "scheme": options.elasticflow,
                   "scheduling_policy": options.policy}  # fmt: skip
-        rows.add_declined(written.specs(), declined)
         deadlines = {"efficiency": efficiency}
     if options.window is not None:
         first, end = options.window
@@ -790,9 +792,9 @@ def churn_figures(final: Progress, stats: list[ServiceStats]) -> dict[str, Any]:
     }
 
 
-async def deadline_events(bus: Bus) -> tuple[list[JobRun], dict[str, str]]:
+async def job_runs(bus: Bus) -> list[JobRun]:
     """From the run's event stream: every job's runs (the GPUs it runs on from each start or
-    resize, none from each stop) and why admission declined the jobs it declined."""
+    resize, none from each stop)."""
     js = bus.nc.jetstream()
     last = -1
     while True:  # events are published, not acknowledged: let the stream take the last ones in
@@ -802,18 +804,13 @@ async def deadline_events(bus: Bus) -> tuple[list[JobRun], dict[str, str]]:
         last = state
         await asyncio.sleep(0.05)
     kinds = ["job.started", "job.resized", "job.preempted", "job.completed", "job.failed",
-             "job.cancelled", "job.rejected"]  # fmt: skip
+             "job.cancelled"]  # fmt: skip
     runs: list[JobRun] = []
-    declined: dict[str, str] = {}
     async for stored in read_events(bus.nc, bus.subjects, types=kinds):
         event = stored.event
-        if event is None or event.job_id is None:
-            continue
-        if event.type == "job.rejected":
-            declined[event.job_id] = event.reason
-        else:
+        if event is not None and event.job_id is not None:
             runs.append((event.now, event.job_id, list(event.gpus)))
-    return runs, declined
+    return runs
 
 
 class ProgressBar:

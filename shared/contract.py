@@ -561,6 +561,9 @@ class Progress(Struct, kw_only=True):
     """Steps lost to growing and shrinking jobs (`JobSpec.rescale_up_s`, `rescale_down_s`)."""
     preemption_steps: float = 0.0
     """Steps lost by jobs whose nodes left (`JobSpec.rescale_down_s` of the rate they ran at)."""
+    declined: dict[str, str] = msgspec.field(default_factory=dict)
+    """The jobs admission declined, each with its reason, in the last report (`done`) only: they
+    have no record in the scheduler, and the results must still list them."""
 
 
 class TimelinePoint(Struct, array_like=True):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
 import json
 import os
 import subprocess
@@ -236,6 +237,25 @@ def test_skipped_lines_are_listed(tmp_path: Path) -> None:
         f"  {trace}, line {n}, field 'duration_s': 'oops' is not a number" for n in range(3, 8)
     ]
     assert listed[5] == "  ... and 3 more"
+
+
+@pytest.mark.slow
+def test_a_job_that_can_never_run_is_listed_as_declined_with_why(tmp_path: Path) -> None:
+    """Nothing vanishes: admission declines a job no node can hold; the results list it."""
+    trace = tmp_path / "jobs.csv"
+    trace.write_text("job_id,arrival_time_s,duration_s,num_gpus\n0,10,100,16\n1,20,100,1\n")
+    out = tmp_path / "run"
+    result = gpuyard("sim", "--trace", str(trace), "--cluster-spec", "2x4", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "jobs         1 completed, 0 failed, 1 declined by admission of 2" in result.stdout
+    rows = {row["job_id"]: row for row in csv.DictReader((out / "jobs.csv").open())}
+    assert rows["1"]["state"] == "completed"
+    declined = rows["0"]
+    assert (declined["state"], declined["admission"], declined["num_gpus"]) == (
+        "declined", "declined", "16"
+    )
+    assert "16 GPUs" in declined["reason"] and declined["start"] == ""
+    assert json.loads((out / "summary.json").read_text())["declined"] == 1
 
 
 @pytest.mark.slow

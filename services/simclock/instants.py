@@ -39,7 +39,8 @@ def plan_instant(*, nodes: bool, exits: bool, submit: bool) -> list[tuple[Step, 
     the jobs that arrived with those held to decide again), each with whether it carries the
     scheduler's tick: the last one does (the scheduler runs its round if one is due). None: a
     tick goes alone, if one is due."""
-    steps = [s for s, due in (("nodes", nodes), ("exits", exits), ("submit", submit)) if due]
+    asked: list[tuple[Step, bool]] = [("nodes", nodes), ("exits", exits), ("submit", submit)]
+    steps = [s for s, due in asked if due]
     return [(step, i == len(steps) - 1) for i, step in enumerate(steps)]
 
 
@@ -227,6 +228,7 @@ class InstantLoop:
         for r in reply.results:
             if r.verdict == "reject":
                 self.rejected += 1
+                self.clock.declined[r.job_id] = r.reason
                 self.clock.nodes.jobs.pop(r.job_id, None)
                 self.awaited.discard(r.job_id)
         if reply.scheduler is None:

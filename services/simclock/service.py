@@ -86,6 +86,8 @@ class SimClock(Service):
         self.timeline = Timeline()
         self.task: asyncio.Task[None] | None = None
         self.progress = Progress(now=0.0, submitted=0, finished=0, total=0, instants=0)
+        self.declined: dict[str, str] = {}
+        """The jobs admission declined, and why (for the results: no service keeps them)."""
         self.unreported: dict[str, StepsReport] = {}  # progress the scheduler has not heard of
         self.commands_handled = 0  # the number of the last `clock.cmds` handled
         self.commands_due = 0  # ... that the services' replies named
@@ -240,6 +242,7 @@ class SimClock(Service):
         progress = self.progress
         if progress.done:  # (a sum over every job: only the last report carries it)
             progress.steps_done = self.runs.steps_done()
+            progress.declined = self.declined
         progress.rescale_steps = self.runs.rescale_steps
         progress.preemption_steps = self.nodes.preemption_steps
         await self.bus.publish(PROGRESS, progress)
