@@ -73,7 +73,7 @@ def parse_demand(text: str) -> dict[int, float]:
     return demand
 
 
-GENERATOR_DEFAULTS = {"jobs": 400, "load": [20.0], "seed": [0]}
+GENERATOR_DEFAULTS: dict[str, Any] = {"jobs": 400, "load": [20.0], "seed": [0]}
 DEFAULT_DEMAND = {1: 0.7, 2: 0.1, 4: 0.15, 8: 0.05}
 GENERATOR_OPTIONS = ("--generator", "--jobs", "--load", "--gpu-demand")
 """Options a --trace refuses (`--seed` is not among them: it also seeds the policies)."""

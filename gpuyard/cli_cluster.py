@@ -651,13 +651,13 @@ def job_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
 
         data = read_document(args.file)
         jobs = data["jobs"] if isinstance(data, dict) and "jobs" in data else [data]
-        for i, job in enumerate(jobs):
-            if not isinstance(job, dict):
+        for i, given in enumerate(jobs):
+            if not isinstance(given, dict):
                 continue  # admission names what is wrong with it
-            if not job.get("command"):
+            if not given.get("command"):
                 where = f"job {i + 1}" if len(jobs) > 1 else "the job"
                 raise ValueError(f"{args.file}: {where} has no `command`: nothing would run")
-            job.setdefault("workdir", workdir)
+            given.setdefault("workdir", workdir)
         return jobs
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:

@@ -407,7 +407,8 @@ async def unless_refused(work: Awaitable[int], refused: asyncio.Future[str], bus
     waiting for a reply that cannot come)."""
     task = asyncio.ensure_future(work)
     try:
-        await asyncio.wait({task, refused}, return_when=asyncio.FIRST_COMPLETED)
+        either: set[asyncio.Future[Any]] = {task, refused}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if task.done():
             return task.result()
     finally:

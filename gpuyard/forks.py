@@ -106,7 +106,11 @@ class Forked:
         """Wait, without blocking the loop, for it to end; its exit code."""
         loop = asyncio.get_running_loop()
         ended = loop.create_future()
-        loop.add_reader(self.process.sentinel, lambda: ended.done() or ended.set_result(None))
+        def end() -> None:
+            if not ended.done():
+                ended.set_result(None)
+
+        loop.add_reader(self.process.sentinel, end)
         try:
             await ended
         finally:

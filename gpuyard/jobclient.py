@@ -111,6 +111,8 @@ class JobClient:
         env = dict(os.environ) if env is None else env
         job_id = env.get("GPUYARD_JOB_ID") or env.get("job_id") or "local"
         progress = env.get("GPUYARD_PROGRESS_FILE")
+        if env.get("GPUYARD_GRACE_S"):
+            options = {"grace_s": float(env["GPUYARD_GRACE_S"]), **options}
         return cls(
             job_id=job_id,
             rank=int(env.get("RANK") or env.get("dist_rank") or 0),
@@ -119,7 +121,6 @@ class JobClient:
             attempt=int(env.get("GPUYARD_ATTEMPT") or 0),
             checkpoint_dir=Path(env.get("GPUYARD_CHECKPOINT_DIR") or Path("checkpoints") / job_id),
             progress_file=Path(progress) if progress else None,
-            **({"grace_s": float(env["GPUYARD_GRACE_S"])} if env.get("GPUYARD_GRACE_S") else {}),
             gpu_type=env.get("GPUYARD_GPU_TYPE", ""),
             **options,
         )

@@ -166,19 +166,19 @@ HEARTBEATS = Endpoint("place.heartbeats", Empty, HeartbeatsPage, "anyone -> plac
 NODE_COMMAND = Endpoint("node.{node}.cmd", NodeCommand, NodeCommandReply, "placement -> node agent (simclock)", ("nodeagent", "simclock"), callers=("placement",))  # fmt: skip
 NODE_LOGS = Endpoint("node.{node}.logs", LogsRequest, LogsReply, "CLI -> node agent", ("nodeagent",), callers=(*PEOPLE, DRIVER))  # fmt: skip
 HEARTBEAT = Endpoint("node.{node}.hb", Heartbeat, Ack, "node agent -> placement (its answer renews the agent's lease)", ("placement",), "node", callers=("node",))  # fmt: skip
-REREGISTER = Endpoint("node.{node}.register", Empty, None, "placement -> node agent (register again)", callers=("placement",), listeners=("node",))  # fmt: skip
-LOG_LINE = Endpoint("logs.{job}.{node}", LogLine, None, "node agents -> `gpuyard logs -f`", (), "node", callers=("node",), listeners=PEOPLE)  # fmt: skip
+REREGISTER: Endpoint[Empty, None] = Endpoint("node.{node}.register", Empty, None, "placement -> node agent (register again)", callers=("placement",), listeners=("node",))  # fmt: skip
+LOG_LINE: Endpoint[LogLine, None] = Endpoint("logs.{job}.{node}", LogLine, None, "node agents -> `gpuyard logs -f`", (), "node", callers=("node",), listeners=PEOPLE)  # fmt: skip
 
 # --------------------------------------------------------------------------- simulation clock
 
-NODE_COMMANDS = Endpoint("clock.cmds", NodeCommands, None, "placement -> simclock (simulated nodes, one publish per apply)", ("simclock",), callers=("placement",))  # fmt: skip
+NODE_COMMANDS: Endpoint[NodeCommands, None] = Endpoint("clock.cmds", NodeCommands, None, "placement -> simclock (simulated nodes, one publish per apply)", ("simclock",), callers=("placement",))  # fmt: skip
 RUN = Endpoint("clock.run", RunRequest, Ack, "driver -> simclock", ("simclock",), callers=(DRIVER,))
 TIMELINE = Endpoint("clock.timeline", PageQuery, TimelinePage, "driver -> simclock", ("simclock",), callers=(DRIVER,))  # fmt: skip
-PROGRESS = Endpoint("progress", Progress, None, "simclock -> drivers", callers=(DRIVER,), listeners=(*PEOPLE, DRIVER))  # fmt: skip
+PROGRESS: Endpoint[Progress, None] = Endpoint("progress", Progress, None, "simclock -> drivers", callers=(DRIVER,), listeners=(*PEOPLE, DRIVER))  # fmt: skip
 
 # --------------------------------------------------------------------------- events
 
-EVENT = Endpoint(
+EVENT: Endpoint[Event, None] = Endpoint(
     "evt.{type}", Event, None, "services -> JetStream stream `GPUYARD_<c>_EVENTS` (stored)",
     callers=CONTROL_PLANE, listeners=(*PEOPLE, "scheduler", "admission", DRIVER),
 )  # fmt: skip

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import msgspec
 import structlog
@@ -93,7 +93,9 @@ T = TypeVar("T")
 # our own clients check the version once, in the services' ping replies.
 _ERROR_HEADERS = {VERSION_HEADER: str(CONTRACT_VERSION), STATUS_HEADER: "error"}
 
-Handler = Callable[[Any], Awaitable[Any]]
+Handler = Callable[..., Awaitable[Any]]
+"""A request's handler: `handler(request)`, or `handler(request, caller=...)` where the subject names
+its sender."""
 
 
 @dataclass
@@ -675,8 +677,16 @@ def _version_refused(msg: Msg) -> BadRequest | None:
     )
 
 
+class ServiceClass(Protocol):
+    """A service's class: its name, and made from a bus and its configuration."""
+
+    name: str
+
+    def __call__(self, bus: Bus, config: Any) -> Service: ...
+
+
 def run_service(
-    service_cls: type[Service], config_cls: type[Any], argv: list[str] | None = None
+    service_cls: ServiceClass, config_cls: type[Any], argv: list[str] | None = None
 ) -> None:
     """The entry point of a service run on its own: `--nats URL --cluster NAME --config FILE.json`."""
     import signal

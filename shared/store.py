@@ -16,6 +16,7 @@ import asyncio
 import base64
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Annotated, Any, TypeVar
 
 import msgspec
@@ -138,9 +139,7 @@ class KvStore(NullStore):
             await asyncio.gather(
                 *(
                     self.while_unavailable(
-                        lambda k=k, v=v: self.kv.put(
-                            k, v if isinstance(v, bytes) else _encoder.encode(v)
-                        )
+                        partial(self.kv.put, k, v if isinstance(v, bytes) else _encoder.encode(v))
                     )
                     for k, v in items.items()
                 )
@@ -149,7 +148,7 @@ class KvStore(NullStore):
     async def delete_many(self, keys: list[str]) -> None:
         if keys:
             await asyncio.gather(
-                *(self.while_unavailable(lambda k=k: self.kv.delete(k)) for k in keys)
+                *(self.while_unavailable(partial(self.kv.delete, k)) for k in keys)
             )
 
     async def load(self) -> dict[str, bytes]:

@@ -189,8 +189,8 @@ def plan(config: SweepFile, source: Path) -> Sweep:
     runs: list[Run] = []
     folder = source.parent
     for v, variant in enumerate(variants):
-        for values in itertools.product(*config.grid.values()):
-            fields = {**config.base, **variant, **dict(zip(axes, values, strict=True))}
+        for combo in itertools.product(*config.grid.values()):
+            fields = {**config.base, **variant, **dict(zip(axes, combo, strict=True))}
             where = f"runs[{v}]" if config.runs else "base"
             spec = _resolve_paths(_spec(fields, where, source), folder)
             inputs = _inputs(spec, source, where)

@@ -18,7 +18,7 @@ import math
 import re
 import sys
 import tomllib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,16 +231,17 @@ def numeric_column(
     empty = np.isnan(values) & ~unparsable
     for i in np.flatnonzero(unparsable):
         bad.setdefault(
-            int(i), WorkloadError(path, lines[i], name, f"{raw.iat[i]!r} is not a number")
+            int(i), WorkloadError(path, lines[int(i)], name, f"{raw.iat[i]!r} is not a number")
         )
     if required:
         for i in np.flatnonzero(empty):
-            bad.setdefault(int(i), WorkloadError(path, lines[i], name, "missing value"))
+            bad.setdefault(int(i), WorkloadError(path, lines[int(i)], name, "missing value"))
     if integer:
         frac = ~np.isnan(values) & (np.floor(values) != values)
         for i in np.flatnonzero(frac):
             bad.setdefault(
-                int(i), WorkloadError(path, lines[i], name, f"{raw.iat[i]!r} is not an integer")
+                int(i),
+                WorkloadError(path, lines[int(i)], name, f"{raw.iat[i]!r} is not an integer"),
             )
     return values
 
@@ -267,7 +268,7 @@ def gc_paused() -> Iterator[None]:
 
 
 def build_jobs(
-    columns: dict[str, Sequence[Any]],
+    columns: Mapping[str, Sequence[Any]],
     n: int,
     *,
     path: str | Path | None,

@@ -199,7 +199,7 @@ def _required_str(
 def _bool_column(
     series: pd.Series,
     name: str,
-    path: str | Path,
+    path: str | Path | None,
     lines: Sequence[int],
     bad: dict[int, WorkloadError],
 ) -> list[bool | None]:
@@ -262,7 +262,7 @@ def load_gavel_trace(
             rate = throughputs.throughput(job_type[i], ref, int(sf[i]))
             if rate > 0:
                 deadline[i] = arrival[i] + slo[i] * steps[i] / rate
-    columns = {
+    columns: dict[str, Sequence[Any]] = {
         "job_id": _row_ids(t, 1),
         "job_type": job_type,
         "num_gpus": nan_to_none(sf, int),

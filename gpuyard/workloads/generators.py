@@ -215,7 +215,10 @@ def gavel(
 
 
 def _steps(
-    model: ThroughputModel, job_types: Sequence[str], gpus: np.ndarray, duration: np.ndarray
+    model: ThroughputModel,
+    job_types: Sequence[str] | np.ndarray,  # (or an object array of str)
+    gpus: np.ndarray,
+    duration: np.ndarray,
 ) -> list[float | None]:
     """duration x throughput on the reference type, one lookup per distinct (type, GPUs)."""
     ref = model.reference_gpu_type

@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import time
 import zlib
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -457,11 +458,11 @@ class Placement(Service):
         running = self.running
         if self.lost:
             # The scheduler decided before it learnt of these: they wait for the next round.
-            lost = set(self.lost)
+            waiting = set(self.lost)
             allocations = [
                 a
                 for a in req.allocations
-                if a.job_id not in lost or a.job_id in running or a.job_id in req.specs
+                if a.job_id not in waiting or a.job_id in running or a.job_id in req.specs
             ]
             req = msgspec.structs.replace(req, allocations=allocations)
         # Jobs that share GPUs go where their partner goes; the policy places the others.
@@ -514,7 +515,9 @@ class Placement(Service):
                 gpus = placed[a.job_id] = placed[a.share_with]
                 if running.get(a.job_id) != gpus:
                     started[a.job_id] = gpus
-        affected = running if not req.base else sorted(self._affected(req), key=self.held_at.get)
+        affected: Iterable[str] = (
+            running if not req.base else sorted(self._affected(req), key=self.held_at.__getitem__)
+        )
         stopped = {j: running[j] for j in affected if j not in placed or j in started}
         for job_id in stopped:
             self._free(job_id)

@@ -95,10 +95,10 @@ class SchedulerStore:
             record = msgspec.json.decode(data, type=JobRecord)
             assert record.job_id == name_of(key)
             records.append(record)
-        for key, data in ((META_KEY, meta), (POLICY_KEY, policy_state),
-                          (MECHANISM_KEY, mechanism_state), (THROUGHPUTS_KEY, throughputs)):  # fmt: skip
-            if data is not None:
-                self._written[key] = data
+        for key, stored in ((META_KEY, meta), (POLICY_KEY, policy_state),
+                            (MECHANISM_KEY, mechanism_state), (THROUGHPUTS_KEY, throughputs)):  # fmt: skip
+            if stored is not None:
+                self._written[key] = stored
         return Restored(
             records=records,
             meta=msgspec.json.decode(meta, type=StoredMeta) if meta is not None else None,

@@ -357,7 +357,7 @@ def equal_share(problem: Problem) -> np.ndarray:
 
 
 def node_map(
-    current: Sequence[Sequence[str]], counts: Sequence[int], free: Sequence[str]
+    current: Sequence[Sequence[str]], counts: Sequence[int] | np.ndarray, free: Sequence[str]
 ) -> list[list[str]]:
     """The nodes of each job for the new `counts`, without migration: a job that shrinks keeps the
     first of its nodes, one that grows keeps all of them and takes free nodes (the nodes no job

@@ -135,10 +135,10 @@ class Buddy(PlacementPolicy):
             free[x].difference_update(range(start, start + n))
             return self.gpus_of(x, size[x])[start : start + n]
         self._settled = False  # (free GPUs anywhere: placed again, it may get an aligned block)
-        gpus = _fewest_nodes(n, nodes, free)
-        for g in gpus or ():
+        spread = _fewest_nodes(n, nodes, free)  # (None: it does not fit)
+        for g in spread or ():
             free[g.node_id].discard(g.index)
-        return gpus
+        return spread
 
 
 class _Candidates:

@@ -213,9 +213,10 @@ def _plan_mss(
     allocations: dict[float, int] = {now: 0}
     start = now
     if first is not None:
-        start, left = _hold_first(timeline, new, job, now, slot, aligned, first, allocations)
-        if start is None:  # done within the first segment
+        held, left = _hold_first(timeline, new, job, now, slot, aligned, first, allocations)
+        if held is None:  # done within the first segment
             return _finish_first(timeline, new, job, now, slot, first, allocations, total)
+        start = held
     tried = 0  # the level tried last
     for q in job.levels:
         if q > total:
@@ -352,7 +353,7 @@ def _late(
         if g > 0:
             work = (times[i0 + 1] - times[i0]) * job.rate(g)
             if work >= left:
-                finish = math.ceil(times[i0] + left / job.rate(g))
+                finish: float = math.ceil(times[i0] + left / job.rate(g))  # (or math.inf below)
                 end = align_up(now, finish, slot)
                 k = i0
                 while k < len(times) and times[k] < end:

@@ -540,11 +540,15 @@ class _Operator:
             self.blocks.take(self.dense)
 
     def times(self, x: np.ndarray) -> np.ndarray:
-        return (self.dense * x).sum(axis=1) if self.dense is not None else _flat(self.rows.times(x))
+        if self.dense is not None:
+            return (self.dense * x).sum(axis=1)
+        assert isinstance(self.rows, _Rows)  # (`_DenseRows` always have `dense`)
+        return _flat(self.rows.times(x))
 
     def transposed(self, z: np.ndarray) -> np.ndarray:
         if self.dense is not None:
             return (self.dense * z[:, None]).sum(axis=0)
+        assert isinstance(self.rows, _Rows)  # (`_DenseRows` always have `dense`)
         return self.rows.transposed_times(_split(z, self.like))
 
     def normal_solver(self, block: _Block):  # type: ignore[no-untyped-def]
@@ -558,6 +562,7 @@ class _Operator:
             normal[np.diag_indices_from(normal)] += REGULARIZATION
             inverse = _inverse(normal)
             return lambda b: (inverse * b).sum(axis=1)  # (refined by the caller)
+        assert isinstance(self.rows, _Rows)  # (`_DenseRows` always have `dense`)
         return self.rows.normal_solver(_split(block.vd, self.like), REGULARIZATION)
 
 

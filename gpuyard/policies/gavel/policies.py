@@ -169,7 +169,7 @@ class MaxMinFairnessPerf(GavelPolicy):
     """`max_min_fairness_perf`: heterogeneity-aware LAS (maximise the minimum normalised
     throughput)."""
 
-    Params = MaxMinInteriorParams
+    Params: ClassVar[type[MaxMinParams]] = MaxMinInteriorParams  # (the packed one's too)
 
     def solve(self, a: Arrays, packing: Packing | None) -> programs.Allocation:
         return programs.max_min_fairness(
@@ -208,7 +208,7 @@ class MaxMinFairnessWaterFillingPerf(GavelPolicy):
     """`max_min_fairness_water_filling_perf`: max-min fairness, then raise the jobs that are not
     bottlenecks, level after level."""
 
-    Params = WaterFillingParams
+    Params: ClassVar[type[WaterFillingParams]] = WaterFillingParams  # (the packed one's too)
 
     def solve(self, a: Arrays, packing: Packing | None) -> programs.Allocation:
         return programs.max_min_fairness_water_filling(
@@ -258,7 +258,7 @@ class FinishTimeFairnessPerf(GavelPolicy):
     """`finish_time_fairness_perf` (Themis): minimise the largest ratio of a job's finish time
     under the allocation to its finish time under an isolated 1/n share."""
 
-    Params = FinishTimeParams
+    Params: ClassVar[type[FinishTimeParams]] = FinishTimeParams  # (the packed one's too)
     State = FinishTimeState
 
     def __init__(self, params: Struct | None = None) -> None:
@@ -326,7 +326,7 @@ class MinTotalDurationPackedParams(MaxMinParams, forbid_unknown_fields=True):
 class MinTotalDurationPerf(GavelPolicy):
     """`min_total_duration_perf`: minimise the makespan of the jobs present."""
 
-    Params = MinTotalDurationParams
+    Params: ClassVar[type[MaxMinParams]] = MinTotalDurationParams  # (the packed one's too)
 
     def solve(self, a: Arrays, packing: Packing | None) -> programs.Allocation:
         return programs.min_total_duration(
@@ -546,7 +546,7 @@ class GavelFifo(GavelPolicy):
         seed: int = 0
         """Seed of the random type choice."""
 
-    variant = "agnostic"
+    variant: ClassVar[Literal["agnostic", "perf", "packed"]] = "agnostic"  # (FifoPerf's too)
     needs = Needs()
     State = FifoState
     perf: ClassVar[bool] = False

@@ -83,7 +83,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -433,6 +433,7 @@ class _Skeleton:
         cols = self.rate_cols[keep]
         coefs = self.rate_tput[keep] * factor[self.rate_rows[keep]]
         if extra_cols is not None:
+            assert extra_coefs is not None  # (an extra term has its coefficients)
             rows = np.concatenate([rows, np.arange(rows_for.size)])
             cols = np.concatenate([cols, np.broadcast_to(extra_cols, rows_for.shape)])
             coefs = np.concatenate([coefs, np.broadcast_to(extra_coefs, rows_for.shape)])
@@ -465,7 +466,7 @@ class _Terms:
     rate: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
 
     @staticmethod
-    def joined(parts: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
+    def joined(parts: Sequence[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
         return tuple(np.concatenate(column) for column in zip(*parts, strict=True))
 
 
@@ -1147,6 +1148,7 @@ def finish_time_fairness(
         level, rates = new_level, new_rates
     if best_values is None:
         return _nothing(jobs)
+    assert tie_break != "interior"  # (the ECOS point returned above, or fell back to "center")
     best_values = _tie_break(skeleton, best_values, tie_break, stats, solver, time_limit)
     return _finish(skeleton, best_values, level, stats, started, jobs.k)
 
@@ -1230,6 +1232,7 @@ def min_total_duration(
     best = _solve(lp, stats, solver, time_limit)
     optimum = 1.0 / best.objective if best.objective > 0 else math.inf
     if search == "exact":
+        assert tie_break != "interior"  # (refused above with search="exact")
         values = _tie_break(skeleton, best.values, tie_break, stats, solver, time_limit)
         return _finish(skeleton, values, optimum, stats, started, jobs.k)
     bound = _gavel_makespan_search(optimum)

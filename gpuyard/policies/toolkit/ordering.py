@@ -127,7 +127,7 @@ def walk(
         need = demand(job)
         r = job.record
         t = r.gpu_type
-        lst = running.get(t)  # type: ignore[arg-type]  (None is never a key)
+        lst = running.get(t)
         if lst is not None and head[t] < len(lst) and lst[head[t]][1] is job:
             # Running and not preempted: it competes for its own GPUs first, on its own type.
             head[t] += 1
