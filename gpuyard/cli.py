@@ -637,6 +637,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
             return fail("sim", ValueError("--node-events: one run at a time, not a comparison"))
         try:  # what every run reads (throughputs, trace, cluster): one line now, not one a run
             sim_setup(first_run(args, policies[0]), external, load=loads[0], seed=seeds[0])
+            for policy in policies[1:]:  # each policy with its parameters, before any run starts
+                sim_options(first_run(args, policy), external, seed=seeds[0])
         except (ValueError, OSError, msgspec.ValidationError, WorkloadError) as exc:
             return fail("sim", exc)
         return cmd_compare(args, policies, loads, seeds)
@@ -722,16 +724,49 @@ def sim_setup(
     args: argparse.Namespace, external: frozenset[str] = frozenset(), *, load: float | None,
     seed: int | None, params: PolicyParams | None = None,
 ) -> tuple[Any, Any, dict[str, Any]]:  # fmt: skip
-    """The simulation `gpuyard sim`'s options describe: its SimOptions, its workload and what
-    the workload is (for options.json and captions); node events are written into `args.out`.
-    `params`: the three policies' parameters, typed (a sweep's config), instead of the
-    `--param` options' text. Raises ValueError (PolicyError), OSError, msgspec.ValidationError
-    or WorkloadError naming what is wrong; checks the policies not in `external`."""
-    from gpuyard.shared.policy import admission_policies, placement_policies, scheduling_policies
+    """The simulation `gpuyard sim`'s options describe: its SimOptions (`sim_options`), its
+    workload and what the workload is (for options.json and captions); node events are written
+    into `args.out`. Raises ValueError (PolicyError), OSError, msgspec.ValidationError or
+    WorkloadError naming what is wrong."""
     from gpuyard.shared.throughput import load_throughputs
-    from gpuyard.sim import PreemptionCost, SimOptions
-    from gpuyard.workloads import load_cluster, save_node_events
+    from gpuyard.workloads import save_node_events
     from gpuyard.workloads.churn import load_node_list
+
+    options = sim_options(args, external, seed=seed, params=params)
+    model = load_throughputs(args.throughputs)
+    workload, described = workload_from_args(args, model, load=load, seed=seed)
+    if args.window is not None and args.window[1] > len(workload.jobs):
+        raise ValueError(
+            f"--window {args.window[0]}:{args.window[1]}: the workload has only "
+            f"{len(workload.jobs):,} jobs"
+        )
+    if args.node_events is not None:
+        workload, events = replay_from_args(args, workload)
+        described["node_events"] = {
+            "file": str(args.node_events), "nodes_from": args.nodes_from and str(args.nodes_from),
+            "nodes": len(load_node_list(args.nodes_from)) if args.nodes_from else
+            int(events["node"].nunique()),
+            "start": args.start,
+            "bftrainer": args.bftrainer,
+        }  # fmt: skip
+        events_path = args.out / "node_events.csv"
+        save_node_events(events, events_path)
+        options.node_events = str(events_path.resolve())
+    elif args.nodes_from is not None or args.start is not None or args.bftrainer:
+        raise ValueError("--nodes-from, --start and --bftrainer apply to --node-events")
+    return options, workload, described
+
+
+def sim_options(
+    args: argparse.Namespace, external: frozenset[str] = frozenset(), *, seed: int | None,
+    params: PolicyParams | None = None,
+) -> Any:  # fmt: skip
+    """The SimOptions of the run `gpuyard sim`'s options describe, with the policies not in
+    `external` checked (PolicyError naming a bad one). `params`: the three policies'
+    parameters, typed (a sweep's config), instead of the `--param` options' text."""
+    from gpuyard.shared.policy import admission_policies, placement_policies, scheduling_policies
+    from gpuyard.sim import PreemptionCost, SimOptions
+    from gpuyard.workloads import load_cluster
 
     if params is None:
         params = (parse_params(args.param), parse_params(args.admission_param),
@@ -741,7 +776,6 @@ def sim_setup(
     cluster = (
         ClusterSpec(groups=[]) if cluster_spec == "none" else load_cluster(cluster_spec)
     )
-    model = load_throughputs(args.throughputs)
     options = SimOptions(
         cluster=cluster,
         throughputs=args.throughputs,
@@ -780,27 +814,7 @@ def sim_setup(
         admission_policies.create(options.admission, options.admission_params)
     if "placement" not in external:
         placement_policies.create(options.placement, options.placement_params)
-    workload, described = workload_from_args(args, model, load=load, seed=seed)
-    if args.window is not None and args.window[1] > len(workload.jobs):
-        raise ValueError(
-            f"--window {args.window[0]}:{args.window[1]}: the workload has only "
-            f"{len(workload.jobs):,} jobs"
-        )
-    if args.node_events is not None:
-        workload, events = replay_from_args(args, workload)
-        described["node_events"] = {
-            "file": str(args.node_events), "nodes_from": args.nodes_from and str(args.nodes_from),
-            "nodes": len(load_node_list(args.nodes_from)) if args.nodes_from else
-            int(events["node"].nunique()),
-            "start": args.start,
-            "bftrainer": args.bftrainer,
-        }  # fmt: skip
-        events_path = args.out / "node_events.csv"
-        save_node_events(events, events_path)
-        options.node_events = str(events_path.resolve())
-    elif args.nodes_from is not None or args.start is not None or args.bftrainer:
-        raise ValueError("--nodes-from, --start and --bftrainer apply to --node-events")
-    return options, workload, described
+    return options
 
 
 def gavel_defaults(options: Any) -> Any:

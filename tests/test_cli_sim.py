@@ -72,6 +72,11 @@ BAD_OPTIONS = [
         "scheduling policy 'las': bad parameter: Invalid enum value 'bogus' - at `$.key` "
         "(valid: gpu_seconds, rounds)",
     ),
+    # In a comparison, every policy's parameters are checked before any run starts.
+    (
+        ["--policy", "las,fifo", "--param", "key=rounds", "--jobs", "5"],
+        "scheduling policy 'fifo': bad parameter: Object contains unknown field `key`",
+    ),
     (["--external", "clock", "--nats", "nats://127.0.0.1:1"], "--external 'clock' is not one of"),
     (["--external", "scheduler"], "--external needs --nats"),
     (["--cluster", "a.b"], "--cluster 'a.b'"),
