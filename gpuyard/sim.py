@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -26,7 +26,7 @@ from gpuyard.services.simclock.service import (
     SimClockConfig,
     write_workload,
 )
-from gpuyard.services.simclock.workload import read_workload
+from gpuyard.services.simclock.workload import workload_specs
 from gpuyard.shared.connection import Bus, NatsAuth, connect
 from gpuyard.shared.contract import (
     Empty,
@@ -289,9 +289,9 @@ class WrittenWorkload(Struct, frozen=True):
     path: Path
     jobs: int
 
-    def specs(self) -> list[JobSpec]:
-        """The jobs, read again, in the order they were written."""
-        return read_workload(str(self.path))
+    def specs(self) -> Iterator[JobSpec]:
+        """The jobs, read again one at a time, in the order they were written."""
+        return workload_specs(str(self.path))
 
 
 def written_workload(jobs: list[JobSpec], out: Path) -> WrittenWorkload:
@@ -689,7 +689,8 @@ async def simulate(
             await asyncio.to_thread(write_stats, stats, out)
             reached = final.now
             if final.declined:  # (no service keeps them: the clock heard admission's verdicts)
-                rows.add_declined(written.specs(), final.declined)
+                declined = (s for s in written.specs() if s.job_id in final.declined)
+                rows.add_declined(declined, final.declined)
             if options.elasticflow:
                 runs = await job_runs(bus)
     wall = time.perf_counter() - started

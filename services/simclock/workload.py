@@ -3,6 +3,7 @@ the node events (a `time,node,up` CSV)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -21,8 +22,12 @@ def load_workload(path: str) -> list[JobSpec]:
 
 def read_workload(path: str) -> list[JobSpec]:
     """Job specs from JSON lines, in the file's order (see `load_workload`)."""
+    return list(workload_specs(path))
+
+
+def workload_specs(path: str) -> Iterator[JobSpec]:
+    """`read_workload`'s specs one at a time (a long replay's need not all be in memory)."""
     decoder = msgspec.json.Decoder(JobSpec)
-    jobs: list[JobSpec] = []
     with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -35,8 +40,7 @@ def read_workload(path: str) -> list[JobSpec]:
                 raise BadRequest(f"{path}:{lineno}: job_id and submit_time are required")
             if spec.duration is None and spec.total_steps is None:
                 raise BadRequest(f"{path}:{lineno}: a simulated job needs duration or total_steps")
-            jobs.append(spec)
-    return jobs
+            yield spec
 
 
 def write_workload(jobs: list[JobSpec], path: Path) -> None:
