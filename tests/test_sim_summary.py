@@ -1,4 +1,5 @@
-"""A simulation's summary counts the jobs of its workload, those admission rejected too."""
+"""A simulation's summary counts the jobs of its workload, those admission declined too (each has
+its row in jobs.csv)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ def test_rejected_jobs_count_in_the_summary(tmp_path: Path, capsys: pytest.Captu
         structlog.reset_defaults()
     assert code == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert (summary["jobs"], summary["jobs_in_workload"], summary["completed"]) == (6, 8, 6)
-    assert "jobs         6 completed, 0 failed of 8" in capsys.readouterr().out
+    counts = ("jobs", "jobs_in_workload", "completed", "declined")
+    assert tuple(summary[k] for k in counts) == (8, 8, 6, 2)
+    assert "jobs         6 completed, 0 failed, 2 declined by admission of 8" in capsys.readouterr().out
 
 
 def test_the_progress_line_says_how_long_is_left() -> None:
