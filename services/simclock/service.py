@@ -297,4 +297,5 @@ class SimClock(Service):
             self.progress.error = f"{type(exc).__name__}: {exc}"
         self.progress.done = True
         await self.publish_progress()
-        self.log.info("simulation.done", **msgspec.structs.asdict(self.progress))
+        done = msgspec.structs.asdict(self.progress) | {"declined": len(self.declined)}
+        self.log.info("simulation.done", **done)  # (how many declined: the list may be long)
