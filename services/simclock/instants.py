@@ -76,7 +76,6 @@ class InstantLoop:
         specs go as their jobs end)."""
         self.churn = churn
         self.next_churn = 0
-        self.rejected = 0
         self.held = 0  # jobs admission holds, as it last said
         self.held_retry: float | None = None  # when admission asked to decide on them again
         self.admission_batches = False  # admission takes arrivals of several instants at once
@@ -136,7 +135,7 @@ class InstantLoop:
             exits += [msgspec.structs.replace(ex, ended_at=now) for ex in ended]
             batch += arrived
             times += [now] * len(arrived)
-            progress.finished = clock.runs.finished + self.rejected
+            progress.finished = clock.runs.finished + len(clock.declined)
             now = later
         # Jobs held by admission get another chance when others have left, or when admission
         # asked for one.
@@ -160,7 +159,7 @@ class InstantLoop:
             clock.note(now, await clock.call(TICK, TickRequest(now=now)))
         clock.earlier_points(now, earlier, before)
         await clock.refresh(now)
-        progress.finished = clock.runs.finished + self.rejected
+        progress.finished = clock.runs.finished + len(clock.declined)
         return now
 
     async def quiet_after(self, now: float, exits: bool) -> float | None:
@@ -227,7 +226,6 @@ class InstantLoop:
             self.held_retry = reply.retry_at
         for r in reply.results:
             if r.verdict == "reject":
-                self.rejected += 1
                 self.clock.declined[r.job_id] = r.reason
                 self.clock.nodes.jobs.pop(r.job_id, None)
                 self.awaited.discard(r.job_id)
