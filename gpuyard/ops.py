@@ -19,7 +19,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from gpuyard.shared.connection import Bus
+from gpuyard.shared.connection import Bus, raise_dropped_cancellation
 from gpuyard.shared.contract import (
     ClusterInfo,
     Empty,
@@ -159,6 +159,7 @@ async def read_events(
     try:
         await js.stream_info(subjects.stream_name)
     except NotFoundError:
+        raise_dropped_cancellation()
         if not follow:
             raise NoEventStream(
                 f"cluster {subjects.cluster!r} has no event stream {subjects.stream_name} (has "
@@ -182,6 +183,7 @@ async def read_events(
     reconnects = nc.stats["reconnects"]
     try:
         while True:
+            raise_dropped_cancellation()
             if arrived.empty():
                 try:  # (not `wait_for`: on Python 3.11 it may swallow a Ctrl-C's cancellation)
                     async with asyncio.timeout(check_s if follow else idle_s):
@@ -217,6 +219,7 @@ async def _published_events(
     subs = [await nc.subscribe(subject, cb=deliver) for subject in filters]
     try:
         while True:
+            raise_dropped_cancellation()
             try:  # (not `wait_for`: see `read_events`)
                 async with asyncio.timeout(check_s):
                     msg = await arrived.get()
@@ -267,6 +270,7 @@ async def follow_events(
                     nc = await reconnect()
                 else:
                     await asyncio.sleep(check_s)
+                raise_dropped_cancellation()
     finally:
         if nc is not connection:
             with contextlib.suppress(Exception):

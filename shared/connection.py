@@ -372,6 +372,16 @@ class Fence(Protocol):
         """Return if we may act (confirming the lease if need be); else raise NotLeading."""
 
 
+def raise_dropped_cancellation() -> None:
+    """Raises a cancellation that nats-py dropped. Its JetStream calls (stream and consumer info,
+    `fetch`, subscribing) wait with `asyncio.wait_for`, which on Python 3.11 swallows a
+    cancellation that comes as the reply does; the task still counts it. Loops that make such
+    calls check at each turn, or a Ctrl-C or a stop could leave them running for good."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class Bus:
     """One NATS connection in one cluster's namespace: typed calls through the endpoint table."""
 

@@ -29,7 +29,7 @@ import structlog
 
 from gpuyard.cliopts import redact
 from gpuyard.embedded import EmbeddedNats
-from gpuyard.shared.connection import NatsAuth, connect
+from gpuyard.shared.connection import NatsAuth, connect, raise_dropped_cancellation
 from gpuyard.sweep.config import code_digest, sim_args
 from gpuyard.sweep.queue import (
     BUCKET,
@@ -87,6 +87,7 @@ class Worker:
         idle_since = time.monotonic()
         try:
             while True:
+                raise_dropped_cancellation()
                 try:
                     msgs = await sub.fetch(1, timeout=2)
                 except (nats.errors.TimeoutError, TimeoutError):
@@ -114,6 +115,7 @@ class Worker:
             wait = (await js.consumer_info(RUNS_STREAM, WORKERS)).config.ack_wait or 60.0
             beat = asyncio.create_task(_heartbeat(msg, wait / 3))
             try:
+                raise_dropped_cancellation()  # (stopped as the run or the calls above came)
                 result = await self.execute(js, order, attempt)
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):
