@@ -18,8 +18,6 @@ import msgspec
 import nats.errors
 
 from gpuyard.cliopts import (
-    DEFAULT_ADMISSION,
-    DEFAULT_PLACEMENT,
     LOG_LEVELS,
     CommandError,
     add_nats_options,
@@ -34,7 +32,6 @@ from gpuyard.cliopts import (
     open_bus,
     positive_float,
     positive_int,
-    preset_filled,
     reopen_bus,
     run_command,
     run_on_bus,
@@ -50,6 +47,7 @@ from gpuyard.jobview import (
     not_admitted_row,
     parse_states,
 )
+from gpuyard.run.spec import DEFAULT_ADMISSION, DEFAULT_PLACEMENT
 from gpuyard.shared.connection import Bus
 from gpuyard.shared.contract import (
     LOGS_TAIL_MAX,
@@ -361,13 +359,15 @@ def control_plane_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "mode": "events",
     }  # fmt: skip
     if args.elasticflow:
+        from gpuyard.run.build import preset_filled
         from gpuyard.sim import elasticflow_options
 
         scheme = elasticflow_options(args.policy, args.round, 0, at_events=False)  # answered at once
         # On a real cluster a job moved is a job restarted: buddy keeps jobs where they run
         # (`--placement node-sets` places as ElasticFlow's simulator does, every job again).
         scheme |= {"placement": "buddy", "placement_params": {}}
-        filled = preset_filled(scheme, args, params)
+        filled = preset_filled(scheme, mode=getattr(args, "mode", None), admission=args.admission,
+                               placement=args.placement, params=params)  # fmt: skip
         chosen = {key: filled[key] for key in chosen}
     if args.throughputs != "default" and not Path(args.throughputs).exists():
         raise ValueError(f"--throughputs {args.throughputs}: no such file or folder")

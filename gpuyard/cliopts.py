@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
 import os
 import select
 import socket
@@ -27,6 +26,7 @@ from urllib.parse import urlsplit
 
 import nats.errors
 
+from gpuyard.run.spec import checked_number, parse_demand, parse_window
 from gpuyard.shared.connection import (
     Bus,
     NatsAuth,
@@ -41,8 +41,6 @@ from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.policy import PolicyError
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
-DEFAULT_ADMISSION = "accept-all"
-DEFAULT_PLACEMENT = "consolidated"
 NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -72,20 +70,9 @@ def _number(
     """`text` as an int or a finite float with the given bound; ArgumentTypeError otherwise, which
     argparse prints after the option's name."""
     try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not {'an integer' if kind is int else 'a number'}"
-        ) from None
-    if kind is float and not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-    if gt is not None and not value > gt:
-        raise argparse.ArgumentTypeError(f"must be greater than {gt:g}, not {text}")
-    if ge is not None and not value >= ge:
-        raise argparse.ArgumentTypeError(f"must be {ge:g} or more, not {text}")
-    if le is not None and not value <= le:
-        raise argparse.ArgumentTypeError(f"must be {le:g} or less, not {text}")
-    return value
+        return checked_number(kind, text, gt=gt, ge=ge, le=le)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def number(
@@ -123,18 +110,22 @@ def number_list(
     return parse
 
 
-def id_window(text: str) -> tuple[int, int]:
+def window_text(text: str) -> str:
     """An argparse `type` for `FIRST:END`, jobs FIRST to END - 1 (0 <= FIRST < END)."""
-    first, sep, end = text.partition(":")
     try:
-        window = (int(first), int(end))
-    except ValueError:
-        window = None
-    if not sep or window is None or not 0 <= window[0] < window[1]:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not FIRST:END with 0 <= FIRST < END (jobs FIRST to END - 1)"
-        )
-    return window
+        parse_window(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def demand_text(text: str) -> str:
+    """An argparse `type` for the blox generator's `GPUS:WEIGHT,...`."""
+    try:
+        parse_demand(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def job_id_arg(text: str) -> str:
@@ -439,24 +430,3 @@ def run_on_bus(
             await bus.close()
 
     return run_command(command, main())
-
-
-def preset_filled(
-    preset: dict[str, Any], args: argparse.Namespace, params: tuple[dict[str, Any], ...]
-) -> dict[str, Any]:
-    """`preset` (`--elasticflow`'s scheme: its policies with their parameters, its `mode`, and
-    more) with what the command line set: an `--admission` or `--placement` named there replaces
-    the preset's, with only the parameters given for it; parameters given alone (`--param`, and
-    those of a policy the preset names) go on top of the preset's; a `--mode` given replaces its
-    mode. `params`: the scheduling, admission and placement parameters given."""
-    policy_params, admission_params, placement_params = params
-    filled = {**preset, "policy_params": {**preset["policy_params"], **policy_params}}
-    if getattr(args, "mode", None) is not None:
-        filled["mode"] = args.mode
-    for kind, given in (("admission", admission_params), ("placement", placement_params)):
-        named = getattr(args, kind)
-        if named is not None:
-            filled[kind], filled[f"{kind}_params"] = named, given
-        else:
-            filled[f"{kind}_params"] = {**preset[f"{kind}_params"], **given}
-    return filled

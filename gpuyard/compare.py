@@ -1,5 +1,5 @@
-"""Compare policies, loads and seeds in one command: every combination is its own `gpuyard sim`
-process, on a private server of its own (or all on a given one, each under its own cluster
+"""Compare policies, loads and seeds in one command: every combination is a run of its own
+(`gpuyard.run.single`) in a process of its own, on a private server of its own (or all on a given one, each under its own cluster
 namespace), run concurrently, each on a CPU of its own; the summaries are gathered into one table
 (`comparison.csv`) and plots (mean JCT against load, with the spread over seeds; JCT CDFs), each
 captioned with what ran. The runs' processes are forked from a fork server that has imported
@@ -7,8 +7,8 @@ gpuyard once for all of them."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import signal
@@ -17,11 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import msgspec
 import numpy as np
 import pandas as pd
 
 from gpuyard.forks import Forked, cpu_slots, fork_server
 from gpuyard.report import save_figure
+from gpuyard.run.single import simulate_encoded
+from gpuyard.run.spec import RunPlace, RunSpec
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -39,26 +42,13 @@ def run_name(policy: str, load: float | None, seed: int | None) -> str:
     return name.replace(".", "_")
 
 
-def policy_params(policy: str, params: list[str]) -> list[str]:
-    """`k=v` applies to every policy, `policy.k=v` to that policy only."""
-    chosen = []
-    for pair in params:
-        key = pair.partition("=")[0]
-        if "." not in key:
-            chosen.append(pair)
-        elif key.split(".", 1)[0] == policy:
-            chosen.append(pair.split(".", 1)[1])
-    return chosen
-
-
 async def run_all(
-    base_args: list[str], combos: list[Combo], params: list[str], out: Path,
-    nats_url: str | None, parallel: int, *, pin: bool = True,
-) -> None:  # fmt: skip
-    """Run every (policy, load, seed), `parallel` at a time; results land in `out/<run name>/`.
-    Without `nats_url`, each on a private server of its own (as `gpuyard sim` runs); `pin`: each
-    on a CPU of its own, its server with it (`Forked`'s `cpu`), the CPUs this process may use in
-    turn.
+    runs: list[tuple[str, RunSpec]], place: RunPlace, parallel: int, *, pin: bool = True
+) -> None:
+    """Run every (name, spec), `parallel` at a time; results land in `place.out/<name>/`, under
+    the cluster namespace `<name>`. Without `place.nats_url`, each on a private server of its
+    own (as `gpuyard sim` runs); `pin`: each on a CPU of its own, its server with it (`Forked`'s
+    `cpu`), the CPUs this process may use in turn.
 
     Cancelled, it interrupts the runs under way (each writes its partial results), waits for
     them, starts no other, and raises CancelledError.
@@ -69,23 +59,15 @@ async def run_all(
         cpus.put_nowait(cpu)  # a run takes one, and gives it back when it ends
     done = 0
 
-    async def one(policy: str, load: float | None, seed: int | None) -> None:
+    async def one(name: str, spec: RunSpec) -> None:
         nonlocal done
-        name = run_name(policy, load, seed)
-        folder = out / name
+        folder = place.out / name
         folder.mkdir(parents=True, exist_ok=True)
-        argv = ["sim", *base_args, "--cluster", name, "--policy", policy, "--out", str(folder)]
-        if nats_url is not None:
-            argv += ["--nats", nats_url]
-        if load is not None:
-            argv += ["--load", str(load)]
-        if seed is not None:
-            argv += ["--seed", str(seed)]
-        for pair in policy_params(policy, params):
-            argv += ["--param", pair]
+        here = dataclasses.replace(place, out=folder, cluster=name, json=False)
         cpu = await cpus.get()
         try:
-            proc = Forked(argv, folder / "stderr.log", cpu=cpu)
+            proc = Forked(simulate_encoded, (msgspec.msgpack.encode(spec), here),
+                          folder / "stderr.log", cpu=cpu)  # fmt: skip
             start = asyncio.ensure_future(proc.start())
             try:
                 await asyncio.shield(start)
@@ -99,12 +81,12 @@ async def run_all(
             cpus.put_nowait(cpu)
         done += 1
         status = "ok" if code == 0 else f"FAILED ({code}): see {folder / 'stderr.log'}"
-        print(f"[{done}/{len(combos)}] {name}: {status}", file=sys.stderr, flush=True)
+        print(f"[{done}/{len(runs)}] {name}: {status}", file=sys.stderr, flush=True)
 
     # A task group, not gather: cancelled, it waits for every run to write its results.
     async with asyncio.TaskGroup() as group:
-        for combo in combos:
-            group.create_task(one(*combo))
+        for name, spec in runs:
+            group.create_task(one(name, spec))
 
 
 def comparison_table(combos: list[Combo], out: Path) -> pd.DataFrame:
@@ -141,22 +123,23 @@ PRESETS = {"blox": "Blox", "gavel": "Gavel", "elasticflow": "ElasticFlow", "bftr
 """`gpuyard sim`'s option sets that stand for a reference simulator, and its name."""
 
 
-def comparison_caption(table: pd.DataFrame, args: argparse.Namespace) -> str:
-    """What ran, for every plot of a comparison: workload, seeds, simulator semantics, rounds
-    and throughputs where given, cluster, the other policies."""
-    if args.trace is not None:
-        workload = f"trace {Path(args.trace).name}"
+def comparison_caption(table: pd.DataFrame, spec: RunSpec) -> str:
+    """What ran, for every plot of a comparison (`spec`: its first run): workload, seeds,
+    simulator semantics, rounds and throughputs where given, cluster, the other policies."""
+    if spec.trace is not None:
+        workload = f"trace {Path(spec.trace).name}"
     else:
-        workload = f"{args.generator or 'blox'} generator, {args.jobs or 400:,} jobs per run"
+        workload = f"{spec.generator or 'blox'} generator, {spec.jobs or 400:,} jobs per run"
         if not table.empty:
             workload += f", seeds {_values(table, 'seed')}"
     lines = [workload]
-    setting = [f"{name}'s simulator semantics (--{preset})" for preset, name in PRESETS.items()
-               if getattr(args, preset, False)]  # fmt: skip
-    if getattr(args, "round_s", None):
-        setting.append(f"{args.round_s:g} s rounds")
-    if getattr(args, "throughputs", None):
-        setting.append(f"throughputs {Path(args.throughputs).name}")
+    setting = []
+    if spec.preset is not None:
+        setting.append(f"{PRESETS[spec.preset]}'s simulator semantics (--{spec.preset})")
+    if spec.round_s:
+        setting.append(f"{spec.round_s:g} s rounds")
+    if spec.throughputs:
+        setting.append(f"throughputs {Path(spec.throughputs).name}")
     if setting:
         lines.append("; ".join(setting))
     if not table.empty and "cluster" in table:

@@ -1,4 +1,4 @@
-"""`gpuyard` commands in processes forked from a fork server that imported gpuyard's simulation
+"""Functions run in processes forked from a fork server that imported gpuyard's simulation
 stack once for all of them: a comparison's runs, a sweep's local workers. A process started
 afresh imports it again (1.5-2 CPU-s on a 2-core machine); the fork server, started before its
 first process is needed, imports it while its starter does other work (a sweep plans its runs)."""
@@ -13,10 +13,12 @@ import signal
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from multiprocessing import forkserver
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext
 from pathlib import Path
+from typing import Any
 
 from gpuyard.embedded import die_with_parent
 
@@ -28,7 +30,7 @@ warnings.filterwarnings(
 )
 
 PRELOADED = [
-    "gpuyard.forks", "gpuyard.cli", "gpuyard.sim", "gpuyard.report", "gpuyard.workloads", "uvloop",
+    "gpuyard.forks", "gpuyard.run.single", "gpuyard.sim", "gpuyard.report", "gpuyard.workloads", "uvloop",
     "gpuyard.sweep.worker",
     "gpuyard.services.admission.service", "gpuyard.services.scheduler.service",
     "gpuyard.services.placement.service", "gpuyard.services.nodeagent.service",
@@ -62,24 +64,25 @@ def fork_server(*, plots: bool = True) -> ForkServerContext:
 
 
 class Forked:
-    """`gpuyard ARGV` in a process forked from the fork server, its stdout to nowhere, its stderr
-    to `log` (appended to with `append`), `env` added to its environment. Its own process group: a
-    Ctrl-C reaches its starter alone, which stops it in order. Sent SIGTERM when its starter ends,
-    however that ends: its parent is the fork server, not the starter (`die_with_parent`).
+    """`target(*args)` in a process forked from the fork server, its exit status what `target`
+    returns; its stdout to nowhere, its stderr to `log` (appended to with `append`). Its own
+    process group: a Ctrl-C reaches its starter alone, which stops it in order. Sent SIGTERM when
+    its starter ends, however that ends: its parent is the fork server, not the starter
+    (`die_with_parent`). `target` is a module's function; it and `args` are pickled.
 
     `cpu`: it runs on that CPU alone, and so does every process it starts. A simulation and the
     private server it starts then share one CPU: each message between them passes the CPU from
     one to the other, where across two CPUs it wakes the other one up (on a 2-core VM a request
     costs half the CPU time, and Gavel's fourteen trace runs take 11-13% less wall time)."""
 
-    def __init__(self, argv: list[str], log: Path, *, append: bool = False,
-                 env: dict[str, str] | None = None, cpu: int | None = None) -> None:  # fmt: skip
+    def __init__(self, target: Callable[..., int], args: tuple[Any, ...], log: Path, *,
+                 append: bool = False, cpu: int | None = None) -> None:  # fmt: skip
         forks = multiprocessing.get_context("forkserver")
         # The process holds the read end; nothing is ever written: it reads end-of-file once this
         # object (and so its starter) is gone, and stops.
         self._starter_lives, self._writer = forks.Pipe(duplex=False)
         self.process = forks.Process(
-            target=_command, args=(argv, str(log), append, env or {}, cpu, self._starter_lives)
+            target=_run, args=(target, args, str(log), append, cpu, self._starter_lives)
         )
 
     async def start(self) -> None:
@@ -120,22 +123,19 @@ class Forked:
         return self.process.exitcode
 
 
-def _command(argv: list[str], log: str, append: bool, env: dict[str, str], cpu: int | None,
-             starter_lives: Connection) -> None:  # fmt: skip
+def _run(target: Callable[..., int], args: tuple[Any, ...], log: str, append: bool,
+         cpu: int | None, starter_lives: Connection) -> None:  # fmt: skip
     """A forked process's body (`Forked`)."""
-    from gpuyard.cli import main
-
     die_with_parent()  # (its parent: the fork server)
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     threading.Thread(target=_stop_with, args=(starter_lives,), daemon=True).start()
-    os.environ.update(env)
     mode = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
     for fd, path, flags in ((1, os.devnull, os.O_WRONLY), (2, log, mode)):
         opened = os.open(path, flags, 0o644)
         os.dup2(opened, fd)
         os.close(opened)
-    code = main(argv)
+    code = target(*args)
     sys.stdout.flush()
     sys.stderr.flush()
     sys.exit(code)

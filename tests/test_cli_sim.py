@@ -4,7 +4,6 @@ the Philly reading, captions on every plot), a summary for people."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import csv
 import json
@@ -23,6 +22,7 @@ from gpuyard.cli import main
 from gpuyard.compare import comparison_caption
 from gpuyard.launcher import ServiceSet
 from gpuyard.report import plot_gpu_demand
+from gpuyard.run.spec import RunSpec
 from gpuyard.shared.model import ClusterSpec
 from gpuyard.sim import SimOptions, policies_label, service_configs
 
@@ -340,17 +340,19 @@ def test_every_plot_says_what_ran(tmp_path: Path) -> None:
 
 def test_a_comparison_caption_names_the_simulator_semantics() -> None:
     """A comparison's plots say which reference simulator's semantics ran, and on which table."""
-    args = argparse.Namespace(
-        trace="traces/continuous_multi_gpu.trace", gavel=True, blox=False, round_s=None,
+    spec = RunSpec(
+        trace="traces/continuous_multi_gpu.trace", preset="gavel",
         throughputs="data/simulation_throughputs.json",
     )  # fmt: skip
-    caption = comparison_caption(pd.DataFrame(), args)
+    caption = comparison_caption(pd.DataFrame(), spec)
     assert caption.splitlines() == [
         "trace continuous_multi_gpu.trace",
         "Gavel's simulator semantics (--gavel); throughputs simulation_throughputs.json",
     ]
-    plain = argparse.Namespace(trace=None, generator=None, jobs=20, round_s=120.0)
-    assert comparison_caption(pd.DataFrame(), plain).splitlines()[1] == "120 s rounds"
+    plain = RunSpec(jobs=20, round_s=120.0)
+    assert comparison_caption(pd.DataFrame(), plain).splitlines()[1] == (
+        "120 s rounds; throughputs default"
+    )
     # And each run's own plots.
     cluster = ClusterSpec.parse("4x4")
     run = policies_label(SimOptions(cluster=cluster, policy="max_min_fairness_perf", gavel=True,
@@ -410,37 +412,40 @@ def test_a_durable_simulation_gives_the_same_results(tmp_path: Path) -> None:
 def test_a_node_availability_replay_brings_its_own_nodes(tmp_path: Path) -> None:
     """`--node-events` without `--cluster-spec`: only the replay's nodes (BFTrainer's idle nodes),
     not the default 32x4 beside them (which ran the issue's BFTrainer command on 128 other GPUs)."""
-    from gpuyard.cli import build_parser, sim_setup
+    from gpuyard.cli import build_parser, run_spec
+    from gpuyard.run.build import build
 
     events = tmp_path / "events.csv"
     events.write_text("time,node,up\n0,n1,True\n100,n1,False\n")
     argv = ["sim", "--node-events", str(events), "--jobs", "5", "--out", str(tmp_path)]
-    options, _, _ = sim_setup(build_parser().parse_args(argv), load=None, seed=None)
+    options, _, _ = build(run_spec(build_parser().parse_args(argv)), tmp_path)
     assert options.cluster.total_gpus == 0 and options.node_events is not None
     plain = build_parser().parse_args(["sim", "--jobs", "5", "--out", str(tmp_path / "p")])
-    assert sim_setup(plain, load=None, seed=None)[0].cluster.total_gpus == 128
+    assert build(run_spec(plain), tmp_path)[0].cluster.total_gpus == 128
 
 
 def test_a_seed_with_a_trace_seeds_the_policies(tmp_path: Path) -> None:
     """Gavel's `--seed` with a trace: the jobs are the trace's, the seed goes to the policies that
     draw at random (gandiva's pairs), unless `--param seed=` says otherwise."""
-    from gpuyard.cli import build_parser, sim_setup
+    from gpuyard.cli import build_parser, run_spec
+    from gpuyard.run.build import build
 
     trace = tmp_path / "t.csv"
     trace.write_text("job_id,num_gpus,submit_time,duration\na,1,0,100\nb,1,10,100\n")
     base = ["sim", "--trace", str(trace), "--out", str(tmp_path)]
     for extra, seed in [(["--seed", "3"], 3), (["--seed", "3", "--param", "seed=5"], 5), ([], 0)]:
         args = build_parser().parse_args([*base, "--policy", "gandiva", *extra])
-        options, _, _ = sim_setup(args, load=None, seed=(args.seed or [None])[0])
+        options, _, _ = build(run_spec(args), tmp_path)
         assert int(options.policy_params.get("seed", 0)) == seed
     args = build_parser().parse_args([*base, "--seed", "3"])  # fifo draws nothing: accepted
-    assert sim_setup(args, load=None, seed=3)[0].policy_params == {}
+    assert build(run_spec(args), tmp_path)[0].policy_params == {}
 
 
 def test_gavel_runs_the_cost_normalised_policy_as_its_simulator_does(tmp_path: Path) -> None:
     """Gavel's simulator passes no price table: under `--gavel` every GPU type costs 1 unless
     `--param costs=` gives prices; without `--gavel` the policy's default prices hold."""
-    from gpuyard.cli import build_parser, sim_setup
+    from gpuyard.cli import build_parser, run_spec
+    from gpuyard.run.build import build
     from gpuyard.shared.policy import scheduling_policies
 
     trace = tmp_path / "t.csv"
@@ -449,11 +454,11 @@ def test_gavel_runs_the_cost_normalised_policy_as_its_simulator_does(tmp_path: P
             "--cluster-spec", "1x1:v100,1x1:k80", "--policy", "max_sum_throughput_normalized_by_cost_perf"]  # fmt: skip
 
     def costs(*extra: str) -> dict[str, float]:
-        options, _, _ = sim_setup(build_parser().parse_args([*base, *extra]), load=None, seed=None)
+        options, _, _ = build(run_spec(build_parser().parse_args([*base, *extra])), tmp_path)
         return scheduling_policies.create(options.policy, options.policy_params).params.costs
 
     assert costs("--gavel") == {}
     assert costs("--gavel", "--param", 'costs={"v100": 2.0}') == {"v100": 2.0}
     assert costs()["v100"] == 3.06
     args = build_parser().parse_args([*base[:-2], "--gavel"])  # fifo has no costs: nothing added
-    assert sim_setup(args, load=None, seed=None)[0].policy_params == {}
+    assert build(run_spec(args), tmp_path)[0].policy_params == {}

@@ -289,12 +289,13 @@ def test_elasticflow_fills_in_only_the_policies_not_given(tmp_path: Path, data) 
     """`--elasticflow` sets the scheme's admission and placement unless the command names its
     own (with only its own parameters); parameters alone go on top of the scheme's. `gpuyard up
     --elasticflow` and a sweep's check resolve them the same way."""
-    from gpuyard.cli import build_parser, sim_setup
+    from gpuyard.cli import build_parser, run_spec
     from gpuyard.cli_cluster import control_plane_from_args
     from gpuyard.policies.elasticflow.node_sets import NodeSetsParams
     from gpuyard.policies.elasticflow.placement import BuddyParams
+    from gpuyard.run.build import build
     from gpuyard.shared.policy import placement_policies
-    from gpuyard.sweep.config import ConfigError, RunSpec, _check, sim_args
+    from gpuyard.sweep.config import ConfigError, RunSpec, _check
 
     table = str(data("elasticflow/throughputs_A100"))
     base = [
@@ -304,7 +305,7 @@ def test_elasticflow_fills_in_only_the_policies_not_given(tmp_path: Path, data) 
     ]  # fmt: skip
 
     def options(*extra: str):  # type: ignore[no-untyped-def]
-        return sim_setup(build_parser().parse_args([*base, *extra]), load=None, seed=None)[0]
+        return build(run_spec(build_parser().parse_args([*base, *extra])), tmp_path)[0]
 
     plain = options("--admission-param", "decide_at=arrival", "--placement-param", "order=given")
     assert (plain.admission, plain.placement) == ("elasticflow", "node-sets")
@@ -338,7 +339,7 @@ def test_elasticflow_fills_in_only_the_policies_not_given(tmp_path: Path, data) 
                        placement_params={"order": "given"}), Path("sweep.toml"), "run 1")  # fmt: skip
     run = RunSpec(preset="elasticflow", policy="ef-accessctrl", placement="consolidated",
                   trace=base[2], cluster_spec=base[4], throughputs=table, round_s=240.0)  # fmt: skip
-    made = sim_setup(sim_args(run, tmp_path / "run"), load=None, seed=None, params=({}, {}, {}))[0]
+    made = build(run, tmp_path)[0]
     assert (made.admission, made.placement) == ("elasticflow", "consolidated")  # as named
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpuyard.sweep.config import ConfigError, load_sweep, sim_args
+from gpuyard.sweep.config import ConfigError, load_sweep
 from gpuyard.sweep.engine import fairness
 from gpuyard.sweep.queue import _unpack_input
 from gpuyard.sweep.report import ci95, summary_table, with_series
@@ -577,7 +577,7 @@ def test_each_recipe_is_a_valid_sweep(recipe: str, runs: int, shared_data: Path)
 def test_the_bftrainer_recipe_replays_the_reference_window(shared_data: Path) -> None:
     sweep = load_sweep(RECIPES / "bftrainer-idle.toml")
     assert [r.spec.policy for r in sweep.runs] == ["bftrainer", "bftrainer", "bftrainer-equal"]
-    args = sim_args(sweep.runs[0].spec, Path("unused"))
-    assert args.bftrainer and args.start == "2021-02-10 20:21:15" and args.cluster_spec is None
-    assert Path(args.nodes_from).name == "replay_nodes_64.txt"
+    spec = sweep.runs[0].spec
+    assert spec.preset == "bftrainer" and spec.start == "2021-02-10 20:21:15"
+    assert spec.cluster_spec is None and Path(spec.nodes_from or "").name == "replay_nodes_64.txt"
     assert {i.field for i in sweep.runs[0].inputs} >= {"node_events", "nodes_from"}

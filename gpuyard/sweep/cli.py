@@ -91,10 +91,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     import nats.errors
     import uvloop
 
-    from gpuyard.cli import stop_on_signals
     from gpuyard.embedded import nats_server_binary
+    from gpuyard.run.process import stop_on_signals
     from gpuyard.sweep.config import ConfigError, load_sweep
     from gpuyard.sweep.engine import format_results, results_table, run_sweep, write_table
+    from gpuyard.sweep.queue import describe_failure
 
     try:
         sweep = load_sweep(args.config)
@@ -132,7 +133,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         results = finished_here(sweep, out, retry_failed=False)
     except (OSError, RuntimeError, TimeoutError, nats.errors.Error) as exc:
-        print(f"gpuyard sweep: {describe(exc)}", file=sys.stderr)
+        print(f"gpuyard sweep: {describe_failure(exc)}", file=sys.stderr)
         return 1
     table = results_table(sweep, out, results)
     paths = write_table(table, out)
@@ -149,24 +150,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0 if (table["status"] == "ok").all() else 1
 
 
-def describe(exc: BaseException) -> str:
-    """A failure of the server in a few words (no JetStream is the likely one)."""
-    import nats.js.errors
-
-    if isinstance(exc, nats.js.errors.ServiceUnavailableError | nats.errors.NoRespondersError):
-        return "the NATS server has no JetStream (start it with -js): the sweep queue needs it"
-    from gpuyard.cliopts import describe_error
-
-    return describe_error(exc)
-
-
 def cmd_worker(args: argparse.Namespace) -> int:
-    import nats.errors
-    import uvloop
-
-    from gpuyard.cli import library_logs_to
-    from gpuyard.shared.logs import configure_logging
-    from gpuyard.sweep.worker import Worker, run_worker
+    from gpuyard.sweep.worker import Worker, work
 
     if not args.nats:
         print("gpuyard worker: --nats URL is needed: the server of the sweep queue", file=sys.stderr)
@@ -178,15 +163,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return exc.code
     if reachable(args, "worker"):
         return 1
-    configure_logging(args.log_level, sys.stderr)
-    library_logs_to(sys.stderr)
     worker = Worker(url, auth=NatsAuth.from_args(args), cache=args.cache,
                     idle_exit_s=args.idle_exit)  # fmt: skip
-    try:
-        return uvloop.run(run_worker(worker))
-    except (OSError, RuntimeError, TimeoutError, nats.errors.Error) as exc:
-        print(f"gpuyard worker: {describe(exc)}", file=sys.stderr)
-        return 1
+    return work(worker, args.log_level)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

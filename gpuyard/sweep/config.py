@@ -14,72 +14,21 @@ place of their paths), so a sweep run again skips what it has already done.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import hashlib
 import importlib.util
-import io
 import itertools
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta, Struct
 
 import gpuyard
-
-ParamValue = str | int | float | bool | list[str | int | float | bool]
-PositiveInt = Annotated[int, Meta(gt=0)]
-NonNegative = Annotated[float, Meta(ge=0)]
-
-
-class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
-    """One simulation: the options of `gpuyard sim` (same names, `_` for `-`), typed."""
-
-    label: str | None = None
-    """How the run's scheme is called in tables and plots (default: the policy)."""
-    policy: str = "fifo"
-    policy_params: dict[str, ParamValue] = {}
-    admission: str | None = None
-    """Default: `accept-all`, or the preset's (`elasticflow`), as `gpuyard sim`."""
-    admission_params: dict[str, ParamValue] = {}
-    placement: str | None = None
-    """Default: `consolidated`, or the preset's (`elasticflow`)."""
-    placement_params: dict[str, ParamValue] = {}
-    preset: Literal["blox", "gavel", "elasticflow", "bftrainer"] | None = None
-    """A reference's simulator semantics (`--blox`, `--gavel`, `--elasticflow`, `--bftrainer`)."""
-    round_s: Annotated[float, Meta(gt=0)] | None = None
-    mode: Literal["rounds", "events", "slots"] | None = None
-    """Default: `events`, or the preset's (`blox`: `rounds`; `elasticflow`: the scheme's)."""
-    cluster_spec: str | None = None
-    """Default: `32x4`, or no nodes but the replay's with `node_events` (as `gpuyard sim`)."""
-    throughputs: str = "default"
-    generator: Literal["blox", "gavel", "elasticflow"] | None = None
-    jobs: PositiveInt | None = None
-    load: Annotated[float, Meta(gt=0)] | None = None
-    seed: Annotated[int, Meta(ge=0)] | None = None
-    gpu_demand: str | None = None
-    multi_gpu: bool = False
-    trace: str | None = None
-    trace_format: str | None = None
-    skip_bad: bool = False
-    philly_reading: Literal["blox", "plain"] | None = None
-    window: str | None = None
-    """Gavel's measurement window, `FIRST:END` (`--window`)."""
-    node_events: str | None = None
-    nodes_from: str | None = None
-    start: str | None = None
-    churn_node_gpus: PositiveInt = 1
-    checkpoint_s: NonNegative = 0.0
-    restore_s: NonNegative = 0.0
-
-    @property
-    def scheme(self) -> str:
-        return self.label or self.policy
-
+from gpuyard.run.spec import PositiveInt, RunSpec
 
 FILE_FIELDS = ("trace", "throughputs", "cluster_spec", "node_events", "nodes_from")
 """Fields that may name a file (or, for throughputs, a folder) the run reads."""
@@ -355,69 +304,12 @@ def _alike(runs: list[Run]) -> list[list[Run]]:
     return [group for group in by_name.values() if len(group) > 1]
 
 
-def sim_argv(spec: RunSpec) -> list[str]:
-    """`gpuyard sim`'s options for `spec`, but the policies' parameters (`sim_setup` takes them
-    typed) and where to run and write."""
-    argv: list[str] = []
-    for field in msgspec.structs.fields(RunSpec):
-        name = field.name
-        value = getattr(spec, name)
-        if name in ("label", *PARAM_FIELDS) or value is None or value is False:
-            continue
-        if name == "preset":
-            argv.append(f"--{value}")
-        elif name == "round_s":
-            argv += ["--round", repr(value)]
-        elif value is True:
-            argv.append(f"--{name.replace('_', '-')}")
-        elif value != field.default:
-            argv += [f"--{name.replace('_', '-')}", str(value)]
-    return argv
-
-
-def sim_args(spec: RunSpec, out: Path) -> argparse.Namespace:
-    """`gpuyard sim`'s parsed options for `spec`, writing into `out`; ValueError for a value the
-    command refuses (its one-line message)."""
-    from gpuyard.cli import check_workload_args, sim_parser
-
-    errors = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(errors):
-            args = sim_parser().parse_args(["sim", *sim_argv(spec), "--out", str(out)])
-    except SystemExit:
-        text = errors.getvalue().strip().splitlines()
-        message = text[-1] if text else "bad options"
-        raise ValueError(message.removeprefix("gpuyard sim: error: ").split(" (see:")[0]) from None
-    check_workload_args(args)
-    return args
-
-
 def _check(spec: RunSpec, source: Path, where: str) -> None:
     """What can be checked before anything runs: the options and the policies' parameters."""
-    from gpuyard.cliopts import DEFAULT_ADMISSION, DEFAULT_PLACEMENT, preset_filled
-    from gpuyard.shared.policy import (
-        PolicyError,
-        admission_policies,
-        placement_policies,
-        scheduling_policies,
-    )
+    from gpuyard.run.build import check_workload, sim_options
 
-    chosen: dict[str, Any] = {
-        "policy": spec.policy, "policy_params": spec.policy_params,
-        "admission": spec.admission or DEFAULT_ADMISSION, "admission_params": spec.admission_params,
-        "placement": spec.placement or DEFAULT_PLACEMENT, "placement_params": spec.placement_params,
-    }  # fmt: skip
     try:
-        args = sim_args(spec, Path("unused"))
-        if spec.preset == "elasticflow":  # the scheme's policies, then the run's (as `sim_setup`)
-            from gpuyard.sim import elasticflow_options  # (plots and all: only when needed)
-
-            scheme = elasticflow_options(spec.policy, spec.round_s or 300.0, 0)  # (`sim`'s default)
-            params = (spec.policy_params, spec.admission_params, spec.placement_params)
-            chosen = preset_filled(scheme, args, params)
-        if not (spec.preset == "gavel" and spec.policy == "fifo"):
-            scheduling_policies.create(chosen["policy"], chosen["policy_params"])
-        admission_policies.create(chosen["admission"], chosen["admission_params"])
-        placement_policies.create(chosen["placement"], chosen["placement_params"])
-    except (ValueError, PolicyError) as exc:
+        check_workload(spec)
+        sim_options(spec)
+    except (ValueError, OSError, msgspec.ValidationError) as exc:
         raise ConfigError(f"{source}: {where} ({spec.scheme}): {exc}") from None

@@ -28,8 +28,9 @@ import pandas as pd
 
 from gpuyard.embedded import EmbeddedNats
 from gpuyard.forks import Forked, cpu_slots
+from gpuyard.run.spec import RunSpec
 from gpuyard.shared.connection import NatsAuth, connect
-from gpuyard.sweep.config import PARAM_FIELDS, Run, RunSpec, Sweep, code_digest
+from gpuyard.sweep.config import PARAM_FIELDS, Run, Sweep, code_digest
 from gpuyard.sweep.queue import (
     BUCKET,
     RESULT_DECODER,
@@ -211,9 +212,10 @@ def _order(sweep: Sweep, run: Run, order: str) -> RunOrder:
 
 
 class LocalWorkers:
-    """`async with LocalWorkers(url, n, logs, auth):` n `gpuyard worker` processes on this
-    machine, forked from the fork server (`gpuyard.forks`), connecting as `auth` (the sweep's own
-    identity: secrets through the environment). `pin`: each on a CPU of its own, the CPUs this
+    """`async with LocalWorkers(url, n, logs, auth):` n workers (`gpuyard worker`'s work) on this
+    machine, each in a process forked from the fork server (`gpuyard.forks`), connecting as
+    `auth` (the sweep's own identity: handed over through the fork server's pipe, in no
+    command line or environment). `pin`: each on a CPU of its own, the CPUs this
     process may use in turn, with the private servers of its runs (`Forked`'s `cpu`)."""
 
     def __init__(self, url: str, count: int, logs: Path, auth: NatsAuth | None = None, *,
@@ -232,9 +234,10 @@ class LocalWorkers:
         return self
 
     async def _start(self, i: int) -> Forked:
-        proc = Forked(["worker", "--nats", self.url, *self.auth.argv()],
-                      self.logs / f"worker-{i}.log", append=True, env=self.auth.env(),
-                      cpu=self.cpus[i])  # fmt: skip
+        from gpuyard.sweep.worker import work_locally
+
+        proc = Forked(work_locally, (self.url, self.auth), self.logs / f"worker-{i}.log",
+                      append=True, cpu=self.cpus[i])  # fmt: skip
         await proc.start()
         return proc
 

@@ -23,11 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.errors
 import nats.js.errors
 from msgspec import Struct
 from nats.js import JetStreamContext, api
 
-from gpuyard.sweep.config import InputFile, RunSpec
+from gpuyard.run.spec import RunSpec
+from gpuyard.sweep.config import InputFile
 
 RUNS_STREAM = "GPUYARD_SWEEP_RUNS"
 RESULTS_STREAM = "GPUYARD_SWEEP_RESULTS"
@@ -73,6 +75,15 @@ class RunResult(Struct, kw_only=True):
     order: str = ""
     code: str = ""
     """The `code_digest` of the worker that ran it."""
+
+
+def describe_failure(exc: BaseException) -> str:
+    """A failure of the queue's server in a few words (no JetStream is the likely one)."""
+    if isinstance(exc, nats.js.errors.ServiceUnavailableError | nats.errors.NoRespondersError):
+        return "the NATS server has no JetStream (start it with -js): the sweep queue needs it"
+    from gpuyard.cliopts import describe_error
+
+    return describe_error(exc)
 
 
 class Refusals:

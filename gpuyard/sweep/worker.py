@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import secrets
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,8 +30,9 @@ import structlog
 
 from gpuyard.cliopts import redact
 from gpuyard.embedded import EmbeddedNats
+from gpuyard.run.process import library_logs_to, stop_on_signals
 from gpuyard.shared.connection import NatsAuth, connect, raise_dropped_cancellation
-from gpuyard.sweep.config import code_digest, sim_args
+from gpuyard.sweep.config import code_digest
 from gpuyard.sweep.queue import (
     BUCKET,
     ORDER_DECODER,
@@ -41,6 +43,7 @@ from gpuyard.sweep.queue import (
     Refusals,
     RunOrder,
     RunResult,
+    describe_failure,
     ensure_queue,
     fetch_input,
     pack_results,
@@ -150,7 +153,7 @@ class Worker:
 
     async def execute(self, js: Any, order: RunOrder, attempt: int) -> RunResult:
         """Simulate the run; its result, failed with the error in one line if it failed."""
-        from gpuyard.cli import sim_setup
+        from gpuyard.run.build import build
         from gpuyard.sim import simulate
 
         started = time.perf_counter()
@@ -162,11 +165,7 @@ class Worker:
             try:
                 paths = {i.field: str(await fetch_input(js, i, self.cache)) for i in order.inputs}
                 spec = msgspec.structs.replace(order.spec, **paths)
-                args = sim_args(spec, folder)
-                params = (spec.policy_params, spec.admission_params, spec.placement_params)
-                options, workload, described = await asyncio.to_thread(
-                    sim_setup, args, load=spec.load, seed=spec.seed, params=params
-                )
+                options, workload, described = await asyncio.to_thread(build, spec, folder)
                 # Its events are published, not stored: the stream went with the run anyway,
                 # and storing them was 3% of a sweep's CPU (`gpuyard tail --follow` shows them).
                 options = msgspec.structs.replace(options, event_storage="none")
@@ -205,10 +204,29 @@ async def _heartbeat(msg: Any, every_s: float) -> None:
 
 async def run_worker(worker: Worker) -> int:
     """Serve until SIGTERM or Ctrl-C (which hand the run in hand back), or idle long enough."""
-    from gpuyard.cli import stop_on_signals
-
     try:
         return await stop_on_signals(worker.serve())
     except asyncio.CancelledError:
         log.info("worker.stopped", worker=worker.name, runs=worker.runs)
         return 0
+
+
+def work(worker: Worker, log_level: str = "info") -> int:
+    """`gpuyard worker`'s work, its log on stderr: `worker` serves until stopped; the exit status
+    (1, with one line on stderr, if its server failed it)."""
+    import uvloop
+
+    from gpuyard.shared.logs import configure_logging
+
+    configure_logging(log_level, sys.stderr)
+    library_logs_to(sys.stderr)
+    try:
+        return uvloop.run(run_worker(worker))
+    except (OSError, RuntimeError, TimeoutError, nats.errors.Error) as exc:
+        print(f"gpuyard worker: {describe_failure(exc)}", file=sys.stderr)
+        return 1
+
+
+def work_locally(url: str, auth: NatsAuth) -> int:
+    """A sweep's local worker (`LocalWorkers`, in a forked process): `work` on `url`."""
+    return work(Worker(url, auth=auth))

@@ -100,13 +100,13 @@ def run_case(c: Case, out: Path) -> dict[str, Any]:
     import structlog
     import uvloop
 
-    from gpuyard.cli import build_parser, sim_lists, sim_setup
+    from gpuyard.cli import build_parser, run_spec
+    from gpuyard.run.build import build
     from gpuyard.shared.logs import configure_logging
     from gpuyard.sim import simulate
 
     args = build_parser().parse_args(["sim", *c.resolved(), "--out", str(out)])
-    _, loads, seeds = sim_lists(args)
-    options, workload, described = sim_setup(args, load=loads[0], seed=seeds[0])
+    options, workload, described = build(run_spec(args), out)
     with open(out / "services.log", "a") as log:
         configure_logging("warning", log)
         try:

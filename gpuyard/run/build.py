@@ -1,0 +1,327 @@
+"""What a `RunSpec` is made of: the services' options (`SimOptions`) and the workload, checked.
+
+`build(spec, out)` gives both; `sim_options(spec)` the options alone (every policy of a
+comparison is checked through it before any run starts). Errors are ValueError (PolicyError),
+OSError, msgspec.ValidationError or WorkloadError, each naming what is wrong in one line, with
+`gpuyard sim`'s option names (a sweep file's keys are the same).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from gpuyard.run.spec import (
+    DEFAULT_ADMISSION,
+    DEFAULT_PLACEMENT,
+    RunSpec,
+    parse_demand,
+    parse_window,
+)
+from gpuyard.shared.model import ClusterSpec
+from gpuyard.shared.policy import admission_policies, placement_policies, scheduling_policies
+
+T = TypeVar("T")
+
+GENERATOR_DEFAULTS: dict[str, Any] = {"jobs": 400, "load": 20.0, "seed": 0}
+DEFAULT_DEMAND = {1: 0.7, 2: 0.1, 4: 0.15, 8: 0.05}
+GENERATOR_OPTIONS = ("--generator", "--jobs", "--load", "--gpu-demand")
+"""Options a --trace refuses (`--seed` is not among them: it also seeds the policies)."""
+TRACE_OPTIONS = ("--trace-format", "--skip-bad", "--philly-reading")
+GAVEL_ROUND_S = 360.0
+"""Gavel's round length (`--time_per_iteration`)."""
+GAVEL_NAMES = {"fifo": "gavel_fifo"}
+"""Under `--gavel`, Gavel's names for the policies whose names gpuyard uses for others."""
+GAVEL_PARAMS: dict[str, Any] = {"costs": {}}
+"""Under `--gavel`, the scheduling policy's parameters as Gavel's simulator sets them, where the
+policy has them and `--param` does not give them: its driver passes no price table, so the
+cost-normalised policies see every GPU type cost 1 (and allocate as `max_sum_throughput_perf`)."""
+
+Params = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
+"""Scheduling, admission and placement parameters."""
+
+
+def build(
+    spec: RunSpec, out: Path, external: frozenset[str] = frozenset()
+) -> tuple[Any, Any, dict[str, Any]]:
+    """The run `spec` describes: its SimOptions (`sim_options`), its workload and what the
+    workload is (for options.json and captions); node events are written into `out`."""
+    from gpuyard.shared.throughput import load_throughputs
+    from gpuyard.workloads import save_node_events
+    from gpuyard.workloads.churn import load_node_list
+
+    check_workload(spec)
+    options = sim_options(spec, external)
+    model = load_throughputs(spec.throughputs)
+    workload, described = make_workload(spec, model)
+    if options.window is not None and options.window[1] > len(workload.jobs):
+        raise ValueError(
+            f"--window {options.window[0]}:{options.window[1]}: the workload has only "
+            f"{len(workload.jobs):,} jobs"
+        )
+    if spec.node_events is not None:
+        workload, events = replay(spec, workload)
+        described["node_events"] = {
+            "file": spec.node_events, "nodes_from": spec.nodes_from,
+            "nodes": len(load_node_list(Path(spec.nodes_from))) if spec.nodes_from else
+            int(events["node"].nunique()),
+            "start": spec.start,
+            "bftrainer": spec.preset == "bftrainer",
+        }  # fmt: skip
+        events_path = out / "node_events.csv"
+        save_node_events(events, events_path)
+        options.node_events = str(events_path.resolve())
+    elif spec.nodes_from is not None or spec.start is not None or spec.preset == "bftrainer":
+        raise ValueError("--nodes-from, --start and --bftrainer apply to --node-events")
+    return options, workload, described
+
+
+def sim_options(spec: RunSpec, external: frozenset[str] = frozenset()) -> Any:
+    """The SimOptions of the run `spec` describes, with the policies not in `external` checked
+    (PolicyError naming a bad one)."""
+    from gpuyard.sim import PreemptionCost, SimOptions
+    from gpuyard.workloads import load_cluster
+
+    params: Params = (spec.policy_params, spec.admission_params, spec.placement_params)
+    # A replay of node availability brings its own nodes (BFTrainer's idle nodes): no others.
+    cluster_spec = spec.cluster_spec or ("none" if spec.node_events is not None else "32x4")
+    cluster = (
+        ClusterSpec(groups=[]) if cluster_spec == "none" else load_cluster(cluster_spec)
+    )
+    gavel = spec.preset == "gavel"
+    options = SimOptions(
+        cluster=cluster,
+        throughputs=spec.throughputs,
+        policy=scheduling_name(spec),
+        policy_params=dict(params[0]),
+        admission=spec.admission or DEFAULT_ADMISSION,
+        admission_params=dict(params[1]),
+        placement=spec.placement or DEFAULT_PLACEMENT,
+        placement_params=dict(params[2]),
+        round_s=spec.round_s or (GAVEL_ROUND_S if gavel else 300.0),
+        mode="rounds" if spec.preset == "blox" else spec.mode or "events",
+        blox=spec.preset == "blox",
+        gavel=gavel,
+        window=_parsed("--window", parse_window, spec.window),
+        bftrainer=spec.preset == "bftrainer",
+        churn_node_gpus=spec.churn_node_gpus,
+        preemption_cost=PreemptionCost(checkpoint_s=spec.checkpoint_s, restore_s=spec.restore_s),
+        min_run_s=spec.min_run_s,
+    )
+    if gavel:
+        options = gavel_defaults(options)
+    if spec.preset == "elasticflow":
+        from gpuyard.sim import elasticflow_options, elasticflow_switch_nodes
+
+        scheme = elasticflow_options(
+            spec.policy, options.round_s, cluster.total_gpus,
+            switch_nodes=elasticflow_switch_nodes(cluster),
+        )  # fmt: skip
+        filled = preset_filled(scheme, mode=spec.mode, admission=spec.admission,
+                               placement=spec.placement, params=params)  # fmt: skip
+        options = msgspec.structs.replace(options, **filled)
+    if spec.trace is not None and spec.seed is not None:
+        options = seeded_policies(options, spec.seed)
+    if "scheduler" not in external:
+        scheduling_policies.create(options.policy, options.policy_params)
+    if "admission" not in external:
+        admission_policies.create(options.admission, options.admission_params)
+    if "placement" not in external:
+        placement_policies.create(options.placement, options.placement_params)
+    return options
+
+
+def scheduling_name(spec: RunSpec) -> str:
+    """The scheduling policy `spec.policy` means (under `--gavel`, Gavel's own names)."""
+    return GAVEL_NAMES.get(spec.policy, spec.policy) if spec.preset == "gavel" else spec.policy
+
+
+def check_policy_name(spec: RunSpec) -> None:
+    """ValueError (PolicyError) if the scheduling policy (ElasticFlow's scheme with
+    `--elasticflow`) is unknown."""
+    from gpuyard.sim import elasticflow_scheme
+
+    if spec.preset == "elasticflow":
+        elasticflow_scheme(spec.policy)
+    else:
+        scheduling_policies.get(scheduling_name(spec))
+
+
+def preset_filled(
+    preset: dict[str, Any], *, mode: str | None, admission: str | None, placement: str | None,
+    params: Params,
+) -> dict[str, Any]:  # fmt: skip
+    """`preset` (`--elasticflow`'s scheme: its policies with their parameters, its `mode`, and
+    more) with what the run sets: an `admission` or `placement` named replaces the preset's,
+    with only the parameters given for it; parameters given alone (`--param`, and those of a
+    policy the preset names) go on top of the preset's; a `mode` given replaces its mode.
+    `params`: the scheduling, admission and placement parameters given."""
+    policy_params, admission_params, placement_params = params
+    filled = {**preset, "policy_params": {**preset["policy_params"], **policy_params}}
+    if mode is not None:
+        filled["mode"] = mode
+    for kind, named, given in (("admission", admission, admission_params),
+                               ("placement", placement, placement_params)):  # fmt: skip
+        if named is not None:
+            filled[kind], filled[f"{kind}_params"] = named, given
+        else:
+            filled[f"{kind}_params"] = {**preset[f"{kind}_params"], **given}
+    return filled
+
+
+def gavel_defaults(options: Any) -> Any:
+    """`options` with `GAVEL_PARAMS` for the scheduling policy's parameters it has and was not
+    given."""
+    made = scheduling_policies.create(options.policy, options.policy_params).params
+    fields = made.__struct_fields__ if made is not None else ()
+    extra = {k: v for k, v in GAVEL_PARAMS.items() if k in fields and k not in options.policy_params}
+    return msgspec.structs.replace(options, policy_params={**options.policy_params, **extra})
+
+
+def seeded_policies(options: Any, seed: int) -> Any:
+    """`options` with `seed` as the `seed` parameter of each policy that has one and was not
+    given it (a trace's jobs are fixed: `--seed` then seeds the policies' random choices, as
+    Gavel's `--seed` does)."""
+    changes: dict[str, Any] = {}
+    for registry, name, field in [
+        (scheduling_policies, options.policy, "policy_params"),
+        (admission_policies, options.admission, "admission_params"),
+        (placement_policies, options.placement, "placement_params"),
+    ]:
+        params = getattr(options, field)
+        made = registry.create(name, params).params
+        if "seed" not in params and made is not None and "seed" in made.__struct_fields__:
+            changes[field] = {**params, "seed": seed}
+    return msgspec.structs.replace(options, **changes)
+
+
+def _given(spec: RunSpec, option: str) -> bool:
+    return getattr(spec, option.lstrip("-").replace("-", "_")) not in (None, False)
+
+
+def check_workload(spec: RunSpec) -> None:
+    """Refuse options the chosen source would ignore (ValueError naming them)."""
+    if spec.preset == "blox" and spec.mode not in (None, "rounds"):
+        raise ValueError(f"--mode {spec.mode}: --blox decides at round ends (rounds)")
+    if spec.trace is not None:
+        ignored = [o for o in GENERATOR_OPTIONS if _given(spec, o)]
+        if ignored:
+            raise ValueError(
+                f"{', '.join(ignored)} {'describe' if len(ignored) > 1 else 'describes'} "
+                "generated jobs; a --trace brings its own"
+            )
+        return
+    ignored = [o for o in TRACE_OPTIONS if _given(spec, o)]
+    if ignored:
+        raise ValueError(
+            f"{', '.join(ignored)} {'apply' if len(ignored) > 1 else 'applies'} to --trace only"
+        )
+    generator = spec.generator or "blox"
+    if spec.multi_gpu and generator != "gavel":
+        raise ValueError(
+            f"--multi-gpu applies to the gavel generator and Philly traces, not to {generator}"
+        )
+    if spec.gpu_demand is not None and generator != "blox":
+        raise ValueError(
+            f"--gpu-demand applies to the blox generator; {generator} draws GPU counts its own way"
+        )
+    _parsed("--gpu-demand", parse_demand, spec.gpu_demand)
+
+
+def _parsed(option: str, parse: Callable[[str], T], text: str | None) -> T | None:
+    """`parse(text)` (None for None), its ValueError naming `option`."""
+    if text is None:
+        return None
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None
+
+
+def make_workload(spec: RunSpec, throughputs: Any = None) -> tuple[Any, dict[str, Any]]:
+    """The workload `spec` describes, and what it is (for options.json and plot captions)."""
+    from gpuyard.workloads import blox, elasticflow, gavel
+
+    if spec.trace is not None:
+        return read_trace(spec, throughputs)
+    generator = spec.generator or "blox"
+    jobs = spec.jobs or GENERATOR_DEFAULTS["jobs"]
+    load = spec.load if spec.load is not None else GENERATOR_DEFAULTS["load"]
+    seed = spec.seed if spec.seed is not None else GENERATOR_DEFAULTS["seed"]
+    info = {"generator": generator, "jobs": jobs, "load": load, "seed": seed}
+    if generator == "gavel":
+        info["multi_gpu"] = spec.multi_gpu
+        return gavel(jobs, load, seed, spec.multi_gpu, throughputs=throughputs), info
+    if generator == "elasticflow":
+        return elasticflow(jobs, 3600.0 / load, seed, throughputs=throughputs), info
+    demand = _parsed("--gpu-demand", parse_demand, spec.gpu_demand) or DEFAULT_DEMAND
+    info["gpu_demand"] = {str(k): v for k, v in demand.items()}
+    return blox(jobs, load, seed, demand), info
+
+
+def read_trace(spec: RunSpec, throughputs: Any = None) -> tuple[Any, dict[str, Any]]:
+    """The workload in `spec.trace`, read as `--trace-format`, `--skip-bad`, `--philly-reading`
+    and `--multi-gpu` say, and what it is; ValueError for an option the format would ignore."""
+    from gpuyard.workloads import detect_format, load_workload
+
+    assert spec.trace is not None
+    trace = Path(spec.trace)
+    name = detect_format(trace) if spec.trace_format in (None, "auto") else spec.trace_format
+    options: dict[str, Any] = {}
+    info: dict[str, Any] = {"trace": spec.trace, "format": name}
+    if name == "philly":
+        reading = spec.philly_reading or "blox"
+        if reading == "plain" and spec.multi_gpu:
+            raise ValueError(
+                "--multi-gpu applies to the blox reading of Philly traces; the plain reading "
+                "always takes each job's GPUs from its attempts"
+            )
+        options = {"semantics": reading, "multigpu": spec.multi_gpu}
+        info |= {"philly_reading": reading, "multi_gpu": spec.multi_gpu}
+    elif spec.philly_reading is not None or spec.multi_gpu:
+        option = "--philly-reading" if spec.philly_reading else "--multi-gpu"
+        raise ValueError(f"{option} applies to Philly traces, not to {name} ones")
+    elif name == "gavel" and throughputs is not None:
+        options = {"throughputs": throughputs}
+    elif name in ("elasticflow", "itp") and spec.preset == "elasticflow":
+        options = {"elastic": True}  # ElasticFlow chooses the GPU counts itself
+        info["elastic"] = True
+    workload = load_workload(trace, name, spec.skip_bad, **options)
+    return workload, info | {"jobs": len(workload), "skipped": workload.skipped}
+
+
+def replay(spec: RunSpec, workload: Any) -> tuple[Any, Any]:
+    """The node events to replay (`--node-events`, `--nodes-from`, `--start`; see
+    `gpuyard.workloads.churn`) and the workload on the same clock: a BFTrainer trace's job times
+    count from `--start` (jobs submitted before it arrive at the start), or from its first job."""
+    import datetime as dt
+
+    import pandas as pd
+
+    from gpuyard.workloads import load_node_events
+    from gpuyard.workloads.churn import load_node_list, parse_start, replay_events
+
+    assert spec.node_events is not None
+    start = parse_start(spec.start) if spec.start is not None else None
+    nodes = load_node_list(Path(spec.nodes_from)) if spec.nodes_from is not None else None
+    origin = start if isinstance(start, dt.datetime) else None
+    extras = workload.extras
+    if extras is not None and "Tsub" in extras.columns:  # BFTrainer: line node and job times up
+        first = pd.to_datetime(extras["Tsub"]).min().to_pydatetime()
+        if origin is None:
+            origin = first
+        shift = (first - origin).total_seconds()
+        if shift:
+            jobs = [
+                msgspec.structs.replace(j, submit_time=max((j.submit_time or 0.0) + shift, 0.0))
+                for j in workload.jobs
+            ]
+            workload = dataclasses.replace(workload, jobs=jobs)
+    events = load_node_events(Path(spec.node_events), origin=origin, nodes=nodes)
+    if isinstance(start, float):
+        events["time"] -= start
+    return workload, replay_events(events, nodes)

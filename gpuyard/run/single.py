@@ -1,0 +1,185 @@
+"""One run as `gpuyard sim` makes it, in this process: its workload written into its output
+folder, its services started, its progress, summary and results, and on stderr one line for
+whatever went wrong. A comparison's forked runs are this too (`simulate_encoded`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+import msgspec
+
+from gpuyard.run.build import build
+from gpuyard.run.process import library_logs_to, stop_on_signals
+from gpuyard.run.spec import RunPlace, RunSpec
+from gpuyard.shared.policy import PolicyError
+
+
+def simulate_one(spec: RunSpec, place: RunPlace) -> int:
+    """Run `spec` where `place` says; the exit status: 0, 1 (the run failed), 2 (it could not
+    start: the one line says why) or 130 (interrupted: what it got to is written)."""
+    import nats.errors
+    import uvloop
+
+    from gpuyard.report import format_summary, thrashing_line
+    from gpuyard.shared.logs import configure_logging
+    from gpuyard.sim import ProgressBar, simulate
+    from gpuyard.workloads import WorkloadError
+
+    place.out.mkdir(parents=True, exist_ok=True)
+    try:
+        options, workload, described = written_setup(spec, place)
+    except (ValueError, OSError, msgspec.ValidationError, WorkloadError) as exc:
+        print(f"gpuyard sim: {exc}", file=sys.stderr)
+        return 2
+    if place.durable:
+        options = msgspec.structs.replace(options, durable=True)
+    log = open(place.out / "services.log", "a")  # noqa: SIM115 (open for the whole run)
+    configure_logging(place.log_level, log)
+    library_logs_to(log)
+    started = time.time()
+
+    def show(summary: dict[str, Any]) -> None:  # (before the other result files are written)
+        if summary.get("partial"):  # (`interrupted` says what was written)
+            return
+        print(json.dumps(summary, indent=2) if place.json else format_summary(summary), flush=True)
+        if thrashing_line(summary):
+            print(f"gpuyard sim: warning: {thrashing_line(summary)}", file=sys.stderr)
+
+    try:
+        uvloop.run(
+            stop_on_signals(
+                simulate(
+                    options,
+                    workload,
+                    place.out,
+                    nats_url=place.nats_url,
+                    cluster_name=place.cluster,
+                    processes=place.processes,
+                    lost_after_s=place.lost_after_s,
+                    on_progress=ProgressBar(place.cluster),
+                    external=place.external,
+                    log_level=place.log_level,
+                    auth=place.auth,
+                    workload=described,
+                    on_policies=lambda ran: warn_policies(options, ran),
+                    on_summary=show,
+                    keep_jobs=False,  # (the summary is all it shows)
+                )
+            )
+        )
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        return interrupted(place, started)
+    except (RuntimeError, OSError, PolicyError, nats.errors.Error) as exc:
+        print(f"gpuyard sim: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        log.close()
+    print(f"results in {place.out}/", file=sys.stderr)
+    return 0
+
+
+def simulate_encoded(spec: bytes, place: RunPlace) -> int:
+    """`simulate_one` of a spec encoded with msgspec (a comparison's forked run)."""
+    return simulate_one(msgspec.msgpack.decode(spec, type=RunSpec), place)
+
+
+def written_setup(spec: RunSpec, place: RunPlace) -> tuple[Any, Any, dict[str, Any]]:
+    """`build`'s run with its workload written into `place.out` (`sim.WrittenWorkload`): the
+    jobs leave this process's memory before the run starts (the clock reads them from the file).
+    Says on stderr what was skipped, and how a Philly trace was read."""
+    from gpuyard.sim import written_workload
+
+    options, workload, described = build(spec, place.out, place.external)
+    if workload.skipped:
+        print(f"gpuyard sim: {skipped_lines(workload)}", file=sys.stderr)
+    if philly_line(described):
+        print(f"gpuyard sim: {philly_line(described)}", file=sys.stderr)
+    return options, written_workload(workload.jobs, place.out), described
+
+
+def philly_line(info: dict[str, Any]) -> str | None:
+    """Which reading of a Philly trace ran, for stderr (None for other formats)."""
+    if "philly_reading" not in info:
+        return None
+    return (
+        f"{info['trace']}: Philly trace read the {info['philly_reading']} way"
+        f"{' with --multi-gpu' if info['multi_gpu'] else ''} ({info['jobs']:,} jobs; "
+        "--philly-reading blox|plain)"
+    )
+
+
+def skipped_lines(workload: Any, shown: int = 5) -> str:
+    """`skipped 12 broken trace lines:` and the first few reasons (file, line, why), then a count."""
+    lines = [f"skipped {workload.skipped} broken trace lines:"]
+    lines += [f"  {reason}" for reason in workload.skip_reasons[:shown]]
+    if workload.skipped > shown:
+        lines.append(f"  ... and {workload.skipped - shown} more")
+    return "\n".join(lines)
+
+
+def warn_policies(options: Any, ran: dict[str, Any]) -> None:
+    """On stderr: each service whose policy or parameters are not those `options` (SimOptions)
+    asked for (services started elsewhere, `--external`, run their own)."""
+    from gpuyard.shared.contract import PolicyInfo
+    from gpuyard.shared.policy import admission_policies, placement_policies, scheduling_policies
+
+    asked = {
+        "scheduler": (scheduling_policies, options.policy, options.policy_params),
+        "admission": (admission_policies, options.admission, options.admission_params),
+        "placement": (placement_policies, options.placement, options.placement_params),
+    }
+    for service, (registry, name, params) in asked.items():
+        info = ran.get(service)
+        if not isinstance(info, PolicyInfo):
+            print(
+                f"gpuyard sim: warning: {service} did not say its policy: {info}", file=sys.stderr
+            )
+            continue
+        runs = f"{info.policy} {' '.join(f'{k}={v}' for k, v in info.params.items())}".rstrip()
+        if info.policy != name:
+            print(
+                f"gpuyard sim: warning: {service} runs {runs}, not the {name} asked for; "
+                "results record what ran",
+                file=sys.stderr,
+            )
+            continue
+        try:  # the parameters asked for, typed and with defaults, as the service reports its own
+            wanted = msgspec.to_builtins(registry.create(name, params).params)
+        except (PolicyError, ValueError):
+            continue
+        differs = sorted(k for k, v in wanted.items() if info.params.get(k) != v)
+        if differs:
+            print(
+                f"gpuyard sim: warning: {service} runs {runs}, not the {', '.join(differs)} "
+                "asked for; results record what ran",
+                file=sys.stderr,
+            )
+
+
+def interrupted(place: RunPlace, started: float) -> int:
+    """After Ctrl-C or SIGTERM: say what was written (the partial summary, if the run had begun;
+    the whole one, if it had ended). `started`: when the run began (an older summary is not its)."""
+    from gpuyard.report import format_summary
+
+    path = place.out / "summary.json"
+    ours = path.exists() and path.stat().st_mtime >= started
+    summary = json.loads(path.read_text()) if ours else {}
+    if not summary:
+        print("gpuyard sim: interrupted before the run began; nothing written", file=sys.stderr)
+        return 130
+    if not summary.get("partial"):  # (stopping after its results were written)
+        print(f"gpuyard sim: interrupted after the run ended: its results are whole in {place.out}/",
+              file=sys.stderr)  # fmt: skip
+        return 130
+    print(json.dumps(summary, indent=2) if place.json else format_summary(summary))
+    print(
+        f"gpuyard sim: interrupted at t = {summary['simulated_s'] / 3600:,.1f} h simulated: "
+        f"{summary['completed']:,} of {summary['jobs_in_workload']:,} jobs had completed; "
+        f'partial results ("partial": true) in {place.out}/',
+        file=sys.stderr,
+    )
+    return 130
