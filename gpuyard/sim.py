@@ -637,7 +637,10 @@ async def simulate(
             processes=processes, log_file=out / "services.log", log_level=log_level,
             expect=external, auth=auth if nats_url else None,
         )  # fmt: skip
-        await stack.enter_async_context(services)
+        try:
+            await stack.enter_async_context(services)
+        except RuntimeError as exc:  # (a service that does not answer, or a policy that raised)
+            raise RuntimeError(f"{exc}{where_logged(out / 'services.log', external)}") from None
         if on_services is not None:
             on_services(services)
         ours = auth if nats_url else None

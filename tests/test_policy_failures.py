@@ -4,6 +4,7 @@ with the traceback; the service answers and keeps serving."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,16 @@ class RefusesTenants(AdmissionPolicy):
         raise KeyError("tenant")  # RAISES HERE TOO
 
 
+class SnapshotFails(SchedulingPolicy):
+    State = dict
+
+    def schedule(self, inp: SchedulingInput) -> Decision:
+        return Decision()
+
+    def snapshot(self) -> Any:
+        return {}["missing"]  # SNAPSHOT RAISES HERE
+
+
 class ReadsBadJson(SchedulingPolicy):
     def schedule(self, inp: SchedulingInput) -> Decision:
         json.loads("{not json")  # CALLS HERE
@@ -75,6 +86,7 @@ def test_the_frame_is_the_innermost_of_the_policys_own_module() -> None:
     assert policy_frame(raised.value, None) is None
 
 
+@pytest.mark.slow
 def test_a_sim_whose_policy_raises_names_policy_line_and_log(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -134,3 +146,29 @@ async def test_the_service_answers_where_its_policy_raised_and_keeps_serving(
             assert (await bus.call(PING, Ping(), svc="adm")).policy == "test-refuses-tenants"
         finally:
             await bus.close()
+
+
+@pytest.mark.slow
+async def test_a_service_whose_policy_snapshot_raises_is_named_with_why(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A durable scheduler whose policy raises in `snapshot` fails every request (its state is
+    not written): waiting for it to answer ends in one line saying which and why, not in a bare
+    TimeoutError (`gpuyard sim: ` and nothing)."""
+    monkeypatch.setitem(scheduling_policies._classes, "test-snapshot-fails", SnapshotFails)
+    configs = {"scheduler": SchedulerConfig(policy="test-snapshot-fails", durable=True)}
+    services = ServiceSet(nats_url, "snap", configs)
+    waits = ServiceSet.wait_ready
+    monkeypatch.setattr(ServiceSet, "wait_ready", lambda self: asyncio.sleep(0))
+    await services.start()
+    try:
+        with pytest.raises(RuntimeError) as failed:
+            await waits(services, within_s=1.0)
+    finally:
+        await services.stop()
+    assert str(failed.value) == (
+        "the scheduler service did not answer within 1 s: gpuyard.snap.sched.ping: scheduling "
+        "policy 'test-snapshot-fails' in the scheduler service raised KeyError: 'missing' at "
+        f"{HERE}:{line_of('SNAPSHOT RAISES HERE')}, in snapshot (traceback in the scheduler "
+        "service's log)"
+    )
