@@ -191,14 +191,19 @@ class ServiceSet:
         """Until every service answers a ping."""
         nc = await connect(self.url, name="gpuyard-launcher", auth=self.auth)
         bus = Bus(nc, self.subjects, caller=self.auth.caller if self.auth else ANONYMOUS)
+        name, last = "", ""
         try:
             async with asyncio.timeout(within_s):
                 for name in [*self.configs, *sorted(self.expect)]:
+                    last = ""
                     while True:
-                        with contextlib.suppress(RemoteError):
+                        try:
                             pong = await bus.call(
                                 PING, Ping(), within_s=1.0, svc=SERVICE_TOKENS[name]
                             )
+                        except RemoteError as exc:
+                            last = str(exc)
+                        else:
                             if pong.contract != CONTRACT_VERSION:
                                 raise RuntimeError(
                                     f"{name} speaks contract v{pong.contract}, we speak "
@@ -209,6 +214,11 @@ class ServiceSet:
                             if proc.returncode is not None:
                                 raise RuntimeError(f"a service process exited ({proc.returncode})")
                         await asyncio.sleep(0.05)
+        except TimeoutError:  # (one line saying which, and why: a bare TimeoutError says nothing)
+            why = f": {last}" if last else ""
+            raise RuntimeError(
+                f"the {name} service did not answer within {within_s:g} s{why}"
+            ) from None
         finally:
             await bus.close()
 

@@ -637,7 +637,10 @@ async def simulate(
             processes=processes, log_file=out / "services.log", log_level=log_level,
             expect=external, auth=auth if nats_url else None,
         )  # fmt: skip
-        await stack.enter_async_context(services)
+        try:
+            await stack.enter_async_context(services)
+        except RuntimeError as exc:  # (a service that does not answer, or a policy that raised)
+            raise RuntimeError(f"{exc}{where_logged(out / 'services.log', external)}") from None
         if on_services is not None:
             on_services(services)
         ours = auth if nats_url else None
@@ -677,7 +680,10 @@ async def simulate(
         else:
             await _cancelled(taking)
             if final.error:
-                raise RuntimeError(f"simulation {cluster_name!r} failed: {final.error}")
+                raise RuntimeError(
+                    f"simulation {cluster_name!r} failed: {final.error}"
+                    f"{where_logged(out / 'services.log', external)}"
+                )
             if taken.forgets is not False:
                 await taken.take(forget_all=True)
             rows, records = taken.with_the_rest(await fetch_pages(bus, JOBS, "jobs"))
@@ -812,6 +818,15 @@ async def job_runs(bus: Bus) -> list[JobRun]:
         if event is not None and event.job_id is not None:
             runs.append((event.now, event.job_id, list(event.gpus)))
     return runs
+
+
+def where_logged(log: Path, external: frozenset[str]) -> str:
+    """Where a failed run's tracebacks are: `; tracebacks in results/services.log` (and the logs
+    of the services run elsewhere); nothing when the services started here log elsewhere too."""
+    if not log.is_file():  # (a caller that did not point the logs there)
+        return ""
+    elsewhere = f" and the logs of the {', '.join(sorted(external))}" if external else ""
+    return f"; tracebacks in {log}{elsewhere}"
 
 
 class ProgressBar:

@@ -3,12 +3,17 @@
 A handler raises `BadRequest` (the request is wrong: its `field` is a JSON path such as
 `$.jobs[0].num_gpus`); the service answers it with an `ErrorReply` and the header
 `Gpuyard-Status: error`. The caller's side raises `RemoteError` with that reply. msgspec's
-validation messages are turned into the same paths by `error_from_validation`.
+validation messages are turned into the same paths by `error_from_validation`. An exception a
+policy raised is told by `policy_failure`: the service, the policy, the exception and the line of
+the policy's own code it came from.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+import traceback
 
 import msgspec
 
@@ -86,3 +91,36 @@ def error_from_validation(exc: msgspec.ValidationError | msgspec.DecodeError) ->
     if named:
         path = child_path(path, named["name"])
     return BadRequest(msg, field=path)
+
+
+def policy_frame(exc: BaseException, policy: object) -> traceback.FrameSummary | None:
+    """The innermost frame of `exc`'s traceback in the policy's own code: the module of its class
+    or of a class it derives from, outside gpuyard.shared (the policy API's base classes). None:
+    the policy's code is not in the traceback (the service's own error)."""
+    if policy is None or exc.__traceback__ is None:
+        return None
+    files: set[str] = set()
+    for cls in type(policy).__mro__:
+        module = sys.modules.get(cls.__module__)
+        file = getattr(module, "__file__", None)
+        if file and not cls.__module__.startswith(("gpuyard.shared.", "builtins")):
+            files |= {file, os.path.realpath(file)}
+    found = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename in files or os.path.realpath(frame.filename) in files:
+            found = frame
+    return found
+
+
+def policy_failure(
+    exc: BaseException, frame: traceback.FrameSummary, service: str, kind: str, policy: str | None
+) -> str:
+    """One line: `scheduling policy 'x' in the scheduler service raised ZeroDivisionError:
+    division by zero at /path/x.py:12, in ratio (traceback in the scheduler service's log)`."""
+    text = " ".join(str(exc).split())  # (one line, whatever the message)
+    what = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return (
+        f"{kind} policy {policy!r} in the {service} service raised {what} at "
+        f"{frame.filename}:{frame.lineno}, in {frame.name} (traceback in the {service} service's "
+        "log)"
+    )

@@ -80,6 +80,8 @@ from .errors import (
     RemoteError,
     error_from_validation,
     policy_error_field,
+    policy_failure,
+    policy_frame,
 )
 from .identity import SERVICES, Caller
 from .leader import LEASE_S, Lease
@@ -546,8 +548,9 @@ class Service:
             error = ErrorReply(error=exc.error, field=exc.field, subject=msg.subject)
             return self._failed(msg, route, error)
         except Exception as exc:  # a bug or a failed downstream call: answer, log, keep serving
-            self.log.exception("request.failed", subject=msg.subject)
-            return self._failed(msg, route, ErrorReply(error=_describe(exc), subject=msg.subject))
+            error, located = self._failure(exc)
+            self.log.exception("request.failed", subject=msg.subject, **located)
+            return self._failed(msg, route, ErrorReply(error=error, subject=msg.subject))
         if msg.reply and route.endpoint.reply is not None:
             return _Answer(msg, route, encode(reply))
         return None
@@ -566,16 +569,29 @@ class Service:
                 for a in answers
             ]  # fmt: skip
         except Exception as exc:  # not written: the callers must not take it as done
-            self.log.exception("state.not_written", requests=len(answers))
+            error, located = self._failure(exc)  # (the policy's snapshot may have raised)
+            self.log.exception("state.not_written", requests=len(answers), **located)
             answers = [
                 a if a.error else self._failed(a.msg, a.route, ErrorReply(
-                    error=_describe(exc), subject=a.msg.subject))
+                    error=error, subject=a.msg.subject))
                 for a in answers
             ]  # fmt: skip
         for answer in answers:
             if answer.msg.reply:
                 headers = _ERROR_HEADERS if answer.error else None
                 await self.bus.nc.publish(answer.msg.reply, answer.data, headers=headers)
+
+    def _failure(self, exc: Exception) -> tuple[str, dict[str, str]]:
+        """What the caller is told of an exception that is not a BadRequest, and what the log line
+        adds: the service, the policy and the line of the policy's own code it was raised from,
+        when it came from there (`errors.policy_failure`)."""
+        frame = policy_frame(exc, self.policy)
+        if frame is None:
+            return _describe(exc), {}
+        kind = self.policies.kind if self.policies is not None else "its"
+        error = policy_failure(exc, frame, self.name, kind, self.policy_name)
+        at = f"{frame.filename}:{frame.lineno}"
+        return error, {"error": error, "policy": str(self.policy_name), "at": at, "in": frame.name}
 
     @staticmethod
     def _failed(msg: Msg, route: _Route | None, error: ErrorReply) -> _Answer:

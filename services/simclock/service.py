@@ -56,7 +56,7 @@ from gpuyard.shared.endpoints import (
     TIMELINE,
     Endpoint,
 )
-from gpuyard.shared.errors import BadRequest
+from gpuyard.shared.errors import BadRequest, RemoteError
 from gpuyard.shared.model import JobSpec, NodeSpec
 from gpuyard.shared.service import Handler, Service
 from gpuyard.shared.throughput import ThroughputModel, load_throughputs, total_steps
@@ -294,7 +294,9 @@ class SimClock(Service):
                 await self._request(STEPS, StepsUpdate(now=now, jobs=self._take_unreported()))
         except Exception as exc:  # report, never hang the caller
             self.log.exception("simulation.failed")
-            self.progress.error = f"{type(exc).__name__}: {exc}"
+            # (a service's error reply says what failed, a policy's where: no type to add)
+            remote = isinstance(exc, RemoteError)
+            self.progress.error = str(exc) if remote else f"{type(exc).__name__}: {exc}"
         self.progress.done = True
         await self.publish_progress()
         done = msgspec.structs.asdict(self.progress) | {"declined": len(self.declined)}
