@@ -187,6 +187,8 @@ def spread_note(stats: pd.DataFrame, column: str, scale: float = 1.0) -> str:
     stats = stats[stats["n"] > 0]
     if stats.empty:
         return "no values"
+    if (stats["n"] == 1).all():
+        return "one seed per point (n=1): no bars"
     parts = [f"points: mean over seeds, {_n(stats['n'])} (each series' n beside its name)"]
     if (stats["kind"] == "ci").any():
         text = f"n≥{MIN_T}: bars 95% confidence interval (Student's t)"
