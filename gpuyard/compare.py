@@ -208,22 +208,32 @@ def _plot_mean_jct_vs_load(done: pd.DataFrame, out: Path, caption: str) -> Path:
     for policy, rows in stats.groupby("policy"):
         mean = rows["mean"].to_numpy() / 3600
         spread = np.vstack([mean - rows["min"] / 3600, rows["max"] / 3600 - mean])
-        ax.errorbar(rows["load"], mean, yerr=spread, marker="o", capsize=4, label=policy)
-    seeds = int(stats["count"].max())
+        ax.errorbar(rows["load"], mean, yerr=spread, marker="o", capsize=4,
+                    label=f"{policy} (n={_seeds(rows['count'])})")  # fmt: skip
+    # Every point's n: points of one policy can average fewer seeds (a run interrupted).
+    seeds, most = _seeds(stats["count"]), int(stats["count"].max())
     ax.set_xlabel("load (jobs per hour)")
     ax.set_ylabel("mean JCT (hours)")
     ax.set_title(
-        f"mean JCT vs load: mean over {seeds} seed{'s' if seeds > 1 else ''}"
-        + (", bars min to max over seeds" if seeds > 1 else "")
+        f"mean JCT vs load: mean over {seeds} seed{'s' if most > 1 else ''}"
+        + (", bars min to max over seeds" if most > 1 else "")
     )
     ax.legend(title="scheduling policy")
     ax.grid(True, alpha=0.3)
     how = (
-        f"points: mean over {seeds} seeds; bars: from the lowest to the highest seed's mean JCT"
-        if seeds > 1
+        f"points: mean over {seeds} seeds"
+        + ("" if seeds == str(most) else " (each policy's n in the legend)")
+        + "; bars: from the lowest to the highest seed's mean JCT"
+        if most > 1
         else "one seed: no spread to show"
     )
     return save_figure(fig, out / "mean_jct_vs_load.png", f"{caption}\n{how}")
+
+
+def _seeds(counts: pd.Series) -> str:
+    """The seeds the points average: `3`, or `2 to 3` where they differ."""
+    least, most = int(counts.min()), int(counts.max())
+    return str(least) if least == most else f"{least} to {most}"
 
 
 def _plot_mean_jct(done: pd.DataFrame, out: Path, caption: str) -> Path:

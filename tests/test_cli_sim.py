@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from gpuyard.cli import main
-from gpuyard.compare import comparison_caption
+from gpuyard.compare import _plot_mean_jct_vs_load, comparison_caption
 from gpuyard.launcher import ServiceSet
 from gpuyard.report import plot_gpu_demand
 from gpuyard.run.spec import RunSpec
@@ -336,6 +336,22 @@ def test_every_plot_says_what_ran(tmp_path: Path) -> None:
     run = Image.open(out / "las-load20-seed1" / "timeline.png").text["Description"]
     assert run.startswith("scheduling las (")
     assert "blox generator: 20 jobs, 20 jobs/h, seed 1; cluster 2x4:gpu (8 GPUs)" in run
+
+
+def test_a_comparison_plot_names_each_points_seeds(tmp_path: Path) -> None:
+    """A run left out (interrupted) leaves a point with fewer seeds: the caption and legend give
+    the n of the points, not the most seeds any point has."""
+    done = pd.DataFrame({"policy": ["las"] * 5 + ["fifo"] * 6,
+                         "load": [10.0, 10.0, 10.0, 20.0, 20.0] + [10.0] * 3 + [20.0] * 3,
+                         "mean_jct": [3600.0 * (1 + i % 3) for i in range(11)]})  # fmt: skip
+    caption = Image.open(_plot_mean_jct_vs_load(done, tmp_path, "what ran")).text["Description"]
+    assert caption.splitlines()[1] == (
+        "points: mean over 2 to 3 seeds (each policy's n in the legend); bars: from the lowest "
+        "to the highest seed's mean JCT"
+    )
+    uniform = done[done["policy"] == "fifo"]
+    caption = Image.open(_plot_mean_jct_vs_load(uniform, tmp_path, "")).text["Description"]
+    assert caption.splitlines()[1].startswith("points: mean over 3 seeds; bars")
 
 
 def test_a_comparison_caption_names_the_simulator_semantics() -> None:

@@ -9,6 +9,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -24,7 +25,15 @@ import pytest
 from gpuyard.sweep.config import ConfigError, load_sweep
 from gpuyard.sweep.engine import fairness
 from gpuyard.sweep.queue import _unpack_input
-from gpuyard.sweep.report import ci95, summary_table, with_series
+from gpuyard.sweep.report import (
+    BOUNDS,
+    _by_series_load,
+    ci95,
+    spread,
+    spread_note,
+    summary_table,
+    with_series,
+)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -513,6 +522,93 @@ def test_runs_without_loads_or_seeds_are_kept_apart_by_the_inputs_that_vary() ->
     assert summary["deadlines met (%)"].tolist() == ["50.0", "25.0", "100", "90.0"]
 
 
+def results(jct_s: dict[str, list[float]], **columns: list[float]) -> pd.DataFrame:
+    """A sweep's results table: a run per scheme and seed (load 10), with these mean JCTs (s)
+    and any other metric given for every run in the same order."""
+    rows = [{"sweep": "stats", "name": f"{scheme}-{seed}", "run_id": f"{scheme}{seed}",
+             "scheme": scheme, "load": 10.0, "seed": seed, "trace": None, "status": "ok",
+             "error": None, "mean_jct": jct, "p95_jct": 2 * jct, "makespan": 10 * jct,
+             "utilization": 0.5, "deadline_satisfactory_ratio": None, "rho_max": 2.0,
+             "rho_jain": 0.9}
+            for scheme, values in jct_s.items() for seed, jct in enumerate(values)]  # fmt: skip
+    table = pd.DataFrame(rows)
+    for column, values in columns.items():
+        table[column] = values
+    return table
+
+
+def test_two_seeds_get_min_to_max_not_a_t_interval() -> None:
+    """With 2 seeds a t interval (t = 12.7) spans far past the data: the table shows the lowest
+    and the highest value instead, and says so."""
+    summary = summary_table(with_series(results({"las": [3600.0, 7200.0]})))
+    row = summary.iloc[0]
+    assert row["seeds"] == 2 and row["spread"] == "min to max"
+    assert row["mean JCT (h)"] == "1.5 (1 to 2)"  # not 1.5 ± 6.35
+    assert row["makespan (h)"] == "15.0 (10.0 to 20.0)"
+    assert row["utilisation (%)"] == "50.0 (50.0 to 50.0)"
+
+
+def test_a_t_interval_stops_where_the_metric_does() -> None:
+    """3 seeds, one far out: the mean JCT's interval would reach below 0 h, the utilisation's
+    above 100%; each is clipped there and says so. One that stays inside is mean ± half-width."""
+    jct = [360.0, 720.0, 36000.0]
+    summary = summary_table(with_series(results({"fifo": jct}, utilization=[0.5, 0.65, 0.8])))
+    row = summary.iloc[0]
+    assert row["seeds"] == 3 and row["spread"] == "95% CI (Student's t)"
+    assert ci95(pd.Series(jct)) > sum(jct) / 3  # the plain interval would go below zero
+    assert row["mean JCT (h)"] == "3.43 (0 to 17.6, clipped)"
+    assert row["utilisation (%)"] == "65.0 (27.7 to 100, clipped)"
+    assert row["worst rho"] == "2 ± 0"  # all alike: nothing to clip
+    found = spread(pd.Series(jct), BOUNDS["mean_jct"])
+    assert found.kind == "ci" and found.low == 0.0 and found.clipped_low and not found.clipped_high
+    assert found.high == pytest.approx(found.mean + ci95(pd.Series(jct)))
+    # a bound the data themselves pass is widened to them, never cut through the data
+    beyond = spread(pd.Series([0.9, 0.95, 1.02]), (0, 1))
+    assert beyond.high == 1.02 and beyond.low >= 0
+
+
+def test_every_mean_names_its_n() -> None:
+    """A row's seeds is the n of its means; a metric missing for a seed names its own n, and the
+    caption of a plot gives the points' n and what each n's bars are."""
+    table = results({"fifo": [360.0, 720.0, 36000.0], "las": [3600.0, 7200.0]},
+                    rho_max=[2.0, None, 4.0, 1.5, 2.5])  # fmt: skip
+    summary = summary_table(with_series(table)).set_index("series")
+    assert summary["seeds"].to_dict() == {"fifo": 3, "las": 2}
+    assert summary.loc["fifo", "worst rho"] == "3 (2 to 4) (n=2)"
+    stats = _by_series_load(with_series(table), "mean_jct")
+    assert stats["n"].tolist() == [3, 2]
+    note = spread_note(stats, "mean_jct", 1 / 3600)
+    assert note.startswith("points: mean over seeds, n=2 to 3 (each series' n beside its name)")
+    assert "n≥3: bars 95% confidence interval (Student's t), 1 clipped at 0" in note
+    assert "n=2: bars min to max" in note
+
+
+@pytest.mark.slow
+def test_the_report_says_what_its_bars_are(tmp_path: Path) -> None:
+    """The page, the SVGs and summary.csv of a sweep with 2 seeds of one scheme and 3 of the
+    other: each says its n, which bars are min to max and which interval was clipped."""
+    from gpuyard.sweep.report import write_report
+
+    results({"fifo": [360.0, 720.0, 36000.0], "las": [3600.0, 7200.0]}).to_parquet(
+        tmp_path / "results.parquet"
+    )
+    write_report(tmp_path)
+    report = tmp_path / "report"
+    csv = pd.read_csv(report / "summary.csv").set_index("series")
+    assert csv["seeds"].to_dict() == {"fifo": 3, "las": 2}
+    assert csv["spread"].to_dict() == {"fifo": "95% CI (Student's t)", "las": "min to max"}
+    assert csv.loc["fifo", "mean JCT (h)"] == "3.43 (0 to 17.6, clipped)"
+    page = report.joinpath("report.html").read_text()
+    assert "With 2 seeds, mean (min to max): too few for a t interval." in page
+    captions = re.findall(r"<figcaption>(.*?)</figcaption>", page, re.S)
+    jct = next(c for c in captions if "mean_jct.png" in c)
+    assert "n=2 to 3" in jct and "n=2: bars min to max" in jct
+    assert "1 clipped at 0 (what the metric allows)" in jct
+    svg = report.joinpath("mean_jct.svg").read_text()
+    assert "fifo (n=3)" in svg and "las (n=2)" in svg  # the legend
+    assert "n=2: bars min to max" in svg  # the caption under the plot
+
+
 @pytest.mark.slow
 def test_deadline_ratios_get_their_figure(local_sweep: Path, tmp_path: Path) -> None:
     from gpuyard.sweep.report import write_report
@@ -524,7 +620,8 @@ def test_deadline_ratios_get_their_figure(local_sweep: Path, tmp_path: Path) -> 
     paths = write_report(tmp_path)
     assert tmp_path / "report" / "deadlines.png" in paths
     summary = pd.read_csv(tmp_path / "report" / "summary.csv")
-    assert summary["deadlines met (%)"].tolist() == ["60.0 ± 24.8", "90.0 ± 24.8"]
+    # 90 ± 24.8 would pass 100%: shown clipped there
+    assert summary["deadlines met (%)"].tolist() == ["60.0 ± 24.8", "90.0 (65.2 to 100, clipped)"]
 
 
 @pytest.mark.slow

@@ -61,7 +61,8 @@ def add_sweep_parsers(sub: argparse._SubParsersAction) -> None:
 
     r = sub.add_parser(
         "report", help="figures and one HTML page from a sweep's results",
-        description="Mean JCT vs load with 95%% confidence intervals over seeds, JCT CDFs, "
+        description="Mean JCT vs load (means over seeds, each naming its n; 95% confidence "
+        "intervals from 3 seeds on, min to max with 2), JCT CDFs, "
         "makespan, utilisation and queue over time, deadline ratios, fairness: PNG and SVG, and "
         "report.html with everything in it.",
     )  # fmt: skip

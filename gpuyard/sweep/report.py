@@ -2,8 +2,11 @@
 self-contained HTML page with all of them, a table per scheme and load, and the failed runs.
 
 Runs are grouped into series: a series is a scheme (a run's label, else its policy) plus any other
-input that varies across the sweep except the load and the seed; seeds are repetitions. Means over
-seeds come with 95% confidence intervals (Student's t)."""
+input that varies across the sweep except the load and the seed; seeds are repetitions. Every
+mean over seeds names its n (the seeds it averages) and comes with a bar (`spread`): the 95%
+confidence interval (Student's t) from 3 seeds on, clipped to what the metric can be (`BOUNDS`);
+the lowest to the highest value with 2 seeds (a t interval on one degree of freedom is 12.7
+standard errors wide); none with 1."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import base64
 import html
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +39,19 @@ LINES: list[Any] = ["-", "--", "-.", (0, (3, 1, 1, 1, 1, 1))]
 """Line styles, in turn, so that series that coincide stay visible (dotted is for GPUs present)."""
 
 
+BOUNDS: dict[str, tuple[float, float]] = {
+    "mean_jct": (0, math.inf), "p95_jct": (0, math.inf), "makespan": (0, math.inf),
+    "utilization": (0, 1), "deadline_satisfactory_ratio": (0, 1),
+    "rho_max": (1, math.inf), "rho_jain": (0, 1),
+}  # fmt: skip
+"""What each metric can be (unscaled): times are never negative; utilisation, the deadline ratio
+and Jain's index lie in [0, 1]; rho (a job's JCT over its time running) is at least 1. A t
+interval is clipped to this range, widened to take in any value observed outside it."""
+
+MIN_T = 3
+"""Fewest values that get a t interval; fewer get min to max (two) or no bar (one)."""
+
+
 class ReportError(ValueError):
     """No results to report on, in one line."""
 
@@ -47,6 +64,43 @@ def ci95(values: pd.Series) -> float:
         return 0.0
     t = T_975[n - 2] if n - 1 <= len(T_975) else 1.96
     return float(t * values.std(ddof=1) / math.sqrt(n))
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A mean over `n` values and its bar, from `low` to `high`: `kind` "ci" (a 95% t interval,
+    clipped at the metric's bounds where it would pass them), "range" (min to max) or "none"
+    (one value)."""
+
+    mean: float
+    n: int
+    low: float
+    high: float
+    kind: str
+    clipped_low: bool = False
+    clipped_high: bool = False
+
+    @property
+    def clipped(self) -> bool:
+        return self.clipped_low or self.clipped_high
+
+
+def spread(values: pd.Series, bounds: tuple[float, float] = (-math.inf, math.inf)) -> Spread:
+    """The mean of `values` (NaN left out) and its bar: a 95% t interval clipped to `bounds` from
+    `MIN_T` values on, min to max for fewer, none for one."""
+    values = pd.to_numeric(values, errors="coerce").dropna()
+    n = len(values)
+    mean = float(values.mean()) if n else math.nan
+    if n < 2:
+        return Spread(mean, n, mean, mean, "none")
+    least, most = float(values.min()), float(values.max())
+    if n < MIN_T:
+        return Spread(mean, n, least, most, "range")
+    half = ci95(values)
+    # the range the metric allows, widened to the data should a value lie outside it
+    floor, ceiling = min(bounds[0], least), max(bounds[1], most)
+    low, high = max(mean - half, floor), min(mean + half, ceiling)
+    return Spread(mean, n, low, high, "ci", low > mean - half, high < mean + half)
 
 
 def _short(column: str, value: Any) -> str:
@@ -106,48 +160,82 @@ def _has_loads(table: pd.DataFrame) -> bool:
 
 
 def _by_series_load(ok: pd.DataFrame, column: str) -> pd.DataFrame:
-    """Mean, CI half-width and count of `column` over seeds, per series and load."""
+    """`spread` of `column` over seeds (its fields a column each), per series and load."""
     keys = ["series", "load"] if _has_loads(ok) else ["series"]
-    grouped = ok.groupby(keys, sort=True, dropna=False)[column]
-    stats = grouped.agg(["mean", "count"]).reset_index()
-    stats["ci"] = grouped.apply(ci95).to_numpy()
-    return stats
+    bounds = BOUNDS.get(column, (-math.inf, math.inf))
+    rows = [dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True))
+            | vars(spread(group[column], bounds))
+            for key, group in ok.groupby(keys, sort=True, dropna=False)]  # fmt: skip
+    columns = [*keys, "mean", "n", "low", "high", "kind", "clipped_low", "clipped_high"]
+    return pd.DataFrame(rows, columns=columns)
 
 
-def _seed_note(ok: pd.DataFrame) -> str:
-    seeds = int(ok.groupby(["series", "load"], dropna=False).size().max()) if len(ok) else 0
-    if seeds > 1:
-        return f"points: mean over {seeds} seeds; bars: 95% confidence interval (Student's t)"
-    return "one seed per point: no confidence interval"
+def _bars(stats: pd.DataFrame, scale: float) -> np.ndarray:
+    """Error bars for matplotlib: below and above each mean."""
+    return np.vstack([stats["mean"] - stats["low"], stats["high"] - stats["mean"]]) * scale
+
+
+def _n(counts: Any) -> str:
+    """`n=3`, or `n=2 to 3` where the points' counts differ."""
+    least, most = int(min(counts)), int(max(counts))
+    return f"n={least}" if least == most else f"n={least} to {most}"
+
+
+def spread_note(stats: pd.DataFrame, column: str, scale: float = 1.0) -> str:
+    """What the points and bars of `stats` (`_by_series_load`) are, for a caption: their n, and
+    per n the kind of bar, and where a t interval was clipped."""
+    stats = stats[stats["n"] > 0]
+    if stats.empty:
+        return "no values"
+    if (stats["n"] == 1).all():
+        return "one seed per point (n=1): no bars"
+    parts = [f"points: mean over seeds, {_n(stats['n'])} (each series' n beside its name)"]
+    if (stats["kind"] == "ci").any():
+        text = f"n≥{MIN_T}: bars 95% confidence interval (Student's t)"
+        low, high = stats["clipped_low"], stats["clipped_high"]
+        met = sorted({*stats.loc[low, "low"], *stats.loc[high, "high"]})
+        if met:  # the bounds the clipped intervals met, in the plot's unit
+            at = " and ".join(_num(b * scale) for b in met)
+            text += f", {int((low | high).sum())} clipped at {at} (what the metric allows)"
+        parts.append(text)
+    if (stats["kind"] == "range").any():
+        parts.append("n=2: bars min to max (too few seeds for a t interval)")
+    if (stats["n"] == 1).any():
+        parts.append("n=1: no bar")
+    return "; ".join(parts)
 
 
 def plot_metric(ok: pd.DataFrame, column: str, ylabel: str, title: str, path: Path,
-                caption_text: str, scale: float = 1.0) -> Path:  # fmt: skip
-    """`column` against load, a line per series (bars per series for a trace), with 95% CIs."""
+                caption_text: str, scale: float = 1.0) -> tuple[Path, str]:  # fmt: skip
+    """`column` against load, a line per series (bars per series for a trace), each point the
+    mean over seeds with its `spread`; the figure and its note on the statistics."""
     stats = _by_series_load(ok, column)
     if _has_loads(ok):
         fig, ax = plt.subplots(figsize=(7.5, 5))
         for i, (series, rows) in enumerate(stats.groupby("series")):
-            ax.errorbar(rows["load"], rows["mean"] * scale, yerr=rows["ci"] * scale, marker="o",
-                        capsize=4, label=series, linestyle=LINES[i % len(LINES)])  # fmt: skip
+            ax.errorbar(rows["load"], rows["mean"] * scale, yerr=_bars(rows, scale), marker="o",
+                        capsize=4, label=f"{series} ({_n(rows['n'])})",
+                        linestyle=LINES[i % len(LINES)])  # fmt: skip
         ax.set_xlabel("load (jobs per hour)")
         ax.set_ylabel(ylabel)
         ax.legend(title="scheme", fontsize=8)
     else:
         # A bar per series, sideways: its name (the scheme and the inputs that vary: ten
         # clusters' traces, say) stays readable however many there are.
-        longest = max((len(str(name)) for name in stats["series"]), default=0)
+        names = [f"{s} (n={n})" for s, n in zip(stats["series"], stats["n"], strict=True)]
+        longest = max((len(name) for name in names), default=0)
         fig, ax = plt.subplots(
             figsize=(max(7.5, 4.5 + 0.09 * longest), max(3.5, 1.8 + 0.35 * len(stats)))
         )  # (wide enough for the names beside a readable plot)
-        bars = ax.barh(stats["series"], stats["mean"] * scale, xerr=stats["ci"] * scale, capsize=4)
+        bars = ax.barh(names, stats["mean"] * scale, xerr=_bars(stats, scale), capsize=4)
         ax.bar_label(bars, fmt="%.3g", fontsize=8, padding=3)
         ax.invert_yaxis()  # the first series on top
         ax.set_xlabel(ylabel)
         ax.margins(x=0.12)  # room for the values beside the longest bar
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    return save_figure(fig, path, f"{caption_text}\n{_seed_note(ok)}", svg=True)
+    note = spread_note(stats, column, scale)
+    return save_figure(fig, path, f"{caption_text}\n{note}", svg=True), note
 
 
 def _jobs(folder: Path, run: pd.Series) -> pd.DataFrame | None:
@@ -281,8 +369,36 @@ def _num(value: float) -> str:
     return f"{value:,.0f}" if size >= 100 else f"{value:.1f}" if size >= 10 else f"{value:.3g}"
 
 
+SPREADS = {"ci": "95% CI (Student's t)", "range": "min to max", "none": "-"}
+"""The `spread` column of the summary: what a row's intervals are."""
+
+TABLE_NOTE = (
+    f"seeds: the n of every mean in the row. From {MIN_T} seeds on, mean ± the half-width of its "
+    "95% confidence interval (Student's t); an interval that would pass what the metric allows "
+    "(a time below 0, a percentage outside 0 to 100, Jain's index above 1, rho below 1) is "
+    'clipped there and shown as its bounds, "(low to high, clipped)". With 2 seeds, mean (min '
+    "to max): too few for a t interval. With 1, the value. A cell with fewer values than the "
+    "row's seeds names its own n."
+)
+
+
+def _cell(found: Spread, scale: float, seeds: int) -> str:
+    """A summary cell: the mean and its bar (see `TABLE_NOTE`), in the metric's unit."""
+    mean, low, high = found.mean * scale, found.low * scale, found.high * scale
+    if found.kind == "range":
+        text = f"{_num(mean)} ({_num(low)} to {_num(high)})"
+    elif found.kind == "ci" and found.clipped:
+        text = f"{_num(mean)} ({_num(low)} to {_num(high)}, clipped)"
+    elif found.kind == "ci":
+        text = f"{_num(mean)} ± {_num((high - low) / 2)}"
+    else:
+        text = _num(mean)
+    return text if found.n == seeds else f"{text} (n={found.n})"
+
+
 def summary_table(ok: pd.DataFrame) -> pd.DataFrame:
-    """Per series and load: mean over seeds (± 95% CI) of the headline metrics."""
+    """Per series and load: the seeds (n), what the intervals are (`spread`), and the mean over
+    seeds of each headline metric with its bar (`TABLE_NOTE`)."""
     columns = {
         "mean_jct": ("mean JCT (h)", 1 / 3600), "p95_jct": ("p95 JCT (h)", 1 / 3600),
         "makespan": ("makespan (h)", 1 / 3600), "utilization": ("utilisation (%)", 100),
@@ -293,13 +409,15 @@ def summary_table(ok: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for key, group in ok.groupby(keys, sort=True, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
-        row: dict[str, Any] = dict(zip(keys, key, strict=True)) | {"seeds": len(group)}
+        seeds = len(group)
+        kind = "ci" if seeds >= MIN_T else "range" if seeds == 2 else "none"
+        row: dict[str, Any] = dict(zip(keys, key, strict=True)) | {"seeds": seeds}
+        row["spread"] = SPREADS[kind]
         for column, (label, scale) in columns.items():
             values = pd.to_numeric(group[column], errors="coerce") if column in group else None
             if values is None or values.isna().all():
                 continue
-            mean, ci = values.mean() * scale, ci95(values) * scale
-            row[label] = f"{_num(mean)} ± {_num(ci)}" if len(group) > 1 else _num(mean)
+            row[label] = _cell(spread(values, BOUNDS[column]), scale, seeds)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -319,45 +437,50 @@ def write_report(results: Path, out: Path | None = None) -> list[Path]:
     table = with_series(table)
     ok = table[table["status"] == "ok"]
     text = caption(table, sweep)
-    figures: list[tuple[Path, str]] = []
+    figures: list[tuple[Path, str, str]] = []  # path, its note on the statistics, title
     if not ok.empty:
         jct_title = "mean JCT vs load" if _has_loads(ok) else "mean JCT per scheme"
-        figures.append((plot_metric(ok, "mean_jct", "mean JCT (hours)", jct_title,
-                                    out / "mean_jct.png", text, 1 / 3600), jct_title))  # fmt: skip
-        figures.append((plot_cdfs(ok, folder, out / "jct_cdfs.png", text), "JCT CDFs"))
-        figures.append((plot_metric(ok, "makespan", "makespan (hours)", "makespan",
-                                    out / "makespan.png", text, 1 / 3600), "makespan"))  # fmt: skip
-        figures.append((plot_timelines(ok, folder, out / "timelines.png", text),
+        figures.append((*plot_metric(ok, "mean_jct", "mean JCT (hours)", jct_title,
+                                     out / "mean_jct.png", text, 1 / 3600), jct_title))  # fmt: skip
+        figures.append((plot_cdfs(ok, folder, out / "jct_cdfs.png", text), "", "JCT CDFs"))
+        figures.append((*plot_metric(ok, "makespan", "makespan (hours)", "makespan",
+                                     out / "makespan.png", text, 1 / 3600), "makespan"))  # fmt: skip
+        figures.append((plot_timelines(ok, folder, out / "timelines.png", text), "",
                         "utilisation and queue over time"))  # fmt: skip
         deadline = pd.to_numeric(ok.get("deadline_satisfactory_ratio"), errors="coerce")
         if deadline is not None and deadline.notna().any():
             ok = ok.assign(deadline_satisfactory_ratio=deadline)
-            figures.append((plot_metric(ok, "deadline_satisfactory_ratio", "jobs that met their "
-                                        "deadline (%)", "deadline satisfactory ratio",
-                                        out / "deadlines.png", text, 100), "deadline ratio"))  # fmt: skip
+            figures.append((*plot_metric(ok, "deadline_satisfactory_ratio", "jobs that met their "
+                                         "deadline (%)", "deadline satisfactory ratio",
+                                         out / "deadlines.png", text, 100), "deadline ratio"))  # fmt: skip
         if ok["rho_max"].notna().any():
-            figures.append((plot_fairness(ok, out / "fairness.png", text), "fairness"))
+            figures.append((*plot_fairness(ok, out / "fairness.png", text), "fairness"))
     stats = summary_table(ok) if not ok.empty else pd.DataFrame()
     stats.to_csv(out / "summary.csv", index=False)
     page = out / "report.html"
     page.write_text(_html(sweep, table, stats, figures, text, folder))
-    paths = [p for f, _ in figures for p in (f, f.with_suffix(".svg"))]
+    paths = [p for f, _, _ in figures for p in (f, f.with_suffix(".svg"))]
     return [*paths, out / "summary.csv", page]
 
 
-def plot_fairness(ok: pd.DataFrame, path: Path, caption_text: str) -> Path:
-    """Finish-time fairness: the worst rho (JCT over time running) and Jain's index of 1/rho."""
+def plot_fairness(ok: pd.DataFrame, path: Path, caption_text: str) -> tuple[Path, str]:
+    """Finish-time fairness: the worst rho (JCT over time running) and Jain's index of 1/rho,
+    means over seeds with their `spread`; the figure and its note on the statistics."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    notes = []
     for ax, column, label in ((axes[0], "rho_max", "worst finish-time fairness rho"),
                               (axes[1], "rho_jain", "Jain's index of 1/rho")):  # fmt: skip
         stats = _by_series_load(ok, column)
+        notes.append(spread_note(stats, column))
         if _has_loads(ok):
             for i, (series, rows) in enumerate(stats.groupby("series")):
-                ax.errorbar(rows["load"], rows["mean"], yerr=rows["ci"], marker="o", capsize=4,
-                            label=series, linestyle=LINES[i % len(LINES)])  # fmt: skip
+                ax.errorbar(rows["load"], rows["mean"], yerr=_bars(rows, 1), marker="o",
+                            capsize=4, label=f"{series} ({_n(rows['n'])})",
+                            linestyle=LINES[i % len(LINES)])  # fmt: skip
             ax.set_xlabel("load (jobs per hour)")
         else:
-            ax.bar(stats["series"], stats["mean"], yerr=stats["ci"], capsize=4)
+            names = [f"{s} (n={n})" for s, n in zip(stats["series"], stats["n"], strict=True)]
+            ax.bar(names, stats["mean"], yerr=_bars(stats, 1), capsize=4)
             ax.tick_params(axis="x", labelrotation=20)
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
@@ -367,7 +490,8 @@ def plot_fairness(ok: pd.DataFrame, path: Path, caption_text: str) -> Path:
     axes[1].set_ylim(0, 1.05)
     if _has_loads(ok):
         axes[0].legend(fontsize=7)
-    return save_figure(fig, path, f"{caption_text}\n{_seed_note(ok)}", svg=True)
+    note = notes[0] if notes[0] == notes[1] else f"worst rho: {notes[0]}\nJain's index: {notes[1]}"
+    return save_figure(fig, path, f"{caption_text}\n{note}", svg=True), note
 
 
 STYLE = """
@@ -383,7 +507,7 @@ pre { background: #f7f7f7; padding: 1em; font-size: 0.8em; overflow-x: auto; }
 
 
 def _html(sweep: str, table: pd.DataFrame, stats: pd.DataFrame,
-          figures: list[tuple[Path, str]], caption_text: str, folder: Path) -> str:  # fmt: skip
+          figures: list[tuple[Path, str, str]], caption_text: str, folder: Path) -> str:  # fmt: skip
     """One page, nothing outside it: the figures are inlined as PNG data."""
     esc = html.escape
     parts = [
@@ -397,16 +521,16 @@ def _html(sweep: str, table: pd.DataFrame, stats: pd.DataFrame,
     parts.append(f"<p>{counts}.</p>")
     if not stats.empty:
         per = "Per scheme and load" if "load" in stats else "Per scheme"
-        parts += [f"<h2>{per} (mean over seeds ± 95% CI)</h2>",
+        parts += [f"<h2>{per} (mean over seeds)</h2>", f"<p>{esc(TABLE_NOTE)}</p>",
                   stats.to_html(index=False, na_rep="-", border=0)]  # fmt: skip
-    for path, title in figures:
+    for path, note, title in figures:
         data = base64.b64encode(path.read_bytes()).decode()
         parts.append(
             f'<figure id="{esc(path.stem)}"><h2>{esc(title)}</h2>'
             f'<img src="data:image/png;base64,{data}" alt="{esc(title)}" '
             "onload=\"this.dataset.loaded='yes'\" onerror=\"this.dataset.loaded='broken'\">"
-            f"<figcaption>{esc(path.name)} and {esc(path.with_suffix('.svg').name)} beside this "
-            "page</figcaption></figure>"
+            f"<figcaption>{esc(note) + '<br>' if note else ''}{esc(path.name)} and "
+            f"{esc(path.with_suffix('.svg').name)} beside this page</figcaption></figure>"
         )
     if len(failed):
         parts.append("<h2 class='failed'>Failed or missing runs</h2><ul>")
@@ -420,6 +544,6 @@ def _html(sweep: str, table: pd.DataFrame, stats: pd.DataFrame,
                  if "mean_jct" in table else ["name", "run_id", "status"]]  # fmt: skip
     parts += ["<h2>Runs</h2>", runs.to_html(index=False, na_rep="-", border=0,
                                             float_format=lambda v: f"{v:,.4g}")]  # fmt: skip
-    parts.append(f"<script type='application/json' id='figures'>{json.dumps([p.name for p, _ in figures])}</script>")
+    parts.append(f"<script type='application/json' id='figures'>{json.dumps([p.name for p, _, _ in figures])}</script>")
     parts.append("</body></html>")
     return "\n".join(parts)
