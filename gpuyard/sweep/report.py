@@ -266,7 +266,8 @@ def plot_cdfs(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str) -> 
         ax.set_xlabel("JCT (hours, log scale)")
         ax.set_ylabel("fraction of completed jobs")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # (runs whose jobs files are gone draw nothing)
+            ax.legend(fontsize=7)
     seeds = ok["seed"].nunique()
     note = f"every seed's jobs pooled ({seeds} seeds)" if seeds > 1 else "one seed"
     windows = _values(ok, "window")
