@@ -343,12 +343,7 @@ def control_plane_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
     `--elasticflow`: the scheme's policies as `gpuyard sim --elasticflow` sets them (without the
     simulated restart costs: on a real cluster restarts cost what they cost)."""
-    from gpuyard.shared.policy import (
-        admission_policies,
-        parse_params,
-        placement_policies,
-        scheduling_policies,
-    )
+    from gpuyard.shared.policy import PolicyChoice, PolicySet, parse_params
 
     params = (parse_params(args.param), parse_params(args.admission_param),
               parse_params(args.placement_param))  # fmt: skip
@@ -371,15 +366,16 @@ def control_plane_from_args(args: argparse.Namespace) -> dict[str, Any]:
         chosen = {key: filled[key] for key in chosen}
     if args.throughputs != "default" and not Path(args.throughputs).exists():
         raise ValueError(f"--throughputs {args.throughputs}: no such file or folder")
-    for registry, name, params in [
-        (scheduling_policies, chosen["policy"], chosen["policy_params"]),
-        (admission_policies, chosen["admission"], chosen["admission_params"]),
-        (placement_policies, chosen["placement"], chosen["placement_params"]),
-    ]:
-        made = registry.create(name, params)
-        if made.needs.throughputs and args.throughputs == "default":
+    policies = PolicySet(
+        scheduling=PolicyChoice(name=chosen["policy"], params=chosen["policy_params"]),
+        admission=PolicyChoice(name=chosen["admission"], params=chosen["admission_params"]),
+        placement=PolicyChoice(name=chosen["placement"], params=chosen["placement_params"]),
+    )
+    made = policies.made()
+    for service, registry, choice in policies.by_service():
+        if made[service].needs.throughputs and args.throughputs == "default":
             raise ValueError(
-                f"{registry.kind} policy {name!r} plans with measured throughputs: give "
+                f"{registry.kind} policy {choice.name!r} plans with measured throughputs: give "
                 f"--throughputs FILE (e.g. an ElasticFlow table of your job types)"
             )
     return control_plane_configs(

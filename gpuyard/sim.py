@@ -50,6 +50,7 @@ from gpuyard.shared.endpoints import (
 from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.identity import ANONYMOUS
 from gpuyard.shared.model import ClusterSpec, JobRecord, JobSpec
+from gpuyard.shared.policy import PolicyChoice, PolicySet
 from gpuyard.shared.throughput import load_throughputs
 
 T = TypeVar("T")
@@ -111,6 +112,23 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     """Durable runs: how long the scheduler waits for placement before it sends the request again
     (its callee may have been killed); admission waits twice that for the scheduler, and the clock
     four times that for any service, so that an inner retry ends before an outer one starts."""
+
+    @property
+    def policies(self) -> PolicySet:
+        """The scheduling, admission and placement policies, with their parameters."""
+        return PolicySet(
+            scheduling=PolicyChoice(name=self.policy, params=self.policy_params),
+            admission=PolicyChoice(name=self.admission, params=self.admission_params),
+            placement=PolicyChoice(name=self.placement, params=self.placement_params),
+        )
+
+    def with_policies(self, policies: PolicySet) -> SimOptions:
+        return msgspec.structs.replace(
+            self,
+            policy=policies.scheduling.name, policy_params=policies.scheduling.params,
+            admission=policies.admission.name, admission_params=policies.admission.params,
+            placement=policies.placement.name, placement_params=policies.placement.params,
+        )  # fmt: skip
 
 
 ELASTICFLOW_SCHEMES: dict[str, tuple[str, dict[str, Any], str]] = {

@@ -23,7 +23,7 @@ from gpuyard.run.spec import (
     parse_window,
 )
 from gpuyard.shared.model import ClusterSpec
-from gpuyard.shared.policy import admission_policies, placement_policies, scheduling_policies
+from gpuyard.shared.policy import scheduling_policies
 
 T = TypeVar("T")
 
@@ -125,13 +125,9 @@ def sim_options(spec: RunSpec, external: frozenset[str] = frozenset()) -> Any:
                                placement=spec.placement, params=params)  # fmt: skip
         options = msgspec.structs.replace(options, **filled)
     if spec.trace is not None and spec.seed is not None:
-        options = seeded_policies(options, spec.seed)
-    if "scheduler" not in external:
-        scheduling_policies.create(options.policy, options.policy_params)
-    if "admission" not in external:
-        admission_policies.create(options.admission, options.admission_params)
-    if "placement" not in external:
-        placement_policies.create(options.placement, options.placement_params)
+        # A trace's jobs are fixed: the seed seeds the policies' random choices (Gavel's --seed).
+        options = options.with_policies(options.policies.seeded(spec.seed))
+    options.policies.made(skip=external)
     return options
 
 
@@ -180,23 +176,6 @@ def gavel_defaults(options: Any) -> Any:
     fields = made.__struct_fields__ if made is not None else ()
     extra = {k: v for k, v in GAVEL_PARAMS.items() if k in fields and k not in options.policy_params}
     return msgspec.structs.replace(options, policy_params={**options.policy_params, **extra})
-
-
-def seeded_policies(options: Any, seed: int) -> Any:
-    """`options` with `seed` as the `seed` parameter of each policy that has one and was not
-    given it (a trace's jobs are fixed: `--seed` then seeds the policies' random choices, as
-    Gavel's `--seed` does)."""
-    changes: dict[str, Any] = {}
-    for registry, name, field in [
-        (scheduling_policies, options.policy, "policy_params"),
-        (admission_policies, options.admission, "admission_params"),
-        (placement_policies, options.placement, "placement_params"),
-    ]:
-        params = getattr(options, field)
-        made = registry.create(name, params).params
-        if "seed" not in params and made is not None and "seed" in made.__struct_fields__:
-            changes[field] = {**params, "seed": seed}
-    return msgspec.structs.replace(options, **changes)
 
 
 def _given(spec: RunSpec, option: str) -> bool:

@@ -125,14 +125,9 @@ def warn_policies(options: Any, ran: dict[str, Any]) -> None:
     """On stderr: each service whose policy or parameters are not those `options` (SimOptions)
     asked for (services started elsewhere, `--external`, run their own)."""
     from gpuyard.shared.contract import PolicyInfo
-    from gpuyard.shared.policy import admission_policies, placement_policies, scheduling_policies
 
-    asked = {
-        "scheduler": (scheduling_policies, options.policy, options.policy_params),
-        "admission": (admission_policies, options.admission, options.admission_params),
-        "placement": (placement_policies, options.placement, options.placement_params),
-    }
-    for service, (registry, name, params) in asked.items():
+    for service, registry, choice in options.policies.by_service():
+        name, params = choice.name, choice.params
         info = ran.get(service)
         if not isinstance(info, PolicyInfo):
             print(

@@ -22,7 +22,10 @@ from .interfaces import (
     SchedulingPolicy,
 )
 from .registry import (
+    SERVICE_KINDS,
+    PolicyChoice,
     PolicyError,
+    PolicySet,
     Registry,
     admission_policies,
     parse_params,
@@ -40,9 +43,9 @@ from .views import (
 )
 
 __all__ = [
-    "ANY_GPU", "AdmissionDecision", "AdmissionInput", "AdmissionPolicy", "Allocation",
-    "ClusterView", "Decision", "GpuRef", "JobView", "Needs", "NoParams", "NodeStatus", "NodeView",
-    "PlacementInput", "PlacementPolicy", "Policy", "PolicyError", "Registry", "SchedulingInput",
-    "SchedulingPolicy", "ViewContext", "admission_policies", "parse_params", "placement_policies",
-    "scheduling_policies",
+    "ANY_GPU", "SERVICE_KINDS", "AdmissionDecision", "AdmissionInput", "AdmissionPolicy",
+    "Allocation", "ClusterView", "Decision", "GpuRef", "JobView", "Needs", "NoParams", "NodeStatus",
+    "NodeView", "PlacementInput", "PlacementPolicy", "Policy", "PolicyChoice", "PolicyError",
+    "PolicySet", "Registry", "SchedulingInput", "SchedulingPolicy", "ViewContext",
+    "admission_policies", "parse_params", "placement_policies", "scheduling_policies",
 ]  # fmt: skip

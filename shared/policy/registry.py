@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import re
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Generic, TypeVar
 
@@ -122,3 +122,51 @@ def parse_params(pairs: list[str]) -> dict[str, str]:
             raise PolicyError(f"parameter {pair!r} is not KEY=VALUE")
         params[key.strip()] = value.strip()
     return params
+
+
+SERVICE_KINDS = {"scheduler": "scheduling", "admission": "admission", "placement": "placement"}
+"""The services that run a policy, and the kind of policy each runs."""
+
+
+class PolicyChoice(msgspec.Struct, frozen=True, kw_only=True):
+    """A policy by name, with its parameters (typed, or text from a command line)."""
+
+    name: str
+    params: dict[str, Any] = {}
+
+
+class PolicySet(msgspec.Struct, frozen=True, kw_only=True):
+    """The three policies of a control plane, each with its parameters."""
+
+    scheduling: PolicyChoice
+    admission: PolicyChoice
+    placement: PolicyChoice
+
+    def by_service(self) -> list[tuple[str, Registry[Any], PolicyChoice]]:
+        """(service, registry, choice) for the scheduler, admission and placement."""
+        return [
+            ("scheduler", scheduling_policies, self.scheduling),
+            ("admission", admission_policies, self.admission),
+            ("placement", placement_policies, self.placement),
+        ]
+
+    def made(self, skip: Collection[str] = ()) -> dict[str, Policy]:
+        """Each policy made through its registry, by service, but those of the services in
+        `skip` (run elsewhere, with policies of their own); PolicyError names a bad one."""
+        return {
+            service: registry.create(choice.name, choice.params)
+            for service, registry, choice in self.by_service()
+            if service not in skip
+        }
+
+    def seeded(self, seed: int) -> PolicySet:
+        """This set with `seed` as the `seed` parameter of each policy that has one and was not
+        given it."""
+        changes: dict[str, PolicyChoice] = {}
+        for service, registry, choice in self.by_service():
+            params = registry.create(choice.name, choice.params).params
+            if "seed" not in choice.params and params is not None and "seed" in params.__struct_fields__:
+                changes[SERVICE_KINDS[service]] = PolicyChoice(
+                    name=choice.name, params={**choice.params, "seed": seed}
+                )
+        return msgspec.structs.replace(self, **changes)
