@@ -34,9 +34,8 @@ from gpuyard.run.build import GENERATOR_DEFAULTS
 from gpuyard.run.spec import DEFAULT_ADMISSION, DEFAULT_PLACEMENT, RunPlace, RunSpec
 from gpuyard.shared.connection import NatsAuth, add_nats_arguments
 from gpuyard.shared.policy import parse_params
+from gpuyard.shared.roster import BY_NAME, SERVICES
 from gpuyard.sweep.cli import add_sweep_parsers
-
-SERVICES = ("admission", "scheduler", "placement", "simclock")
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "shared" / "schema"
 
@@ -576,16 +575,10 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_service(args: argparse.Namespace) -> int:
-    import importlib
-
-    from gpuyard.launcher import SERVICE_CLASSES
-
-    module = importlib.import_module(f"gpuyard.services.{args.name}.service")
-    cls = getattr(module, SERVICE_CLASSES[args.name][1])
-    config_cls = getattr(module, f"{cls.__name__}Config")
     from gpuyard.shared.service import run_service
 
-    run_service(cls, config_cls, args.rest)
+    entry = BY_NAME[args.name]
+    run_service(entry.service_class(), entry.config_class(), args.rest)
     return 0
 
 
@@ -610,10 +603,8 @@ def build_parser() -> OneLineParser:
     p = sub.add_parser("schema", help="print (or --write) the wire contract's JSON Schema")
     p.add_argument("--write", action="store_true", help=f"write it to {SCHEMA_PATH}/")
     p.set_defaults(run=cmd_schema)
-    p = sub.add_parser(
-        "service", help="run one service (admission, scheduler, placement, simclock)"
-    )
-    p.add_argument("name", choices=["admission", "scheduler", "placement", "simclock"])
+    p = sub.add_parser("service", help=f"run one service ({', '.join(SERVICES)})")
+    p.add_argument("name", choices=SERVICES)
     p.add_argument("rest", nargs=argparse.REMAINDER, help="--nats URL --cluster NAME --config FILE")
     p.set_defaults(run=cmd_service)
     return parser

@@ -21,6 +21,7 @@ import msgspec
 from gpuyard.cliopts import add_nats_options, run_on_bus
 from gpuyard.shared.connection import Bus
 from gpuyard.shared.policy import parse_params
+from gpuyard.shared.roster import CONTROL_PLANE
 
 
 def add_ops_parsers(sub: argparse._SubParsersAction) -> None:
@@ -101,7 +102,7 @@ async def reconnect(args: argparse.Namespace) -> Any:
 def add_policy_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("policy", help="show or swap the services' policies at runtime")
     psub = p.add_subparsers(required=True, metavar="ACTION")
-    show = psub.add_parser("show", help="the active policies of admission, scheduler, placement")
+    show = psub.add_parser("show", help=f"the active policies of {', '.join(CONTROL_PLANE)}")
     add_nats_options(show)
     show.add_argument("--json", action="store_true")
     show.set_defaults(run=cmd_policy_show)
@@ -110,7 +111,7 @@ def add_policy_parser(sub: argparse._SubParsersAction) -> None:
         description="Swap a running service's policy. Bad names or parameters leave the old one.",
     )  # fmt: skip
     add_nats_options(s)
-    s.add_argument("service", choices=["admission", "scheduler", "placement"])
+    s.add_argument("service", choices=CONTROL_PLANE)
     s.add_argument("policy", help="a registered policy name (see `policy show`)")
     s.add_argument("--param", action="append", default=[], help="KEY=VALUE (repeatable)")
     s.add_argument("--json", action="store_true")

@@ -19,17 +19,11 @@ import structlog
 from gpuyard.embedded import dying_with_this_process
 from gpuyard.shared.connection import Bus, NatsAuth, connect
 from gpuyard.shared.contract import CONTRACT_VERSION, Ping
-from gpuyard.shared.endpoints import PING, SERVICE_TOKENS, Subjects
+from gpuyard.shared.endpoints import PING, Subjects
 from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.identity import ANONYMOUS
+from gpuyard.shared.roster import BY_NAME, SERVICE_TOKENS
 from gpuyard.shared.service import Service
-
-SERVICE_CLASSES = {
-    "admission": ("gpuyard.services.admission.service", "Admission"),
-    "scheduler": ("gpuyard.services.scheduler.service", "Scheduler"),
-    "placement": ("gpuyard.services.placement.service", "Placement"),
-    "simclock": ("gpuyard.services.simclock.service", "SimClock"),
-}
 
 
 class ConnectionLog:
@@ -65,10 +59,7 @@ class ConnectionLog:
 
 
 def service_class(name: str) -> type[Service]:
-    import importlib
-
-    module, cls = SERVICE_CLASSES[name]
-    return getattr(importlib.import_module(module), cls)
+    return BY_NAME[name].service_class()  # type: ignore[no-any-return]
 
 
 class ServiceSet:

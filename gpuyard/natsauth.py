@@ -35,15 +35,9 @@ from typing import Any
 import msgspec
 
 from gpuyard.shared.connection import ConnectionProfile
-from gpuyard.shared.endpoints import (
-    CONTROL_PLANE,
-    ENDPOINTS,
-    EVENT,
-    SERVICE_TOKENS,
-    Endpoint,
-    Subjects,
-)
+from gpuyard.shared.endpoints import ENDPOINTS, EVENT, Endpoint, Subjects
 from gpuyard.shared.identity import Caller
+from gpuyard.shared.roster import CONTROL_PLANE, SERVICE_TOKENS
 
 DISCOVERY = "$SRV.>"
 """The NATS micro discovery subjects every service answers (`nats micro ls`)."""

@@ -35,14 +35,12 @@ from gpuyard.shared.endpoints import (
     PING,
     POLICY,
     POLICY_SET,
-    SERVICE_TOKENS,
     STATUS,
     Subjects,
 )
 from gpuyard.shared.errors import RemoteError
+from gpuyard.shared.roster import CONTROL_PLANE, SERVICE_TOKENS, SERVICES
 
-POLICY_SERVICES = ("admission", "scheduler", "placement")
-ALL_SERVICES = (*POLICY_SERVICES, "simclock")
 _event_decoder = msgspec.json.Decoder(Event)
 
 
@@ -329,7 +327,7 @@ async def set_policy(
 
 
 async def show_policies(
-    bus: Bus, services: Sequence[str] = POLICY_SERVICES
+    bus: Bus, services: Sequence[str] = CONTROL_PLANE
 ) -> dict[str, PolicyInfo | str]:
     """Each service's active policy, or why it could not be asked."""
     results = await asyncio.gather(
@@ -383,7 +381,7 @@ async def _service_status(bus: Bus, name: str) -> ServiceStatus:
 async def cluster_status(bus: Bus) -> ClusterStatus:
     """Services (version, policy), the scheduler's queue, placement's nodes; whatever answers.
     The simclock is listed only when it answers: a real cluster has none."""
-    services = list(await asyncio.gather(*(_service_status(bus, s) for s in ALL_SERVICES)))
+    services = list(await asyncio.gather(*(_service_status(bus, s) for s in SERVICES)))
     services = [s for s in services if s.up or s.service != "simclock"]
     up = {s.service for s in services if s.up}
     status = ClusterStatus(cluster=bus.subjects.cluster, services=services)

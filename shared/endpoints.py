@@ -63,12 +63,10 @@ from .contract import (
 )
 from .identity import Caller
 from .model import Name
+from .roster import CONTROL_PLANE, SERVICE_TOKENS
 
 Req = TypeVar("Req")
 Rep = TypeVar("Rep")
-
-SERVICE_TOKENS = {"admission": "adm", "scheduler": "sched", "placement": "place", "simclock": "clock"}
-"""The subject token of each control-plane service (node agents use `node.<id>`)."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +109,6 @@ PEOPLE = ("op", "user")
 """Operators and submitters: both read the cluster's state."""
 DRIVER = "simclock"
 """A simulation's identity: its clock and its driver (`gpuyard sim`, which reads results)."""
-CONTROL_PLANE = ("admission", "scheduler", "placement")
 
 # --------------------------------------------------------------------------- every service
 

@@ -18,10 +18,11 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from .roster import SERVICES
+
 Role = Literal["op", "user", "node", "svc"]
 ROLES: tuple[Role, ...] = ("op", "user", "node", "svc")
 ROLE_NAMES = {"op": "operator", "user": "submitter", "node": "node agent", "svc": "service"}
-SERVICES = ("admission", "scheduler", "placement", "simclock")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 
 

@@ -66,7 +66,6 @@ from .endpoints import (
     POLICY,
     POLICY_SET,
     SENDERS_KEPT,
-    SERVICE_TOKENS,
     STATS,
     TAKEOVER,
     Endpoint,
@@ -83,9 +82,10 @@ from .errors import (
     policy_failure,
     policy_frame,
 )
-from .identity import SERVICES, Caller
+from .identity import Caller
 from .leader import LEASE_S, Lease
 from .policy import Policy, PolicyError, Registry
+from .roster import SERVICE_TOKENS, SERVICES
 from .store import KvStore, NullStore, StoreError, open_store
 
 T = TypeVar("T")

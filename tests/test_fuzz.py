@@ -25,8 +25,9 @@ from gpuyard.services.nodeagent.service import NodeAgent, NodeAgentConfig
 from gpuyard.services.simclock.service import SimClockConfig
 from gpuyard.shared.connection import Bus, connect
 from gpuyard.shared.contract import STATUS_HEADER, Empty, ErrorReply, Ping
-from gpuyard.shared.endpoints import ENDPOINTS, PING, SERVICE_TOKENS, TAKEOVER, Endpoint, Subjects
+from gpuyard.shared.endpoints import ENDPOINTS, PING, TAKEOVER, Endpoint, Subjects
 from gpuyard.shared.model import ClusterSpec
+from gpuyard.shared.roster import SERVICE_TOKENS
 
 from .jobaccount import AGENT_CONFIG
 

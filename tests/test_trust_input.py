@@ -30,7 +30,6 @@ from gpuyard.shared.endpoints import (
     ENDPOINTS,
     NODE_LOGS,
     PING,
-    SERVICE_TOKENS,
     SUBMIT,
     TAKEOVER,
     Subjects,
@@ -39,6 +38,7 @@ from gpuyard.shared.endpoints import (
 from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import JobSpec
+from gpuyard.shared.roster import SERVICE_TOKENS
 
 from .jobaccount import AGENT_CONFIG, JOB_PYTHON
 from .polling import until_async

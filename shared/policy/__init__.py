@@ -22,7 +22,6 @@ from .interfaces import (
     SchedulingPolicy,
 )
 from .registry import (
-    SERVICE_KINDS,
     PolicyChoice,
     PolicyError,
     PolicySet,
@@ -43,7 +42,7 @@ from .views import (
 )
 
 __all__ = [
-    "ANY_GPU", "SERVICE_KINDS", "AdmissionDecision", "AdmissionInput", "AdmissionPolicy",
+    "ANY_GPU", "AdmissionDecision", "AdmissionInput", "AdmissionPolicy",
     "Allocation", "ClusterView", "Decision", "GpuRef", "JobView", "Needs", "NoParams", "NodeStatus",
     "NodeView", "PlacementInput", "PlacementPolicy", "Policy", "PolicyChoice", "PolicyError",
     "PolicySet", "Registry", "SchedulingInput", "SchedulingPolicy", "ViewContext",

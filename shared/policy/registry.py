@@ -124,10 +124,6 @@ def parse_params(pairs: list[str]) -> dict[str, str]:
     return params
 
 
-SERVICE_KINDS = {"scheduler": "scheduling", "admission": "admission", "placement": "placement"}
-"""The services that run a policy, and the kind of policy each runs."""
-
-
 class PolicyChoice(msgspec.Struct, frozen=True, kw_only=True):
     """A policy by name, with its parameters (typed, or text from a command line)."""
 
@@ -163,10 +159,10 @@ class PolicySet(msgspec.Struct, frozen=True, kw_only=True):
         """This set with `seed` as the `seed` parameter of each policy that has one and was not
         given it."""
         changes: dict[str, PolicyChoice] = {}
-        for service, registry, choice in self.by_service():
+        for _, registry, choice in self.by_service():
             params = registry.create(choice.name, choice.params).params
             if "seed" not in choice.params and params is not None and "seed" in params.__struct_fields__:
-                changes[SERVICE_KINDS[service]] = PolicyChoice(
+                changes[registry.kind] = PolicyChoice(
                     name=choice.name, params={**choice.params, "seed": seed}
                 )
         return msgspec.structs.replace(self, **changes)
