@@ -33,7 +33,7 @@ WORKLOADS = {
     "a": dict(
         title="(a) Blox README shape: 4,000 x 1-GPU jobs, 1 job/h, 32x4 GPUs, 300 s rounds",
         n_jobs=4000, jobs_per_hour=1.0, demand={1: 1.0}, cluster="32x4",
-        options=dict(mode="rounds", blox=True),
+        options=dict(mode="rounds", preset="blox"),
     ),
     "b": dict(
         title="(b) 20,000 jobs (1/2/4/8 GPUs), 1,024 GPUs (128x8), 36 jobs/h (~110% load), FIFO, 300 s rounds",

@@ -31,6 +31,7 @@ from gpuyard.cliopts import (
     window_text,
 )
 from gpuyard.run.build import GENERATOR_DEFAULTS
+from gpuyard.run.presets import PRESETS
 from gpuyard.run.spec import DEFAULT_ADMISSION, DEFAULT_PLACEMENT, RunPlace, RunSpec
 from gpuyard.shared.connection import NatsAuth, add_nats_arguments
 from gpuyard.shared.policy import parse_params
@@ -204,30 +205,8 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
         "decision may stop it (s; default 0: off)",
     )
     presets = p.add_mutually_exclusive_group()
-    presets.add_argument(
-        "--blox",
-        action="store_true",
-        help="Blox semantics: rounds mode, jobs admitted and seen finished at round starts",
-    )
-    presets.add_argument(
-        "--gavel",
-        action="store_true",
-        help="Gavel semantics: 360 s rounds of int(rate x round) steps that end with their last "
-        "micro-task, arrivals and completions at round ends; `--policy fifo` is Gavel's FIFO "
-        "(gavel_fifo)",
-    )
-    presets.add_argument(
-        "--bftrainer",
-        action="store_true",
-        help="BFTrainer's replayer: jobs admitted and seen finished only at --node-events' "
-        "events; with --policy bftrainer, --param reference_step=true solves its MILP as it runs",
-    )
-    presets.add_argument(
-        "--elasticflow",
-        action="store_true",
-        help="ElasticFlow's simulator: --policy names its scheme (ef-accessctrl, ef, edf, "
-        "edf-accessctrl, gandiva, dlas-gpu, themis, chronus), --round its scheduling slot",
-    )
+    for preset in PRESETS.values():
+        presets.add_argument(f"--{preset.name}", action="store_true", help=preset.help)
     add_workload_args(p, lists=True)
     p.add_argument(
         "--window",
@@ -295,9 +274,6 @@ def policy_params(policy: str, params: list[str]) -> list[str]:
         elif key.split(".", 1)[0] == policy:
             chosen.append(pair.split(".", 1)[1])
     return chosen
-
-
-PRESETS = ("blox", "gavel", "elasticflow", "bftrainer")
 
 
 def run_spec(

@@ -354,8 +354,7 @@ def control_plane_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "mode": "events",
     }  # fmt: skip
     if args.elasticflow:
-        from gpuyard.run.build import preset_filled
-        from gpuyard.sim import elasticflow_options
+        from gpuyard.run.presets import elasticflow_options, preset_filled
 
         scheme = elasticflow_options(args.policy, args.round, 0, at_events=False)  # answered at once
         # On a real cluster a job moved is a job restarted: buddy keeps jobs where they run

@@ -23,6 +23,7 @@ import pandas as pd
 
 from gpuyard.forks import Forked, cpu_slots, fork_server
 from gpuyard.report import save_figure
+from gpuyard.run.presets import semantics
 from gpuyard.run.single import simulate_encoded
 from gpuyard.run.spec import RunPlace, RunSpec
 
@@ -119,10 +120,6 @@ def _values(table: pd.DataFrame, column: str) -> str:
     return ", ".join(str(v) for v in values) or "-"
 
 
-PRESETS = {"blox": "Blox", "gavel": "Gavel", "elasticflow": "ElasticFlow", "bftrainer": "BFTrainer"}
-"""`gpuyard sim`'s option sets that stand for a reference simulator, and its name."""
-
-
 def comparison_caption(table: pd.DataFrame, spec: RunSpec) -> str:
     """What ran, for every plot of a comparison (`spec`: its first run): workload, seeds,
     simulator semantics, rounds and throughputs where given, cluster, the other policies."""
@@ -135,7 +132,7 @@ def comparison_caption(table: pd.DataFrame, spec: RunSpec) -> str:
     lines = [workload]
     setting = []
     if spec.preset is not None:
-        setting.append(f"{PRESETS[spec.preset]}'s simulator semantics (--{spec.preset})")
+        setting.append(f"{semantics(spec.preset).title}'s simulator semantics (--{spec.preset})")
     if spec.round_s:
         setting.append(f"{spec.round_s:g} s rounds")
     if spec.throughputs:

@@ -20,12 +20,9 @@ from gpuyard.launcher import ServiceSet
 from gpuyard.ops import read_events, show_policies
 from gpuyard.report import JobRun, efficiency_frame, write_results
 from gpuyard.results import JobRows, Table, TimelineRows, job_rows
-from gpuyard.services.simclock.service import (
-    PreemptionCost,
-    RestartCost,
-    SimClockConfig,
-    write_workload,
-)
+from gpuyard.run.presets import semantics
+from gpuyard.run.spec import PresetName
+from gpuyard.services.simclock.service import PreemptionCost, SimClockConfig, write_workload
 from gpuyard.services.simclock.workload import workload_specs
 from gpuyard.shared.connection import Bus, NatsAuth, connect
 from gpuyard.shared.contract import (
@@ -74,16 +71,14 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     """rounds: decide at round ends only; events: also at every arrival and completion; slots: at
     those, at most once a round (what comes within a round of the last decision waits for its end:
     ElasticFlow's scheduling slot)."""
-    blox: bool = False
-    """Blox's simulator semantics: jobs are admitted and seen finished only at round starts."""
-    gavel: bool = False
-    """Gavel's simulator semantics: rounds of `round_s` (360 s there) in which each running job
-    runs `int(rate * round)` steps, rounds that end when their last micro-task does, completions
-    and arrivals at round ends, and the utilisation of the GPUs' compute time over the whole run."""
-    bftrainer: bool = False
-    """BFTrainer's replayer semantics: jobs are admitted, and seen finished, only at node events
-    (so decisions happen only there); a finished job holds its nodes until the next one."""
-    elasticflow: str | None = None
+    preset: PresetName | None = None
+    """A reference simulator's semantics (`gpuyard.run.presets`): `blox` (jobs admitted and seen
+    finished only at round starts), `gavel` (rounds of `round_s`, 360 s there, in which each
+    running job runs `int(rate * round)` steps, rounds that end when their last micro-task does,
+    completions and arrivals at round ends, the utilisation of the GPUs' compute time over the
+    whole run), `bftrainer` (jobs admitted, and seen finished, only at node events; a finished
+    job holds its nodes until the next one), `elasticflow` (its `scheme`)."""
+    scheme: str | None = None
     """The ElasticFlow scheme this run reproduces (`elasticflow_options` set the rest)."""
     window: tuple[int, int] | None = None
     """Gavel's measurement window: the run ends once jobs `window[0]` to `window[1] - 1` (in
@@ -131,103 +126,6 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
         )  # fmt: skip
 
 
-ELASTICFLOW_SCHEMES: dict[str, tuple[str, dict[str, Any], str]] = {
-    "ef-accessctrl": ("elasticflow", {}, "elasticflow"),
-    "ef": ("elasticflow", {}, "accept-all"),
-    "edf": ("edf", {}, "accept-all"),
-    "edf-accessctrl": ("edf", {}, "edf"),
-    "gandiva": ("gandiva-ts", {}, "accept-all"),
-    "dlas-gpu": ("tiresias", {"thresholds": [3250.0, 7200.0], "promote_knob": 0.0}, "accept-all"),
-    "themis": ("themis", {}, "accept-all"),
-    "chronus": ("chronus", {}, "accept-all"),
-}
-"""ElasticFlow's schemes: (scheduling policy, its parameters, admission policy)."""
-
-
-def elasticflow_scheme(scheme: str) -> tuple[str, dict[str, Any], str]:
-    """A scheme's (scheduling policy, its parameters, admission policy); ValueError if unknown."""
-    if scheme not in ELASTICFLOW_SCHEMES:
-        raise ValueError(
-            f"unknown ElasticFlow scheme {scheme!r}; known: {', '.join(ELASTICFLOW_SCHEMES)}"
-        )
-    return ELASTICFLOW_SCHEMES[scheme]
-
-
-def elasticflow_switch_nodes(cluster: ClusterSpec) -> int:
-    """Nodes per switch of a cluster given as equal groups (ElasticFlow's cluster specs: a group
-    per switch); 0 for one switch."""
-    groups = cluster.groups
-    return groups[0].count if len(groups) > 1 and all(g == groups[0] for g in groups) else 0
-
-
-def elasticflow_options(
-    scheme: str, round_s: float, total_gpus: int, *, at_events: bool = True,
-    switch_nodes: int = 0,
-) -> dict[str, Any]:  # fmt: skip
-    """SimOptions fields for an ElasticFlow scheme, as its simulator runs it (`--elasticflow`).
-
-    Decisions come at events (arrivals, declined ones included, and completions), at most once a
-    scheduling slot (the round): what comes within a slot of the last decision waits until that
-    slot ends (`mode="slots"`), as ElasticFlow merges events; Tiresias (`dlas-gpu`), Themis
-    and Chronus, whose ElasticFlow versions run in rounds, decide on a grid of slots
-    (`mode="rounds"`; Chronus only at its 240 s leases). Placement is ElasticFlow's node sets
-    (`node-sets`), buddy blocks for `gandiva`, `dlas-gpu` and `chronus`; the deadline admission
-    policies plan on the same slot, from the scheduler's next decision, and decide an event's
-    arrivals there, as ElasticFlow's simulator does
-    (`decide_at="event"`; `ef-accessctrl` all or none: `together`). `at_events=False` (`gpuyard
-    up --elasticflow`) answers each submission at once instead. Restarts cost what ElasticFlow's
-    simulator charges, where it charges them (`RestartCost`): `ef`, `ef-accessctrl` and
-    `edf-accessctrl` restart every running job at every scheduling decision (its executor
-    restarts them all whenever an allocation changes), warm on GPU sets used before; `gandiva` the
-    same without warm processes; `dlas-gpu` only the jobs it starts; Chronus 0.5 s per (1 + log2
-    GPUs) at each resume; `edf` and `themis` nothing. Cold starts come every `round_s`-th decision
-    (ElasticFlow counts events against its slot length there). `switch_nodes`: the cluster's
-    nodes per switch (`elasticflow_switch_nodes`). A job ends at the next whole second, as
-    ElasticFlow's simulator rounds its ends; under `ef` and `ef-accessctrl` that end is an event
-    where its plan predicted it (the end of the last slot its run reaches), or at the next event
-    after it, whichever comes first (`SimClockConfig.completion_grid_s`).
-    """
-    policy, params, admission = elasticflow_scheme(scheme)
-    large = total_gpus >= 256  # ElasticFlow's figures for large clusters
-    every = RestartCost(
-        base_s=7.0 if large else 2.0, cold_s=47.0 if large else 27.0,
-        cold_every=max(int(round_s), 1), scope="decisions", decision_gap_s=round_s,
-        warm_key="first_rank",
-    )  # fmt: skip
-    restart = {
-        "ef-accessctrl": every,
-        "ef": every,
-        "edf-accessctrl": every,
-        "gandiva": msgspec.structs.replace(every, warm_ranks=False),
-        "dlas-gpu": msgspec.structs.replace(every, warm_ranks=False, scope="launched", cold_every=0),
-        "chronus": RestartCost(base_s=0.0, per_doubling_s=0.5, cold_s=0.0, warm_ranks=False),
-    }.get(scheme)
-    rounds = policy in ("tiresias", "themis", "chronus")
-    # Where a job lands decides whether its restart is warm: ElasticFlow's own placement
-    # (`node-sets`; EDF's jobs in the order its policy lists them). `dlas-gpu` charges only the
-    # jobs it starts, never a move: `buddy` keeps running jobs where they are, as ElasticFlow's
-    # charges assume. Its Gandiva places on node sets of its own; Chronus is another simulator.
-    placement = "buddy"
-    placement_params: dict[str, Any] = {}
-    if scheme not in ("gandiva", "chronus", "dlas-gpu"):
-        order = "given" if policy == "edf" else "largest-first"
-        placement, placement_params = "node-sets", {"order": order}
-        if switch_nodes:
-            placement_params["switch_nodes"] = switch_nodes
-    admission_params: dict[str, Any] = {}
-    if admission in ("elasticflow", "edf"):
-        admission_params = {"slot_s": round_s}
-        if at_events:
-            admission_params |= {"decide_at": "event", "together": admission == "elasticflow"}
-    return {
-        "policy": policy, "policy_params": dict(params), "admission": admission,
-        "admission_params": admission_params,
-        "placement": placement, "placement_params": placement_params,
-        "mode": "rounds" if rounds else "slots",
-        "elasticflow": scheme, "preemption_cost": PreemptionCost(restart=restart),
-    }  # fmt: skip
-
-
 class SimResult(Struct, kw_only=True):
     summary: dict[str, Any]
     jobs: list[JobRecord]
@@ -246,32 +144,28 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
     # Durable: calls are sent again while their callee restarts, inner calls first (see
     # SimOptions.call_timeout_s); the retried requests are idempotent.
     timeout = options.call_timeout_s if options.durable else None
-    whole_seconds = 1.0 if options.elasticflow else None  # (ElasticFlow rounds a job's end up)
-    # ElasticFlow's own scheduling ends a job at its planned end (or at the next event after)
-    planned_ends = options.elasticflow in ("ef", "ef-accessctrl")
     retry = RETRY_FOR_S if options.durable else 0.0
+    preset = semantics(options.preset)
     return {
         "placement": PlacementConfig(
             policy=options.placement, params=options.placement_params, durable=options.durable,
             simulated=True, command_timeout_s=None,  # virtual time: every answer is awaited
         ),
-        "scheduler": SchedulerConfig(
-            policy=options.policy,
-            params=options.policy_params,
-            throughputs=options.throughputs,
-            round_s=options.round_s,
-            min_run_s=options.min_run_s,
-            mode="clock" if options.gavel else options.mode,
-            time_shares=TimeShareConfig(credit_whole_steps=options.gavel),
-            event_storage=(
-                "memory" if options.elasticflow and options.event_storage == "none"
-                else options.event_storage
-            ),  # (ElasticFlow's results are read from the stream)
-            durable=options.durable,
-            call_timeout_s=timeout,
-            retry_for_s=retry,
-            hand_over_results=not options.durable,
-        ),
+        "scheduler": SchedulerConfig(**{
+            "policy": options.policy,
+            "params": options.policy_params,
+            "throughputs": options.throughputs,
+            "round_s": options.round_s,
+            "min_run_s": options.min_run_s,
+            "mode": options.mode,
+            "time_shares": TimeShareConfig(),
+            "event_storage": options.event_storage,
+            "durable": options.durable,
+            "call_timeout_s": timeout,
+            "retry_for_s": retry,
+            "hand_over_results": not options.durable,
+            **preset.scheduler_settings(options),
+        }),
         "admission": AdmissionConfig(
             policy=options.admission,
             params=options.admission_params,
@@ -288,14 +182,10 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
             churn_node_gpus=options.churn_node_gpus,
             churn_node_type=options.churn_node_type,
             preemption_cost=options.preemption_cost,
-            at_node_events=options.bftrainer,
-            completion_quantum=options.round_s if options.blox else whole_seconds,
-            completion_grid_s=options.round_s if planned_ends else None,
-            arrival_quantum=options.round_s if options.blox else None,
-            gavel_round_s=options.round_s if options.gavel else None,
             window=options.window,
             call_timeout_s=timeout and 4 * timeout,
             retry_for_s=retry,
+            **preset.clock_settings(options),
         ),
     }
 
@@ -422,15 +312,12 @@ def policies_label(options: SimOptions) -> str:
         return f"{name} ({shown})" if shown else name
 
     cost = options.preemption_cost
-    presets = (("Blox", options.blox), ("Gavel", options.gavel),
-               ("ElasticFlow", options.elasticflow))  # (BFTrainer's: the nodes' label)
-    semantics = next((f"{name}'s simulator semantics" for name, on in presets if on),
-                     f"{options.mode} mode")
+    described = semantics(options.preset).describe() or f"{options.mode} mode"
     return (
         f"scheduling {one(options.policy, options.policy_params)}, admission "
         f"{one(options.admission, options.admission_params)}, placement "
         f"{one(options.placement, options.placement_params)}; {options.round_s:g} s rounds, "
-        f"{semantics}"
+        f"{described}"
         + (
             f", preemption cost {cost.checkpoint_s:g} s + {cost.restore_s:g} s"
             if cost.checkpoint_s or cost.restore_s
@@ -683,7 +570,7 @@ async def simulate(
         await nc.subscribe(subjects.of(PROGRESS), cb=on_progress_msg)
         await bus.call(RUN, RunRequest())
         # (ElasticFlow's figures read the jobs' types from their records)
-        taken = TakenJobs(bus, keep_records=keep_jobs or options.elasticflow is not None)
+        taken = TakenJobs(bus, keep_records=keep_jobs or options.preset == "elasticflow")
         taking = asyncio.create_task(taken.keep_taking())
         stack.push_async_callback(_cancelled, taking)
         try:
@@ -715,7 +602,7 @@ async def simulate(
             if final.declined:  # (no service keeps them: the clock heard admission's verdicts)
                 declined = (s for s in written.specs() if s.job_id in final.declined)
                 rows.add_declined(declined, final.declined)
-            if options.elasticflow:
+            if options.preset == "elasticflow":
                 runs = await job_runs(bus)
     wall = time.perf_counter() - started
     labels = {
@@ -744,7 +631,7 @@ async def simulate(
         if options.node_events is not None:
             extra |= churn_figures(final, stats)
     deadlines: dict[str, Any] = {}
-    if options.elasticflow and interrupted is None:
+    if options.preset == "elasticflow" and interrupted is None:
         model = await asyncio.to_thread(load_throughputs, options.throughputs)
         node_types = {n.node_id: n.gpu_type for n in options.cluster.nodes()}
         job_types = {r.job_id: r.spec.job_type for r in records}
@@ -752,7 +639,7 @@ async def simulate(
             runs, job_types, model, node_types, options.cluster.total_gpus
         )
         # `--policy` named the scheme: comparisons list runs by it
-        extra |= {"policy": options.elasticflow, "scheme": options.elasticflow,
+        extra |= {"policy": options.scheme, "scheme": options.scheme,
                   "scheduling_policy": options.policy}  # fmt: skip
         deadlines = {"efficiency": efficiency}
     if options.window is not None:
@@ -763,8 +650,8 @@ async def simulate(
     caption = f"{policies_label(options)}\n{labels['workload']}; cluster {labels['cluster']}"
     if options.window is not None:
         caption += f"; JCT of jobs {first} to {end - 1} in arrival order (measurement window)"
-    if options.elasticflow:
-        caption = f"ElasticFlow scheme {options.elasticflow}, {options.round_s:g} s slots\n{caption}"
+    if options.preset == "elasticflow":
+        caption = f"ElasticFlow scheme {options.scheme}, {options.round_s:g} s slots\n{caption}"
     if isinstance(interrupted, ServiceLost):
         extra["stopped_by"] = str(interrupted)
     if interrupted is not None:

@@ -178,7 +178,7 @@ def test_a_broken_node_log_is_one_line_naming_the_file(
 async def test_replayer_semantics_admit_and_end_jobs_at_node_events(
     tmp_path: Path, nats_url: str
 ) -> None:
-    """`bftrainer=True` (`--bftrainer`): A arrives at 50 but is admitted at the next node event,
+    """`preset="bftrainer"` (`--bftrainer`): A arrives at 50 but is admitted at the next node event,
     100, where it takes both idle nodes (20 samples/s); its 1,000 samples are done at 150, which
     the replayer sees at the next node event, 400: A holds its nodes until then."""
     curve = tmp_path / "JNPs.csv"
@@ -191,7 +191,7 @@ async def test_replayer_semantics_admit_and_end_jobs_at_node_events(
     )  # fmt: skip
     options = SimOptions(
         cluster=ClusterSpec(groups=[]), policy="bftrainer", throughputs=str(curve),
-        node_events=str(events), bftrainer=True,
+        node_events=str(events), preset="bftrainer",
     )  # fmt: skip
     result = await simulate(options, [job], tmp_path / "out", nats_url=nats_url)
     (record,) = result.jobs

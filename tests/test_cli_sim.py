@@ -371,7 +371,7 @@ def test_a_comparison_caption_names_the_simulator_semantics() -> None:
     )
     # And each run's own plots.
     cluster = ClusterSpec.parse("4x4")
-    run = policies_label(SimOptions(cluster=cluster, policy="max_min_fairness_perf", gavel=True,
+    run = policies_label(SimOptions(cluster=cluster, policy="max_min_fairness_perf", preset="gavel",
                                     round_s=360.0))  # fmt: skip
     assert run.endswith("360 s rounds, Gavel's simulator semantics"), run
     plain_run = policies_label(SimOptions(cluster=cluster, policy="las"))

@@ -11,9 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from gpuyard.run.presets import elasticflow_options
 from gpuyard.services.simclock.service import PreemptionCost, RestartCost
 from gpuyard.shared.model import ClusterSpec, JobSpec
-from gpuyard.sim import SimOptions, elasticflow_options, simulate
+from gpuyard.sim import SimOptions, simulate
 
 
 @pytest.fixture

@@ -112,7 +112,7 @@ async def test_a_job_that_ends_is_released_with_the_next_apply_that_changes_some
 
 async def test_blox_round_semantics(tmp_path: Path, nats_url: str) -> None:
     """Blox: jobs are admitted and seen finished only at round starts (here every 60 s)."""
-    options = SimOptions(cluster=ClusterSpec.parse("1x2"), mode="rounds", blox=True, round_s=60.0)
+    options = SimOptions(cluster=ClusterSpec.parse("1x2"), mode="rounds", preset="blox", round_s=60.0)
     result = await simulate(options, HAND_MADE, tmp_path, nats_url=nats_url)
     by_id = {r.job_id: r for r in result.jobs}
     assert (by_id["a"].first_start, by_id["a"].end_time) == (0.0, 120.0)

@@ -53,7 +53,7 @@ async def test_rounds_micro_tasks_idle_gpus_and_arrivals_at_round_ends(
     277 / 0.77 = 359.74 s; A (100 steps) is done after 100 s, its JCT counts to then (as Gavel's),
     but its GPU waits for the round's end; C arrives at 50 s and is admitted then."""
     options = SimOptions(
-        cluster=ClusterSpec.parse("2x1:v100"), policy="fifo_perf", gavel=True, round_s=360.0,
+        cluster=ClusterSpec.parse("2x1:v100"), policy="fifo_perf", preset="gavel", round_s=360.0,
         throughputs=toy_table(tmp_path / "t.json"),
     )  # fmt: skip
     jobs = [job("a", "A", 100.0, 0.0), job("b", "B", 1000.0, 0.0), job("c", "A", 50.0, 50.0)]
@@ -79,7 +79,7 @@ async def test_the_scheduler_hears_the_steps_the_simulated_nodes_did(
     reach the scheduler with the clock's next request, so B's record holds exactly 277 steps a
     round it ran (not the 277.2 its rate and the round's length make)."""
     options = SimOptions(
-        cluster=ClusterSpec.parse("2x1:v100"), policy="max_min_fairness", gavel=True,
+        cluster=ClusterSpec.parse("2x1:v100"), policy="max_min_fairness", preset="gavel",
         round_s=360.0, throughputs=toy_table(tmp_path / "t.json"), window=(0, 1),
     )  # fmt: skip
     jobs = [job("a", "A", 1800.0, 0.0), job("b", "B", 10_000.0, 0.0), job("c", "A", 10_000.0, 0.0)]
@@ -100,7 +100,7 @@ async def test_every_gavel_policy_runs_a_heterogeneous_workload(
         job(f"j{i}", "AB"[i % 2], 400.0 + 150 * i, 40.0 * i) for i in range(10)
     ]
     options = SimOptions(
-        cluster=ClusterSpec.parse("2x1:v100,2x1:k80"), policy=policy, gavel=True,
+        cluster=ClusterSpec.parse("2x1:v100,2x1:k80"), policy=policy, preset="gavel",
         round_s=120.0, throughputs=toy_table(tmp_path / "t.json"),
     )  # fmt: skip
     result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
@@ -120,7 +120,7 @@ async def test_heterogeneity_aware_las_beats_agnostic_las(tmp_path: Path, nats_u
     mean: dict[str, float] = {}
     for policy in ("max_min_fairness", "max_min_fairness_perf"):
         options = SimOptions(
-            cluster=ClusterSpec.parse("2x1:v100,2x1:k80"), policy=policy, gavel=True,
+            cluster=ClusterSpec.parse("2x1:v100,2x1:k80"), policy=policy, preset="gavel",
             round_s=120.0, throughputs=table,
         )  # fmt: skip
         result = await simulate(options, jobs, tmp_path / policy, nats_url=nats_url, cluster_name=policy.replace("_", "-"))
@@ -135,7 +135,7 @@ async def test_a_measurement_window_ends_the_run_and_measures_its_jobs(
     The run ends when both have ended (job 3 still waits: it is not run to its end), and the JCT
     figures are theirs only."""
     options = SimOptions(
-        cluster=ClusterSpec.parse("1x1:v100"), policy="fifo_perf", gavel=True, round_s=360.0,
+        cluster=ClusterSpec.parse("1x1:v100"), policy="fifo_perf", preset="gavel", round_s=360.0,
         throughputs=toy_table(tmp_path / "t.json"), window=(1, 3),
     )  # fmt: skip
     jobs = [job(f"j{i}", "A", 360.0 * (i + 1), 10.0 * i) for i in range(5)]

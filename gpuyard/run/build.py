@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from gpuyard.run.presets import semantics
 from gpuyard.run.spec import (
     DEFAULT_ADMISSION,
     DEFAULT_PLACEMENT,
@@ -23,7 +24,6 @@ from gpuyard.run.spec import (
     parse_window,
 )
 from gpuyard.shared.model import ClusterSpec
-from gpuyard.shared.policy import scheduling_policies
 
 T = TypeVar("T")
 
@@ -32,19 +32,6 @@ DEFAULT_DEMAND = {1: 0.7, 2: 0.1, 4: 0.15, 8: 0.05}
 GENERATOR_OPTIONS = ("--generator", "--jobs", "--load", "--gpu-demand")
 """Options a --trace refuses (`--seed` is not among them: it also seeds the policies)."""
 TRACE_OPTIONS = ("--trace-format", "--skip-bad", "--philly-reading")
-GAVEL_ROUND_S = 360.0
-"""Gavel's round length (`--time_per_iteration`)."""
-GAVEL_NAMES = {"fifo": "gavel_fifo"}
-"""Under `--gavel`, Gavel's names for the policies whose names gpuyard uses for others."""
-GAVEL_PARAMS: dict[str, Any] = {"costs": {}}
-"""Under `--gavel`, the scheduling policy's parameters as Gavel's simulator sets them, where the
-policy has them and `--param` does not give them: its driver passes no price table, so the
-cost-normalised policies see every GPU type cost 1 (and allocate as `max_sum_throughput_perf`)."""
-
-Params = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
-"""Scheduling, admission and placement parameters."""
-
-
 def build(
     spec: RunSpec, out: Path, external: frozenset[str] = frozenset()
 ) -> tuple[Any, Any, dict[str, Any]]:
@@ -86,44 +73,30 @@ def sim_options(spec: RunSpec, external: frozenset[str] = frozenset()) -> Any:
     from gpuyard.sim import PreemptionCost, SimOptions
     from gpuyard.workloads import load_cluster
 
-    params: Params = (spec.policy_params, spec.admission_params, spec.placement_params)
+    preset = semantics(spec.preset)
     # A replay of node availability brings its own nodes (BFTrainer's idle nodes): no others.
     cluster_spec = spec.cluster_spec or ("none" if spec.node_events is not None else "32x4")
     cluster = (
         ClusterSpec(groups=[]) if cluster_spec == "none" else load_cluster(cluster_spec)
     )
-    gavel = spec.preset == "gavel"
     options = SimOptions(
         cluster=cluster,
         throughputs=spec.throughputs,
-        policy=scheduling_name(spec),
-        policy_params=dict(params[0]),
+        policy=preset.scheduling_name(spec.policy),
+        policy_params=dict(spec.policy_params),
         admission=spec.admission or DEFAULT_ADMISSION,
-        admission_params=dict(params[1]),
+        admission_params=dict(spec.admission_params),
         placement=spec.placement or DEFAULT_PLACEMENT,
-        placement_params=dict(params[2]),
-        round_s=spec.round_s or (GAVEL_ROUND_S if gavel else 300.0),
-        mode="rounds" if spec.preset == "blox" else spec.mode or "events",
-        blox=spec.preset == "blox",
-        gavel=gavel,
+        placement_params=dict(spec.placement_params),
+        round_s=spec.round_s or preset.round_s,
+        mode=preset.mode(spec),  # type: ignore[arg-type]
+        preset=spec.preset,
         window=_parsed("--window", parse_window, spec.window),
-        bftrainer=spec.preset == "bftrainer",
         churn_node_gpus=spec.churn_node_gpus,
         preemption_cost=PreemptionCost(checkpoint_s=spec.checkpoint_s, restore_s=spec.restore_s),
         min_run_s=spec.min_run_s,
     )
-    if gavel:
-        options = gavel_defaults(options)
-    if spec.preset == "elasticflow":
-        from gpuyard.sim import elasticflow_options, elasticflow_switch_nodes
-
-        scheme = elasticflow_options(
-            spec.policy, options.round_s, cluster.total_gpus,
-            switch_nodes=elasticflow_switch_nodes(cluster),
-        )  # fmt: skip
-        filled = preset_filled(scheme, mode=spec.mode, admission=spec.admission,
-                               placement=spec.placement, params=params)  # fmt: skip
-        options = msgspec.structs.replace(options, **filled)
+    options = preset.fill(options, spec)
     if spec.trace is not None and spec.seed is not None:
         # A trace's jobs are fixed: the seed seeds the policies' random choices (Gavel's --seed).
         options = options.with_policies(options.policies.seeded(spec.seed))
@@ -131,51 +104,10 @@ def sim_options(spec: RunSpec, external: frozenset[str] = frozenset()) -> Any:
     return options
 
 
-def scheduling_name(spec: RunSpec) -> str:
-    """The scheduling policy `spec.policy` means (under `--gavel`, Gavel's own names)."""
-    return GAVEL_NAMES.get(spec.policy, spec.policy) if spec.preset == "gavel" else spec.policy
-
-
 def check_policy_name(spec: RunSpec) -> None:
     """ValueError (PolicyError) if the scheduling policy (ElasticFlow's scheme with
     `--elasticflow`) is unknown."""
-    from gpuyard.sim import elasticflow_scheme
-
-    if spec.preset == "elasticflow":
-        elasticflow_scheme(spec.policy)
-    else:
-        scheduling_policies.get(scheduling_name(spec))
-
-
-def preset_filled(
-    preset: dict[str, Any], *, mode: str | None, admission: str | None, placement: str | None,
-    params: Params,
-) -> dict[str, Any]:  # fmt: skip
-    """`preset` (`--elasticflow`'s scheme: its policies with their parameters, its `mode`, and
-    more) with what the run sets: an `admission` or `placement` named replaces the preset's,
-    with only the parameters given for it; parameters given alone (`--param`, and those of a
-    policy the preset names) go on top of the preset's; a `mode` given replaces its mode.
-    `params`: the scheduling, admission and placement parameters given."""
-    policy_params, admission_params, placement_params = params
-    filled = {**preset, "policy_params": {**preset["policy_params"], **policy_params}}
-    if mode is not None:
-        filled["mode"] = mode
-    for kind, named, given in (("admission", admission, admission_params),
-                               ("placement", placement, placement_params)):  # fmt: skip
-        if named is not None:
-            filled[kind], filled[f"{kind}_params"] = named, given
-        else:
-            filled[f"{kind}_params"] = {**preset[f"{kind}_params"], **given}
-    return filled
-
-
-def gavel_defaults(options: Any) -> Any:
-    """`options` with `GAVEL_PARAMS` for the scheduling policy's parameters it has and was not
-    given."""
-    made = scheduling_policies.create(options.policy, options.policy_params).params
-    fields = made.__struct_fields__ if made is not None else ()
-    extra = {k: v for k, v in GAVEL_PARAMS.items() if k in fields and k not in options.policy_params}
-    return msgspec.structs.replace(options, policy_params={**options.policy_params, **extra})
+    semantics(spec.preset).check_policy(spec)
 
 
 def _given(spec: RunSpec, option: str) -> bool:
@@ -183,9 +115,8 @@ def _given(spec: RunSpec, option: str) -> bool:
 
 
 def check_workload(spec: RunSpec) -> None:
-    """Refuse options the chosen source would ignore (ValueError naming them)."""
-    if spec.preset == "blox" and spec.mode not in (None, "rounds"):
-        raise ValueError(f"--mode {spec.mode}: --blox decides at round ends (rounds)")
+    """Refuse options the chosen source (or preset) would ignore (ValueError naming them)."""
+    semantics(spec.preset).check(spec)
     if spec.trace is not None:
         ignored = [o for o in GENERATOR_OPTIONS if _given(spec, o)]
         if ignored:
@@ -266,8 +197,8 @@ def read_trace(spec: RunSpec, throughputs: Any = None) -> tuple[Any, dict[str, A
         raise ValueError(f"{option} applies to Philly traces, not to {name} ones")
     elif name == "gavel" and throughputs is not None:
         options = {"throughputs": throughputs}
-    elif name in ("elasticflow", "itp") and spec.preset == "elasticflow":
-        options = {"elastic": True}  # ElasticFlow chooses the GPU counts itself
+    elif name in ("elasticflow", "itp") and semantics(spec.preset).elastic_traces():
+        options = {"elastic": True}
         info["elastic"] = True
     workload = load_workload(trace, name, spec.skip_bad, **options)
     return workload, info | {"jobs": len(workload), "skipped": workload.skipped}

@@ -16,7 +16,7 @@ from gpuyard.shared.connection import NatsAuth
 ParamValue = str | int | float | bool | list[str | int | float | bool]
 PositiveInt = Annotated[int, Meta(gt=0)]
 NonNegative = Annotated[float, Meta(ge=0)]
-Preset = Literal["blox", "gavel", "elasticflow", "bftrainer"]
+PresetName = Literal["blox", "gavel", "elasticflow", "bftrainer"]
 
 DEFAULT_ADMISSION = "accept-all"
 DEFAULT_PLACEMENT = "consolidated"
@@ -36,7 +36,7 @@ class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     placement: str | None = None
     """Default: `consolidated`, or the preset's (`elasticflow`)."""
     placement_params: dict[str, ParamValue] = {}
-    preset: Preset | None = None
+    preset: PresetName | None = None
     """A reference's simulator semantics (`--blox`, `--gavel`, `--elasticflow`, `--bftrainer`)."""
     round_s: Annotated[float, Meta(gt=0)] | None = None
     mode: Literal["rounds", "events", "slots"] | None = None

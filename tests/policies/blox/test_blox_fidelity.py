@@ -97,7 +97,7 @@ def run_gpuyard(jobs: list[RefJob], cluster: str, policy: str, params: dict, out
     ]
     options = SimOptions(
         cluster=ClusterSpec.parse(cluster), policy=policy, policy_params=params, mode="rounds",
-        blox=True, round_s=ROUND,
+        preset="blox", round_s=ROUND,
     )  # fmt: skip
     asyncio.run(simulate(options, specs, out))
     return pd.read_csv(out / "jobs.csv", dtype={"job_id": str}).set_index("job_id")

@@ -1,0 +1,307 @@
+"""The reference simulators' semantics, one class each: what `gpuyard sim --blox` (`--gavel`,
+`--elasticflow`, `--bftrainer`; a sweep's `preset = "..."`) changes, in one place: its defaults,
+its checks, the policies and parameters it sets, and the settings it gives the services.
+`Semantics` is gpuyard's own, which a preset departs from where its reference does."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import msgspec
+
+from gpuyard.run.spec import PresetName, RunSpec
+from gpuyard.services.simclock.costs import PreemptionCost, RestartCost
+from gpuyard.shared.model import ClusterSpec
+from gpuyard.shared.policy import scheduling_policies
+
+if TYPE_CHECKING:
+    from gpuyard.sim import SimOptions
+
+Params = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
+"""Scheduling, admission and placement parameters."""
+
+
+class Semantics:
+    """gpuyard's own: decisions at events (or rounds, `--mode`), jobs admitted as they arrive and
+    seen finished as they finish."""
+
+    name: ClassVar[PresetName | None] = None
+    title: ClassVar[str] = ""
+    """The reference's name in captions (`Gavel's simulator semantics`)."""
+    help: ClassVar[str] = ""
+    """What its option says (`gpuyard sim --help`)."""
+    round_s: ClassVar[float] = 300.0
+    """The round's length unless the run gives one."""
+
+    def check(self, spec: RunSpec) -> None:
+        """ValueError naming an option the preset refuses."""
+
+    def scheduling_name(self, policy: str) -> str:
+        """The scheduling policy `--policy NAME` means."""
+        return policy
+
+    def check_policy(self, spec: RunSpec) -> None:
+        """PolicyError (ValueError) if the run's scheduling policy is unknown."""
+        scheduling_policies.get(self.scheduling_name(spec.policy))
+
+    def mode(self, spec: RunSpec) -> str:
+        return spec.mode or "events"
+
+    def fill(self, options: SimOptions, spec: RunSpec) -> SimOptions:
+        """`options`, built from `spec`, with what the preset sets on top."""
+        return options
+
+    def elastic_traces(self) -> bool:
+        """Whether ElasticFlow and ITP traces are read with elastic GPU counts."""
+        return False
+
+    def scheduler_settings(self, options: SimOptions) -> dict[str, Any]:
+        """SchedulerConfig fields the preset sets."""
+        return {}
+
+    def clock_settings(self, options: SimOptions) -> dict[str, Any]:
+        """SimClockConfig fields the preset sets."""
+        return {}
+
+    def describe(self) -> str | None:
+        """How captions name the semantics (None: by its mode)."""
+        return f"{self.title}'s simulator semantics" if self.title else None
+
+
+class Blox(Semantics):
+    name = "blox"
+    title = "Blox"
+    help = "Blox semantics: rounds mode, jobs admitted and seen finished at round starts"
+
+    def check(self, spec: RunSpec) -> None:
+        if spec.mode not in (None, "rounds"):
+            raise ValueError(f"--mode {spec.mode}: --blox decides at round ends (rounds)")
+
+    def mode(self, spec: RunSpec) -> str:
+        return "rounds"
+
+    def clock_settings(self, options: SimOptions) -> dict[str, Any]:
+        return {"completion_quantum": options.round_s, "arrival_quantum": options.round_s}
+
+
+class Gavel(Semantics):
+    name = "gavel"
+    title = "Gavel"
+    help = (
+        "Gavel semantics: 360 s rounds of int(rate x round) steps that end with their last "
+        "micro-task, arrivals and completions at round ends; `--policy fifo` is Gavel's FIFO "
+        "(gavel_fifo)"
+    )
+    round_s = 360.0
+    """Gavel's round length (`--time_per_iteration`)."""
+    NAMES: ClassVar[dict[str, str]] = {"fifo": "gavel_fifo"}
+    """Gavel's names for the policies whose names gpuyard uses for others."""
+    PARAMS: ClassVar[dict[str, Any]] = {"costs": {}}
+    """The scheduling policy's parameters as Gavel's simulator sets them, where the policy has
+    them and the run does not give them: its driver passes no price table, so the
+    cost-normalised policies see every GPU type cost 1 (and allocate as
+    `max_sum_throughput_perf`)."""
+
+    def scheduling_name(self, policy: str) -> str:
+        return self.NAMES.get(policy, policy)
+
+    def fill(self, options: SimOptions, spec: RunSpec) -> SimOptions:
+        made = scheduling_policies.create(options.policy, options.policy_params).params
+        fields = made.__struct_fields__ if made is not None else ()
+        extra = {k: v for k, v in self.PARAMS.items()
+                 if k in fields and k not in options.policy_params}  # fmt: skip
+        return msgspec.structs.replace(options, policy_params={**options.policy_params, **extra})
+
+    def scheduler_settings(self, options: SimOptions) -> dict[str, Any]:
+        from gpuyard.services.scheduler.mechanism import TimeShareConfig
+
+        return {"mode": "clock", "time_shares": TimeShareConfig(credit_whole_steps=True)}
+
+    def clock_settings(self, options: SimOptions) -> dict[str, Any]:
+        return {"gavel_round_s": options.round_s}
+
+
+class BFTrainer(Semantics):
+    name = "bftrainer"
+    title = "BFTrainer"
+    help = (
+        "BFTrainer's replayer: jobs admitted and seen finished only at --node-events' "
+        "events; with --policy bftrainer, --param reference_step=true solves its MILP as it runs"
+    )
+
+    def clock_settings(self, options: SimOptions) -> dict[str, Any]:
+        return {"at_node_events": True}
+
+    def describe(self) -> str | None:
+        return None  # (a run's captions name its replay with the nodes' label)
+
+
+class ElasticFlow(Semantics):
+    name = "elasticflow"
+    title = "ElasticFlow"
+    help = (
+        "ElasticFlow's simulator: --policy names its scheme (ef-accessctrl, ef, edf, "
+        "edf-accessctrl, gandiva, dlas-gpu, themis, chronus), --round its scheduling slot"
+    )
+
+    def check_policy(self, spec: RunSpec) -> None:
+        elasticflow_scheme(spec.policy)
+
+    def fill(self, options: SimOptions, spec: RunSpec) -> SimOptions:
+        cluster = options.cluster
+        scheme = elasticflow_options(
+            spec.policy, options.round_s, cluster.total_gpus,
+            switch_nodes=elasticflow_switch_nodes(cluster),
+        )  # fmt: skip
+        params: Params = (spec.policy_params, spec.admission_params, spec.placement_params)
+        filled = preset_filled(scheme, mode=spec.mode, admission=spec.admission,
+                               placement=spec.placement, params=params)  # fmt: skip
+        return msgspec.structs.replace(options, **filled)
+
+    def elastic_traces(self) -> bool:
+        return True  # ElasticFlow chooses the GPU counts itself
+
+    def scheduler_settings(self, options: SimOptions) -> dict[str, Any]:
+        if options.event_storage == "none":  # (ElasticFlow's results are read from the stream)
+            return {"event_storage": "memory"}
+        return {}
+
+    def clock_settings(self, options: SimOptions) -> dict[str, Any]:
+        # ElasticFlow rounds a job's end up to the second; its own scheduling ends a job at its
+        # planned end (or at the next event after it).
+        planned_ends = options.scheme in ("ef", "ef-accessctrl")
+        return {"completion_quantum": 1.0,
+                "completion_grid_s": options.round_s if planned_ends else None}  # fmt: skip
+
+
+OWN = Semantics()
+PRESETS: dict[str, Semantics] = {p.name: p for p in (Blox(), Gavel(), BFTrainer(), ElasticFlow())
+                                 if p.name is not None}  # fmt: skip
+"""Each preset by name, in the order `gpuyard sim --help` lists them."""
+
+
+def semantics(name: str | None) -> Semantics:
+    """The preset `name` (None: gpuyard's own)."""
+    return OWN if name is None else PRESETS[name]
+
+
+def preset_filled(
+    preset: dict[str, Any], *, mode: str | None, admission: str | None, placement: str | None,
+    params: Params,
+) -> dict[str, Any]:  # fmt: skip
+    """`preset` (`--elasticflow`'s scheme: its policies with their parameters, its `mode`, and
+    more) with what the run sets: an `admission` or `placement` named replaces the preset's,
+    with only the parameters given for it; parameters given alone (`--param`, and those of a
+    policy the preset names) go on top of the preset's; a `mode` given replaces its mode.
+    `params`: the scheduling, admission and placement parameters given."""
+    policy_params, admission_params, placement_params = params
+    filled = {**preset, "policy_params": {**preset["policy_params"], **policy_params}}
+    if mode is not None:
+        filled["mode"] = mode
+    for kind, named, given in (("admission", admission, admission_params),
+                               ("placement", placement, placement_params)):  # fmt: skip
+        if named is not None:
+            filled[kind], filled[f"{kind}_params"] = named, given
+        else:
+            filled[f"{kind}_params"] = {**preset[f"{kind}_params"], **given}
+    return filled
+
+
+# --------------------------------------------------------------------------- ElasticFlow's schemes
+
+ELASTICFLOW_SCHEMES: dict[str, tuple[str, dict[str, Any], str]] = {
+    "ef-accessctrl": ("elasticflow", {}, "elasticflow"),
+    "ef": ("elasticflow", {}, "accept-all"),
+    "edf": ("edf", {}, "accept-all"),
+    "edf-accessctrl": ("edf", {}, "edf"),
+    "gandiva": ("gandiva-ts", {}, "accept-all"),
+    "dlas-gpu": ("tiresias", {"thresholds": [3250.0, 7200.0], "promote_knob": 0.0}, "accept-all"),
+    "themis": ("themis", {}, "accept-all"),
+    "chronus": ("chronus", {}, "accept-all"),
+}
+"""ElasticFlow's schemes: (scheduling policy, its parameters, admission policy)."""
+
+
+def elasticflow_scheme(scheme: str) -> tuple[str, dict[str, Any], str]:
+    """A scheme's (scheduling policy, its parameters, admission policy); ValueError if unknown."""
+    if scheme not in ELASTICFLOW_SCHEMES:
+        raise ValueError(
+            f"unknown ElasticFlow scheme {scheme!r}; known: {', '.join(ELASTICFLOW_SCHEMES)}"
+        )
+    return ELASTICFLOW_SCHEMES[scheme]
+
+
+def elasticflow_switch_nodes(cluster: ClusterSpec) -> int:
+    """Nodes per switch of a cluster given as equal groups (ElasticFlow's cluster specs: a group
+    per switch); 0 for one switch."""
+    groups = cluster.groups
+    return groups[0].count if len(groups) > 1 and all(g == groups[0] for g in groups) else 0
+
+
+def elasticflow_options(
+    scheme: str, round_s: float, total_gpus: int, *, at_events: bool = True,
+    switch_nodes: int = 0,
+) -> dict[str, Any]:  # fmt: skip
+    """SimOptions fields for an ElasticFlow scheme, as its simulator runs it (`--elasticflow`).
+
+    Decisions come at events (arrivals, declined ones included, and completions), at most once a
+    scheduling slot (the round): what comes within a slot of the last decision waits until that
+    slot ends (`mode="slots"`), as ElasticFlow merges events; Tiresias (`dlas-gpu`), Themis
+    and Chronus, whose ElasticFlow versions run in rounds, decide on a grid of slots
+    (`mode="rounds"`; Chronus only at its 240 s leases). Placement is ElasticFlow's node sets
+    (`node-sets`), buddy blocks for `gandiva`, `dlas-gpu` and `chronus`; the deadline admission
+    policies plan on the same slot, from the scheduler's next decision, and decide an event's
+    arrivals there, as ElasticFlow's simulator does
+    (`decide_at="event"`; `ef-accessctrl` all or none: `together`). `at_events=False` (`gpuyard
+    up --elasticflow`) answers each submission at once instead. Restarts cost what ElasticFlow's
+    simulator charges, where it charges them (`RestartCost`): `ef`, `ef-accessctrl` and
+    `edf-accessctrl` restart every running job at every scheduling decision (its executor
+    restarts them all whenever an allocation changes), warm on GPU sets used before; `gandiva` the
+    same without warm processes; `dlas-gpu` only the jobs it starts; Chronus 0.5 s per (1 + log2
+    GPUs) at each resume; `edf` and `themis` nothing. Cold starts come every `round_s`-th decision
+    (ElasticFlow counts events against its slot length there). `switch_nodes`: the cluster's
+    nodes per switch (`elasticflow_switch_nodes`). A job ends at the next whole second, as
+    ElasticFlow's simulator rounds its ends; under `ef` and `ef-accessctrl` that end is an event
+    where its plan predicted it (the end of the last slot its run reaches), or at the next event
+    after it, whichever comes first (`SimClockConfig.completion_grid_s`).
+    """
+    policy, params, admission = elasticflow_scheme(scheme)
+    large = total_gpus >= 256  # ElasticFlow's figures for large clusters
+    every = RestartCost(
+        base_s=7.0 if large else 2.0, cold_s=47.0 if large else 27.0,
+        cold_every=max(int(round_s), 1), scope="decisions", decision_gap_s=round_s,
+        warm_key="first_rank",
+    )  # fmt: skip
+    restart = {
+        "ef-accessctrl": every,
+        "ef": every,
+        "edf-accessctrl": every,
+        "gandiva": msgspec.structs.replace(every, warm_ranks=False),
+        "dlas-gpu": msgspec.structs.replace(every, warm_ranks=False, scope="launched", cold_every=0),
+        "chronus": RestartCost(base_s=0.0, per_doubling_s=0.5, cold_s=0.0, warm_ranks=False),
+    }.get(scheme)
+    rounds = policy in ("tiresias", "themis", "chronus")
+    # Where a job lands decides whether its restart is warm: ElasticFlow's own placement
+    # (`node-sets`; EDF's jobs in the order its policy lists them). `dlas-gpu` charges only the
+    # jobs it starts, never a move: `buddy` keeps running jobs where they are, as ElasticFlow's
+    # charges assume. Its Gandiva places on node sets of its own; Chronus is another simulator.
+    placement = "buddy"
+    placement_params: dict[str, Any] = {}
+    if scheme not in ("gandiva", "chronus", "dlas-gpu"):
+        order = "given" if policy == "edf" else "largest-first"
+        placement, placement_params = "node-sets", {"order": order}
+        if switch_nodes:
+            placement_params["switch_nodes"] = switch_nodes
+    admission_params: dict[str, Any] = {}
+    if admission in ("elasticflow", "edf"):
+        admission_params = {"slot_s": round_s}
+        if at_events:
+            admission_params |= {"decide_at": "event", "together": admission == "elasticflow"}
+    return {
+        "policy": policy, "policy_params": dict(params), "admission": admission,
+        "admission_params": admission_params,
+        "placement": placement, "placement_params": placement_params,
+        "mode": "rounds" if rounds else "slots",
+        "preset": "elasticflow", "scheme": scheme,
+        "preemption_cost": PreemptionCost(restart=restart),
+    }  # fmt: skip
