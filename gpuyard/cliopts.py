@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import os
 import select
-import socket
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, NoReturn
@@ -34,6 +33,8 @@ from gpuyard.shared.connection import (
     add_nats_arguments,
     connect,
     connection_given,
+    describe_error,
+    redact,
     resolve_connection,
 )
 from gpuyard.shared.endpoints import Subjects
@@ -180,18 +181,6 @@ def check_nats_url(text: str) -> str:
     return ",".join(parts)
 
 
-def redact(url: str) -> str:
-    """The URL without a password in it (`nats://user:***@host:4222`)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
-
-
 def add_nats_options(parser: argparse.ArgumentParser, *, url_default: str | None = DEFAULT_URL) -> None:
     """`--nats`, `--nats-config`, `--nats-*` and `--cluster` (default $GPUYARD_CLUSTER, the
     profile's, or 'default'). With none of them given, a command uses the operator profile that
@@ -235,17 +224,6 @@ def checked_subjects(cluster: str) -> Subjects:
 
 def nats_auth(args: argparse.Namespace) -> NatsAuth:
     return NatsAuth.from_args(args)
-
-
-def describe_error(exc: BaseException) -> str:
-    """A connection error in a few words: `connection refused`, `name or service not known`, ..."""
-    if isinstance(exc, socket.gaierror):
-        return str(exc.strerror).lower()
-    if isinstance(exc, OSError) and exc.errno:
-        return os.strerror(exc.errno).lower()
-    if isinstance(exc, TimeoutError):
-        return "no answer in time"
-    return str(exc) or type(exc).__name__
 
 
 def is_connection_loss(exc: BaseException) -> bool:

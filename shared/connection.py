@@ -11,11 +11,13 @@ import asyncio
 import contextlib
 import itertools
 import os
+import socket
 import ssl
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 import msgspec
 import nats
@@ -370,6 +372,29 @@ class Fence(Protocol):
 
     async def confirm(self) -> None:
         """Return if we may act (confirming the lease if need be); else raise NotLeading."""
+
+
+def redact(url: str) -> str:
+    """The URL without a password in it (`nats://user:***@host:4222`)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
+def describe_error(exc: BaseException) -> str:
+    """A connection error in a few words: `connection refused`, `name or service not known`, ..."""
+    if isinstance(exc, socket.gaierror):
+        return str(exc.strerror).lower()
+    if isinstance(exc, OSError) and exc.errno:
+        return os.strerror(exc.errno).lower()
+    if isinstance(exc, TimeoutError):
+        return "no answer in time"
+    return str(exc) or type(exc).__name__
 
 
 def raise_dropped_cancellation() -> None:

@@ -81,7 +81,7 @@ def describe_failure(exc: BaseException) -> str:
     """A failure of the queue's server in a few words (no JetStream is the likely one)."""
     if isinstance(exc, nats.js.errors.ServiceUnavailableError | nats.errors.NoRespondersError):
         return "the NATS server has no JetStream (start it with -js): the sweep queue needs it"
-    from gpuyard.cliopts import describe_error
+    from gpuyard.shared.connection import describe_error
 
     return describe_error(exc)
 

@@ -28,10 +28,9 @@ import nats.errors
 import nats.js.errors
 import structlog
 
-from gpuyard.cliopts import redact
 from gpuyard.embedded import EmbeddedNats
 from gpuyard.run.process import library_logs_to, stop_on_signals
-from gpuyard.shared.connection import NatsAuth, connect, raise_dropped_cancellation
+from gpuyard.shared.connection import NatsAuth, connect, raise_dropped_cancellation, redact
 from gpuyard.sweep.config import code_digest
 from gpuyard.sweep.queue import (
     BUCKET,
