@@ -28,15 +28,15 @@ from pathlib import Path
 import pandas as pd
 import uvloop
 
-from gpuyard.embedded import EmbeddedNats
 from gpuyard.policies.elasticflow import ElasticFlowAdmission
 from gpuyard.policies.elasticflow.admission import DeadlineAdmissionParams
+from gpuyard.run.embedded import EmbeddedNats
 from gpuyard.run.presets import ELASTICFLOW_SCHEMES, elasticflow_options, elasticflow_switch_nodes
+from gpuyard.run.simulate import SimOptions, simulate
 from gpuyard.shared.logs import configure_logging
 from gpuyard.shared.model import JobSpec
 from gpuyard.shared.policy import AdmissionInput, ClusterView, JobView
 from gpuyard.shared.throughput import load_throughputs
-from gpuyard.sim import SimOptions, simulate
 from gpuyard.workloads import load_cluster, load_workload
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -20,8 +20,8 @@ import statistics
 import threading
 import time
 
-from gpuyard.embedded import EmbeddedNats
 from gpuyard.ops import read_events
+from gpuyard.run.embedded import EmbeddedNats
 from gpuyard.shared.connection import Bus, connect, ensure_event_stream
 from gpuyard.shared.contract import Event
 from gpuyard.shared.endpoints import Subjects

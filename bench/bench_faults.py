@@ -33,9 +33,9 @@ from pathlib import Path
 
 from machine import job_python, open_to_jobs
 
-from gpuyard.cli_cluster import control_plane_configs
-from gpuyard.embedded import EmbeddedNats
-from gpuyard.launcher import ServiceSet
+from gpuyard.cli.cluster import control_plane_configs
+from gpuyard.run.embedded import EmbeddedNats
+from gpuyard.run.launcher import ServiceSet
 from gpuyard.shared.connection import Bus, connect
 from gpuyard.shared.contract import Empty, JobQuery, JobsPage, Ping
 from gpuyard.shared.endpoints import CLUSTER, PING, QUERY, SERVICE_TOKENS, SUBMIT, Subjects

@@ -36,10 +36,10 @@ from pathlib import Path
 import msgspec
 from machine import open_to_jobs
 
-from gpuyard.cli_cluster import control_plane_configs
-from gpuyard.embedded import EmbeddedNats, ServerTls
-from gpuyard.launcher import ServiceSet
+from gpuyard.cli.cluster import control_plane_configs
 from gpuyard.natsauth import OPERATOR, Credentials
+from gpuyard.run.embedded import EmbeddedNats, ServerTls
+from gpuyard.run.launcher import ServiceSet
 from gpuyard.shared.connection import Bus, NatsAuth, connect
 from gpuyard.shared.contract import Empty, Event, GpuMetrics, Heartbeat, RegisterNode
 from gpuyard.shared.endpoints import (

@@ -21,9 +21,9 @@ from typing import Any
 
 import msgspec
 
-from gpuyard.cli_cluster import control_plane_configs
-from gpuyard.embedded import EmbeddedNats
-from gpuyard.launcher import ServiceSet
+from gpuyard.cli.cluster import control_plane_configs
+from gpuyard.run.embedded import EmbeddedNats
+from gpuyard.run.launcher import ServiceSet
 from gpuyard.shared.connection import Bus, connect
 from gpuyard.shared.contract import (
     Empty,

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import uvloop
 
+from gpuyard.run.simulate import ProgressBar, SimOptions, SimResult, simulate
 from gpuyard.shared.logs import configure_logging
 from gpuyard.shared.model import ClusterSpec
-from gpuyard.sim import ProgressBar, SimOptions, SimResult, simulate
 from gpuyard.workloads import blox
 
 WORKLOADS = {

@@ -81,7 +81,7 @@ def main() -> None:
         if args.workers:
             import asyncio
 
-            from gpuyard.embedded import EmbeddedNats  # a server of our own for the queue
+            from gpuyard.run.embedded import EmbeddedNats  # a server of our own for the queue
 
             remote = Path(tmp) / "remote"
             remote.mkdir()

@@ -1,6 +1,6 @@
 """Operations over NATS: read the event stream, show and swap policies, gather a cluster's status.
 
-Plain async functions on a `Bus`, used by `gpuyard tail|policy|status` (gpuyard/cli_ops.py), tests
+Plain async functions on a `Bus`, used by `gpuyard tail|policy|status` (gpuyard/cli/ops.py), tests
 and benchmarks.
 """
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuyard.embedded import EmbeddedNats
+from gpuyard.run.embedded import EmbeddedNats
 
 from .jobaccount import AS_ROOT, open_to_jobs
 

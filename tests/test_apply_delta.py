@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuyard.launcher import ServiceSet
+from gpuyard.run.launcher import ServiceSet
 from gpuyard.services.placement.service import PlacementConfig
 from gpuyard.shared.connection import Bus, connect
 from gpuyard.shared.contract import ApplyRequest, Empty, NodesChanged

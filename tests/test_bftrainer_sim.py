@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from gpuyard.run.simulate import SimOptions, simulate
 from gpuyard.shared.model import ClusterSpec, JobSpec
-from gpuyard.sim import SimOptions, simulate
 from gpuyard.workloads.churn import load_node_events, load_node_list, replay_events
 
 CURVE = "job,Ns,Ps,Os,Tsub\nA,0 1 2 4,0 10 20 40,0 10 20 40,2021-02-10 00:00:00\n"

@@ -127,7 +127,7 @@ def test_a_child_whose_parent_died_before_it_could_watch_ends_at_once() -> None:
     """A child's parent-death signal is set after the fork: a parent killed in between is never
     watched, and the child (a private server, a service) would outlive it. It checks its parent
     is still the one that started it, and ends at once when not."""
-    code = "from gpuyard.embedded import die_with_parent as d; import sys; d(int(sys.argv[1])); print('alive')"
+    code = "from gpuyard.run.embedded import die_with_parent as d; import sys; d(int(sys.argv[1])); print('alive')"
     ran = [subprocess.run([sys.executable, "-c", code, str(parent)], capture_output=True, text=True,
                           timeout=60) for parent in (os.getpid(), os.getpid() + 1_000_000)]  # fmt: skip
     assert (ran[0].returncode, ran[0].stdout) == (0, "alive\n")  # its parent: it goes on

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuyard.embedded import nats_server_binary
+from gpuyard.run.embedded import nats_server_binary
 from tests.polling import free_port
 
 

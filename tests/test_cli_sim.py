@@ -19,12 +19,12 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from gpuyard.cli import main
-from gpuyard.compare import _plot_mean_jct_vs_load, comparison_caption
-from gpuyard.launcher import ServiceSet
 from gpuyard.report import plot_gpu_demand
+from gpuyard.run.compare import _plot_mean_jct_vs_load, comparison_caption
+from gpuyard.run.launcher import ServiceSet
+from gpuyard.run.simulate import SimOptions, policies_label, service_configs
 from gpuyard.run.spec import RunSpec
 from gpuyard.shared.model import ClusterSpec
-from gpuyard.sim import SimOptions, policies_label, service_configs
 
 
 def gpuyard(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -428,7 +428,8 @@ def test_a_durable_simulation_gives_the_same_results(tmp_path: Path) -> None:
 def test_a_node_availability_replay_brings_its_own_nodes(tmp_path: Path) -> None:
     """`--node-events` without `--cluster-spec`: only the replay's nodes (BFTrainer's idle nodes),
     not the default 32x4 beside them (which ran the issue's BFTrainer command on 128 other GPUs)."""
-    from gpuyard.cli import build_parser, run_spec
+    from gpuyard.cli import build_parser
+    from gpuyard.cli.sim import run_spec
     from gpuyard.run.build import build
 
     events = tmp_path / "events.csv"
@@ -443,7 +444,8 @@ def test_a_node_availability_replay_brings_its_own_nodes(tmp_path: Path) -> None
 def test_a_seed_with_a_trace_seeds_the_policies(tmp_path: Path) -> None:
     """Gavel's `--seed` with a trace: the jobs are the trace's, the seed goes to the policies that
     draw at random (gandiva's pairs), unless `--param seed=` says otherwise."""
-    from gpuyard.cli import build_parser, run_spec
+    from gpuyard.cli import build_parser
+    from gpuyard.cli.sim import run_spec
     from gpuyard.run.build import build
 
     trace = tmp_path / "t.csv"
@@ -460,7 +462,8 @@ def test_a_seed_with_a_trace_seeds_the_policies(tmp_path: Path) -> None:
 def test_gavel_runs_the_cost_normalised_policy_as_its_simulator_does(tmp_path: Path) -> None:
     """Gavel's simulator passes no price table: under `--gavel` every GPU type costs 1 unless
     `--param costs=` gives prices; without `--gavel` the policy's default prices hold."""
-    from gpuyard.cli import build_parser, run_spec
+    from gpuyard.cli import build_parser
+    from gpuyard.cli.sim import run_spec
     from gpuyard.run.build import build
     from gpuyard.shared.policy import scheduling_policies
 

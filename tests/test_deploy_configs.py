@@ -18,14 +18,14 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from gpuyard.cli_cluster import control_plane_configs
-from gpuyard.embedded import nats_server_binary
-from gpuyard.launcher import ServiceSet
+from gpuyard.cli.cluster import control_plane_configs
 from gpuyard.natsauth import OPERATOR, Credentials
+from gpuyard.run.embedded import nats_server_binary
+from gpuyard.run.launcher import ServiceSet
+from gpuyard.run.simulate import SimOptions, service_configs
 from gpuyard.services.placement.service import PlacementConfig
 from gpuyard.shared.connection import NatsAuth, connect
 from gpuyard.shared.model import ClusterSpec
-from gpuyard.sim import SimOptions, service_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -53,7 +53,7 @@ def test_the_scheduler_config_ticks_on_the_wall_clock_and_is_durable() -> None:
 @pytest.mark.parametrize(("flags", "wait"), [([], True), (["--new-jobs-run"], False)])
 def test_up_says_whether_a_new_job_waits_for_gavels_next_solve(flags: list[str], wait: bool) -> None:
     from gpuyard.cli import build_parser
-    from gpuyard.cli_cluster import control_plane_from_args
+    from gpuyard.cli.cluster import control_plane_from_args
 
     table = SHARED / "data" / "gavel" / "simulation_throughputs.json"
     if not table.exists():

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from gpuyard.run.presets import elasticflow_options
+from gpuyard.run.simulate import SimOptions, simulate
 from gpuyard.services.simclock.service import PreemptionCost, RestartCost
 from gpuyard.shared.model import ClusterSpec, JobSpec
-from gpuyard.sim import SimOptions, simulate
 
 
 @pytest.fixture
@@ -290,8 +290,9 @@ def test_elasticflow_fills_in_only_the_policies_not_given(tmp_path: Path, data) 
     """`--elasticflow` sets the scheme's admission and placement unless the command names its
     own (with only its own parameters); parameters alone go on top of the scheme's. `gpuyard up
     --elasticflow` and a sweep's check resolve them the same way."""
-    from gpuyard.cli import build_parser, run_spec
-    from gpuyard.cli_cluster import control_plane_from_args
+    from gpuyard.cli import build_parser
+    from gpuyard.cli.cluster import control_plane_from_args
+    from gpuyard.cli.sim import run_spec
     from gpuyard.policies.elasticflow.node_sets import NodeSetsParams
     from gpuyard.policies.elasticflow.placement import BuddyParams
     from gpuyard.run.build import build

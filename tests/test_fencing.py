@@ -16,8 +16,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from gpuyard.cli_cluster import control_plane_configs
-from gpuyard.launcher import ServiceSet
+from gpuyard.cli.cluster import control_plane_configs
+from gpuyard.run.launcher import ServiceSet
 from gpuyard.shared.contract import CancelRequest, Empty, JobQuery
 from gpuyard.shared.endpoints import CANCEL, QUERY
 from gpuyard.shared.endpoints import CLUSTER as CLUSTER_INFO

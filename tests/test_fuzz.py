@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from gpuyard.cli_cluster import control_plane_configs
-from gpuyard.launcher import ServiceSet
+from gpuyard.cli.cluster import control_plane_configs
+from gpuyard.run.launcher import ServiceSet
 from gpuyard.services.nodeagent.service import NodeAgent, NodeAgentConfig
 from gpuyard.services.simclock.service import SimClockConfig
 from gpuyard.shared.connection import Bus, connect

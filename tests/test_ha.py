@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuyard.embedded import EmbeddedNats
+from gpuyard.run.embedded import EmbeddedNats
 from gpuyard.shared.connection import connect
 from gpuyard.shared.endpoints import Subjects
 

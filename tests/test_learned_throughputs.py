@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from gpuyard.launcher import ServiceSet
+from gpuyard.run.launcher import ServiceSet
 from gpuyard.services.admission.service import AdmissionConfig
 from gpuyard.services.placement.service import PlacementConfig
 from gpuyard.services.scheduler.service import SchedulerConfig

@@ -11,7 +11,6 @@ import msgspec
 import pytest
 
 from gpuyard.cli import main
-from gpuyard.launcher import ServiceSet
 from gpuyard.ops import (
     NoEventStream,
     cluster_status,
@@ -22,6 +21,7 @@ from gpuyard.ops import (
     set_policy,
     show_policies,
 )
+from gpuyard.run.launcher import ServiceSet
 from gpuyard.services.admission.service import AdmissionConfig
 from gpuyard.services.placement.service import PlacementConfig
 from gpuyard.services.scheduler.service import SchedulerConfig

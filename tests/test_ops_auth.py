@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from gpuyard.embedded import EmbeddedNats, ServerTls
 from gpuyard.pki import make_pki
+from gpuyard.run.embedded import EmbeddedNats, ServerTls
 from tests.polling import free_port, run_gpuyard, stop_processes, until
 
 from .jobaccount import AGENT_ARGS, JOB_PYTHON

@@ -13,7 +13,7 @@ import pytest
 import structlog
 
 from gpuyard.cli import main
-from gpuyard.launcher import ServiceSet
+from gpuyard.run.launcher import ServiceSet
 from gpuyard.services.admission.service import AdmissionConfig
 from gpuyard.services.placement.service import PlacementConfig
 from gpuyard.services.scheduler.service import SchedulerConfig

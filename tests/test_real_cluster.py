@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from gpuyard.cli_cluster import control_plane_configs
-from gpuyard.launcher import ServiceSet
+from gpuyard.cli.cluster import control_plane_configs
+from gpuyard.run.launcher import ServiceSet
 from gpuyard.services.placement.service import PlacementConfig
 from gpuyard.shared.connection import Bus, connect
 from gpuyard.shared.contract import CancelRequest, Empty, JobQuery

@@ -16,7 +16,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from gpuyard.cli_cluster import job_from_args
+from gpuyard.cli.cluster import job_from_args
 from gpuyard.jobclient import JobClient
 from gpuyard.services.nodeagent.nvml import Nvml, gpu_type_name
 from gpuyard.services.nodeagent.procs import JobPart, Places, process_envs

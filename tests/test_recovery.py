@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuyard.cli_cluster import control_plane_configs
-from gpuyard.launcher import ServiceSet
+from gpuyard.cli.cluster import control_plane_configs
 from gpuyard.ops import read_events
+from gpuyard.run.launcher import ServiceSet
 from gpuyard.shared.connection import connect
 from gpuyard.shared.contract import Empty, JobQuery, JobsPage
 from gpuyard.shared.endpoints import POLICY, QUERY, SUBMIT
@@ -223,7 +223,7 @@ class NatsProcess:
     def __init__(self, root: Path) -> None:
         import socket
 
-        from gpuyard.embedded import nats_server_binary
+        from gpuyard.run.embedded import nats_server_binary
 
         self.root = root
         self.binary = nats_server_binary()
@@ -260,8 +260,8 @@ async def test_a_durable_simulation_gives_the_same_results(tmp_path: Path, nats_
     """Simulations keep state in memory by default; durable (as `gpuyard up`) changes nothing."""
     import random
 
+    from gpuyard.run.simulate import SimOptions, simulate
     from gpuyard.shared.model import ClusterSpec, JobSpec
-    from gpuyard.sim import SimOptions, simulate
 
     rng = random.Random(3)
     jobs = [

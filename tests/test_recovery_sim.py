@@ -16,10 +16,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from gpuyard.launcher import ServiceSet
+from gpuyard.run.launcher import ServiceSet
+from gpuyard.run.simulate import SimOptions, simulate
 from gpuyard.shared.contract import Progress
 from gpuyard.shared.model import ClusterSpec, JobSpec
-from gpuyard.sim import SimOptions, simulate
 from gpuyard.workloads import blox
 
 pytestmark = pytest.mark.slow  # (integration: `pytest -m "not slow"` leaves it out)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuyard import sim
-from gpuyard.launcher import ServiceSet
+from gpuyard.run import simulate as sim
+from gpuyard.run.launcher import ServiceSet
 from gpuyard.services.placement.service import PlacementConfig
 from gpuyard.services.scheduler.service import SchedulerConfig
 from gpuyard.shared.connection import Bus, connect

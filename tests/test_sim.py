@@ -11,15 +11,15 @@ import msgspec
 import pandas as pd
 import pytest
 
-from gpuyard.embedded import EmbeddedNats
 from gpuyard.ops import read_events
+from gpuyard.run.embedded import EmbeddedNats
+from gpuyard.run.simulate import SimOptions, simulate
 from gpuyard.services.scheduler.service import Scheduler
 from gpuyard.shared.connection import connect
 from gpuyard.shared.contract import ServiceStats
 from gpuyard.shared.endpoints import Subjects
 from gpuyard.shared.model import ClusterSpec, JobSpec
 from gpuyard.shared.throughput import load_throughputs
-from gpuyard.sim import SimOptions, simulate
 from gpuyard.workloads import blox, gavel
 
 

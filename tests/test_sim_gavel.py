@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuyard.run.simulate import SimOptions, simulate
 from gpuyard.shared.model import ClusterSpec, JobSpec
 from gpuyard.shared.policy import scheduling_policies
-from gpuyard.sim import SimOptions, simulate
 
 GAVEL_POLICIES = [
     "gavel_fifo", "fifo_perf", "max_min_fairness", "max_min_fairness_perf",

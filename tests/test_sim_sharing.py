@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from gpuyard.ops import read_events
+from gpuyard.run.simulate import SimOptions, simulate
 from gpuyard.shared.connection import connect
 from gpuyard.shared.endpoints import Subjects
 from gpuyard.shared.model import Allocation, ClusterSpec, JobSpec
@@ -17,7 +18,6 @@ from gpuyard.shared.policy import (
     SchedulingPolicy,
     scheduling_policies,
 )
-from gpuyard.sim import SimOptions, simulate
 
 
 class PairTheFirstTwo(SchedulingPolicy):

@@ -29,8 +29,8 @@ def test_rejected_jobs_count_in_the_summary(tmp_path: Path, capsys: pytest.Captu
 def test_the_progress_line_says_how_long_is_left() -> None:
     import io
 
+    from gpuyard.run.simulate import ETA_AFTER_S, ProgressBar
     from gpuyard.shared.contract import Progress
-    from gpuyard.sim import ETA_AFTER_S, ProgressBar
 
     stream = io.StringIO()
     bar = ProgressBar("sim", stream)

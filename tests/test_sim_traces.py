@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuyard.run.simulate import SimOptions, simulate
 from gpuyard.shared.model import ClusterSpec
 from gpuyard.shared.throughput import load_throughputs
-from gpuyard.sim import SimOptions, simulate
 from gpuyard.workloads import blox, load_workload, save_workload
 
 # (trace, throughput model, cluster, policy): the first jobs of each.

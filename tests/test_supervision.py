@@ -255,10 +255,10 @@ async def test_a_simulation_whose_scheduler_dies_for_good_ends_partial_naming_it
     """The scheduler's process is SIGKILLed mid-run and nobody starts it again: the run ends with
     one error naming it (not a stalled clock blaming the call that timed out), and writes what it
     reached, as Ctrl-C does: the timeline, the jobs ended by then, a summary with `partial`."""
-    from gpuyard.launcher import ServiceSet
+    from gpuyard.run.launcher import ServiceSet
+    from gpuyard.run.simulate import ServiceLost, SimOptions, simulate
     from gpuyard.shared.contract import Progress
     from gpuyard.shared.model import ClusterSpec
-    from gpuyard.sim import ServiceLost, SimOptions, simulate
     from gpuyard.workloads import blox
 
     holder: list[ServiceSet] = []

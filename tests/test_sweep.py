@@ -364,7 +364,7 @@ async def test_local_workers_simulate_on_servers_of_their_own_each_on_its_cpu(
     import msgspec
     import nats
 
-    from gpuyard.forks import cpu_slots
+    from gpuyard.run.forks import cpu_slots
     from gpuyard.sweep.config import RunSpec
     from gpuyard.sweep.engine import LocalWorkers
     from gpuyard.sweep.queue import RESULTS_STREAM, RunOrder, ensure_queue, run_subject
@@ -429,7 +429,7 @@ def _server_cpus(pid: int) -> list[set[int]]:
 async def test_workers_started_by_the_sweep_connect_as_it_does(tmp_path: Path) -> None:
     """`sweep --nats URL --workers N` on a server with users: the workers it starts get its
     identity (the password through their environment, not their command line)."""
-    from gpuyard.embedded import EmbeddedNats
+    from gpuyard.run.embedded import EmbeddedNats
 
     (tmp_path / "one.toml").write_text('[sweep]\nname = "one"\n[base]\njobs = 10\ncluster_spec = "2x2"\n')
     users = 'authorization { users = [ { user: "sweeper", password: "s3cret" } ] }'
@@ -451,7 +451,7 @@ async def test_workers_started_by_the_sweep_connect_as_it_does(tmp_path: Path) -
 @pytest.mark.slow
 async def test_a_server_that_refuses_the_sweep_queue_is_one_line(tmp_path: Path) -> None:
     """An identity without JetStream (e.g. a cluster's, from `gpuyard auth`): the refusal, named."""
-    from gpuyard.embedded import EmbeddedNats
+    from gpuyard.run.embedded import EmbeddedNats
 
     (tmp_path / "one.toml").write_text('[base]\njobs = 10\ncluster_spec = "2x2"\n')
     users = ('authorization { users = [ { user: "u", password: "p", '

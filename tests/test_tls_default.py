@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from gpuyard.cli_cluster import _server_names, _wildcard_urls
+from gpuyard.cli.cluster import _server_names, _wildcard_urls
 from gpuyard.pki import cluster_tls, make_pki
 from gpuyard.pki import main as pki_main
 from gpuyard.shared.connection import NatsAuth, TlsFailure, connect

@@ -70,7 +70,7 @@ def build(
 def sim_options(spec: RunSpec, external: frozenset[str] = frozenset()) -> Any:
     """The SimOptions of the run `spec` describes, with the policies not in `external` checked
     (PolicyError naming a bad one)."""
-    from gpuyard.sim import PreemptionCost, SimOptions
+    from gpuyard.run.simulate import PreemptionCost, SimOptions
     from gpuyard.workloads import load_cluster
 
     preset = semantics(spec.preset)

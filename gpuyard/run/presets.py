@@ -15,7 +15,7 @@ from gpuyard.shared.model import ClusterSpec
 from gpuyard.shared.policy import scheduling_policies
 
 if TYPE_CHECKING:
-    from gpuyard.sim import SimOptions
+    from gpuyard.run.simulate import SimOptions
 
 Params = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
 """Scheduling, admission and placement parameters."""

@@ -25,8 +25,8 @@ def simulate_one(spec: RunSpec, place: RunPlace) -> int:
     import uvloop
 
     from gpuyard.report import format_summary, thrashing_line
+    from gpuyard.run.simulate import ProgressBar, simulate
     from gpuyard.shared.logs import configure_logging
-    from gpuyard.sim import ProgressBar, simulate
     from gpuyard.workloads import WorkloadError
 
     place.out.mkdir(parents=True, exist_ok=True)
@@ -91,7 +91,7 @@ def written_setup(spec: RunSpec, place: RunPlace) -> tuple[Any, Any, dict[str, A
     """`build`'s run with its workload written into `place.out` (`sim.WrittenWorkload`): the
     jobs leave this process's memory before the run starts (the clock reads them from the file).
     Says on stderr what was skipped, and how a Philly trace was read."""
-    from gpuyard.sim import written_workload
+    from gpuyard.run.simulate import written_workload
 
     options, workload, described = build(spec, place.out, place.external)
     if workload.skipped:

@@ -26,8 +26,8 @@ import nats.errors
 import numpy as np
 import pandas as pd
 
-from gpuyard.embedded import EmbeddedNats
-from gpuyard.forks import Forked, cpu_slots
+from gpuyard.run.embedded import EmbeddedNats
+from gpuyard.run.forks import Forked, cpu_slots
 from gpuyard.run.spec import RunSpec
 from gpuyard.shared.connection import NatsAuth, connect
 from gpuyard.sweep.config import PARAM_FIELDS, Run, Sweep, code_digest
@@ -213,7 +213,7 @@ def _order(sweep: Sweep, run: Run, order: str) -> RunOrder:
 
 class LocalWorkers:
     """`async with LocalWorkers(url, n, logs, auth):` n workers (`gpuyard worker`'s work) on this
-    machine, each in a process forked from the fork server (`gpuyard.forks`), connecting as
+    machine, each in a process forked from the fork server (`gpuyard.run.forks`), connecting as
     `auth` (the sweep's own identity: handed over through the fork server's pipe, in no
     command line or environment). `pin`: each on a CPU of its own, the CPUs this
     process may use in turn, with the private servers of its runs (`Forked`'s `cpu`)."""

@@ -4,7 +4,7 @@ own; store the result files in the bucket, publish the result, then acknowledge 
 
 The queue's server carries the queue and the results alone: a run's messages, chains of small
 requests one at a time, stay on this machine's loopback beside it, on the CPU it runs on when it
-is pinned to one (`gpuyard.forks.Forked`), and a sweep of many workers puts none of its runs'
+is pinned to one (`gpuyard.run.forks.Forked`), and a sweep of many workers puts none of its runs'
 traffic through one server.
 
 A run that fails (a bad trace line, a policy's error, its timeout) is a result too, with its
@@ -28,7 +28,7 @@ import nats.errors
 import nats.js.errors
 import structlog
 
-from gpuyard.embedded import EmbeddedNats
+from gpuyard.run.embedded import EmbeddedNats
 from gpuyard.run.process import library_logs_to, stop_on_signals
 from gpuyard.shared.connection import NatsAuth, connect, raise_dropped_cancellation, redact
 from gpuyard.sweep.config import code_digest
@@ -153,7 +153,7 @@ class Worker:
     async def execute(self, js: Any, order: RunOrder, attempt: int) -> RunResult:
         """Simulate the run; its result, failed with the error in one line if it failed."""
         from gpuyard.run.build import build
-        from gpuyard.sim import simulate
+        from gpuyard.run.simulate import simulate
 
         started = time.perf_counter()
         # Its own namespace, new at every attempt: a worker taken for dead may still run.

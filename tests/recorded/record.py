@@ -100,10 +100,11 @@ def run_case(c: Case, out: Path) -> dict[str, Any]:
     import structlog
     import uvloop
 
-    from gpuyard.cli import build_parser, run_spec
+    from gpuyard.cli import build_parser
+    from gpuyard.cli.sim import run_spec
     from gpuyard.run.build import build
+    from gpuyard.run.simulate import simulate
     from gpuyard.shared.logs import configure_logging
-    from gpuyard.sim import simulate
 
     args = build_parser().parse_args(["sim", *c.resolved(), "--out", str(out)])
     options, workload, described = build(run_spec(args), out)

@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from gpuyard.run.simulate import SimOptions, simulate
 from gpuyard.shared.model import ClusterSpec, JobSpec
-from gpuyard.sim import SimOptions, simulate
 
 pytestmark = pytest.mark.slow  # (integration: `pytest -m "not slow"` leaves it out)
 

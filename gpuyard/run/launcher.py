@@ -16,7 +16,7 @@ import msgspec
 import nats.errors
 import structlog
 
-from gpuyard.embedded import dying_with_this_process
+from gpuyard.run.embedded import dying_with_this_process
 from gpuyard.shared.connection import Bus, NatsAuth, connect
 from gpuyard.shared.contract import CONTRACT_VERSION, Ping
 from gpuyard.shared.endpoints import PING, Subjects

@@ -21,7 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from gpuyard.cliopts import CommandError
+from gpuyard.cli.options import CommandError
 
 
 def add_auth_parser(sub: argparse._SubParsersAction) -> None:

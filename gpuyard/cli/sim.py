@@ -1,4 +1,5 @@
-"""The `gpuyard` command."""
+"""`gpuyard sim` (one run, or a comparison of several) and `gpuyard trace`: their options, and
+`run_spec`, the one place those options become a run (`gpuyard.run.spec.RunSpec`)."""
 
 from __future__ import annotations
 
@@ -6,28 +7,21 @@ import argparse
 import asyncio
 import itertools
 import json
-import logging
 import math
-import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from gpuyard.cli_auth import add_auth_parser
-from gpuyard.cli_cluster import add_cluster_parsers
-from gpuyard.cli_ops import add_ops_parsers
-from gpuyard.cliopts import (
+from gpuyard.cli.options import (
     LOG_LEVELS,
     CommandError,
-    OneLineParser,
     demand_text,
     non_negative_float,
     number_list,
     positive_float,
     positive_int,
-    resolve_options,
     window_text,
 )
 from gpuyard.run.build import GENERATOR_DEFAULTS
@@ -35,10 +29,7 @@ from gpuyard.run.presets import PRESETS
 from gpuyard.run.spec import DEFAULT_ADMISSION, DEFAULT_PLACEMENT, RunPlace, RunSpec
 from gpuyard.shared.connection import NatsAuth, add_nats_arguments
 from gpuyard.shared.policy import parse_params
-from gpuyard.shared.roster import BY_NAME, SERVICES
-from gpuyard.sweep.cli import add_sweep_parsers
-
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "shared" / "schema"
+from gpuyard.shared.roster import SERVICES
 
 
 def add_trace_args(g: Any, *, multi_gpu: bool = True) -> None:
@@ -344,7 +335,7 @@ def check_lists(args: argparse.Namespace) -> None:
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    from gpuyard.cliopts import checked_subjects, checked_url, run_command
+    from gpuyard.cli.options import checked_subjects, checked_url, run_command
     from gpuyard.run.build import build, check_policy_name, check_workload, sim_options
     from gpuyard.run.single import simulate_one
     from gpuyard.workloads import WorkloadError
@@ -400,7 +391,7 @@ def cmd_compare(
     """
     import uvloop
 
-    from gpuyard.compare import (
+    from gpuyard.run.compare import (
         comparison_caption,
         comparison_table,
         format_comparison,
@@ -408,7 +399,7 @@ def cmd_compare(
         run_name,
         write_comparison,
     )
-    from gpuyard.forks import default_parallel
+    from gpuyard.run.forks import default_parallel
     from gpuyard.run.process import stop_on_signals
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -454,7 +445,7 @@ def cmd_compare(
 
 async def reachable(args: argparse.Namespace) -> int:
     """0 once `--nats` answered (CommandError naming it otherwise)."""
-    from gpuyard.cliopts import open_bus
+    from gpuyard.cli.options import open_bus
 
     await (await open_bus(args, "gpuyard-sim")).close()
     return 0
@@ -536,72 +527,3 @@ def cmd_trace_describe(args: argparse.Namespace) -> int:
     for path in paths:
         print(f"wrote {path}", file=sys.stderr)
     return 0
-
-
-def cmd_schema(args: argparse.Namespace) -> int:
-    from gpuyard.shared.contract import CONTRACT_VERSION, json_schema
-
-    text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
-    if args.write:
-        SCHEMA_PATH.mkdir(parents=True, exist_ok=True)
-        (SCHEMA_PATH / f"contract-v{CONTRACT_VERSION}.json").write_text(text)
-    else:
-        sys.stdout.write(text)
-    return 0
-
-
-def cmd_service(args: argparse.Namespace) -> int:
-    from gpuyard.shared.service import run_service
-
-    entry = BY_NAME[args.name]
-    run_service(entry.service_class(), entry.config_class(), args.rest)
-    return 0
-
-
-def sim_parser() -> OneLineParser:
-    """A parser of `gpuyard sim` alone (a sweep parses every run's options: the whole command's
-    parser costs ten times more to build)."""
-    parser = OneLineParser(prog="gpuyard")
-    add_sim_parser(parser.add_subparsers(required=True, metavar="COMMAND"))
-    return parser
-
-
-def build_parser() -> OneLineParser:
-    """The `gpuyard` command's parser, every subcommand in it."""
-    parser = OneLineParser(prog="gpuyard", description=__doc__)
-    sub = parser.add_subparsers(required=True, metavar="COMMAND")
-    add_sim_parser(sub)
-    add_trace_parser(sub)
-    add_cluster_parsers(sub)
-    add_ops_parsers(sub)
-    add_auth_parser(sub)
-    add_sweep_parsers(sub)
-    p = sub.add_parser("schema", help="print (or --write) the wire contract's JSON Schema")
-    p.add_argument("--write", action="store_true", help=f"write it to {SCHEMA_PATH}/")
-    p.set_defaults(run=cmd_schema)
-    p = sub.add_parser("service", help=f"run one service ({', '.join(SERVICES)})")
-    p.add_argument("name", choices=SERVICES)
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="--nats URL --cluster NAME --config FILE")
-    p.set_defaults(run=cmd_service)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
-    # asyncio's notes on a TLS peer that hung up ("returning true from eof_received() ...") are
-    # not the user's business: the command says in one line what failed.
-    logging.getLogger("asyncio").setLevel(logging.ERROR)
-    # A SIGCHLD blocked by whoever started us would hide our children's exits from the event loop.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-    args.argv = ["gpuyard", *argv]
-    try:
-        resolve_options(args)
-    except CommandError as exc:
-        print(f"gpuyard: {exc}", file=sys.stderr)
-        return exc.code
-    return args.run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

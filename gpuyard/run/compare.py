@@ -21,8 +21,8 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from gpuyard.forks import Forked, cpu_slots, fork_server
 from gpuyard.report import save_figure
+from gpuyard.run.forks import Forked, cpu_slots, fork_server
 from gpuyard.run.presets import semantics
 from gpuyard.run.single import simulate_encoded
 from gpuyard.run.spec import RunPlace, RunSpec

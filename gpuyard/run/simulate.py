@@ -15,11 +15,11 @@ import msgspec
 import numpy as np
 from msgspec import Struct
 
-from gpuyard.embedded import EmbeddedNats
-from gpuyard.launcher import ServiceSet
 from gpuyard.ops import read_events, show_policies
 from gpuyard.report import JobRun, efficiency_frame, write_results
 from gpuyard.results import JobRows, Table, TimelineRows, job_rows
+from gpuyard.run.embedded import EmbeddedNats
+from gpuyard.run.launcher import ServiceSet
 from gpuyard.run.presets import semantics
 from gpuyard.run.spec import PresetName
 from gpuyard.services.simclock.service import PreemptionCost, SimClockConfig, write_workload

@@ -5,7 +5,7 @@
     gpuyard policy set SERVICE POLICY [--param K=V ...]
     gpuyard status [--json]
 
-Each takes `--nats URL --cluster NAME` and the `--nats-*` credential and TLS options (gpuyard.cliopts).
+Each takes `--nats URL --cluster NAME` and the `--nats-*` credential and TLS options (gpuyard.cli.options).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from gpuyard.cliopts import add_nats_options, run_on_bus
+from gpuyard.cli.options import add_nats_options, run_on_bus
 from gpuyard.shared.connection import Bus
 from gpuyard.shared.policy import parse_params
 from gpuyard.shared.roster import CONTROL_PLANE
@@ -91,7 +91,7 @@ def lost(last: int | None) -> None:
 
 async def reconnect(args: argparse.Namespace) -> Any:
     """A new connection for `tail --follow`, trying until the server is back (or Ctrl-C)."""
-    from gpuyard.cliopts import reopen_bus
+    from gpuyard.cli.options import reopen_bus
 
     return (await reopen_bus(args, "gpuyard-tail")).nc
 

@@ -7,7 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from gpuyard.cliopts import LOG_LEVELS, CommandError, checked_url, positive_float, positive_int
+from gpuyard.cli.options import LOG_LEVELS, CommandError, checked_url, positive_float, positive_int
 from gpuyard.shared.connection import NatsAuth, add_nats_arguments
 
 
@@ -73,7 +73,7 @@ def add_sweep_parsers(sub: argparse._SubParsersAction) -> None:
 
 def reachable(args: argparse.Namespace, command: str) -> int:
     """0 once `--nats` answered; else one line naming it and 1 (rather than retrying for ever)."""
-    from gpuyard.cliopts import open_bus, run_command
+    from gpuyard.cli.options import open_bus, run_command
 
     async def check() -> int:
         await (await open_bus(argparse.Namespace(**vars(args), cluster="sweep"), command)).close()
@@ -86,13 +86,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not args.dry_run and (not args.nats or args.workers):
         # The workers' fork server imports what they run while we import and plan (below):
         # it starts first, as the workers wait for it. (They draw no figures.)
-        from gpuyard.forks import fork_server
+        from gpuyard.run.forks import fork_server
 
         fork_server(plots=False)
     import nats.errors
     import uvloop
 
-    from gpuyard.embedded import nats_server_binary
+    from gpuyard.run.embedded import nats_server_binary
     from gpuyard.run.process import stop_on_signals
     from gpuyard.sweep.config import ConfigError, load_sweep
     from gpuyard.sweep.engine import format_results, results_table, run_sweep, write_table
@@ -115,7 +115,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"{run.run_id}  {run.name}")
         print(f"{len(sweep.runs)} runs", file=sys.stderr)
         return 0
-    from gpuyard.forks import default_parallel
+    from gpuyard.run.forks import default_parallel
 
     if args.nats and reachable(args, "sweep"):
         return 1

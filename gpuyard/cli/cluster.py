@@ -17,7 +17,7 @@ from typing import Any, Literal
 import msgspec
 import nats.errors
 
-from gpuyard.cliopts import (
+from gpuyard.cli.options import (
     LOG_LEVELS,
     CommandError,
     add_nats_options,
@@ -36,7 +36,6 @@ from gpuyard.cliopts import (
     run_command,
     run_on_bus,
 )
-from gpuyard.embedded import EmbeddedNats, StateDirInUse, StateDirLock
 from gpuyard.jobview import (
     JOB_STATES,
     NotAdmitted,
@@ -47,6 +46,7 @@ from gpuyard.jobview import (
     not_admitted_row,
     parse_states,
 )
+from gpuyard.run.embedded import EmbeddedNats, StateDirInUse, StateDirLock
 from gpuyard.run.spec import DEFAULT_ADMISSION, DEFAULT_PLACEMENT
 from gpuyard.shared.connection import Bus
 from gpuyard.shared.contract import (
@@ -402,7 +402,7 @@ def _open_warning(listen: str) -> None:
 
 
 def _server_tls(args: argparse.Namespace) -> Any:
-    from gpuyard.embedded import ServerTls
+    from gpuyard.run.embedded import ServerTls
 
     if (args.tls_cert is None) != (args.tls_key is None):
         raise CommandError("--tls-cert and --tls-key go together", code=2)
@@ -423,8 +423,8 @@ async def _embedded_tls(args: argparse.Namespace, state: Path) -> tuple[Any, str
     they work on any machine); on loopback none (plain, as the server is reached from here only)."""
     import ipaddress
 
-    from gpuyard.embedded import ServerTls
     from gpuyard.pki import cluster_tls
+    from gpuyard.run.embedded import ServerTls
 
     tls = _server_tls(args)
     if tls is not None or args.open:
@@ -475,8 +475,8 @@ def _wildcard_urls(url: str) -> tuple[str, str]:
 async def run_control_plane(args: argparse.Namespace) -> int:
     import signal
 
-    from gpuyard.launcher import ServiceSet
     from gpuyard.natsauth import OPERATOR, Credentials, default_state_dir
+    from gpuyard.run.launcher import ServiceSet
     from gpuyard.shared.connection import NatsAuth
     from gpuyard.shared.identity import Caller
 

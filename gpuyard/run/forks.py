@@ -12,7 +12,6 @@ import os
 import signal
 import sys
 import threading
-import warnings
 from collections.abc import Callable
 from multiprocessing import forkserver
 from multiprocessing.connection import Connection
@@ -20,24 +19,17 @@ from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import Any
 
-from gpuyard.embedded import die_with_parent
-
-# Started as `python -m gpuyard.cli`, each forked process executes that module again (as
-# multiprocessing's `__mp_main__`, before its target runs); runpy then warns that the fork server
-# imported it already. Harmless: the fork server imports this module first.
-warnings.filterwarnings(
-    "ignore", r"'gpuyard\.cli' found in sys\.modules after import", RuntimeWarning, "runpy"
-)
+from gpuyard.run.embedded import die_with_parent
 
 PRELOADED = [
-    "gpuyard.forks", "gpuyard.run.single", "gpuyard.sim", "gpuyard.report", "gpuyard.workloads", "uvloop",
-    "gpuyard.sweep.worker",
+    "gpuyard.run.forks", "gpuyard.run.single", "gpuyard.run.simulate", "gpuyard.report",
+    "gpuyard.workloads", "uvloop", "gpuyard.sweep.worker",
     "gpuyard.services.admission.service", "gpuyard.services.scheduler.service",
     "gpuyard.services.placement.service", "gpuyard.services.nodeagent.service",
     "gpuyard.policies.gavel.policies",  # (OR-Tools: the dearest import of the policies)
 ]  # fmt: skip
 """What the fork server imports, once, for every process forked from it."""
-PLOTTING = ["gpuyard.compare"]
+PLOTTING = ["gpuyard.run.compare"]
 """And for processes that draw figures (a comparison's runs; not a sweep's): matplotlib."""
 
 

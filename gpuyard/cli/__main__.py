@@ -1,0 +1,5 @@
+import sys
+
+from gpuyard.cli import main
+
+sys.exit(main())
