@@ -165,6 +165,18 @@ class Mine(Fifo):
     assert before.runs[1].run_id == after.runs[1].run_id  # fifo's did not
 
 
+def test_the_run_id_covers_the_simulation_driver() -> None:
+    """Every part of gpuyard the run id covers exists (a moved module is not silently left out of
+    it), the simulation's driver and the presets among them."""
+    from gpuyard.run import presets, simulate
+    from gpuyard.sweep import config
+
+    roots = [Path(p) for p in config._gpuyard_sources()]
+    assert roots and all(p.exists() for p in roots)
+    for module in (simulate, presets):
+        assert any(Path(module.__file__).is_relative_to(root) for root in roots), module
+
+
 # --------------------------------------------------------------------------- one machine
 
 

@@ -292,7 +292,7 @@ def run_spec(
         admission_params=parse_params(option("admission_param", [])),
         placement=option("placement"),
         placement_params=parse_params(option("placement_param", [])),
-        preset=next((p for p in PRESETS if option(p, False)), None),  # type: ignore[arg-type]
+        preset=next((p for p in PRESETS if option(p, False)), None),
         round_s=option("round_s"),
         mode=option("mode"),
         cluster_spec=option("cluster_spec"),

@@ -175,12 +175,12 @@ class ElasticFlow(Semantics):
 
 
 OWN = Semantics()
-PRESETS: dict[str, Semantics] = {p.name: p for p in (Blox(), Gavel(), BFTrainer(), ElasticFlow())
+PRESETS: dict[PresetName, Semantics] = {p.name: p for p in (Blox(), Gavel(), BFTrainer(), ElasticFlow())
                                  if p.name is not None}  # fmt: skip
 """Each preset by name, in the order `gpuyard sim --help` lists them."""
 
 
-def semantics(name: str | None) -> Semantics:
+def semantics(name: PresetName | None) -> Semantics:
     """The preset `name` (None: gpuyard's own)."""
     return OWN if name is None else PRESETS[name]
 

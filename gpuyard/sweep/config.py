@@ -215,8 +215,9 @@ def run_id(spec: RunSpec, inputs: list[InputFile]) -> str:
     return hashlib.sha256(text).hexdigest()[:16]
 
 
-RESULT_CODE = ("shared", "services", "policies", "workloads", "sim.py")
-"""gpuyard's parts that decide a simulation's results (not the CLI, sweeps or reports)."""
+RESULT_CODE = ("shared", "services", "policies", "workloads", "run")
+"""gpuyard's parts that decide a simulation's results (not the CLI, sweeps or reports; `run` holds
+the simulation's driver, with its comparisons)."""
 
 
 def code_digest(spec: RunSpec) -> str:
