@@ -21,7 +21,8 @@ from gpuyard.shared.endpoints import (
 from gpuyard.shared.model import ClusterSpec
 
 SCHEMA = (
-    Path(__file__).resolve().parents[1] / "shared" / "schema" / f"contract-v{CONTRACT_VERSION}.json"
+    Path(__file__).resolve().parents[1] / "gpuyard" / "shared" / "schema"
+    / f"contract-v{CONTRACT_VERSION}.json"
 )
 
 

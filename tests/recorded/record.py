@@ -129,7 +129,7 @@ def counts(summary: dict[str, Any]) -> dict[str, Any]:
 def head_commit() -> str:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True, check=True).stdout.strip()  # fmt: skip
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "services", "shared", "gpuyard"],
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "gpuyard"],
                            cwd=ROOT, capture_output=True, text=True, check=True).stdout  # fmt: skip
     return commit + (" (with uncommitted changes)" if dirty.strip() else "")
 
