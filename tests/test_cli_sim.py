@@ -481,3 +481,19 @@ def test_gavel_runs_the_cost_normalised_policy_as_its_simulator_does(tmp_path: P
     assert costs()["v100"] == 3.06
     args = build_parser().parse_args([*base[:-2], "--gavel"])  # fifo has no costs: nothing added
     assert build(run_spec(args), tmp_path)[0].policy_params == {}
+
+
+def test_a_comparison_caption_names_each_policy_with_its_parameters_round_and_mode() -> None:
+    """A comparison's plots carry what ran, as each run's summary says: every scheduling policy
+    with its parameters, admission and placement with theirs, the round length and the mode."""
+    rows = [
+        {"policy": policy, "policy_params": json.dumps(params), "admission": "accept-all",
+         "admission_params": "{}", "placement": "consolidated",
+         "placement_params": json.dumps({"order": "largest-first"}), "cluster": "4x4:gpu (16 GPUs)",
+         "round_s": 300.0, "mode": "events", "partial": False, "seed": 0, "load": 10.0}
+        for policy, params in (("fifo", {"backfill": False}), ("las", {"key": "gpu_seconds"}))
+    ]  # fmt: skip
+    caption = comparison_caption(pd.DataFrame(rows), RunSpec(jobs=50))
+    assert "300 s rounds, events mode" in caption
+    assert "scheduling fifo (backfill=False); las (key=gpu_seconds)" in caption
+    assert "admission accept-all, placement consolidated (order=largest-first)" in caption

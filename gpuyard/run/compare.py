@@ -120,6 +120,18 @@ def _values(table: pd.DataFrame, column: str) -> str:
     return ", ".join(str(v) for v in values) or "-"
 
 
+def _with_params(table: pd.DataFrame, kind: str) -> str:
+    """Each policy of a kind the runs used, with its parameters as the service ran them:
+    `las (key=gpu_seconds, starvation_s=3600000.0); fifo (backfill=False)`."""
+    column = "policy_params" if kind == "policy" else f"{kind}_params"
+    shown = []
+    for name, params in table[[kind, column]].drop_duplicates().itertuples(index=False):
+        given = json.loads(params) if isinstance(params, str) and params else {}
+        text = ", ".join(f"{k}={v}" for k, v in given.items())
+        shown.append(f"{name} ({text})" if text else str(name))
+    return "; ".join(shown) or "-"
+
+
 def comparison_caption(table: pd.DataFrame, spec: RunSpec) -> str:
     """What ran, for every plot of a comparison (`spec`: its first run): workload, seeds,
     simulator semantics, rounds and throughputs where given, cluster, the other policies."""
@@ -133,7 +145,10 @@ def comparison_caption(table: pd.DataFrame, spec: RunSpec) -> str:
     setting = []
     if spec.preset is not None:
         setting.append(f"{semantics(spec.preset).title}'s simulator semantics (--{spec.preset})")
-    if spec.round_s:
+    if not table.empty and "round_s" in table:  # (as the runs ran them: a preset's own)
+        rounds = ", ".join(f"{r:g}" for r in table["round_s"].drop_duplicates() if not _missing(r))
+        setting.append(f"{rounds} s rounds, {_values(table, 'mode')} mode")
+    elif spec.round_s:
         setting.append(f"{spec.round_s:g} s rounds")
     if spec.throughputs:
         setting.append(f"throughputs {Path(spec.throughputs).name}")
@@ -141,8 +156,10 @@ def comparison_caption(table: pd.DataFrame, spec: RunSpec) -> str:
         lines.append("; ".join(setting))
     if not table.empty and "cluster" in table:
         lines[0] += f"; cluster {_values(table, 'cluster')}"
+        lines.append(f"scheduling {_with_params(table, 'policy')}")
         lines.append(
-            f"admission {_values(table, 'admission')}, placement {_values(table, 'placement')}"
+            f"admission {_with_params(table, 'admission')}, placement "
+            f"{_with_params(table, 'placement')}"
         )
         if "window" in table and table["window"].notna().any():
             first, end = table["window"].dropna().iloc[0]

@@ -617,6 +617,8 @@ async def simulate(
         "admission_params": options.admission_params,
         "placement": options.placement,
         "placement_params": options.placement_params,
+        "round_s": options.round_s,
+        "mode": options.mode,
         **labels,
         "preemption_cost_s": options.preemption_cost.checkpoint_s + options.preemption_cost.restore_s,
         "min_run_s": options.min_run_s,

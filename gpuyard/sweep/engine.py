@@ -300,7 +300,7 @@ def fairness(jobs: pd.DataFrame) -> dict[str, float | None]:
 
 
 SPEC_DEFAULTS = {f.name: getattr(RunSpec(), f.name) for f in msgspec.structs.fields(RunSpec)}
-RAN = ("policy", "admission", "placement", *PARAM_FIELDS, "window")
+RAN = ("policy", "admission", "placement", *PARAM_FIELDS, "window", "round_s", "mode")
 """Summary fields that are also inputs: in the table as `ran_<field>` (what the services ran)."""
 
 
