@@ -12,7 +12,8 @@ Targets (issue 14): 64 nodes x 10 jobs at Tfwd 10 at least 5x faster than the re
 event (the scheduling policy's time per decision, p50 and p99) reported. `--compare` reads a
 reference run's output folder (`<name>-itrOut`: `step-logs.csv`, `iter-prints.log` printed to
 it with `-print 0`) and prints both runs' idle node-time use and job completion times. Reads
-../shared/data beside the checkout; the replay window is REPLAY.md's.
+../shared/data beside the checkout; the replay window is BFTrainer's replayer's
+(github.com/BFTrainer/Replayer: 64 nodes from 2021-02-10 20:21:15).
 """
 
 from __future__ import annotations

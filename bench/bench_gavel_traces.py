@@ -12,12 +12,10 @@ services and its simulated nodes over NATS), timed from the command's start to i
 its CPU seconds are the whole machine's busy time meanwhile (the servers' included). The reference figures are those of Gavel's own simulator
 (stanford-futuredata/gavel, `scripts/drivers/simulate_scheduler_with_trace.py --seed 0`,
 cvxpy/ECOS; `-c 12:12:12` and `-c 16:16:16 --num_gpus_per_server 4:4:4`), as docs/fidelity.md
-reports them. Its wall seconds were measured on this 2-core machine on 2026-12-01 (one run after
-another, each on one thread; cvxpy 1.9.3, ECOS 2.0.14, numpy 2.4.6), alternated with this
-script's runs: 121.3 and 122.8 s for the fourteen (126.5-151.5 s later that day, as the
-machine slowed: README, Benchmarks). This machine's speed varies by a third from one day to the next (the same
-fourteen took 160.8 s on 2026-11-27), so compare figures of the same hour: `--reference-s` takes
-a total measured alongside.
+reports them. Its wall seconds (122.3 s for the fourteen, one run after another, each on one
+thread; cvxpy 1.9.3, ECOS 2.0.14, numpy 2.4.6) were measured on this 2-core machine
+(docs/benchmarks.md), whose speed varies from one day to the next, so compare figures of the same
+hour: `--reference-s` takes a total measured alongside.
 """
 
 from __future__ import annotations

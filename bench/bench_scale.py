@@ -2,11 +2,11 @@
 
     python bench/bench_scale.py                       # every row but the 1M-job one
     python bench/bench_scale.py --only blox,startup   # some rows
-    python bench/bench_scale.py --million             # with the 1M-job row (hours on today's code)
+    python bench/bench_scale.py --million             # with the 1M-job row
     python bench/bench_scale.py --only rounds100k --scale 0.1   # a tenth of the jobs and GPUs
 
-Rows (the workloads of issue 39's targets table; run old and new code alternately on the same
-machine, the machine otherwise idle):
+Rows (the workloads of issue 39's targets table; compare two versions of the code by running them
+alternately on the same machine, the machine otherwise idle):
 
   rounds100k  `gpuyard sim --jobs 100000 --load 360 --gpu-demand 1:0.7,2:0.1,4:0.15,8:0.05
               --cluster-spec 1280x8 --mode rounds --policy fifo --seed 1`   target <= 30 s, 1 GiB

@@ -65,8 +65,9 @@ async def test_a_node_taken_back_preempts_its_share_and_growth_pays_its_cost(
 
 @pytest.mark.slow
 def test_replay_of_the_reference_window_matches_its_replayer(data: Callable[[str], Path]) -> None:
-    """REPLAY.md: 64 nodes from 2021-02-10 20:21:15 give 3,707 instants (row 0 and 3,706
-    events), the last at 22:16:58 two weeks on, with 4 nodes idle at the start."""
+    """BFTrainer's replayer (github.com/BFTrainer/Replayer): 64 nodes from 2021-02-10 20:21:15
+    give 3,707 instants (row 0 and 3,706 events), the last at 22:16:58 two weeks on, with 4 nodes
+    idle at the start."""
     nodes = load_node_list(data("bftrainer/replay_nodes_64.txt"))
     start = pd.Timestamp("2021-02-10 20:21:15")
     events = replay_events(

@@ -56,11 +56,11 @@ def test_every_message_type_of_the_table_is_in_the_contract() -> None:
     assert len(patterns) == len(set(patterns))
 
 
-def test_readme_subject_table_is_generated_from_the_endpoint_table() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+def test_docs_subject_table_is_generated_from_the_endpoint_table() -> None:
+    page = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
     table = subject_table()
-    assert table in readme, (
-        "README's subject table differs from the endpoint table: paste the output of "
+    assert table in page, (
+        "docs/architecture.md's subject table differs from the endpoint table: paste the output of "
         "`python -c 'from gpuyard.shared.endpoints import subject_table; print(subject_table())'`"
     )
 

@@ -1,4 +1,4 @@
-"""deploy/ run for real with Docker, as the README says: the compose simulation (its jobs.csv is the
+"""deploy/ run for real with Docker, as docs/operations.md says: the compose simulation (its jobs.csv is the
 one-process run's), a compose real cluster (two node agents running real jobs, a scheduler replaced
 by one with another policy mid-run, the broker's JetStream on its volume), and the systemd units in
 a container booted with systemd (READY, a kill -9, a graceful stop, a watchdog timeout).
@@ -41,7 +41,7 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
-README = ROOT / "README.md"
+OPERATIONS = ROOT / "docs" / "operations.md"
 IMAGE = f"gpuyard:test-{hashlib.sha1(str(ROOT).encode()).hexdigest()[:10]}"
 CLUSTER = "demo"  # the compose files' cluster
 UNITS_CLUSTER = "default"  # the systemd units' (deploy/config/*.env)
@@ -128,7 +128,7 @@ class Compose:
 
     def operator(self) -> None:
         """Act as the cluster's operator from this host: its profile, out of the credentials
-        volume (as the README says), is added to `self.nats`."""
+        volume (as docs/operations.md says), is added to `self.nats`."""
         profile = self(
             "run", "--rm", "--no-deps", "--entrypoint", "cat", "auth",
             "/etc/gpuyard/cluster/profiles/op.admin.json",
@@ -413,9 +413,9 @@ def test_the_broker_keeps_the_event_stream_on_its_volume(cluster: Compose) -> No
 # --------------------------------------------------------------------------- systemd
 
 
-def readme_block(containing: str) -> str:
-    """The README's shell block that contains `containing`: the test runs exactly that."""
-    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), re.S)
+def doc_block(containing: str) -> str:
+    """docs/operations.md's shell block that contains `containing`: the test runs exactly that."""
+    blocks = re.findall(r"```sh\n(.*?)```", OPERATIONS.read_text(), re.S)
     (block,) = [b for b in blocks if containing in b]
     return block
 
@@ -500,7 +500,7 @@ def machine(image: str) -> Iterator[Machine]:
     try:
         until(lambda: node.sh("systemctl is-system-running || true").strip()
               in ("running", "degraded"), "systemd up", 60)  # fmt: skip
-        node.sh(readme_block("systemctl enable --now nats-server"), timeout=180)
+        node.sh(doc_block("systemctl enable --now nats-server"), timeout=180)
         yield node
     finally:
         node.remove()

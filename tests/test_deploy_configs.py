@@ -1,4 +1,4 @@
-"""deploy/'s configurations say what the README says they are (no Docker needed): the control plane's
+"""deploy/'s configurations say what docs/operations.md says they are (no Docker needed): the control plane's
 are `gpuyard up`'s (wall clock, durable), the compose simulation's are `gpuyard sim`'s; every NATS
 server config shipped requires gpuyard's credentials; the containers' health check tells a live
 service from a missing one; and the image's Python is the one its pinned dependencies are for."""
@@ -97,7 +97,7 @@ def test_there_are_nats_configs_to_check() -> None:
 
 @pytest.mark.parametrize("conf", NATS_CONFIGS, ids=lambda p: p.name)
 async def test_a_shipped_nats_config_requires_credentials(conf: Path, tmp_path: Path) -> None:
-    # Installed as the README says: the config as /etc/gpuyard/nats.conf beside the identities of
+    # Installed as docs/operations.md says: the config as /etc/gpuyard/nats.conf beside the identities of
     # `gpuyard auth init --state-dir /etc/gpuyard/cluster`. Only the ports are ours (free ones).
     shutil.copy(conf, tmp_path / "nats.conf")
     creds = Credentials(tmp_path / "cluster", "demo")

@@ -345,7 +345,7 @@ def test_elasticflow_fills_in_only_the_policies_not_given(tmp_path: Path, data) 
     assert (made.admission, made.placement) == ("elasticflow", "consolidated")  # as named
 
 
-# Figures of ElasticFlow's own simulator (gudiandian/ElasticFlow-artifact, scheduler.py, run as its
+# Figures of ElasticFlow's own simulator (gudiandian/ElasticFlow, scheduler.py, run as its
 # run_fig10.sh does: --cluster_spec=cluster_specs/n16g8.csv --scheme=elastic --schedule=S
 # --simulation=True --scheduling_slot=240 --gpu_type=A100) on fig10_100jobs.csv: jobs that met
 # their deadline, and mean JCT (s) of the jobs it ran.

@@ -78,7 +78,7 @@ class EmbeddedNats:
     rather than one per CPU. Their traffic is chains of small requests, one at a time per run:
     with a thread per CPU, the Go scheduler's idle threads spin for work between messages and
     take CPU from the simulations themselves (on two cores, 12% of a Gavel trace comparison's
-    CPU time and 9% of its wall time; README, Benchmarks). None: Go's default (a real cluster's).
+    CPU time and 9% of its wall time). None: Go's default (a real cluster's).
     """
 
     def __init__(

@@ -64,8 +64,8 @@ class Forked:
 
     `cpu`: it runs on that CPU alone, and so does every process it starts. A simulation and the
     private server it starts then share one CPU: each message between them passes the CPU from
-    one to the other, where across two CPUs it wakes the other one up (on a 2-core VM a request
-    costs half the CPU time, and Gavel's fourteen trace runs take 11-13% less wall time)."""
+    one to the other, where across two CPUs it wakes the other one up: a request costs about half
+    the CPU time, and a run ends sooner."""
 
     def __init__(self, target: Callable[..., int], args: tuple[Any, ...], log: Path, *,
                  append: bool = False, cpu: int | None = None) -> None:  # fmt: skip

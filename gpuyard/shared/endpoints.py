@@ -2,7 +2,7 @@
 
 One `Endpoint` per subject pattern under `gpuyard.<cluster>.`; callers send through it
 (`bus.call(SUBMIT, request)` returns a `SubmitReply`), services route by it (`routes()` maps
-endpoints to handlers), and the README's subject table is generated from it (`subject_table()`,
+endpoints to handlers), and docs/architecture.md's subject table is generated from it (`subject_table()`,
 checked by a test). Placeholders in a pattern: `{svc}` (the serving service's token: `adm`,
 `sched`, `place`, `clock`, or `node.<id>` for a node agent), `{node}`, `{job}`, `{type}`, and
 `{caller}`: the identity the request acts for (`user.alice`, `node.n1`; see `identity.py`), always
@@ -266,7 +266,7 @@ def subject_matches(pattern: str, subject: str) -> bool:
 
 
 def subject_table() -> str:
-    """The README's subject table (Markdown), generated from `ENDPOINTS`."""
+    """docs/architecture.md's subject table (Markdown), generated from `ENDPOINTS`."""
     rows = [
         "| subject | kind | from → to | message → reply |",
         "|---|---|---|---|",

@@ -165,8 +165,8 @@ class Worker:
                 paths = {i.field: str(await fetch_input(js, i, self.cache)) for i in order.inputs}
                 spec = msgspec.structs.replace(order.spec, **paths)
                 options, workload, described = await asyncio.to_thread(build, spec, folder)
-                # Its events are published, not stored: the stream went with the run anyway,
-                # and storing them was 3% of a sweep's CPU (`gpuyard tail --follow` shows them).
+                # Its events are published, not stored: the stream goes with the run anyway, and
+                # storing them costs about 3% of a sweep's CPU (`gpuyard tail --follow` shows them).
                 options = msgspec.structs.replace(options, event_storage="none")
                 async with EmbeddedNats(runs=1) as server, asyncio.timeout(order.timeout_s):
                     log.info("run.started", run=order.name, run_id=order.run_id,

@@ -6,7 +6,7 @@ every job in deadline order on one timeline answers the two questions ElasticFlo
 event: can each job still finish by its deadline (admission), and how many GPUs does each job need
 now (its minimum share; what is left over goes to the jobs that gain most from it).
 
-Semantics follow ElasticFlow's simulator (gudiandian/ElasticFlow-artifact, `scheduler.py`:
+Semantics follow ElasticFlow's simulator (gudiandian/ElasticFlow, `scheduler.py`:
 `ef_sim_allocation`, `edf_sim_allocation`, `get_marginal`, `allocate_free_gpus`), written anew:
 
 - Time is cut into slots of `slot` seconds from `now`: the deadline is rounded up to a slot

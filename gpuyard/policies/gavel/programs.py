@@ -74,7 +74,7 @@ heterogeneity-aware max-min fairness at 10 jobs (identical at 30 and 120, where 
 unique), and from 0.12 / 0.23 to 0.08 / 0.10 for finish-time fairness. `tie_break="vertex"` skips
 the second LP.
 
-Each program's docstring says where the reference's code differs from its name (ANCHORS.md §2) and
+Each program's docstring says where the reference's code differs from its name and
 which keyword gives the intended behaviour; the default reproduces the reference.
 """
 

@@ -43,13 +43,12 @@ def _default_thresholds() -> list[float]:
 
 class TiresiasParams(Struct, forbid_unknown_fields=True):
     thresholds: list[Annotated[float, Meta(gt=0)]] = field(default_factory=_default_thresholds)
-    """Queue limits in GPU-seconds: K-1 limits make K queues. Default [3600] (the README's 2
-    queues); ElasticFlow's `dlas-gpu` copy uses [3250, 7200] (3 queues); [] is one FIFO queue."""
+    """Queue limits in GPU-seconds: K-1 limits make K queues. Default [3600] (2 queues, as
+    Tiresias' README runs it); ElasticFlow's `dlas-gpu` copy uses [3250, 7200] (3 queues); [] is one FIFO queue."""
     promote_knob: Annotated[float, Meta(ge=0)] | None = None
     """Starvation prevention (the reference's `solve_starvation`): a waiting job in a lower queue is
     promoted to the top queue once its pending time reaches promote_knob * its executed time (both
-    counted since its last promotion, see the class notes). None: K, the number of queues (as the
-    ANCHORS summary puts it); 0: never (the reference's plain `dlas-gpu`)."""
+    counted since its last promotion, see the class notes). None: K, the number of queues; 0: never (the reference's plain `dlas-gpu`)."""
     backfill: bool = True
     """Let later jobs run when one does not fit (the reference does: its walk skips)."""
     running_first: bool = True

@@ -877,14 +877,14 @@ class Scheduler(Service):
     def _confirms_what_runs(
         self, cluster: ClusterInfo, allocations: list[Allocation], specs: dict[str, JobSpec]
     ) -> bool:
-        """A simulation's apply would change nothing: the allocations of the last apply (in any
-        order), less the jobs that ended since, on the same cluster, no job to launch, and a
-        placement that keeps running jobs where they are (one that does not rearrange, or one
-        settled where the last apply left them). (Half the decisions of a long FIFO queue: an
-        arrival that waits; over half of ElasticFlow's: a job that ended, or the same
-        allocations in another order.) The ended jobs' release waits for the next apply, which
-        frees their GPUs before it places anything, as this one would have. A real cluster
-        applies every decision: the reply brings the heartbeats' progress and lost jobs."""
+        """A simulation's apply would change nothing, so none is sent: the allocations of the
+        last apply (in any order), less the jobs that ended since, on the same cluster, no job to
+        launch, and a placement that keeps running jobs where they are (one that does not
+        rearrange, or one settled where the last apply left them). Such decisions are common: an
+        arrival that waits behind a long queue, a job that ended, the same allocations in another
+        order. The ended jobs' release waits for the next apply, which frees their GPUs before it
+        places anything, as this one would have. A real cluster applies every decision: the reply
+        brings the heartbeats' progress and lost jobs."""
         last = self._applied
         if not (
             self.config.clock == "external"

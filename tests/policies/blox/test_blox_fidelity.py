@@ -1,5 +1,6 @@
 """Blox's results, job by job: gpuyard's `--blox` simulation (every message over a real NATS server)
-against an independent, plain implementation of Blox's round loop as ANCHORS.md §1 states it.
+against an independent, plain implementation of Blox's round loop as Blox's simulator runs it
+(github.com/msr-fiddle/blox).
 
 The reference here is deliberately naive: it visits every round (gpuyard skips the rounds where
 nothing can change), counts GPUs only (the job lists are 1-GPU jobs), and keeps its own counters.
