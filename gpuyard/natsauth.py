@@ -1,6 +1,6 @@
 """gpuyard's credentials: one NKey per identity, permissions per role, kept in a state directory.
 
-Every identity (shared/identity.py: `op.<name>`, `user.<name>`, `node.<id>`, `svc.<service>`) has
+Every identity (gpuyard/shared/identity.py: `op.<name>`, `user.<name>`, `node.<id>`, `svc.<service>`) has
 an NKey pair. Its seed (the secret) lives only in its profile, `profiles/<identity>.json` (mode
 600, `--nats-config FILE`); the server knows only the public keys, in `auth/users.conf`, each with
 the permissions of its role (`permissions()`), generated from the endpoint table:
@@ -91,7 +91,7 @@ def _read_events(stream: str) -> list[str]:
     """Read the event stream (`gpuyard tail`): ephemeral (ordered) consumers only, created on the
     subject the server refuses a durable name on (`CONSUMER.CREATE.<stream>`, no name token), and
     nothing that changes the stream or another reader's consumer; the stream bounds how many, and
-    how long each outlives its reader (shared/connection.py, `ensure_event_stream`)."""
+    how long each outlives its reader (gpuyard/shared/connection.py, `ensure_event_stream`)."""
     return [
         "$JS.API.INFO", f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}",
         f"$JS.API.CONSUMER.INFO.{stream}.>", f"$JS.FC.{stream}.>",

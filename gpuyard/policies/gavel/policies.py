@@ -3,7 +3,7 @@
 Each policy turns the scheduler's view into the arrays of `programs.py` (throughputs T[job, type]
 from the configured throughput model, scale factors, weights, GPUs per type, steps left, time
 since arrival), solves, and returns time shares: the scheduler's round mechanism (`mechanism =
-"time_shares"`, `services/scheduler/mechanism.py`) turns them into each round's allocations, as
+"time_shares"`, `gpuyard/services/scheduler/mechanism.py`) turns them into each round's allocations, as
 Gavel's does. Jobs are in admission order, which is Gavel's job-id order.
 
 Naming: Gavel's own names, except that Gavel's `fifo` is `gavel_fifo` (gpuyard's `fifo` is Blox's;
