@@ -146,3 +146,27 @@ def test_job_file_syntax_error_names_file_and_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     (line,) = result.stderr.splitlines()
     assert line.startswith(f"gpuyard submit: {job}, line 2: not TOML: ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["sim", "--polcy", "las"], "gpuyard sim: error: unrecognized arguments: --polcy las; did "
+         "you mean --policy (not --polcy)? (see: gpuyard sim --help)"),
+        (["sweep", "s.toml", "--parralel=2"], "did you mean --parallel (not --parralel)? (see: "
+         "gpuyard sweep --help)"),
+        (["sim", "--zzz"], "gpuyard sim: error: unrecognized arguments: --zzz (see: gpuyard sim --help)"),
+    ],
+)  # fmt: skip
+def test_a_mistyped_option_is_named_with_the_nearest_one(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A subcommand's unknown option is refused in one line that names the subcommand whose help
+    lists its options and, when one is near, the option meant."""
+    from gpuyard.cli import build_parser
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert expected in err and err.count("\n") == 1, err

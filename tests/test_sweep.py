@@ -690,3 +690,15 @@ def test_the_bftrainer_recipe_replays_the_reference_window(shared_data: Path) ->
     assert spec.preset == "bftrainer" and spec.start == "2021-02-10 20:21:15"
     assert spec.cluster_spec is None and Path(spec.nodes_from or "").name == "replay_nodes_64.txt"
     assert {i.field for i in sweep.runs[0].inputs} >= {"node_events", "nodes_from"}
+
+
+def test_a_report_of_a_sweep_not_run_names_the_folder_given(tmp_path: Path) -> None:
+    """`gpuyard report sweeps/x` before the sweep ran says that folder is missing (it named
+    `sweeps/results.parquet`), and a folder without results says it holds none."""
+    from gpuyard.sweep.report import ReportError, write_report
+
+    with pytest.raises(ReportError, match=f"^{tmp_path / 'never-run'} does not exist"):
+        write_report(tmp_path / "never-run")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ReportError, match=f"^{tmp_path / 'empty'} holds no results.parquet"):
+        write_report(tmp_path / "empty")

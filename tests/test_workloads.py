@@ -420,3 +420,10 @@ def test_philly_durations_are_the_same_on_every_cpu() -> None:
     is_long = rng.random(2000) < 0.2
     exponents = rng.uniform(np.where(is_long, 3.0, 1.5), np.where(is_long, 4.0, 3.0))
     assert durations.tolist() == [60.0 * math.pow(10.0, u) for u in exponents.tolist()]
+
+
+def test_an_unknown_format_names_the_option_that_names_it(tmp_path: Path) -> None:
+    path = tmp_path / "odd.csv"
+    path.write_text("who,what\na,b\n")
+    with pytest.raises(WorkloadError, match="name it with --trace-format, one of bftrainer, blox"):
+        load_workload(path)

@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import difflib
 import os
 import select
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
@@ -60,6 +61,33 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """argparse's, noting where unknown arguments came (the innermost subcommand) and, for a
+        mistyped option, the nearest one it has: the top-level parser, which refuses them, has
+        not seen a subcommand's options."""
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras and not hasattr(parsed, "_refused_in"):
+            names = [token.split("=", 1)[0] for token in extras if token.startswith("--")]
+            known = list(self._option_string_actions)
+            nearest = [(n, close[0]) for n in names
+                       for close in [difflib.get_close_matches(n, known, n=1)] if close]  # fmt: skip
+            parsed._refused_in = (self.prog, nearest[0] if nearest else None)
+        return parsed, extras
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        refused_in = vars(parsed).pop("_refused_in", None)
+        if extras:
+            prog, nearest = refused_in or (self.prog, None)
+            hint = f"; did you mean {nearest[1]} (not {nearest[0]})?" if nearest else ""
+            self.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extras)}{hint} "
+                         f"(see: {prog} --help)\n")  # fmt: skip
+        return parsed
 
 
 # --------------------------------------------------------------------------- numeric options

@@ -425,10 +425,15 @@ def summary_table(ok: pd.DataFrame) -> pd.DataFrame:
 
 def write_report(results: Path, out: Path | None = None) -> list[Path]:
     """Every figure (PNG and SVG) and `report.html`; the paths, the HTML last."""
+    if not results.exists():
+        raise ReportError(f"{results} does not exist: give the folder `gpuyard sweep` wrote (its --out)")
     folder = results if results.is_dir() else results.parent
     table_path = folder / "results.parquet"
     if not table_path.exists():
-        raise ReportError(f"{table_path} not found: give the folder `gpuyard sweep` wrote")
+        raise ReportError(
+            f"{folder} holds no results.parquet: give the folder `gpuyard sweep` wrote (a sweep "
+            "writes it when its runs are done)"
+        )
     table = pd.read_parquet(table_path)
     if table.empty:
         raise ReportError(f"{table_path}: no runs")

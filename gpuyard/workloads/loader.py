@@ -80,7 +80,8 @@ def detect_format(path: str | Path) -> str:
         path,
         1,
         None,
-        f"unknown workload format (header {line[:80]!r}); pass format= one of {sorted(LOADERS)}",
+        f"unknown workload format (header {line[:80]!r}): name it with --trace-format, one of "
+        f"{', '.join(sorted(LOADERS))}",
     )
 
 
