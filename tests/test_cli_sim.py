@@ -497,3 +497,28 @@ def test_a_comparison_caption_names_each_policy_with_its_parameters_round_and_mo
     assert "300 s rounds, events mode" in caption
     assert "scheduling fifo (backfill=False); las (key=gpu_seconds)" in caption
     assert "admission accept-all, placement consolidated (order=largest-first)" in caption
+
+
+def test_a_comparison_lists_the_runs_that_failed_or_did_not_run(tmp_path: Path) -> None:
+    """comparison.csv and the printed table have a row for every run: one that wrote no summary
+    is `failed`, with the last line it wrote on stderr, or `not run`; the plots leave them out."""
+    from gpuyard.run.compare import comparison_table, format_comparison, write_comparison
+
+    combos = [("fifo", 10.0, 0), ("las", 10.0, 0), ("srtf", 10.0, 0)]
+    ok = tmp_path / "fifo-load10-seed0"
+    ok.mkdir()
+    summary = {"partial": False, "policy": "fifo", "jobs": 5, "jobs_in_workload": 5,
+               "completed": 5, "mean_jct": 3600.0, "p95_jct": 7200.0, "makespan": 9000.0,
+               "utilization": 0.5}  # fmt: skip
+    (ok / "summary.json").write_text(json.dumps(summary))
+    (ok / "jobs.csv").write_text("job_id,state,jct\na,completed,3600\n")
+    failed = tmp_path / "las-load10-seed0"
+    failed.mkdir()
+    (failed / "stderr.log").write_text("las-load10-seed0 [###] 1/5 jobs\ngpuyard sim: it broke\n")
+    table = comparison_table(combos, tmp_path)
+    assert table["status"].tolist() == ["ok", "failed", "not run"]
+    assert table["error"].tolist()[1] == "gpuyard sim: it broke"
+    printed = format_comparison(table)
+    assert "FAILED" in printed and "NOT RUN" in printed and "5/5" in printed
+    write_comparison(table, tmp_path)
+    assert pd.read_csv(tmp_path / "comparison.csv")["policy"].tolist() == ["fifo", "las", "srtf"]

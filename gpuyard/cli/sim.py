@@ -430,13 +430,17 @@ def cmd_compare(
                 "`preemption_overhead` in comparison.csv); --min-run-s S bounds it",
                 file=sys.stderr,
             )
-    complete = int((~table["partial"]).sum()) if not table.empty else 0
+    statuses = table["status"].tolist() if not table.empty else []
+    complete = statuses.count("ok")
+    for row in table.itertuples() if not table.empty else ():
+        if row.status == "failed":
+            name = run_name(row.policy, None if math.isnan(row.load) else row.load, row.seed)
+            print(f"gpuyard sim: run {name} failed: {row.error}", file=sys.stderr)
     if interrupted:
-        partial = len(table) - complete
         print(
-            f"gpuyard sim: interrupted: {complete} of {len(combos)} runs complete, {partial} "
-            f"partial (marked in comparison.csv), {len(combos) - len(table)} not run; "
-            f"results in {args.out}/",
+            f"gpuyard sim: interrupted: {complete} of {len(combos)} runs complete, "
+            f"{statuses.count('partial')} partial (marked in comparison.csv), "
+            f"{statuses.count('not run')} not run; results in {args.out}/",
             file=sys.stderr,
         )
         return 130

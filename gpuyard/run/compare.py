@@ -91,18 +91,27 @@ async def run_all(
 
 
 def comparison_table(combos: list[Combo], out: Path) -> pd.DataFrame:
-    """One row per run that wrote a summary (complete or partial): its policy, load, seed and
-    summary; policy parameters as JSON text."""
+    """One row per run, in the order of `combos`: its policy, load, seed, `status` (ok, partial:
+    interrupted, failed, or not run) and, where it wrote one, its summary (policy parameters as
+    JSON text); a failed run's `error` is the last line it wrote on stderr."""
     rows = []
     for policy, load, seed in combos:
-        summary_path = out / run_name(policy, load, seed) / "summary.json"
-        if summary_path.exists():
-            summary = json.loads(summary_path.read_text())
+        folder = out / run_name(policy, load, seed)
+        row: dict[str, Any] = {"policy": policy, "load": load, "seed": seed}
+        if (folder / "summary.json").exists():
+            summary = json.loads((folder / "summary.json").read_text())
             summary = {
                 k: json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
                 for k, v in summary.items()
             }
-            rows.append({**summary, "policy": policy, "load": load, "seed": seed})
+            status = "partial" if summary.get("partial") else "ok"
+            rows.append({**summary, **row, "status": status})
+        elif (folder / "stderr.log").exists():  # (started: its stderr is its one line of why)
+            said = (folder / "stderr.log").read_text(errors="replace").strip().splitlines()
+            rows.append({**row, "partial": False, "status": "failed",
+                         "error": said[-1] if said else "it ended without a word"})  # fmt: skip
+        else:
+            rows.append({**row, "partial": False, "status": "not run"})
     table = pd.DataFrame(rows)
     if not table.empty:
         table["partial"] = table["partial"].fillna(False).astype(bool)
@@ -166,26 +175,38 @@ def comparison_caption(table: pd.DataFrame, spec: RunSpec) -> str:
             lines[-1] += f"; JCT of jobs {first} to {end - 1} of each run (measurement window)"
         if table["partial"].any():
             lines.append(f"PARTIAL: {int(table['partial'].sum())} run(s) interrupted")
+        failed = int((table["status"] == "failed").sum()) if "status" in table else 0
+        if failed:
+            lines.append(f"FAILED: {failed} run(s), not shown (comparison.csv says why)")
     return "\n".join(lines)
 
 
+SHOWN = ("jobs_in_workload", "jobs", "completed", "mean_jct", "p95_jct", "makespan", "utilization")
+"""The summary's columns the comparison shows (a table of failed runs alone has none)."""
+
+
 def format_comparison(table: pd.DataFrame) -> str:
-    """The comparison for people: hours and percentages, one row per run."""
-    total = table["jobs_in_workload"] if "jobs_in_workload" in table else table["jobs"]
-    total = total.fillna(table["jobs"]).astype(int)
+    """The comparison for people: hours and percentages, one row per run (a run that failed or
+    did not run: its status, and `-`)."""
+    table = table.reindex(columns=[*table.columns, *(c for c in SHOWN if c not in table)])
+    total = table["jobs_in_workload"].fillna(table["jobs"])
     shown = pd.DataFrame(
         {
             "policy": table["policy"],
             "load (jobs/h)": table["load"].map(lambda v: "-" if _missing(v) else f"{v:g}"),
             "seed": table["seed"].map(lambda v: "-" if _missing(v) else str(v)),
-            "completed": [f"{c:,}/{t:,}" for c, t in zip(table["completed"], total, strict=True)],
+            "completed": [
+                "-" if _missing(c) else f"{int(c):,}/{int(t):,}"
+                for c, t in zip(table["completed"], total, strict=True)
+            ],
             "mean JCT (h)": (table["mean_jct"] / 3600).round(2),
             "p95 JCT (h)": (table["p95_jct"] / 3600).round(2),
             "makespan (h)": (table["makespan"] / 3600).round(2),
             "utilisation (%)": (100 * table["utilization"]).round(1),
-            "partial": table["partial"].map({True: "PARTIAL", False: ""}),
+            "status": table["status"].map(lambda s: "" if s == "ok" else s.upper()),
         }
     )
+    shown = shown.astype(object).where(shown.notna(), "-")
     if "deadline_satisfactory_ratio" in table and table["deadline_satisfactory_ratio"].notna().any():
         shown.insert(
             len(shown.columns) - 1, "deadlines met (%)",
@@ -199,7 +220,7 @@ def write_comparison(table: pd.DataFrame, out: Path, caption: str = "") -> list[
     paths = [out / "comparison.csv"]
     if table.empty:
         return paths
-    done = table[~table["partial"]]  # an interrupted run's mean is not comparable
+    done = table[table["status"] == "ok"]  # an interrupted run's mean is not comparable
     if done.empty:
         pass
     elif done["load"].notna().any():
