@@ -517,20 +517,35 @@ def plot_workload(
     axes[0].set_xlabel("submit time (hours)")
     axes[0].set_ylabel("jobs submitted so far")
     axes[0].set_title("arrivals")
-    durations = np.sort(jobs["duration"].dropna().to_numpy(dtype=float))
-    if len(durations):
-        axes[1].plot(durations / 3600, np.arange(1, len(durations) + 1) / len(durations))
-        axes[1].set_xscale("log")
-        axes[1].set_title(f"duration CDF ({len(durations):,} jobs with a duration)")
-    else:
-        axes[1].set_title("duration CDF (no durations: the jobs give steps)")
-    axes[1].set_xlabel("duration (hours, log scale)")
-    axes[1].set_ylabel("fraction of jobs")
+    plot_lengths(axes[1], jobs)
     plot_gpu_demand(axes[2], jobs["num_gpus"])
     for ax in axes:
         ax.grid(True, alpha=0.3)
     title = f"workload {_workload_title(stem, len(jobs), info)}"
     return [save_figure(fig, out / f"{stem}_workload.png", "", title=title, dpi=110)]
+
+
+def plot_lengths(ax: Axes, jobs: pd.DataFrame) -> None:
+    """The CDF of the jobs' durations or, for jobs given in steps (Gavel's traces: their time is
+    their GPU's), of their steps."""
+    from matplotlib.ticker import NullFormatter
+
+    durations = np.sort(jobs["duration"].dropna().to_numpy(dtype=float))
+    steps = np.sort(jobs["total_steps"].dropna().to_numpy(dtype=float))
+    if len(durations):
+        ax.plot(durations / 3600, np.arange(1, len(durations) + 1) / len(durations))
+        ax.set_xscale("log")
+        ax.set_title(f"duration CDF ({len(durations):,} jobs with a duration)")
+        ax.set_xlabel("duration (hours, log scale)")
+    elif len(steps):  # (Gavel's traces: a job's length is its steps; its time, its GPU's)
+        ax.plot(steps, np.arange(1, len(steps) + 1) / len(steps))
+        ax.set_xscale("log")
+        ax.set_title(f"length CDF ({len(steps):,} jobs given in steps, not time)")
+        ax.set_xlabel("total steps (log scale)")
+    else:
+        ax.set_title("duration CDF (the jobs give neither durations nor steps)")
+    ax.xaxis.set_minor_formatter(NullFormatter())  # (a narrow span labels each, overlapping)
+    ax.set_ylabel("fraction of jobs")
 
 
 def plot_gpu_demand(ax: Axes, num_gpus: pd.Series) -> None:

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from gpuyard.cli import main
-from gpuyard.report import plot_gpu_demand
+from gpuyard.report import plot_gpu_demand, plot_lengths
 from gpuyard.run.compare import _plot_mean_jct_vs_load, comparison_caption
 from gpuyard.run.launcher import ServiceSet
 from gpuyard.run.simulate import SimOptions, policies_label, service_configs
@@ -407,6 +407,20 @@ def test_describe_shows_small_gpu_demand_counts(counts: dict[int, int], scale: s
     plot_gpu_demand(ax, num_gpus)
     assert ax.get_yscale() == scale
     assert [text.get_text() for text in ax.texts] == [f"{n:,}" for n in counts.values()]
+
+
+def test_describe_draws_the_lengths_of_jobs_given_in_steps() -> None:
+    """`trace describe` of a Gavel trace (jobs in steps, no durations) draws their steps' CDF;
+    its duration panel was empty. Jobs with durations get the duration CDF."""
+    in_steps = pd.DataFrame({"duration": [None, None, None], "total_steps": [3000.0, 100.0, 2e4]})
+    ax = Figure().subplots()
+    plot_lengths(ax, in_steps)
+    (line,) = ax.get_lines()
+    assert list(line.get_xdata()) == [100.0, 3000.0, 2e4] and "steps" in ax.get_xlabel()
+    timed = pd.DataFrame({"duration": [7200.0, 3600.0], "total_steps": [None, None]})
+    ax = Figure().subplots()
+    plot_lengths(ax, timed)
+    assert list(ax.get_lines()[0].get_xdata()) == [1.0, 2.0] and "hours" in ax.get_xlabel()
 
 
 @pytest.mark.slow
