@@ -527,11 +527,11 @@ def test_runs_without_loads_or_seeds_are_kept_apart_by_the_inputs_that_vary() ->
         "deadline_satisfactory_ratio": [1.0, 0.5, 0.9, 0.25],
     })  # fmt: skip
     summary = summary_table(with_series(table))
-    assert summary["series"].tolist() == [
-        "edf (trace=c1.csv)", "edf (trace=c2.csv)", "ef (trace=c1.csv)", "ef (trace=c2.csv)"
+    assert summary["series"].tolist() == [  # (in the sweep's order)
+        "ef (trace=c1.csv)", "edf (trace=c1.csv)", "ef (trace=c2.csv)", "edf (trace=c2.csv)"
     ]
     assert summary["seeds"].tolist() == [1, 1, 1, 1]
-    assert summary["deadlines met (%)"].tolist() == ["50.0", "25.0", "100", "90.0"]
+    assert summary["deadlines met (%)"].tolist() == ["100", "50.0", "90.0", "25.0"]
 
 
 def results(jct_s: dict[str, list[float]], **columns: list[float]) -> pd.DataFrame:
@@ -558,6 +558,17 @@ def test_two_seeds_get_min_to_max_not_a_t_interval() -> None:
     assert row["mean JCT (h)"] == "1.5 (1 to 2)"  # not 1.5 ± 6.35
     assert row["makespan (h)"] == "15.0 (10.0 to 20.0)"
     assert row["utilisation (%)"] == "50.0 (50.0 to 50.0)"
+
+
+def test_the_report_rows_follow_the_sweep_files_order() -> None:
+    """The summary lists its series as the sweep file does (srtf before fifo before las here),
+    not alphabetically, and each series' loads rising."""
+    table = results({"srtf": [3600.0], "fifo": [3600.0], "las": [3600.0]})
+    table = pd.concat([table, table.assign(load=5.0, run_id=table["run_id"] + "-5")])
+    summary = summary_table(with_series(table))
+    assert list(zip(summary["series"], summary["load"], strict=True)) == [
+        ("srtf", 5.0), ("srtf", 10.0), ("fifo", 5.0), ("fifo", 10.0), ("las", 5.0), ("las", 10.0)
+    ]
 
 
 def test_a_t_interval_stops_where_the_metric_does() -> None:

@@ -398,7 +398,7 @@ def _cell(found: Spread, scale: float, seeds: int) -> str:
 
 
 def summary_table(ok: pd.DataFrame) -> pd.DataFrame:
-    """Per series and load: the seeds (n), what the intervals are (`spread`), and the mean over
+    """Per series and load, in the sweep file's order: the seeds (n), what the intervals are (`spread`), and the mean over
     seeds of each headline metric with its bar (`TABLE_NOTE`)."""
     columns = {
         "mean_jct": ("mean JCT (h)", 1 / 3600), "p95_jct": ("p95 JCT (h)", 1 / 3600),
@@ -420,6 +420,9 @@ def summary_table(ok: pd.DataFrame) -> pd.DataFrame:
                 continue
             row[label] = _cell(spread(values, BOUNDS[column]), scale, seeds)
         rows.append(row)
+    # In the sweep file's order (the table's), each series' loads rising.
+    order = {series: i for i, series in enumerate(ok["series"].drop_duplicates())}
+    rows.sort(key=lambda r: (order[r["series"]], *([r["load"]] if "load" in r else [])))
     return pd.DataFrame(rows)
 
 
