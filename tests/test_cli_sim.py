@@ -536,3 +536,78 @@ def test_a_comparison_lists_the_runs_that_failed_or_did_not_run(tmp_path: Path) 
     assert "FAILED" in printed and "NOT RUN" in printed and "5/5" in printed
     write_comparison(table, tmp_path)
     assert pd.read_csv(tmp_path / "comparison.csv")["policy"].tolist() == ["fifo", "las", "srtf"]
+
+
+def test_overwrite_replaces_gpuyards_files_and_keeps_the_rest(tmp_path: Path) -> None:
+    """A folder with another run's results is refused, naming them; `--overwrite` removes
+    gpuyard's files (a comparison's runs' folders too) and leaves anything else."""
+    from gpuyard.run.outputs import claim, results_in
+
+    out = tmp_path / "out"
+    (out / "fifo-load10-seed0").mkdir(parents=True)
+    for name in ("jobs.csv", "idle_nodes.png", "comparison.csv", "notes.txt"):
+        (out / name).write_text("x")
+    (out / "fifo-load10-seed0" / "summary.json").write_text("{}")
+    (out / "mine").mkdir()  # (a folder of the user's: not a run's)
+    (out / "mine" / "data.csv").write_text("x")
+    assert results_in(out) == ["comparison.csv", "idle_nodes.png", "jobs.csv", "fifo-load10-seed0/"]
+    with pytest.raises(ValueError, match=r"--out .* holds another run's results \(comparison.csv"):
+        claim(out, overwrite=False)
+    assert (out / "jobs.csv").exists()  # (refused: nothing removed)
+    claim(out, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == ["mine", "notes.txt"]
+    claim(tmp_path / "new", overwrite=False)  # (a folder that is not there is free)
+
+
+@pytest.mark.slow
+def test_a_run_into_another_runs_folder_is_refused_and_overwrite_leaves_no_stale_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A node-availability replay writes idle_nodes.png and node_events.csv; a plain run into the
+    same folder is refused (exit 2, the results untouched) and, with --overwrite, leaves only
+    its own files, every one of them a file gpuyard knows it writes."""
+    from gpuyard.run.outputs import RUN_FILES
+
+    events = tmp_path / "events.csv"
+    events.write_text("time,node,up\n0,n1,True\n0,n2,True\n30000,n2,False\n")
+    out = tmp_path / "out"
+    code, err = run_main(["sim", "--node-events", str(events), "--churn-node-gpus", "4",
+                          "--jobs", "5", "--out", str(out)], capsys)  # fmt: skip
+    assert code == 0, err
+    replay = {p.name for p in out.iterdir()}
+    assert {"idle_nodes.png", "node_events.csv"} <= replay <= RUN_FILES
+    jobs = (out / "jobs.csv").read_bytes()
+    code, err = run_main(["sim", "--jobs", "5", "--out", str(out)], capsys)
+    assert code == 2 and "holds another run's results" in err and err.count("\n") == 1
+    assert (out / "jobs.csv").read_bytes() == jobs
+    code, err = run_main(["sim", "--jobs", "5", "--out", str(out), "--overwrite"], capsys)
+    assert code == 0, err
+    plain = {p.name for p in out.iterdir()}
+    assert plain <= RUN_FILES and not plain & {"idle_nodes.png", "node_events.csv"}
+
+
+def test_a_run_that_cannot_start_leaves_no_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = run_main(["sim", "--trace", str(tmp_path / "none.csv"), "--out",
+                          str(tmp_path / "new")], capsys)  # fmt: skip
+    assert code == 2 and "none.csv" in err
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.slow
+def test_a_job_that_ended_on_a_node_before_it_left_is_not_lost(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Job 1 (4 GPUs, ~0.5 h) ends on n2 hours before n2 leaves; with nothing else to decide,
+    placement hears of its end only at the next apply, so it names job 1 among the jobs the
+    departure hits. The clock, which knows it ended, loses nothing (it failed with KeyError)."""
+    events = tmp_path / "events.csv"
+    events.write_text("time,node,up\n0,n1,True\n0,n2,True\n30000,n2,False\n")
+    out = tmp_path / "out"
+    code, err = run_main(["sim", "--node-events", str(events), "--churn-node-gpus", "4",
+                          "--jobs", "5", "--out", str(out)], capsys)  # fmt: skip
+    assert code == 0, err
+    jobs = pd.read_csv(out / "jobs.csv").set_index("job_id")
+    assert (jobs["state"] == "completed").all() and len(jobs) == 5
+    assert jobs.loc[1, "preemptions"] == 0 and jobs.loc[1, "end"] < 30000

@@ -224,7 +224,15 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
         metavar="SERVICES",
         help="comma-separated services already running on --nats (e.g. in containers)",
     )
-    p.add_argument("--out", type=Path, default=Path("results"), help="output directory")
+    p.add_argument(
+        "--out", type=Path, default=None,
+        help="output directory (default results/POLICIES-TIME); one that holds another run's "
+        "results is refused without --overwrite",
+    )  # fmt: skip
+    p.add_argument(
+        "--overwrite", action="store_true",
+        help="replace the results --out holds (gpuyard's own files; any other file stays)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     p.set_defaults(run=cmd_sim)  # fmt: skip
@@ -337,6 +345,7 @@ def check_lists(args: argparse.Namespace) -> None:
 def cmd_sim(args: argparse.Namespace) -> int:
     from gpuyard.cli.options import checked_subjects, checked_url, run_command
     from gpuyard.run.build import build, check_policy_name, check_workload, sim_options
+    from gpuyard.run.outputs import claim, default_out
     from gpuyard.run.single import simulate_one
     from gpuyard.workloads import WorkloadError
 
@@ -365,7 +374,12 @@ def cmd_sim(args: argparse.Namespace) -> int:
         code = run_command("sim", reachable(args))
         if code:
             return code
+    args.out = args.out or default_out(policies)
     if len(specs) == 1:
+        try:
+            claim(args.out, overwrite=args.overwrite)
+        except ValueError as exc:
+            return fail("sim", exc)
         return simulate_one(specs[0], run_place(args, external))
     if args.node_events is not None:  # (comparisons do not replay node events yet)
         return fail("sim", ValueError("--node-events: one run at a time, not a comparison"))
@@ -373,6 +387,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
         build(specs[0], args.out, external)
         for spec in specs[len(loads) * len(seeds) :: len(loads) * len(seeds)]:
             sim_options(spec, external)  # each policy with its parameters, before any run starts
+        claim(args.out, overwrite=args.overwrite)
     except (ValueError, OSError, msgspec.ValidationError, WorkloadError) as exc:
         return fail("sim", exc)
     return cmd_compare(args, combos, specs, run_place(args, external))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import sys
 import time
 from typing import Any
@@ -29,10 +30,13 @@ def simulate_one(spec: RunSpec, place: RunPlace) -> int:
     from gpuyard.shared.logs import configure_logging
     from gpuyard.workloads import WorkloadError
 
+    made = not place.out.exists()
     place.out.mkdir(parents=True, exist_ok=True)
     try:
         options, workload, described = written_setup(spec, place)
     except (ValueError, OSError, msgspec.ValidationError, WorkloadError) as exc:
+        if made:  # (nothing ran: no folder left behind)
+            shutil.rmtree(place.out, ignore_errors=True)
         print(f"gpuyard sim: {exc}", file=sys.stderr)
         return 2
     if place.durable:

@@ -182,7 +182,9 @@ class SimNodes:
         self.present.update(n.node_id for n in joined)
         self.gpus = sum(self.node_specs[n].num_gpus for n in self.present)
         for job_id in lost_jobs:
-            job = self.jobs[job_id]
+            job = self.jobs.get(job_id)
+            if job is None:  # it ended (placement hears of that at its next apply): nothing lost
+                continue
             job.settle(now)
             if job.down_s and job.rate > 0:  # its share on the departed nodes is preempted
                 lost = job.down_s * job.rate
