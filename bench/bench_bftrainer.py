@@ -43,7 +43,7 @@ def run(
         "--param", f"tfwd={tfwd}", "--trace", str(DATA / f"hps-shufflenet-Jbnd-{jobs}.csv"),
         "--throughputs", str(DATA / f"hps-shufflenet-JNPs-{jobs}.csv"),
         "--node-events", str(DATA / "node_events.csv.gz"), "--start", START,
-        "--cluster-spec", "none", "--out", str(out), "--json",
+        "--cluster-spec", "none", "--out", str(out), "--overwrite", "--json",
     ]  # fmt: skip
     if nodes is not None:
         command += ["--nodes-from", str(DATA / nodes)]

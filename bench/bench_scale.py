@@ -102,7 +102,7 @@ class Measured:
 
 def run_sim(row: Row, out: Path) -> Measured:
     """`gpuyard sim ROW --out OUT` as a process of its own; its figures."""
-    argv = [sys.executable, "-m", "gpuyard.cli", "sim", *row.argv, "--out", str(out)]
+    argv = [sys.executable, "-m", "gpuyard.cli", "sim", *row.argv, "--out", str(out), "--overwrite"]
     started = time.perf_counter()
     with open(out.parent / f"{row.name}.stderr", "w") as err:
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
