@@ -48,6 +48,7 @@ from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.identity import ANONYMOUS
 from gpuyard.shared.model import ClusterSpec, JobRecord, JobSpec
 from gpuyard.shared.policy import PolicyChoice, PolicySet
+from gpuyard.shared.roster import CONTROL_PLANE, SERVICE_TOKENS
 from gpuyard.shared.throughput import load_throughputs
 
 T = TypeVar("T")
@@ -595,7 +596,7 @@ async def simulate(
             points = await fetch_timeline(bus)
             stats = [
                 await bus.call(STATS, Empty(), svc=token)
-                for token in ("clock", "adm", "sched", "place")
+                for token in (SERVICE_TOKENS["simclock"], *(SERVICE_TOKENS[s] for s in CONTROL_PLANE))
             ]
             await asyncio.to_thread(write_stats, stats, out)
             reached = final.now
