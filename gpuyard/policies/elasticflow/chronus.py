@@ -91,6 +91,7 @@ class Chronus(SchedulingPolicy):
     Params = ChronusParams
     State = ChronusState
     needs = Needs(throughputs=True)
+    params: ChronusParams
 
     def __init__(self, params: Struct | None = None) -> None:
         super().__init__(params)

@@ -29,7 +29,7 @@ Struct that the scheduler stores with the jobs, so a restarted scheduler goes on
 from __future__ import annotations
 
 import random
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 from msgspec import Meta, Struct
