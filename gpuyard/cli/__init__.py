@@ -9,6 +9,7 @@ import json
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from importlib.resources import files
 
 from gpuyard.cli.auth import add_auth_parser
@@ -74,4 +75,5 @@ def main(argv: list[str] | None = None) -> int:
     except CommandError as exc:
         print(f"gpuyard: {exc}", file=sys.stderr)
         return exc.code
-    return args.run(args)
+    run: Callable[[argparse.Namespace], int] = args.run  # (set by each subcommand's parser)
+    return run(args)

@@ -20,6 +20,7 @@ import nats.errors
 from gpuyard.cli.options import (
     LOG_LEVELS,
     CommandError,
+    Subcommands,
     add_nats_options,
     check_nats_url,
     checked_subjects,
@@ -69,7 +70,7 @@ from gpuyard.shared.policy import PolicyError
 ENDED = {"completed", "failed", "cancelled"}
 
 
-def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
+def add_cluster_parsers(sub: Subcommands) -> None:
     """Register the real-cluster subcommands."""
     from gpuyard.services.nodeagent.run import add_agent_args
 

@@ -20,7 +20,7 @@ import os
 import select
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeAlias
 from urllib.parse import urlsplit
 
 import nats.errors
@@ -60,6 +60,10 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
+Subcommands: TypeAlias = "argparse._SubParsersAction[OneLineParser]"
+"""What `OneLineParser.add_subparsers` returns: each group of subcommands adds its parsers there."""
 
 
 # --------------------------------------------------------------------------- numeric options
