@@ -70,7 +70,8 @@ Subcommands: TypeAlias = "argparse._SubParsersAction[OneLineParser]"
 
 
 def _number(
-    kind: type, text: str, gt: float | None, ge: float | None, le: float | None = None
+    kind: type[int] | type[float], text: str, gt: float | None, ge: float | None,
+    le: float | None = None,
 ) -> int | float:
     """`text` as an int or a finite float with the given bound; ArgumentTypeError otherwise, which
     argparse prints after the option's name."""
@@ -81,7 +82,8 @@ def _number(
 
 
 def number(
-    kind: type, *, gt: float | None = None, ge: float | None = None, le: float | None = None
+    kind: type[int] | type[float], *, gt: float | None = None, ge: float | None = None,
+    le: float | None = None,
 ) -> Callable[[str], Any]:
     """An argparse `type`: `number(int, gt=0)` accepts 1, 2, ... and names the bound otherwise."""
 
@@ -93,7 +95,7 @@ def number(
 
 
 def number_list(
-    kind: type, *, gt: float | None = None, ge: float | None = None
+    kind: type[int] | type[float], *, gt: float | None = None, ge: float | None = None
 ) -> Callable[[str], list[Any]]:
     """An argparse `type` for a comma list of numbers (`--load 10,20,40`), each checked."""
 
