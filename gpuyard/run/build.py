@@ -70,7 +70,8 @@ def build(
 def sim_options(spec: RunSpec, external: frozenset[str] = frozenset()) -> Any:
     """The SimOptions of the run `spec` describes, with the policies not in `external` checked
     (PolicyError naming a bad one)."""
-    from gpuyard.run.simulate import PreemptionCost, SimOptions
+    from gpuyard.run.simulate import SimOptions
+    from gpuyard.services.simclock.costs import PreemptionCost
     from gpuyard.workloads import load_cluster
 
     preset = semantics(spec.preset)
