@@ -11,6 +11,8 @@ import signal
 import sys
 from collections.abc import Callable
 from importlib.resources import files
+from pathlib import Path
+from typing import cast
 
 from gpuyard.cli.auth import add_auth_parser
 from gpuyard.cli.cluster import add_cluster_parsers
@@ -26,8 +28,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
     text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
     if args.write:
-        folder = files("gpuyard.shared") / "schema"  # (a source checkout's, installed editable)
-        (folder / f"contract-v{CONTRACT_VERSION}.json").write_text(text)  # type: ignore[attr-defined]
+        # (a source checkout's, installed editable: a Path, where a Traversable need not write)
+        folder = cast(Path, files("gpuyard.shared") / "schema")
+        (folder / f"contract-v{CONTRACT_VERSION}.json").write_text(text)
     else:
         sys.stdout.write(text)
     return 0

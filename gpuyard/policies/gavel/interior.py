@@ -52,6 +52,9 @@ DENSE_UP_TO = 1000  # variables up to which a max-min normal matrix is formed an
 SOC_SIZE = 3  # the second-order cones cvxpy writes for 1/r (r u >= 1): (r + u, r - u, 2)
 STALL = 10  # iterations without a better iterate after which we take the best (see `_solve`)
 
+Solver = Callable[[np.ndarray], np.ndarray]
+"""x for b, of a linear system (a normal matrix's, factored)."""
+
 
 def _inverse(a: np.ndarray) -> np.ndarray:
     """The inverse of each matrix of `a` (..., m, m), by Gauss-Jordan elimination with partial
@@ -228,7 +231,7 @@ class _Rows:
             return np.concatenate([xs.ravel(), [_dot(self.level, rate)]])
         return cast(np.ndarray, xs.ravel())
 
-    def normal_solver(self, v: tuple[np.ndarray, ...], delta: float):  # type: ignore[no-untyped-def]
+    def normal_solver(self, v: tuple[np.ndarray, ...], delta: float) -> Solver:
         """A solver of (delta I + G' diag(1/v) G) x = b: per-job k x k blocks (a job's own rows),
         the k capacity rows added back by the Woodbury identity, and t's row and column
         (max-min) by a Schur complement."""
@@ -304,7 +307,7 @@ class _JobBlocks:
         self.shared_rows = g[self.shared[:, None, None], self.columns[None, :, :]]
         self.t_entries = g[self.epigraph, self.border]
 
-    def normal_solver(self, block: _Block):  # type: ignore[no-untyped-def]
+    def normal_solver(self, block: _Block) -> Solver:
         """A solver of (delta I + G' M^-1 G) x = b by the structure (`take` first): per-job
         blocks, the shared rows by the Woodbury identity, the epigraph variable by a Schur
         complement."""
@@ -551,7 +554,7 @@ class _Operator:
         assert isinstance(self.rows, _Rows)  # (`_DenseRows` always have `dense`)
         return self.rows.transposed_times(_split(z, self.like))
 
-    def normal_solver(self, block: _Block):  # type: ignore[no-untyped-def]
+    def normal_solver(self, block: _Block) -> Solver:
         """A solver of (delta I + G' M^-1 G) x = b, M^-1 the z block's inverse (its cones'
         part: `_JobBlocks`, the only programs with cones)."""
         if self.blocks is not None:
@@ -790,7 +793,7 @@ def _iterate(rows: _Rows | _DenseRows, c: np.ndarray) -> np.ndarray:
     socs = rows.socs if isinstance(rows, _DenseRows) else 0
     cones = _Cones(h.size - SOC_SIZE * socs, socs)
 
-    def factor(block: _Block):  # type: ignore[no-untyped-def]
+    def factor(block: _Block) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
         """Solves [0 G'; G -W^2] [dx; dz] = [rx; rz] as ECOS does: regularised,
         [delta I, G'; G, -(W^2 + delta)] (on the linear rows -diag(v + delta)), and refined
         against that system while the error falls (ECOS: at most 9 times, while it falls

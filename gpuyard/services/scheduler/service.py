@@ -313,8 +313,9 @@ class Scheduler(Service):
             m = restored.meta
             swapped = m.policy is not None and (m.policy, m.params) != self.configured
             if swapped and (m.configured, m.configured_params) == self.configured:
+                assert m.policy is not None  # (swapped)
                 try:  # a runtime swap outlives a restart with the same configuration
-                    self.install_policy(m.policy, m.params)  # type: ignore[arg-type]
+                    self.install_policy(m.policy, m.params)
                 except PolicyError as exc:
                     self.log.error("policy.not_restored", policy=m.policy, error=str(exc))
             self.released, self.last_round = list(m.released), m.last_round
