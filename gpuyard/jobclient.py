@@ -201,9 +201,10 @@ class JobClient:
         own = self.checkpoint_path(name)
         path = self.checkpoint_path(name, rank=0) if self.resized or not own.exists() else own
         try:
-            return json.loads(path.read_bytes())
+            state: dict[str, Any] = json.loads(path.read_bytes())
         except FileNotFoundError:
             return None
+        return state
 
     def _world_path(self) -> Path:
         return self.checkpoint_dir / "world.json"

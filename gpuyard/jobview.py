@@ -108,7 +108,8 @@ def job_row(record: JobRecord, now: float) -> dict[str, Any]:
     `name`, `num_gpus` (held, or asked for while it waits), `node_list`, `elapsed_s`,
     `progress`."""
     nodes = record.nodes if record.state == "running" else record.ran_on
-    return msgspec.to_builtins(record) | {
+    fields: dict[str, Any] = msgspec.to_builtins(record)
+    return fields | {
         "job_state": slurm_state(record),
         "state_reason": current_reason(record),
         "user": record.spec.user,

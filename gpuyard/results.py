@@ -14,6 +14,7 @@ import sys
 from array import array
 from collections.abc import Iterable
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -68,10 +69,10 @@ class Table:
 
 def _cells(column: np.ndarray) -> list[object]:
     if column.dtype.kind != "f":
-        return column.tolist()
+        return cast(list[object], column.tolist())
     cells = column.astype(object)
     cells[np.isnan(column)] = None
-    return cells.tolist()
+    return cast(list[object], cells.tolist())
 
 
 class JobRows:

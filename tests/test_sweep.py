@@ -633,6 +633,19 @@ def test_the_report_says_what_its_bars_are(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_a_table_without_deadline_ratios_gets_no_deadline_figure(tmp_path: Path) -> None:
+    """Results from before the column existed: no deadlines figure, and no failure (the report
+    once took `pd.to_numeric(None)`, NaN, for the missing column)."""
+    from gpuyard.sweep.report import write_report
+
+    table = results({"fifo": [360.0, 720.0, 36000.0]}).drop(columns="deadline_satisfactory_ratio")
+    table.to_parquet(tmp_path / "results.parquet")
+    paths = write_report(tmp_path)
+    assert tmp_path / "report" / "report.html" in paths
+    assert tmp_path / "report" / "deadlines.png" not in paths
+
+
+@pytest.mark.slow
 def test_deadline_ratios_get_their_figure(local_sweep: Path, tmp_path: Path) -> None:
     from gpuyard.sweep.report import write_report
 

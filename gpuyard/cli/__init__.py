@@ -9,7 +9,10 @@ import json
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from importlib.resources import files
+from pathlib import Path
+from typing import cast
 
 from gpuyard.cli.auth import add_auth_parser
 from gpuyard.cli.cluster import add_cluster_parsers
@@ -25,8 +28,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
     text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
     if args.write:
-        folder = files("gpuyard.shared") / "schema"  # (a source checkout's, installed editable)
-        (folder / f"contract-v{CONTRACT_VERSION}.json").write_text(text)  # type: ignore[attr-defined]
+        # (a source checkout's, installed editable: a Path, where a Traversable need not write)
+        folder = cast(Path, files("gpuyard.shared") / "schema")
+        (folder / f"contract-v{CONTRACT_VERSION}.json").write_text(text)
     else:
         sys.stdout.write(text)
     return 0
@@ -74,4 +78,5 @@ def main(argv: list[str] | None = None) -> int:
     except CommandError as exc:
         print(f"gpuyard: {exc}", file=sys.stderr)
         return exc.code
-    return args.run(args)
+    run: Callable[[argparse.Namespace], int] = args.run  # (set by each subcommand's parser)
+    return run(args)

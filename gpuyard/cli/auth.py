@@ -21,10 +21,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from gpuyard.cli.options import CommandError
+from gpuyard.cli.options import CommandError, Subcommands
 
 
-def add_auth_parser(sub: argparse._SubParsersAction) -> None:
+def add_auth_parser(sub: Subcommands) -> None:
     p = sub.add_parser("auth", help="the cluster's identities: nodes, users, operators")
     asub = p.add_subparsers(required=True, metavar="ACTION")
 
@@ -69,7 +69,7 @@ def run_auth(args: argparse.Namespace, action: str) -> int:
 
 def _run(args: argparse.Namespace, action: str) -> int:
     from gpuyard.natsauth import Credentials, default_state_dir
-    from gpuyard.shared.identity import Caller
+    from gpuyard.shared.identity import Caller, Role
 
     state = (args.state_dir or default_state_dir(args.cluster)).expanduser().resolve()
     creds = Credentials(state, args.cluster)
@@ -88,7 +88,7 @@ def _run(args: argparse.Namespace, action: str) -> int:
         creds.remove(Caller.parse(args.name))
         print(f"removed {args.name}")
     else:
-        role = "node" if action == "add-node" else "op" if args.operator else "user"
+        role: Role = "node" if action == "add-node" else "op" if args.operator else "user"
         caller = Caller(role, args.name)
         path = creds.add(caller)
         if args.out is not None:

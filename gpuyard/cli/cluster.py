@@ -20,6 +20,7 @@ import nats.errors
 from gpuyard.cli.options import (
     LOG_LEVELS,
     CommandError,
+    Subcommands,
     add_nats_options,
     check_nats_url,
     checked_subjects,
@@ -63,13 +64,13 @@ from gpuyard.shared.contract import (
 from gpuyard.shared.endpoints import CANCEL, CLUSTER, HEARTBEATS, LOG_LINE, NODE_LOGS, QUERY, SUBMIT
 from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.identity import ANONYMOUS
-from gpuyard.shared.model import JobRecord
+from gpuyard.shared.model import JobRecord, JobState
 from gpuyard.shared.policy import PolicyError
 
 ENDED = {"completed", "failed", "cancelled"}
 
 
-def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
+def add_cluster_parsers(sub: Subcommands) -> None:
     """Register the real-cluster subcommands."""
     from gpuyard.services.nodeagent.run import add_agent_args
 
@@ -741,13 +742,14 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gpuyard jobs: {exc}", file=sys.stderr)
         return 2
-    asked = {"PENDING": "queued", "REQUEUED": "queued", "RUNNING": "running",
-             "COMPLETED": "completed", "FAILED": "failed", "CANCELLED": "cancelled"}  # fmt: skip
+    asked: dict[str, JobState] = {"PENDING": "queued", "REQUEUED": "queued", "RUNNING": "running",
+                                  "COMPLETED": "completed", "FAILED": "failed",
+                                  "CANCELLED": "cancelled"}  # fmt: skip
     internal = sorted({asked[s] for s in states if s in asked})
 
     async def body(bus: Bus) -> int:
         now = time.time()
-        query = JobQuery(job_ids=args.job_ids, states=internal, limit=10_000)  # type: ignore[arg-type]
+        query = JobQuery(job_ids=args.job_ids, states=internal, limit=10_000)
         records = await all_records(bus, query) if internal or not states else []
         rows = [job_row(r, now) for r in records]
         if not states or {"PENDING", "REJECTED"} & states:

@@ -18,13 +18,13 @@ from typing import Any
 
 import msgspec
 
-from gpuyard.cli.options import add_nats_options, run_on_bus
+from gpuyard.cli.options import Subcommands, add_nats_options, run_on_bus
 from gpuyard.shared.connection import Bus
 from gpuyard.shared.policy import parse_params
 from gpuyard.shared.roster import CONTROL_PLANE
 
 
-def add_ops_parsers(sub: argparse._SubParsersAction) -> None:
+def add_ops_parsers(sub: Subcommands) -> None:
     """Register the operations subcommands."""
     add_tail_parser(sub)
     add_policy_parser(sub)
@@ -34,7 +34,7 @@ def add_ops_parsers(sub: argparse._SubParsersAction) -> None:
 # --------------------------------------------------------------------------- tail
 
 
-def add_tail_parser(sub: argparse._SubParsersAction) -> None:
+def add_tail_parser(sub: Subcommands) -> None:
     p = sub.add_parser(
         "tail", help="print a cluster's events (live or stored)",
         description="Read the cluster's JetStream event stream; --follow keeps going until Ctrl-C.",
@@ -99,7 +99,7 @@ async def reconnect(args: argparse.Namespace) -> Any:
 # --------------------------------------------------------------------------- policy
 
 
-def add_policy_parser(sub: argparse._SubParsersAction) -> None:
+def add_policy_parser(sub: Subcommands) -> None:
     p = sub.add_parser("policy", help="show or swap the services' policies at runtime")
     psub = p.add_subparsers(required=True, metavar="ACTION")
     show = psub.add_parser("show", help=f"the active policies of {', '.join(CONTROL_PLANE)}")
@@ -165,7 +165,7 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- status
 
 
-def add_status_parser(sub: argparse._SubParsersAction) -> None:
+def add_status_parser(sub: Subcommands) -> None:
     p = sub.add_parser("status", help="services, versions, policies, queue and nodes of a cluster")
     add_nats_options(p)
     p.add_argument("--json", action="store_true")

@@ -21,7 +21,7 @@ import os
 import select
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeAlias
 from urllib.parse import urlsplit
 
 import nats.errors
@@ -90,11 +90,16 @@ class OneLineParser(argparse.ArgumentParser):
         return parsed
 
 
+Subcommands: TypeAlias = "argparse._SubParsersAction[OneLineParser]"
+"""What `OneLineParser.add_subparsers` returns: each group of subcommands adds its parsers there."""
+
+
 # --------------------------------------------------------------------------- numeric options
 
 
 def _number(
-    kind: type, text: str, gt: float | None, ge: float | None, le: float | None = None
+    kind: type[int] | type[float], text: str, gt: float | None, ge: float | None,
+    le: float | None = None,
 ) -> int | float:
     """`text` as an int or a finite float with the given bound; ArgumentTypeError otherwise, which
     argparse prints after the option's name."""
@@ -105,7 +110,8 @@ def _number(
 
 
 def number(
-    kind: type, *, gt: float | None = None, ge: float | None = None, le: float | None = None
+    kind: type[int] | type[float], *, gt: float | None = None, ge: float | None = None,
+    le: float | None = None,
 ) -> Callable[[str], Any]:
     """An argparse `type`: `number(int, gt=0)` accepts 1, 2, ... and names the bound otherwise."""
 
@@ -117,7 +123,7 @@ def number(
 
 
 def number_list(
-    kind: type, *, gt: float | None = None, ge: float | None = None
+    kind: type[int] | type[float], *, gt: float | None = None, ge: float | None = None
 ) -> Callable[[str], list[Any]]:
     """An argparse `type` for a comma list of numbers (`--load 10,20,40`), each checked."""
 

@@ -10,13 +10,14 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
 from gpuyard.cli.options import (
     LOG_LEVELS,
     CommandError,
+    Subcommands,
     demand_text,
     non_negative_float,
     number_list,
@@ -26,7 +27,7 @@ from gpuyard.cli.options import (
 )
 from gpuyard.run.build import GENERATOR_DEFAULTS
 from gpuyard.run.presets import PRESETS
-from gpuyard.run.spec import DEFAULT_ADMISSION, DEFAULT_PLACEMENT, RunPlace, RunSpec
+from gpuyard.run.spec import DEFAULT_ADMISSION, DEFAULT_PLACEMENT, ParamValue, RunPlace, RunSpec
 from gpuyard.shared.connection import NatsAuth, add_nats_arguments
 from gpuyard.shared.policy import parse_params
 from gpuyard.shared.roster import SERVICES
@@ -95,7 +96,7 @@ def add_workload_args(
     )
 
 
-def add_sim_parser(sub: argparse._SubParsersAction) -> None:
+def add_sim_parser(sub: Subcommands) -> None:
     p = sub.add_parser("sim", help="run a simulation", description="Run a complete simulation.")
     add_nats_arguments(p, url_default=None)  # no --nats: a private server for the run
     p.add_argument("--cluster", default="sim", help="namespace of this run's subjects")
@@ -263,6 +264,11 @@ def sim_lists(args: argparse.Namespace) -> tuple[list[str], list[float | None], 
     )
 
 
+def text_params(pairs: list[str]) -> dict[str, ParamValue]:
+    """`parse_params`: the values stay text, which the run's checks convert."""
+    return dict(parse_params(pairs))
+
+
 def policy_params(policy: str, params: list[str]) -> list[str]:
     """`k=v` applies to every policy, `policy.k=v` to that policy only."""
     chosen = []
@@ -295,11 +301,11 @@ def run_spec(
     load_list, seed_list = option("load"), option("seed")
     return RunSpec(
         policy=policy,
-        policy_params=parse_params(policy_params(policy, option("param", []))),
+        policy_params=text_params(policy_params(policy, option("param", []))),
         admission=option("admission"),
-        admission_params=parse_params(option("admission_param", [])),
+        admission_params=text_params(option("admission_param", [])),
         placement=option("placement"),
-        placement_params=parse_params(option("placement_param", [])),
+        placement_params=text_params(option("placement_param", [])),
         preset=next((p for p in PRESETS if option(p, False)), None),
         round_s=option("round_s"),
         mode=option("mode"),
@@ -433,10 +439,11 @@ def cmd_compare(
         print(f"wrote {path}", file=sys.stderr)
     if not table.empty and "thrashing" in table:
         thrashing = table[table["thrashing"].fillna(False).astype(bool)]
-        names = [
-            run_name(r.policy, None if math.isnan(r.load) else r.load, r.seed)
-            for r in thrashing.itertuples()
-        ]
+        names = []
+        for r in thrashing.itertuples():  # (the table's columns: pandas-stubs cannot see them)
+            load = cast(float, r.load)  # NaN: a trace
+            names.append(run_name(cast(str, r.policy), None if math.isnan(load) else load,
+                                  cast("int | None", r.seed)))  # fmt: skip
         if names:
             print(
                 f"gpuyard sim: warning: thrashing in {len(names)} of {len(table)} runs "
@@ -447,10 +454,10 @@ def cmd_compare(
             )
     statuses = table["status"].tolist() if not table.empty else []
     complete = statuses.count("ok")
-    for row in table.itertuples() if not table.empty else ():
-        if row.status == "failed":
-            name = run_name(row.policy, None if math.isnan(row.load) else row.load, row.seed)
-            print(f"gpuyard sim: run {name} failed: {row.error}", file=sys.stderr)
+    errors = table.get("error", [None] * len(statuses))
+    for combo, status, error in zip(combos, statuses, errors, strict=False):  # (rows: combos')
+        if status == "failed":
+            print(f"gpuyard sim: run {run_name(*combo)} failed: {error}", file=sys.stderr)
     if interrupted:
         print(
             f"gpuyard sim: interrupted: {complete} of {len(combos)} runs complete, "
@@ -470,7 +477,7 @@ async def reachable(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_trace_parser(sub: argparse._SubParsersAction) -> None:
+def add_trace_parser(sub: Subcommands) -> None:
     p = sub.add_parser("trace", help="generate, convert and describe workloads")
     tsub = p.add_subparsers(required=True, metavar="ACTION")
     g = tsub.add_parser("generate", help="write a generated workload")

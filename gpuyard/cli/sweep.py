@@ -7,11 +7,18 @@ import asyncio
 import sys
 from pathlib import Path
 
-from gpuyard.cli.options import LOG_LEVELS, CommandError, checked_url, positive_float, positive_int
+from gpuyard.cli.options import (
+    LOG_LEVELS,
+    CommandError,
+    Subcommands,
+    checked_url,
+    positive_float,
+    positive_int,
+)
 from gpuyard.shared.connection import NatsAuth, add_nats_arguments
 
 
-def add_sweep_parsers(sub: argparse._SubParsersAction) -> None:
+def add_sweep_parsers(sub: Subcommands) -> None:
     p = sub.add_parser(
         "sweep", help="run a sweep of simulations described by a TOML file",
         description="Run every simulation of a sweep file (docs/sweeps.md) and write one results "

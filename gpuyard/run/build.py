@@ -70,7 +70,8 @@ def build(
 def sim_options(spec: RunSpec, external: frozenset[str] = frozenset()) -> Any:
     """The SimOptions of the run `spec` describes, with the policies not in `external` checked
     (PolicyError naming a bad one)."""
-    from gpuyard.run.simulate import PreemptionCost, SimOptions
+    from gpuyard.run.simulate import SimOptions
+    from gpuyard.services.simclock.costs import PreemptionCost
     from gpuyard.workloads import load_cluster
 
     preset = semantics(spec.preset)
@@ -89,7 +90,7 @@ def sim_options(spec: RunSpec, external: frozenset[str] = frozenset()) -> Any:
         placement=spec.placement or DEFAULT_PLACEMENT,
         placement_params=dict(spec.placement_params),
         round_s=spec.round_s or preset.round_s,
-        mode=preset.mode(spec),  # type: ignore[arg-type]
+        mode=preset.mode(spec),
         preset=spec.preset,
         window=_parsed("--window", parse_window, spec.window),
         churn_node_gpus=spec.churn_node_gpus,

@@ -9,6 +9,7 @@ import itertools
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +59,10 @@ class ConnectionLog:
         self.connected, self.unreachable = True, False
 
 
-def service_class(name: str) -> type[Service]:
-    return BY_NAME[name].service_class()  # type: ignore[no-any-return]
+def service_class(name: str) -> Callable[[Bus, Any], Service]:
+    """A service's class: made of a bus and its config (of the class `BY_NAME[name].config`)."""
+    cls: Callable[[Bus, Any], Service] = BY_NAME[name].service_class()
+    return cls
 
 
 class ServiceSet:

@@ -5,7 +5,7 @@ its checks, the policies and parameters it sets, and the settings it gives the s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import msgspec
 
@@ -44,7 +44,7 @@ class Semantics:
         """PolicyError (ValueError) if the run's scheduling policy is unknown."""
         scheduling_policies.get(self.scheduling_name(spec.policy))
 
-    def mode(self, spec: RunSpec) -> str:
+    def mode(self, spec: RunSpec) -> Literal["rounds", "events", "slots"]:
         return spec.mode or "events"
 
     def fill(self, options: SimOptions, spec: RunSpec) -> SimOptions:
@@ -77,7 +77,7 @@ class Blox(Semantics):
         if spec.mode not in (None, "rounds"):
             raise ValueError(f"--mode {spec.mode}: --blox decides at round ends (rounds)")
 
-    def mode(self, spec: RunSpec) -> str:
+    def mode(self, spec: RunSpec) -> Literal["rounds", "events", "slots"]:
         return "rounds"
 
     def clock_settings(self, options: SimOptions) -> dict[str, Any]:

@@ -461,7 +461,8 @@ async def until_done(
         return await finished
     lost = asyncio.ensure_future(services.lost(grace_s))
     try:
-        await asyncio.wait([finished, lost], return_when=asyncio.FIRST_COMPLETED)
+        either: list[asyncio.Future[Any]] = [finished, lost]
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     finally:
         lost.cancel()
     if not finished.done():
@@ -535,7 +536,7 @@ async def simulate(
     started = time.perf_counter()
     interrupted: asyncio.CancelledError | ServiceLost | None = None
     async with contextlib.AsyncExitStack() as stack:
-        url = nats_url or await stack.enter_async_context(EmbeddedNats(runs=1))
+        url = nats_url if nats_url else await stack.enter_async_context(EmbeddedNats(runs=1))
         subjects = Subjects(cluster_name)
         configs = service_configs(options, written.path)
         services = ServiceSet(
@@ -610,7 +611,7 @@ async def simulate(
         "cluster": cluster_label(options.cluster),
         "workload": workload_label(workload),
     }
-    extra = {
+    extra: dict[str, Any] = {
         "partial": interrupted is not None,
         "policy": options.policy,
         "policy_params": options.policy_params,

@@ -110,7 +110,7 @@ def parse_window(text: str) -> tuple[int, int]:
 
 
 def checked_number(
-    kind: type, text: str, *, gt: float | None = None, ge: float | None = None,
+    kind: type[int] | type[float], text: str, *, gt: float | None = None, ge: float | None = None,
     le: float | None = None,
 ) -> int | float:  # fmt: skip
     """`text` as an int or a finite float within the given bound; ValueError naming the bound."""

@@ -14,6 +14,7 @@ import os
 import socket
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -356,7 +357,7 @@ def _one_write_per_flush() -> None:
     tcp = transport.TcpTransport
     if getattr(tcp, "_gpuyard_joined", False) or not hasattr(tcp, "writelines"):
         return
-    writelines = tcp.writelines
+    writelines: Callable[..., Any] = tcp.writelines  # (nats-py does not annotate it)
 
     def joined(self: Any, payload: list[bytes]) -> Any:
         return writelines(self, [b"".join(payload)] if len(payload) > 1 else payload)

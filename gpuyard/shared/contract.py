@@ -627,7 +627,7 @@ MESSAGES: tuple[type[Struct], ...] = (
 )  # fmt: skip
 
 
-def json_schema() -> dict:
+def json_schema() -> dict[str, Any]:
     """The JSON Schema of every message, for other languages and for drift checks."""
     schemas, components = msgspec.json.schema_components(MESSAGES)
     return {

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 from .roster import SERVICES
 
@@ -60,7 +60,7 @@ class Caller:
         role, sep, name = text.partition(".")
         if not sep:
             raise ValueError(f"identity {text!r} is not ROLE.NAME (roles: {', '.join(ROLES)})")
-        return cls(role, name)  # type: ignore[arg-type]
+        return cls(cast(Role, role), name)  # (a role not in ROLES is refused there)
 
     def __str__(self) -> str:
         return self.token

@@ -13,7 +13,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-Name = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$")]
+NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$"
+Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
 """An identifier safe to use inside a NATS subject token (no spaces, `*`, `>`; dots allowed)."""
 
 GpuCount = Annotated[int, Meta(ge=1, le=1_000_000)]

@@ -237,7 +237,8 @@ class Service:
     def make_policy(self, name: str, params: dict[str, Any]) -> Policy:
         """A policy instance from this service's registry; raises PolicyError."""
         assert self.policies is not None
-        return self.policies.create(name, params)
+        policy: Policy = self.policies.create(name, params)
+        return policy
 
     def install_policy(self, name: str, params: dict[str, Any]) -> None:
         """Make `name` the active policy (raise PolicyError, keeping the old one, when bad)."""
@@ -548,9 +549,9 @@ class Service:
             error = ErrorReply(error=exc.error, field=exc.field, subject=msg.subject)
             return self._failed(msg, route, error)
         except Exception as exc:  # a bug or a failed downstream call: answer, log, keep serving
-            error, located = self._failure(exc)
+            message, located = self._failure(exc)
             self.log.exception("request.failed", subject=msg.subject, **located)
-            return self._failed(msg, route, ErrorReply(error=error, subject=msg.subject))
+            return self._failed(msg, route, ErrorReply(error=message, subject=msg.subject))
         if msg.reply and route.endpoint.reply is not None:
             return _Answer(msg, route, encode(reply))
         return None

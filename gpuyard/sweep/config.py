@@ -229,6 +229,8 @@ def code_digest(spec: RunSpec) -> str:
     roots = set(_gpuyard_sources())
     for registry, name in ((scheduling_policies, spec.policy), (admission_policies, spec.admission),
                            (placement_policies, spec.placement)):  # fmt: skip
+        if name is None:  # the default (one of gpuyard's own)
+            continue
         with contextlib.suppress(Exception):  # an unknown policy fails the run, with its message
             module = registry.get(name).__module__
             if module.split(".")[0] != "gpuyard":  # gpuyard's own policies are counted above

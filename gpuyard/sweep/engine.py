@@ -135,7 +135,7 @@ async def _run_sweep(
     bar = SweepProgress(sweep.name, len(sweep.runs), len(results))
     async with contextlib.AsyncExitStack() as stack:
         # (The queue's traffic alone: each run is simulated on a server of its own.)
-        url = nats_url or await stack.enter_async_context(EmbeddedNats(runs=1))
+        url = nats_url if nats_url else await stack.enter_async_context(EmbeddedNats(runs=1))
         nc = await connect(url, name=f"gpuyard-sweep-{sweep.name}", auth=auth if nats_url else None,
                            error_cb=refusals.on_error)  # fmt: skip
         stack.push_async_callback(nc.drain)

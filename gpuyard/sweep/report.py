@@ -294,7 +294,8 @@ def _binned(timeline: pd.DataFrame, column: str, edges: np.ndarray) -> np.ndarra
     safe = np.clip(at, 0, len(times) - 1)
     integral = cumulative[safe] + values[safe] * (edges - times[safe])
     integral[at < 0] = 0.0
-    return np.diff(integral) / np.diff(edges)
+    means: np.ndarray = np.diff(integral) / np.diff(edges)
+    return means
 
 
 def plot_timelines(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str) -> Path:
@@ -456,7 +457,8 @@ def write_report(results: Path, out: Path | None = None) -> list[Path]:
                                      out / "makespan.png", text, 1 / 3600), "makespan"))  # fmt: skip
         figures.append((plot_timelines(ok, folder, out / "timelines.png", text), "",
                         "utilisation and queue over time"))  # fmt: skip
-        deadline = pd.to_numeric(ok.get("deadline_satisfactory_ratio"), errors="coerce")
+        ratios = ok.get("deadline_satisfactory_ratio")  # (pd.to_numeric(None) is NaN, not None)
+        deadline = pd.to_numeric(ratios, errors="coerce") if ratios is not None else None
         if deadline is not None and deadline.notna().any():
             ok = ok.assign(deadline_satisfactory_ratio=deadline)
             figures.append((*plot_metric(ok, "deadline_satisfactory_ratio", "jobs that met their "

@@ -111,7 +111,7 @@ def replay_events(events: pd.DataFrame, nodes: list[str] | None = None) -> pd.Da
     later = events[events["time"] > 0]
     combined = pd.concat([initial, later], ignore_index=True)
     previous = combined.groupby("node", sort=False)["up"].shift(fill_value=False)
-    kept = combined[combined["up"].to_numpy() != previous.to_numpy(dtype=bool)]
+    kept: pd.DataFrame = combined[combined["up"].to_numpy() != previous.to_numpy(dtype=bool)]
     return kept.reset_index(drop=True)
 
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, SupportsInt, cast
 
 import msgspec
 import numpy as np
@@ -122,7 +122,7 @@ class Workload:
     def __len__(self) -> int:
         return len(self.jobs)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[JobSpec]:
         return iter(self.jobs)
 
     def __getitem__(self, i: int) -> JobSpec:
@@ -156,7 +156,8 @@ def describe(jobs: Iterable[JobSpec]) -> dict[str, Any]:
         "jobs": n,
         "gpus_total": int(df["num_gpus"].sum()),
         "gpu_demand": {
-            int(k): int(v) for k, v in df["num_gpus"].value_counts().sort_index().items()
+            int(cast(SupportsInt, k)): int(v)
+            for k, v in df["num_gpus"].value_counts().sort_index().items()
         },
         "job_types": int(df["job_type"].nunique()),
         "first_arrival_s": float(arrival[0]),
@@ -231,7 +232,7 @@ def numeric_column(
     empty = np.isnan(values) & ~unparsable
     for i in np.flatnonzero(unparsable):
         bad.setdefault(
-            int(i), WorkloadError(path, lines[int(i)], name, f"{raw.iat[i]!r} is not a number")
+            int(i), WorkloadError(path, lines[int(i)], name, f"{raw.iat[int(i)]!r} is not a number")
         )
     if required:
         for i in np.flatnonzero(empty):
@@ -241,7 +242,7 @@ def numeric_column(
         for i in np.flatnonzero(frac):
             bad.setdefault(
                 int(i),
-                WorkloadError(path, lines[int(i)], name, f"{raw.iat[i]!r} is not an integer"),
+                WorkloadError(path, lines[int(i)], name, f"{raw.iat[int(i)]!r} is not an integer"),
             )
     return values
 
@@ -329,10 +330,11 @@ def build_jobs(
     unique_jobs: list[JobSpec] = []
     unique_keep: list[int] = []
     for i, job in zip(keep, jobs, strict=True):
-        if job.job_id in seen:
+        job_id = cast(str, job.job_id)  # every row has one (its number where the file has none)
+        if job_id in seen:
             bad[i] = WorkloadError(path, lines[i], "job_id", f"duplicate job id {job.job_id!r}")
             continue
-        seen.add(job.job_id)
+        seen.add(job_id)
         unique_jobs.append(job)
         unique_keep.append(i)
     errors = sorted([*broken, *bad.values()], key=lambda e: (e.line is None, e.line or 0))

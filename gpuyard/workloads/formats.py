@@ -52,7 +52,7 @@ import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -119,7 +119,7 @@ def read_table(
     names: Sequence[str] | None = None,
     required: Sequence[str] = (),
     dtype: dict[str, Any] | None = None,
-    quoting: int = csv.QUOTE_MINIMAL,
+    quoting: Literal[0, 1, 2, 3] = csv.QUOTE_MINIMAL,  # (csv.QUOTE_*)
     skip_bad: bool = False,
 ) -> Table:
     """Read a CSV/TSV (header unless `names`), keeping each row's line number.
@@ -257,9 +257,10 @@ def load_gavel_trace(
     if throughputs is not None:
         ref = throughputs.reference_gpu_type
         for i in np.flatnonzero(~np.isnan(slo)):
-            if i in bad:
+            kind = job_type[i]
+            if i in bad or kind is None:  # (a job without its type is in `bad`)
                 continue
-            rate = throughputs.throughput(job_type[i], ref, int(sf[i]))
+            rate = throughputs.throughput(kind, ref, int(sf[i]))
             if rate > 0:
                 deadline[i] = arrival[i] + slo[i] * steps[i] / rate
     columns: dict[str, Sequence[Any]] = {
@@ -397,7 +398,7 @@ def load_bftrainer(path: str | Path, *, skip_bad: bool = False) -> Workload:
     tsub = pd.to_datetime(df["Tsub"], errors="coerce", format="%Y-%m-%d %H:%M:%S")
     for i in np.flatnonzero(tsub.isna().to_numpy()):
         bad.setdefault(
-            int(i), WorkloadError(path, lines[i], "Tsub", f"{df['Tsub'].iat[i]!r} is not a time")
+            int(i), WorkloadError(path, lines[i], "Tsub", f"{df['Tsub'].iat[int(i)]!r} is not a time")
         )
     valid = tsub.dropna()
     t0 = valid.min() if len(valid) else pd.Timestamp(0)

@@ -33,7 +33,7 @@ LOADERS: dict[str, Callable[..., Workload]] = {
 
 def _first_line(path: Path) -> str:
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:  # type: ignore[operator]
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
         return f.readline().rstrip("\r\n")
 
 

@@ -91,6 +91,7 @@ class Chronus(SchedulingPolicy):
     Params = ChronusParams
     State = ChronusState
     needs = Needs(throughputs=True)
+    params: ChronusParams
 
     def __init__(self, params: Struct | None = None) -> None:
         super().__init__(params)
@@ -224,7 +225,8 @@ def _packable(jobs: list[_Job], total: int) -> bool:
 
 
 def _lease_program(
-    jobs: list[_Job], total: int, value: float, objective: str, solver: str, time_limit: float
+    jobs: list[_Job], total: int, value: float, objective: str, solver: Literal["scip", "cp_sat"],
+    time_limit: float,
 ) -> tuple[list[bool], list[bool]]:
     """Solve the lease MILP (module docstring): (holds the coming lease, keeps its SLO) per job."""
     from gpuyard.policies.toolkit.lp import LinearProgram, SolveError
@@ -264,7 +266,7 @@ def _lease_program(
         maximize=True,
     )
     try:
-        values = lp.solve(solver, time_limit=time_limit).values  # type: ignore[arg-type]
+        values = lp.solve(solver, time_limit=time_limit).values
     except SolveError:
         return [False] * n, [True] * n  # no plan this lease: nobody is guaranteed, nobody dropped
     return [bool(values[h] > 0.5) for h in hold], [bool(values[k] > 0.5) for k in keep]

@@ -41,7 +41,7 @@ class _Planned(SchedulingPolicy):
         demands: list[Demand] = []
         cache = self.levels.of(inp.cluster.throughputs)
         for job in by_deadline(inp.jobs):
-            d = job_demand(job, gpu_type, total, self.params.max_level, cache=cache)  # type: ignore[attr-defined]
+            d = job_demand(job, gpu_type, total, self.params.max_level, cache=cache)
             if d is not None:
                 ids.append(job.job_id)
                 demands.append(d)

@@ -34,7 +34,7 @@ import hashlib
 import math
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -51,6 +51,9 @@ REFINEMENTS = 9  # and its iterative refinement of their solutions
 DENSE_UP_TO = 1000  # variables up to which a max-min normal matrix is formed and solved whole
 SOC_SIZE = 3  # the second-order cones cvxpy writes for 1/r (r u >= 1): (r + u, r - u, 2)
 STALL = 10  # iterations without a better iterate after which we take the best (see `_solve`)
+
+Solver = Callable[[np.ndarray], np.ndarray]
+"""x for b, of a linear system (a normal matrix's, factored)."""
 
 
 def _inverse(a: np.ndarray) -> np.ndarray:
@@ -226,9 +229,9 @@ class _Rows:
               + self.time * time[:, None] + self.rate * rate[:, None])  # fmt: skip
         if self.size > xs.size:
             return np.concatenate([xs.ravel(), [_dot(self.level, rate)]])
-        return xs.ravel()
+        return cast(np.ndarray, xs.ravel())
 
-    def normal_solver(self, v: tuple[np.ndarray, ...], delta: float):  # type: ignore[no-untyped-def]
+    def normal_solver(self, v: tuple[np.ndarray, ...], delta: float) -> Solver:
         """A solver of (delta I + G' diag(1/v) G) x = b: per-job k x k blocks (a job's own rows),
         the k capacity rows added back by the Woodbury identity, and t's row and column
         (max-min) by a Schur complement."""
@@ -247,7 +250,7 @@ class _Rows:
         def solve_x(b: np.ndarray) -> np.ndarray:
             y = np.einsum("jab,jb->ja", inverse, b)
             correction = (small_inverse * (self.capacity * y).sum(axis=0)).sum(axis=1)
-            return y - np.einsum("jab,b->ja", inverse_u, correction)
+            return cast(np.ndarray, y - np.einsum("jab,b->ja", inverse_u, correction))
 
         if self.size == n * k:
             return lambda b: solve_x(b.reshape(n, k)).ravel()
@@ -304,7 +307,7 @@ class _JobBlocks:
         self.shared_rows = g[self.shared[:, None, None], self.columns[None, :, :]]
         self.t_entries = g[self.epigraph, self.border]
 
-    def normal_solver(self, block: _Block):  # type: ignore[no-untyped-def]
+    def normal_solver(self, block: _Block) -> Solver:
         """A solver of (delta I + G' M^-1 G) x = b by the structure (`take` first): per-job
         blocks, the shared rows by the Woodbury identity, the epigraph variable by a Schur
         complement."""
@@ -327,7 +330,7 @@ class _JobBlocks:
         def solve_jobs(r: np.ndarray) -> np.ndarray:
             y = np.einsum("jbc,jc->jb", inverse, r)
             correction = (small_inverse * np.einsum("sjb,jb->s", shared, y)).sum(axis=1)
-            return y - np.einsum("sjb,s->jb", inverse_u, correction)
+            return cast(np.ndarray, y - np.einsum("sjb,s->jb", inverse_u, correction))
 
         t_entries = self.t_entries
         border = (w_epigraph * t_entries)[:, None] * epigraph
@@ -541,17 +544,17 @@ class _Operator:
 
     def times(self, x: np.ndarray) -> np.ndarray:
         if self.dense is not None:
-            return (self.dense * x).sum(axis=1)
+            return cast(np.ndarray, (self.dense * x).sum(axis=1))
         assert isinstance(self.rows, _Rows)  # (`_DenseRows` always have `dense`)
         return _flat(self.rows.times(x))
 
     def transposed(self, z: np.ndarray) -> np.ndarray:
         if self.dense is not None:
-            return (self.dense * z[:, None]).sum(axis=0)
+            return cast(np.ndarray, (self.dense * z[:, None]).sum(axis=0))
         assert isinstance(self.rows, _Rows)  # (`_DenseRows` always have `dense`)
         return self.rows.transposed_times(_split(z, self.like))
 
-    def normal_solver(self, block: _Block):  # type: ignore[no-untyped-def]
+    def normal_solver(self, block: _Block) -> Solver:
         """A solver of (delta I + G' M^-1 G) x = b, M^-1 the z block's inverse (its cones'
         part: `_JobBlocks`, the only programs with cones)."""
         if self.blocks is not None:
@@ -568,12 +571,12 @@ class _Operator:
 
 def _lorentz(u: np.ndarray) -> np.ndarray:
     """u0^2 - u1^2 - u2^2 of each cone (cones, 3): positive inside (ECOS's `socres`)."""
-    return u[:, 0] * u[:, 0] - u[:, 1] * u[:, 1] - u[:, 2] * u[:, 2]
+    return cast(np.ndarray, u[:, 0] * u[:, 0] - u[:, 1] * u[:, 1] - u[:, 2] * u[:, 2])
 
 
 def _safe_divide(x: np.ndarray | float, y: np.ndarray) -> np.ndarray:
     """ECOS's SAFEDIV_POS: x / y, with y no smaller than TINY."""
-    return x / np.maximum(y, TINY)  # (a NaN stays NaN, as in ECOS's macro)
+    return cast(np.ndarray, x / np.maximum(y, TINY))  # (a NaN stays NaN, as in ECOS's macro)
 
 
 class _ConeScaling:
@@ -641,11 +644,11 @@ class _ConeBlock:
 
     def solve(self, r: np.ndarray) -> np.ndarray:
         """F^-1 r, r lifted."""
-        return (self.inverse * r[:, None, :]).sum(axis=2)
+        return cast(np.ndarray, (self.inverse * r[:, None, :]).sum(axis=2))
 
     def residual(self, r: np.ndarray, lifted: np.ndarray) -> np.ndarray:
         """r + (W^2 + refinement's delta) lifted, r lifted (rz - G dx, and the lifted rows')."""
-        return r + (self.refined * lifted[:, None, :]).sum(axis=2)
+        return cast(np.ndarray, r + (self.refined * lifted[:, None, :]).sum(axis=2))
 
 
 class _Block:
@@ -760,7 +763,7 @@ class _Scaling:
 
     def times(self, z: np.ndarray) -> np.ndarray:
         if self.soc is None:
-            return self.w * z
+            return cast(np.ndarray, self.w * z)
         linear, cone = self.cones.parts(z)
         return np.concatenate([self.w * linear, self.soc.times(cone).ravel()])
 
@@ -790,7 +793,7 @@ def _iterate(rows: _Rows | _DenseRows, c: np.ndarray) -> np.ndarray:
     socs = rows.socs if isinstance(rows, _DenseRows) else 0
     cones = _Cones(h.size - SOC_SIZE * socs, socs)
 
-    def factor(block: _Block):  # type: ignore[no-untyped-def]
+    def factor(block: _Block) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
         """Solves [0 G'; G -W^2] [dx; dz] = [rx; rz] as ECOS does: regularised,
         [delta I, G'; G, -(W^2 + delta)] (on the linear rows -diag(v + delta)), and refined
         against that system while the error falls (ECOS: at most 9 times, while it falls
@@ -821,7 +824,8 @@ def _iterate(rows: _Rows | _DenseRows, c: np.ndarray) -> np.ndarray:
             return dx, dz, lifted
 
         def residual(rx: np.ndarray, rz: np.ndarray, dx: np.ndarray, dz: np.ndarray,
-                     dl: np.ndarray | None):  # type: ignore[no-untyped-def]
+                     dl: np.ndarray | None
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:  # fmt: skip
             ex = rx - op.transposed(dz) - REGULARIZATION * dx
             if soc is None or dl is None:
                 return ex, rz - op.times(dx) + block.refined * dz, None

@@ -199,7 +199,7 @@ class WaterFillingParams(MaxMinInteriorParams, forbid_unknown_fields=True):
 
 
 class WaterFillingPackedParams(WaterFillingParams, forbid_unknown_fields=True):
-    tie_break: Literal["center", "vertex"] = "center"  # type: ignore[assignment]
+    tie_break: Literal["center", "vertex"] = "center"
     """Among optimal allocations: a central one or a simplex corner (ECOS's point is the
     unpacked programs' only)."""
 
@@ -246,7 +246,7 @@ class FinishTimeParams(MaxMinInteriorParams, forbid_unknown_fields=True):
 
 
 class FinishTimePackedParams(FinishTimeParams, forbid_unknown_fields=True):
-    tie_break: Literal["center", "vertex"] = "center"  # type: ignore[assignment]
+    tie_break: Literal["center", "vertex"] = "center"
 
 
 class FinishTimeState(Struct, kw_only=True):

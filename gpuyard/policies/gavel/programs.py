@@ -85,7 +85,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 from ortools.graph.python import min_cost_flow
@@ -172,7 +172,7 @@ class Allocation:
 
     def job_time(self) -> np.ndarray:
         """Total time share of each job (alone and in pairs), shape [n]."""
-        total = self.shares.sum(axis=1)
+        total: np.ndarray = self.shares.sum(axis=1)
         if self.pairs.size:
             per_pair = self.pair_shares.sum(axis=1)
             np.add.at(total, self.pairs[:, 0], per_pair)
@@ -183,7 +183,7 @@ class Allocation:
         self, throughputs: np.ndarray, packing: Packing | None = None
     ) -> np.ndarray:
         """Each job's steps/s under this allocation, shape [n]."""
-        rate = (np.asarray(throughputs, dtype=np.float64) * self.shares).sum(axis=1)
+        rate: np.ndarray = (np.asarray(throughputs, dtype=np.float64) * self.shares).sum(axis=1)
         if self.pairs.size:
             if packing is None:
                 raise ValueError("this allocation has pairs: pass the Packing it was computed with")
@@ -217,11 +217,11 @@ class _Jobs:
 
     @property
     def n(self) -> int:
-        return self.throughputs.shape[0]
+        return cast(int, self.throughputs.shape[0])
 
     @property
     def k(self) -> int:
-        return self.throughputs.shape[1]
+        return cast(int, self.throughputs.shape[1])
 
 
 def _jobs(
@@ -299,7 +299,7 @@ def _isolated_shares(
     shares = shares / scale_factors[:, None]
     if mask is not None:
         shares = np.where(mask, shares, 0.0)
-    return shares / np.maximum(shares.sum(axis=1), 1.0)[:, None]
+    return cast(np.ndarray, shares / np.maximum(shares.sum(axis=1), 1.0)[:, None])
 
 
 def isolated(
@@ -325,7 +325,7 @@ def isolated_throughputs(
     """Each job's steps/s under `isolated` (the reference's yardstick for finish-time fairness)."""
     jobs = _jobs(throughputs, scale_factors, num_gpus)
     shares = _isolated_shares(jobs.n, jobs.scale_factors, jobs.num_gpus)
-    return (jobs.throughputs * shares).sum(axis=1)
+    return cast(np.ndarray, (jobs.throughputs * shares).sum(axis=1))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -339,7 +339,7 @@ def _concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     if total == 0:
         return np.zeros(0, dtype=np.int64)
     offsets = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return np.repeat(starts.astype(np.int64), lengths) + np.arange(total) - offsets
+    return cast(np.ndarray, np.repeat(starts.astype(np.int64), lengths) + np.arange(total) - offsets)
 
 
 def _matching_pairs(keys_a: np.ndarray, keys_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -984,7 +984,7 @@ def _gavel_can_rise(
     skeleton.add_rate_rows(milp, inv_prop, rows, lb=lower[rows])
     milp.set_objective(can_rise, skeleton.classes.members.astype(np.float64), maximize=True)
     try:
-        return _solve(milp, stats, solver, time_limit).values[can_rise] > 0.5
+        return cast(np.ndarray, _solve(milp, stats, solver, time_limit).values[can_rise] > 0.5)
     except SolveError:
         return np.zeros(skeleton.classes.count, dtype=bool)
 

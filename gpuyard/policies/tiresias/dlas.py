@@ -230,7 +230,8 @@ class TiresiasGittins(Tiresias):
     def restore(self, state: GittinsState) -> None:  # type: ignore[override]
         super().restore(state)
         self._learned, self._last_now = list(state.learned), state.last_now
-        self._last = {k: tuple(v) for k, v in state.last.items()}  # type: ignore[misc]
+        self._last = {k: (service, executed, gpus)
+                      for k, (service, executed, gpus) in state.last.items()}  # fmt: skip
         self._dirty = True
 
     def _learn(self, inp: SchedulingInput) -> None:

@@ -30,7 +30,7 @@ import math
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 from ortools.math_opt import model_pb2, result_pb2, solution_pb2
@@ -81,7 +81,7 @@ class Solution:
     """The solver call, including handing the model over and reading the values back."""
 
     def __getitem__(self, index: np.ndarray) -> np.ndarray:
-        return self.values[index]
+        return cast(np.ndarray, self.values[index])
 
 
 def _broadcast(value: float | np.ndarray, size: int, what: str) -> np.ndarray:

@@ -126,9 +126,9 @@ def walk(
     for pos, job in sequence:
         need = demand(job)
         r = job.record
-        t = r.gpu_type
-        lst = running.get(t)
-        if lst is not None and head[t] < len(lst) and lst[head[t]][1] is job:
+        t = r.gpu_type  # None for a job that holds no GPUs: not among the running
+        lst = running.get(t) if t is not None else None
+        if t is not None and lst is not None and head[t] < len(lst) and lst[head[t]][1] is job:
             # Running and not preempted: it competes for its own GPUs first, on its own type.
             head[t] += 1
             after[t] -= r.gpus

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from msgspec import Struct
@@ -266,7 +266,7 @@ class Admission(Service):
 
         def decide(
             spec: JobSpec, blocked: bool, never: str | None = None, at: float = now
-        ) -> tuple[str, str]:
+        ) -> tuple[Literal["admit", "hold", "reject"], str]:
             nonlocal retry_at
             decision = self._decide(
                 at, spec, view, jobs, blocked=blocked, never=never, next_decision=decides

@@ -26,7 +26,7 @@ from gpuyard.shared.connection import (
 )
 from gpuyard.shared.endpoints import Subjects
 from gpuyard.shared.identity import Caller
-from gpuyard.shared.model import Name
+from gpuyard.shared.model import NAME_PATTERN, Name
 
 from .accounts import JobAccounts
 from .procs import Places
@@ -108,7 +108,7 @@ def config_from_args(args: argparse.Namespace) -> NodeAgentConfig:
         msgspec.convert(args.node_id, Name)
     except msgspec.ValidationError:
         raise ValueError(
-            f"--node-id {args.node_id!r} must match {Name.__metadata__[0].pattern}"
+            f"--node-id {args.node_id!r} must match {NAME_PATTERN}"
         ) from None
     if "." in args.node_id:
         raise ValueError(f"--node-id {args.node_id!r} must not contain '.'")

@@ -23,7 +23,7 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta, Struct
@@ -453,7 +453,7 @@ class NodeAgent(Service):
             return
         if part.stopping and finished:  # it was told to stop just as it finished: report that
             reason = "finished as it was being stopped"
-        status = "failed" if failure[0] >= 0 else "completed"
+        status: Literal["failed", "completed"] = "failed" if failure[0] >= 0 else "completed"
         self.log.info("job.exited", job_id=job_id, status=status, exit_code=failure[1])
         self.pending_exits.append(
             JobExit(job_id=job_id, node_id=self.node_id, status=status, exit_code=failure[1],

@@ -9,8 +9,8 @@ import contextlib
 import hashlib
 import time
 import zlib
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 import msgspec
 from msgspec import Struct
@@ -53,6 +53,9 @@ from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobSpec, NodeSpec
 from gpuyard.shared.policy import NodeView, PlacementInput, PlacementPolicy, placement_policies
 from gpuyard.shared.service import Handler, Service
 from gpuyard.shared.store import Replicas
+
+Q = TypeVar("Q")
+R = TypeVar("R")
 
 
 class PlacementConfig(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -220,7 +223,9 @@ class Placement(Service):
             raise BadRequest(f"node {caller.name!r} may only report itself gone", field="$.gone")
         return await self._once("nodes", req, self.nodes_changed, NodesChangedReply)
 
-    async def _once(self, route: str, req: Any, handler: Any, reply_type: type[Any]) -> Any:
+    async def _once(
+        self, route: str, req: Q, handler: Callable[[Q], Awaitable[R]], reply_type: type[R]
+    ) -> R:
         """Durable: the last request again (a caller's retry after we stored its effect but died
         before the reply) gets the same reply, without applying it a second time."""
         if not self.durable:
@@ -524,7 +529,7 @@ class Placement(Service):
         if started:
             self._check([*to_place, *sharing], started)
         self.specs.update(req.specs)  # a running job that is resized is launched again
-        shares = {a.job_id: a.share_with for a in sharing}
+        shares = {a.job_id: a.share_with for a in sharing if a.share_with is not None}  # (all)
         failed, progress = await self._command(
             req.now, {**ended, **stopped}, started, self.specs, req.attempts, shares
         )
@@ -640,9 +645,9 @@ class Placement(Service):
         wanted = {a.job_id: a for a in allocations}
         # A job may join the GPUs of a job that will share them with it and stays where it is.
         joined: dict[str, set[GpuRef]] = {}
-        for a in allocations:
-            if a.share_with is not None and a.job_id in self.running:
-                joined.setdefault(a.share_with, set()).update(self.running[a.job_id])
+        for alloc in allocations:
+            if alloc.share_with is not None and alloc.job_id in self.running:
+                joined.setdefault(alloc.share_with, set()).update(self.running[alloc.job_id])
         used: set[GpuRef] = set()
         for job_id, gpus in started.items():
             a = wanted.get(job_id)

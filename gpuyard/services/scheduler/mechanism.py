@@ -29,7 +29,7 @@ Struct that the scheduler stores with the jobs, so a restarted scheduler goes on
 from __future__ import annotations
 
 import random
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 from msgspec import Meta, Struct
@@ -306,13 +306,15 @@ class TimeShareMechanism:
         chosen.sort(key=lambda c: -c[0])  # largest first: placement keeps them on few servers
         out: list[Allocation] = []
         for size, t, key in chosen:
-            first, *rest = pairs.get(key) or (key,)
-            out.append(Allocation(first, size, t))
-            out += [Allocation(other, size, t, share_with=first) for other in rest]
+            lead, *rest = pairs.get(key) or (key,)
+            out.append(Allocation(lead, size, t))
+            out += [Allocation(other, size, t, share_with=lead) for other in rest]
         return out
 
 
-def make_mechanism(kind: str, config: TimeShareConfig, round_s: float) -> Any:
+def make_mechanism(
+    kind: str, config: TimeShareConfig, round_s: float
+) -> AllocationsMechanism | TimeShareMechanism:
     """The mechanism a policy asks for (`SchedulingPolicy.mechanism`)."""
     if kind == "time_shares":
         return TimeShareMechanism(config, round_s)

@@ -19,7 +19,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 import msgspec
 from msgspec import Meta, Struct
@@ -93,6 +93,8 @@ from .guard import check, hold_leases, made_whole
 from .identity import check_exits, may_cancel, ran_there, shown_to
 from .jobs import CountsLog, JobTable
 from .mechanism import AllocationsMechanism, TimeShareConfig, make_mechanism
+
+R = TypeVar("R")
 
 
 class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -205,7 +207,7 @@ class Scheduler(Service):
     # ------------------------------------------------------------------ policy
 
     def install_policy(self, name: str, params: dict[str, Any]) -> None:
-        policy = self.make_policy(name, params)
+        policy = cast(SchedulingPolicy, self.make_policy(name, params))  # from scheduling_policies
         if policy.needs.throughputs and self.config.throughputs == "default":
             raise PolicyError(
                 f"scheduling policy {name!r} needs a measured throughput model; configure "
@@ -311,8 +313,9 @@ class Scheduler(Service):
             m = restored.meta
             swapped = m.policy is not None and (m.policy, m.params) != self.configured
             if swapped and (m.configured, m.configured_params) == self.configured:
+                assert m.policy is not None  # (swapped)
                 try:  # a runtime swap outlives a restart with the same configuration
-                    self.install_policy(m.policy, m.params)  # type: ignore[arg-type]
+                    self.install_policy(m.policy, m.params)
                 except PolicyError as exc:
                     self.log.error("policy.not_restored", policy=m.policy, error=str(exc))
             self.released, self.last_round = list(m.released), m.last_round
@@ -366,7 +369,7 @@ class Scheduler(Service):
             self.log.warning("state.stray_jobs_released", jobs=strays[:10], count=len(strays))
         await self.persist()
 
-    async def _placement(self, endpoint: Endpoint[Any, Any], msg: Any) -> Any:
+    async def _placement(self, endpoint: Endpoint[Any, R], msg: Any) -> R:
         return await self.bus.call(
             endpoint, msg, within_s=self.config.call_timeout_s, retry_for_s=self.config.retry_for_s
         )

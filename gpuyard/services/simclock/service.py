@@ -109,7 +109,7 @@ class SimClock(Service):
 
     # ------------------------------------------------------------------ requests
 
-    async def run(self, _: RunRequest) -> Ack:
+    async def run(self, _request: RunRequest) -> Ack:
         if self.task is not None:
             raise BadRequest("the simulation has already been started")
         # Reading the files (node events can be a million lines) stays off the event loop.
