@@ -98,7 +98,9 @@ class Runs:
 def count_done_lines(root: Path, ids: list[str]) -> dict[str, int]:
     """How many times each job ran to its end (its rank 0's last line), across nodes and attempts."""
     return {
-        j: sum(p.read_text().count("done at step") for p in root.glob(f"*/logs/{NAME}/{j}/rank0.log"))
+        j: sum(
+            p.read_text().count("done at step") for p in root.glob(f"*/logs/{NAME}/{j}/rank0.log")
+        )
         for j in ids
     }
 
@@ -123,6 +125,7 @@ async def main(args: argparse.Namespace) -> int:
     configs = control_plane_configs(round_s=1.0)
     services = ServiceSet(url, NAME, configs, processes=True, log_file=root / "control.log")
     await services.start()
+
     async def quiet(_: Exception) -> None:  # (the outages are the drill's own doing)
         return None
 
@@ -177,7 +180,9 @@ async def main(args: argparse.Namespace) -> int:
     await asyncio.sleep(args.gap)
     victim = nodes[-1]
     info = await bus.call(CLUSTER, Empty(), within_s=10, retry_for_s=30)
-    expected_requeues = {j for j, gpus in info.busy.items() if any(g.node_id == victim for g in gpus)}
+    expected_requeues = {
+        j for j, gpus in info.busy.items() if any(g.node_id == victim for g in gpus)
+    }
     before = registrations(victim)
     agents[victim].kill()
     await agents[victim].wait()
@@ -213,9 +218,13 @@ async def main(args: argparse.Namespace) -> int:
     twice = [j for j, n in done_lines.items() if n > 1]
     requeued = {j.job_id for j in page.jobs if j.preemptions}
     overlaps = runs.overlaps()
-    print(f"{len(ids)} jobs on {args.agents} agents x 2 GPUs, {took:.0f} s from submission to the last end")
+    print(
+        f"{len(ids)} jobs on {args.agents} agents x 2 GPUs, {took:.0f} s from submission to the last end"
+    )
     print(f"  completed {len(ids) - len(lost)}, lost {len(lost)} {lost[:5]}")
-    print(f"  run to the end twice: {len(twice)} {twice[:5]}; runs at once: {len(overlaps)} {overlaps[:3]}")
+    print(
+        f"  run to the end twice: {len(twice)} {twice[:5]}; runs at once: {len(overlaps)} {overlaps[:3]}"
+    )
     unexpected = sorted(requeued - expected_requeues, key=lambda j: int(re.sub(r"\D", "", j)))
     print(f"  requeued: {len(requeued)} ({len(requeued & expected_requeues)} of the "
           f"{len(expected_requeues)} on the killed agent; others: {unexpected[:8]})")  # fmt: skip

@@ -35,7 +35,9 @@ from gpuyard.policies.gavel import programs
 GPU_TYPES = ("v100", "p100", "k80")
 SCALE_FACTORS = (1, 2, 4, 8)
 SCALE_PROBABILITIES = (0.70, 0.10, 0.15, 0.05)
-DEFAULT_THROUGHPUTS = Path(__file__).resolve().parents[2] / "shared/data/gavel/simulation_throughputs.json"
+DEFAULT_THROUGHPUTS = (
+    Path(__file__).resolve().parents[2] / "shared/data/gavel/simulation_throughputs.json"
+)
 
 
 def load_table(path: Path) -> tuple[list[tuple[str, int]], np.ndarray, np.ndarray]:
@@ -63,8 +65,12 @@ def draw_jobs(
     index = {key: i for i, key in enumerate(keys)}
     names = rng.integers(0, len(templates), n)
     scale = rng.choice(SCALE_FACTORS, n, p=SCALE_PROBABILITIES)
-    types = np.array([index.get((templates[t], int(s)), index[(templates[t], 1)])
-                      for t, s in zip(names, scale, strict=True)])
+    types = np.array(
+        [
+            index.get((templates[t], int(s)), index[(templates[t], 1)])
+            for t, s in zip(names, scale, strict=True)
+        ]
+    )
     return types, np.array([keys[t][1] for t in types], dtype=np.float64)
 
 
@@ -79,8 +85,10 @@ def measure(label: str, run: Callable[[], programs.Allocation], repeat: int, tar
         solves.append(allocation.stats.solve_seconds)
         solves_n = allocation.stats.num_solves
     assert allocation is not None
-    print(f"{label:<52}{statistics.median(builds) * 1e3:>9.1f}{statistics.median(solves) * 1e3:>9.1f}"
-          f"{statistics.median(totals) * 1e3:>9.1f}{solves_n:>7}  {target}")
+    print(
+        f"{label:<52}{statistics.median(builds) * 1e3:>9.1f}{statistics.median(solves) * 1e3:>9.1f}"
+        f"{statistics.median(totals) * 1e3:>9.1f}{solves_n:>7}  {target}"
+    )
 
 
 def main() -> None:
@@ -92,8 +100,10 @@ def main() -> None:
     keys, alone, pair_table = load_table(args.throughputs)
     gpus = np.array([36.0, 36.0, 36.0])
     rng = np.random.default_rng(args.seed)
-    print(f"{len(keys)} job types from {args.throughputs}; cluster 36 V100 + 36 P100 + 36 K80; "
-          f"median of {args.repeat}")
+    print(
+        f"{len(keys)} job types from {args.throughputs}; cluster 36 V100 + 36 P100 + 36 K80; "
+        f"median of {args.repeat}"
+    )
     print(f"{'program':<52}{'build ms':>9}{'solve ms':>9}{'total ms':>9}{'solves':>7}  target")
 
     def case(n: int, distinct: bool) -> dict[str, object]:
@@ -101,46 +111,101 @@ def main() -> None:
         tput = alone[types] * (rng.uniform(0.95, 1.05, (n, len(GPU_TYPES))) if distinct else 1.0)
         remaining = tput[:, 0] * 60 * 10 ** rng.uniform(1.5, 4, n)
         return {
-            "throughputs": tput, "scale_factors": sf, "weights": np.ones(n),
-            "remaining": remaining, "since_start": rng.uniform(0, 3600 * 10, n),
+            "throughputs": tput,
+            "scale_factors": sf,
+            "weights": np.ones(n),
+            "remaining": remaining,
+            "since_start": rng.uniform(0, 3600 * 10, n),
             "packing": programs.Packing(types, pair_table),
         }
 
     for distinct in (False, True):
         suffix = " (distinct)" if distinct else ""
         big, mid, small = case(2048, distinct), case(500, distinct), case(200, distinct)
-        measure(f"max_min_fairness_perf, 2048 jobs{suffix}", lambda c=big: programs.max_min_fairness(
-            c["throughputs"], c["scale_factors"], c["weights"], gpus), args.repeat,
-            "" if distinct else "<= 60 ms")
-        measure(f"max_min_fairness (agnostic), 2048 jobs{suffix}",
-                lambda c=big: programs.max_min_fairness(
-                    programs.agnostic_throughputs(c["throughputs"]), c["scale_factors"],
-                    c["weights"], gpus), args.repeat, "")
-        measure(f"max_min_fairness_packed, 500 jobs{suffix}", lambda c=mid: programs.max_min_fairness(
-            c["throughputs"], c["scale_factors"], c["weights"], gpus, packing=c["packing"]),
-            args.repeat, "" if distinct else "<= 2000 ms")
-        measure(f"finish_time_fairness_perf, 500 jobs{suffix}",
-                lambda c=mid: programs.finish_time_fairness(
-                    c["throughputs"], c["scale_factors"], c["weights"], gpus, c["remaining"],
-                    c["since_start"]), args.repeat, "" if distinct else "<= 300 ms")
-        measure(f"finish_time_fairness_perf (ECOS's point), 200 jobs{suffix}",
-                lambda c=small: programs.finish_time_fairness(
-                    c["throughputs"], c["scale_factors"], c["weights"], gpus, c["remaining"],
-                    c["since_start"], tie_break="interior"), args.repeat, "")
-        measure(f"water_filling_perf, 500 jobs{suffix}",
-                lambda c=mid: programs.max_min_fairness_water_filling(
-                    c["throughputs"], c["scale_factors"], c["weights"], gpus), args.repeat,
-                "" if distinct else "<= 1000 ms")
-        measure(f"water_filling_perf (exact test), 500 jobs{suffix}",
-                lambda c=mid: programs.max_min_fairness_water_filling(
-                    c["throughputs"], c["scale_factors"], c["weights"], gpus,
-                    bottleneck_test="exact"), args.repeat, "")
-        measure(f"min_total_duration_perf, 500 jobs{suffix}",
-                lambda c=mid: programs.min_total_duration(
-                    c["throughputs"], c["scale_factors"], gpus, c["remaining"]), args.repeat, "")
-        measure(f"max_sum_throughput_perf, 500 jobs{suffix}",
-                lambda c=mid: programs.max_sum_throughput(
-                    c["throughputs"], c["scale_factors"], gpus), args.repeat, "")
+        measure(
+            f"max_min_fairness_perf, 2048 jobs{suffix}",
+            lambda c=big: programs.max_min_fairness(
+                c["throughputs"], c["scale_factors"], c["weights"], gpus
+            ),
+            args.repeat,
+            "" if distinct else "<= 60 ms",
+        )
+        measure(
+            f"max_min_fairness (agnostic), 2048 jobs{suffix}",
+            lambda c=big: programs.max_min_fairness(
+                programs.agnostic_throughputs(c["throughputs"]),
+                c["scale_factors"],
+                c["weights"],
+                gpus,
+            ),
+            args.repeat,
+            "",
+        )
+        measure(
+            f"max_min_fairness_packed, 500 jobs{suffix}",
+            lambda c=mid: programs.max_min_fairness(
+                c["throughputs"], c["scale_factors"], c["weights"], gpus, packing=c["packing"]
+            ),
+            args.repeat,
+            "" if distinct else "<= 2000 ms",
+        )
+        measure(
+            f"finish_time_fairness_perf, 500 jobs{suffix}",
+            lambda c=mid: programs.finish_time_fairness(
+                c["throughputs"],
+                c["scale_factors"],
+                c["weights"],
+                gpus,
+                c["remaining"],
+                c["since_start"],
+            ),
+            args.repeat,
+            "" if distinct else "<= 300 ms",
+        )
+        measure(
+            f"finish_time_fairness_perf (ECOS's point), 200 jobs{suffix}",
+            lambda c=small: programs.finish_time_fairness(
+                c["throughputs"],
+                c["scale_factors"],
+                c["weights"],
+                gpus,
+                c["remaining"],
+                c["since_start"],
+                tie_break="interior",
+            ),
+            args.repeat,
+            "",
+        )
+        measure(
+            f"water_filling_perf, 500 jobs{suffix}",
+            lambda c=mid: programs.max_min_fairness_water_filling(
+                c["throughputs"], c["scale_factors"], c["weights"], gpus
+            ),
+            args.repeat,
+            "" if distinct else "<= 1000 ms",
+        )
+        measure(
+            f"water_filling_perf (exact test), 500 jobs{suffix}",
+            lambda c=mid: programs.max_min_fairness_water_filling(
+                c["throughputs"], c["scale_factors"], c["weights"], gpus, bottleneck_test="exact"
+            ),
+            args.repeat,
+            "",
+        )
+        measure(
+            f"min_total_duration_perf, 500 jobs{suffix}",
+            lambda c=mid: programs.min_total_duration(
+                c["throughputs"], c["scale_factors"], gpus, c["remaining"]
+            ),
+            args.repeat,
+            "",
+        )
+        measure(
+            f"max_sum_throughput_perf, 500 jobs{suffix}",
+            lambda c=mid: programs.max_sum_throughput(c["throughputs"], c["scale_factors"], gpus),
+            args.repeat,
+            "",
+        )
 
 
 if __name__ == "__main__":

@@ -80,7 +80,13 @@ async def wait_nodes(bus: Bus, n: int, within_s: float = 60) -> None:
 
 
 async def start_agent(
-    url: str, node: str, root: Path, *, gpus: int = 2, gpu_type: str = "t4", profile: Path | None = None
+    url: str,
+    node: str,
+    root: Path,
+    *,
+    gpus: int = 2,
+    gpu_type: str = "t4",
+    profile: Path | None = None,
 ) -> asyncio.subprocess.Process:
     """A real node agent process (GPUs from flags), as itself when given its profile."""
     identity = ["--nats-config", str(profile)] if profile else []
@@ -160,10 +166,7 @@ async def heartbeats(url: str, n: int, seconds: float) -> dict[str, float]:
             for i in range(n)
         ]
         await asyncio.gather(
-            *(
-                bus.call(REGISTER, RegisterNode(now=time.time(), node=node))
-                for node in nodes
-            )
+            *(bus.call(REGISTER, RegisterNode(now=time.time(), node=node)) for node in nodes)
         )
         gpus = [GpuMetrics(index=g, utilization=50.0, memory_used_mib=1000) for g in range(8)]
 
@@ -225,7 +228,11 @@ async def secured(args: argparse.Namespace, root: Path) -> None:
     creds = Credentials(root / "state", CLUSTER)
     creds.init()
     nodes = [f"n{i}" for i in range(args.secure_agents)]
-    for caller in [*(Caller("node", n) for n in nodes), Caller("node", "victim"), Caller("user", "bench")]:
+    for caller in [
+        *(Caller("node", n) for n in nodes),
+        Caller("node", "victim"),
+        Caller("user", "bench"),
+    ]:
         creds.add(caller)
     if args.insecure:  # the same, without auth and TLS, to compare
         server = EmbeddedNats(state_dir=creds.root)
@@ -256,7 +263,9 @@ async def secured(args: argparse.Namespace, root: Path) -> None:
             watcher = Bus(await connect(url, name="bench-op", auth=op), Subjects(CLUSTER),
                           caller=op.caller)  # fmt: skip
             started = Started()
-            await watcher.nc.subscribe(watcher.subjects.of(EVENT, type="job.started"), cb=started.on_event)
+            await watcher.nc.subscribe(
+                watcher.subjects.of(EVENT, type="job.started"), cb=started.on_event
+            )
             try:
                 await wait_nodes(watcher, len(nodes))
                 if "serial" in args.only:
@@ -330,7 +339,9 @@ async def bulk(args: argparse.Namespace, bus: Bus, started: Started) -> None:
     and until the first round has placed them (as many running as the cluster has GPUs); then
     every one is cancelled."""
     gpus = args.secure_agents * 2  # (start_agent's)
-    jobs = [{"job_id": f"b{i}", "num_gpus": 1, "command": ["sleep", "30"]} for i in range(args.bulk)]
+    jobs = [
+        {"job_id": f"b{i}", "num_gpus": 1, "command": ["sleep", "30"]} for i in range(args.bulk)
+    ]
     t0 = time.perf_counter()
     reply = await bus.call(SUBMIT, {"jobs": jobs})
     answered = time.perf_counter() - t0
@@ -352,8 +363,12 @@ async def service_stats(bus: Bus) -> None:
     for name, token in SERVICE_TOKENS.items():
         if name != "simclock":
             st = await bus.call(STATS, Empty(), svc=token)
-            calls = ", ".join(f"{k} {int(n)} x {1000 * t / max(n, 1):.1f} ms" for k, (n, t) in st.requests.items())
-            print(f"  {name}: {st.handled} requests, {st.handler_s:.1f} s in handlers; calls: {calls}")
+            calls = ", ".join(
+                f"{k} {int(n)} x {1000 * t / max(n, 1):.1f} ms" for k, (n, t) in st.requests.items()
+            )
+            print(
+                f"  {name}: {st.handled} requests, {st.handler_s:.1f} s in handlers; calls: {calls}"
+            )
 
 
 async def kill_mid_command(
@@ -384,7 +399,12 @@ async def kill_mid_command(
             )  # fmt: skip
             await wait_nodes(watcher, args.secure_agents + 1)
         os.kill(victim.pid, signal.SIGSTOP)
-        big = {"job_id": f"k{attempt}", "num_gpus": 8, "gpu_type": "a100", "command": ["sleep", "60"]}
+        big = {
+            "job_id": f"k{attempt}",
+            "num_gpus": 8,
+            "gpu_type": "a100",
+            "command": ["sleep", "60"],
+        }
         await bus.call(SUBMIT, {"jobs": [big]})
         await asyncio.sleep(0.3)  # placement now waits for the stopped victim's answer
         os.kill(victim.pid, signal.SIGKILL)
@@ -440,6 +460,7 @@ async def main(args: argparse.Namespace) -> None:
                         f"{hb['max_heartbeat_age_s']:.2f} s",
                         flush=True,
                     )
+
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__)

@@ -46,9 +46,11 @@ def sweep(folder: Path, *extra: str) -> tuple[float, pd.DataFrame]:
         cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     wall = time.perf_counter() - started
-    print(f"  busy CPU time of the machine meanwhile: {machine_cpu_s() - cpu:,.0f} s "
-          f"(on {len(os.sched_getaffinity(0))} idle CPUs: about "
-          f"{(machine_cpu_s() - cpu) / len(os.sched_getaffinity(0)):,.0f} s of wall time)")
+    print(
+        f"  busy CPU time of the machine meanwhile: {machine_cpu_s() - cpu:,.0f} s "
+        f"(on {len(os.sched_getaffinity(0))} idle CPUs: about "
+        f"{(machine_cpu_s() - cpu) / len(os.sched_getaffinity(0)):,.0f} s of wall time)"
+    )
     if result.returncode != 0:
         sys.exit(f"gpuyard sweep failed ({result.returncode}):\n{result.stderr[-2000:]}")
     return wall, pd.read_parquet(folder / "out" / "results.parquet")
@@ -58,8 +60,10 @@ def report(label: str, wall: float, table: pd.DataFrame) -> None:
     print(f"{label}: {len(table)} runs of {int(table['jobs'].iloc[0]):,} jobs in {wall:,.1f} s "
           f"({60 * len(table) / wall:,.1f} runs/min); every run ok: "
           f"{bool((table['status'] == 'ok').all())}")  # fmt: skip
-    print(f"  per run (its simulation's wall time): median {table['wall_s'].median():.2f} s, "
-          f"p95 {table['wall_s'].quantile(0.95):.2f} s, sum {table['wall_s'].sum():,.0f} s")
+    print(
+        f"  per run (its simulation's wall time): median {table['wall_s'].median():.2f} s, "
+        f"p95 {table['wall_s'].quantile(0.95):.2f} s, sum {table['wall_s'].sum():,.0f} s"
+    )
 
 
 def main() -> None:
@@ -91,8 +95,14 @@ def main() -> None:
                 async with EmbeddedNats() as url:
                     workers = [
                         await asyncio.create_subprocess_exec(
-                            sys.executable, "-m", "gpuyard.cli", "worker", "--nats", url,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            sys.executable,
+                            "-m",
+                            "gpuyard.cli",
+                            "worker",
+                            "--nats",
+                            url,
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
                         )
                         for _ in range(args.workers)
                     ]

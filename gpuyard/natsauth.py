@@ -337,7 +337,9 @@ class Credentials:
         for path in sorted(self.profiles.glob("*.json")):
             profile = msgspec.json.decode(path.read_bytes(), type=ConnectionProfile)
             if (profile.url, profile.tls_ca) != (url, tls_ca):
-                _write_private(path, _pretty(msgspec.structs.replace(profile, url=url, tls_ca=tls_ca)))
+                _write_private(
+                    path, _pretty(msgspec.structs.replace(profile, url=url, tls_ca=tls_ca))
+                )
 
     def _save(self, index: Identities) -> None:
         _write_private(self.index_path, _pretty(index))
@@ -349,7 +351,10 @@ class Credentials:
         """`authorization { users: [...] }` for nats-server: public keys and permissions."""
         index = index or self.index()
         users = [
-            {"nkey": i.public_key, "permissions": permissions(Caller.parse(i.identity), self.cluster)}
+            {
+                "nkey": i.public_key,
+                "permissions": permissions(Caller.parse(i.identity), self.cluster),
+            }
             for i in index.identities
         ]
         body = json.dumps({"users": users}, indent=2)

@@ -331,10 +331,7 @@ async def show_policies(
 ) -> dict[str, PolicyInfo | str]:
     """Each service's active policy, or why it could not be asked."""
     results = await asyncio.gather(
-        *(
-            bus.call(POLICY, Empty(), within_s=3.0, svc=SERVICE_TOKENS[s])
-            for s in services
-        ),
+        *(bus.call(POLICY, Empty(), within_s=3.0, svc=SERVICE_TOKENS[s]) for s in services),
         return_exceptions=True,
     )
     return {

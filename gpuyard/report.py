@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 _PYPLOT = threading.Lock()
 """pyplot is not thread-safe: simulations in one process write their results one at a time."""
 
+
 @functools.cache
 def pyplot() -> ModuleType:
     """matplotlib's pyplot, on the Agg backend, imported by the first figure drawn: a run
@@ -61,7 +62,9 @@ def efficiency_frame(
             gpu_type = node_types.get(gpus[0].node_id, model.reference_gpu_type)
             job_type = job_types.get(job_id, "default")
             one = model.throughput(job_type, gpu_type, 1)
-            current[job_id] = model.throughput(job_type, gpu_type, len(gpus)) / one if one > 0 else 0.0
+            current[job_id] = (
+                model.throughput(job_type, gpu_type, len(gpus)) / one if one > 0 else 0.0
+            )
         else:
             current.pop(job_id, None)
         value = sum(current.values()) / total_gpus if total_gpus else 0.0
@@ -285,9 +288,7 @@ def thinned_ranks(n: int, most: int = PLOTTED_POINTS) -> np.ndarray:
     return np.unique(np.linspace(0, n - 1, most).round().astype(np.int64))
 
 
-def thinned_steps(
-    x: np.ndarray, ys: list[np.ndarray], most: int = PLOTTED_POINTS
-) -> np.ndarray:
+def thinned_steps(x: np.ndarray, ys: list[np.ndarray], most: int = PLOTTED_POINTS) -> np.ndarray:
     """Indices of the points of step series over increasing `x` that a plot needs: all of them
     when there are at most `most`; else, in each of as many spans of `x` as leave at most `most`,
     its first and last point and each series' lowest and highest (the envelope the pixels show)."""
@@ -295,9 +296,7 @@ def thinned_steps(
     if n <= most:
         return np.arange(n)
     count = max(most // (2 + 2 * len(ys)), 1)
-    spans = np.minimum(
-        ((x - x[0]) / max(x[-1] - x[0], 1e-300) * count).astype(np.int64), count - 1
-    )
+    spans = np.minimum(((x - x[0]) / max(x[-1] - x[0], 1e-300) * count).astype(np.int64), count - 1)
     first = np.flatnonzero(np.r_[True, spans[1:] != spans[:-1]])
     last = np.r_[first[1:] - 1, n - 1]
     keep = np.zeros(n, dtype=bool)
@@ -308,9 +307,7 @@ def thinned_steps(
     return np.flatnonzero(keep)
 
 
-def plot_deadlines(
-    jobs: Table, efficiency: Table | None, path: Path, caption: str = ""
-) -> Path:
+def plot_deadlines(jobs: Table, efficiency: Table | None, path: Path, caption: str = "") -> Path:
     """Deadline outcomes (met, missed, declined, best-effort) and, if known, cluster efficiency
     over time."""
     panels = 2 if efficiency is not None and len(efficiency) else 1
@@ -386,9 +383,7 @@ def write_results(
     return summary
 
 
-def idle_node_utilization(
-    timeline: Table, until: float | None, jobs: Table
-) -> float | None:
+def idle_node_utilization(timeline: Table, until: float | None, jobs: Table) -> float | None:
     """Node-time in use over the node-time present (idle nodes, in BFTrainer's replays), from time
     0 (the replay's start) to `until`, by default the last job's end."""
     if until is None and (~np.isnan(jobs["end"])).any():
@@ -403,9 +398,7 @@ def idle_node_utilization(
     return used / present if present > 0 else None
 
 
-def plot_node_churn(
-    timeline: Table, path: Path, caption: str, summary: dict[str, Any]
-) -> Path:
+def plot_node_churn(timeline: Table, path: Path, caption: str, summary: dict[str, Any]) -> Path:
     """Idle nodes and the nodes jobs use, over time; below, running and queued jobs."""
     fig, (top, bottom) = pyplot().subplots(2, 1, figsize=(9, 6), sharex=True,
                                            gridspec_kw={"height_ratios": [2, 1]})  # fmt: skip

@@ -78,7 +78,9 @@ class Secured:
     async def client(self, identity: str) -> Client:
         """A connection as `identity` (`user.alice`, `node.n1`, `op.admin`)."""
         caller = Caller.parse(identity)
-        return await connect_as(self.stack, self.url, NatsAuth.from_profile(self.creds.profile(caller)))
+        return await connect_as(
+            self.stack, self.url, NatsAuth.from_profile(self.creds.profile(caller))
+        )
 
     async def job(self, job_id: str) -> JobRecord:
         op = await self.client(OPERATOR.token)

@@ -87,12 +87,16 @@ async def test_the_scheduler_sends_every_allocation_to_a_placement_that_lost_its
         try:
             async with ServiceSet(nats_url, "refused", placement, log_level="error"):
                 await bus.call(NODES, NodesChanged(now=0.0, up=[node]))
-                status = await bus.call(ENQUEUE, EnqueueRequest(now=1.0, jobs=[spec("j1", 4)], tick=True))
+                status = await bus.call(
+                    ENQUEUE, EnqueueRequest(now=1.0, jobs=[spec("j1", 4)], tick=True)
+                )
                 assert status.running == 1
             async with ServiceSet(nats_url, "refused", placement, log_level="error"):
                 await bus.call(NODES, NodesChanged(now=2.0, up=[node]))
                 await bus.call(CANCEL, CancelRequest(job_ids=["j1"], now=3.0))
-                status = await bus.call(ENQUEUE, EnqueueRequest(now=3.0, jobs=[spec("j2", 2)], tick=True))
+                status = await bus.call(
+                    ENQUEUE, EnqueueRequest(now=3.0, jobs=[spec("j2", 2)], tick=True)
+                )
                 if not status.running:  # (the cancel's round may come with the next tick)
                     status = await bus.call(TICK, TickRequest(now=3.0))
                 assert status.running == 1

@@ -164,7 +164,9 @@ def test_a_broken_node_log_is_one_line_naming_the_file(
 ) -> None:
     (tmp_path / "events.csv").write_text(log)
     (tmp_path / "JNPs.csv").write_text(CURVE)
-    (tmp_path / "Jbnd.csv").write_text("job,Tcup,Tcdw,Jmin,Jmax,Pmax,Tsub\nA,2,1,1,2,1000,2021-02-10 00:00:00\n")
+    (tmp_path / "Jbnd.csv").write_text(
+        "job,Tcup,Tcdw,Jmin,Jmax,Pmax,Tsub\nA,2,1,1,2,1000,2021-02-10 00:00:00\n"
+    )
     proc = subprocess.run(
         [sys.executable, "-m", "gpuyard.cli", "sim", "--policy", "bftrainer", "--trace",
          "Jbnd.csv", "--throughputs", "JNPs.csv", "--node-events", "events.csv", "--out", "out"],

@@ -257,7 +257,9 @@ def test_a_job_that_can_never_run_is_listed_as_declined_with_why(tmp_path: Path)
     assert rows["1"]["state"] == "completed"
     declined = rows["0"]
     assert (declined["state"], declined["admission"], declined["num_gpus"]) == (
-        "declined", "declined", "16"
+        "declined",
+        "declined",
+        "16",
     )
     assert "16 GPUs" in declined["reason"] and declined["start"] == ""
     assert json.loads((out / "summary.json").read_text())["declined"] == 1
@@ -432,7 +434,9 @@ def test_a_durable_simulation_gives_the_same_results(tmp_path: Path) -> None:
     durable = gpuyard("sim", *args, "--durable", "--out", str(tmp_path / "durable"))
     assert plain.returncode == 0 and durable.returncode == 0, durable.stderr
     for name in ("jobs.csv", "timeline.csv"):
-        assert (tmp_path / "durable" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes()
+        assert (tmp_path / "durable" / name).read_bytes() == (
+            tmp_path / "plain" / name
+        ).read_bytes()
     # Each durable service loaded its (empty) bucket before serving; the plain run has none.
     for run, restored in (("durable", 3), ("plain", 0)):
         log = (tmp_path / run / "services.log").read_text()

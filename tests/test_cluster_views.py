@@ -109,7 +109,9 @@ class Views:
         return await self.c.until(check, f"{job_id} {state}", within_s)
 
     def job_log(self, job_id: str) -> str:
-        return "".join(p.read_text() for p in sorted(self.root.glob(f"*/logs/*/{job_id}/rank*.log")))
+        return "".join(
+            p.read_text() for p in sorted(self.root.glob(f"*/logs/*/{job_id}/rank*.log"))
+        )
 
 
 @pytest.fixture
@@ -162,7 +164,9 @@ async def test_jobs_start_where_they_were_submitted_and_need_a_command(
     # No command: the CLI refuses a job file without one, before sending anything ...
     (tmp_path / "job.toml").write_text("num_gpus = 1\n")
     code, _, err = await views.gpuyard("user.alice", "submit", "--file", str(tmp_path / "job.toml"))
-    assert code == 2 and err.strip().endswith("job.toml: the job has no `command`: nothing would run")
+    assert code == 2 and err.strip().endswith(
+        "job.toml: the job has no `command`: nothing would run"
+    )
     code, _, err = await views.gpuyard("user.alice", "submit")
     assert code == 2 and "give the job's command after `--`" in err
     # ... and admission refuses one that another client sends.
@@ -179,7 +183,9 @@ async def test_jobs_start_where_they_were_submitted_and_need_a_command(
     jobs = [{"num_gpus": 1, "command": ["true"]}, {"num_gpus": "two", "command": ["true"]},
             {"num_gpus": 1, "command": ["true"]}]  # fmt: skip
     (tmp_path / "jobs.json").write_text(json.dumps({"jobs": jobs}))
-    code, out, err = await views.gpuyard("user.alice", "submit", "--file", str(tmp_path / "jobs.json"))
+    code, out, err = await views.gpuyard(
+        "user.alice", "submit", "--file", str(tmp_path / "jobs.json")
+    )
     assert code == 1 and out.count("submitted ") == 2, (out, err)
     assert "rejected a job: Expected `int`, got `str` (at $.jobs[1].num_gpus)" in err
 

@@ -21,7 +21,10 @@ from gpuyard.shared.endpoints import (
 from gpuyard.shared.model import ClusterSpec
 
 SCHEMA = (
-    Path(__file__).resolve().parents[1] / "gpuyard" / "shared" / "schema"
+    Path(__file__).resolve().parents[1]
+    / "gpuyard"
+    / "shared"
+    / "schema"
     / f"contract-v{CONTRACT_VERSION}.json"
 )
 

@@ -36,7 +36,10 @@ from tests.polling import free_port, until
 # A first run builds the base image and the wheelhouse (about two minutes) within the first test.
 # One test process runs them all (`--dist loadgroup`): the image builds and Docker are shared.
 pytestmark = [
-    pytest.mark.deploy, pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.xdist_group("deploy")
+    pytest.mark.deploy,
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+    pytest.mark.xdist_group("deploy"),
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -351,7 +354,9 @@ def test_the_three_broker_control_plane_loses_nothing_when_a_broker_and_the_sche
 
         def both_nodes() -> bool:
             result = gpuyard("nodes", "--json", *compose.nats, check=False, timeout=30)
-            return result.returncode == 0 and len(json.loads(result.stdout)["cluster"]["nodes"]) == 2
+            return (
+                result.returncode == 0 and len(json.loads(result.stdout)["cluster"]["nodes"]) == 2
+            )
 
         until(both_nodes, "two registered node agents", 120)
         train = ["python", "examples/train.py", "--steps", "200", "--step-time", "0.05"]
@@ -405,8 +410,19 @@ def test_the_broker_keeps_the_event_stream_on_its_volume(cluster: Compose) -> No
     events = until(after, "the stored events from the new broker", 60)
     assert events[: len(before)] == before
     # The durable services reconnect to it and go on: a job submitted now runs.
-    submission = ["submit", *cluster.nats, "--chdir", "/opt/gpuyard", "--", "python", "-c", "print(1)"]
-    job = until(lambda: gpuyard(*submission, check=False).stdout.split()[-1:], "a submission", 60)[0]
+    submission = [
+        "submit",
+        *cluster.nats,
+        "--chdir",
+        "/opt/gpuyard",
+        "--",
+        "python",
+        "-c",
+        "print(1)",
+    ]
+    job = until(lambda: gpuyard(*submission, check=False).stdout.split()[-1:], "a submission", 60)[
+        0
+    ]
     assert wait_ended(cluster, [job], 60) == {job: "completed"}
 
 

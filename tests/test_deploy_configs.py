@@ -51,7 +51,9 @@ def test_the_scheduler_config_ticks_on_the_wall_clock_and_is_durable() -> None:
 
 
 @pytest.mark.parametrize(("flags", "wait"), [([], True), (["--new-jobs-run"], False)])
-def test_up_says_whether_a_new_job_waits_for_gavels_next_solve(flags: list[str], wait: bool) -> None:
+def test_up_says_whether_a_new_job_waits_for_gavels_next_solve(
+    flags: list[str], wait: bool
+) -> None:
     from gpuyard.cli import build_parser
     from gpuyard.cli.cluster import control_plane_from_args
 

@@ -63,7 +63,9 @@ async def test_services_are_listed_with_their_endpoints_and_stats(nats_url: str)
         await asyncio.sleep(0.2)
         admission_id = next(p["id"] for p in pings if p["name"] == "gpuyard-admission")
         (stats,) = await ask_all(bus, f"$SRV.STATS.gpuyard-admission.{admission_id}")
-        submit = next(e for e in stats["endpoints"] if e["subject"] == "gpuyard.disco.adm.submit.*.*")
+        submit = next(
+            e for e in stats["endpoints"] if e["subject"] == "gpuyard.disco.adm.submit.*.*"
+        )
         assert (submit["num_requests"], submit["num_errors"]) == (2, 1)
         assert "malformed" in submit["last_error"].lower()
         await bus.close()

@@ -60,9 +60,9 @@ def test_cluster_efficiency_is_throughput_over_single_gpu_throughput_per_gpu():
     assert list(frame["time"]) == [0.0, 10.0, 20.0, 40.0]
     assert list(frame["efficiency"]) == pytest.approx([1.5 / 8, 3.5 / 8, 2.0 / 8, 0.0])
     jobs = job_rows([record("a", 40.0, None)]).table()
-    assert summarize(jobs, timeline_table([]), efficiency=frame)["mean_cluster_efficiency"] == pytest.approx(
-        (1.5 * 10 + 3.5 * 10 + 2.0 * 20) / 8 / 40
-    )
+    assert summarize(jobs, timeline_table([]), efficiency=frame)[
+        "mean_cluster_efficiency"
+    ] == pytest.approx((1.5 * 10 + 3.5 * 10 + 2.0 * 20) / 8 / 40)
 
 
 def test_write_results_adds_the_deadline_files(tmp_path: Path):

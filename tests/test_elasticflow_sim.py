@@ -330,7 +330,9 @@ def test_elasticflow_fills_in_only_the_policies_not_given(tmp_path: Path, data) 
     assert placement_policies.create(placement.policy, placement.params).params == BuddyParams(
         False
     )
-    services = control_plane_from_args(build_parser().parse_args([*up, "--admission", "accept-all"]))
+    services = control_plane_from_args(
+        build_parser().parse_args([*up, "--admission", "accept-all"])
+    )
     assert (services["admission"].policy, services["admission"].params) == ("accept-all", {})
 
     spec = RunSpec(preset="elasticflow", policy="ef-accessctrl", placement_params={"order": "given"},

@@ -141,8 +141,9 @@ async def test_a_late_reply_answers_no_other_call(control_plane: Bus) -> None:
         await control_plane.call(echo, TickRequest(now=0.3), within_s=0.1)
     # The late reply comes at 0.3 s, while this call waits for its own (at 0.1 + 0.4 s).
     assert (await control_plane.call(echo, TickRequest(now=0.4), within_s=5)).now == 0.4
-    answers = await asyncio.gather(*(
-        control_plane.call(echo, TickRequest(now=d), within_s=5) for d in (0.2, 0.0, 0.1)))
+    answers = await asyncio.gather(
+        *(control_plane.call(echo, TickRequest(now=d), within_s=5) for d in (0.2, 0.0, 0.1))
+    )
     assert [a.now for a in answers] == [0.2, 0.0, 0.1]
     await asyncio.gather(*replies)
 

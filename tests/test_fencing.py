@@ -70,7 +70,9 @@ def _read_pid(path: Path) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _pid_job(cluster: RealCluster, name: str, stop_s: float | None = None) -> tuple[list[str], Path]:
+def _pid_job(
+    cluster: RealCluster, name: str, stop_s: float | None = None
+) -> tuple[list[str], Path]:
     script = cluster.root / "pid_job.py"
     script.write_text(PID_JOB)
     path = cluster.root / f"{name}.pid"
@@ -240,7 +242,9 @@ async def test_a_cancel_on_a_paused_agent_waits_until_the_node_is_lost(
     running until the node is declared lost (after the agent's lease and grace: it stops its
     jobs when it runs again), then CANCELLED."""
     args = ("--lease", "2", "--grace", "1")
-    async with RealCluster(nats_url, tmp_path, _configs(4.0), nodes=("a",), agent_args=args) as cluster:
+    async with RealCluster(
+        nats_url, tmp_path, _configs(4.0), nodes=("a",), agent_args=args
+    ) as cluster:
         command, pid_file = _pid_job(cluster, "paused")
         job = await cluster.submit(num_gpus=1, command=command)
         await cluster.until_state(job, "running")
@@ -438,5 +442,9 @@ def test_a_job_being_cancelled_survives_a_scheduler_restart_and_ends_with_its_la
     assert not restored.active and list(restored.cancelling) == ["j1"]
     assert not restored.part_stopped(again, "a", 3.0) and again.state == "running"
     assert restored.part_stopped(again, "b", 4.0)
-    assert (again.state, again.reason, again.end_time) == ("cancelled", "cancelled by user.alice", 4.0)
+    assert (again.state, again.reason, again.end_time) == (
+        "cancelled",
+        "cancelled by user.alice",
+        4.0,
+    )
     assert not restored.cancelling and restored.finished == 1 and restored.running == 0

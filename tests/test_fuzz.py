@@ -267,7 +267,11 @@ async def test_a_malformed_takeover_stops_no_service(plane: Plane) -> None:
         ),
         (f"{S.service('scheduler')}.tick", {"now": "soon"}, "$.now"),
         (f"{S.service('scheduler')}.jobs", {"offset": 2**70, "limit": [1]}, "$.limit"),
-        (f"{S.service('admission')}.policy.set", {"policy": "accept-all", "params": {"x": 1}}, "$.params.x"),
+        (
+            f"{S.service('admission')}.policy.set",
+            {"policy": "accept-all", "params": {"x": 1}},
+            "$.params.x",
+        ),
         (f"{S.service('scheduler')}.policy.set", {"policy": 3}, "$.policy"),
     ],
 )

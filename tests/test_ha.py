@@ -130,7 +130,9 @@ def test_a_service_takes_its_replicas_from_the_command_line_within_bounds() -> N
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert bad.returncode == 2
-    assert bad.stderr.splitlines()[-1].endswith("bad configuration: Expected `int` <= 5 - at `$.replicas`")
+    assert bad.stderr.splitlines()[-1].endswith(
+        "bad configuration: Expected `int` <= 5 - at `$.replicas`"
+    )
 
 
 async def test_replicas_a_single_server_cannot_keep_are_one_line(

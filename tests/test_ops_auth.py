@@ -64,11 +64,33 @@ class Flow:
         log = (self.root / f"{node}.log").open("a")
         self.procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "gpuyard.cli", "nodeagent", "--nats-config",
-                 str(self.root / f"{node}.json"), "--gpus", "2", "--gpu-type", "t4", "--no-nvml",
-                 "--heartbeat", "0.2", "--grace", "5", "--address", "127.0.0.1", "--state-dir",
-                 str(self.root / node), "--checkpoint-root", str(self.root / "ckpt"), *AGENT_ARGS],
-                stdout=log, stderr=log, text=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "gpuyard.cli",
+                    "nodeagent",
+                    "--nats-config",
+                    str(self.root / f"{node}.json"),
+                    "--gpus",
+                    "2",
+                    "--gpu-type",
+                    "t4",
+                    "--no-nvml",
+                    "--heartbeat",
+                    "0.2",
+                    "--grace",
+                    "5",
+                    "--address",
+                    "127.0.0.1",
+                    "--state-dir",
+                    str(self.root / node),
+                    "--checkpoint-root",
+                    str(self.root / "ckpt"),
+                    *AGENT_ARGS,
+                ],
+                stdout=log,
+                stderr=log,
+                text=True,
             )
         )
 
@@ -130,7 +152,9 @@ def test_the_real_cluster_flow_under_auth_and_tls(flow: Flow) -> None:
     logs = flow.gpuyard("logs", "--nats-config", alice, short).stdout
     assert logs.count("hello from rank") == 3  # ranks on both nodes
     until(lambda: flow.jobs(alice)[long]["state"] == "running", f"{long} running")
-    assert flow.gpuyard("cancel", "--nats-config", alice, long).stdout.strip() == f"cancelled {long}"
+    assert (
+        flow.gpuyard("cancel", "--nats-config", alice, long).stdout.strip() == f"cancelled {long}"
+    )
     tail = flow.gpuyard("tail", "--nats-config", alice, "--json", "--job", short).stdout
     kinds = [json.loads(line)["type"] for line in tail.splitlines()]
     assert kinds[0] == "job.submitted" and "job.started" in kinds and kinds[-1] == "job.completed"
@@ -184,7 +208,11 @@ async def test_a_tls_failure_is_one_line_and_exit_1(
         ],
     }  # fmt: skip
     async with EmbeddedNats() as plain:
-        cases["a server without TLS"] = [plain.replace("nats://", "tls://"), "--nats-tls-ca", str(ca)]
+        cases["a server without TLS"] = [
+            plain.replace("nats://", "tls://"),
+            "--nats-tls-ca",
+            str(ca),
+        ]
         for case, options in cases.items():
             done = await asyncio.to_thread(
                 subprocess.run, [sys.executable, "-m", "gpuyard.cli", "jobs", "--cluster", CLUSTER,
@@ -203,7 +231,11 @@ async def test_a_tls_failure_is_one_line_and_exit_1(
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert agent.returncode == 1, agent.stderr
-    assert agent.stderr.strip().splitlines()[-1].startswith(
-        "gpuyard nodeagent: cannot connect to NATS: TLS: the server's certificate is not trusted"
+    assert (
+        agent.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "gpuyard nodeagent: cannot connect to NATS: TLS: the server's certificate is not trusted"
+        )
     ), agent.stderr
     assert "Traceback" not in agent.stderr

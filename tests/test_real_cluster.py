@@ -85,7 +85,9 @@ class RealCluster:
     async def start_agent(self, node_id: str, gpus: int | None = 2, gpu_type: str = "t4") -> None:
         """An agent offering `gpus` of `gpu_type` whether the machine has GPUs or not (None: the
         GPUs NVML finds, as they are)."""
-        offer = ["--gpus", str(gpus), "--gpu-type", gpu_type, "--no-nvml"] if gpus is not None else []
+        offer = (
+            ["--gpus", str(gpus), "--gpu-type", gpu_type, "--no-nvml"] if gpus is not None else []
+        )
         log = (self.root / f"{node_id}.log").open("ab")
         self.agents[node_id] = await asyncio.create_subprocess_exec(
             sys.executable, *self.agent, "--nats", self.url,
@@ -157,7 +159,8 @@ class RealCluster:
 
     def job_log(self, job_id: str, rank: int = 0) -> str:
         return "".join(
-            p.read_text() for p in sorted(self.root.glob(f"*/logs/{CLUSTER}/{job_id}/rank{rank}.log"))
+            p.read_text()
+            for p in sorted(self.root.glob(f"*/logs/{CLUSTER}/{job_id}/rank{rank}.log"))
         )
 
 
@@ -247,7 +250,9 @@ async def test_a_run_killed_as_it_exits_after_finishing_does_not_run_again(
     wrapper = tmp_path / "slow_exit.py"
     wrapper.write_text(SLOW_EXIT)
     low = await cluster.submit(
-        num_gpus=1, command=[*JOB_PYTHON, str(wrapper), *_train(5, 0.01)[len(JOB_PYTHON):]], priority=0
+        num_gpus=1,
+        command=[*JOB_PYTHON, str(wrapper), *_train(5, 0.01)[len(JOB_PYTHON) :]],
+        priority=0,
     )
     await cluster.until(
         lambda: _async(lambda: "done at step 5 (attempt 0)" in cluster.job_log(low)), "low done"

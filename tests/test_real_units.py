@@ -72,7 +72,8 @@ def test_agent_options_are_checked() -> None:
     # Relative folders are the agent's: its jobs start elsewhere and get them absolute.
     config = config_from_args(p.parse_args(["--node-id", "n1", "--state-dir", "s"]))
     assert (config.log_dir, config.checkpoint_root) == (
-        str(Path.cwd() / "s" / "logs"), str(Path.cwd() / "s" / "checkpoints")
+        str(Path.cwd() / "s" / "logs"),
+        str(Path.cwd() / "s" / "checkpoints"),
     )
     config = config_from_args(p.parse_args(["--node-id", "n1", "--checkpoint-root", "ck"]))
     assert config.checkpoint_root == str(Path.cwd() / "ck")
@@ -96,7 +97,9 @@ def test_process_environments_per_gpu_and_per_node(tmp_path: Path) -> None:
     e = envs[0]
     assert e["WORLD_SIZE"] == e["world_size"] == "4" and e["MASTER_ADDR"] == "10.0.0.1"
     assert e["local_accessible_gpu"] == "2,3" and e["PATH"] == "/bin" and e["A"] == "1"
-    assert e["GPUYARD_ATTEMPT"] == "2" and e["GPUYARD_CHECKPOINT_DIR"] == str(tmp_path / "ckpt/t/j1")
+    assert e["GPUYARD_ATTEMPT"] == "2" and e["GPUYARD_CHECKPOINT_DIR"] == str(
+        tmp_path / "ckpt/t/j1"
+    )
     (one,) = process_envs(_launch("per_node"), "n2", places, {}, grace_s=7.5)
     assert one["CUDA_VISIBLE_DEVICES"] == "2,3" and one["NODE_RANK"] == "1" and one["RANK"] == "2"
     assert e["GPUYARD_GRACE_S"] == "30" and one["GPUYARD_GRACE_S"] == "7.5"
@@ -333,7 +336,6 @@ def test_submit_arguments_become_a_job(tmp_path: Path) -> None:
     assert job_from_args(ns)[0]["workdir"] == str(Path.cwd() / "sub")
     ns.chdir = None
 
-
     # Deadlines are seconds from now on the command line, absolute in the job.
     ns.deadline, ns.total_steps, ns.job_type = 600.0, 3000.0, "train"
     before = time.time()
@@ -408,7 +410,9 @@ async def test_a_job_told_to_share_gpus_runs_beside_their_holder_and_others_wait
     agent = NodeAgent(bus, config)
 
     def launch(job: str, share_with: str | None = None) -> Launch:
-        spec = JobSpec(job_id=job, num_gpus=1, command=[*JOB_PYTHON, str(script), str(tmp_path / job)])
+        spec = JobSpec(
+            job_id=job, num_gpus=1, command=[*JOB_PYTHON, str(script), str(tmp_path / job)]
+        )
         return Launch(job_id=job, spec=spec, gpus=[0], world_size=1, rank_offset=0, node_rank=0,
                       num_nodes=1, master_addr="127.0.0.1", master_port=20000, share_with=share_with)  # fmt: skip
 
@@ -421,7 +425,9 @@ async def test_a_job_told_to_share_gpus_runs_beside_their_holder_and_others_wait
     try:
         await agent.command(NodeCommand(now=0.0, node_id="n1", launch=[launch("a")]))
         await running("a")
-        await agent.command(NodeCommand(now=1.0, node_id="n1", launch=[launch("b", share_with="a")]))
+        await agent.command(
+            NodeCommand(now=1.0, node_id="n1", launch=[launch("b", share_with="a")])
+        )
         await running("b")  # beside a, which goes on
         assert set(agent.parts) == {"a", "b"} and not agent.parts["a"].stopping
         await agent.command(NodeCommand(now=2.0, node_id="n1", launch=[launch("c")]))

@@ -54,9 +54,7 @@ class ProcessCluster(RealCluster):
 
     async def all_jobs(self) -> JobsPage:
         assert self.bus is not None
-        return await self.bus.call(
-            QUERY, JobQuery(limit=10_000), within_s=5.0, retry_for_s=RETRY_S
-        )
+        return await self.bus.call(QUERY, JobQuery(limit=10_000), within_s=5.0, retry_for_s=RETRY_S)
 
     async def until_all_ended(self, count: int, within_s: float = 60.0) -> JobsPage:
         pages: list[JobsPage] = []

@@ -72,8 +72,8 @@ def test_jobs_csv_is_what_pandas_writes(tmp_path: Path, deadlines: str, n: int) 
     seqs = {r.job_id: r.seq for r in records}
     admitted = list(table["job_id"][: len(records)])
     assert [seqs[j] for j in admitted] == sorted(seqs[j] for j in admitted)
-    assert list(table["job_id"][len(records):]) == ["declined, 1", "d2"]
-    assert list(table["reason"][len(records):]) == ["declined by admission", "no room"]
+    assert list(table["job_id"][len(records) :]) == ["declined, 1", "d2"]
+    assert list(table["reason"][len(records) :]) == ["declined by admission", "no room"]
     back = pd.read_csv(tmp_path / "jobs.csv", keep_default_na=False, na_values=[""])
     assert len(back) == n + 2
 

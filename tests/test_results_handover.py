@@ -41,7 +41,10 @@ async def test_the_scheduler_forgets_the_jobs_that_ended_once_they_were_taken(
     async with ServiceSet(nats_url, "handover", configs, log_level="error"):
         bus = Bus(await connect(nats_url, name="test"), Subjects("handover"), request_timeout=5)
         try:
-            await bus.call(NODES, NodesChanged(now=0.0, up=[NodeSpec(node_id="n1", num_gpus=4, gpu_type="v100")]))
+            await bus.call(
+                NODES,
+                NodesChanged(now=0.0, up=[NodeSpec(node_id="n1", num_gpus=4, gpu_type="v100")]),
+            )
             jobs = [spec(j) for j in ("j1", "j2", "j3", "j4")]
             status = await bus.call(ENQUEUE, EnqueueRequest(now=1.0, jobs=jobs, tick=True))
             assert (status.running, status.queued) == (1, 3)

@@ -41,10 +41,14 @@ def test_counters_follow_every_transition() -> None:
     assert not table.end(a, 51.0, "failed")  # ended already: nothing changes
     assert table.end(b, 60.0, "cancelled", "cancelled by request")
     assert (table.queued, table.running, table.busy_gpus, table.finished) == (0, 0, 0, 2)
-    assert list(table.active) == [] and a.state == "completed" and b.reason == "cancelled by request"
+    assert (
+        list(table.active) == [] and a.state == "completed" and b.reason == "cancelled by request"
+    )
     # A restarted scheduler rebuilds the same counters from the records alone.
     again = JobTable()
-    again.load(msgspec.json.decode(msgspec.json.encode(list(table.jobs.values())), type=list[JobRecord]))
+    again.load(
+        msgspec.json.decode(msgspec.json.encode(list(table.jobs.values())), type=list[JobRecord])
+    )
     assert (again.queued, again.running, again.busy_gpus, again.finished) == (0, 0, 0, 2)
 
 
@@ -232,7 +236,9 @@ def test_time_shares_respect_a_skewed_allocation_and_the_resolve_interval() -> N
     out = mech.allocations(decision, inp)
     assert {(a.job_id, a.gpu_type) for a in out} == {("a", "v100"), ("b", "k80")}
     assert not mech.wants_decision(600.0, changed=True)  # too soon after the last solve
-    assert mech.wants_decision(1100.0, changed=True) and not mech.wants_decision(1100.0, changed=False)
+    assert mech.wants_decision(1100.0, changed=True) and not mech.wants_decision(
+        1100.0, changed=False
+    )
     # Gavel's quirk: a solve at time 0 counts as none, so the next change solves again at once.
     at_zero = TimeShareMechanism(TimeShareConfig(min_resolve_s=1000.0), round_s=100.0)
     at_zero.allocations(decision, time_share_input(0.0, {}))
@@ -241,7 +247,9 @@ def test_time_shares_respect_a_skewed_allocation_and_the_resolve_interval() -> N
     restored = TimeShareMechanism(TimeShareConfig(min_resolve_s=1000.0), round_s=100.0)
     restored.restore(msgspec.json.encode(mech.snapshot()))
     nxt = time_share_input(200.0, {"a": "v100", "b": "k80"})
-    assert mech.allocations(None, nxt) == restored.allocations(None, time_share_input(200.0, {"a": "v100", "b": "k80"}))
+    assert mech.allocations(None, nxt) == restored.allocations(
+        None, time_share_input(200.0, {"a": "v100", "b": "k80"})
+    )
 
 
 def test_time_shares_pairs_share_gpus_and_count_once() -> None:
@@ -409,7 +417,11 @@ def test_the_preemption_guard_holds_a_young_run_and_fits_the_rest_around_it() ->
 
 
 def test_a_decision_of_what_changes_is_made_whole_from_the_last_apply() -> None:
-    a, b, c = running("a", 1, "v100", 0.0), running("b", 2, "v100", 0.0), running("c", 1, "k80", 0.0)
+    a, b, c = (
+        running("a", 1, "v100", 0.0),
+        running("b", 2, "v100", 0.0),
+        running("c", 1, "k80", 0.0),
+    )
     q = queued("q", 1)
     last = {"c": Allocation("c", 1, "k80"), "q": Allocation("q", 1, "v100"),
             "b": Allocation("b", 1, "v100"), "a": Allocation("a", 1, "v100")}  # fmt: skip

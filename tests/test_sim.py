@@ -41,7 +41,9 @@ async def test_a_server_private_to_simulations_runs_go_on_one_thread_per_four_ru
     for runs, expected in ((1, "1"), (4, "1"), (6, "2"), (None, os.environ.get("GOMAXPROCS"))):
         server = EmbeddedNats(runs=runs)
         async with server:
-            environ = (await asyncio.to_thread(Path(f"/proc/{server.pid}/environ").read_bytes)).split(b"\0")
+            environ = (
+                await asyncio.to_thread(Path(f"/proc/{server.pid}/environ").read_bytes)
+            ).split(b"\0")
         found = [v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"GOMAXPROCS=")]
         assert (found[0] if found else None) == expected, runs
 
@@ -103,7 +105,10 @@ async def test_a_job_that_ends_is_released_with_the_next_apply_that_changes_some
     result = await simulate(options, jobs, tmp_path, nats_url=nats_url, plots=False)
     by_id = {r.job_id: r for r in result.jobs}
     assert [(by_id[j].first_start, by_id[j].end_time) for j in "abdc"] == [
-        (0.0, 50.0), (0.0, 100.0), (100.0, 120.0), (120.0, 150.0)
+        (0.0, 50.0),
+        (0.0, 100.0),
+        (100.0, 120.0),
+        (120.0, 150.0),
     ]
     scheduler = next(s for s in result.stats if s.service == "scheduler")
     applies = sum(int(c) for subject, (c, _) in scheduler.requests.items() if "apply" in subject)
@@ -112,7 +117,9 @@ async def test_a_job_that_ends_is_released_with_the_next_apply_that_changes_some
 
 async def test_blox_round_semantics(tmp_path: Path, nats_url: str) -> None:
     """Blox: jobs are admitted and seen finished only at round starts (here every 60 s)."""
-    options = SimOptions(cluster=ClusterSpec.parse("1x2"), mode="rounds", preset="blox", round_s=60.0)
+    options = SimOptions(
+        cluster=ClusterSpec.parse("1x2"), mode="rounds", preset="blox", round_s=60.0
+    )
     result = await simulate(options, HAND_MADE, tmp_path, nats_url=nats_url)
     by_id = {r.job_id: r for r in result.jobs}
     assert (by_id["a"].first_start, by_id["a"].end_time) == (0.0, 120.0)
@@ -335,7 +342,10 @@ async def test_job_without_throughput_anywhere_is_rejected_with_a_reason(
     rejected = [e.event async for e in read_events(nc, Subjects("sim"), types=["job.rejected"])]
     await nc.drain()
     assert [(e.job_id, e.reason) for e in rejected] == [
-        ("bad", "can never run here: the throughput model has no figure for 'toy@64' on 2 GPUs of a100")
+        (
+            "bad",
+            "can never run here: the throughput model has no figure for 'toy@64' on 2 GPUs of a100",
+        )
     ]
 
 

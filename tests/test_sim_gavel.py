@@ -96,9 +96,7 @@ async def test_every_gavel_policy_runs_a_heterogeneous_workload(
     tmp_path: Path, nats_url: str, policy: str
 ) -> None:
     assert policy in scheduling_policies.names()
-    jobs = [
-        job(f"j{i}", "AB"[i % 2], 400.0 + 150 * i, 40.0 * i) for i in range(10)
-    ]
+    jobs = [job(f"j{i}", "AB"[i % 2], 400.0 + 150 * i, 40.0 * i) for i in range(10)]
     options = SimOptions(
         cluster=ClusterSpec.parse("2x1:v100,2x1:k80"), policy=policy, preset="gavel",
         round_s=120.0, throughputs=toy_table(tmp_path / "t.json"),
@@ -123,7 +121,13 @@ async def test_heterogeneity_aware_las_beats_agnostic_las(tmp_path: Path, nats_u
             cluster=ClusterSpec.parse("2x1:v100,2x1:k80"), policy=policy, preset="gavel",
             round_s=120.0, throughputs=table,
         )  # fmt: skip
-        result = await simulate(options, jobs, tmp_path / policy, nats_url=nats_url, cluster_name=policy.replace("_", "-"))
+        result = await simulate(
+            options,
+            jobs,
+            tmp_path / policy,
+            nats_url=nats_url,
+            cluster_name=policy.replace("_", "-"),
+        )
         mean[policy] = result.summary["mean_jct"]
     assert mean["max_min_fairness_perf"] < 0.95 * mean["max_min_fairness"], mean
 

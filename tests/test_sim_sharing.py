@@ -30,7 +30,10 @@ class PairTheFirstTwo(SchedulingPolicy):
         last = sorted(n.node_id for n in inp.cluster.nodes)[-1]
         out: list[Allocation] = []
         if len(jobs) >= 2 and jobs[0].job_id == "a" and jobs[1].job_id == "b":
-            out = [Allocation("a", 1, "v100", nodes=[last]), Allocation("b", 1, "v100", share_with="a")]
+            out = [
+                Allocation("a", 1, "v100", nodes=[last]),
+                Allocation("b", 1, "v100", share_with="a"),
+            ]
             jobs = jobs[2:]
         return Decision(allocations=out + [Allocation(j.job_id, 1, "v100") for j in jobs[:1]])
 

@@ -13,7 +13,9 @@ from gpuyard.cli import main
 
 
 @pytest.mark.slow
-def test_rejected_jobs_count_in_the_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_rejected_jobs_count_in_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Seed 0's first eight jobs include two of 8 GPUs, which a 1x4 cluster can never run.
     try:
         code = main(["sim", "--jobs", "8", "--cluster-spec", "1x4", "--out", str(tmp_path)])
@@ -23,7 +25,10 @@ def test_rejected_jobs_count_in_the_summary(tmp_path: Path, capsys: pytest.Captu
     summary = json.loads((tmp_path / "summary.json").read_text())
     counts = ("jobs", "jobs_in_workload", "completed", "declined")
     assert tuple(summary[k] for k in counts) == (8, 8, 6, 2)
-    assert "jobs         6 completed, 0 failed, 2 declined by admission of 8" in capsys.readouterr().out
+    assert (
+        "jobs         6 completed, 0 failed, 2 declined by admission of 8"
+        in capsys.readouterr().out
+    )
 
 
 def test_the_progress_line_says_how_long_is_left() -> None:

@@ -32,14 +32,17 @@ def test_a_preemption_cost_per_job_type_overrides_the_default() -> None:
     assert cost.of("bert") == (5.0, 1.0)
 
 
-SETS = {"a": frozenset({("n0", 0), ("n0", 1)}), "b": frozenset({("n1", 0)}),
-        "c": frozenset({("n1", 1)})}
+SETS = {
+    "a": frozenset({("n0", 0), ("n0", 1)}),
+    "b": frozenset({("n1", 0)}),
+    "c": frozenset({("n1", 1)}),
+}
 
 
-def test_restarts_of_launched_jobs_are_warm_on_gpus_used_before_and_cold_every_nth_instant() -> None:
-    restarts = Restarts(
-        RestartCost(base_s=1.0, per_doubling_s=1.0, cold_s=10.0, cold_every=2), {}
-    )
+def test_restarts_of_launched_jobs_are_warm_on_gpus_used_before_and_cold_every_nth_instant() -> (
+    None
+):
+    restarts = Restarts(RestartCost(base_s=1.0, per_doubling_s=1.0, cold_s=10.0, cold_every=2), {})
     pauses = lambda t, launched: restarts.pauses(  # noqa: E731
         t, decided=None, launched=launched, running=set(SETS), gpu_set=SETS.get
     )

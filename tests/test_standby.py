@@ -123,9 +123,7 @@ async def _scheduler(url: str, root: Path, lease_s: float, *extra: str) -> Any:
 
 async def _enqueue(bus: Bus, job_id: str) -> None:
     spec = JobSpec(job_id=job_id, num_gpus=1, duration=10.0, submit_time=0.0)
-    await bus.call(
-        ENQUEUE, EnqueueRequest(now=0.0, jobs=[spec]), within_s=5.0, retry_for_s=30.0
-    )
+    await bus.call(ENQUEUE, EnqueueRequest(now=0.0, jobs=[spec]), within_s=5.0, retry_for_s=30.0)
 
 
 async def _job_ids(bus: Bus) -> list[str]:
@@ -197,9 +195,7 @@ async def _terminate(*procs: asyncio.subprocess.Process | None) -> None:
 
 
 @pytest.mark.slow
-async def test_a_graceful_stop_hands_the_lease_over_at_once(
-    nats_url: str, tmp_path: Path
-) -> None:
+async def test_a_graceful_stop_hands_the_lease_over_at_once(nats_url: str, tmp_path: Path) -> None:
     """SIGTERM the active scheduler: it releases its lease and the standby takes it as free,
     without waiting out the lease (60 s here: longer than the test waits)."""
     log = tmp_path / "services.log"

@@ -193,7 +193,9 @@ def test_logs_follow_goes_on_after_a_broker_restart_saying_once_what_it_missed(
     about those it missed, and ends when the job does."""
     cluster.start_up()
     cluster.agent("n1")
-    count = "import itertools, time\nfor i in itertools.count(): print(i, flush=True); time.sleep(0.1)"
+    count = (
+        "import itertools, time\nfor i in itertools.count(): print(i, flush=True); time.sleep(0.1)"
+    )
     job = cluster.gpuyard("submit", "--nats-config", cluster.op, "--", *JOB_PYTHON, "-c",
                           count).stdout.split()[-1]  # fmt: skip
     until(lambda: cluster.job_state(job) == "running", f"{job} running")
@@ -240,13 +242,17 @@ def test_a_second_up_on_a_state_directory_in_use_is_refused(cluster: Cluster) ->
     ]
     # The first goes on, and the profiles still point at it.
     assert json.loads(Path(cluster.op).read_text())["url"] == url
-    assert "scheduler  fifo" in cluster.gpuyard("policy", "show", "--nats-config", cluster.op).stdout
+    assert (
+        "scheduler  fifo" in cluster.gpuyard("policy", "show", "--nats-config", cluster.op).stdout
+    )
     # Once the first has gone, however it went, the directory is free again.
     cluster.up.send_signal(signal.SIGKILL)
     cluster.up.wait(timeout=15)
     until(lambda: not alive(cluster.broker_pid()), "the broker gone with its up")
     cluster.start_up()
-    assert "scheduler  fifo" in cluster.gpuyard("policy", "show", "--nats-config", cluster.op).stdout
+    assert (
+        "scheduler  fifo" in cluster.gpuyard("policy", "show", "--nats-config", cluster.op).stdout
+    )
 
 
 async def test_a_simulation_whose_scheduler_dies_for_good_ends_partial_naming_it(
@@ -339,4 +345,3 @@ def test_gpuyard_sim_whose_scheduler_is_killed_exits_with_one_line_naming_it(
     assert "Traceback" not in "\n".join(lines)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["partial"] is True and summary["jobs_in_workload"] == 1000
-

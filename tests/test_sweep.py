@@ -59,7 +59,9 @@ VARYING = ("wall_s", "worker", "attempt")
 """Columns that say how a run went, not what it gave."""
 
 
-def gpuyard(*args: str, cwd: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def gpuyard(
+    *args: str, cwd: Path | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gpuyard.cli", *args], capture_output=True, text=True,
         timeout=timeout, cwd=cwd,
@@ -94,8 +96,10 @@ def test_a_bad_key_is_one_line_naming_file_and_key(tmp_path: Path) -> None:
         ("[[runs]]\nseed = -1\n", "runs[0].seed: Expected `int` >= 0"),
         ("[sweep]\nparralel = 2\n", "unknown key sweep.parralel"),
         ("[grid]\nloads = [1]\n", "unknown key grid.loads"),
-        ("[base]\npreset = 'elasticflow'\npolicy = 'edf'\npolicy_params = { leftovers = 'lazy' }\n",
-         "base (edf): scheduling policy 'edf': bad parameter"),
+        (
+            "[base]\npreset = 'elasticflow'\npolicy = 'edf'\npolicy_params = { leftovers = 'lazy' }\n",
+            "base (edf): scheduling policy 'edf': bad parameter",
+        ),
         ("[base]\npolicy = 'las'\nload = \n", "not TOML: Invalid value (at line 3, column 8)"),
     ):
         path = write(tmp_path, text)
@@ -113,7 +117,9 @@ def test_a_bad_key_is_one_line_naming_file_and_key(tmp_path: Path) -> None:
 def test_grid_and_runs_give_every_combination_named_and_hashed(tmp_path: Path) -> None:
     trace = write(tmp_path, "job_id,arrival_time_s,duration_s,num_gpus\n1,0,600,1\n", "t.csv")
     sweep = load_sweep(write(tmp_path, SWEEP))
-    assert [r.name for r in sweep.runs] == [f"{p}-seed{s}" for p in ("fifo", "srtf") for s in range(3)]
+    assert [r.name for r in sweep.runs] == [
+        f"{p}-seed{s}" for p in ("fifo", "srtf") for s in range(3)
+    ]
     assert len({r.run_id for r in sweep.runs}) == 6
     assert sweep.runs[4].spec.policy == "srtf" and sweep.runs[4].spec.jobs == 80
     again = load_sweep(write(tmp_path, SWEEP.replace('"twopol"', '"other"'), "o.toml"))
@@ -131,10 +137,14 @@ def test_grid_and_runs_give_every_combination_named_and_hashed(tmp_path: Path) -
             "[[runs]]\ntrace = 'u.csv'\ncluster_spec = '2x4'\n")  # fmt: skip
     variants = load_sweep(write(tmp_path, text))
     assert [r.name for r in variants.runs] == [
-        f"{p}-trace={t}-cluster_spec={c}" for t, c in (("t", "1x4"), ("u", "2x4")) for p in ("fifo", "las")
+        f"{p}-trace={t}-cluster_spec={c}"
+        for t, c in (("t", "1x4"), ("u", "2x4"))
+        for p in ("fifo", "las")
     ]
     # Labelled variants crossed with a grid of policies: the policy is in the name.
-    labelled = load_sweep(write(tmp_path, text.replace("[[runs]]\n", "[[runs]]\nlabel = 'small'\n", 1)))
+    labelled = load_sweep(
+        write(tmp_path, text.replace("[[runs]]\n", "[[runs]]\nlabel = 'small'\n", 1))
+    )
     assert [r.name for r in labelled.runs][:2] == ["small-policy=fifo", "small-policy=las"]
 
 
@@ -208,7 +218,9 @@ def test_a_sweep_run_is_the_simulation_gpuyard_sim_runs(local_sweep: Path, tmp_p
 
 @pytest.mark.slow
 def test_a_failed_run_is_recorded_and_a_sweep_resumes(tmp_path: Path) -> None:
-    write(tmp_path, "job_id,arrival_time_s,duration_s,num_gpus\n1,0,600,1\n2,10,oops,1\n", "bad.csv")
+    write(
+        tmp_path, "job_id,arrival_time_s,duration_s,num_gpus\n1,0,600,1\n2,10,oops,1\n", "bad.csv"
+    )
     write(tmp_path, "[base]\ncluster_spec = '2x2'\n[[runs]]\npolicy = 'fifo'\njobs = 10\n"
           "[[runs]]\ntrace = 'bad.csv'\ntrace_format = 'blox'\nlabel = 'broken'\n")  # fmt: skip
     result = gpuyard("sweep", "s.toml", "--out", "out", "--parallel", "1", cwd=tmp_path)
@@ -443,7 +455,9 @@ async def test_workers_started_by_the_sweep_connect_as_it_does(tmp_path: Path) -
     identity (the password through their environment, not their command line)."""
     from gpuyard.run.embedded import EmbeddedNats
 
-    (tmp_path / "one.toml").write_text('[sweep]\nname = "one"\n[base]\njobs = 10\ncluster_spec = "2x2"\n')
+    (tmp_path / "one.toml").write_text(
+        '[sweep]\nname = "one"\n[base]\njobs = 10\ncluster_spec = "2x2"\n'
+    )
     users = 'authorization { users = [ { user: "sweeper", password: "s3cret" } ] }'
     async with EmbeddedNats(extra_config=users) as url:
         sweep = await asyncio.create_subprocess_exec(
@@ -479,7 +493,9 @@ async def test_a_server_that_refuses_the_sweep_queue_is_one_line(tmp_path: Path)
                 _, err = await proc.communicate()
             (line,) = err.decode().splitlines()
             assert proc.returncode == 1
-            assert line.startswith(f"gpuyard {command[0]}: the server refused: permissions violation")
+            assert line.startswith(
+                f"gpuyard {command[0]}: the server refused: permissions violation"
+            )
             assert "$js.api.stream" in line.lower()
 
 
@@ -528,7 +544,10 @@ def test_runs_without_loads_or_seeds_are_kept_apart_by_the_inputs_that_vary() ->
     })  # fmt: skip
     summary = summary_table(with_series(table))
     assert summary["series"].tolist() == [  # (in the sweep's order)
-        "ef (trace=c1.csv)", "edf (trace=c1.csv)", "ef (trace=c2.csv)", "edf (trace=c2.csv)"
+        "ef (trace=c1.csv)",
+        "edf (trace=c1.csv)",
+        "ef (trace=c2.csv)",
+        "edf (trace=c2.csv)",
     ]
     assert summary["seeds"].tolist() == [1, 1, 1, 1]
     assert summary["deadlines met (%)"].tolist() == ["100", "50.0", "90.0", "25.0"]
@@ -567,7 +586,12 @@ def test_the_report_rows_follow_the_sweep_files_order() -> None:
     table = pd.concat([table, table.assign(load=5.0, run_id=table["run_id"] + "-5")])
     summary = summary_table(with_series(table))
     assert list(zip(summary["series"], summary["load"], strict=True)) == [
-        ("srtf", 5.0), ("srtf", 10.0), ("fifo", 5.0), ("fifo", 10.0), ("las", 5.0), ("las", 10.0)
+        ("srtf", 5.0),
+        ("srtf", 10.0),
+        ("fifo", 5.0),
+        ("fifo", 10.0),
+        ("las", 5.0),
+        ("las", 10.0),
     ]
 
 
@@ -661,7 +685,9 @@ def test_deadline_ratios_get_their_figure(local_sweep: Path, tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (Debian package `chromium`) to render the report")
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium (Debian package `chromium`) to render the report"
+)
 def test_the_html_report_renders_with_every_figure(local_sweep: Path, tmp_path: Path) -> None:
     result = gpuyard("report", str(local_sweep), "--out", str(tmp_path / "report"))
     assert result.returncode == 0, result.stderr
@@ -671,7 +697,7 @@ def test_the_html_report_renders_with_every_figure(local_sweep: Path, tmp_path: 
     for name in figures:
         assert (tmp_path / "report" / f"{name}.png").stat().st_size > 0
         assert (tmp_path / "report" / f"{name}.svg").read_text().lstrip().startswith("<?xml")
-    assert "src=\"file:" not in page.read_text() and "href=" not in page.read_text()
+    assert 'src="file:' not in page.read_text() and "href=" not in page.read_text()
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={tmp_path / 'chromium'}"]  # fmt: skip
@@ -698,7 +724,13 @@ RECIPES = Path(__file__).resolve().parents[1] / "examples" / "sweeps"
 
 @pytest.mark.parametrize(
     ("recipe", "runs"),
-    [("blox-fig6", 9), ("gavel-jct-vs-load", 24), ("gavel-traces", 14), ("elasticflow-deadlines", 6), ("itp-deadlines", 20)],
+    [
+        ("blox-fig6", 9),
+        ("gavel-jct-vs-load", 24),
+        ("gavel-traces", 14),
+        ("elasticflow-deadlines", 6),
+        ("itp-deadlines", 20),
+    ],
 )
 def test_each_recipe_is_a_valid_sweep(recipe: str, runs: int, shared_data: Path) -> None:
     sweep = load_sweep(RECIPES / f"{recipe}.toml")

@@ -62,9 +62,10 @@ def test_gavel_model(data: Callable[[str], Path]) -> None:
     assert m.colocated("ResNet-18 (batch size 128)", "ResNet-50 (batch size 128)", "v100", 1) == (
         tuple(one)
     )
-    assert m.colocated(
-        "ResNet-18 (batch size 128)", "ResNet-50 (batch size 128)", "v100", 4
-    ) == (0.0, 0.0)
+    assert m.colocated("ResNet-18 (batch size 128)", "ResNet-50 (batch size 128)", "v100", 4) == (
+        0.0,
+        0.0,
+    )
     # The job's work: duration on the reference type x its throughput.
     job = JobSpec(num_gpus=2, job_type="LM (batch size 20)", duration=100.0)
     assert total_steps(job, m) == pytest.approx(100 * m.throughput("LM (batch size 20)", "v100", 2))

@@ -57,7 +57,9 @@ def test_the_cluster_ca_is_made_once_and_signs_the_servers_names(tmp_path: Path)
     issued.verify_directly_issued_by(x509.load_pem_x509_certificate(ca.read_bytes()))
     # Python's own verification accepts it for those names (the SANs), under that CA only.
     context = ssl.create_default_context(cafile=str(ca))
-    assert context.get_ca_certs()[0]["subject"] == ((("commonName", f"gpuyard cluster {CLUSTER} CA"),),)
+    assert context.get_ca_certs()[0]["subject"] == (
+        (("commonName", f"gpuyard cluster {CLUSTER} CA"),),
+    )
 
     first_ca, first_cert = ca.read_bytes(), cert.read_bytes()
     cluster_tls(folder, ["192.0.2.7", "ctl.example"], CLUSTER)  # a restart: nothing new
@@ -104,7 +106,10 @@ def test_a_server_on_every_interface_is_named_by_this_host() -> None:
     assert hostname in names and "127.0.0.1" in names and "0.0.0.0" not in names
     assert _server_names("192.0.2.7")[:2] == ["192.0.2.7", hostname]
     # Services here reach it over loopback (in its names); profiles carry the host's name.
-    assert _wildcard_urls("tls://0.0.0.0:4222") == ("tls://127.0.0.1:4222", f"tls://{hostname}:4222")
+    assert _wildcard_urls("tls://0.0.0.0:4222") == (
+        "tls://127.0.0.1:4222",
+        f"tls://{hostname}:4222",
+    )
     assert _wildcard_urls("tls://192.0.2.7:4222") == ("tls://192.0.2.7:4222",) * 2
 
 

@@ -237,7 +237,9 @@ def may_send(identity: str, endpoint: Any, params: dict[str, str]) -> bool:
         return params["svc"] == SERVICE_TOKENS[who]
     servers = [*SERVICE_TOKENS, "nodeagent"] if "*" in endpoint.serves else endpoint.serves
     return any(
-        params["svc"].startswith("node.") if s == "nodeagent" else params["svc"] == SERVICE_TOKENS[s]
+        params["svc"].startswith("node.")
+        if s == "nodeagent"
+        else params["svc"] == SERVICE_TOKENS[s]
         for s in servers
     )
 
@@ -272,8 +274,16 @@ def test_each_identity_may_send_and_hear_what_the_endpoint_table_gives_its_role_
         for params, subject in samples(endpoint):
             sent = [p for p in publish if subject_matches(p, subject)]
             heard = [p for p in subscribe if subject_matches(p, subject)]
-            assert bool(sent) == may_send(identity, endpoint, params), (endpoint.pattern, subject, sent)
-            assert bool(heard) == may_hear(identity, endpoint, params, subject), (endpoint.pattern, subject, heard)
+            assert bool(sent) == may_send(identity, endpoint, params), (
+                endpoint.pattern,
+                subject,
+                sent,
+            )
+            assert bool(heard) == may_hear(identity, endpoint, params, subject), (
+                endpoint.pattern,
+                subject,
+                heard,
+            )
             used |= {*sent, *heard}
     # Nothing granted in the cluster's namespace that no endpoint of the table needs.
     stray = [p for p in {*publish, *subscribe} if p not in used and not p.startswith(TABLE_EXTRAS)]

@@ -82,7 +82,9 @@ def _run(args: argparse.Namespace, action: str) -> int:
     if action == "list":
         for identity in creds.index().identities:
             path = creds.profile_path(Caller.parse(identity.identity))
-            print(f"{identity.identity:<24} {identity.public_key}  {path if path.exists() else '-'}")
+            print(
+                f"{identity.identity:<24} {identity.public_key}  {path if path.exists() else '-'}"
+            )
         return 0
     if action == "remove":
         creds.remove(Caller.parse(args.name))
@@ -100,7 +102,8 @@ def _run(args: argparse.Namespace, action: str) -> int:
             print(f"  on the node: gpuyard nodeagent --nats-config {path.name}")
     told = creds.reload_server()
     print(
-        "the running server took the change" if told
+        "the running server took the change"
+        if told
         else "restart or reload the server to take the change (systemctl reload nats-server)"
     )
     return 0

@@ -357,7 +357,9 @@ def control_plane_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.elasticflow:
         from gpuyard.run.presets import elasticflow_options, preset_filled
 
-        scheme = elasticflow_options(args.policy, args.round, 0, at_events=False)  # answered at once
+        scheme = elasticflow_options(
+            args.policy, args.round, 0, at_events=False
+        )  # answered at once
         # On a real cluster a job moved is a job restarted: buddy keeps jobs where they run
         # (`--placement node-sets` places as ElasticFlow's simulator does, every job again).
         scheme |= {"placement": "buddy", "placement_params": {}}

@@ -98,7 +98,10 @@ Subcommands: TypeAlias = "argparse._SubParsersAction[OneLineParser]"
 
 
 def _number(
-    kind: type[int] | type[float], text: str, gt: float | None, ge: float | None,
+    kind: type[int] | type[float],
+    text: str,
+    gt: float | None,
+    ge: float | None,
     le: float | None = None,
 ) -> int | float:
     """`text` as an int or a finite float with the given bound; ArgumentTypeError otherwise, which
@@ -110,7 +113,10 @@ def _number(
 
 
 def number(
-    kind: type[int] | type[float], *, gt: float | None = None, ge: float | None = None,
+    kind: type[int] | type[float],
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
     le: float | None = None,
 ) -> Callable[[str], Any]:
     """An argparse `type`: `number(int, gt=0)` accepts 1, 2, ... and names the bound otherwise."""
@@ -215,7 +221,9 @@ def check_nats_url(text: str) -> str:
     return ",".join(parts)
 
 
-def add_nats_options(parser: argparse.ArgumentParser, *, url_default: str | None = DEFAULT_URL) -> None:
+def add_nats_options(
+    parser: argparse.ArgumentParser, *, url_default: str | None = DEFAULT_URL
+) -> None:
     """`--nats`, `--nats-config`, `--nats-*` and `--cluster` (default $GPUYARD_CLUSTER, the
     profile's, or 'default'). With none of them given, a command uses the operator profile that
     `gpuyard up` wrote for the cluster on this machine, if there is one (see `resolve_options`)."""

@@ -57,9 +57,7 @@ def add_sweep_parsers(sub: Subcommands) -> None:
         "the run.started log line, for `gpuyard tail --follow`). Pin it with taskset.",
     )  # fmt: skip
     add_nats_arguments(w, url_default=None)
-    w.add_argument(
-        "--cache", type=Path, help="where input files fetched from the server are kept"
-    )
+    w.add_argument("--cache", type=Path, help="where input files fetched from the server are kept")
     w.add_argument(
         "--idle-exit", type=positive_float, metavar="S", help="stop after S seconds with no run"
     )
@@ -127,7 +125,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.nats and reachable(args, "sweep"):
         return 1
     workers = (
-        (args.workers or 0) if args.nats else args.parallel or sweep.settings.parallel or default_parallel()
+        (args.workers or 0)
+        if args.nats
+        else args.parallel or sweep.settings.parallel or default_parallel()
     )
     interrupted = False
     try:
@@ -162,7 +162,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from gpuyard.sweep.worker import Worker, work
 
     if not args.nats:
-        print("gpuyard worker: --nats URL is needed: the server of the sweep queue", file=sys.stderr)
+        print(
+            "gpuyard worker: --nats URL is needed: the server of the sweep queue", file=sys.stderr
+        )
         return 2
     try:
         url = checked_url(args.nats)

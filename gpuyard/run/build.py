@@ -32,6 +32,8 @@ DEFAULT_DEMAND = {1: 0.7, 2: 0.1, 4: 0.15, 8: 0.05}
 GENERATOR_OPTIONS = ("--generator", "--jobs", "--load", "--gpu-demand")
 """Options a --trace refuses (`--seed` is not among them: it also seeds the policies)."""
 TRACE_OPTIONS = ("--trace-format", "--skip-bad", "--philly-reading")
+
+
 def build(
     spec: RunSpec, out: Path, external: frozenset[str] = frozenset()
 ) -> tuple[Any, Any, dict[str, Any]]:
@@ -77,9 +79,7 @@ def sim_options(spec: RunSpec, external: frozenset[str] = frozenset()) -> Any:
     preset = semantics(spec.preset)
     # A replay of node availability brings its own nodes (BFTrainer's idle nodes): no others.
     cluster_spec = spec.cluster_spec or ("none" if spec.node_events is not None else "32x4")
-    cluster = (
-        ClusterSpec(groups=[]) if cluster_spec == "none" else load_cluster(cluster_spec)
-    )
+    cluster = ClusterSpec(groups=[]) if cluster_spec == "none" else load_cluster(cluster_spec)
     options = SimOptions(
         cluster=cluster,
         throughputs=spec.throughputs,

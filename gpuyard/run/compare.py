@@ -207,7 +207,10 @@ def format_comparison(table: pd.DataFrame) -> str:
         }
     )
     shown = shown.astype(object).where(shown.notna(), "-")
-    if "deadline_satisfactory_ratio" in table and table["deadline_satisfactory_ratio"].notna().any():
+    if (
+        "deadline_satisfactory_ratio" in table
+        and table["deadline_satisfactory_ratio"].notna().any()
+    ):
         shown.insert(
             len(shown.columns) - 1, "deadlines met (%)",
             (100 * table["deadline_satisfactory_ratio"].astype(float)).round(1),

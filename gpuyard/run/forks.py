@@ -101,6 +101,7 @@ class Forked:
         """Wait, without blocking the loop, for it to end; its exit code."""
         loop = asyncio.get_running_loop()
         ended = loop.create_future()
+
         def end() -> None:
             if not ended.done():
                 ended.set_result(None)

@@ -14,7 +14,9 @@ RUN_FILES = frozenset({
     "deadlines.png", "idle_nodes.png", "stderr.log",
 })  # fmt: skip
 """What one run writes into its folder (`stderr.log`: a comparison's run's terminal)."""
-COMPARISON_FILES = frozenset({"comparison.csv", "mean_jct.png", "mean_jct_vs_load.png", "jct_cdfs.png"})
+COMPARISON_FILES = frozenset(
+    {"comparison.csv", "mean_jct.png", "mean_jct_vs_load.png", "jct_cdfs.png"}
+)
 """What a comparison writes beside its runs' folders."""
 
 

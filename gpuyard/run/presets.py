@@ -277,7 +277,9 @@ def elasticflow_options(
         "ef": every,
         "edf-accessctrl": every,
         "gandiva": msgspec.structs.replace(every, warm_ranks=False),
-        "dlas-gpu": msgspec.structs.replace(every, warm_ranks=False, scope="launched", cold_every=0),
+        "dlas-gpu": msgspec.structs.replace(
+            every, warm_ranks=False, scope="launched", cold_every=0
+        ),
         "chronus": RestartCost(base_s=0.0, per_doubling_s=0.5, cold_s=0.0, warm_ranks=False),
     }.get(scheme)
     rounds = policy in ("tiresias", "themis", "chronus")

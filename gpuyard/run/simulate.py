@@ -149,24 +149,29 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
     preset = semantics(options.preset)
     return {
         "placement": PlacementConfig(
-            policy=options.placement, params=options.placement_params, durable=options.durable,
-            simulated=True, command_timeout_s=None,  # virtual time: every answer is awaited
+            policy=options.placement,
+            params=options.placement_params,
+            durable=options.durable,
+            simulated=True,
+            command_timeout_s=None,  # virtual time: every answer is awaited
         ),
-        "scheduler": SchedulerConfig(**{
-            "policy": options.policy,
-            "params": options.policy_params,
-            "throughputs": options.throughputs,
-            "round_s": options.round_s,
-            "min_run_s": options.min_run_s,
-            "mode": options.mode,
-            "time_shares": TimeShareConfig(),
-            "event_storage": options.event_storage,
-            "durable": options.durable,
-            "call_timeout_s": timeout,
-            "retry_for_s": retry,
-            "hand_over_results": not options.durable,
-            **preset.scheduler_settings(options),
-        }),
+        "scheduler": SchedulerConfig(
+            **{
+                "policy": options.policy,
+                "params": options.policy_params,
+                "throughputs": options.throughputs,
+                "round_s": options.round_s,
+                "min_run_s": options.min_run_s,
+                "mode": options.mode,
+                "time_shares": TimeShareConfig(),
+                "event_storage": options.event_storage,
+                "durable": options.durable,
+                "call_timeout_s": timeout,
+                "retry_for_s": retry,
+                "hand_over_results": not options.durable,
+                **preset.scheduler_settings(options),
+            }
+        ),
         "admission": AdmissionConfig(
             policy=options.admission,
             params=options.admission_params,
@@ -381,9 +386,7 @@ class TakenJobs:
             except RemoteError:  # (a service is going: the run's end or its loss says why)
                 return
 
-    def with_the_rest(
-        self, rest: list[JobRecord]
-    ) -> tuple[JobRows, list[JobRecord]]:
+    def with_the_rest(self, rest: list[JobRecord]) -> tuple[JobRows, list[JobRecord]]:
         """Every job's row and (`keep_records`) its record, in admission order: those taken and
         `rest`, the scheduler's list of those it did not forget (or of every job), added to the
         rows taken (once, at the end of a run)."""
@@ -597,7 +600,10 @@ async def simulate(
             points = await fetch_timeline(bus)
             stats = [
                 await bus.call(STATS, Empty(), svc=token)
-                for token in (SERVICE_TOKENS["simclock"], *(SERVICE_TOKENS[s] for s in CONTROL_PLANE))
+                for token in (
+                    SERVICE_TOKENS["simclock"],
+                    *(SERVICE_TOKENS[s] for s in CONTROL_PLANE),
+                )
             ]
             await asyncio.to_thread(write_stats, stats, out)
             reached = final.now
@@ -622,7 +628,8 @@ async def simulate(
         "round_s": options.round_s,
         "mode": options.mode,
         **labels,
-        "preemption_cost_s": options.preemption_cost.checkpoint_s + options.preemption_cost.restore_s,
+        "preemption_cost_s": options.preemption_cost.checkpoint_s
+        + options.preemption_cost.restore_s,
         "min_run_s": options.min_run_s,
         "simulated_s": reached,
         "wall_s": round(wall, 3),
@@ -669,7 +676,7 @@ async def simulate(
     if isinstance(interrupted, ServiceLost):
         raise ServiceLost(
             f"{interrupted}: stopped at t = {reached / 3600:,.1f} h simulated, "
-            f'{summary["completed"]:,} of {written.jobs:,} jobs completed; partial results '
+            f"{summary['completed']:,} of {written.jobs:,} jobs completed; partial results "
             f'("partial": true) in {out}/'
         )
     if interrupted is not None:

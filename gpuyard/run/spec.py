@@ -103,9 +103,7 @@ def parse_window(text: str) -> tuple[int, int]:
     except ValueError:
         window = None
     if not sep or window is None or not 0 <= window[0] < window[1]:
-        raise ValueError(
-            f"{text!r} is not FIRST:END with 0 <= FIRST < END (jobs FIRST to END - 1)"
-        )
+        raise ValueError(f"{text!r} is not FIRST:END with 0 <= FIRST < END (jobs FIRST to END - 1)")
     return window
 
 

@@ -598,5 +598,3 @@ async def ensure_event_stream(
     except (JetStreamError, NatsTimeoutError, NoRespondersError):
         return "the NATS server has no JetStream"
     return None
-
-

@@ -133,8 +133,13 @@ TAKEOVER = Endpoint(
 # --------------------------------------------------------------------------- admission
 
 SUBMIT = Endpoint(
-    "adm.submit.{caller}", SubmitRequest, SubmitReply, "client, simclock -> admission",
-    ("admission",), "caller", callers=(*PEOPLE, "admission", DRIVER),
+    "adm.submit.{caller}",
+    SubmitRequest,
+    SubmitReply,
+    "client, simclock -> admission",
+    ("admission",),
+    "caller",
+    callers=(*PEOPLE, "admission", DRIVER),
 )  # fmt: skip  (admission: held jobs are decided again through its own subject)
 
 # --------------------------------------------------------------------------- scheduler

@@ -134,8 +134,7 @@ class Lease:
     def holds(self) -> bool:
         """Whether we may act now without confirming the lease first."""
         return (
-            self.revision > 0
-            and time.monotonic() < self.renewed_at + self.lease_s * HOLD_FRACTION
+            self.revision > 0 and time.monotonic() < self.renewed_at + self.lease_s * HOLD_FRACTION
         )
 
     async def confirm(self) -> None:

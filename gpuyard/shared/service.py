@@ -329,7 +329,10 @@ class Service:
         await self.restore(await self.store.load())
         self.log.info("state.restored", took_s=round(time.perf_counter() - started, 4))
         mine = self.policy_info()
-        if previous is not None and (previous.policy, previous.params) != (mine.policy, mine.params):
+        if previous is not None and (previous.policy, previous.params) != (
+            mine.policy,
+            mine.params,
+        ):
             # A replacement with another policy: the stream shows the swap like a `policy set`.
             await self._policy_changed(previous.policy, mine, "took over")
         self._takeover_sub = await self.bus.nc.subscribe(
@@ -739,7 +742,7 @@ def run_service(
         subjects = Subjects(args.cluster)
         if getattr(args, "standby", False) and not config.durable:
             raise ValueError(
-                "--standby needs a durable service (`\"durable\": true` in its config): a "
+                '--standby needs a durable service (`"durable": true` in its config): a '
                 "standby takes over the state the running instance stored"
             )
     except (OSError, ValueError, msgspec.ValidationError) as exc:

@@ -280,7 +280,9 @@ def _name_runs(runs: list[Run], axes: list[str], variants: list[str]) -> None:
         run.name = _name(run, axes)
     for alike in _alike(runs):
         for run in alike:
-            run.name = _name(run, [*axes, *(v for v in variants if getattr(run.spec, v) is not None)])
+            run.name = _name(
+                run, [*axes, *(v for v in variants if getattr(run.spec, v) is not None)]
+            )
     for alike in _alike(runs):
         for run in alike:
             run.name += f"-{run.run_id[:6]}"

@@ -152,9 +152,13 @@ async def _run_sweep(
                 arrived.put_nowait(result)
 
         # Every stored result of this sweep, then new ones: runs done before are not sent again.
-        sub = await js.subscribe(result_subject(sweep.name, "*"), cb=on_result, ordered_consumer=True)
+        sub = await js.subscribe(
+            result_subject(sweep.name, "*"), cb=on_result, ordered_consumer=True
+        )
         stack.push_async_callback(sub.unsubscribe)
-        stored = (await js.stream_info(RESULTS_STREAM, subjects_filter=result_subject(sweep.name, "*")))
+        stored = await js.stream_info(
+            RESULTS_STREAM, subjects_filter=result_subject(sweep.name, "*")
+        )
         known = set((stored.state.subjects or {}).keys())
         pending = [r for r in sweep.runs if r.run_id not in results
                    and (retry_failed or result_subject(sweep.name, r.run_id) not in known)]  # fmt: skip
@@ -184,7 +188,9 @@ async def _run_sweep(
             await asyncio.to_thread(keep_result, out / "runs" / run.name, result, data)
             results[result.run_id] = result
             bar.update(result)
-    other = [r.worker for r in results.values() if r.code and r.code != code_digest(by_id[r.run_id].spec)]
+    other = [
+        r.worker for r in results.values() if r.code and r.code != code_digest(by_id[r.run_id].spec)
+    ]
     if other:
         print(f"gpuyard sweep: {len(other)} runs ran on workers whose code differs from this one's "
               f"({', '.join(sorted(set(other))[:3])}): their results may differ (column `code`)",
@@ -340,6 +346,7 @@ def write_table(table: pd.DataFrame, out: Path) -> list[Path]:
 
 def format_results(table: pd.DataFrame) -> str:
     """The table for people: one row per run, hours and percentages."""
+
     def hours(column: str) -> Any:
         return (table[column] / 3600).round(2) if column in table else np.nan
 
@@ -351,7 +358,10 @@ def format_results(table: pd.DataFrame) -> str:
         "makespan (h)": hours("makespan"),
         "util (%)": (100 * table["utilization"]).round(1) if "utilization" in table else np.nan,
     })  # fmt: skip
-    if "deadline_satisfactory_ratio" in table and table["deadline_satisfactory_ratio"].notna().any():
+    if (
+        "deadline_satisfactory_ratio" in table
+        and table["deadline_satisfactory_ratio"].notna().any()
+    ):
         shown["deadlines met (%)"] = (100 * table["deadline_satisfactory_ratio"]).round(1)
     text = shown.to_string(index=False)
     failed = table[table["status"] == "failed"]

@@ -430,7 +430,9 @@ def summary_table(ok: pd.DataFrame) -> pd.DataFrame:
 def write_report(results: Path, out: Path | None = None) -> list[Path]:
     """Every figure (PNG and SVG) and `report.html`; the paths, the HTML last."""
     if not results.exists():
-        raise ReportError(f"{results} does not exist: give the folder `gpuyard sweep` wrote (its --out)")
+        raise ReportError(
+            f"{results} does not exist: give the folder `gpuyard sweep` wrote (its --out)"
+        )
     folder = results if results.is_dir() else results.parent
     table_path = folder / "results.parquet"
     if not table_path.exists():
@@ -555,6 +557,8 @@ def _html(sweep: str, table: pd.DataFrame, stats: pd.DataFrame,
                  if "mean_jct" in table else ["name", "run_id", "status"]]  # fmt: skip
     parts += ["<h2>Runs</h2>", runs.to_html(index=False, na_rep="-", border=0,
                                             float_format=lambda v: f"{v:,.4g}")]  # fmt: skip
-    parts.append(f"<script type='application/json' id='figures'>{json.dumps([p.name for p, _, _ in figures])}</script>")
+    parts.append(
+        f"<script type='application/json' id='figures'>{json.dumps([p.name for p, _, _ in figures])}</script>"
+    )
     parts.append("</body></html>")
     return "\n".join(parts)

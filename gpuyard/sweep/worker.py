@@ -93,7 +93,10 @@ class Worker:
                 try:
                     msgs = await sub.fetch(1, timeout=2)
                 except (nats.errors.TimeoutError, TimeoutError):
-                    if self.idle_exit_s is not None and time.monotonic() - idle_since > self.idle_exit_s:
+                    if (
+                        self.idle_exit_s is not None
+                        and time.monotonic() - idle_since > self.idle_exit_s
+                    ):
                         return 0
                     continue
                 await self.take(js, msgs[0])

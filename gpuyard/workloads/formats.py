@@ -398,7 +398,8 @@ def load_bftrainer(path: str | Path, *, skip_bad: bool = False) -> Workload:
     tsub = pd.to_datetime(df["Tsub"], errors="coerce", format="%Y-%m-%d %H:%M:%S")
     for i in np.flatnonzero(tsub.isna().to_numpy()):
         bad.setdefault(
-            int(i), WorkloadError(path, lines[i], "Tsub", f"{df['Tsub'].iat[int(i)]!r} is not a time")
+            int(i),
+            WorkloadError(path, lines[i], "Tsub", f"{df['Tsub'].iat[int(i)]!r} is not a time"),
         )
     valid = tsub.dropna()
     t0 = valid.min() if len(valid) else pd.Timestamp(0)

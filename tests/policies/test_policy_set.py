@@ -28,7 +28,10 @@ def test_a_bad_policy_or_parameter_names_it_unless_its_service_runs_elsewhere() 
         policies(admission="nosuch").made()
     with pytest.raises(PolicyError, match="placement policy 'random': bad parameter"):
         policies(placement_params={"sed": 1}).made()
-    assert sorted(policies(admission="nosuch").made(skip={"admission"})) == ["placement", "scheduler"]
+    assert sorted(policies(admission="nosuch").made(skip={"admission"})) == [
+        "placement",
+        "scheduler",
+    ]
 
 
 def test_a_seed_goes_to_the_policies_that_draw_unless_given() -> None:
@@ -37,4 +40,6 @@ def test_a_seed_goes_to_the_policies_that_draw_unless_given() -> None:
     assert seeded.admission.params == {}  # (accept-all draws nothing)
     given = policies("gandiva", placement_params={"seed": 9}).seeded(3)
     assert given.placement.params == {"seed": 9} and given.scheduling.params == {"seed": 3}
-    assert policies("fifo", placement="consolidated").seeded(3) == policies("fifo", placement="consolidated")
+    assert policies("fifo", placement="consolidated").seeded(3) == policies(
+        "fifo", placement="consolidated"
+    )

@@ -313,9 +313,7 @@ def _best_counts(problem: Problem, choices: Choices, max_cells: int) -> np.ndarr
         if not mine.size:
             return None
         before = nodes[None, :] - mine[:, None]  # nodes used by the jobs before this one
-        total = np.where(
-            before >= 0, best[np.maximum(before, 0)] + values[fits][:, None], -np.inf
-        )
+        total = np.where(before >= 0, best[np.maximum(before, 0)] + values[fits][:, None], -np.inf)
         pick = np.argmax(total, axis=0)  # (the first of equals: the smaller size)
         best = total[pick, nodes]
         picks.append(mine[pick])

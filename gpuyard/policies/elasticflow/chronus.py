@@ -225,7 +225,11 @@ def _packable(jobs: list[_Job], total: int) -> bool:
 
 
 def _lease_program(
-    jobs: list[_Job], total: int, value: float, objective: str, solver: Literal["scip", "cp_sat"],
+    jobs: list[_Job],
+    total: int,
+    value: float,
+    objective: str,
+    solver: Literal["scip", "cp_sat"],
     time_limit: float,
 ) -> tuple[list[bool], list[bool]]:
     """Solve the lease MILP (module docstring): (holds the coming lease, keeps its SLO) per job."""

@@ -434,7 +434,9 @@ def feasible_point(
 
 
 @_remembered
-def max_min_point(weighted: np.ndarray, scale_factors: np.ndarray, num_gpus: np.ndarray) -> np.ndarray:
+def max_min_point(
+    weighted: np.ndarray, scale_factors: np.ndarray, num_gpus: np.ndarray
+) -> np.ndarray:
     """The X ECOS returns (clipped to [0, 1]) for `max_min_fairness`: maximise
     min_j sum_k W[j, k] X[j, k] over the same base constraints, which cvxpy writes as: minimise
     t' subject to -W[j] X[j] - t' <= 0 (t' = -t, after X in its variable order)."""
@@ -446,9 +448,15 @@ def max_min_point(weighted: np.ndarray, scale_factors: np.ndarray, num_gpus: np.
 
 @_remembered
 def water_filling_point(
-    throughputs: np.ndarray, scale_factors: np.ndarray, num_gpus: np.ndarray,
-    inv_prop: np.ndarray, mult: np.ndarray, so_far: np.ndarray, frozen: np.ndarray,
-    lower: np.ndarray, big_m: float,
+    throughputs: np.ndarray,
+    scale_factors: np.ndarray,
+    num_gpus: np.ndarray,
+    inv_prop: np.ndarray,
+    mult: np.ndarray,
+    so_far: np.ndarray,
+    frozen: np.ndarray,
+    lower: np.ndarray,
+    big_m: float,
 ) -> np.ndarray:
     """The X ECOS returns (clipped to [0, 1]) for one of Gavel's water-filling LPs: maximise
     min_j (mult_j (e_j - so_far_j) + add_j), e_j = T[j] X[j] * inv_prop_j its level, add_j = M
@@ -481,8 +489,12 @@ def water_filling_point(
 
 @_remembered
 def finish_time_point(
-    throughputs: np.ndarray, scale_factors: np.ndarray, num_gpus: np.ndarray,
-    remaining: np.ndarray, since_start: np.ndarray, finish: np.ndarray,
+    throughputs: np.ndarray,
+    scale_factors: np.ndarray,
+    num_gpus: np.ndarray,
+    remaining: np.ndarray,
+    since_start: np.ndarray,
+    finish: np.ndarray,
 ) -> np.ndarray:
     """The X ECOS returns (clipped to [0, 1]) for Gavel's finish-time fairness program:
     minimise max_j (t_j + R_j / r_j) / D_j, r_j = T[j] X[j] (`since_start` t_j, `remaining`
@@ -831,8 +843,9 @@ def _iterate(rows: _Rows | _DenseRows, c: np.ndarray) -> np.ndarray:
                 return ex, rz - op.times(dx) + block.refined * dz, None
             base = rz - op.times(dx)
             lifted = soc.residual(lift(base[linear:], None), dl)
-            ez = np.concatenate([base[:linear] + block.refined * dz[:linear],
-                                 lifted[:, :SOC_SIZE].ravel()])
+            ez = np.concatenate(
+                [base[:linear] + block.refined * dz[:linear], lifted[:, :SOC_SIZE].ravel()]
+            )
             return ex, ez, lifted[:, SOC_SIZE:]
 
         def solve(rx: np.ndarray, rz: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -847,7 +860,11 @@ def _iterate(rows: _Rows | _DenseRows, c: np.ndarray) -> np.ndarray:
                 if refinement > 0 and err > before:  # worse: undo the last refinement
                     dx, dz, dl = last
                     break
-                if refinement == REFINEMENTS or err < limit or (refinement > 0 and before < 6 * err):
+                if (
+                    refinement == REFINEMENTS
+                    or err < limit
+                    or (refinement > 0 and before < 6 * err)
+                ):
                     break
                 before, last = err, (dx, dz, dl)
                 ddx, ddz, ddl = once(ex, ez, el)
@@ -878,8 +895,7 @@ def _iterate(rows: _Rows | _DenseRows, c: np.ndarray) -> np.ndarray:
         gap = _dot(s, z)
         mu = (gap + kap * tau) / (cones.degree + 1)
         nz = _norm(z)
-        pres = _norm(rz) / max(
-            resz0 + _norm(x) + _norm(s), 1.0) / tau
+        pres = _norm(rz) / max(resz0 + _norm(x) + _norm(s), 1.0) / tau
         dres = _norm(rx) / max(resx0 + nz, 1.0) / tau
         pcost, dcost = cx / tau, -hz / tau
         relgap = gap / -pcost if pcost < 0 else (gap / dcost if dcost > 0 else np.nan)
@@ -915,8 +931,9 @@ def _iterate(rows: _Rows | _DenseRows, c: np.ndarray) -> np.ndarray:
         # lambda \ (lambda o lambda + W\ds_a o W dz_a - sigma mu e); a linear program's keeps
         # the order of operations its results were validated with (so below for s).
         if socs:
-            combined = cones.product(lam, lam) + (cones.product(ds_affine, w_dz_affine)
-                                                  - sigma * mu * cones.identity)
+            combined = cones.product(lam, lam) + (
+                cones.product(ds_affine, w_dz_affine) - sigma * mu * cones.identity
+            )
             lam_ds = cones.divide(lam, combined)
         else:
             lam_ds = (lam * lam + ds_affine * w_dz_affine - sigma * mu) / lam
@@ -949,8 +966,12 @@ class _Iterate:
 
     def optimal(self, feastol: float, abstol: float, reltol: float) -> bool:
         """ECOS's test for an optimum (`checkExitConditions`) at these tolerances."""
-        return bool((-self.cx > 0 or -self.hz >= -abstol) and self.pres < feastol
-                    and self.dres < feastol and (self.gap < abstol or self.relgap < reltol))
+        return bool(
+            (-self.cx > 0 or -self.hz >= -abstol)
+            and self.pres < feastol
+            and self.dres < feastol
+            and (self.gap < abstol or self.relgap < reltol)
+        )
 
     def better_than(self, best: _Iterate) -> bool:
         """ECOS's `compareStatistics` (no equality rows)."""

@@ -97,7 +97,9 @@ class Arrays:
     def decision(self, allocation: programs.Allocation, **flags: Any) -> Decision:
         shares: dict[str, dict[str, float]] = {}
         for i, job in enumerate(self.jobs):
-            row = {t: float(x) for t, x in zip(self.types, allocation.shares[i], strict=True) if x > 0}
+            row = {
+                t: float(x) for t, x in zip(self.types, allocation.shares[i], strict=True) if x > 0
+            }
             if row:
                 shares[job.job_id] = row
         pair_shares: dict[tuple[str, str], dict[str, float]] = {}
@@ -241,8 +243,10 @@ class FinishTimeParams(MaxMinInteriorParams, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         if self.tie_break == "interior" and self.priority_weighting != "reference":
-            raise ValueError("tie_break 'interior' goes with priority_weighting 'reference' (the "
-                             "reference's own program): use 'center' or 'vertex'")
+            raise ValueError(
+                "tie_break 'interior' goes with priority_weighting 'reference' (the "
+                "reference's own program): use 'center' or 'vertex'"
+            )
 
 
 class FinishTimePackedParams(FinishTimeParams, forbid_unknown_fields=True):
@@ -314,8 +318,10 @@ class MinTotalDurationParams(MaxMinInteriorParams, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         if self.tie_break == "interior" and self.search != "reference":
-            raise ValueError("tie_break 'interior' goes with search 'reference' (the "
-                             "reference's answer to its own search): use 'center' or 'vertex'")
+            raise ValueError(
+                "tie_break 'interior' goes with search 'reference' (the "
+                "reference's answer to its own search): use 'center' or 'vertex'"
+            )
 
 
 class MinTotalDurationPackedParams(MaxMinParams, forbid_unknown_fields=True):

@@ -243,8 +243,11 @@ def _jobs(
     gpus = _float_array(num_gpus, "num_gpus", (k,))
     if np.any(gpus < 0):
         raise ValueError("num_gpus: must be >= 0")
-    w = np.ones(n) if priority_weights is None else _float_array(
-        priority_weights, "priority_weights", (n,))
+    w = (
+        np.ones(n)
+        if priority_weights is None
+        else _float_array(priority_weights, "priority_weights", (n,))
+    )
     if np.any(w <= 0):
         raise ValueError("priority_weights: must be > 0")
     return _Jobs(t, sf, w, gpus)
@@ -339,7 +342,9 @@ def _concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     if total == 0:
         return np.zeros(0, dtype=np.int64)
     offsets = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return cast(np.ndarray, np.repeat(starts.astype(np.int64), lengths) + np.arange(total) - offsets)
+    return cast(
+        np.ndarray, np.repeat(starts.astype(np.int64), lengths) + np.arange(total) - offsets
+    )
 
 
 def _matching_pairs(keys_a: np.ndarray, keys_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -482,9 +487,7 @@ def _block_product(
     return block, start_a[block] + offset // width, start_b[block] + offset % width
 
 
-def _skeleton(
-    jobs: _Jobs, packing: Packing | None, features: list[np.ndarray]
-) -> _Skeleton:
+def _skeleton(jobs: _Jobs, packing: Packing | None, features: list[np.ndarray]) -> _Skeleton:
     """Classes, share/capacity rows and rate terms for `jobs`, with space sharing if `packing`."""
     n, num_types = jobs.n, jobs.k
     columns = [jobs.scale_factors[:, None], jobs.throughputs]
@@ -510,8 +513,9 @@ def _skeleton(
     peak = tput.max(axis=1) if num_types else np.zeros(count)
     pairing = None
     if packing is not None:
-        pairing = _add_pairing(lp, terms, packing, np.asarray(packing.job_types)[rep], tput, sf,
-                               members, peak)
+        pairing = _add_pairing(
+            lp, terms, packing, np.asarray(packing.job_types)[rep], tput, sf, members, peak
+        )
 
     lp.add_constraints(*_Terms.joined(terms.share), ub=1.0, num_rows=count)
     lp.add_constraints(*_Terms.joined(terms.capacity), ub=jobs.num_gpus, num_rows=num_types)
@@ -519,10 +523,19 @@ def _skeleton(
     useful = (rate_tput > 0) & (jobs.num_gpus[rate_type] > 0)
     can_run = np.bincount(rate_rows[useful], minlength=count) > 0
     return _Skeleton(
-        lp=lp, classes=classes, throughputs=tput, scale_factors=sf, num_gpus=jobs.num_gpus,
+        lp=lp,
+        classes=classes,
+        throughputs=tput,
+        scale_factors=sf,
+        num_gpus=jobs.num_gpus,
         single=single,
-        rate_rows=rate_rows, rate_cols=rate_cols, rate_tput=rate_tput, rate_type=rate_type,
-        peak_throughput=peak, can_run=can_run, pairing=pairing,
+        rate_rows=rate_rows,
+        rate_cols=rate_cols,
+        rate_tput=rate_tput,
+        rate_type=rate_type,
+        peak_throughput=peak,
+        can_run=can_run,
+        pairing=pairing,
     )
 
 
@@ -532,8 +545,10 @@ def _check_packing(packing: Packing, n: int, num_types: int) -> None:
         raise ValueError(f"packing.job_types: expected {n} integers")
     table = np.asarray(packing.pair_throughputs, dtype=np.float64)
     if table.ndim != 3 or table.shape[0] != table.shape[1] or table.shape[2] != num_types:
-        raise ValueError(f"packing.pair_throughputs: expected shape [types, types, {num_types}], "
-                         f"got {table.shape}")
+        raise ValueError(
+            f"packing.pair_throughputs: expected shape [types, types, {num_types}], "
+            f"got {table.shape}"
+        )
     if job_types.size and (job_types.min() < 0 or job_types.max() >= table.shape[0]):
         raise ValueError("packing.job_types: a type indexes no row of pair_throughputs")
     if np.any(np.nan_to_num(table, nan=0.0) < 0) or np.any(np.isinf(table)):
@@ -541,8 +556,14 @@ def _check_packing(packing: Packing, n: int, num_types: int) -> None:
 
 
 def _add_pairing(
-    lp: LinearProgram, terms: _Terms, packing: Packing, class_type: np.ndarray,
-    tput: np.ndarray, sf: np.ndarray, members: np.ndarray, peak: np.ndarray,
+    lp: LinearProgram,
+    terms: _Terms,
+    packing: Packing,
+    class_type: np.ndarray,
+    tput: np.ndarray,
+    sf: np.ndarray,
+    members: np.ndarray,
+    peak: np.ndarray,
 ) -> _Pairing:
     """Space-sharing variables and their terms (module docstring). Jobs in the same group
     (job type, scale factor) are paired through a variable per class pair; two groups through a
@@ -562,8 +583,9 @@ def _add_pairing(
     group_size = np.bincount(group_of_class, minlength=num_groups)
     group_start = np.cumsum(group_size) - group_size
     low, high = np.nonzero(np.triu(pairable.any(axis=2)))
-    per_pair = (low == high) | (group_size[low] * group_size[high]
-                                <= group_size[low] + group_size[high])
+    per_pair = (low == high) | (
+        group_size[low] * group_size[high] <= group_size[low] + group_size[high]
+    )
     per_pair_groups = np.zeros((num_groups, num_groups), dtype=bool)
     per_pair_groups[low[per_pair], high[per_pair]] = True
     per_pair_groups |= per_pair_groups.T
@@ -574,26 +596,43 @@ def _add_pairing(
     first, second = by_group[a], by_group[b]
     same_class = first == second
     keep = ((g[block] != h[block]) | (a <= b)) & runnable[first] & runnable[second]
-    pair_count = np.where(same_class, members[first] * (members[first] - 1) / 2,
-                          members[first] * members[second])
+    pair_count = np.where(
+        same_class, members[first] * (members[first] - 1) / 2, members[first] * members[second]
+    )
     keep &= pair_count > 0
-    first, second, same_class, pair_count = first[keep], second[keep], same_class[keep], \
-        pair_count[keep]
+    first, second, same_class, pair_count = (
+        first[keep],
+        second[keep],
+        same_class[keep],
+        pair_count[keep],
+    )
     index, pair_type = np.nonzero(pairable[group_of_class[first], group_of_class[second]])
-    first, second, same_class, pair_count = first[index], second[index], same_class[index], \
-        pair_count[index]
+    first, second, same_class, pair_count = (
+        first[index],
+        second[index],
+        same_class[index],
+        pair_count[index],
+    )
     pair_var = lp.add_variables(index.size, ub=1.0)
     rate_first = table[class_type[first], class_type[second], pair_type]
     rate_second = table[class_type[second], class_type[first], pair_type]
     partners_of_first = np.where(same_class, members[first] - 1, members[second])
     partners_of_second = members[first]
     other = ~same_class
-    terms.share += [(first, pair_var, partners_of_first),
-                    (second[other], pair_var[other], partners_of_second[other])]
+    terms.share += [
+        (first, pair_var, partners_of_first),
+        (second[other], pair_var[other], partners_of_second[other]),
+    ]
     terms.capacity.append((pair_type, pair_var, pair_count * sf[first]))
-    terms.rate += [(first, pair_var, partners_of_first * rate_first, pair_type),
-                   (second[other], pair_var[other], partners_of_second[other] * rate_second[other],
-                    pair_type[other])]
+    terms.rate += [
+        (first, pair_var, partners_of_first * rate_first, pair_type),
+        (
+            second[other],
+            pair_var[other],
+            partners_of_second[other] * rate_second[other],
+            pair_type[other],
+        ),
+    ]
     np.maximum.at(peak, first, rate_first)
     np.maximum.at(peak, second, rate_second)
 
@@ -605,20 +644,32 @@ def _add_pairing(
     partner_var = lp.add_variables(partner_class.size, ub=1.0)
     rate = table[class_type[partner_class], group_type[partner_group], partner_type]
     terms.share.append((partner_class, partner_var, np.ones(partner_var.size)))
-    terms.capacity.append((partner_type, partner_var,
-                           0.5 * members[partner_class] * sf[partner_class]))
+    terms.capacity.append(
+        (partner_type, partner_var, 0.5 * members[partner_class] * sf[partner_class])
+    )
     terms.rate.append((partner_class, partner_var, rate, partner_type))
     np.maximum.at(peak, partner_class, rate)
     if partner_var.size:
         own = group_of_class[partner_class]
-        key = (np.minimum(own, partner_group) * num_groups + np.maximum(own, partner_group)) \
-            * num_types + partner_type
+        key = (
+            np.minimum(own, partner_group) * num_groups + np.maximum(own, partner_group)
+        ) * num_types + partner_type
         _, balance_row = np.unique(key, return_inverse=True)
         sign = np.where(own < partner_group, 1.0, -1.0)
-        lp.add_constraints(balance_row.ravel(), partner_var, sign * members[partner_class],
-                           lb=0.0, ub=0.0)
-    return _Pairing(group_of_class, first, second, pair_type, pair_var,
-                    partner_class, partner_type, partner_group, partner_var)
+        lp.add_constraints(
+            balance_row.ravel(), partner_var, sign * members[partner_class], lb=0.0, ub=0.0
+        )
+    return _Pairing(
+        group_of_class,
+        first,
+        second,
+        pair_type,
+        pair_var,
+        partner_class,
+        partner_type,
+        partner_group,
+        partner_var,
+    )
 
 
 def _member_pairs(
@@ -626,16 +677,21 @@ def _member_pairs(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every job pair (i in first class, j in second class, i != j) for each class pair p;
     returns (p, min(i, j), max(i, j)). A class paired with itself gives each pair once."""
-    block, a, b = _block_product(classes.start[first_class], classes.members[first_class],
-                                 classes.start[second_class], classes.members[second_class])
+    block, a, b = _block_product(
+        classes.start[first_class],
+        classes.members[first_class],
+        classes.start[second_class],
+        classes.members[second_class],
+    )
     i, j = classes.job_order[a], classes.job_order[b]
     keep = np.where(first_class[block] == second_class[block], i < j, True)
     i, j = i[keep], j[keep]
     return block[keep], np.minimum(i, j), np.maximum(i, j)
 
 
-def _expand(skeleton: _Skeleton, values: np.ndarray, num_types: int) -> tuple[
-        np.ndarray, np.ndarray, np.ndarray]:
+def _expand(
+    skeleton: _Skeleton, values: np.ndarray, num_types: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Class-level solution -> (shares[n, K], pairs[P, 2], pair_shares[P, K])."""
     values = np.clip(values, 0.0, 1.0)
     values[values < _ZERO] = 0.0
@@ -648,15 +704,19 @@ def _expand(skeleton: _Skeleton, values: np.ndarray, num_types: int) -> tuple[
     together = values[pairing.pair_var]
     used = together > 0
     if used.any():
-        block, i, j = _member_pairs(pairing.pair_first[used], pairing.pair_second[used],
-                                    skeleton.classes)
+        block, i, j = _member_pairs(
+            pairing.pair_first[used], pairing.pair_second[used], skeleton.classes
+        )
         parts.append((i, j, pairing.pair_type[used][block], together[used][block]))
 
     with_group = values[pairing.partner_var]
     used = with_group > 0
     if used.any():
-        cls, k, partner = pairing.partner_class[used], pairing.partner_type[used], \
-            pairing.partner_group[used]
+        cls, k, partner = (
+            pairing.partner_class[used],
+            pairing.partner_type[used],
+            pairing.partner_group[used],
+        )
         time_with = with_group[used]
         own = pairing.group_of_class[cls]
         num_groups = int(pairing.group_of_class.max()) + 1
@@ -684,8 +744,9 @@ def _expand(skeleton: _Skeleton, values: np.ndarray, num_types: int) -> tuple[
     return shares, pairs, pair_shares
 
 
-def _solve(lp: LinearProgram, stats: SolveStats, solver: Solver | None,
-           time_limit: float | None) -> Solution:
+def _solve(
+    lp: LinearProgram, stats: SolveStats, solver: Solver | None, time_limit: float | None
+) -> Solution:
     started = time.perf_counter()
     try:
         solution = lp.solve(solver, time_limit=time_limit)
@@ -698,8 +759,12 @@ def _solve(lp: LinearProgram, stats: SolveStats, solver: Solver | None,
 
 
 def _finish(
-    skeleton: _Skeleton, values: np.ndarray, objective: float, stats: SolveStats,
-    started: float, num_types: int,
+    skeleton: _Skeleton,
+    values: np.ndarray,
+    objective: float,
+    stats: SolveStats,
+    started: float,
+    num_types: int,
 ) -> Allocation:
     shares, pairs, pair_shares = _expand(skeleton, values, num_types)
     elapsed = time.perf_counter() - started
@@ -739,24 +804,38 @@ def _check_tie_break(tie_break: str) -> None:
         raise ValueError(f"tie_break: 'center' or 'vertex', not {tie_break!r}")
 
 
-def _spread(skeleton: _Skeleton, face: LinearProgram, stats: SolveStats, solver: Solver | None,
-            time_limit: float | None) -> Solution:
+def _spread(
+    skeleton: _Skeleton,
+    face: LinearProgram,
+    stats: SolveStats,
+    solver: Solver | None,
+    time_limit: float | None,
+) -> Solution:
     """Solve `face` maximising sum_c m_c min_k x[c, k] over the types class c can use: each job's
     time spread as evenly over its types as the constraints allow."""
     lp = face.copy()
     usable = (skeleton.throughputs > 0) & (skeleton.num_gpus > 0)[None, :]
     cls, k = np.nonzero(usable)
     spread = lp.add_variables(skeleton.classes.count, ub=np.where(usable.any(axis=1), 1.0, 0.0))
-    lp.add_constraints(np.repeat(np.arange(cls.size), 2),
-                       np.stack([spread[cls], skeleton.single[cls, k]], axis=1).ravel(),
-                       np.tile([1.0, -1.0], cls.size), ub=0.0, num_rows=cls.size)
+    lp.add_constraints(
+        np.repeat(np.arange(cls.size), 2),
+        np.stack([spread[cls], skeleton.single[cls, k]], axis=1).ravel(),
+        np.tile([1.0, -1.0], cls.size),
+        ub=0.0,
+        num_rows=cls.size,
+    )
     lp.set_objective(spread, skeleton.classes.members.astype(np.float64), maximize=True)
     return _solve(lp, stats, solver, time_limit)
 
 
 def _tie_break(
-    skeleton: _Skeleton, values: np.ndarray, tie_break: TieBreak, stats: SolveStats,
-    solver: Solver | None, time_limit: float | None, face: LinearProgram | None = None,
+    skeleton: _Skeleton,
+    values: np.ndarray,
+    tie_break: TieBreak,
+    stats: SolveStats,
+    solver: Solver | None,
+    time_limit: float | None,
+    face: LinearProgram | None = None,
 ) -> np.ndarray:
     """Among allocations that give every job at least its throughput under `values` (and satisfy
     `face`, default the base constraints), the one `_spread` picks; `values` if that fails."""
@@ -765,8 +844,9 @@ def _tie_break(
     face = (skeleton.lp if face is None else face).copy()
     rates = skeleton.rates(values)
     rows = np.flatnonzero(rates > 0)
-    skeleton.add_rate_rows(face, np.ones(skeleton.classes.count), rows,
-                           lb=rates[rows] * (1 - _KEEP))
+    skeleton.add_rate_rows(
+        face, np.ones(skeleton.classes.count), rows, lb=rates[rows] * (1 - _KEEP)
+    )
     try:
         return _spread(skeleton, face, stats, solver, time_limit).values
     except SolveError:
@@ -819,7 +899,9 @@ def max_min_fairness(
     if active.size == 0:
         return _nothing(jobs)
     factor = np.zeros(skeleton.classes.count)
-    factor[active] = skeleton.scale_factors[active] / (jobs.weights[rep[active]] * prop[rep[active]])
+    factor[active] = skeleton.scale_factors[active] / (
+        jobs.weights[rep[active]] * prop[rep[active]]
+    )
     lp = skeleton.lp.copy()
     level = lp.add_variables(1)
     skeleton.add_rate_rows(lp, -factor, active, extra_cols=level[0], extra_coefs=1.0, ub=0.0)
@@ -833,8 +915,10 @@ def _max_min_interior(jobs: _Jobs, prop: np.ndarray, stats: SolveStats, started:
                       ) -> Allocation:  # fmt: skip
     """`max_min_fairness` as ECOS solves the reference's program, over the jobs that can run."""
     active = prop > 0
-    weighted = jobs.throughputs[active] * (
-        jobs.scale_factors[active] / (jobs.weights[active] * prop[active]))[:, None]
+    weighted = (
+        jobs.throughputs[active]
+        * (jobs.scale_factors[active] / (jobs.weights[active] * prop[active]))[:, None]
+    )
     shares = np.zeros((jobs.n, jobs.k))
     pairs, pair_shares = _empty_pairs(jobs.k)
     if not active.any():
@@ -916,8 +1000,14 @@ def max_min_fairness_water_filling(
         unfrozen = np.flatnonzero(~frozen)
         lp = skeleton.lp.copy()
         level = lp.add_variables(1, lb=-math.inf, ub=big_m if frozen[active].any() else math.inf)
-        skeleton.add_rate_rows(lp, -mult * inv_prop, unfrozen, extra_cols=level[0],
-                               extra_coefs=1.0, ub=-mult[unfrozen] * so_far[unfrozen])
+        skeleton.add_rate_rows(
+            lp,
+            -mult * inv_prop,
+            unfrozen,
+            extra_cols=level[0],
+            extra_coefs=1.0,
+            ub=-mult[unfrozen] * so_far[unfrozen],
+        )
         active_rows = np.flatnonzero(active)
         skeleton.add_rate_rows(lp, inv_prop, active_rows, lb=lower[active_rows])
         lp.set_objective(level, 1.0, maximize=True)
@@ -932,11 +1022,11 @@ def max_min_fairness_water_filling(
         so_far[unfrozen] += solution.objective / mult[unfrozen]
         lower = np.where(frozen, final, so_far)
         if bottleneck_test == "reference":
-            rise = _gavel_can_rise(skeleton, inv_prop, active, frozen, lower, stats,
-                                   milp_solver, time_limit)
+            rise = _gavel_can_rise(
+                skeleton, inv_prop, active, frozen, lower, stats, milp_solver, time_limit
+            )
         else:
-            rise = _can_rise(skeleton, inv_prop, active, ~frozen, lower, stats, solver,
-                             time_limit)
+            rise = _can_rise(skeleton, inv_prop, active, ~frozen, lower, stats, solver, time_limit)
         newly = ~frozen & ~rise
         if not newly.any():
             break
@@ -963,8 +1053,14 @@ def max_min_fairness_water_filling(
 
 
 def _gavel_can_rise(
-    skeleton: _Skeleton, inv_prop: np.ndarray, active: np.ndarray, frozen: np.ndarray,
-    lower: np.ndarray, stats: SolveStats, solver: Solver | None, time_limit: float | None,
+    skeleton: _Skeleton,
+    inv_prop: np.ndarray,
+    active: np.ndarray,
+    frozen: np.ndarray,
+    lower: np.ndarray,
+    stats: SolveStats,
+    solver: Solver | None,
+    time_limit: float | None,
 ) -> np.ndarray:
     """The reference's bottleneck MILP (see `max_min_fairness_water_filling`); all False when it
     is infeasible, as the reference then freezes everyone."""
@@ -975,12 +1071,15 @@ def _gavel_can_rise(
     # M gives the same feasible z, a tight one a faster MILP)
     row_m = (skeleton.peak_throughput * inv_prop)[rows] + reached + epsilon
     milp = skeleton.lp.copy()
-    can_rise = milp.add_variables(skeleton.classes.count, ub=np.where(frozen, 0.0, 1.0),
-                                  integer=True)
-    skeleton.add_rate_rows(milp, -inv_prop, rows, extra_cols=can_rise[rows], extra_coefs=row_m,
-                           lb=-reached + epsilon)
-    skeleton.add_rate_rows(milp, inv_prop, rows, extra_cols=can_rise[rows], extra_coefs=-row_m,
-                           lb=reached - row_m)
+    can_rise = milp.add_variables(
+        skeleton.classes.count, ub=np.where(frozen, 0.0, 1.0), integer=True
+    )
+    skeleton.add_rate_rows(
+        milp, -inv_prop, rows, extra_cols=can_rise[rows], extra_coefs=row_m, lb=-reached + epsilon
+    )
+    skeleton.add_rate_rows(
+        milp, inv_prop, rows, extra_cols=can_rise[rows], extra_coefs=-row_m, lb=reached - row_m
+    )
     skeleton.add_rate_rows(milp, inv_prop, rows, lb=lower[rows])
     milp.set_objective(can_rise, skeleton.classes.members.astype(np.float64), maximize=True)
     try:
@@ -990,8 +1089,14 @@ def _gavel_can_rise(
 
 
 def _can_rise(
-    skeleton: _Skeleton, inv_prop: np.ndarray, active: np.ndarray, candidates: np.ndarray,
-    lower: np.ndarray, stats: SolveStats, solver: Solver | None, time_limit: float | None,
+    skeleton: _Skeleton,
+    inv_prop: np.ndarray,
+    active: np.ndarray,
+    candidates: np.ndarray,
+    lower: np.ndarray,
+    stats: SolveStats,
+    solver: Solver | None,
+    time_limit: float | None,
 ) -> np.ndarray:
     """Which candidate classes can raise their level e_c above `lower` while every class keeps
     its own: LPs maximising the candidates' summed rises (rise_c <= cap_c), repeated without
@@ -1008,8 +1113,9 @@ def _can_rise(
         asked = np.flatnonzero(todo)
         skeleton.add_rate_rows(lp, inv_prop, others, lb=lower[others])
         rise = lp.add_variables(asked.size, ub=cap[asked])
-        skeleton.add_rate_rows(lp, inv_prop, asked, extra_cols=rise, extra_coefs=-1.0,
-                               lb=lower[asked])
+        skeleton.add_rate_rows(
+            lp, inv_prop, asked, extra_cols=rise, extra_coefs=-1.0, lb=lower[asked]
+        )
         lp.set_objective(rise, members[asked], maximize=True)
         try:
             up = _solve(lp, stats, solver, time_limit).values[rise] > threshold[asked]
@@ -1067,11 +1173,15 @@ def finish_time_fairness(
     n = jobs.n
     remaining = _per_job(remaining_steps, "remaining_steps", n)
     since_start = _per_job(time_since_start, "time_since_start", n)
-    accrued = np.zeros(n) if isolated_time_elapsed is None else _per_job(
-        isolated_time_elapsed, "isolated_time_elapsed", n)
+    accrued = (
+        np.zeros(n)
+        if isolated_time_elapsed is None
+        else _per_job(isolated_time_elapsed, "isolated_time_elapsed", n)
+    )
     if priority_weighting not in ("reference", "slowdown"):
         raise ValueError(
-            f"priority_weighting: 'reference' or 'slowdown', not {priority_weighting!r}")
+            f"priority_weighting: 'reference' or 'slowdown', not {priority_weighting!r}"
+        )
     ecos_point = tie_break == "interior"
     if ecos_point and (packing is not None or priority_weighting != "reference"):
         raise ValueError("tie_break 'interior' is the reference's answer for the unpacked program "
@@ -1086,8 +1196,11 @@ def finish_time_fairness(
     rep = skeleton.classes.representative
     count = skeleton.classes.count
     weights = jobs.weights[rep]
-    rate_factor = 1.0 / weights if (packing is not None and priority_weighting == "reference") \
+    rate_factor = (
+        1.0 / weights
+        if (packing is not None and priority_weighting == "reference")
         else np.ones(count)
+    )
     rho_scale = weights if priority_weighting == "slowdown" else np.ones(count)
     iso_c, r_c, t_c = iso[rep], remaining[rep], since_start[rep]
     active = (r_c > 0) & (iso_c > 0) & skeleton.can_run
@@ -1125,16 +1238,22 @@ def finish_time_fairness(
         scale[rows] = finish[rows] * rates[rows]
         factor = np.zeros(count)
         factor[rows] = rate_factor[rows] * (t_c[rows] - level * finish[rows]) / scale[rows]
-        skeleton.add_rate_rows(lp, factor, rows, extra_cols=gap[0], extra_coefs=-1.0,
-                               ub=-r_c[rows] / scale[rows])
+        skeleton.add_rate_rows(
+            lp, factor, rows, extra_cols=gap[0], extra_coefs=-1.0, ub=-r_c[rows] / scale[rows]
+        )
         lp.set_objective(gap, 1.0, maximize=False)
         try:
             solution = _solve(lp, stats, solver, time_limit)
         except SolveError:
             if best_values is None:
                 stats.fallback = "finish-time fairness LP failed: isolated allocation"
-                return Allocation(isolated_allocation.shares, isolated_allocation.pairs,
-                                  isolated_allocation.pair_shares, level, stats)
+                return Allocation(
+                    isolated_allocation.shares,
+                    isolated_allocation.pairs,
+                    isolated_allocation.pair_shares,
+                    level,
+                    stats,
+                )
             stats.fallback = "finish-time fairness LP failed: kept the last level"
             break
         new_rates = skeleton.rates(solution.values, rate_factor)
@@ -1226,8 +1345,7 @@ def min_total_duration(
     inv_remaining[rows] = 1.0 / r_c[rows]
     lp = skeleton.lp.copy()
     theta = lp.add_variables(1)
-    skeleton.add_rate_rows(lp, inv_remaining, rows, extra_cols=theta[0], extra_coefs=-1.0,
-                           lb=0.0)
+    skeleton.add_rate_rows(lp, inv_remaining, rows, extra_cols=theta[0], extra_coefs=-1.0, lb=0.0)
     lp.set_objective(theta, 1.0, maximize=True)
     best = _solve(lp, stats, solver, time_limit)
     optimum = 1.0 / best.objective if best.objective > 0 else math.inf
@@ -1245,8 +1363,7 @@ def min_total_duration(
             return found
         tie_break = "center"
     feasible = skeleton.lp.copy()
-    skeleton.add_rate_rows(feasible, np.ones(skeleton.classes.count), rows,
-                           lb=r_c[rows] / bound)
+    skeleton.add_rate_rows(feasible, np.ones(skeleton.classes.count), rows, lb=r_c[rows] / bound)
     try:
         if tie_break == "center":  # the centre of everything that meets the bound
             values = _spread(skeleton, feasible, stats, solver, time_limit).values
@@ -1324,8 +1441,12 @@ def max_sum_throughput(
     solution: Solution | None = None
     if bounded.size:
         with_slos = base.copy()
-        skeleton.add_rate_rows(with_slos, np.ones(skeleton.classes.count), bounded,
-                               lb=remaining[rep][bounded] / d_c[bounded])
+        skeleton.add_rate_rows(
+            with_slos,
+            np.ones(skeleton.classes.count),
+            bounded,
+            lb=remaining[rep][bounded] / d_c[bounded],
+        )
         with_slos.set_objective(skeleton.rate_cols, coefs, maximize=True)
         try:
             solution = _solve(with_slos, stats, solver, time_limit)
@@ -1336,8 +1457,12 @@ def max_sum_throughput(
         base.set_objective(skeleton.rate_cols, coefs, maximize=True)
         solution = _solve(base, stats, solver, time_limit)
     face = base.copy()
-    face.add_constraints(np.zeros(coefs.size, dtype=np.int64), skeleton.rate_cols, coefs,
-                         lb=solution.objective - _KEEP * abs(solution.objective))
+    face.add_constraints(
+        np.zeros(coefs.size, dtype=np.int64),
+        skeleton.rate_cols,
+        coefs,
+        lb=solution.objective - _KEEP * abs(solution.objective),
+    )
     values = _tie_break(skeleton, solution.values, tie_break, stats, solver, time_limit, face)
     return _finish(skeleton, values, solution.objective, stats, started, num_types)
 
@@ -1358,9 +1483,17 @@ def max_sum_throughput_normalized_by_cost(
     """Gavel's `max_sum_throughput_normalized_by_cost_perf[_SLOs]`: `max_sum_throughput` with
     every type-k throughput divided by `costs[k]` (steps per dollar)."""
     return max_sum_throughput(
-        throughputs, scale_factors, num_gpus, costs=costs, slos=slos,
-        remaining_steps=remaining_steps, packing=packing, tie_break=tie_break, solver=solver,
-        time_limit=time_limit)
+        throughputs,
+        scale_factors,
+        num_gpus,
+        costs=costs,
+        slos=slos,
+        remaining_steps=remaining_steps,
+        packing=packing,
+        tie_break=tie_break,
+        solver=solver,
+        time_limit=time_limit,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1401,8 +1534,11 @@ def allox(
     since_start = _per_job(time_since_start, "time_since_start", n, allow_negative=True)
     if not alpha > 0:
         raise ValueError("alpha: must be > 0")
-    before = np.zeros((n, num_types)) if previous is None else _float_array(
-        previous, "previous", (n, num_types))
+    before = (
+        np.zeros((n, num_types))
+        if previous is None
+        else _float_array(previous, "previous", (n, num_types))
+    )
     running = before.sum(axis=1) == 1.0
     shares = np.where(running[:, None], before, 0.0)
     taken = (shares[running] == 1.0).sum(axis=0)
@@ -1418,8 +1554,9 @@ def allox(
         return Allocation(shares, pairs, pair_shares, objective=float("nan"))
     selected = waiting[candidates]
     usable = usable[candidates]
-    cost_base = np.where(usable, remaining[selected, None] / np.where(usable, tput[candidates], 1.0),
-                         0.0)
+    cost_base = np.where(
+        usable, remaining[selected, None] / np.where(usable, tput[candidates], 1.0), 0.0
+    )
     num_jobs = selected.size
     depth = np.where(free > 0, -(-num_jobs // np.maximum(free, 1)), 0)  # positions per type
     column_start = np.cumsum(depth) - depth
@@ -1466,7 +1603,9 @@ def allox(
     job, k, position = job[order], k[order], position[order]
     slot = k * (max_depth + 1) + position
     first_in_slot = np.concatenate(([True], slot[1:] != slot[:-1]))
-    rank = np.arange(slot.size) - np.maximum.accumulate(np.where(first_in_slot, np.arange(slot.size), 0))
+    rank = np.arange(slot.size) - np.maximum.accumulate(
+        np.where(first_in_slot, np.arange(slot.size), 0)
+    )
     starts = rank < starts_here[k, position]
     shares[selected[job[starts]], k[starts]] = 1.0
     return Allocation(shares, pairs, pair_shares, objective=float("nan"))
@@ -1543,9 +1682,12 @@ def gandiva(
     alone = np.flatnonzero(state == ALONE)
     first = np.flatnonzero(state > np.arange(n))
     combos = alone.size + first.size
-    rows = _isolated_shares(combos, np.concatenate(
-        [jobs.scale_factors[alone], jobs.scale_factors[first]]), jobs.num_gpus)
+    rows = _isolated_shares(
+        combos,
+        np.concatenate([jobs.scale_factors[alone], jobs.scale_factors[first]]),
+        jobs.num_gpus,
+    )
     shares = np.zeros((n, num_types))
     shares[alone] = rows[: alone.size]
     pairs = np.stack([first, state[first]], axis=1)
-    return Allocation(shares, pairs, rows[alone.size:], objective=float("nan")), state
+    return Allocation(shares, pairs, rows[alone.size :], objective=float("nan")), state

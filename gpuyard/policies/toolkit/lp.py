@@ -89,7 +89,9 @@ def _broadcast(value: float | np.ndarray, size: int, what: str) -> np.ndarray:
     try:
         return np.broadcast_to(array, (size,)).copy() if array.ndim <= 1 else array.reshape(size)
     except ValueError as exc:
-        raise ValueError(f"{what}: expected a scalar or {size} values, got shape {array.shape}") from exc
+        raise ValueError(
+            f"{what}: expected a scalar or {size} values, got shape {array.shape}"
+        ) from exc
 
 
 class LinearProgram:
@@ -308,16 +310,21 @@ class LinearProgram:
         except StatusNotOk as exc:
             raise SolveError(f"{solver} refused the model: {exc}") from None
         reason = result.termination.reason
-        if reason in (_REASON.TERMINATION_REASON_INFEASIBLE,
-                      _REASON.TERMINATION_REASON_INFEASIBLE_OR_UNBOUNDED):
+        if reason in (
+            _REASON.TERMINATION_REASON_INFEASIBLE,
+            _REASON.TERMINATION_REASON_INFEASIBLE_OR_UNBOUNDED,
+        ):
             raise Infeasible(
                 f"{solver}: {_REASON.Name(reason).removeprefix('TERMINATION_REASON_').lower()}"
                 f" ({self.num_variables} variables, {self.num_constraints} constraints)"
             )
         primal = next(
-            (s.primal_solution for s in result.solutions
-             if s.HasField("primal_solution")
-             and s.primal_solution.feasibility_status == _FEASIBLE),
+            (
+                s.primal_solution
+                for s in result.solutions
+                if s.HasField("primal_solution")
+                and s.primal_solution.feasibility_status == _FEASIBLE
+            ),
             None,
         )
         if primal is None:

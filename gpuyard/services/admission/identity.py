@@ -17,7 +17,10 @@ def owned_by(req: SubmitRequest, caller: Caller) -> SubmitRequest:
     refused). Operators and services may submit for anyone; an operator's job that names no
     user is the operator's."""
     if caller.role == "op" and caller != ANONYMOUS:
-        jobs = [spec if spec.user else msgspec.structs.replace(spec, user=str(caller)) for spec in req.jobs]
+        jobs = [
+            spec if spec.user else msgspec.structs.replace(spec, user=str(caller))
+            for spec in req.jobs
+        ]
         return msgspec.structs.replace(req, jobs=jobs)
     if caller.role != "user":
         return req

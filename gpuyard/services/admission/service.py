@@ -252,14 +252,16 @@ class Admission(Service):
             req = owned_by(req, caller)
         except BadRequest as exc:  # (named by its place in the submission)
             if exc.field and (m := re.match(r"\$\.jobs\[(\d+)\]", exc.field)):
-                exc.field = f"$.jobs[{kept[int(m[1])]}]{exc.field[m.end():]}"
+                exc.field = f"$.jobs[{kept[int(m[1])]}]{exc.field[m.end() :]}"
             raise
         self._asked = False  # (every submit decides on the held jobs)
         now = req.now if req.now is not None else time.time()
         if self.cluster is None or not self.cluster.capacity:
             await self._refresh_cluster()
         view = self._cluster_view()
-        jobs, decides = await self._admitted_jobs(view, now) if self.held or req.jobs else ([], None)
+        jobs, decides = (
+            await self._admitted_jobs(view, now) if self.held or req.jobs else ([], None)
+        )
         admitted: list[JobSpec] = []
         declined = 0  # arrivals refused: still an event for some scheduling policies
         retry_at: float | None = None  # the earliest time a held job asks to be decided again
@@ -454,7 +456,9 @@ class Admission(Service):
             if low > most:
                 return f"needs {low} GPUs of one type; the largest GPU type has {most}"
         elif spec.gpu_type not in capacity:
-            return f"GPU type {spec.gpu_type!r} is not in the cluster ({', '.join(sorted(capacity))})"
+            return (
+                f"GPU type {spec.gpu_type!r} is not in the cluster ({', '.join(sorted(capacity))})"
+            )
         elif low > capacity[spec.gpu_type]:
             return f"needs {low} {spec.gpu_type} GPUs; the cluster has {capacity[spec.gpu_type]}"
         high = spec.gpu_range[1]

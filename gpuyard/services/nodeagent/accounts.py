@@ -156,15 +156,15 @@ class JobAccounts:
             cls._refuse_readable(agent, control_planes)
             return cls(None, {})
         if jobs_as_agent_user:
-            raise ValueError("--jobs-as-agent-user: the agent runs as root, and no job runs as root")
+            raise ValueError(
+                "--jobs-as-agent-user: the agent runs as root, and no job runs as root"
+            )
         default = Account.named(job_user) if job_user else _default_job_account()
         by_user = {user: Account.named(name) for user, name in sorted(user_accounts.items())}
         accounts = cls(default, by_user)
         for account in {default, *by_user.values()}:
             if account.uid == 0:
-                raise ValueError(
-                    f"Unix account {account.name!r} has uid 0: no job runs as root"
-                )
+                raise ValueError(f"Unix account {account.name!r} has uid 0: no job runs as root")
             cls._refuse_readable(account, [*credentials, *control_planes])
             for folder in job_folders:
                 if not reachable(Path(folder), account, os.X_OK):

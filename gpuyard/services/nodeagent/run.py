@@ -107,9 +107,7 @@ def config_from_args(args: argparse.Namespace) -> NodeAgentConfig:
     try:
         msgspec.convert(args.node_id, Name)
     except msgspec.ValidationError:
-        raise ValueError(
-            f"--node-id {args.node_id!r} must match {NAME_PATTERN}"
-        ) from None
+        raise ValueError(f"--node-id {args.node_id!r} must match {NAME_PATTERN}") from None
     if "." in args.node_id:
         raise ValueError(f"--node-id {args.node_id!r} must not contain '.'")
     if args.gpus is not None and args.gpus < 0:

@@ -127,7 +127,9 @@ class NodeAgent(Service):
         self.nvml: Nvml | None = None
         self.node = self._discover()
         self.parts: dict[str, JobPart] = {}
-        self.holders: dict[int, list[JobPart]] = {}  # GPU index -> the parts whose processes hold it
+        self.holders: dict[
+            int, list[JobPart]
+        ] = {}  # GPU index -> the parts whose processes hold it
         self.stopping: dict[str, JobPart] = {}  # job id -> its part told to stop, until it exits
         self.pending_exits: list[JobExit] = []
         self.launched: dict[tuple[Any, ...], None] = {}  # launches handled (the latest, in order)
@@ -140,7 +142,9 @@ class NodeAgent(Service):
         self.registered = asyncio.Event()
         self.contact = time.monotonic()
         """When the last request that placement answered was sent (the lease runs from there)."""
-        self._renewing: asyncio.Task[None] | None = None  # the heartbeat awaiting placement's answer
+        self._renewing: asyncio.Task[None] | None = (
+            None  # the heartbeat awaiting placement's answer
+        )
         self.fenced = ""
         """Why the agent stopped its jobs on its own, until it registers again."""
         self.notifier = SystemdNotifier()
@@ -265,7 +269,11 @@ class NodeAgent(Service):
                 if self.leaving:
                     return
                 sent = time.monotonic()
-                told = {*self.parts, *(e.job_id for e in self.pending_exits), *(k[0] for k in self.launched)}
+                told = {
+                    *self.parts,
+                    *(e.job_id for e in self.pending_exits),
+                    *(k[0] for k in self.launched),
+                }
                 request = RegisterNode(
                     now=time.time(), node=self.node, jobs=sorted(told),
                     lease_s=self.config.lease_s, grace_s=self.config.grace_s,
@@ -330,7 +338,9 @@ class NodeAgent(Service):
         for job_id in list(self.parts):
             self._stop_part(job_id)
         self.boot_id = uuid.uuid4().hex[:12]
-        self.node = msgspec.structs.replace(self.node, labels={**self.node.labels, "boot": self.boot_id})
+        self.node = msgspec.structs.replace(
+            self.node, labels={**self.node.labels, "boot": self.boot_id}
+        )
         self.launched.clear()
         self.registered.clear()
 
@@ -341,7 +351,9 @@ class NodeAgent(Service):
         previous holders to exit, so the control plane never waits out a grace period."""
         self.check_lease()  # (a command held up while this process was paused comes late)
         if self.fenced and cmd.launch:
-            raise BadRequest(f"node {self.node_id!r} is fenced ({self.fenced}): no launch until it registers again")
+            raise BadRequest(
+                f"node {self.node_id!r} is fenced ({self.fenced}): no launch until it registers again"
+            )
         for i, launch in enumerate(cmd.launch):
             if launch.spec is None:
                 raise BadRequest(
@@ -357,7 +369,9 @@ class NodeAgent(Service):
         for job_id in cmd.preempt:
             if job_id not in self.parts and job_id not in self.stopping:
                 # Nothing of it runs here (it never came, or ended): say so, as of a part stopped.
-                self.pending_exits.append(JobExit(job_id=job_id, node_id=self.node_id, status="stopped"))
+                self.pending_exits.append(
+                    JobExit(job_id=job_id, node_id=self.node_id, status="stopped")
+                )
                 self._exits_ready.set()
         preempted = [job_id for job_id in cmd.preempt if self._stop_part(job_id)]
         launched = []
@@ -525,7 +539,10 @@ class NodeAgent(Service):
         sent = time.monotonic()
         try:  # (any failure, a closed connection's too, only leaves the lease as it was)
             await self.bus.call(
-                HEARTBEAT, beat, node=self.node_id, within_s=min(max(self.config.lease_s / 4, 1.0), 10.0)
+                HEARTBEAT,
+                beat,
+                node=self.node_id,
+                within_s=min(max(self.config.lease_s / 4, 1.0), 10.0),
             )
         except Exception:
             return
@@ -550,7 +567,13 @@ def job_accounts(config: NodeAgentConfig, places: Places) -> JobAccounts:
 
 def _launch_key(launch: Launch) -> tuple[Any, ...]:
     """What makes a launch this one: the job's run (attempt) on these GPUs, in this shape."""
-    return (launch.job_id, launch.attempt, tuple(launch.gpus), launch.rank_offset, launch.world_size)
+    return (
+        launch.job_id,
+        launch.attempt,
+        tuple(launch.gpus),
+        launch.rank_offset,
+        launch.world_size,
+    )
 
 
 def _tail_logs(folder: Path, tail_bytes: int, node_id: str) -> list[str]:

@@ -142,7 +142,9 @@ class Placement(Service):
         self.last_seen: dict[str, float] = {}  # node agents that heartbeat: when last heard of
         self.beats: dict[str, Heartbeat] = {}
         self._checker: asyncio.Task[None] | None = None
-        self.unresponsive: set[str] = set()  # nodes that did not answer a command, until they register
+        self.unresponsive: set[str] = (
+            set()
+        )  # nodes that did not answer a command, until they register
         self._lease_warned: set[str] = set()  # nodes warned of a lease longer than our timeout
         self._watchers: set[asyncio.Task[None]] = set()  # real agents' answers to commands
         self._last_command: dict[str, asyncio.Task[None]] = {}  # per node: its commands in order
@@ -286,7 +288,9 @@ class Placement(Service):
         if boot:
             self.last_seen[req.node.node_id] = time.time()
         placed, told = self.unconfirmed.pop(req.node.node_id, set()), req.jobs
-        missing = sorted(j for j in placed if j in self.running and told is not None and j not in told)
+        missing = sorted(
+            j for j in placed if j in self.running and told is not None and j not in told
+        )
         if missing:
             # Stored as launched there by our previous instance, which died before sending it.
             self.log.warning("jobs.not_on_node", node_id=req.node.node_id, jobs=missing)
@@ -553,7 +557,8 @@ class Placement(Service):
             capacity=self.capacity(),
             progress={**reported, **self._with_rates(progress, reported)},
             settled=self.policy.rearranges and self.policy.settled and placed_all,
-            commands=self.commands_sent, applied=self.applied,
+            commands=self.commands_sent,
+            applied=self.applied,
         )
 
     def _affected(self, req: ApplyRequest) -> set[str]:
@@ -674,7 +679,9 @@ class Placement(Service):
                     ok = False
                     break
                 gpu_type = node.gpu_type
-            if not (ok and a is not None and gpu_type is not None and a.gpu_type in (ANY_GPU, gpu_type)):
+            if not (
+                ok and a is not None and gpu_type is not None and a.gpu_type in (ANY_GPU, gpu_type)
+            ):
                 raise RuntimeError(
                     f"placement policy {self.policy_name!r} placed {job_id!r} wrongly: {gpus}"
                 )
@@ -813,7 +820,10 @@ class Placement(Service):
             sent = time.time()
             try:
                 await self.bus.call(
-                    NODE_COMMAND, command, node=node_id, within_s=max(deadline - time.monotonic(), 0.1)
+                    NODE_COMMAND,
+                    command,
+                    node=node_id,
+                    within_s=max(deadline - time.monotonic(), 0.1),
                 )
                 if node_id in self.unresponsive and node_id in self.nodes:
                     self.unresponsive.discard(node_id)  # it was silent, and is back
@@ -845,6 +855,8 @@ class Placement(Service):
             self._every_view = None
             self.log.error("node.command_failed", node_id=node_id, error=str(error))
             lost = NodesChanged(
-                now=time.time(), gone=[node_id], reason=f"no answer to a command ({error.reply.error})"
+                now=time.time(),
+                gone=[node_id],
+                reason=f"no answer to a command ({error.reply.error})",
             )
             await self.bus.nc.publish(self.bus.subject(NODES), encode(lost))

@@ -220,8 +220,11 @@ class TimeShareMechanism:
                 members = tuple(key.split(PAIR))
                 if all(m in by_id for m in members):
                     pairs[key] = members
-        known = None if state.allocated is None or not self.config.new_jobs_wait else set(
-            state.allocated)
+        known = (
+            None
+            if state.allocated is None or not self.config.new_jobs_wait
+            else set(state.allocated)
+        )
         model = inp.cluster.throughputs
         # (job type, GPUs) -> whether it runs on each of `types`, in their order this round
         runs: dict[tuple[str, int], list[bool]] = {}
@@ -244,7 +247,9 @@ class TimeShareMechanism:
         def enter(place: int, t: str, key: str, x: float, received: dict[str, float],
                   deficits: dict[str, float]) -> None:  # fmt: skip
             got = received.get(t, 0.0)
-            priority = x / (got / used[place]) if used[place] > 0 and got > 0 else x * UNSEEN_PRIORITY
+            priority = (
+                x / (got / used[place]) if used[place] > 0 and got > 0 else x * UNSEEN_PRIORITY
+            )
             entries.append((place, -priority, -deficits.get(t, 0.0), -x, len(entries), t, key))
 
         places = list(enumerate(types))
@@ -284,7 +289,9 @@ class TimeShareMechanism:
                 break
             pair = pairs.get(key)
             members = pair or (key,)
-            if left.get(t, 0) <= 0 or (key in taken if pair is None else not taken.isdisjoint(pair)):
+            if left.get(t, 0) <= 0 or (
+                key in taken if pair is None else not taken.isdisjoint(pair)
+            ):
                 continue
             if pair is None:
                 size = by_id[key].spec.num_gpus

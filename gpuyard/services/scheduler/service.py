@@ -827,7 +827,9 @@ class Scheduler(Service):
                 "that was not told what changed"
             )
         if any(a.share_with for a in decision.allocations):
-            whole = self._checked(made_whole(decision, last.allocations, self.table.active), cluster)
+            whole = self._checked(
+                made_whole(decision, last.allocations, self.table.active), cluster
+            )
             return whole, await self._apply_all(now, cluster, whole)
         active = self.table.active
         named_ids = {a.job_id for a in decision.allocations}
@@ -954,7 +956,9 @@ class Scheduler(Service):
             finished = []
             if self.policy.needs.finished_jobs:
                 finished = [
-                    JobView.of(r, context) for r in self.table.jobs.values() if r.end_time is not None
+                    JobView.of(r, context)
+                    for r in self.table.jobs.values()
+                    if r.end_time is not None
                 ]
         if jobs is None:
             jobs = list(self.table.views.values())

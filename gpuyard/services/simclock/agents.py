@@ -168,7 +168,9 @@ class SimNodes:
         final: dict[str, bool] = {}
         for node, up in events:
             final[node] = up
-        joining = [self.node_specs[n] for n, is_up in final.items() if is_up and n not in self.present]
+        joining = [
+            self.node_specs[n] for n, is_up in final.items() if is_up and n not in self.present
+        ]
         leaving = [n for n, is_up in final.items() if not is_up and n in self.present]
         return final, joining, leaving
 

@@ -151,7 +151,9 @@ class InstantLoop:
                 clock.note(now, await clock.call(CLUSTER_CHANGED, msg))
                 ticked = tick
             elif step == "exits":
-                clock.note(now, await clock.call(EXITED, ExitReport(now=now, exits=exits, tick=tick)))
+                clock.note(
+                    now, await clock.call(EXITED, ExitReport(now=now, exits=exits, tick=tick))
+                )
                 ticked = tick
             else:
                 ticked = await self.submit(now, batch, times)
@@ -366,4 +368,3 @@ class GavelRounds(InstantLoop):
                 return self.end
             return now
         return None
-

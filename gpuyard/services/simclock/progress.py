@@ -22,9 +22,7 @@ class Completions:
     The config's `completion_quantum`, `completion_grid_s`, `at_node_events` and
     `gavel_round_s` say when a finished job's exit is reported."""
 
-    def __init__(
-        self, nodes: SimNodes, model: ThroughputModel, config: SimClockConfig
-    ) -> None:
+    def __init__(self, nodes: SimNodes, model: ThroughputModel, config: SimClockConfig) -> None:
         self.nodes = nodes
         self.jobs = nodes.jobs
         self.model = model

@@ -10,7 +10,6 @@ and it jumps straight to the next instant at which something can change: an arri
 or a tick the scheduler asked for. Same inputs, same sequence of messages, same results.
 """
 
-
 from __future__ import annotations
 
 import asyncio
@@ -151,7 +150,9 @@ class SimClock(Service):
                 stopped = self.nodes.command(cmd).progress
                 for job_id, steps in stopped.items():
                     seen = self.unreported.get(job_id)
-                    if seen is None or seen.at < cmd.now or steps < seen.steps:  # (the slowest part)
+                    if (
+                        seen is None or seen.at < cmd.now or steps < seen.steps
+                    ):  # (the slowest part)
                         self.unreported[job_id] = StepsReport(steps, cmd.now)
         except BadRequest as exc:
             self.command_error = f"placement's node commands #{batch.seq}: {exc.error}"

@@ -27,8 +27,13 @@ def _allowed(tp: Any) -> list[Any]:
     return [v for arg in typing.get_args(tp) for v in _allowed(arg)]
 
 
-_COMPOUND = (msgspec.inspect.DictType, msgspec.inspect.ListType, msgspec.inspect.TupleType,
-             msgspec.inspect.StructType, msgspec.inspect.VarTupleType)
+_COMPOUND = (
+    msgspec.inspect.DictType,
+    msgspec.inspect.ListType,
+    msgspec.inspect.TupleType,
+    msgspec.inspect.StructType,
+    msgspec.inspect.VarTupleType,
+)
 
 
 def _structured(params: Mapping[str, Any], cls: type[msgspec.Struct]) -> dict[str, Any]:
@@ -93,7 +98,9 @@ class Registry(Generic[P]):
         """Instantiate by name; string values (from a command line) are converted to the field types."""
         cls = self.get(name)
         try:
-            parsed = msgspec.convert(_structured(params or {}, cls.Params), cls.Params, strict=False)
+            parsed = msgspec.convert(
+                _structured(params or {}, cls.Params), cls.Params, strict=False
+            )
         except msgspec.ValidationError as exc:
             fields = {f.name: f.type for f in msgspec.structs.fields(cls.Params)}
             text = str(exc)
@@ -161,7 +168,11 @@ class PolicySet(msgspec.Struct, frozen=True, kw_only=True):
         changes: dict[str, PolicyChoice] = {}
         for _, registry, choice in self.by_service():
             params = registry.create(choice.name, choice.params).params
-            if "seed" not in choice.params and params is not None and "seed" in params.__struct_fields__:
+            if (
+                "seed" not in choice.params
+                and params is not None
+                and "seed" in params.__struct_fields__
+            ):
                 changes[registry.kind] = PolicyChoice(
                     name=choice.name, params={**choice.params, "seed": seed}
                 )

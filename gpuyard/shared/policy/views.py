@@ -202,7 +202,9 @@ class JobView:
         if left is None:
             return None
         r = self.record
-        rate = r.rate if r.state == "running" and r.rate > 0 else self.rate(ANY_GPU, r.spec.num_gpus)
+        rate = (
+            r.rate if r.state == "running" and r.rate > 0 else self.rate(ANY_GPU, r.spec.num_gpus)
+        )
         return left / rate if rate > 0 else None
 
     def rate(self, gpu_type: str, num_gpus: int) -> float:

@@ -122,7 +122,9 @@ def test_the_api_expresses_deadline_feasibility_admission():
             new.bind(inp.cluster.context(inp.now))
             done_by = inp.now
             for j in sorted([*inp.jobs, new], key=lambda j: j.spec.deadline or float("inf")):
-                seconds = (j.remaining_steps or 0.0) / inp.cluster.rate(j, "gpu", inp.cluster.total_gpus)
+                seconds = (j.remaining_steps or 0.0) / inp.cluster.rate(
+                    j, "gpu", inp.cluster.total_gpus
+                )
                 done_by += seconds
                 if j.spec.deadline is not None and done_by > j.spec.deadline:
                     return AdmissionDecision("reject", f"{j.job_id} would miss its deadline")
@@ -137,6 +139,9 @@ def test_the_api_expresses_deadline_feasibility_admission():
     fits = JobSpec(num_gpus=1, duration=40.0, deadline=200.0)
     late = JobSpec(num_gpus=1, duration=60.0, deadline=120.0)  # first, it pushes "a" past 150
     policy = EdfFeasible()
-    assert policy.decide(AdmissionInput(now=0.0, job=fits, cluster=cluster, jobs=admitted)).verdict == "admit"
+    assert (
+        policy.decide(AdmissionInput(now=0.0, job=fits, cluster=cluster, jobs=admitted)).verdict
+        == "admit"
+    )
     decision = policy.decide(AdmissionInput(now=0.0, job=late, cluster=cluster, jobs=admitted))
     assert (decision.verdict, decision.reason) == ("reject", "a would miss its deadline")

@@ -60,7 +60,9 @@ def blox_reference(jobs: list[RefJob], gpus: int, policy: str) -> dict[int, RefJ
 
         def key(j: RefJob, t: float = t) -> tuple[float, ...]:
             starved = (
-                not j.running and j.waiting_since is not None and t - j.waiting_since >= STARVATION_S
+                not j.running
+                and j.waiting_since is not None
+                and t - j.waiting_since >= STARVATION_S
             )
             cls = -1 if starved else 0
             if policy == "las":
@@ -91,7 +93,9 @@ def blox_reference(jobs: list[RefJob], gpus: int, policy: str) -> dict[int, RefJ
     return {j.job_id: j for j in jobs}
 
 
-def run_gpuyard(jobs: list[RefJob], cluster: str, policy: str, params: dict, out: Path) -> pd.DataFrame:
+def run_gpuyard(
+    jobs: list[RefJob], cluster: str, policy: str, params: dict, out: Path
+) -> pd.DataFrame:
     specs = [
         JobSpec(job_id=str(j.job_id), num_gpus=1, duration=j.duration, submit_time=j.arrival)
         for j in jobs

@@ -117,8 +117,6 @@ def test_optimus_respects_minimum_and_capacity():
     assert [(a.job_id, a.num_gpus) for a in out] == [("j0", 3), ("j1", 2)]
 
 
-
-
 def test_fifo_backfill_never_preempts_for_an_equal_priority_job():
     """A job started by backfill keeps its GPUs when the earlier job it jumped could only start
     by preempting it; a job of higher priority still preempts."""

@@ -76,10 +76,12 @@ def pairwise_model(
     lp = LinearProgram()
     alone = lp.add_variables((n, k), ub=np.where(throughputs > 0, 1.0, 0.0))
     rates: list[list[tuple[int, float]]] = [
-        [(int(alone[j, t]), throughputs[j, t] * scale[j]) for t in range(k)] for j in range(n)]
+        [(int(alone[j, t]), throughputs[j, t] * scale[j]) for t in range(k)] for j in range(n)
+    ]
     share_terms: list[list[int]] = [list(alone[j]) for j in range(n)]
     capacity: list[list[tuple[int, float]]] = [
-        [(int(alone[j, t]), scale_factors[j]) for j in range(n)] for t in range(k)]
+        [(int(alone[j, t]), scale_factors[j]) for j in range(n)] for t in range(k)
+    ]
     if packing is not None:
         table = np.nan_to_num(packing.pair_throughputs)
         types = packing.job_types
@@ -102,9 +104,15 @@ def pairwise_model(
     return lp, rates
 
 
-def add_rate_row(lp: LinearProgram, terms: list[tuple[int, float]], factor: float,
-                 extra: tuple[int, float] | None = None, *, lb: float = -math.inf,
-                 ub: float = math.inf) -> None:
+def add_rate_row(
+    lp: LinearProgram,
+    terms: list[tuple[int, float]],
+    factor: float,
+    extra: tuple[int, float] | None = None,
+    *,
+    lb: float = -math.inf,
+    ub: float = math.inf,
+) -> None:
     cols = [c for c, _ in terms] + ([extra[0]] if extra else [])
     coefs = [v * factor for _, v in terms] + ([extra[1]] if extra else [])
     lp.add_constraints(np.zeros(len(cols), dtype=int), cols, coefs, lb=lb, ub=ub)
@@ -115,14 +123,23 @@ def reference_max_min(throughputs, scale_factors, weights, num_gpus, packing=Non
     lp, rates = pairwise_model(throughputs, scale_factors, num_gpus, packing)
     level = lp.add_variables(1)
     for j in range(len(rates)):
-        add_rate_row(lp, rates[j], -scale_factors[j] / (weights[j] * prop[j]),
-                     (int(level[0]), 1.0), ub=0.0)
+        add_rate_row(
+            lp, rates[j], -scale_factors[j] / (weights[j] * prop[j]), (int(level[0]), 1.0), ub=0.0
+        )
     lp.set_objective(level, 1.0, maximize=True)
     return lp.solve().objective
 
 
-def reference_finish_time(throughputs, scale_factors, num_gpus, remaining, since_start,
-                          packing=None, rate_scale=None, rho_scale=None) -> float:
+def reference_finish_time(
+    throughputs,
+    scale_factors,
+    num_gpus,
+    remaining,
+    since_start,
+    packing=None,
+    rate_scale=None,
+    rho_scale=None,
+) -> float:
     """Bisection on the level r, each probe an LP feasibility check: r_j(X) (r D_j - t_j) >= R_j."""
     n = len(remaining)
     iso = gp.isolated_throughputs(throughputs, scale_factors, num_gpus)
@@ -141,8 +158,15 @@ def reference_finish_time(throughputs, scale_factors, num_gpus, remaining, since
         return True
 
     lo = float(np.max(since_start / finish))
-    hi = float(np.max((since_start + remaining / (iso * (1 if rate_scale is None else rate_scale)))
-                      / finish)) * 1.000001
+    hi = (
+        float(
+            np.max(
+                (since_start + remaining / (iso * (1 if rate_scale is None else rate_scale)))
+                / finish
+            )
+        )
+        * 1.000001
+    )
     for _ in range(60):
         middle = (lo + hi) / 2
         lo, hi = (lo, middle) if feasible(middle) else (middle, hi)
@@ -158,15 +182,16 @@ def reference_makespan(throughputs, scale_factors, num_gpus, remaining, packing=
     return 1.0 / lp.solve().objective
 
 
-def random_instance(seed: int, n: int = 8, num_types: int = 2, job_types: int = 3,
-                    multi_gpu: bool = True):
+def random_instance(
+    seed: int, n: int = 8, num_types: int = 2, job_types: int = 3, multi_gpu: bool = True
+):
     """Throughputs of n jobs from job_types templates (some unsupported entries), scale factors
     1 or 2, and a pair table with some pairs that may not share."""
     rng = np.random.default_rng(seed)
     template = rng.uniform(0.5, 4.0, (job_types, num_types))
     template[0, -1] = 0.0
     types = rng.integers(0, job_types, n)
-    types[: job_types] = np.arange(job_types)
+    types[:job_types] = np.arange(job_types)
     sf = np.where(rng.random(n) < 0.25, 2.0, 1.0) if multi_gpu else np.ones(n)
     table = rng.uniform(0.3, 0.9, (job_types, job_types, num_types)) * template[:, None, :]
     table[1, 2, 0] = 0.0  # type 1 with type 2 may not share type 0
@@ -239,7 +264,8 @@ def test_max_min_fairness_matches_a_per_job_formulation(seed: int) -> None:
     allocation = gp.max_min_fairness(tput, sf, weights, gpus)
     assert_feasible(allocation, tput, sf, gpus)
     assert allocation.objective == pytest.approx(
-        reference_max_min(tput, sf, weights, gpus), rel=1e-7)
+        reference_max_min(tput, sf, weights, gpus), rel=1e-7
+    )
     prop = gp.proportional_throughputs(tput, gpus)
     levels = sf * allocation.job_throughputs(tput) / (weights * prop)
     assert levels.min() == pytest.approx(allocation.objective, rel=1e-7)
@@ -271,11 +297,13 @@ def test_proportional_throughput_is_the_reference_equal_share() -> None:
 def test_agnostic_throughputs_as_the_reference_builds_them() -> None:
     tput = np.array([[2.0, 1.0, 0.0], [3.0, 0.0, 1.0]])
     assert np.array_equal(gp.agnostic_throughputs(tput), np.ones((2, 3)))
-    assert np.array_equal(gp.agnostic_throughputs(tput, respect_unsupported=True),
-                          [[1, 1, 0], [1, 0, 1]])
+    assert np.array_equal(
+        gp.agnostic_throughputs(tput, respect_unsupported=True), [[1, 1, 0], [1, 0, 1]]
+    )
     assert np.array_equal(gp.agnostic_throughputs(tput, 0), [[2, 2, 2], [3, 3, 3]])
-    assert np.array_equal(gp.agnostic_throughputs(tput, 0, respect_unsupported=True),
-                          [[2, 2, 0], [3, 0, 3]])
+    assert np.array_equal(
+        gp.agnostic_throughputs(tput, 0, respect_unsupported=True), [[2, 2, 0], [3, 0, 3]]
+    )
 
 
 def test_a_job_that_can_run_nowhere_gets_nothing_and_does_not_set_the_minimum() -> None:
@@ -346,13 +374,25 @@ def test_water_filling_levels_dominate_plain_max_min(seed: int) -> None:
 
 def test_finish_time_fairness_closed_forms() -> None:
     # one job alone on one GPU: it runs all the time, rho = (t + R/T) / (R/T)
-    allocation = gp.finish_time_fairness(np.array([[2.0]]), np.ones(1), np.ones(1),
-                                         np.array([1.0]), np.array([1000.0]), np.array([100.0]))
+    allocation = gp.finish_time_fairness(
+        np.array([[2.0]]),
+        np.ones(1),
+        np.ones(1),
+        np.array([1.0]),
+        np.array([1000.0]),
+        np.array([100.0]),
+    )
     assert allocation.shares[0, 0] == pytest.approx(1.0)
     assert allocation.objective == pytest.approx((100 + 500) / 500)
     # identical jobs sharing one GPU from the start: equal shares, rho = 1
-    allocation = gp.finish_time_fairness(np.full((4, 1), 2.0), np.ones(4), np.ones(4),
-                                         np.array([1.0]), np.full(4, 1000.0), np.zeros(4))
+    allocation = gp.finish_time_fairness(
+        np.full((4, 1), 2.0),
+        np.ones(4),
+        np.ones(4),
+        np.array([1.0]),
+        np.full(4, 1000.0),
+        np.zeros(4),
+    )
     assert np.allclose(allocation.shares, 0.25)
     assert allocation.objective == pytest.approx(1.0)
 
@@ -380,10 +420,14 @@ def test_finish_time_fairness_matches_bisection_on_a_per_job_lp(seed: int) -> No
 def test_finish_time_fairness_counts_accrued_isolated_time() -> None:
     # with C_j = accrued isolated time, the yardstick is C_j + R_j / iso_j
     tput, gpus = np.full((2, 1), 1.0), np.array([1.0])
-    remaining, since_start, accrued = np.array([100.0, 100.0]), np.array([50.0, 50.0]), \
-        np.array([0.0, 300.0])
-    allocation = gp.finish_time_fairness(tput, np.ones(2), np.ones(2), gpus, remaining,
-                                         since_start, isolated_time_elapsed=accrued)
+    remaining, since_start, accrued = (
+        np.array([100.0, 100.0]),
+        np.array([50.0, 50.0]),
+        np.array([0.0, 300.0]),
+    )
+    allocation = gp.finish_time_fairness(
+        tput, np.ones(2), np.ones(2), gpus, remaining, since_start, isolated_time_elapsed=accrued
+    )
     share = allocation.shares[:, 0]
     rho = (since_start + remaining / share) / (accrued + remaining / 0.5)
     assert share[0] > share[1]  # the job with no accrued isolated time is further behind
@@ -398,8 +442,9 @@ def test_finish_time_fairness_priority_weights() -> None:
     plain = gp.finish_time_fairness(tput, np.ones(2), np.ones(2), gpus, remaining, since_start)
     reference = gp.finish_time_fairness(tput, np.ones(2), weights, gpus, remaining, since_start)
     assert np.allclose(reference.shares, plain.shares)  # the reference's _perf ignores weights
-    weighted = gp.finish_time_fairness(tput, np.ones(2), weights, gpus, remaining, since_start,
-                                       priority_weighting="slowdown")
+    weighted = gp.finish_time_fairness(
+        tput, np.ones(2), weights, gpus, remaining, since_start, priority_weighting="slowdown"
+    )
     share = weighted.shares[:, 0]
     rho = (remaining / share) / (remaining / 0.5)
     assert weights[0] * rho[0] == pytest.approx(weights[1] * rho[1], rel=1e-6)
@@ -446,8 +491,7 @@ def test_min_total_duration_reproduces_the_reference_search(scale: float) -> Non
 
     exact = gp.min_total_duration(tput, sf, gpus, remaining, search="exact")
     reference = gp.min_total_duration(tput, sf, gpus, remaining)
-    assert exact.objective == pytest.approx(reference_makespan(tput, sf, gpus, remaining),
-                                            rel=1e-7)
+    assert exact.objective == pytest.approx(reference_makespan(tput, sf, gpus, remaining), rel=1e-7)
     assert reference.objective == pytest.approx(gavel_binary_search(feasible), rel=1e-9)
     assert exact.objective <= reference.objective
     assert reference.objective <= max(1.05 * exact.objective, 105.0)
@@ -459,8 +503,9 @@ def test_min_total_duration_reproduces_the_reference_search(scale: float) -> Non
 
 def test_min_total_duration_closed_form_on_one_gpu() -> None:
     # two jobs on one GPU at 1 step/s: the makespan is the total work
-    allocation = gp.min_total_duration(np.ones((2, 1)), np.ones(2), np.array([1.0]),
-                                       np.array([1000.0, 3000.0]), search="exact")
+    allocation = gp.min_total_duration(
+        np.ones((2, 1)), np.ones(2), np.array([1.0]), np.array([1000.0, 3000.0]), search="exact"
+    )
     assert allocation.objective == pytest.approx(4000.0)
     assert allocation.shares[:, 0] == pytest.approx([0.25, 0.75])
 
@@ -534,8 +579,14 @@ def test_max_min_fairness_interior_is_the_optimum_ecos_returns(
     assert found.objective == pytest.approx(vertex.objective, rel=1e-7)  # the same optimum
     assert np.abs(vertex.shares - found.shares).max() > 0.1  # at another point of the face
     with pytest.raises(ValueError, match="interior"):
-        gp.max_min_fairness(tput, sf, weights, gpus, tie_break="interior",
-                            packing=gp.Packing(np.zeros(5, dtype=np.int64), np.zeros((1, 1, 3))))
+        gp.max_min_fairness(
+            tput,
+            sf,
+            weights,
+            gpus,
+            tie_break="interior",
+            packing=gp.Packing(np.zeros(5, dtype=np.int64), np.zeros((1, 1, 3))),
+        )
 
 
 def test_water_filling_interior_is_the_allocation_gavel_returns() -> None:
@@ -562,7 +613,8 @@ def test_water_filling_interior_is_the_allocation_gavel_returns() -> None:
     many = 400
     rng = np.random.default_rng(3)
     large = gp.max_min_fairness_water_filling(
-        rng.uniform(0.5, 3.0, (many, 3)), np.ones(many), np.ones(many), gpus, tie_break="interior")
+        rng.uniform(0.5, 3.0, (many, 3)), np.ones(many), np.ones(many), gpus, tie_break="interior"
+    )
     assert large.stats is not None and "too many" in (large.stats.fallback or "")
     with pytest.raises(ValueError, match="interior"):
         gp.max_min_fairness_water_filling(
@@ -588,8 +640,9 @@ def test_finish_time_fairness_interior_is_the_allocation_gavel_returns() -> None
     tput, sf, gpus = ECOS_INSTANCE
     remaining = np.array([1000.0, 500.0, 3000.0, 200.0, 8000.0])
     since_start = np.array([100.0, 400.0, 0.0, 900.0, 50.0])
-    found = gp.finish_time_fairness(tput, sf, np.ones(5), gpus, remaining, since_start,
-                                    tie_break="interior")
+    found = gp.finish_time_fairness(
+        tput, sf, np.ones(5), gpus, remaining, since_start, tie_break="interior"
+    )
     assert found.stats is not None and found.stats.fallback is None
     assert np.abs(found.shares - ecos).max() < 1e-5
     center = gp.finish_time_fairness(tput, sf, np.ones(5), gpus, remaining, since_start)
@@ -603,8 +656,16 @@ def test_finish_time_fairness_interior_is_the_allocation_gavel_returns() -> None
         np.full(many, 1000.0), np.zeros(many), tie_break="interior")  # fmt: skip
     assert large.stats is not None and "not solved" in (large.stats.fallback or "")
     with pytest.raises(ValueError, match="interior"):
-        gp.finish_time_fairness(tput, sf, np.ones(5), gpus, remaining, since_start,
-                                priority_weighting="slowdown", tie_break="interior")
+        gp.finish_time_fairness(
+            tput,
+            sf,
+            np.ones(5),
+            gpus,
+            remaining,
+            since_start,
+            priority_weighting="slowdown",
+            tie_break="interior",
+        )
 
 
 def test_interior_points_do_not_depend_on_the_blas_threads() -> None:
@@ -674,12 +735,14 @@ def test_max_sum_throughput_with_costs_and_slos() -> None:
     assert cheap.objective == pytest.approx(4 / 10 + 1 / 1)
     # an SLO job 1 cannot meet alone on the slow type forces it onto V100 for a while
     remaining = np.array([1e3, 2e3])
-    slo = gp.max_sum_throughput(tput, sf, gpus, slos=np.array([np.nan, 1000.0]),
-                                remaining_steps=remaining)
+    slo = gp.max_sum_throughput(
+        tput, sf, gpus, slos=np.array([np.nan, 1000.0]), remaining_steps=remaining
+    )
     assert slo.stats.fallback is None
     assert slo.job_throughputs(tput)[1] >= 2.0 - 1e-9
-    impossible = gp.max_sum_throughput(tput, sf, gpus, slos=np.array([np.nan, 100.0]),
-                                       remaining_steps=remaining)
+    impossible = gp.max_sum_throughput(
+        tput, sf, gpus, slos=np.array([np.nan, 100.0]), remaining_steps=remaining
+    )
     assert "SLO" in impossible.stats.fallback
     assert impossible.objective == pytest.approx(gp.max_sum_throughput(tput, sf, gpus).objective)
 
@@ -696,8 +759,7 @@ def test_packed_programs_match_a_per_pair_formulation(seed: int) -> None:
     w = np.ones(n)
     mmf = gp.max_min_fairness(tput, sf, w, gpus, packing=packing)
     assert_feasible(mmf, tput, sf, gpus, packing)
-    assert mmf.objective == pytest.approx(reference_max_min(tput, sf, w, gpus, packing),
-                                          rel=1e-6)
+    assert mmf.objective == pytest.approx(reference_max_min(tput, sf, w, gpus, packing), rel=1e-6)
     prop = gp.proportional_throughputs(tput, gpus)
     levels = sf * mmf.job_throughputs(tput, packing) / prop
     assert levels.min() == pytest.approx(mmf.objective, rel=1e-6)
@@ -708,10 +770,12 @@ def test_packed_programs_match_a_per_pair_formulation(seed: int) -> None:
     makespan = gp.min_total_duration(tput, sf, gpus, remaining, packing=packing, search="exact")
     assert_feasible(makespan, tput, sf, gpus, packing)
     assert makespan.objective == pytest.approx(
-        reference_makespan(tput, sf, gpus, remaining, packing), rel=1e-6)
+        reference_makespan(tput, sf, gpus, remaining, packing), rel=1e-6
+    )
 
-    filled = gp.max_min_fairness_water_filling(tput, sf, w, gpus, packing=packing,
-                                               bottleneck_test="exact")
+    filled = gp.max_min_fairness_water_filling(
+        tput, sf, w, gpus, packing=packing, bottleneck_test="exact"
+    )
     assert_feasible(filled, tput, sf, gpus, packing)
     assert filled.objective == pytest.approx(mmf.objective, rel=1e-6)
     filled_levels = np.sort(sf * filled.job_throughputs(tput, packing) / prop)
@@ -722,7 +786,8 @@ def test_packed_programs_match_a_per_pair_formulation(seed: int) -> None:
     ftf = gp.finish_time_fairness(tput, sf, w, gpus, remaining, since_start, packing=packing)
     assert_feasible(ftf, tput, sf, gpus, packing)
     assert ftf.objective == pytest.approx(
-        reference_finish_time(tput, sf, gpus, remaining, since_start, packing), rel=1e-6)
+        reference_finish_time(tput, sf, gpus, remaining, since_start, packing), rel=1e-6
+    )
 
 
 def test_packed_finish_time_fairness_reference_weights_divide_throughputs() -> None:
@@ -732,10 +797,12 @@ def test_packed_finish_time_fairness_reference_weights_divide_throughputs() -> N
     weights = np.where(np.arange(n) % 2 == 0, 1.0, 2.0)
     rng = np.random.default_rng(11)
     remaining, since_start = rng.uniform(1e3, 1e4, n), rng.uniform(0, 1e3, n)
-    allocation = gp.finish_time_fairness(tput, sf, weights, gpus, remaining, since_start,
-                                         packing=packing)
-    expected = reference_finish_time(tput, sf, gpus, remaining, since_start, packing,
-                                     rate_scale=1.0 / weights)
+    allocation = gp.finish_time_fairness(
+        tput, sf, weights, gpus, remaining, since_start, packing=packing
+    )
+    expected = reference_finish_time(
+        tput, sf, gpus, remaining, since_start, packing, rate_scale=1.0 / weights
+    )
     assert allocation.objective == pytest.approx(expected, rel=1e-6)
 
 
@@ -743,8 +810,7 @@ def test_packing_pairs_jobs_when_the_pair_is_worth_it() -> None:
     # four identical jobs, two GPUs; sharing gives each 0.8 of its speed: better than half a GPU
     tput = np.ones((4, 1))
     packing = gp.Packing(np.zeros(4, dtype=int), np.full((1, 1, 1), 0.8))
-    allocation = gp.max_min_fairness(tput, np.ones(4), np.ones(4), np.array([2.0]),
-                                     packing=packing)
+    allocation = gp.max_min_fairness(tput, np.ones(4), np.ones(4), np.array([2.0]), packing=packing)
     assert allocation.objective == pytest.approx(0.8)
     assert_feasible(allocation, tput, np.ones(4), np.array([2.0]), packing)
     assert len(allocation.pairs) == 6  # every pair of the four, symmetrically
@@ -764,13 +830,16 @@ def test_packing_across_job_types_realises_the_partner_group_times() -> None:
     table = np.array([[[0.6], [0.7], [0.5]], [[0.9], [0.4], [0.8]], [[0.5], [0.9], [0.6]]])
     packing = gp.Packing(types, table)
     tput = np.ones((12, 1))
-    allocation = gp.finish_time_fairness(tput, np.ones(12), np.ones(12), np.array([4.0]),
-                                         np.full(12, 1e3), since, packing=packing)
+    allocation = gp.finish_time_fairness(
+        tput, np.ones(12), np.ones(12), np.array([4.0]), np.full(12, 1e3), since, packing=packing
+    )
     assert_feasible(allocation, tput, np.ones(12), np.array([4.0]), packing)
     rho = (since + 1e3 / allocation.job_throughputs(tput, packing)) / (1e3 / (4 / 12))
     assert rho.max() == pytest.approx(allocation.objective, rel=1e-6)
-    assert allocation.objective == pytest.approx(reference_finish_time(
-        tput, np.ones(12), np.array([4.0]), np.full(12, 1e3), since, packing), rel=1e-6)
+    assert allocation.objective == pytest.approx(
+        reference_finish_time(tput, np.ones(12), np.array([4.0]), np.full(12, 1e3), since, packing),
+        rel=1e-6,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -788,11 +857,13 @@ def test_isolated_split_as_the_reference_computes_it() -> None:
     assert skipping.shares[0, 1] == 0
     assert_feasible(skipping, tput, sf, gpus)
     assert gp.isolated_throughputs(tput, sf, gpus) == pytest.approx(
-        (tput * allocation.shares).sum(1))
+        (tput * allocation.shares).sum(1)
+    )
 
 
-def brute_force_first_jobs(processing: np.ndarray,
-                           gpu_type: list[int]) -> list[set[tuple[int, int]]]:
+def brute_force_first_jobs(
+    processing: np.ndarray, gpu_type: list[int]
+) -> list[set[tuple[int, int]]]:
     """For each schedule minimising the sum of completion times (each job on one GPU, queues in
     shortest-first order), the (job, type) of every GPU's first job."""
     n, num_gpus = processing.shape[0], len(gpu_type)
@@ -800,8 +871,9 @@ def brute_force_first_jobs(processing: np.ndarray,
     for assignment in itertools.product(range(num_gpus), repeat=n):
         total, firsts = 0.0, set()
         for gpu in range(num_gpus):
-            queue = sorted((processing[j, gpu_type[gpu]], j) for j in range(n)
-                           if assignment[j] == gpu)
+            queue = sorted(
+                (processing[j, gpu_type[gpu]], j) for j in range(n) if assignment[j] == gpu
+            )
             total += sum(p * (len(queue) - position) for position, (p, _) in enumerate(queue))
             if queue:
                 firsts.add((queue[0][1], gpu_type[gpu]))
@@ -830,8 +902,9 @@ def test_allox_breaks_ties_by_starting_the_shortest() -> None:
     # three jobs, two identical GPUs: the shortest goes first on the GPU that runs two; which of
     # the other two runs alone costs the same, and the shorter one starts
     tput = np.ones((3, 1))
-    allocation = gp.allox(tput, np.ones(3), np.array([2.0]), np.array([30.0, 10.0, 20.0]),
-                          np.zeros(3))
+    allocation = gp.allox(
+        tput, np.ones(3), np.array([2.0]), np.array([30.0, 10.0, 20.0]), np.zeros(3)
+    )
     assert allocation.shares[:, 0].tolist() == [0.0, 1.0, 1.0]
     optimal = brute_force_first_jobs(np.array([[30.0], [10.0], [20.0]]), [0, 0])
     assert {(1, 0), (2, 0)} in optimal and {(0, 0), (1, 0)} in optimal
@@ -842,17 +915,18 @@ def test_allox_keeps_running_jobs_and_never_uses_unsupported_types() -> None:
     remaining = np.array([100.0, 100.0, 100.0, 100.0])
     previous = np.zeros((4, 2))
     previous[3, 1] = 1.0  # job 3 holds the only type-1 GPU
-    allocation = gp.allox(tput, np.ones(4), np.array([1.0, 1.0]), remaining, np.zeros(4),
-                          previous=previous)
+    allocation = gp.allox(
+        tput, np.ones(4), np.array([1.0, 1.0]), remaining, np.zeros(4), previous=previous
+    )
     assert allocation.shares[3].tolist() == [0.0, 1.0]
     assert allocation.shares[:, 0].sum() == 1.0  # the free V100 goes to one waiting job
     assert allocation.shares[1, 0] == 1.0  # the fastest there
-    only_k80 = gp.allox(np.array([[0.0, 1.0]]), np.ones(1), np.array([1.0, 0.0]),
-                        np.array([10.0]), np.zeros(1))
+    only_k80 = gp.allox(
+        np.array([[0.0, 1.0]]), np.ones(1), np.array([1.0, 0.0]), np.array([10.0]), np.zeros(1)
+    )
     assert np.all(only_k80.shares == 0)
     with pytest.raises(ValueError, match="single-GPU"):
-        gp.allox(tput, np.array([1.0, 2.0, 1.0, 1.0]), np.array([1.0, 1.0]), remaining,
-                 np.zeros(4))
+        gp.allox(tput, np.array([1.0, 2.0, 1.0, 1.0]), np.array([1.0, 1.0]), remaining, np.zeros(4))
 
 
 def test_gandiva_pairs_like_the_reference_and_keeps_good_pairs() -> None:
@@ -860,8 +934,9 @@ def test_gandiva_pairs_like_the_reference_and_keeps_good_pairs() -> None:
     tput = np.ones((n, 1))
     packing = gp.Packing(np.zeros(n, dtype=int), np.full((1, 1, 1), 0.7))
     fresh = np.full(n, gp.UNASSIGNED)
-    allocation, state = gp.gandiva(tput, np.ones(n), np.array([2.0]), packing, fresh,
-                                   random.Random(3))
+    allocation, state = gp.gandiva(
+        tput, np.ones(n), np.array([2.0]), packing, fresh, random.Random(3)
+    )
     # the reference: sample two of the unplaced jobs at a time, in job order
     rng, pool, expected = random.Random(3), list(range(n)), set()
     for _ in range(n):
@@ -876,16 +951,18 @@ def test_gandiva_pairs_like_the_reference_and_keeps_good_pairs() -> None:
     assert np.allclose(allocation.pair_shares, 2.0 / 3)  # 3 pairs share 2 GPUs equally
     assert_feasible(allocation, tput, np.ones(n), np.array([2.0]), packing)
     # a pair worth >= 1 (0.7 + 0.7) is kept whatever the random stream
-    again, state_again = gp.gandiva(tput, np.ones(n), np.array([2.0]), packing, state,
-                                    random.Random(99))
+    again, state_again = gp.gandiva(
+        tput, np.ones(n), np.array([2.0]), packing, state, random.Random(99)
+    )
     assert np.array_equal(state_again, state)
     assert np.array_equal(again.pairs, allocation.pairs)
     # a pair worth < 1 is undone and redrawn; jobs that fit run alone, unpaired
     poor = gp.Packing(np.zeros(n, dtype=int), np.full((1, 1, 1), 0.3))
     redrawn, _ = gp.gandiva(tput, np.ones(n), np.array([2.0]), poor, state, random.Random(3))
     assert {tuple(p) for p in redrawn.pairs.tolist()} == expected  # same draws from seed 3
-    fits, fits_state = gp.gandiva(tput, np.ones(n), np.array([6.0]), packing, fresh,
-                                  random.Random(3))
+    fits, fits_state = gp.gandiva(
+        tput, np.ones(n), np.array([6.0]), packing, fresh, random.Random(3)
+    )
     assert fits.pairs.size == 0 and np.allclose(fits.shares, 1.0)
     assert np.all(fits_state == gp.UNASSIGNED)
 
@@ -894,8 +971,9 @@ def test_gandiva_never_pairs_different_scale_factors() -> None:
     n = 10
     sf = np.array([1.0, 2.0] * 5)
     packing = gp.Packing(np.zeros(n, dtype=int), np.full((1, 1, 1), 0.9))
-    allocation, state = gp.gandiva(np.ones((n, 1)), sf, np.array([4.0]), packing,
-                                   np.full(n, gp.UNASSIGNED), random.Random(0))
+    allocation, state = gp.gandiva(
+        np.ones((n, 1)), sf, np.array([4.0]), packing, np.full(n, gp.UNASSIGNED), random.Random(0)
+    )
     assert_feasible(allocation, np.ones((n, 1)), sf, np.array([4.0]), packing)
     assert np.all(allocation.job_time() > 0)  # every job placed, alone or paired
     assert set(state.tolist()) <= set(range(n)) | {gp.ALONE}
@@ -915,9 +993,13 @@ def test_same_input_same_allocation_and_identical_jobs_treated_alike() -> None:
     assert np.array_equal(first.pair_shares, second.pair_shares)
     # permuting the jobs permutes the answer
     order = np.random.default_rng(0).permutation(10)
-    permuted = gp.max_min_fairness(tput[order], sf[order], np.ones(10), gpus,
-                                   packing=gp.Packing(packing.job_types[order],
-                                                      packing.pair_throughputs))
+    permuted = gp.max_min_fairness(
+        tput[order],
+        sf[order],
+        np.ones(10),
+        gpus,
+        packing=gp.Packing(packing.job_types[order], packing.pair_throughputs),
+    )
     assert np.allclose(permuted.shares, first.shares[order])
 
 
@@ -931,11 +1013,17 @@ def test_bad_input_gets_one_clear_line() -> None:
     with pytest.raises(ValueError, match="finite"):
         gp.max_min_fairness(np.array([[np.nan]]), np.ones(1), np.ones(1), np.ones(1))
     with pytest.raises(ValueError, match="pair_throughputs"):
-        gp.max_min_fairness(np.ones((2, 1)), np.ones(2), np.ones(2), np.ones(1),
-                            packing=gp.Packing(np.zeros(2, dtype=int), np.ones((1, 1, 2))))
+        gp.max_min_fairness(
+            np.ones((2, 1)),
+            np.ones(2),
+            np.ones(2),
+            np.ones(1),
+            packing=gp.Packing(np.zeros(2, dtype=int), np.ones((1, 1, 2))),
+        )
     with pytest.raises(ValueError, match="bottleneck_test"):
-        gp.max_min_fairness_water_filling(np.ones((1, 1)), np.ones(1), np.ones(1), np.ones(1),
-                                          bottleneck_test="fast")  # type: ignore[arg-type]
+        gp.max_min_fairness_water_filling(
+            np.ones((1, 1)), np.ones(1), np.ones(1), np.ones(1), bottleneck_test="fast"
+        )  # type: ignore[arg-type]
 
 
 def test_no_jobs_gives_an_empty_allocation() -> None:
@@ -983,14 +1071,15 @@ def test_programs_on_gavel_throughputs(data) -> None:
     packed = gp.max_min_fairness(tput, sf, w, gpus, packing=packing)
     filled = gp.max_min_fairness_water_filling(tput, sf, w, gpus)
     ftf = gp.finish_time_fairness(tput, sf, w, gpus, remaining, since_start)
-    ftf_packed = gp.finish_time_fairness(tput, sf, w, gpus, remaining, since_start,
-                                         packing=packing)
+    ftf_packed = gp.finish_time_fairness(tput, sf, w, gpus, remaining, since_start, packing=packing)
     makespan = gp.min_total_duration(tput, sf, gpus, remaining, search="exact")
-    makespan_packed = gp.min_total_duration(tput, sf, gpus, remaining, packing=packing,
-                                            search="exact")
+    makespan_packed = gp.min_total_duration(
+        tput, sf, gpus, remaining, packing=packing, search="exact"
+    )
     for allocation in (aware, agnostic, filled, ftf, makespan):
-        assert_feasible(allocation, tput if allocation is not agnostic else np.ones_like(tput),
-                        sf, gpus)
+        assert_feasible(
+            allocation, tput if allocation is not agnostic else np.ones_like(tput), sf, gpus
+        )
     for allocation in (packed, ftf_packed, makespan_packed):
         assert_feasible(allocation, tput, sf, gpus, packing)
     prop = gp.proportional_throughputs(tput, gpus)

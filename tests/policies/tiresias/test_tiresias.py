@@ -157,8 +157,6 @@ def test_tiresias_gittins_exact_value_and_learning():
     assert pol.gittins_index(0.0) == pytest.approx(0.5 / 50.5)
 
 
-
-
 def test_state_survives_a_snapshot_and_decides_the_same_afterwards():
     """A restarted scheduler restores the policy's state: the restored policy makes the same
     decisions as the one that never stopped; a fresh one (no state) does not."""

@@ -16,8 +16,13 @@ def small_lp() -> tuple[LinearProgram, np.ndarray]:
     x0 + x1 <= 3 meet at the optimum (1, 2), objective 5."""
     lp = LinearProgram()
     x = lp.add_variables(2, ub=[2.0, 2.5])
-    lp.add_constraints([0, 0, 1, 1], [x[0], x[1], x[0], x[1]], [1, 1, 1, -1],
-                       lb=[-math.inf, -1.0], ub=[3.0, math.inf])
+    lp.add_constraints(
+        [0, 0, 1, 1],
+        [x[0], x[1], x[0], x[1]],
+        [1, 1, 1, -1],
+        lb=[-math.inf, -1.0],
+        ub=[3.0, math.inf],
+    )
     lp.set_objective(x, [1.0, 2.0], maximize=True)
     return lp, x
 

@@ -52,8 +52,6 @@ def test_walk_keeps_gpu_type_and_respects_type_capacity():
     assert sum(a.num_gpus for a in out if a.gpu_type == "k80") <= 4
 
 
-
-
 # --------------------------------------------------------------------------- GPU types
 
 
