@@ -170,3 +170,18 @@ def test_a_mistyped_option_is_named_with_the_nearest_one(
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert expected in err and err.count("\n") == 1, err
+
+
+def test_key_value_options_are_read_one_way() -> None:
+    """`--label`, `--env`, `--map-user` and the policies' parameters: the same KEY=VALUE reading,
+    an item without a key or an `=` refused in one line naming the option."""
+    from gpuyard.shared.options import key_values
+    from gpuyard.shared.policy import PolicyError, parse_params
+
+    assert key_values("--env", ["A=1", "B=x=y", "A=2"]) == {"A": "2", "B": "x=y"}
+    for bad in ("A", "=1"):
+        with pytest.raises(ValueError, match=f"^--env '{bad}' is not KEY=VALUE$"):
+            key_values("--env", [bad])
+    assert parse_params([" k = v "]) == {"k": "v"}  # (a policy's parameters: spaces trimmed)
+    with pytest.raises(PolicyError, match=r"^parameter 'k' is not KEY=VALUE$"):
+        parse_params(["k"])

@@ -65,6 +65,7 @@ from gpuyard.shared.endpoints import CANCEL, CLUSTER, HEARTBEATS, LOG_LINE, NODE
 from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.identity import ANONYMOUS
 from gpuyard.shared.model import JobRecord, JobState
+from gpuyard.shared.options import key_values
 from gpuyard.shared.policy import PolicyError
 
 ENDED = {"completed", "failed", "cancelled"}
@@ -670,12 +671,7 @@ def job_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
         job["deadline"] = time.time() + args.deadline
     if args.per_node:
         job["processes"] = "per_node"
-    env = {}
-    for item in args.env:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--env {item!r} is not KEY=VALUE")
-        env[key] = value
+    env = key_values("--env", args.env)
     if env:
         job["env"] = env
     return [job]

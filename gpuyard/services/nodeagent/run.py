@@ -27,6 +27,7 @@ from gpuyard.shared.connection import (
 from gpuyard.shared.endpoints import Subjects
 from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import NAME_PATTERN, Name
+from gpuyard.shared.options import key_values
 
 from .accounts import JobAccounts
 from .procs import Places
@@ -132,16 +133,6 @@ def config_from_args(args: argparse.Namespace) -> NodeAgentConfig:
         job_user=args.job_user, user_accounts=accounts, jobs_as_agent_user=args.jobs_as_agent_user,
         credentials=credential_files(args), control_planes=[str(Path(p).absolute()) for p in args.protect],
     )  # fmt: skip
-
-
-def key_values(option: str, items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"{option} {item!r} is not KEY=VALUE")
-        out[key] = value
-    return out
 
 
 def credential_files(args: argparse.Namespace) -> list[str]:

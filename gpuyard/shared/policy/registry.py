@@ -11,6 +11,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from ..options import key_values
 from .interfaces import AdmissionPolicy, PlacementPolicy, Policy, SchedulingPolicy
 
 P = TypeVar("P", bound=Policy)
@@ -122,13 +123,11 @@ placement_policies: Registry[PlacementPolicy] = Registry("placement", PlacementP
 
 def parse_params(pairs: list[str]) -> dict[str, str]:
     """`["k=v", ...]` from a command line into a dict; the values are converted by `Registry.create`."""
-    params: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise PolicyError(f"parameter {pair!r} is not KEY=VALUE")
-        params[key.strip()] = value.strip()
-    return params
+    try:
+        given = key_values("parameter", pairs)
+    except ValueError as exc:
+        raise PolicyError(str(exc)) from None
+    return {key.strip(): value.strip() for key, value in given.items()}
 
 
 class PolicyChoice(msgspec.Struct, frozen=True, kw_only=True):
