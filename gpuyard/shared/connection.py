@@ -15,7 +15,6 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar
 from urllib.parse import urlsplit
@@ -54,14 +53,19 @@ def decoder(typ: type[T]) -> msgspec.json.Decoder[T]:
     return dec
 
 
-class ConnectionProfile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """A connection profile: one JSON file (mode 600) with everything one identity needs to join a
-    cluster, written by `gpuyard up` and `gpuyard auth` and read with `--nats-config FILE`."""
+class Credentials(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Who we are to NATS and how the connection is protected; every field is optional.
 
-    url: str | None = None
-    cluster: str | None = None
+    `identity` (`user.alice`) names who our requests act for and gives our replies a subject
+    prefix no other identity may read (`_INBOX.user.alice`); `seed` is its NKey seed (gpuyard's
+    own credentials, see gpuyard/natsauth.py). `user`/`password` or `token` for servers with users
+    in their config, `creds` for a `.creds` file (JWT and NKey seed, decentralised auth),
+    `nkey_seed` for a seed file; `tls_ca` to verify the server (with a `tls://` URL or a server
+    that requires TLS), plus `tls_cert`/`tls_key` for mutual TLS.
+    """
+
     identity: str | None = None
-    """`<role>.<name>` (shared/identity.py): who the requests act for, and the inbox prefix."""
+    """`<role>.<name>` (gpuyard/shared/identity.py): who the requests act for."""
     seed: str | None = None
     """The identity's NKey seed (`SU...`): the secret that proves it."""
     user: str | None = None
@@ -75,6 +79,14 @@ class ConnectionProfile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     tls_hostname: str | None = None
 
 
+class ConnectionProfile(Credentials, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """A connection profile: one JSON file (mode 600) with everything one identity needs to join a
+    cluster, written by `gpuyard up` and `gpuyard auth` and read with `--nats-config FILE`."""
+
+    url: str | None = None
+    cluster: str | None = None
+
+
 def read_profile(path: str | Path) -> ConnectionProfile:
     """A profile file; ValueError naming the file and what is wrong with it."""
     try:
@@ -85,29 +97,10 @@ def read_profile(path: str | Path) -> ConnectionProfile:
         raise ValueError(f"--nats-config {path}: not a connection profile (JSON): {exc}") from None
 
 
-@dataclass(frozen=True)
-class NatsAuth:
-    """Who we are to NATS and how the connection is protected; every field is optional.
+class NatsAuth(Credentials, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """How we connect (`Credentials`), with the inbox prefix our replies come to (default: the
+    identity's)."""
 
-    `identity` (`user.alice`) names who our requests act for and gives our replies a subject
-    prefix no other identity may read (`_INBOX.user.alice`); `seed` is its NKey seed (gpuyard's
-    own credentials, see gpuyard/natsauth.py). `user`/`password` or `token` for servers with users
-    in their config, `creds` for a `.creds` file (JWT and NKey seed, decentralised auth),
-    `nkey_seed` for a seed file; `tls_ca` to verify the server (with a `tls://` URL or a server
-    that requires TLS), plus `tls_cert`/`tls_key` for mutual TLS.
-    """
-
-    identity: str | None = None
-    seed: str | None = None
-    user: str | None = None
-    password: str | None = None
-    token: str | None = None
-    creds: str | None = None
-    nkey_seed: str | None = None
-    tls_ca: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_hostname: str | None = None
     inbox_prefix: str | None = None
 
     SECRET_FIELDS: ClassVar[frozenset[str]] = frozenset({"password", "token", "seed"})
@@ -162,7 +155,7 @@ class NatsAuth:
     def argv(self) -> list[str]:
         """The command-line options that give a child process this identity, secrets left out."""
         args: list[str] = []
-        for f in fields(self):
+        for f in msgspec.structs.fields(self):
             value = getattr(self, f.name)
             if value is not None and f.name not in self.SECRET_FIELDS:
                 args.append(f"--nats-{f.name.replace('_', '-')}={value}")  # (a PEM starts with -)
@@ -178,7 +171,7 @@ class NatsAuth:
 
     @classmethod
     def from_profile(cls, profile: ConnectionProfile) -> NatsAuth:
-        return cls(**{f.name: getattr(profile, f.name, None) for f in fields(cls)})
+        return cls(**{f.name: getattr(profile, f.name, None) for f in msgspec.structs.fields(cls)})
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> NatsAuth:
@@ -186,7 +179,7 @@ class NatsAuth:
         `--nats-config` profile, each field overridden by its own option when that is given."""
         profile = getattr(args, "nats_profile", None) or ConnectionProfile()
         values = {}
-        for f in fields(cls):
+        for f in msgspec.structs.fields(cls):
             given = getattr(args, f"nats_{f.name}", None)
             values[f.name] = given if given is not None else getattr(profile, f.name, None)
         return cls(**values)
@@ -250,7 +243,7 @@ def add_nats_arguments(
 
 def connection_given(args: argparse.Namespace) -> bool:
     """Whether any connection option (URL, profile, identity, TLS) was given."""
-    names = ["nats", "nats_config", *(f"nats_{f.name}" for f in fields(NatsAuth))]
+    names = ["nats", "nats_config", *(f"nats_{f.name}" for f in msgspec.structs.fields(NatsAuth))]
     return any(getattr(args, n, None) is not None for n in names)
 
 
