@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpuyard.results import JobRows, Table, TimelineRows
-from gpuyard.shared.model import GpuRef
+from gpuyard.shared.model import NEVER_FITS, GpuRef
 from gpuyard.shared.throughput import ThroughputModel
 
 if TYPE_CHECKING:
@@ -167,6 +167,11 @@ def summarize(
         "deadline_met": met,
         "accepted": int(np.count_nonzero(jobs["admission"] == "accepted")),
         "declined": int(np.count_nonzero(jobs["admission"] == "declined")),
+        "never_fits": sum(  # (jobs no node of the cluster can hold: admission says why)
+            1
+            for verdict, reason in zip(jobs["admission"], jobs["reason"], strict=True)
+            if verdict == "declined" and str(reason).startswith(NEVER_FITS)
+        ),
         "best_effort": int(np.count_nonzero(jobs["admission"] == "best-effort")),
         "mean_cluster_efficiency": (
             _time_mean(efficiency, "efficiency", end) if efficiency is not None else None

@@ -262,7 +262,15 @@ def test_a_job_that_can_never_run_is_listed_as_declined_with_why(tmp_path: Path)
         "16",
     )
     assert "16 GPUs" in declined["reason"] and declined["start"] == ""
-    assert json.loads((out / "summary.json").read_text())["declined"] == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["declined"], summary["never_fits"]) == (1, 1)
+    assert "gpuyard sim: warning: 1 job can never run on this cluster" in result.stderr
+    # --strict: the same run and results, and an error (exit 1) saying so
+    strict = gpuyard("sim", "--trace", str(trace), "--cluster-spec", "2x4", "--strict", "--out",
+                     str(tmp_path / "strict"))  # fmt: skip
+    assert strict.returncode == 1
+    assert strict.stderr.splitlines()[-1].startswith("gpuyard sim: --strict: 1 job can never run")
+    assert (tmp_path / "strict" / "jobs.csv").read_bytes() == (out / "jobs.csv").read_bytes()
 
 
 @pytest.mark.slow

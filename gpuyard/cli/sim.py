@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import json
 import math
@@ -231,6 +232,11 @@ def add_sim_parser(sub: Subcommands) -> None:
         "results is refused without --overwrite",
     )  # fmt: skip
     p.add_argument(
+        "--strict", action="store_true",
+        help="a job that no node of the cluster can hold makes the run fail (exit 1); without it, "
+        "a warning (the job is in jobs.csv, declined, with why)",
+    )  # fmt: skip
+    p.add_argument(
         "--overwrite", action="store_true",
         help="replace the results --out holds (gpuyard's own files; any other file stays)",
     )  # fmt: skip
@@ -337,7 +343,7 @@ def run_place(args: argparse.Namespace, external: frozenset[str]) -> RunPlace:
     return RunPlace(
         out=args.out, nats_url=args.nats, cluster=args.cluster, auth=NatsAuth.from_args(args),
         external=external, processes=args.processes, lost_after_s=args.lost_after_s,
-        durable=args.durable, log_level=args.log_level, json=args.json,
+        durable=args.durable, log_level=args.log_level, json=args.json, strict=args.strict,
     )  # fmt: skip
 
 
@@ -396,7 +402,10 @@ def cmd_sim(args: argparse.Namespace) -> int:
         claim(args.out, overwrite=args.overwrite)
     except (ValueError, OSError, msgspec.ValidationError, WorkloadError) as exc:
         return fail("sim", exc)
-    return cmd_compare(args, combos, specs, run_place(args, external))
+    # (--strict is the comparison's to apply: each run, its one line and its results, is whole)
+    return cmd_compare(
+        args, combos, specs, dataclasses.replace(run_place(args, external), strict=False)
+    )
 
 
 def cmd_compare(
@@ -458,6 +467,16 @@ def cmd_compare(
     for combo, status, error in zip(combos, statuses, errors, strict=False):  # (rows: combos')
         if status == "failed":
             print(f"gpuyard sim: run {run_name(*combo)} failed: {error}", file=sys.stderr)
+    never = table["never_fits"].fillna(0) if "never_fits" in table else None
+    runs_hit = int((never > 0).sum()) if never is not None else 0
+    if runs_hit:
+        print(
+            f"gpuyard sim: {'--strict' if args.strict else 'warning'}: {runs_hit} of "
+            f"{len(combos)} runs have jobs that can never run on this cluster (declined, with "
+            "why, in their jobs.csv; `never_fits` in comparison.csv)"
+            + ("" if args.strict else "; --strict makes that an error"),
+            file=sys.stderr,
+        )
     if interrupted:
         print(
             f"gpuyard sim: interrupted: {complete} of {len(combos)} runs complete, "
@@ -466,7 +485,7 @@ def cmd_compare(
             file=sys.stderr,
         )
         return 130
-    return 0 if complete == len(combos) else 1
+    return 0 if complete == len(combos) and not (args.strict and runs_hit) else 1
 
 
 async def reachable(args: argparse.Namespace) -> int:

@@ -45,13 +45,21 @@ def simulate_one(spec: RunSpec, place: RunPlace) -> int:
     configure_logging(place.log_level, log)
     library_logs_to(log)
     started = time.time()
+    never_fits = 0
 
     def show(summary: dict[str, Any]) -> None:  # (before the other result files are written)
+        nonlocal never_fits
         if summary.get("partial"):  # (`interrupted` says what was written)
             return
         print(json.dumps(summary, indent=2) if place.json else format_summary(summary), flush=True)
         if thrashing_line(summary):
             print(f"gpuyard sim: warning: {thrashing_line(summary)}", file=sys.stderr)
+        never_fits = summary.get("never_fits") or 0
+        if never_fits and not place.strict:
+            print(
+                f"gpuyard sim: warning: {never_fits_line(never_fits, strict=False)}",
+                file=sys.stderr,
+            )
 
     try:
         uvloop.run(
@@ -83,7 +91,19 @@ def simulate_one(spec: RunSpec, place: RunPlace) -> int:
     finally:
         log.close()
     print(f"results in {place.out}/", file=sys.stderr)
+    if never_fits and place.strict:
+        print(f"gpuyard sim: --strict: {never_fits_line(never_fits, strict=True)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def never_fits_line(count: int, *, strict: bool) -> str:
+    """What to say of the jobs no node of the cluster can hold."""
+    return f"{count:,} job{'s' if count > 1 else ''} can never run on this cluster (declined, " + (
+        "with why, in jobs.csv)"
+        if strict
+        else "with why, in jobs.csv); --strict makes that an error"
+    )
 
 
 def simulate_encoded(spec: bytes, place: RunPlace) -> int:

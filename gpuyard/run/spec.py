@@ -93,6 +93,8 @@ class RunPlace:
     log_level: str = "info"
     json: bool = False
     """The summary as JSON on stdout."""
+    strict: bool = False
+    """Jobs no node of the cluster can hold make the run fail (exit 1); else a warning."""
 
 
 def parse_window(text: str) -> tuple[int, int]:

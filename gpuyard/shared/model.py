@@ -21,6 +21,8 @@ GpuCount = Annotated[int, Meta(ge=1, le=1_000_000)]
 Seconds = Annotated[float, Meta(ge=0)]
 
 ANY_GPU = "any"
+NEVER_FITS = "can never run here"
+"""How admission's reason for a job no node of the cluster can hold begins (then: why)."""
 """GPU type meaning 'no constraint'."""
 
 

@@ -28,7 +28,7 @@ from gpuyard.shared.endpoints import CLUSTER, ENQUEUE, EVENT, QUERY, SUBMIT, End
 from gpuyard.shared.errors import BadRequest, error_from_validation
 from gpuyard.shared.identity import ANONYMOUS, Caller
 from gpuyard.shared.leader import LEASE_S, LeaseSeconds
-from gpuyard.shared.model import ANY_GPU, JobRecord, JobSpec
+from gpuyard.shared.model import ANY_GPU, NEVER_FITS, JobRecord, JobSpec
 from gpuyard.shared.policy import (
     AdmissionDecision,
     AdmissionInput,
@@ -390,7 +390,7 @@ class Admission(Service):
         if never is None:
             never = self._never_fits(spec)
         if never:
-            return AdmissionDecision("reject", f"can never run here: {never}")
+            return AdmissionDecision("reject", f"{NEVER_FITS}: {never}")
         decision = self.policy.decide(
             AdmissionInput(
                 now=now, job=spec, cluster=cluster, jobs=jobs, next_decision=next_decision
