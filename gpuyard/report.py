@@ -168,9 +168,8 @@ def summarize(
         "accepted": int(np.count_nonzero(jobs["admission"] == "accepted")),
         "declined": int(np.count_nonzero(jobs["admission"] == "declined")),
         "never_fits": sum(  # (jobs no node of the cluster can hold: admission says why)
-            1
-            for verdict, reason in zip(jobs["admission"], jobs["reason"], strict=True)
-            if verdict == "declined" and str(reason).startswith(NEVER_FITS)
+            str(reason).startswith(NEVER_FITS)
+            for reason in jobs["reason"][jobs["admission"] == "declined"]
         ),
         "best_effort": int(np.count_nonzero(jobs["admission"] == "best-effort")),
         "mean_cluster_efficiency": (

@@ -151,22 +151,24 @@ def number_list(
     return parse
 
 
-def window_text(text: str) -> str:
-    """An argparse `type` for `FIRST:END`, jobs FIRST to END - 1 (0 <= FIRST < END)."""
-    try:
-        parse_window(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+def checked_text(parse: Callable[[str], object]) -> Callable[[str], str]:
+    """An argparse `type` that keeps the option's text (a `RunSpec` carries it) once `parse`
+    accepts it; `parse`'s ValueError is the one line argparse prints."""
+
+    def check(text: str) -> str:
+        try:
+            parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+
+    return check
 
 
-def demand_text(text: str) -> str:
-    """An argparse `type` for the blox generator's `GPUS:WEIGHT,...`."""
-    try:
-        parse_demand(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+window_text = checked_text(parse_window)
+"""`FIRST:END`, jobs FIRST to END - 1 (0 <= FIRST < END)."""
+demand_text = checked_text(parse_demand)
+"""The blox generator's `GPUS:WEIGHT,...`."""
 
 
 def job_id_arg(text: str) -> str:
