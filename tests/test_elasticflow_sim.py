@@ -144,24 +144,58 @@ async def test_admission_declines_what_cannot_make_it(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("as_intended", "a_end"), [(True, 110.0), (False, 105.0)])
 async def test_admission_sees_the_progress_that_restart_pauses_took(
-    tmp_path: Path, nats_url: str, toy_model: str
+    tmp_path: Path, nats_url: str, toy_model: str, as_intended: bool, a_end: float
 ) -> None:
     """Every decision pauses each running job 5 s. 'a' (400 steps, deadline 103) is admitted at 0:
     on all 4 GPUs it needs 100 s, but its first pause makes it end at 105 at best. The simulated
     nodes tell the scheduler the progress the pause took (as a real node's heartbeats would), so
     when 'b' arrives at 30 admission sees 'a' late and declines 'b' for it, as ElasticFlow's
     planner does. (Planned as if nothing paused, 'a' would end at 100 and 'b' be admitted.) The
-    declined arrival is a decision all the same: 'a' pauses again and ends at 110."""
+    declined arrival is a decision all the same: 'a' pauses again and ends at 110. As
+    ElasticFlow's simulator runs, that pause does not move the end predicted at 30 (105): 'a'
+    progresses until then, ends at its planned end event (115) short of its work, and is
+    recorded at 105."""
     restart = RestartCost(base_s=5.0, per_doubling_s=0.0, cold_s=0.0, scope="decisions")
     jobs = [toy("a", 400, 0.0, 103.0), toy("b", 10, 30.0, 1_000.0)]
     options = ef_options(
-        toy_model, "ef-accessctrl", preemption_cost=PreemptionCost(restart=restart)
-    )
+        toy_model, "ef-accessctrl", preemption_cost=PreemptionCost(restart=restart),
+        as_intended=as_intended,
+    )  # fmt: skip
     result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
     assert [r.job_id for r in result.jobs] == ["a"]
     assert result.summary["declined"] == 1
-    assert result.jobs[0].end_time == pytest.approx(110.0)
+    assert result.jobs[0].end_time == pytest.approx(a_end)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("scheme", "as_intended", "a_end", "b_start"),
+    [("ef-accessctrl", False, 100.0, 108.0), ("ef", False, 108.0, 108.0),
+     ("ef-accessctrl", True, 108.0, 108.0), ("ef", True, 108.0, 108.0)],
+)  # fmt: skip
+async def test_a_pause_leaves_the_predicted_end_where_it_was_as_elasticflow_runs(
+    tmp_path: Path, nats_url: str, toy_model: str, scheme: str, as_intended: bool, a_end: float,
+    b_start: float,
+) -> None:  # fmt: skip
+    """'a' (4 GPUs, 400 steps: 100 s) starts at 0 and pauses 8 s (2 + 2 x (log2 4 + 1)). Its plan
+    predicted its real end at 100, and in ElasticFlow's simulator the pause does not move it: 'a'
+    progresses until 100 only (368 steps), ends at its planned end event, 108 (its slots' end,
+    100, plus the pause), and is recorded at 100 by `ef-accessctrl` (which judges deadlines by
+    that end), at 108 by `ef`. As intended, it finishes its work at 108. 'b' (all 4 GPUs) starts
+    when 'a' leaves, at 108 in every case."""
+    rigid = {"num_gpus": 4, "min_gpus": 4, "max_gpus": 4}
+    jobs = [toy("a", 400, 0.0, 10_000.0, **rigid), toy("b", 40, 50.0, 10_000.0, **rigid)]
+    restart = RestartCost(base_s=2.0, per_doubling_s=2.0, cold_s=0.0, scope="launched")
+    options = ef_options(
+        toy_model, scheme, preemption_cost=PreemptionCost(restart=restart),
+        as_intended=as_intended,
+    )  # fmt: skip
+    result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
+    by_id = {r.job_id: r for r in result.jobs}
+    assert by_id["a"].end_time == pytest.approx(a_end)
+    assert by_id["b"].first_start == pytest.approx(b_start)
 
 
 async def test_a_declined_arrival_starts_a_slot_and_admission_plans_from_its_end(
@@ -348,25 +382,31 @@ def test_elasticflow_fills_in_only_the_policies_not_given(tmp_path: Path, data) 
 
 
 # Figures of ElasticFlow's own simulator (gudiandian/ElasticFlow, scheduler.py, run as its
-# run_fig10.sh does: --cluster_spec=cluster_specs/n16g8.csv --scheme=elastic --schedule=S
-# --simulation=True --scheduling_slot=240 --gpu_type=A100) on fig10_100jobs.csv: jobs that met
-# their deadline, and mean JCT (s) of the jobs it ran.
-REFERENCE_FIG10 = {
-    "ef-accessctrl": (100, 23807),
-    "edf-accessctrl": (92, 39406),
-    "edf": (92, 63319),
-    "dlas-gpu": (100, 51045),
-    "themis": (99, 51243),
+# scripts do: --cluster_spec=cluster_specs/S.csv --scheme=elastic --schedule=SCHEME
+# --simulation=True --scheduling_slot=240 --gpu_type=A100): jobs that met their deadline, and
+# mean JCT (s) of the jobs it ran; fig10_100jobs.csv on n16g8 (run_fig10.sh) and
+# gen_200jobs_lam900.csv on n8g8 (run_fig11.sh's trace shape and cluster).
+REFERENCE = {
+    ("fig10_100jobs", "n16g8", "ef-accessctrl"): (100, 23807),
+    ("fig10_100jobs", "n16g8", "ef"): (97, 24378),
+    ("fig10_100jobs", "n16g8", "edf-accessctrl"): (92, 39406),
+    ("fig10_100jobs", "n16g8", "edf"): (92, 63319),
+    ("fig10_100jobs", "n16g8", "dlas-gpu"): (100, 51045),
+    ("fig10_100jobs", "n16g8", "themis"): (99, 51243),
+    ("gen_200jobs_lam900", "n8g8", "ef-accessctrl"): (170, 20308),
 }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scheme", sorted(REFERENCE_FIG10))
-async def test_fidelity_fig10(tmp_path: Path, nats_url: str, data, scheme: str) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(("trace", "spec", "scheme"), sorted(REFERENCE))
+async def test_fidelity(
+    tmp_path: Path, nats_url: str, data, trace: str, spec: str, scheme: str
+) -> None:  # type: ignore[no-untyped-def]
+    """Within 3% of the jobs and 5% of mean JCT of ElasticFlow's own figures."""
     from gpuyard.workloads import load_cluster, load_workload
 
-    cluster = load_cluster(data("elasticflow/cluster_specs/n16g8.csv"))
-    workload = load_workload(data("elasticflow/traces/fig10_100jobs.csv"), elastic=True)
+    cluster = load_cluster(data(f"elasticflow/cluster_specs/{spec}.csv"))
+    workload = load_workload(data(f"elasticflow/traces/{trace}.csv"), elastic=True)
     options = SimOptions(
         cluster=cluster, throughputs=str(data("elasticflow/throughputs_A100")), round_s=240.0,
         **elasticflow_options(scheme, 240.0, cluster.total_gpus),
@@ -374,6 +414,6 @@ async def test_fidelity_fig10(tmp_path: Path, nats_url: str, data, scheme: str) 
     result = await simulate(
         options, workload.jobs, tmp_path, nats_url=nats_url, cluster_name=scheme
     )
-    met, mean_jct = REFERENCE_FIG10[scheme]
-    assert abs(result.summary["deadline_met"] - met) <= 2
-    assert result.summary["mean_jct"] == pytest.approx(mean_jct, rel=0.03)
+    met, mean_jct = REFERENCE[trace, spec, scheme]
+    assert abs(result.summary["deadline_met"] - met) <= 0.03 * len(workload.jobs)
+    assert result.summary["mean_jct"] == pytest.approx(mean_jct, rel=0.05)

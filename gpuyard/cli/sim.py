@@ -200,6 +200,12 @@ def add_sim_parser(sub: Subcommands) -> None:
     presets = p.add_mutually_exclusive_group()
     for preset in PRESETS.values():
         presets.add_argument(f"--{preset.name}", action="store_true", help=preset.help)
+    p.add_argument(
+        "--as-intended", action="store_true",
+        help="with a preset: where its reference's code has a bug (docs/fidelity.md), do what it "
+        "meant (" + "; ".join(f"--{p.name}: {p.intended}" for p in PRESETS.values() if p.intended)
+        + ")",
+    )  # fmt: skip
     add_workload_args(p, lists=True)
     p.add_argument(
         "--window",
@@ -313,6 +319,7 @@ def run_spec(
         placement=option("placement"),
         placement_params=text_params(option("placement_param", [])),
         preset=next((p for p in PRESETS if option(p, False)), None),
+        as_intended=option("as_intended", False),
         round_s=option("round_s"),
         mode=option("mode"),
         cluster_spec=option("cluster_spec"),

@@ -92,6 +92,7 @@ def sim_options(spec: RunSpec, external: frozenset[str] = frozenset()) -> Any:
         round_s=spec.round_s or preset.round_s,
         mode=preset.mode(spec),
         preset=spec.preset,
+        as_intended=spec.as_intended,
         window=_parsed("--window", parse_window, spec.window),
         churn_node_gpus=spec.churn_node_gpus,
         preemption_cost=PreemptionCost(checkpoint_s=spec.checkpoint_s, restore_s=spec.restore_s),
@@ -117,7 +118,11 @@ def _given(spec: RunSpec, option: str) -> bool:
 
 def check_workload(spec: RunSpec) -> None:
     """Refuse options the chosen source (or preset) would ignore (ValueError naming them)."""
-    semantics(spec.preset).check(spec)
+    preset = semantics(spec.preset)
+    preset.check(spec)
+    if spec.as_intended and not preset.intended:
+        where = f"--{preset.name} reproduces" if preset.name else "it applies to a preset that has"
+        raise ValueError(f"--as-intended: {where} no reference bug to mend (docs/fidelity.md)")
     if spec.trace is not None:
         ignored = [o for o in GENERATOR_OPTIONS if _given(spec, o)]
         if ignored:

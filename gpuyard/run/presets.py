@@ -32,6 +32,8 @@ class Semantics:
     """What its option says (`gpuyard sim --help`)."""
     round_s: ClassVar[float] = 300.0
     """The round's length unless the run gives one."""
+    intended: ClassVar[str] = ""
+    """What `--as-intended` mends of the reference's bugs ("": it has none to mend)."""
 
     def check(self, spec: RunSpec) -> None:
         """ValueError naming an option the preset refuses."""
@@ -143,6 +145,7 @@ class ElasticFlow(Semantics):
         "ElasticFlow's simulator: --policy names its scheme (ef-accessctrl, ef, edf, "
         "edf-accessctrl, gandiva, dlas-gpu, themis, chronus), --round its scheduling slot"
     )
+    intended = "a restart's pause moves the end a job's plan predicted, and ef judges deadlines by real ends"
 
     def check_policy(self, spec: RunSpec) -> None:
         elasticflow_scheme(spec.policy)
@@ -151,7 +154,7 @@ class ElasticFlow(Semantics):
         cluster = options.cluster
         scheme = elasticflow_options(
             spec.policy, options.round_s, cluster.total_gpus,
-            switch_nodes=elasticflow_switch_nodes(cluster),
+            switch_nodes=elasticflow_switch_nodes(cluster), as_intended=spec.as_intended,
         )  # fmt: skip
         params: Params = (spec.policy_params, spec.admission_params, spec.placement_params)
         filled = preset_filled(scheme, mode=spec.mode, admission=spec.admission,
@@ -168,10 +171,13 @@ class ElasticFlow(Semantics):
 
     def clock_settings(self, options: SimOptions) -> dict[str, Any]:
         # ElasticFlow rounds a job's end up to the second; its own scheduling ends a job at its
-        # planned end (or at the next event after it).
-        planned_ends = options.scheme in ("ef", "ef-accessctrl")
-        return {"completion_quantum": 1.0,
-                "completion_grid_s": options.round_s if planned_ends else None}  # fmt: skip
+        # planned end (or at the next event after it), as its bug leaves that end (where `ef`
+        # judges deadlines), unless `--as-intended`.
+        if options.scheme not in ("ef", "ef-accessctrl"):
+            return {"completion_quantum": 1.0}
+        predicted = None if options.as_intended else "planned" if options.scheme == "ef" else "real"
+        return {"completion_quantum": 1.0, "completion_grid_s": options.round_s,
+                "predicted_ends": predicted}  # fmt: skip
 
 
 OWN = Semantics()
@@ -240,7 +246,7 @@ def elasticflow_switch_nodes(cluster: ClusterSpec) -> int:
 
 def elasticflow_options(
     scheme: str, round_s: float, total_gpus: int, *, at_events: bool = True,
-    switch_nodes: int = 0,
+    switch_nodes: int = 0, as_intended: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """SimOptions fields for an ElasticFlow scheme, as its simulator runs it (`--elasticflow`).
 

@@ -81,6 +81,8 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     job holds its nodes until the next one), `elasticflow` (its `scheme`)."""
     scheme: str | None = None
     """The ElasticFlow scheme this run reproduces (`elasticflow_options` set the rest)."""
+    as_intended: bool = False
+    """The preset's reference with its bugs mended (`Semantics.intended` says which)."""
     window: tuple[int, int] | None = None
     """Gavel's measurement window: the run ends once jobs `window[0]` to `window[1] - 1` (in
     arrival order) have ended, and the JCT figures of `summary.json` are theirs."""

@@ -38,6 +38,9 @@ class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     placement_params: dict[str, ParamValue] = {}
     preset: PresetName | None = None
     """A reference's simulator semantics (`--blox`, `--gavel`, `--elasticflow`, `--bftrainer`)."""
+    as_intended: bool = False
+    """With a preset: where the reference's code has a bug (docs/fidelity.md), do what it meant
+    rather than what it does (`--as-intended`)."""
     round_s: Annotated[float, Meta(gt=0)] | None = None
     mode: Literal["rounds", "events", "slots"] | None = None
     """Default: `events`, or the preset's (`blox`: `rounds`; `elasticflow`: the scheme's)."""

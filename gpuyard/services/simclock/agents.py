@@ -16,7 +16,7 @@ class SimJob:
     __slots__ = (
         "attempt", "base", "done", "down_s", "ended_at", "failure", "floor", "gpu_type", "held",
         "job_type", "min_gpus", "parts", "placed", "ranks", "rate", "restarting", "restoring",
-        "round_steps", "since", "total", "up_s", "version",
+        "round_steps", "since", "total", "until", "up_s", "version",
     )  # fmt: skip
 
     def __init__(self, spec: JobSpec, total: float) -> None:
@@ -36,6 +36,7 @@ class SimJob:
         self.restarting = False  # some part was stopped at this instant
         self.restoring = False  # resumed after a preemption: the restore time is still to pay
         self.floor = 0.0  # progress at the current launch: a pause never takes it below
+        self.until: float | None = None  # no progress after this (`predicted_ends`)
         # Rescale costs (JobSpec.rescale_up_s/down_s): the GPUs per node it ran on since the last
         # instant, and what it kept after this instant's node losses (None: none lost).
         self.up_s, self.down_s = spec.rescale_up_s, spec.rescale_down_s
@@ -52,7 +53,8 @@ class SimJob:
 
     def settle(self, now: float) -> None:
         if self.rate:
-            self.done = max(self.done + self.rate * (now - self.since), self.floor)
+            span = (now if self.until is None else min(now, self.until)) - self.since
+            self.done = max(self.done + self.rate * max(span, 0.0), self.floor)
         self.since = now
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 from msgspec import Meta, Struct
@@ -31,6 +31,14 @@ class SimClockConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     length its run reaches (slots counted from its last restart, after the restart's pause: the
     end its plan predicted), or at the first instant after its finish at which anything else
     happens, whichever comes first; its JCT counts to its finish."""
+    predicted_ends: Literal["real", "planned"] | None = None
+    """ElasticFlow's simulator as it runs (with `completion_grid_s`; a reference bug): a
+    restart's pause does not move the real end the job's plan predicted when it restarted (then
+    plus its steps left at its rate, rounded up to a second): the job progresses until then
+    only, its pause taken out of that, and ends at its planned end event whatever it has left
+    (which, with a pause, is nearly always). Its end is recorded at that predicted real end
+    (`real`: how `ef-accessctrl` judges deadlines), or, where it ended at its planned end event
+    short of its work, there (`planned`: `ef`). None: a pause delays the finish."""
     arrival_quantum: float | None = None
     """If set, jobs are submitted at the next multiple of this (Blox admits at round starts);
     their submit_time, and so their JCT, stays the true arrival."""

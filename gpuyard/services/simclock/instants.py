@@ -137,6 +137,7 @@ class InstantLoop:
             times += [now] * len(arrived)
             progress.finished = clock.runs.finished + len(clock.declined)
             now = later
+        clock.unreported.update(clock.runs.stalled(now))
         # Jobs held by admission get another chance when others have left, or when admission
         # asked for one.
         due = self.held_retry is not None and self.held_retry <= now

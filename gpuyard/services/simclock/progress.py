@@ -31,6 +31,8 @@ class Completions:
         self.restarts = Restarts(self.cost.restart, nodes.node_specs)
         self.heap: list[tuple[float, int, str, int]] = []  # (finish, launch, job, version)
         self.finishes: list[tuple[float, int, str, int]] = []  # real finishes (completion_grid_s)
+        self.stalls: list[tuple[float, str, int]] = []  # (until, job, version): predicted_ends
+        self.stalled_jobs: dict[str, int] = {}  # job -> version, past its `until`
         self.launches = 0
         self.finished = 0
         self.finished_steps = 0.0  # steps of the jobs that completed
@@ -74,6 +76,9 @@ class Completions:
             made = job.done
             self.charge_rescale(job, gpus)
             job.floor = job.done
+            if self.config.predicted_ends and job.rate > 0:  # (before its pause: the bug)
+                job.until = math.ceil(now + max(job.total - job.done, 0.0) / job.rate - 1e-9)
+                heapq.heappush(self.stalls, (job.until, job_id, job.version))
             pause = pauses.get(job_id, 0.0)
             if job.restoring and job.rate > 0:
                 pause += self.cost.of(job.job_type)[1]
@@ -92,6 +97,23 @@ class Completions:
         nodes.launched.clear()
         return behind
 
+    def stalled(self, now: float) -> dict[str, StepsReport]:
+        """The jobs that have stopped progressing (`predicted_ends`), with their progress as of
+        `now`, at every instant until they restart: a scheduler that extrapolates a job's
+        progress at its rate from its last report must not count steps it did not make."""
+        while self.stalls and self.stalls[0][0] < now:
+            _, job_id, version = heapq.heappop(self.stalls)
+            self.stalled_jobs[job_id] = version
+        stalled: dict[str, StepsReport] = {}
+        for job_id, version in list(self.stalled_jobs.items()):
+            job = self.jobs.get(job_id)
+            if job is None or job.version != version:  # ended, or restarted since
+                del self.stalled_jobs[job_id]
+                continue
+            job.settle(now)
+            stalled[job_id] = StepsReport(job.done, now, job.rate)
+        return stalled
+
     def schedule_finish(self, job_id: str, job: SimJob, now: float, pause: float) -> None:
         """When the job's exit is reported: its finish at its rate, or later (Blox's round
         quantum, BFTrainer's node events, ElasticFlow's slot grid)."""
@@ -102,7 +124,20 @@ class Completions:
             finish = math.ceil(finish / quantum - 1e-9) * quantum
         if config.at_node_events:
             finish = self.next_node_event(finish)
-        if grid := config.completion_grid_s:
+        if (grid := config.completion_grid_s) and job.until is not None:
+            # ElasticFlow's bug (`predicted_ends`): its planned end event, from the real end
+            # predicted before the pause; its work done by then only if the pause fits the slack
+            # of rounding that end up to a second.
+            predicted = job.until
+            planned = now + grid * math.ceil((predicted - now) / grid - 1e-9) + pause
+            done_by_then = finish <= predicted
+            job.ended_at = (
+                planned if config.predicted_ends == "planned" and not done_by_then else predicted
+            )
+            if done_by_then:
+                heapq.heappush(self.finishes, (finish, self.launches, job_id, job.version))
+            finish = planned
+        elif grid:
             job.ended_at = finish
             heapq.heappush(self.finishes, (finish, self.launches, job_id, job.version))
             start = now + pause  # (its slots count from its restart's end)
