@@ -131,6 +131,11 @@ def test_bad_numeric_option_of_other_commands(
         (["--philly-reading", "plain"], "--philly-reading applies to --trace only"),
         (["--trace", "t.csv", "--jobs", "5", "--load", "1"], "--jobs, --load describe generated"),
         (["--blox", "--mode", "events"], "--mode events: --blox decides at round ends"),
+        (
+            ["--as-intended"],
+            "--as-intended applies to a preset with reference bugs (--elasticflow)",
+        ),
+        (["--gavel", "--as-intended"], "--as-intended: --gavel has no reference bug to mend"),
     ],
     ids=lambda v: " ".join(v)[:30],
 )

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from gpuyard.run.presets import semantics
+from gpuyard.run.presets import PRESETS, semantics
 from gpuyard.run.spec import (
     DEFAULT_ADMISSION,
     DEFAULT_PLACEMENT,
@@ -121,8 +121,12 @@ def check_workload(spec: RunSpec) -> None:
     preset = semantics(spec.preset)
     preset.check(spec)
     if spec.as_intended and not preset.intended:
-        where = f"--{preset.name} reproduces" if preset.name else "it applies to a preset that has"
-        raise ValueError(f"--as-intended: {where} no reference bug to mend (docs/fidelity.md)")
+        mending = ", ".join(f"--{p.name}" for p in PRESETS.values() if p.intended)
+        raise ValueError(
+            f"--as-intended: --{preset.name} has no reference bug to mend (docs/fidelity.md)"
+            if preset.name
+            else f"--as-intended applies to a preset with reference bugs ({mending})"
+        )
     if spec.trace is not None:
         ignored = [o for o in GENERATOR_OPTIONS if _given(spec, o)]
         if ignored:
