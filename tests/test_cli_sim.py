@@ -83,6 +83,11 @@ BAD_OPTIONS = [
     (["--window", "5:3"], "argument --window: '5:3' is not FIRST:END with 0 <= FIRST < END"),
     (["--window", "10"], "argument --window: '10' is not FIRST:END"),
     (["--window", "0:500", "--jobs", "100"], "--window 0:500: the workload has only 100 jobs"),
+    (["--deadline-factor", "0"], "argument --deadline-factor: '0' is not FACTOR or MIN:MAX"),
+    (["--deadline-factor", "1.5:0.5"], "argument --deadline-factor: '1.5:0.5': MIN is greater"),
+    (["--deadline-factor", "a:b"], "argument --deadline-factor: 'a:b' is not FACTOR or MIN:MAX"),
+    (["--best-effort-share", "1.5"], "argument --best-effort-share: must be 1 or less, not 1.5"),
+    (["--best-effort-share", "-0.1"], "argument --best-effort-share: must be 0 or more"),
 ]
 
 
@@ -136,6 +141,15 @@ def test_bad_numeric_option_of_other_commands(
             "--as-intended applies to a preset with reference bugs (--elasticflow)",
         ),
         (["--gavel", "--as-intended"], "--as-intended: --gavel has no reference bug to mend"),
+        (["--deadline-factor", "1.5"], "--deadline-factor applies to the elasticflow generator"),
+        (
+            ["--generator", "gavel", "--deadline-factor", "1", "--best-effort-share", "0.5"],
+            "--deadline-factor, --best-effort-share apply to the elasticflow generator, not to gavel",
+        ),
+        (
+            ["--trace", "t.csv", "--best-effort-share", "0.5"],
+            "--best-effort-share describes generated",
+        ),
     ],
     ids=lambda v: " ".join(v)[:30],
 )

@@ -114,6 +114,36 @@ def test_a_bad_key_is_one_line_naming_file_and_key(tmp_path: Path) -> None:
     assert len(result.stderr.splitlines()) == 1
 
 
+def test_a_bad_report_table_is_one_line_naming_file_and_key(tmp_path: Path) -> None:
+    grid = "[grid]\npolicy = ['fifo', 'las']\nseed = [0, 1]\n"
+    for text, expected in (
+        ("[report]\nxx = 'seed'\n", "unknown key report.xx"),
+        ("[report]\nx = 'trace'\n", "report.x: 'trace' is no field the grid or the runs vary (policy, seed)"),
+        ("[report]\nfigures = ['deadline']\n", "report.figures[0]: Invalid enum value 'deadline'"),
+        ("[report]\nbaseline = 'srtf'\n", "report.baseline: 'srtf' is no run's scheme (fifo, las)"),
+        ("[report]\nfigures = ['jct_improvement']\n", "report.figures: jct_improvement needs report.baseline"),
+        ("[base]\npolicy_params = { 'lsa.key' = 'rounds' }\n", "policy_params: lsa.*: no run's policy is 'lsa'"),
+    ):  # fmt: skip
+        path = write(tmp_path, grid + text)
+        with pytest.raises(ConfigError) as err:
+            load_sweep(path)
+        assert str(err.value).startswith(f"{path}: {expected}"), err.value
+    path = write(tmp_path, grid + "[report]\nx = 'seed'\nbaseline = 'fifo'\n")
+    assert len(load_sweep(path).runs) == 4
+
+
+def test_a_policys_own_parameters_go_to_its_runs_alone(tmp_path: Path) -> None:
+    """`las.key = ...` applies to las only, as `gpuyard sim --param las.key=...` does; a key
+    without a policy's name to every run."""
+    path = write(tmp_path, "[base]\npolicy_params = { 'las.key' = 'rounds' }\n"
+                           "[grid]\npolicy = ['fifo', 'las']\n")  # fmt: skip
+    runs = {run.spec.policy: run for run in load_sweep(path).runs}
+    assert runs["las"].spec.policy_params == {"key": "rounds"}
+    assert runs["fifo"].spec.policy_params == {}
+    plain = write(tmp_path, "[grid]\npolicy = ['fifo']\n", "plain.toml")
+    assert runs["fifo"].run_id == load_sweep(plain).runs[0].run_id  # the same run
+
+
 def test_grid_and_runs_give_every_combination_named_and_hashed(tmp_path: Path) -> None:
     trace = write(tmp_path, "job_id,arrival_time_s,duration_s,num_gpus\n1,0,600,1\n", "t.csv")
     sweep = load_sweep(write(tmp_path, SWEEP))
@@ -720,23 +750,59 @@ def test_the_html_report_renders_with_every_figure(local_sweep: Path, tmp_path: 
 # --------------------------------------------------------------------------- recipes
 
 RECIPES = Path(__file__).resolve().parents[1] / "examples" / "sweeps"
+RECIPE_RUNS = {
+    "blox-fig6": 9, "gavel-jct-vs-load": 24, "gavel-traces": 14, "bftrainer-idle": 3,
+    "elasticflow-fig8a": 6, "elasticflow-fig8b": 66, "elasticflow-fig9": 12,
+    "elasticflow-fig10": 6, "elasticflow-fig11": 54,
+}  # fmt: skip
+"""Every recipe of examples/sweeps and its runs."""
+OUTSIDE_DATA = {"elasticflow-fig8a"}
+"""Recipes whose trace is not in ../shared/data (their header says where to get it)."""
 
 
 @pytest.mark.parametrize(
     ("recipe", "runs"),
-    [
-        ("blox-fig6", 9),
-        ("gavel-jct-vs-load", 24),
-        ("gavel-traces", 14),
-        ("elasticflow-deadlines", 6),
-        ("itp-deadlines", 20),
-    ],
+    RECIPE_RUNS.items(),
 )
 def test_each_recipe_is_a_valid_sweep(recipe: str, runs: int, shared_data: Path) -> None:
-    sweep = load_sweep(RECIPES / f"{recipe}.toml")
+    path = RECIPES / f"{recipe}.toml"
+    missing = [p for p in re.findall(r'"(\.\./[^"]+)"', path.read_text())
+               if not (path.parent / p).exists()]  # fmt: skip
+    if missing:  # (a trace the data folder lacks: the recipe says where to get it)
+        assert recipe in OUTSIDE_DATA, missing
+        with pytest.raises(ConfigError) as err:
+            load_sweep(path)
+        assert (
+            str(err.value)
+            == f"{path}: base.trace: {(path.parent / missing[0]).resolve()} does not exist"
+        )
+        assert Path(missing[0]).name in path.read_text().split("[base]")[0]  # the header says
+        return
+    sweep = load_sweep(path)
     assert len(sweep.runs) == runs and sweep.name == recipe
     for run in sweep.runs:  # its data files are read from ../shared/data, by content
         assert all(Path(i.path).is_relative_to(shared_data.resolve()) for i in run.inputs)
+
+
+def test_every_recipe_is_checked() -> None:
+    assert {p.stem for p in RECIPES.glob("*.toml")} == set(RECIPE_RUNS)
+
+
+def test_the_fig8b_recipe_gives_ef_accessctrl_alone_its_lazy_walk(shared_data: Path) -> None:
+    sweep = load_sweep(RECIPES / "elasticflow-fig8b.toml")
+    params = {
+        (r.spec.policy, Path(r.spec.trace or "").stem): r.spec.policy_params for r in sweep.runs
+    }
+    assert params["ef-accessctrl", "cluster04"] == {"leftovers": "lazy"}
+    assert params["edf", "cluster04"] == {} and params["chronus", "philly_103959"] == {}
+    sizes = {
+        Path(r.spec.trace or "").stem: Path(r.spec.cluster_spec or "").stem for r in sweep.runs
+    }
+    assert sizes == {
+        **dict.fromkeys(["cluster01", "cluster02", "cluster03", "cluster05", "cluster06"], "n64g8"),
+        **dict.fromkeys(["cluster04", "cluster07", "cluster08", "cluster09"], "n128g8"),
+        "cluster10": "n32g8", "philly_103959": "n32g8",
+    }  # fmt: skip
 
 
 def test_the_bftrainer_recipe_replays_the_reference_window(shared_data: Path) -> None:
@@ -758,3 +824,107 @@ def test_a_report_of_a_sweep_not_run_names_the_folder_given(tmp_path: Path) -> N
     (tmp_path / "empty").mkdir()
     with pytest.raises(ReportError, match=f"^{tmp_path / 'empty'} holds no results.parquet"):
         write_report(tmp_path / "empty")
+
+
+# --------------------------------------------------------------------------- the report's axis
+
+EF_SWEEP = """
+[sweep]
+name = "efreport"
+
+[base]
+preset = "elasticflow"
+generator = "elasticflow"
+jobs = 12
+load = 6
+seed = 0
+cluster_spec = "{data}/elasticflow/cluster_specs/n4g8.csv"
+throughputs = "{data}/elasticflow/throughputs_A100"
+round_s = 240
+
+[grid]
+best_effort_share = [0.2, 0.6]
+policy = ["edf", "ef-accessctrl"]
+
+[report]
+x = "best_effort_share"
+figures = ["deadlines", "jct_improvement", "cluster_efficiency"]
+baseline = "edf"
+"""
+
+
+@pytest.mark.slow
+def test_the_report_draws_what_the_sweep_file_asks_against_its_x(
+    tmp_path: Path, shared_data: Path
+) -> None:
+    """A real sweep of ElasticFlow's generator at two best-effort shares: the report draws the
+    three figures `[report]` names (and no other), each against the share, and the JCT
+    improvement over the baseline is its mean JCT over each run's, per share."""
+    from gpuyard.sweep.report import Axis, jct_improvement, write_report
+
+    (tmp_path / "ef.toml").write_text(EF_SWEEP.format(data=shared_data.resolve()))
+    result = gpuyard("sweep", "ef.toml", "--parallel", "2", "--out", "out", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "out"
+    paths = write_report(out)
+    report = out / "report"
+    assert {p.name for p in paths} == {
+        f"{name}.{ext}" for name in ("deadlines", "jct_improvement", "cluster_efficiency")
+        for ext in ("png", "svg")
+    } | {"summary.csv", "report.html"}  # fmt: skip
+    assert all(p.stat().st_size > 0 for p in paths)
+    mean_jct = {}
+    for run in (out / "runs").iterdir():
+        summary = json.loads((run / "summary.json").read_text())
+        share = json.loads((run / "options.json").read_text())["workload"]["best_effort_share"]
+        mean_jct[summary["scheme"], share] = summary["mean_jct"]
+    expected = {
+        share: mean_jct["edf", share] / mean_jct["ef-accessctrl", share] for share in (0.2, 0.6)
+    }
+    table = pd.read_parquet(out / "results.parquet")
+    table = with_series(table, Axis("best_effort_share"))
+    found = jct_improvement(table, "edf", Axis("best_effort_share"))
+    for (_, run), value in zip(table.iterrows(), found, strict=True):
+        share = run["best_effort_share"]
+        assert value == pytest.approx(1.0 if run["scheme"] == "edf" else expected[share], rel=1e-12)
+    summary = pd.read_csv(report / "summary.csv").set_index(["series", "best_effort_share"])
+    for share, ratio in expected.items():
+        shown = summary.loc[("ef-accessctrl", share), "JCT improvement over edf"]
+        assert float(shown) == pytest.approx(ratio, rel=5e-3)
+    svg = (report / "jct_improvement.svg").read_text()
+    assert "share of best-effort jobs (%)" in svg and "240 s slots" in svg
+    assert "edf's mean JCT / the scheme's" in svg
+    efficiency = (report / "cluster_efficiency.svg").read_text()
+    assert "cluster efficiency (ElasticFlow's)" in efficiency and "20% best-effort" in efficiency
+
+
+@pytest.mark.slow
+def test_an_x_of_traces_draws_a_group_of_bars_per_trace(tmp_path: Path) -> None:
+    """`x = "trace"`: a row per trace and scheme, the traces not pooled as seeds, a group of bars
+    per trace in the sweep file's order."""
+    from gpuyard.sweep.report import write_report
+
+    table = pd.DataFrame({
+        "sweep": "traces", "name": [f"r{i}" for i in range(4)], "run_id": [f"r{i}" for i in range(4)],
+        "scheme": ["ef", "edf", "ef", "edf"], "load": None, "seed": None, "status": "ok", "error": None,
+        "trace": ["/d/c2.csv", "/d/c2.csv", "/d/c1.csv", "/d/c1.csv"],
+        "mean_jct": 3600.0, "p95_jct": 7200.0, "makespan": 36000.0, "utilization": 0.5,
+        "deadline_satisfactory_ratio": [1.0, 0.5, 0.9, 0.25], "rho_max": 2.0, "rho_jain": 0.9,
+    })  # fmt: skip
+    table.to_parquet(tmp_path / "results.parquet")
+    (tmp_path / "sweep.toml").write_text('[report]\nx = "trace"\nfigures = ["deadlines"]\n')
+    paths = write_report(tmp_path)
+    assert [p.name for p in paths] == [
+        "deadlines.png",
+        "deadlines.svg",
+        "summary.csv",
+        "report.html",
+    ]
+    summary = pd.read_csv(tmp_path / "report" / "summary.csv", dtype=str)
+    assert list(zip(summary["series"], summary["trace"], summary["deadlines met (%)"], strict=True)) == [
+        ("ef", "/d/c2.csv", "100"), ("ef", "/d/c1.csv", "90.0"),
+        ("edf", "/d/c2.csv", "50.0"), ("edf", "/d/c1.csv", "25.0"),
+    ]  # fmt: skip
+    svg = (tmp_path / "report" / "deadlines.svg").read_text()
+    assert 0 < svg.index("<!-- c2 -->") < svg.index("<!-- c1 -->")  # the ticks, the file's order
+    assert "deadline satisfactory ratio vs trace" in svg

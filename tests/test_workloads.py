@@ -427,3 +427,48 @@ def test_an_unknown_format_names_the_option_that_names_it(tmp_path: Path) -> Non
     path.write_text("who,what\na,b\n")
     with pytest.raises(WorkloadError, match="name it with --trace-format, one of bftrainer, blox"):
         load_workload(path)
+
+
+def test_a_run_spec_sets_the_elasticflow_generators_deadlines_and_best_effort_share() -> None:
+    """`--deadline-factor` and `--best-effort-share` (a sweep's `deadline_factor` and
+    `best_effort_share`) reach the generator, seeded, and options.json's workload says so."""
+    from gpuyard.run.build import make_workload
+    from gpuyard.run.spec import RunSpec
+
+    spec = RunSpec(generator="elasticflow", jobs=2000, load=2.4, seed=3, deadline_factor="1.5",
+                   best_effort_share=0.5)  # fmt: skip
+    workload, info = make_workload(spec)
+    jobs = workload.jobs
+    share = sum(j.best_effort for j in jobs) / len(jobs)
+    assert 0.46 < share < 0.54  # 2,000 draws: within 4 standard deviations of 0.5
+    assert all(j.deadline == j.submit_time + math.floor(1.5 * j.duration) for j in jobs)
+    assert info["deadline_factor"] == [1.5, 1.5] and info["best_effort_share"] == 0.5
+    again, _ = make_workload(spec)  # the same seed, the same jobs
+    assert [(j.best_effort, j.deadline) for j in again.jobs] == [
+        (j.best_effort, j.deadline) for j in jobs
+    ]
+    other, _ = make_workload(RunSpec(generator="elasticflow", jobs=2000, seed=4,
+                                     best_effort_share=0.5))  # fmt: skip
+    assert [j.best_effort for j in other.jobs] != [j.best_effort for j in jobs]
+    # the defaults: ElasticFlow's factor 0.5 to 1.5, no best-effort job
+    plain, info = make_workload(RunSpec(generator="elasticflow", jobs=2000, seed=3))
+    factors = [(j.deadline - j.submit_time) / j.duration for j in plain.jobs if j.duration >= 100]
+    assert 0.49 < min(factors) < 0.55 and 1.45 < max(factors) <= 1.5
+    assert not any(j.best_effort for j in plain.jobs) and info["best_effort_share"] == 0.0
+    ranged, _ = make_workload(RunSpec(generator="elasticflow", jobs=500, deadline_factor="2:3"))
+    assert all(2 <= (j.deadline - j.submit_time) / j.duration <= 3 for j in ranged.jobs
+               if j.duration >= 100)  # fmt: skip
+
+
+def test_generated_jobs_are_elastic_under_elasticflows_semantics() -> None:
+    """As ElasticFlow reads its generator's traces: each job may run on 1 to 64 GPUs (else a job
+    whose deadline is under its duration at its own GPU count could never meet it)."""
+    from gpuyard.run.build import make_workload
+    from gpuyard.run.spec import RunSpec
+
+    spec = RunSpec(generator="elasticflow", jobs=50, preset="elasticflow", policy="ef")
+    workload, info = make_workload(spec)
+    assert info["elastic"] is True
+    assert all(j.min_gpus == 1 and j.max_gpus == max(j.num_gpus, 64) for j in workload.jobs)
+    plain, info = make_workload(RunSpec(generator="elasticflow", jobs=50))
+    assert "elastic" not in info and all(j.max_gpus in (None, j.num_gpus) for j in plain.jobs)

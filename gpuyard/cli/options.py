@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import nats.errors
 
-from gpuyard.run.spec import checked_number, parse_demand, parse_window
+from gpuyard.run.spec import checked_number, parse_deadline_factor, parse_demand, parse_window
 from gpuyard.shared.connection import (
     Bus,
     NatsAuth,
@@ -169,6 +169,8 @@ window_text = checked_text(parse_window)
 """`FIRST:END`, jobs FIRST to END - 1 (0 <= FIRST < END)."""
 demand_text = checked_text(parse_demand)
 """The blox generator's `GPUS:WEIGHT,...`."""
+deadline_factor_text = checked_text(parse_deadline_factor)
+"""The elasticflow generator's `FACTOR` or `MIN:MAX`."""
 
 
 def job_id_arg(text: str) -> str:

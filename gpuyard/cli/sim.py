@@ -19,8 +19,10 @@ from gpuyard.cli.options import (
     LOG_LEVELS,
     CommandError,
     Subcommands,
+    deadline_factor_text,
     demand_text,
     non_negative_float,
+    number,
     number_list,
     positive_float,
     positive_int,
@@ -85,6 +87,18 @@ def add_workload_args(
         "--gpu-demand",
         type=demand_text,
         help="blox generator: GPUS:WEIGHT,... (default 1:0.7,2:0.1,4:0.15,8:0.05)",
+    )
+    g.add_argument(
+        "--deadline-factor",
+        type=deadline_factor_text,
+        help="elasticflow generator: a job's deadline is its arrival plus FACTOR (or a factor "
+        "drawn per job from MIN:MAX) times its duration (default 0.5:1.5)",
+    )
+    g.add_argument(
+        "--best-effort-share",
+        type=number(float, ge=0, le=1),
+        help="elasticflow generator: the share of jobs that are best-effort, without a "
+        "deadline (0 to 1; default 0)",
     )
     g.add_argument(
         "--multi-gpu",
@@ -329,6 +343,8 @@ def run_spec(
         load=load if load is not None else (load_list[0] if load_list else None),
         seed=seed if seed is not None else (seed_list[0] if seed_list else None),
         gpu_demand=option("gpu_demand"),
+        deadline_factor=option("deadline_factor"),
+        best_effort_share=option("best_effort_share"),
         multi_gpu=option("multi_gpu", False),
         trace=text("trace"),
         trace_format=option("trace_format"),

@@ -20,6 +20,7 @@ from gpuyard.run.spec import (
     DEFAULT_ADMISSION,
     DEFAULT_PLACEMENT,
     RunSpec,
+    parse_deadline_factor,
     parse_demand,
     parse_window,
 )
@@ -29,7 +30,9 @@ T = TypeVar("T")
 
 GENERATOR_DEFAULTS: dict[str, Any] = {"jobs": 400, "load": 20.0, "seed": 0}
 DEFAULT_DEMAND = {1: 0.7, 2: 0.1, 4: 0.15, 8: 0.05}
-GENERATOR_OPTIONS = ("--generator", "--jobs", "--load", "--gpu-demand")
+ELASTICFLOW_OPTIONS = ("--deadline-factor", "--best-effort-share")
+"""Options of the elasticflow generator alone."""
+GENERATOR_OPTIONS = ("--generator", "--jobs", "--load", "--gpu-demand", *ELASTICFLOW_OPTIONS)
 """Options a --trace refuses (`--seed` is not among them: it also seeds the policies)."""
 TRACE_OPTIONS = ("--trace-format", "--skip-bad", "--philly-reading")
 
@@ -150,6 +153,13 @@ def check_workload(spec: RunSpec) -> None:
             f"--gpu-demand applies to the blox generator; {generator} draws GPU counts its own way"
         )
     _parsed("--gpu-demand", parse_demand, spec.gpu_demand)
+    elastic = [o for o in ELASTICFLOW_OPTIONS if getattr(spec, o[2:].replace("-", "_")) is not None]
+    if elastic and generator != "elasticflow":
+        raise ValueError(
+            f"{', '.join(elastic)} {'apply' if len(elastic) > 1 else 'applies'} to the "
+            f"elasticflow generator, not to {generator}"
+        )
+    _parsed("--deadline-factor", parse_deadline_factor, spec.deadline_factor)
 
 
 def _parsed(option: str, parse: Callable[[str], T], text: str | None) -> T | None:
@@ -165,6 +175,7 @@ def _parsed(option: str, parse: Callable[[str], T], text: str | None) -> T | Non
 def make_workload(spec: RunSpec, throughputs: Any = None) -> tuple[Any, dict[str, Any]]:
     """The workload `spec` describes, and what it is (for options.json and plot captions)."""
     from gpuyard.workloads import blox, elasticflow, gavel
+    from gpuyard.workloads.generators import ELASTICFLOW_DEADLINE_FACTOR
 
     if spec.trace is not None:
         return read_trace(spec, throughputs)
@@ -177,7 +188,17 @@ def make_workload(spec: RunSpec, throughputs: Any = None) -> tuple[Any, dict[str
         info["multi_gpu"] = spec.multi_gpu
         return gavel(jobs, load, seed, spec.multi_gpu, throughputs=throughputs), info
     if generator == "elasticflow":
-        return elasticflow(jobs, 3600.0 / load, seed, throughputs=throughputs), info
+        factor = _parsed("--deadline-factor", parse_deadline_factor, spec.deadline_factor)
+        factor = factor or ELASTICFLOW_DEADLINE_FACTOR
+        share = spec.best_effort_share or 0.0
+        info |= {"deadline_factor": list(factor), "best_effort_share": share}
+        # ElasticFlow's semantics read its generator's traces elastic: so are its jobs here.
+        elastic = semantics(spec.preset).elastic_traces()
+        if elastic:
+            info["elastic"] = True
+        workload = elasticflow(jobs, 3600.0 / load, seed, factor, best_effort_share=share,
+                               throughputs=throughputs, elastic=elastic)  # fmt: skip
+        return workload, info
     demand = _parsed("--gpu-demand", parse_demand, spec.gpu_demand) or DEFAULT_DEMAND
     info["gpu_demand"] = {str(k): v for k, v in demand.items()}
     return blox(jobs, load, seed, demand), info

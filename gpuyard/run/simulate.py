@@ -295,6 +295,10 @@ def workload_label(workload: dict[str, Any] | None) -> str:
         f"{workload['load']:g} jobs/h, seed {workload['seed']}"
     )
     label += ", multi-GPU" if workload.get("multi_gpu") else ""
+    if "deadline_factor" in workload:  # (the elasticflow generator)
+        least, most = workload["deadline_factor"]
+        label += f", deadline factor {least:g}" + (f" to {most:g}" if most != least else "")
+        label += f", {100 * workload['best_effort_share']:g}% best-effort"
     return label + node_events_label(workload)
 
 

@@ -53,6 +53,13 @@ class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     seed: Annotated[int, Meta(ge=0)] | None = None
     gpu_demand: str | None = None
     """The blox generator's `GPUS:WEIGHT,...` (`--gpu-demand`)."""
+    deadline_factor: str | None = None
+    """The elasticflow generator's deadline factor, `F` or `MIN:MAX` (`--deadline-factor`): a
+    job's deadline is its arrival plus the factor (drawn per job from MIN:MAX) times its
+    duration. Default 0.5:1.5, ElasticFlow's."""
+    best_effort_share: Annotated[float, Meta(ge=0, le=1)] | None = None
+    """The elasticflow generator's share of best-effort jobs, without a deadline
+    (`--best-effort-share`; default 0)."""
     multi_gpu: bool = False
     trace: str | None = None
     trace_format: str | None = None
@@ -130,6 +137,19 @@ def checked_number(
     if le is not None and not value <= le:
         raise ValueError(f"must be {le:g} or less, not {text}")
     return value
+
+
+def parse_deadline_factor(text: str) -> tuple[float, float]:
+    """`1.5` -> (1.5, 1.5); `0.5:1.5` -> (0.5, 1.5) (0 < MIN <= MAX); ValueError otherwise."""
+    low, sep, high = text.partition(":")
+    try:
+        least = float(checked_number(float, low.strip(), gt=0))
+        most = float(checked_number(float, high.strip(), gt=0)) if sep else least
+    except ValueError as exc:
+        raise ValueError(f"{text!r} is not FACTOR or MIN:MAX ({exc})") from None
+    if least > most:
+        raise ValueError(f"{text!r}: MIN is greater than MAX")
+    return least, most
 
 
 def parse_demand(text: str) -> dict[int, float]:

@@ -5,6 +5,7 @@
 [base]                       # options of every run (RunSpec's fields: `gpuyard sim`'s options)
 [grid]                       # field = [values]: every combination
 [[runs]]                     # optional list of variants, each crossed with the grid
+[report]                     # optional: the figures' x axis, which figures, a baseline scheme
 ```
 
 Paths in the file (trace, throughputs, cluster_spec files, node_events, nodes_from) are relative to the file's
@@ -22,7 +23,7 @@ import itertools
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta, Struct
@@ -47,11 +48,28 @@ class SweepSettings(Struct, kw_only=True, forbid_unknown_fields=True, frozen=Tru
     """A run whose worker died this many times is recorded as failed."""
 
 
+FigureName = Literal[
+    "mean_jct", "jct_cdfs", "makespan", "timelines", "deadlines", "fairness",
+    "cluster_efficiency", "jct_improvement",
+]  # fmt: skip
+"""The figures `gpuyard report` can draw (docs/sweeps.md, "The report")."""
+
+
+class ReportSettings(Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    x: str = "load"
+    """The run field the figures put on their x axis (a panel each where a figure has panels)."""
+    figures: list[FigureName] | None = None
+    """The figures to draw, in this order (default: every one the results allow)."""
+    baseline: str | None = None
+    """The scheme `jct_improvement` compares every scheme with."""
+
+
 class SweepFile(Struct, kw_only=True, forbid_unknown_fields=True):
     sweep: SweepSettings = SweepSettings()
     base: dict[str, Any] = {}
     grid: dict[str, list[Any]] = {}
     runs: list[dict[str, Any]] = []
+    report: ReportSettings = ReportSettings()
 
 
 class InputFile(Struct, frozen=True):
@@ -110,6 +128,13 @@ def load_sweep(path: Path) -> Sweep:
     return plan(config, path)
 
 
+def report_settings(text: str) -> ReportSettings:
+    """The `[report]` table of a sweep file's text (its defaults when it has none)."""
+    config = msgspec.convert(tomllib.loads(text).get("report", {}), ReportSettings)
+    assert isinstance(config, ReportSettings)
+    return config
+
+
 def _spec(fields: dict[str, Any], where: str, source: Path) -> RunSpec:
     try:
         return msgspec.convert(fields, RunSpec)
@@ -137,16 +162,22 @@ def plan(config: SweepFile, source: Path) -> Sweep:
     axes = list(config.grid)
     runs: list[Run] = []
     folder = source.parent
+    prefixes: set[str] = set()
     for v, variant in enumerate(variants):
         for combo in itertools.product(*config.grid.values()):
             fields = {**config.base, **variant, **dict(zip(axes, combo, strict=True))}
             where = f"runs[{v}]" if config.runs else "base"
+            prefixes |= _scoped(fields.get("policy_params"))
+            fields = _own_params(fields)
             spec = _resolve_paths(_spec(fields, where, source), folder)
             inputs = _inputs(spec, source, where)
             _check(spec, source, where)
             runs.append(Run(run_id=run_id(spec, inputs), name="", spec=spec, inputs=inputs))
     if not runs:
         raise ConfigError(f"{source}: no runs")
+    stray = sorted(prefixes - {run.spec.policy for run in runs})
+    if stray:
+        raise ConfigError(f"{source}: policy_params: {stray[0]}.*: no run's policy is {stray[0]!r}")
     # Runs that the grid's values leave alike are told apart by the scalar options their
     # variants change (the trace of each of ten clusters, say) rather than by a hash.
     varying = [
@@ -156,12 +187,62 @@ def plan(config: SweepFile, source: Path) -> Sweep:
         and len({repr(v.get(key)) for v in config.runs}) > 1
     ]  # fmt: skip
     _name_runs(runs, axes, varying)
+    _check_report(config, runs, source)
     name = config.sweep.name or source.stem
     if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
         raise ConfigError(
             f"{source}: sweep.name {name!r}: letters, digits, '-' and '_' only (a subject token)"
         )
     return Sweep(name=name, settings=config.sweep, runs=runs, source=str(source))
+
+
+def _scoped(params: Any) -> set[str]:
+    """The policies that `policy.key` parameters name."""
+    return (
+        {key.split(".", 1)[0] for key in params if "." in key}
+        if isinstance(params, dict)
+        else set()
+    )
+
+
+def _own_params(fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` with the policy parameters its policy takes: `key` applies to every policy,
+    `policy.key` to that policy only, as `gpuyard sim --param policy.key=value` does (a grid of
+    policies that share one file, one of which has a parameter of its own)."""
+    params = fields.get("policy_params")
+    if not isinstance(params, dict) or not _scoped(params):
+        return fields
+    policy = fields.get("policy", "fifo")
+    own = {}
+    for key, value in params.items():
+        scope, dot, name = key.partition(".")
+        if not dot:
+            own[key] = value
+        elif scope == policy:
+            own[name] = value
+    return fields | {"policy_params": own}
+
+
+def _check_report(config: SweepFile, runs: list[Run], source: Path) -> None:
+    """`[report]` names a field the runs vary, a scheme they run, and a baseline where needed."""
+    report = config.report
+    varied = {*config.grid, *(key for variant in config.runs for key in variant)}
+    if report.x != "load" and report.x not in varied:
+        raise ConfigError(
+            f"{source}: report.x: {report.x!r} is no field the grid or the runs vary "
+            f"({', '.join(sorted(varied)) or 'none'})"
+        )
+    schemes = sorted({run.spec.scheme for run in runs})
+    if report.baseline is not None and report.baseline not in schemes:
+        raise ConfigError(
+            f"{source}: report.baseline: {report.baseline!r} is no run's scheme "
+            f"({', '.join(schemes)})"
+        )
+    if report.figures and "jct_improvement" in report.figures and report.baseline is None:
+        raise ConfigError(
+            f"{source}: report.figures: jct_improvement needs report.baseline, the scheme "
+            "to compare with"
+        )
 
 
 def _resolve_paths(spec: RunSpec, folder: Path) -> RunSpec:

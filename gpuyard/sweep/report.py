@@ -2,7 +2,8 @@
 self-contained HTML page with all of them, a table per scheme and load, and the failed runs.
 
 Runs are grouped into series: a series is a scheme (a run's label, else its policy) plus any other
-input that varies across the sweep except the load and the seed; seeds are repetitions. Every
+input that varies across the sweep except the figures' x axis (the load, unless the sweep file's
+`[report]` names another field) and the seed; seeds are repetitions. Every
 mean over seeds names its n (the seeds it averages) and comes with a bar (`spread`): the 95%
 confidence interval (Student's t) from 3 seeds on, clipped to what the metric can be (`BOUNDS`);
 the lowest to the highest value with 2 seeds (a t interval on one degree of freedom is 12.7
@@ -14,16 +15,18 @@ import base64
 import html
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import matplotlib
+import msgspec
 import numpy as np
 import pandas as pd
 
 from gpuyard.report import save_figure
-from gpuyard.sweep.config import RUN_FIELDS
+from gpuyard.sweep.config import RUN_FIELDS, FigureName, ReportSettings, report_settings
 from gpuyard.sweep.engine import measured
 
 matplotlib.use("Agg")
@@ -42,7 +45,7 @@ LINES: list[Any] = ["-", "--", "-.", (0, (3, 1, 1, 1, 1, 1))]
 BOUNDS: dict[str, tuple[float, float]] = {
     "mean_jct": (0, math.inf), "p95_jct": (0, math.inf), "makespan": (0, math.inf),
     "utilization": (0, 1), "deadline_satisfactory_ratio": (0, 1),
-    "rho_max": (1, math.inf), "rho_jain": (0, 1),
+    "rho_max": (1, math.inf), "rho_jain": (0, 1), "jct_improvement": (0, math.inf),
 }  # fmt: skip
 """What each metric can be (unscaled): times are never negative; utilisation, the deadline ratio
 and Jain's index lie in [0, 1]; rho (a job's JCT over its time running) is at least 1. A t
@@ -103,26 +106,83 @@ def spread(values: pd.Series, bounds: tuple[float, float] = (-math.inf, math.inf
     return Spread(mean, n, low, high, "ci", low > mean - half, high < mean + half)
 
 
+AXIS_LABELS = {
+    "load": "load (jobs per hour)", "cluster_spec": "cluster", "trace": "trace",
+    "best_effort_share": "share of best-effort jobs (%)", "seed": "seed",
+}  # fmt: skip
+"""How an x axis is labelled (others: the field's name)."""
+
+
+@dataclass(frozen=True)
+class Axis:
+    """The figures' x axis: a run field (`load` by default; the sweep file's `[report] x`).
+    Numbers are a line's points; other values (clusters, traces) groups of bars, in the sweep
+    file's order."""
+
+    field: str = "load"
+
+    @property
+    def label(self) -> str:
+        return AXIS_LABELS.get(self.field, self.field.replace("_", " "))
+
+    def present(self, table: pd.DataFrame) -> bool:
+        return self.field in table and bool(table[self.field].notna().any())
+
+    def numeric(self, table: pd.DataFrame) -> bool:
+        return bool(pd.api.types.is_numeric_dtype(table[self.field]))
+
+    def values(self, table: pd.DataFrame) -> list[Any]:
+        """Its values in `table`: numbers rising, others in the sweep file's order."""
+        found = table[self.field].dropna().drop_duplicates().tolist()
+        return sorted(found) if self.numeric(table) else found
+
+    def scale(self, value: Any) -> Any:
+        """A value as the axis shows it (a share in %)."""
+        return 100 * value if self.field == "best_effort_share" else value
+
+    def tick(self, table: pd.DataFrame, value: Any) -> str:
+        """A value as a tick names it: a cluster file by its nodes and GPUs when the runs say."""
+        if self.field == "cluster_spec" and "cluster" in table:
+            named = table.loc[table[self.field] == value, "cluster"].dropna()
+            if len(named):  # `8x8:a100` over `(64 GPUs)`
+                return str(named.iloc[0]).replace(" (", "\n(")
+        shown = _short(self.field, self.scale(value))
+        return Path(shown).stem if self.field in ("trace", "cluster_spec") else shown
+
+    def at(self, table: pd.DataFrame, value: Any) -> str:
+        """A panel's title: `load 10 jobs/h`, `cluster 8x8:a100 (64 GPUs)`."""
+        if self.field == "load":
+            return f"load {value:g} jobs/h"
+        unit = "% best-effort" if self.field == "best_effort_share" else ""
+        name = "" if unit else f"{AXIS_LABELS.get(self.field, self.field)} "
+        return f"{name}{self.tick(table, value).replace(chr(10), ' ')}{unit}"
+
+
+LOAD = Axis()
+
+
 def _short(column: str, value: Any) -> str:
     if isinstance(value, str) and ("/" in value or column in ("trace", "throughputs")):
         return Path(value).name
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def with_series(table: pd.DataFrame) -> pd.DataFrame:
-    """`table` with a `series` column: the scheme and every other input that varies."""
-    fixed = {"label", "policy", "load", "seed"}
-    keys = [table["scheme"], table["load"].astype(str), table["seed"].astype(str)]
+def with_series(table: pd.DataFrame, axis: Axis = LOAD) -> pd.DataFrame:
+    """`table` with a `series` column: the scheme and every other input that varies (but the
+    axis's and the seed), and `inputs`, those other inputs alone."""
+    fixed = {"label", "policy", "seed", axis.field}
+    keys = [table["scheme"], table[axis.field].astype(str), table["seed"].astype(str)]
     # An input is named when it tells apart runs of the same scheme, load and seed.
     varying = [c for c in table.columns if c in RUN_FIELDS - fixed
                and (table[c].astype(str).groupby(keys, dropna=False).nunique() > 1).any()]  # fmt: skip
     table = table.copy()
 
-    def name(row: pd.Series) -> str:
-        extra = ", ".join(f"{c}={_short(c, row[c])}" for c in varying)
-        return f"{row['scheme']} ({extra})" if extra else row["scheme"]
+    def inputs(row: pd.Series) -> str:
+        return ", ".join(f"{c}={_short(c, row[c])}" for c in varying)
 
-    table["series"] = table.apply(name, axis=1) if len(table) else []
+    table["inputs"] = table.apply(inputs, axis=1) if len(table) else []
+    table["series"] = [f"{scheme} ({extra})" if extra else scheme
+                       for scheme, extra in zip(table["scheme"], table["inputs"], strict=True)]  # fmt: skip
     return table
 
 
@@ -144,6 +204,13 @@ def caption(table: pd.DataFrame, sweep: str) -> str:
     policies += f"placement {_values(table, 'ran_placement') or _values(table, 'placement')}"
     presets = _values(table, "preset")
     lines.append(policies + (f"; {presets} semantics" if presets else ""))
+    rounds = (
+        ", ".join(f"{v:g}" for v in table["round_s"].dropna().unique())
+        if "round_s" in table
+        else ""
+    )
+    if rounds:  # (ElasticFlow's scheduling slots, Blox's and Gavel's rounds)
+        lines[-1] += f", {rounds} s {'slots' if presets == 'elasticflow' else 'rounds'}"
     return "\n".join(lines)
 
 
@@ -152,16 +219,18 @@ def _workload(table: pd.DataFrame) -> str:
         return "trace " + ", ".join(sorted({Path(t).name for t in table["trace"].dropna()}))
     generators = _values(table, "generator") or "blox"
     jobs = _values(table, "jobs") or "400"
-    return f"{generators} generator, {jobs} jobs per run"
+    text = f"{generators} generator, {jobs} jobs per run"
+    for column, before, after in (("load", "", " jobs/h"), ("deadline_factor", "deadline factor ", ""),
+                                  ("best_effort_share", "best-effort share ", "")):  # fmt: skip
+        values = _values(table, column)
+        text += f", {before}{values}{after}" if values else ""
+    return text
 
 
-def _has_loads(table: pd.DataFrame) -> bool:
-    return bool(table["load"].notna().any())
-
-
-def _by_series_load(ok: pd.DataFrame, column: str) -> pd.DataFrame:
-    """`spread` of `column` over seeds (its fields a column each), per series and load."""
-    keys = ["series", "load"] if _has_loads(ok) else ["series"]
+def _by_series_load(ok: pd.DataFrame, column: str, axis: Axis = LOAD) -> pd.DataFrame:
+    """`spread` of `column` over seeds (its fields a column each), per series and value of the
+    axis (the load)."""
+    keys = ["series", axis.field] if axis.present(ok) else ["series"]
     bounds = BOUNDS.get(column, (-math.inf, math.inf))
     rows = [dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True))
             | vars(spread(group[column], bounds))
@@ -173,6 +242,11 @@ def _by_series_load(ok: pd.DataFrame, column: str) -> pd.DataFrame:
 def _bars(stats: pd.DataFrame, scale: float) -> np.ndarray:
     """Error bars for matplotlib: below and above each mean."""
     return np.vstack([stats["mean"] - stats["low"], stats["high"] - stats["mean"]]) * scale
+
+
+def _error_bars(stats: pd.DataFrame, scale: float) -> np.ndarray | None:
+    """`_bars`, or None where no point has one (one seed each: no caps drawn at the means)."""
+    return None if (stats["kind"].isin(["none"]) | stats["n"].isna()).all() else _bars(stats, scale)
 
 
 def _n(counts: Any) -> str:
@@ -206,28 +280,36 @@ def spread_note(stats: pd.DataFrame, column: str, scale: float = 1.0) -> str:
 
 
 def plot_metric(ok: pd.DataFrame, column: str, ylabel: str, title: str, path: Path,
-                caption_text: str, scale: float = 1.0) -> tuple[Path, str]:  # fmt: skip
-    """`column` against load, a line per series (bars per series for a trace), each point the
-    mean over seeds with its `spread`; the figure and its note on the statistics."""
-    stats = _by_series_load(ok, column)
-    if _has_loads(ok):
-        fig, ax = plt.subplots(figsize=(7.5, 5))
-        for i, (series, rows) in enumerate(stats.groupby("series")):
-            ax.errorbar(rows["load"], rows["mean"] * scale, yerr=_bars(rows, scale), marker="o",
-                        capsize=4, label=f"{series} ({_n(rows['n'])})",
-                        linestyle=LINES[i % len(LINES)])  # fmt: skip
-        ax.set_xlabel("load (jobs per hour)")
+                caption_text: str, scale: float = 1.0, axis: Axis = LOAD) -> tuple[Path, str]:  # fmt: skip
+    """`column` against the axis (the load), a line per series (groups of bars for values that
+    are not numbers; a bar per series without the axis), each point the mean over seeds with
+    its `spread`; the figure and its note on the statistics."""
+    stats = _by_series_load(ok, column, axis)
+    if axis.present(ok) and axis.numeric(ok):
+        fig, ax = plt.subplots(figsize=(9, 5))
+        for i, series in enumerate(ok["series"].drop_duplicates()):  # (the file's order)
+            rows = stats[stats["series"] == series]
+            ax.errorbar(axis.scale(rows[axis.field]), rows["mean"] * scale,
+                        yerr=_bars(rows, scale), marker="o", capsize=4,
+                        label=f"{series} ({_n(rows['n'])})", linestyle=LINES[i % len(LINES)])  # fmt: skip
+        ax.set_xlabel(axis.label)
         ax.set_ylabel(ylabel)
-        ax.legend(title="scheme", fontsize=8)
+        # beside the plot: lines that meet (schemes alike) stay visible
+        ax.legend(title="scheme", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    elif axis.present(ok):
+        fig, ax = _grouped_bars(ok, stats, scale, axis)
+        ax.set_ylabel(ylabel)
     else:
         # A bar per series, sideways: its name (the scheme and the inputs that vary: ten
-        # clusters' traces, say) stays readable however many there are.
+        # clusters' traces, say) stays readable however many there are. In the file's order.
+        order = {series: i for i, series in enumerate(ok["series"].drop_duplicates())}
+        stats = stats.sort_values("series", key=lambda names: names.map(order), kind="stable")
         names = [f"{s} (n={n})" for s, n in zip(stats["series"], stats["n"], strict=True)]
         longest = max((len(name) for name in names), default=0)
         fig, ax = plt.subplots(
             figsize=(max(7.5, 4.5 + 0.09 * longest), max(3.5, 1.8 + 0.35 * len(stats)))
         )  # (wide enough for the names beside a readable plot)
-        bars = ax.barh(names, stats["mean"] * scale, xerr=_bars(stats, scale), capsize=4)
+        bars = ax.barh(names, stats["mean"] * scale, xerr=_error_bars(stats, scale), capsize=4)
         ax.bar_label(bars, fmt="%.3g", fontsize=8, padding=3)
         ax.invert_yaxis()  # the first series on top
         ax.set_xlabel(ylabel)
@@ -236,6 +318,28 @@ def plot_metric(ok: pd.DataFrame, column: str, ylabel: str, title: str, path: Pa
     ax.grid(True, alpha=0.3)
     note = spread_note(stats, column, scale)
     return save_figure(fig, path, f"{caption_text}\n{note}", svg=True), note
+
+
+def _grouped_bars(ok: pd.DataFrame, stats: pd.DataFrame, scale: float,
+                  axis: Axis) -> tuple[Any, Any]:  # fmt: skip
+    """A group of bars per value of the axis (a cluster, a trace), a bar per series, in the
+    sweep file's order, each its mean over seeds with its bar."""
+    values = axis.values(ok)
+    order = list(ok["series"].drop_duplicates())
+    width = 0.8 / len(order)
+    fig, ax = plt.subplots(figsize=(max(7.5, 2.5 + 0.22 * len(values) * len(order)), 5))
+    for i, series in enumerate(order):
+        rows = stats[stats["series"] == series].set_index(axis.field).reindex(values)
+        at = np.arange(len(values)) + (i - (len(order) - 1) / 2) * width
+        shown = rows.dropna(subset=["mean"])
+        n = f" ({_n(shown['n'])})" if len(shown) else ""
+        ax.bar(at, rows["mean"] * scale, width, label=f"{series}{n}", color=f"C{i}",
+               yerr=_error_bars(rows, scale), capsize=2 if len(order) > 4 else 4)  # fmt: skip
+    ax.set_xticks(np.arange(len(values)), [axis.tick(ok, v) for v in values],
+                  rotation=20 if len(values) > 4 else 0)  # fmt: skip
+    ax.set_xlabel(axis.label)
+    ax.legend(title="scheme", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return fig, ax
 
 
 def _jobs(folder: Path, run: pd.Series) -> pd.DataFrame | None:
@@ -247,13 +351,20 @@ def _jobs(folder: Path, run: pd.Series) -> pd.DataFrame | None:
     return measured(pd.read_csv(path), window if isinstance(window, str) else None)
 
 
-def plot_cdfs(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str) -> Path:
-    """JCT CDFs: a panel per load, a line per series, every seed's completed jobs pooled."""
-    loads = sorted(ok["load"].dropna().unique()) if _has_loads(ok) else [None]
-    loads = _spread(loads, 4)
+def _panels(ok: pd.DataFrame, axis: Axis, most: int) -> list[Any]:
+    """The axis's values a figure gives a panel each (at most `most`, evenly spread; [None]:
+    one panel for all)."""
+    return _spread(axis.values(ok), most) if axis.present(ok) else [None]
+
+
+def plot_cdfs(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str,
+              axis: Axis = LOAD) -> Path:  # fmt: skip
+    """JCT CDFs: a panel per value of the axis (load), a line per series, every seed's
+    completed jobs pooled."""
+    loads = _panels(ok, axis, 4)
     fig, axes = plt.subplots(1, len(loads), figsize=(5.2 * len(loads), 4.6), squeeze=False)
     for ax, load in zip(axes[0], loads, strict=True):
-        at = ok if load is None else ok[ok["load"] == load]
+        at = ok if load is None else ok[ok[axis.field] == load]
         for i, (series, rows) in enumerate(at.groupby("series")):
             parts = [j.loc[j["state"] == "completed", "jct"].to_numpy(dtype=float)
                      for j in (_jobs(folder, r) for _, r in rows.iterrows()) if j is not None]  # fmt: skip
@@ -262,7 +373,7 @@ def plot_cdfs(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str) -> 
                 ax.plot(values, np.arange(1, len(values) + 1) / len(values),
                         linestyle=LINES[i % len(LINES)], label=f"{series} ({len(values):,} jobs)")  # fmt: skip
         ax.set_xscale("log")
-        ax.set_title("JCT CDF" + ("" if load is None else f", load {load:g} jobs/h"))
+        ax.set_title("JCT CDF" + ("" if load is None else f", {axis.at(ok, load)}"))
         ax.set_xlabel("JCT (hours, log scale)")
         ax.set_ylabel("fraction of completed jobs")
         ax.grid(True, alpha=0.3)
@@ -298,21 +409,18 @@ def _binned(timeline: pd.DataFrame, column: str, edges: np.ndarray) -> np.ndarra
     return means
 
 
-def plot_timelines(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str) -> Path:
+def plot_timelines(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str,
+                   axis: Axis = LOAD) -> Path:  # fmt: skip
     """GPUs in use (and present, when nodes come and go) and queued jobs over time: a column per
-    load, a line per series, the lowest seed; time-weighted means over 200 bins."""
-    loads = _spread(sorted(ok["load"].dropna().unique()), 3) if _has_loads(ok) else [None]
+    value of the axis (load), a line per series, the lowest seed; time-weighted means over 200
+    bins."""
+    loads = _panels(ok, axis, 3)
     fig, axes = plt.subplots(2, len(loads), figsize=(5.5 * len(loads), 6.4), squeeze=False,
                              sharex="col")  # fmt: skip
     churn = False
     for col, load in enumerate(loads):
-        at = ok if load is None else ok[ok["load"] == load]
-        first = at[at["seed"] == at["seed"].min()] if at["seed"].notna().any() else at
-        timelines = {}
-        for series, rows in first.groupby("series"):
-            timeline_path = folder / "runs" / rows["name"].iloc[0] / "timeline.csv"
-            if timeline_path.exists() and len(timeline := pd.read_csv(timeline_path)) >= 2:
-                timelines[series] = timeline
+        at = ok if load is None else ok[ok[axis.field] == load]
+        timelines = _run_files(at, folder, "timeline.csv")
         if not timelines:
             continue
         # One time axis per column: the series' curves (and the GPUs present) line up.
@@ -330,7 +438,7 @@ def plot_timelines(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str
                               linestyle=line)  # fmt: skip
         churn = churn or bool(present)
         _plot_present(axes[0][col], present, edges)
-        title = "" if load is None else f", load {load:g} jobs/h"
+        title = "" if load is None else f", {axis.at(ok, load)}"
         axes[0][col].set_title(f"GPUs in use{title}")
         axes[0][col].set_ylabel("GPUs in use" + (" (grey: present)" if churn else ""))
         axes[1][col].set_ylabel("queued jobs")
@@ -340,6 +448,63 @@ def plot_timelines(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str
         axes[0][col].legend(fontsize=7)
     note = "lowest seed of each; time-weighted means over 200 bins"
     return save_figure(fig, path, f"{caption_text}\n{note}", svg=True)
+
+
+def _run_files(at: pd.DataFrame, folder: Path, name: str) -> dict[str, pd.DataFrame]:
+    """Per series, the lowest seed's run's file `name` (a timeline: two points at least)."""
+    first = at[at["seed"] == at["seed"].min()] if at["seed"].notna().any() else at
+    found: dict[str, pd.DataFrame] = {}
+    for series, rows in first.groupby("series", sort=False):
+        path = folder / "runs" / rows["name"].iloc[0] / name
+        if path.exists() and len(frame := pd.read_csv(path)) >= 2:
+            found[str(series)] = frame
+    return found
+
+
+def plot_efficiency(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str,
+                    axis: Axis = LOAD) -> Path:  # fmt: skip
+    """ElasticFlow's cluster efficiency over time (`efficiency.csv`): a panel per value of the
+    axis (at most three), a line per series, the lowest seed; time-weighted means over 200
+    bins."""
+    values = _panels(ok, axis, 3)
+    fig, axes = plt.subplots(1, len(values), figsize=(max(9.0, 5.5 * len(values)), 4.6),
+                             squeeze=False, sharey=True)  # fmt: skip
+    for ax, value in zip(axes[0], values, strict=True):
+        at = ok if value is None else ok[ok[axis.field] == value]
+        curves = _run_files(at, folder, "efficiency.csv")
+        if curves:
+            edges = np.linspace(min(c["time"].iloc[0] for c in curves.values()),
+                                max(c["time"].iloc[-1] for c in curves.values()), 201)  # fmt: skip
+            hours = (edges[:-1] + edges[1:]) / 2 / 3600
+            for i, (series, curve) in enumerate(curves.items()):
+                ax.plot(hours, _binned(curve, "efficiency", edges), color=f"C{i}",
+                        linestyle=LINES[i % len(LINES)], label=series)  # fmt: skip
+            ax.legend(title="scheme", fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no efficiency.csv (ElasticFlow's runs write one)", ha="center",
+                    va="center", transform=ax.transAxes)  # fmt: skip
+        ax.set_title(
+            "cluster efficiency over time" + ("" if value is None else f", {axis.at(ok, value)}")
+        )
+        ax.set_xlabel("simulated time (hours)")
+        ax.set_ylabel("cluster efficiency")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+    note = ("cluster efficiency (ElasticFlow's): the sum over running jobs of throughput(n GPUs) "
+            "/ throughput(1 GPU), over the cluster's GPUs; lowest seed of each; time-weighted "
+            "means over 200 bins")  # fmt: skip
+    return save_figure(fig, path, f"{caption_text}\n{note}", svg=True)
+
+
+def jct_improvement(ok: pd.DataFrame, baseline: str, axis: Axis = LOAD) -> pd.Series:
+    """Per run, the baseline scheme's mean JCT over the run's: the baseline's run with the same
+    inputs, value of the axis and seed (NaN where it has none; above 1: faster than it)."""
+    keys = ["inputs", axis.field, "seed"]
+    runs = ok[ok["scheme"] == baseline]
+    base = pd.Series(pd.to_numeric(runs["mean_jct"]).to_numpy(dtype=float),
+                     pd.MultiIndex.from_frame(runs[keys].astype(str)))  # fmt: skip
+    theirs = base.reindex(pd.MultiIndex.from_frame(ok[keys].astype(str))).to_numpy(dtype=float)
+    return pd.Series(theirs / pd.to_numeric(ok["mean_jct"]).to_numpy(dtype=float), ok.index)
 
 
 def _plot_present(ax: Any, present: list[tuple[pd.DataFrame, str]], edges: np.ndarray) -> None:
@@ -398,7 +563,7 @@ def _cell(found: Spread, scale: float, seeds: int) -> str:
     return text if found.n == seeds else f"{text} (n={found.n})"
 
 
-def summary_table(ok: pd.DataFrame) -> pd.DataFrame:
+def summary_table(ok: pd.DataFrame, axis: Axis = LOAD, baseline: str | None = None) -> pd.DataFrame:
     """Per series and load, in the sweep file's order: the seeds (n), what the intervals are (`spread`), and the mean over
     seeds of each headline metric with its bar (`TABLE_NOTE`)."""
     columns = {
@@ -407,7 +572,9 @@ def summary_table(ok: pd.DataFrame) -> pd.DataFrame:
         "deadline_satisfactory_ratio": ("deadlines met (%)", 100),
         "rho_max": ("worst rho", 1), "rho_jain": ("Jain's index of 1/rho", 1),
     }  # fmt: skip
-    keys = ["series", "load"] if _has_loads(ok) else ["series"]
+    if baseline is not None:
+        columns["jct_improvement"] = (f"JCT improvement over {baseline}", 1)
+    keys = ["series", axis.field] if axis.present(ok) else ["series"]
     rows = []
     for key, group in ok.groupby(keys, sort=True, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
@@ -423,7 +590,8 @@ def summary_table(ok: pd.DataFrame) -> pd.DataFrame:
         rows.append(row)
     # In the sweep file's order (the table's), each series' loads rising.
     order = {series: i for i, series in enumerate(ok["series"].drop_duplicates())}
-    rows.sort(key=lambda r: (order[r["series"]], *([r["load"]] if "load" in r else [])))
+    rank = {v: i for i, v in enumerate(axis.values(ok))} if axis.present(ok) else {}
+    rows.sort(key=lambda r: (order[r["series"]], rank.get(r.get(axis.field), 0)))
     return pd.DataFrame(rows)
 
 
@@ -446,29 +614,51 @@ def write_report(results: Path, out: Path | None = None) -> list[Path]:
     out = out or folder / "report"
     out.mkdir(parents=True, exist_ok=True)
     sweep = str(table["sweep"].iloc[0]) if "sweep" in table else folder.name
-    table = with_series(table)
+    settings = _settings(folder)
+    axis = Axis(settings.x)
+    if axis.field not in table:
+        raise ReportError(f"{folder / 'sweep.toml'}: report.x: {axis.field!r} is no run field")
+    table = with_series(table, axis)
     ok = table[table["status"] == "ok"]
+    ratios = ok.get("deadline_satisfactory_ratio")  # (pd.to_numeric(None) is NaN, not None)
+    deadline = pd.to_numeric(ratios, errors="coerce") if ratios is not None else None
+    if deadline is not None:
+        ok = ok.assign(deadline_satisfactory_ratio=deadline)
+    if settings.baseline is not None:
+        ok = ok.assign(jct_improvement=jct_improvement(ok, settings.baseline, axis))
     text = caption(table, sweep)
-    figures: list[tuple[Path, str, str]] = []  # path, its note on the statistics, title
-    if not ok.empty:
-        jct_title = "mean JCT vs load" if _has_loads(ok) else "mean JCT per scheme"
-        figures.append((*plot_metric(ok, "mean_jct", "mean JCT (hours)", jct_title,
-                                     out / "mean_jct.png", text, 1 / 3600), jct_title))  # fmt: skip
-        figures.append((plot_cdfs(ok, folder, out / "jct_cdfs.png", text), "", "JCT CDFs"))
-        figures.append((*plot_metric(ok, "makespan", "makespan (hours)", "makespan",
-                                     out / "makespan.png", text, 1 / 3600), "makespan"))  # fmt: skip
-        figures.append((plot_timelines(ok, folder, out / "timelines.png", text), "",
-                        "utilisation and queue over time"))  # fmt: skip
-        ratios = ok.get("deadline_satisfactory_ratio")  # (pd.to_numeric(None) is NaN, not None)
-        deadline = pd.to_numeric(ratios, errors="coerce") if ratios is not None else None
-        if deadline is not None and deadline.notna().any():
-            ok = ok.assign(deadline_satisfactory_ratio=deadline)
-            figures.append((*plot_metric(ok, "deadline_satisfactory_ratio", "jobs that met their "
-                                         "deadline (%)", "deadline satisfactory ratio",
-                                         out / "deadlines.png", text, 100), "deadline ratio"))  # fmt: skip
-        if ok["rho_max"].notna().any():
-            figures.append((*plot_fairness(ok, out / "fairness.png", text), "fairness"))
-    stats = summary_table(ok) if not ok.empty else pd.DataFrame()
+    versus = f"vs {axis.label.split(' (')[0]}" if axis.present(ok) else "per scheme"
+    # Each figure: whether the results allow it, and how it is drawn (its path, its note on
+    # the statistics, its title).
+    drawers: dict[FigureName, tuple[bool, Callable[[], tuple[Path, str, str]]]] = {
+        "mean_jct": (True, lambda: (*plot_metric(
+            ok, "mean_jct", "mean JCT (hours)", f"mean JCT {versus}", out / "mean_jct.png", text,
+            1 / 3600, axis), f"mean JCT {versus}")),
+        "jct_cdfs": (True, lambda: (
+            plot_cdfs(ok, folder, out / "jct_cdfs.png", text, axis), "", "JCT CDFs")),
+        "makespan": (True, lambda: (*plot_metric(
+            ok, "makespan", "makespan (hours)", f"makespan {versus}", out / "makespan.png", text,
+            1 / 3600, axis), "makespan")),
+        "timelines": (True, lambda: (
+            plot_timelines(ok, folder, out / "timelines.png", text, axis), "",
+            "utilisation and queue over time")),
+        "deadlines": (deadline is not None and bool(deadline.notna().any()), lambda: (*plot_metric(
+            ok, "deadline_satisfactory_ratio", "jobs that met their deadline (%)",
+            f"deadline satisfactory ratio {versus}", out / "deadlines.png", text, 100, axis),
+            "deadline ratio")),
+        "fairness": ("rho_max" in ok and bool(ok["rho_max"].notna().any()), lambda: (
+            *plot_fairness(ok, out / "fairness.png", text, axis), "fairness")),
+        "cluster_efficiency": (_any_file(ok, folder, "efficiency.csv"), lambda: (
+            plot_efficiency(ok, folder, out / "cluster_efficiency.png", text, axis), "",
+            "cluster efficiency over time")),
+        "jct_improvement": (settings.baseline is not None, lambda: (*plot_metric(
+            ok, "jct_improvement", f"{settings.baseline}'s mean JCT / the scheme's",
+            f"JCT improvement over {settings.baseline} {versus}", out / "jct_improvement.png",
+            text, 1, axis), f"JCT improvement over {settings.baseline}")),
+    }  # fmt: skip
+    chosen = settings.figures or list(drawers)
+    figures = [drawers[name][1]() for name in chosen if not ok.empty and drawers[name][0]]
+    stats = summary_table(ok, axis, settings.baseline) if not ok.empty else pd.DataFrame()
     stats.to_csv(out / "summary.csv", index=False)
     page = out / "report.html"
     page.write_text(_html(sweep, table, stats, figures, text, folder))
@@ -476,21 +666,38 @@ def write_report(results: Path, out: Path | None = None) -> list[Path]:
     return [*paths, out / "summary.csv", page]
 
 
-def plot_fairness(ok: pd.DataFrame, path: Path, caption_text: str) -> tuple[Path, str]:
+def _settings(folder: Path) -> ReportSettings:
+    """The `[report]` table of the sweep file as it ran (its defaults without one)."""
+    path = folder / "sweep.toml"
+    if not path.exists():
+        return ReportSettings()
+    try:
+        return report_settings(path.read_text())
+    except (ValueError, msgspec.ValidationError) as exc:  # (TOML's errors are ValueErrors)
+        raise ReportError(f"{path}: report: {exc}") from None
+
+
+def _any_file(ok: pd.DataFrame, folder: Path, name: str) -> bool:
+    return any((folder / "runs" / run / name).exists() for run in ok["name"])
+
+
+def plot_fairness(ok: pd.DataFrame, path: Path, caption_text: str,
+                  axis: Axis = LOAD) -> tuple[Path, str]:  # fmt: skip
     """Finish-time fairness: the worst rho (JCT over time running) and Jain's index of 1/rho,
     means over seeds with their `spread`; the figure and its note on the statistics."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     notes = []
     for ax, column, label in ((axes[0], "rho_max", "worst finish-time fairness rho"),
                               (axes[1], "rho_jain", "Jain's index of 1/rho")):  # fmt: skip
-        stats = _by_series_load(ok, column)
+        stats = _by_series_load(ok, column, axis)
         notes.append(spread_note(stats, column))
-        if _has_loads(ok):
+        if axis.present(ok):  # (an axis of clusters or traces: their names are its ticks)
             for i, (series, rows) in enumerate(stats.groupby("series")):
-                ax.errorbar(rows["load"], rows["mean"], yerr=_bars(rows, 1), marker="o",
+                xs = [v if axis.numeric(ok) else axis.tick(ok, v) for v in rows[axis.field]]
+                ax.errorbar(xs, rows["mean"], yerr=_bars(rows, 1), marker="o",
                             capsize=4, label=f"{series} ({_n(rows['n'])})",
                             linestyle=LINES[i % len(LINES)])  # fmt: skip
-            ax.set_xlabel("load (jobs per hour)")
+            ax.set_xlabel(axis.label)
         else:
             names = [f"{s} (n={n})" for s, n in zip(stats["series"], stats["n"], strict=True)]
             ax.bar(names, stats["mean"], yerr=_bars(stats, 1), capsize=4)
@@ -501,7 +708,7 @@ def plot_fairness(ok: pd.DataFrame, path: Path, caption_text: str) -> tuple[Path
     axes[0].set_title("worst job: rho = JCT / time running (1 is fair)")
     axes[1].set_title("Jain's index of 1/rho (1: all slowed alike)")
     axes[1].set_ylim(0, 1.05)
-    if _has_loads(ok):
+    if axis.present(ok):
         axes[0].legend(fontsize=7)
     note = notes[0] if notes[0] == notes[1] else f"worst rho: {notes[0]}\nJain's index: {notes[1]}"
     return save_figure(fig, path, f"{caption_text}\n{note}", svg=True), note
@@ -533,7 +740,14 @@ def _html(sweep: str, table: pd.DataFrame, stats: pd.DataFrame,
     counts = f"{len(table) - len(failed)} of {len(table)} runs succeeded"
     parts.append(f"<p>{counts}.</p>")
     if not stats.empty:
-        per = "Per scheme and load" if "load" in stats else "Per scheme"
+        per = next(
+            (
+                f"Per scheme and {AXIS_LABELS.get(c, c).split(' (')[0]}"
+                for c in stats
+                if c in RUN_FIELDS and c != "seed"
+            ),
+            "Per scheme",
+        )
         parts += [f"<h2>{per} (mean over seeds)</h2>", f"<p>{esc(TABLE_NOTE)}</p>",
                   stats.to_html(index=False, na_rep="-", border=0)]  # fmt: skip
     for path, note, title in figures:

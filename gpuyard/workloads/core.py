@@ -34,6 +34,9 @@ if TYPE_CHECKING:  # (imported where a frame is made: a generated workload needs
 
 JOB_FIELDS: tuple[str, ...] = JobSpec.__struct_fields__
 """JobSpec field names, in declaration order: the columns of `to_frame` and of our CSV format."""
+ELASTIC_MAX_GPUS = 64
+"""The most GPUs an elastic ElasticFlow job may get, however few it asked for (ElasticFlow
+chooses the GPU counts itself)."""
 
 
 class WorkloadError(ValueError):

@@ -62,6 +62,7 @@ if TYPE_CHECKING:  # (imported where a file is read: a generated workload needs 
     import pandas as pd
 
 from .core import (
+    ELASTIC_MAX_GPUS,
     JOB_FIELDS,
     Workload,
     WorkloadError,
@@ -306,7 +307,11 @@ def _alias(df: pd.DataFrame, name: str, path: str | Path) -> str:
 
 
 def load_elasticflow(
-    path: str | Path, *, elastic: bool = False, max_gpus: int = 64, skip_bad: bool = False
+    path: str | Path,
+    *,
+    elastic: bool = False,
+    max_gpus: int = ELASTIC_MAX_GPUS,
+    skip_bad: bool = False,
 ) -> Workload:
     """ElasticFlow trace CSVs and ITP cluster CSVs, both header variants (module docstring)."""
     t = read_table(path, dtype={"job_id": str, "model_name": str}, skip_bad=skip_bad)

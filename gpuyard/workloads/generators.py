@@ -35,7 +35,7 @@ import numpy as np
 from gpuyard.shared.model import JobSpec
 from gpuyard.shared.throughput import ThroughputModel
 
-from .core import Workload, build_jobs
+from .core import ELASTIC_MAX_GPUS, Workload, build_jobs
 
 GAVEL_TEMPLATES: tuple[str, ...] = (
     "ResNet-18 (batch size 16)",
@@ -89,6 +89,9 @@ ELASTICFLOW_TEMPLATES: tuple[tuple[str, int], ...] = (
 )
 """(model, global batch size) pairs of ElasticFlow's A100 tables, as its generated traces use
 them."""
+
+ELASTICFLOW_DEADLINE_FACTOR = (0.5, 1.5)
+"""ElasticFlow's generator's default deadline factor range (`--min_ddl`, `--max_ddl`)."""
 
 SHORT_EXP = (1.5, 3.0)
 LONG_EXP = (3.0, 4.0)
@@ -244,14 +247,17 @@ def elasticflow(
     n_jobs: int,
     mean_gap_s: float,
     seed: int = 0,
-    deadline_factor: tuple[float, float] = (0.5, 1.5),
+    deadline_factor: tuple[float, float] = ELASTICFLOW_DEADLINE_FACTOR,
     *,
     best_effort_share: float = 0.0,
     max_gpus: int = 16,
+    elastic: bool = False,
     throughputs: ThroughputModel | None = None,
     templates: Sequence[tuple[str, int]] = ELASTICFLOW_TEMPLATES,
 ) -> Workload:
-    """ElasticFlow's trace generator (module docstring). extras: model_name, batch_size."""
+    """ElasticFlow's trace generator (module docstring). extras: model_name, batch_size.
+    `elastic`: each job may run on 1 to max(its GPUs, 64), as ElasticFlow reads the generated
+    trace (`load_elasticflow(elastic=True)`), choosing the GPU counts itself."""
     lo, hi = deadline_factor
     if not 0 < lo <= hi:
         raise ValueError(f"deadline_factor must be 0 < min <= max, not {deadline_factor}")
@@ -277,6 +283,9 @@ def elasticflow(
     }
     if throughputs is not None:
         columns["total_steps"] = _steps(throughputs, job_types, gpus, duration)
+    if elastic:
+        columns["min_gpus"] = [1] * n_jobs
+        columns["max_gpus"] = [max(g, ELASTIC_MAX_GPUS) for g in gpus.tolist()]
     import pandas as pd
 
     extras = pd.DataFrame({"model_name": models, "batch_size": batches})
