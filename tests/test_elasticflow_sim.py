@@ -46,6 +46,31 @@ def ef_options(
     return options
 
 
+def test_gandiva_takes_its_last_arrival_from_the_workload(toy_model: str) -> None:
+    """ElasticFlow's Gandiva loop runs at arrivals until the last one, then every slot, and
+    charges restarts until then: the run's options take that time from the workload (as
+    intended, `gandiva-ts` needs none)."""
+    from gpuyard.run.presets import semantics
+
+    jobs = [toy("a", 10, 0.0, 100.0), toy("b", 10, 500.0, 900.0)]
+    options = ef_options(toy_model, "gandiva")
+    assert (options.policy, options.mode, options.placement) == (
+        "gandiva-ef",
+        "events",
+        "consolidated",
+    )
+    filled = semantics("elasticflow").with_workload(options, jobs)
+    assert filled.policy_params == {"last_arrival": 500.0}
+    assert filled.preemption_cost.restart is not None
+    assert filled.preemption_cost.restart.until_s == 500.0
+    intended = SimOptions(
+        cluster=ClusterSpec.parse("1x4:a100"), throughputs=toy_model, round_s=10.0,
+        **elasticflow_options("gandiva", 10.0, 4, as_intended=True),
+    )  # fmt: skip
+    assert (intended.policy, intended.mode, intended.placement) == ("gandiva-ts", "slots", "buddy")
+    assert semantics("elasticflow").with_workload(intended, jobs) == intended
+
+
 @pytest.mark.slow
 async def test_elastic_resizes_end_with_the_job_and_free_its_gpus(
     tmp_path: Path, nats_url: str, toy_model: str
