@@ -46,6 +46,31 @@ def ef_options(
     return options
 
 
+def test_gandiva_takes_its_last_arrival_from_the_workload(toy_model: str) -> None:
+    """ElasticFlow's Gandiva loop runs at arrivals until the last one, then every slot, and
+    charges restarts until then: the run's options take that time from the workload (as
+    intended, `gandiva-ts` needs none)."""
+    from gpuyard.run.presets import semantics
+
+    jobs = [toy("a", 10, 0.0, 100.0), toy("b", 10, 500.0, 900.0)]
+    options = ef_options(toy_model, "gandiva")
+    assert (options.policy, options.mode, options.placement) == (
+        "gandiva-ef",
+        "events",
+        "consolidated",
+    )
+    filled = semantics("elasticflow").with_workload(options, jobs)
+    assert filled.policy_params == {"last_arrival": 500.0}
+    assert filled.preemption_cost.restart is not None
+    assert filled.preemption_cost.restart.until_s == 500.0
+    intended = SimOptions(
+        cluster=ClusterSpec.parse("1x4:a100"), throughputs=toy_model, round_s=10.0,
+        **elasticflow_options("gandiva", 10.0, 4, as_intended=True),
+    )  # fmt: skip
+    assert (intended.policy, intended.mode, intended.placement) == ("gandiva-ts", "slots", "buddy")
+    assert semantics("elasticflow").with_workload(intended, jobs) == intended
+
+
 @pytest.mark.slow
 async def test_elastic_resizes_end_with_the_job_and_free_its_gpus(
     tmp_path: Path, nats_url: str, toy_model: str
@@ -393,7 +418,9 @@ REFERENCE = {
     ("fig10_100jobs", "n16g8", "edf"): (92, 63319),
     ("fig10_100jobs", "n16g8", "dlas-gpu"): (100, 51045),
     ("fig10_100jobs", "n16g8", "themis"): (99, 51243),
+    ("fig10_100jobs", "n16g8", "gandiva"): (79, 63853),
     ("gen_200jobs_lam900", "n8g8", "ef-accessctrl"): (170, 20308),
+    ("gen_200jobs_lam900", "n8g8", "gandiva"): (58, 49724),
 }
 
 
@@ -417,3 +444,30 @@ async def test_fidelity(
     met, mean_jct = REFERENCE[trace, spec, scheme]
     assert abs(result.summary["deadline_met"] - met) <= 0.03 * len(workload.jobs)
     assert result.summary["mean_jct"] == pytest.approx(mean_jct, rel=0.05)
+
+
+@pytest.mark.slow
+async def test_fidelity_fig10_gandiva_and_as_intended(tmp_path: Path, nats_url: str, data) -> None:  # type: ignore[no-untyped-def]
+    """`gandiva` is ElasticFlow's own Gandiva (`gandiva-ef`, quirks included): its 79 deadlines
+    of 100 (mean JCT 63,853 s); as intended (`gandiva-ts`), 100 (51,071 s)."""
+    from gpuyard.workloads import load_cluster, load_workload
+
+    cluster = load_cluster(data("elasticflow/cluster_specs/n16g8.csv"))
+    workload = load_workload(data("elasticflow/traces/fig10_100jobs.csv"), elastic=True)
+    for as_intended, policy, met, mean_jct in (
+        (False, "gandiva-ef", 79, 63853), (True, "gandiva-ts", 100, 51071)
+    ):  # fmt: skip
+        scheme = elasticflow_options("gandiva", 240.0, cluster.total_gpus, as_intended=as_intended)
+        options = SimOptions(
+            cluster=cluster, throughputs=str(data("elasticflow/throughputs_A100")), round_s=240.0,
+            **scheme,
+        )  # fmt: skip
+        result = await simulate(
+            options, workload.jobs, tmp_path / policy, nats_url=nats_url, cluster_name=policy
+        )
+        assert result.summary["scheduling_policy"] == policy
+        if as_intended:
+            assert result.summary["deadline_met"] == met
+        else:
+            assert abs(result.summary["deadline_met"] - met) <= 3
+        assert result.summary["mean_jct"] == pytest.approx(mean_jct, rel=0.05)

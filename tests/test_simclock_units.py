@@ -66,6 +66,17 @@ def test_restarts_at_decisions_charge_every_running_job_once_a_gap() -> None:
     assert sorted(at(70.0, decided=70.0)) == ["a", "b"]
 
 
+def test_restarts_stop_at_until() -> None:
+    """ElasticFlow's Gandiva charges only at its arrival events: none from its last arrival on."""
+    restarts = Restarts(RestartCost(scope="changes", warm_ranks=False, until_s=100.0), {})
+
+    def at(t: float) -> dict[str, float]:
+        return restarts.pauses(t, decided=t, launched={"a"}, running={"a", "b"}, gpu_set=SETS.get)
+
+    assert sorted(at(99.0)) == ["a", "b"]
+    assert at(100.0) == {} and at(500.0) == {}
+
+
 def test_elasticflow_keys_warm_processes_by_first_rank_and_size() -> None:
     """ElasticFlow's simulator caches a job's processes by the rank of its first GPU in the
     cluster's order and its size (`RestartCost.warm_key="first_rank"`): two GPUs on nodes 1 and 3

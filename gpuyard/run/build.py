@@ -69,6 +69,7 @@ def build(
         options.node_events = str(events_path.resolve())
     elif spec.nodes_from is not None or spec.start is not None or spec.preset == "bftrainer":
         raise ValueError("--nodes-from, --start and --bftrainer apply to --node-events")
+    options = semantics(spec.preset).with_workload(options, workload.jobs)
     return options, workload, described
 
 

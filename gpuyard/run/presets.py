@@ -11,7 +11,7 @@ import msgspec
 
 from gpuyard.run.spec import PresetName, RunSpec
 from gpuyard.services.simclock.costs import PreemptionCost, RestartCost
-from gpuyard.shared.model import ClusterSpec
+from gpuyard.shared.model import ClusterSpec, JobSpec
 from gpuyard.shared.policy import scheduling_policies
 
 if TYPE_CHECKING:
@@ -51,6 +51,10 @@ class Semantics:
 
     def fill(self, options: SimOptions, spec: RunSpec) -> SimOptions:
         """`options`, built from `spec`, with what the preset sets on top."""
+        return options
+
+    def with_workload(self, options: SimOptions, jobs: list[JobSpec]) -> SimOptions:
+        """`options` with what the preset takes from the workload itself."""
         return options
 
     def elastic_traces(self) -> bool:
@@ -161,6 +165,19 @@ class ElasticFlow(Semantics):
                                placement=spec.placement, params=params)  # fmt: skip
         return msgspec.structs.replace(options, **filled)
 
+    def with_workload(self, options: SimOptions, jobs: list[JobSpec]) -> SimOptions:
+        # ElasticFlow's Gandiva loop runs at arrivals until the last one, then every slot, and
+        # charges restarts at those arrival events only.
+        if options.scheme != "gandiva" or options.policy != "gandiva-ef" or not jobs:
+            return options
+        last = max(j.submit_time or 0.0 for j in jobs)
+        params = {"last_arrival": last, **options.policy_params}
+        cost = options.preemption_cost
+        if cost.restart is not None and cost.restart.until_s is None:
+            restart = msgspec.structs.replace(cost.restart, until_s=last)
+            cost = msgspec.structs.replace(cost, restart=restart)
+        return msgspec.structs.replace(options, policy_params=params, preemption_cost=cost)
+
     def elastic_traces(self) -> bool:
         return True  # ElasticFlow chooses the GPU counts itself
 
@@ -220,20 +237,29 @@ ELASTICFLOW_SCHEMES: dict[str, tuple[str, dict[str, Any], str]] = {
     "ef": ("elasticflow", {}, "accept-all"),
     "edf": ("edf", {}, "accept-all"),
     "edf-accessctrl": ("edf", {}, "edf"),
-    "gandiva": ("gandiva-ts", {}, "accept-all"),
+    "gandiva": ("gandiva-ef", {}, "accept-all"),
     "dlas-gpu": ("tiresias", {"thresholds": [3250.0, 7200.0], "promote_knob": 0.0}, "accept-all"),
     "themis": ("themis", {}, "accept-all"),
     "chronus": ("chronus", {}, "accept-all"),
 }
-"""ElasticFlow's schemes: (scheduling policy, its parameters, admission policy)."""
+"""ElasticFlow's schemes: (scheduling policy, its parameters, admission policy), as its
+simulator runs them."""
+
+AS_INTENDED: dict[str, tuple[str, dict[str, Any], str]] = {
+    "gandiva": ("gandiva-ts", {}, "accept-all"),
+}
+"""The schemes whose simulator code departs from what it aims at, done as intended
+(`elasticflow_options(as_intended=True)`)."""
 
 
-def elasticflow_scheme(scheme: str) -> tuple[str, dict[str, Any], str]:
+def elasticflow_scheme(scheme: str, as_intended: bool = False) -> tuple[str, dict[str, Any], str]:
     """A scheme's (scheduling policy, its parameters, admission policy); ValueError if unknown."""
     if scheme not in ELASTICFLOW_SCHEMES:
         raise ValueError(
             f"unknown ElasticFlow scheme {scheme!r}; known: {', '.join(ELASTICFLOW_SCHEMES)}"
         )
+    if as_intended and scheme in AS_INTENDED:
+        return AS_INTENDED[scheme]
     return ELASTICFLOW_SCHEMES[scheme]
 
 
@@ -254,24 +280,35 @@ def elasticflow_options(
     scheduling slot (the round): what comes within a slot of the last decision waits until that
     slot ends (`mode="slots"`), as ElasticFlow merges events; Tiresias (`dlas-gpu`), Themis
     and Chronus, whose ElasticFlow versions run in rounds, decide on a grid of slots
-    (`mode="rounds"`; Chronus only at its 240 s leases). Placement is ElasticFlow's node sets
-    (`node-sets`), buddy blocks for `gandiva`, `dlas-gpu` and `chronus`; the deadline admission
-    policies plan on the same slot, from the scheduler's next decision, and decide an event's
-    arrivals there, as ElasticFlow's simulator does
+    (`mode="rounds"`; Chronus only at its 240 s leases). `gandiva` is ElasticFlow's own loop
+    (`gandiva-ef`, quirks included): the policy hears of every event (`mode="events"`) and acts
+    only at the iterations of that loop, at arrivals until the last one, then every slot (its
+    `last_arrival`, which `ElasticFlow.with_workload` takes from the workload). Placement is
+    ElasticFlow's node sets (`node-sets`), buddy blocks for `dlas-gpu` and `chronus`,
+    `gandiva-ef`'s own node sets as hints to `consolidated` for `gandiva`; the deadline
+    admission policies plan on the same slot, from the scheduler's next decision, and decide an
+    event's arrivals there, as ElasticFlow's simulator does
     (`decide_at="event"`; `ef-accessctrl` all or none: `together`). `at_events=False` (`gpuyard
     up --elasticflow`) answers each submission at once instead. Restarts cost what ElasticFlow's
     simulator charges, where it charges them (`RestartCost`): `ef`, `ef-accessctrl` and
     `edf-accessctrl` restart every running job at every scheduling decision (its executor
-    restarts them all whenever an allocation changes), warm on GPU sets used before; `gandiva` the
-    same without warm processes; `dlas-gpu` only the jobs it starts; Chronus 0.5 s per (1 + log2
+    restarts them all whenever an allocation changes), warm on GPU sets used before; `gandiva`
+    every running job at every instant at which a job starts, never warm, and none from the last
+    arrival on (ElasticFlow charges at its arrival events: `RestartCost.until_s`, which
+    `with_workload` sets); `dlas-gpu` only the jobs it starts; Chronus 0.5 s per (1 + log2
     GPUs) at each resume; `edf` and `themis` nothing. Cold starts come every `round_s`-th decision
     (ElasticFlow counts events against its slot length there). `switch_nodes`: the cluster's
     nodes per switch (`elasticflow_switch_nodes`). A job ends at the next whole second, as
     ElasticFlow's simulator rounds its ends; under `ef` and `ef-accessctrl` that end is an event
     where its plan predicted it (the end of the last slot its run reaches), or at the next event
     after it, whichever comes first (`SimClockConfig.completion_grid_s`).
+
+    `as_intended`: the schemes whose simulator code departs from what it aims at run as intended
+    (`AS_INTENDED`): `gandiva` as `gandiva-ts` (node sets in proportion to demand, round-robin
+    time slicing every slot), deciding at events at most once a slot, on buddy blocks,
+    restarting every running job at every decision.
     """
-    policy, params, admission = elasticflow_scheme(scheme)
+    policy, params, admission = elasticflow_scheme(scheme, as_intended)
     large = total_gpus >= 256  # ElasticFlow's figures for large clusters
     every = RestartCost(
         base_s=7.0 if large else 2.0, cold_s=47.0 if large else 27.0,
@@ -282,7 +319,9 @@ def elasticflow_options(
         "ef-accessctrl": every,
         "ef": every,
         "edf-accessctrl": every,
-        "gandiva": msgspec.structs.replace(every, warm_ranks=False),
+        "gandiva": msgspec.structs.replace(
+            every, warm_ranks=False, scope="decisions" if as_intended else "changes"
+        ),
         "dlas-gpu": msgspec.structs.replace(
             every, warm_ranks=False, scope="launched", cold_every=0
         ),
@@ -292,10 +331,14 @@ def elasticflow_options(
     # Where a job lands decides whether its restart is warm: ElasticFlow's own placement
     # (`node-sets`; EDF's jobs in the order its policy lists them). `dlas-gpu` charges only the
     # jobs it starts, never a move: `buddy` keeps running jobs where they are, as ElasticFlow's
-    # charges assume. Its Gandiva places on node sets of its own; Chronus is another simulator.
+    # charges assume. Its Gandiva places on node sets of its own (`gandiva-ef` keeps them and
+    # hints them; `consolidated` honours the hints and always fits what the sets hold); Chronus
+    # is another simulator.
     placement = "buddy"
     placement_params: dict[str, Any] = {}
-    if scheme not in ("gandiva", "chronus", "dlas-gpu"):
+    if policy == "gandiva-ef":
+        placement = "consolidated"
+    elif scheme not in ("gandiva", "chronus", "dlas-gpu"):
         order = "given" if policy == "edf" else "largest-first"
         placement, placement_params = "node-sets", {"order": order}
         if switch_nodes:
@@ -309,7 +352,7 @@ def elasticflow_options(
         "policy": policy, "policy_params": dict(params), "admission": admission,
         "admission_params": admission_params,
         "placement": placement, "placement_params": placement_params,
-        "mode": "rounds" if rounds else "slots",
+        "mode": "rounds" if rounds else "events" if policy == "gandiva-ef" else "slots",
         "preset": "elasticflow", "scheme": scheme,
         "preemption_cost": PreemptionCost(restart=restart),
     }  # fmt: skip

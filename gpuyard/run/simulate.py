@@ -540,6 +540,8 @@ async def simulate(
     raises CancelledError. So it does, raising ServiceLost (naming it), when a service process
     (`processes=True`) dies and is not started again within `lost_after_s` seconds.
     """
+    if not isinstance(jobs, WrittenWorkload):  # (a written one's options came from `build`)
+        options = semantics(options.preset).with_workload(options, jobs)
     written = await asyncio.to_thread(prepare_run, options, jobs, out, workload)
     del jobs  # (a long replay's jobs live in their file and in the clock from here on)
     started = time.perf_counter()

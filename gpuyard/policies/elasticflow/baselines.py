@@ -154,9 +154,10 @@ class Gandiva(SchedulingPolicy):
     Decisions come at events, at most once a slot (the scheduler's `slots` mode), and
     every slot while a group time-slices.
 
-    ElasticFlow's own Gandiva resizes node sets at every event by a rule that counts a set as
-    one GPU per job of the group and switches jobs only at events that fall on a whole minute;
-    this is the behaviour those rules aim at.
+    ElasticFlow's own Gandiva (`gandiva-ef`, what `--elasticflow --policy gandiva` runs) resizes
+    node sets at every event by a rule that counts a set as one GPU per job of the group and
+    switches jobs only at events that fall on a whole minute; this is the behaviour those rules
+    aim at (`elasticflow_options(as_intended=True)`).
     """
 
     Params = GandivaParams

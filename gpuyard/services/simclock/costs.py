@@ -46,6 +46,9 @@ class RestartCost(Struct, kw_only=True, forbid_unknown_fields=True):
     position of its first GPU in the cluster's order, as if its GPUs were contiguous)."""
     scope: Literal["launched", "changes", "decisions"] = "launched"
     decision_gap_s: float = 0.0
+    until_s: float | None = None
+    """No restart is charged from this instant on (ElasticFlow's Gandiva charges at its arrival
+    events only, none from its last arrival on); None: always."""
 
     def seconds(self, gpus: int, *, warm: bool, cold: bool) -> float:
         if warm:
@@ -97,7 +100,7 @@ class Restarts:
         launched at `now`, `running` those with GPUs, `decided` the last instant the scheduler
         decided at; `gpu_set(job)` a job's GPUs (None: it has none)."""
         model = self.model
-        if model is None:
+        if model is None or (model.until_s is not None and now >= model.until_s):
             return {}
         if model.scope == "decisions":
             due = decided == now and (
