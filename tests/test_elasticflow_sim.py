@@ -131,6 +131,7 @@ async def test_restart_scope(
     assert by_id["b"].end_time == pytest.approx(106.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("as_intended", "expected", "met"),
     [(False, {"a": (3.0, 113.0), "z": (203.0, 213.0)}, 1),
