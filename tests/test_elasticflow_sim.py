@@ -156,6 +156,32 @@ async def test_restart_scope(
     assert by_id["b"].end_time == pytest.approx(106.0)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("as_intended", "expected", "met"),
+    [(False, {"a": (3.0, 113.0), "z": (203.0, 213.0)}, 1),
+     (True, {"a": (10.0, 111.0), "z": (200.0, 210.0)}, 2)],
+)  # fmt: skip
+async def test_themis_decides_every_slot_from_its_first_event_and_ends_jobs_at_slot_ends(
+    tmp_path: Path, nats_url: str, toy_model: str, as_intended: bool,
+    expected: dict[str, tuple[float, float]], met: int,
+) -> None:  # fmt: skip
+    """ElasticFlow's Themis decides every 10 s slot from its first event (3), idle or not, and
+    ends a job at the end of the slot it finishes in: 'a' (4 GPUs, 100.5 s of work) starts at 3,
+    finishes at 103.5 and ends at 113, past its deadline (112); 'z' arrives at 200, when nothing
+    runs, and waits for the slot at 203. `--as-intended`: slots at multiples of 10 and jobs that
+    end when they finish (at the whole second): 'a' ends at 111, in time."""
+    rigid = {"num_gpus": 4, "min_gpus": 4, "max_gpus": 4}
+    jobs = [toy("a", 402, 3.0, 112.0, **rigid), toy("z", 40, 200.0, 10_000.0, **rigid)]
+    options = SimOptions(
+        cluster=ClusterSpec.parse("1x4:a100"), throughputs=toy_model, round_s=10.0,
+        as_intended=as_intended, **elasticflow_options("themis", 10.0, 4, as_intended=as_intended),
+    )  # fmt: skip
+    result = await simulate(options, jobs, tmp_path / "out", nats_url=nats_url)
+    assert {r.job_id: (r.first_start, r.end_time) for r in result.jobs} == expected
+    assert result.summary["deadline_met"] == met
+
+
 async def test_admission_declines_what_cannot_make_it(
     tmp_path: Path, nats_url: str, toy_model: str
 ) -> None:
@@ -421,6 +447,7 @@ REFERENCE = {
     ("fig10_100jobs", "n16g8", "gandiva"): (79, 63853),
     ("gen_200jobs_lam900", "n8g8", "ef-accessctrl"): (170, 20308),
     ("gen_200jobs_lam900", "n8g8", "gandiva"): (58, 49724),
+    ("gen_200jobs_lam900", "n8g8", "themis"): (92, 37440),
 }
 
 

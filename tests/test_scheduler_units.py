@@ -344,6 +344,17 @@ def test_each_mode_decides_what_is_due_at_its_own_time() -> None:
     assert clock.next_wake(10.0, dirty=True, policy_wake=None, last_round=None) is None
 
 
+def test_rounds_from_the_first_decision_keep_its_grid() -> None:
+    """ElasticFlow's Themis: the first decision comes at once and the rounds follow it a round
+    apart (`round_origin="first_decision"`), idle time included."""
+    first = Cadence("rounds", 100.0, external=True, origin=None)
+    assert first.decides(30.0, None) == 30.0 and first.quiet_until(30.0, None) is None
+    assert first.decides(150.0, last_round=30.0) == 230.0  # (the scheduler fixes origin then)
+    grid = Cadence("rounds", 100.0, external=True, origin=30.0)
+    assert grid.decides(950.0, last_round=130.0) == 1030.0
+    assert grid.quiet_until(140.0, last_round=130.0) == 230.0
+
+
 def test_a_tick_runs_a_round_when_one_is_due_or_the_clock_owns_the_rounds() -> None:
     events = Cadence("events", 100.0, external=True)
     assert not events.round_due(10.0, wake=None, last_round=None)

@@ -182,14 +182,22 @@ class ElasticFlow(Semantics):
         return True  # ElasticFlow chooses the GPU counts itself
 
     def scheduler_settings(self, options: SimOptions) -> dict[str, Any]:
+        settings: dict[str, Any] = {}
         if options.event_storage == "none":  # (ElasticFlow's results are read from the stream)
-            return {"event_storage": "memory"}
-        return {}
+            settings["event_storage"] = "memory"
+        if options.scheme == "themis" and not options.as_intended:
+            # Its Themis decides every slot from its first event, whatever comes between.
+            settings["round_origin"] = "first_decision"
+        return settings
 
     def clock_settings(self, options: SimOptions) -> dict[str, Any]:
         # ElasticFlow rounds a job's end up to the second; its own scheduling ends a job at its
         # planned end (or at the next event after it), as its bug leaves that end (where `ef`
-        # judges deadlines), unless `--as-intended`.
+        # judges deadlines), unless `--as-intended`. Its Themis ends a job at the end of the slot
+        # it finishes in, slots counted from its first event (it records that end, and judges
+        # the deadline there), unless `--as-intended`.
+        if options.scheme == "themis" and not options.as_intended:
+            return {"completion_quantum": options.round_s, "completion_origin": "first_arrival"}
         if options.scheme not in ("ef", "ef-accessctrl"):
             return {"completion_quantum": 1.0}
         predicted = None if options.as_intended else "planned" if options.scheme == "ef" else "real"

@@ -52,7 +52,8 @@ class Themis(SchedulingPolicy):
     their requested GPU counts on the cluster's GPU type, then runs jobs in descending X, each if
     its GPUs fit (ElasticFlow's priorities divide X by rounds received, a counter it never
     increments: the order is X's). It decides again every round while jobs wait (ElasticFlow's
-    Themis is round-based: run it with `--mode rounds`).
+    Themis is round-based: run it with `--mode rounds`; `--elasticflow` counts the rounds from
+    the first arrival and ends jobs at the end of their slot, as ElasticFlow does).
 
     The isolated finish time is C_j + R_j / iso_j with C_j the isolated time accrued so far
     (C_j += (R_j before - R_j now) / iso_j before, as ElasticFlow keeps it). ElasticFlow's iso_j

@@ -1,7 +1,8 @@
 """When the scheduler decides (`SchedulerConfig.mode`), as functions of the times involved.
 
 - events: what is due is decided on at once;
-- rounds: at the round boundary after it (Blox), never twice at one boundary;
+- rounds: at the round boundary after it (Blox), never twice at one boundary; the boundaries are
+  multiples of `round_s` from `origin` (None: from the first decision, which comes at once);
 - slots: what comes within `round_s` of the last decision waits until then, to be decided on
   together (ElasticFlow's scheduling slot);
 - clock: at every tick of a clock that owns the rounds (Gavel's simulator).
@@ -26,12 +27,22 @@ class Cadence:
     round_s: float
     external: bool
     """The clock is a simulation's (`SchedulerConfig.clock == "external"`), not the wall's."""
+    origin: float | None = 0.0
+    """Where the rounds' grid starts (`SchedulerConfig.round_origin`); None: not known yet, the
+    first decision comes at once and starts it."""
+
+    def grid_origin(self, last_round: float | None) -> float | None:
+        """Where the rounds' grid starts; None before a first decision that starts it."""
+        return self.origin if self.origin is not None else last_round
 
     def decides(self, due: float, last_round: float | None) -> float:
         """When what is due at `due` is decided on."""
         round_s = self.round_s
         if self.mode == "rounds":
-            boundary = math.ceil(due / round_s) * round_s
+            origin = self.grid_origin(last_round)
+            if origin is None:
+                return due
+            boundary = origin + math.ceil((due - origin) / round_s) * round_s
             if last_round is not None and boundary <= last_round:
                 boundary = last_round + round_s
             return boundary
@@ -71,7 +82,12 @@ class Cadence:
             return None
         round_s = self.round_s
         if self.mode == "rounds":
-            return self.decides((math.floor(now / round_s) + 1) * round_s, last_round)
+            origin = self.grid_origin(last_round)
+            if origin is None:
+                return None
+            return self.decides(
+                origin + (math.floor((now - origin) / round_s) + 1) * round_s, last_round
+            )
         if self.mode == "slots" and last_round is not None:
             ends = last_round + round_s
             return ends if ends > now else None

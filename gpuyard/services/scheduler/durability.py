@@ -43,6 +43,8 @@ class StoredMeta(Struct, kw_only=True):
     configuration uses its own)."""
     changed: bool = True
     """The set of active jobs changed since the policy last decided (time-share mechanism)."""
+    round_origin: float | None = None
+    """Where the grid of rounds starts (`SchedulerConfig.round_origin`)."""
 
 
 class Restored(Struct, kw_only=True):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -106,6 +107,9 @@ class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     slots: at those, at most once a round (what happens less than `round_s` after a decision waits
     until `round_s` after it, to be decided on together: ElasticFlow's scheduling slot); clock: at
     every tick of a clock that owns the rounds (Gavel's simulator)."""
+    round_origin: Literal["zero", "first_decision"] = "zero"
+    """rounds: where the grid of rounds starts, at 0 or at the first decision, made at once when
+    the first job comes (ElasticFlow's Themis counts its slots from its first event)."""
     clock: Literal["external", "wall"] = "external"
     """external: a clock (the simclock) sends ticks; wall: the scheduler ticks itself on real time."""
     throughputs: str = "default"
@@ -175,7 +179,10 @@ class Scheduler(Service):
     def __init__(self, bus: Bus, config: SchedulerConfig) -> None:
         super().__init__(bus)
         self.config = config
-        self.cadence = Cadence(config.mode, config.round_s, external=config.clock == "external")
+        self.cadence = Cadence(
+            config.mode, config.round_s, external=config.clock == "external",
+            origin=0.0 if config.round_origin == "zero" else None,
+        )  # fmt: skip
         self.model: ThroughputModel = LinearModel()  # the configured one is loaded at start
         self.policy: SchedulingPolicy
         self.table = JobTable()
@@ -291,7 +298,7 @@ class Scheduler(Service):
             released=list(self.released), last_round=self.last_round, dirty=self.dirty,
             policy_wake=self.policy_wake, policy=self.policy_name, params=self.config.params,
             configured=self.configured[0], configured_params=self.configured[1],
-            changed=self.table.changed,
+            changed=self.table.changed, round_origin=self.cadence.origin,
         )  # fmt: skip
 
     async def persist(self) -> None:
@@ -319,6 +326,8 @@ class Scheduler(Service):
                 except PolicyError as exc:
                     self.log.error("policy.not_restored", policy=m.policy, error=str(exc))
             self.released, self.last_round = list(m.released), m.last_round
+            if m.round_origin is not None and self.cadence.origin is None:
+                self.cadence = dataclasses.replace(self.cadence, origin=m.round_origin)
             self.table.changed = m.changed
             if self.config.clock == "external":
                 # Virtual time: go on as the old one would have; the clock's next request (perhaps
@@ -722,6 +731,8 @@ class Scheduler(Service):
             kind = "job.resized" if was_resized else "job.started"
             await self.emit(kind, now, job_id, gpus=gpus)
         self.last_round = now
+        if self.cadence.origin is None:  # the first decision starts the grid of rounds
+            self.cadence = dataclasses.replace(self.cadence, origin=now)
         self.dirty = relost
         # When to decide again with time alone, from the jobs as this round left them.
         # (The views read their records live: this round's changes show through the same views;

@@ -26,6 +26,10 @@ class SimClockConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     completion_quantum: float | None = None
     """If set, a job's exit is reported at the next multiple of this (Blox: the round length;
     ElasticFlow: 1 s, its ends being rounded up to whole seconds)."""
+    completion_origin: Literal["zero", "first_arrival"] = "zero"
+    """Where the multiples of `completion_quantum` start: at 0, or at the workload's first
+    arrival (ElasticFlow's Themis ends a job at the end of its slot, slots counted from its
+    first event)."""
     completion_grid_s: Annotated[float, Meta(gt=0)] | None = None
     """ElasticFlow's simulator: a job's end is an event at the end of the last slot of this
     length its run reaches (slots counted from its last restart, after the restart's pause: the

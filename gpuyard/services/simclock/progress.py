@@ -38,6 +38,7 @@ class Completions:
         self.finished_steps = 0.0  # steps of the jobs that completed
         self.rescale_steps = 0.0  # steps lost to growing and shrinking jobs
         self.churn_times: list[float] = []  # instants with node events (`at_node_events`)
+        self.quantum_origin = 0.0  # where the multiples of `completion_quantum` start
 
     def next_node_event(self, t: float) -> float:
         """The first node-event instant at or after `t` (`t` itself after the last)."""
@@ -121,7 +122,8 @@ class Completions:
         finish = now + max(job.total - job.done, 0.0) / job.rate
         quantum = config.completion_quantum
         if quantum:
-            finish = math.ceil(finish / quantum - 1e-9) * quantum
+            origin = self.quantum_origin
+            finish = origin + math.ceil((finish - origin) / quantum - 1e-9) * quantum
         if config.at_node_events:
             finish = self.next_node_event(finish)
         if (grid := config.completion_grid_s) and job.until is not None:

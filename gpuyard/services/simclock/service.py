@@ -113,6 +113,8 @@ class SimClock(Service):
             raise BadRequest("the simulation has already been started")
         # Reading the files (node events can be a million lines) stays off the event loop.
         workload = await asyncio.to_thread(load_workload, self.config.workload)
+        if self.config.completion_origin == "first_arrival" and workload:
+            self.runs.quantum_origin = min(spec.submit_time or 0.0 for spec in workload)
         if self.config.window is not None:
             first, end = self.config.window
             if not first < end <= len(workload):
