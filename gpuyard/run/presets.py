@@ -149,7 +149,11 @@ class ElasticFlow(Semantics):
         "ElasticFlow's simulator: --policy names its scheme (ef-accessctrl, ef, edf, "
         "edf-accessctrl, gandiva, dlas-gpu, themis, chronus), --round its scheduling slot"
     )
-    intended = "a restart's pause moves the end a job's plan predicted, and ef judges deadlines by real ends"
+    intended = (
+        "a restart's pause moves the end a job's plan predicted, ef judges deadlines by real "
+        "ends, gandiva time-slices node sets in proportion to demand (gandiva-ts), themis ends "
+        "jobs at their finish"
+    )
 
     def check_policy(self, spec: RunSpec) -> None:
         elasticflow_scheme(spec.policy)
