@@ -22,14 +22,14 @@ from gpuyard.shared.contract import TimelinePoint
 from gpuyard.shared.model import JobRecord, JobSpec
 
 JOB_COLUMNS = [
-    "job_id", "state", "num_gpus", "gpu_type", "priority", "user", "arrival", "start", "end",
-    "jct", "queueing_delay", "preemptions", "gpu_seconds", "executed_time", "deadline",
-    "deadline_met", "admission", "reason",
+    "job_id", "job_type", "state", "num_gpus", "gpu_type", "priority", "user", "arrival", "start",
+    "end", "jct", "slowdown", "queueing_delay", "preemptions", "gpu_seconds", "executed_time",
+    "deadline", "deadline_met", "admission", "reason",
 ]  # fmt: skip
-_FLOATS = ("arrival", "start", "end", "jct", "queueing_delay", "gpu_seconds", "executed_time",
-           "deadline")  # fmt: skip
+_FLOATS = ("arrival", "start", "end", "jct", "slowdown", "queueing_delay", "gpu_seconds",
+           "executed_time", "deadline")  # fmt: skip
 _INTS = ("num_gpus", "priority", "preemptions")
-_TEXTS = ("job_id", "state", "gpu_type", "user", "admission", "reason")
+_TEXTS = ("job_id", "job_type", "state", "gpu_type", "user", "admission", "reason")
 _MET = np.array([None, False, True], dtype=object)
 """`deadline_met` by its code + 1: no deadline (-1), missed (0), met (1)."""
 _DECLINED = 1 << 62
@@ -134,13 +134,25 @@ class JobRows:
         admission: str, reason: str | None,
     ) -> None:  # fmt: skip
         self._order.append(order)
-        floats = (arrival, start, end, jct, queueing, gpu_seconds, executed, spec.deadline)
+        # Slowdown: its JCT against the time it ran (1: it never waited nor was stopped).
+        slowdown = jct / executed if jct is not None and end is not None and executed > 0 else None
+        floats = (
+            arrival,
+            start,
+            end,
+            jct,
+            slowdown,
+            queueing,
+            gpu_seconds,
+            executed,
+            spec.deadline,
+        )
         for name, value in zip(_FLOATS, floats, strict=True):
             self._floats[name].append(np.nan if value is None else value)
         for name, value in zip(_INTS, (spec.num_gpus, spec.priority, preemptions), strict=True):
             self._ints[name].append(value)
         # (states, types, users and reasons repeat: one string each, not one a job)
-        texts = (job_id, state, spec.gpu_type, spec.user, admission, reason)
+        texts = (job_id, spec.job_type, state, spec.gpu_type, spec.user, admission, reason)
         for name, text in zip(_TEXTS, texts, strict=True):
             self._texts[name].append(text if text is None or name == "job_id" else sys.intern(text))
         self._met.append(-1 if met is None else int(met))
