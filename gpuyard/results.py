@@ -159,11 +159,13 @@ class JobRows:
 
     def table(self, ended_by: float | None = None) -> Table:
         """Every row, in admission order (then the declined jobs, in the order they were added),
-        with `JOB_COLUMNS`; `ended_by`: only the jobs that had ended by then."""
+        with `JOB_COLUMNS`; `ended_by`: only the jobs that had ended by then, and those declined
+        (an interrupted run's: admission declined them when they arrived, by then)."""
         order = np.argsort(np.frombuffer(self._order, dtype=np.int64), kind="stable")
         if ended_by is not None:
             ends = np.frombuffer(self._floats["end"], dtype=np.float64)[order]
-            order = order[ends <= ended_by]  # (NaN, not ended, is not)
+            declined = np.frombuffer(self._order, dtype=np.int64)[order] >= _DECLINED
+            order = order[(ends <= ended_by) | declined]  # (NaN, not ended, is not)
         columns: dict[str, np.ndarray] = {}
         for name in JOB_COLUMNS:
             if name in self._floats:

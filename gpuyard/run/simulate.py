@@ -572,9 +572,11 @@ async def simulate(
             on_policies(ran)
         finished: asyncio.Future[Progress] = asyncio.get_running_loop().create_future()
         decoder = msgspec.json.Decoder(Progress)
+        declined: dict[str, str] = {}  # (the clock tells each report's new ones)
 
         async def on_progress_msg(msg: Any) -> None:
             progress = decoder.decode(msg.data)
+            declined.update(progress.declined)
             if on_progress is not None:
                 on_progress(progress)
             if progress.done and not finished.done():
@@ -615,11 +617,10 @@ async def simulate(
             ]
             await asyncio.to_thread(write_stats, stats, out)
             reached = final.now
-            if final.declined:  # (no service keeps them: the clock heard admission's verdicts)
-                declined = (s for s in written.specs() if s.job_id in final.declined)
-                rows.add_declined(declined, final.declined)
             if options.preset == "elasticflow":
                 runs = await job_runs(bus)
+    if declined:  # (no service keeps them: the clock heard admission's verdicts)
+        rows.add_declined((s for s in written.specs() if s.job_id in declined), declined)
     wall = time.perf_counter() - started
     labels = {
         "cluster": cluster_label(options.cluster),

@@ -562,8 +562,8 @@ class Progress(Struct, kw_only=True):
     preemption_steps: float = 0.0
     """Steps lost by jobs whose nodes left (`JobSpec.rescale_down_s` of the rate they ran at)."""
     declined: dict[str, str] = msgspec.field(default_factory=dict)
-    """The jobs admission declined, each with its reason, in the last report (`done`) only: they
-    have no record in the scheduler, and the results must still list them."""
+    """The jobs admission declined since the previous report, each with its reason: they have
+    no record in the scheduler, and the results (partial ones too) must still list them."""
 
 
 class TimelinePoint(Struct, array_like=True):

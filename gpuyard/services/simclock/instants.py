@@ -135,7 +135,7 @@ class InstantLoop:
             exits += [msgspec.structs.replace(ex, ended_at=now) for ex in ended]
             batch += arrived
             times += [now] * len(arrived)
-            progress.finished = clock.runs.finished + len(clock.declined)
+            progress.finished = clock.runs.finished + clock.declined_count
             now = later
         clock.unreported.update(clock.runs.stalled(now))
         # Jobs held by admission get another chance when others have left, or when admission
@@ -162,7 +162,7 @@ class InstantLoop:
             clock.note(now, await clock.call(TICK, TickRequest(now=now)))
         clock.earlier_points(now, earlier, before)
         await clock.refresh(now)
-        progress.finished = clock.runs.finished + len(clock.declined)
+        progress.finished = clock.runs.finished + clock.declined_count
         return now
 
     async def quiet_after(self, now: float, exits: bool) -> float | None:
@@ -230,6 +230,7 @@ class InstantLoop:
         for r in reply.results:
             if r.verdict == "reject":
                 self.clock.declined[r.job_id] = r.reason
+                self.clock.declined_count += 1
                 self.clock.nodes.jobs.pop(r.job_id, None)
                 self.awaited.discard(r.job_id)
         if reply.scheduler is None:

@@ -86,7 +86,9 @@ class SimClock(Service):
         self.task: asyncio.Task[None] | None = None
         self.progress = Progress(now=0.0, submitted=0, finished=0, total=0, instants=0)
         self.declined: dict[str, str] = {}
-        """The jobs admission declined, and why (for the results: no service keeps them)."""
+        """The jobs admission declined since the last progress report, and why (for the results:
+        no service keeps them)."""
+        self.declined_count = 0
         self.unreported: dict[str, StepsReport] = {}  # progress the scheduler has not heard of
         self.commands_handled = 0  # the number of the last `clock.cmds` handled
         self.commands_due = 0  # ... that the services' replies named
@@ -245,7 +247,7 @@ class SimClock(Service):
         progress = self.progress
         if progress.done:  # (a sum over every job: only the last report carries it)
             progress.steps_done = self.runs.steps_done()
-            progress.declined = self.declined
+        progress.declined, self.declined = self.declined, {}
         progress.rescale_steps = self.runs.rescale_steps
         progress.preemption_steps = self.nodes.preemption_steps
         await self.bus.publish(PROGRESS, progress)
@@ -302,5 +304,5 @@ class SimClock(Service):
             self.progress.error = str(exc) if remote else f"{type(exc).__name__}: {exc}"
         self.progress.done = True
         await self.publish_progress()
-        done = msgspec.structs.asdict(self.progress) | {"declined": len(self.declined)}
+        done = msgspec.structs.asdict(self.progress) | {"declined": self.declined_count}
         self.log.info("simulation.done", **done)  # (how many declined: the list may be long)
