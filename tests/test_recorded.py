@@ -5,6 +5,7 @@ that preempt, multi-GPU jobs, a heterogeneous cluster, deadlines."""
 
 from __future__ import annotations
 
+import csv
 import gzip
 import json
 import math
@@ -85,8 +86,8 @@ def test_the_command_as_typed_gives_them_too(tmp_path: Path) -> None:
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert sorted(stats) == ["admission", "placement", "scheduler", "simclock"]
     submits = stats["simclock"]["requests"]["adm.submit.{caller}"]["count"]
-    arrivals = [float(line.split(",")[6]) for line in gzip.decompress(
-        (HERE / f"{c.name}.jobs.csv.gz").read_bytes()).decode().splitlines()[1:]]  # fmt: skip
+    lines = gzip.decompress((HERE / f"{c.name}.jobs.csv.gz").read_bytes()).decode().splitlines()
+    arrivals = [float(row["arrival"]) for row in csv.DictReader(lines)]
     rounds = {math.floor(t / 300) for t in arrivals}  # (--mode rounds: 300 s rounds)
     assert len(rounds) <= submits <= 2 * len(rounds) < len(set(arrivals))
     assert stats["scheduler"]["decisions"] >= stats["scheduler"]["requests"]["place.apply"]["count"]
