@@ -671,7 +671,10 @@ async def simulate(
     if options.window is not None:
         caption += f"; JCT of jobs {first} to {end - 1} in arrival order (measurement window)"
     if options.preset == "elasticflow":
-        caption = f"ElasticFlow scheme {options.scheme}, {options.round_s:g} s slots\n{caption}"
+        mended = ", as intended" if options.as_intended else ""
+        caption = (
+            f"ElasticFlow scheme {options.scheme}{mended}, {options.round_s:g} s slots\n{caption}"
+        )
     if isinstance(interrupted, ServiceLost):
         extra["stopped_by"] = str(interrupted)
     if interrupted is not None:

@@ -203,6 +203,15 @@ def caption(table: pd.DataFrame, sweep: str) -> str:
     policies = f"admission {_values(table, 'ran_admission') or _values(table, 'admission')}, "
     policies += f"placement {_values(table, 'ran_placement') or _values(table, 'placement')}"
     presets = _values(table, "preset")
+    if presets and "as_intended" in table:
+        mended = table["as_intended"].fillna(False).astype(bool)
+        presets += (
+            " (as intended)"
+            if mended.all()
+            else " (as intended where marked)"
+            if mended.any()
+            else ""
+        )
     lines.append(policies + (f"; {presets} semantics" if presets else ""))
     rounds = (
         ", ".join(f"{v:g}" for v in table["round_s"].dropna().unique())
