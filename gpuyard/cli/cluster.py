@@ -343,8 +343,8 @@ def control_plane_configs(
 def control_plane_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """`gpuyard up`'s services from its options; ValueError or PolicyError names a bad one.
 
-    `--elasticflow`: the scheme's policies as `gpuyard sim --elasticflow` sets them (without the
-    simulated restart costs: on a real cluster restarts cost what they cost)."""
+    `--elasticflow`: the scheme's policies as `gpuyard sim --elasticflow --as-intended` sets
+    them (without the simulated restart costs: on a real cluster restarts cost what they cost)."""
     from gpuyard.shared.policy import PolicyChoice, PolicySet, parse_params
 
     params = (parse_params(args.param), parse_params(args.admission_param),
@@ -358,9 +358,8 @@ def control_plane_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.elasticflow:
         from gpuyard.run.presets import elasticflow_options, preset_filled
 
-        scheme = elasticflow_options(
-            args.policy, args.round, 0, at_events=False
-        )  # answered at once
+        # Answered at once; as its simulator meant, not with its accidents (gandiva-ts).
+        scheme = elasticflow_options(args.policy, args.round, 0, at_events=False, as_intended=True)
         # On a real cluster a job moved is a job restarted: buddy keeps jobs where they run
         # (`--placement node-sets` places as ElasticFlow's simulator does, every job again).
         scheme |= {"placement": "buddy", "placement_params": {}}
