@@ -11,7 +11,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 import msgspec
 
@@ -30,7 +30,14 @@ from gpuyard.cli.options import (
 )
 from gpuyard.run.build import GENERATOR_DEFAULTS
 from gpuyard.run.presets import PRESETS
-from gpuyard.run.spec import DEFAULT_ADMISSION, DEFAULT_PLACEMENT, ParamValue, RunPlace, RunSpec
+from gpuyard.run.spec import (
+    DEFAULT_ADMISSION,
+    DEFAULT_PLACEMENT,
+    GeneratorName,
+    ParamValue,
+    RunPlace,
+    RunSpec,
+)
 from gpuyard.shared.connection import NatsAuth, add_nats_arguments
 from gpuyard.shared.policy import parse_params
 from gpuyard.shared.roster import SERVICES
@@ -72,8 +79,9 @@ def add_workload_args(
         add_trace_args(g, multi_gpu=False)
     g.add_argument(
         "--generator",
-        choices=["blox", "gavel", "elasticflow"],
-        help="the generator when no --trace is given (default blox)",
+        choices=list(get_args(GeneratorName)),
+        help="the generator when no --trace is given (default blox); helios, seren, kalos, pai "
+        "and philly draw jobs calibrated on those clusters' published statistics",
     )
     g.add_argument(
         "--jobs", type=positive_int, help=f"generated jobs (default {GENERATOR_DEFAULTS['jobs']})"
@@ -81,7 +89,8 @@ def add_workload_args(
     g.add_argument(
         "--load",
         type=number_list(float, gt=0),
-        help=f"generated arrivals per hour (default 20){compare}",
+        help="generated arrivals per hour (default 20; a calibrated generator: its trace's "
+        f"mean rate){compare}",
     )
     g.add_argument(
         "--gpu-demand",
@@ -283,11 +292,11 @@ def sim_lists(args: argparse.Namespace) -> tuple[list[str], list[float | None], 
     policies = names_list("--policy", args.policy)
     if args.trace is not None:  # a seed then seeds only the policies' random choices
         return policies, [None], args.seed or [None]
-    return (
-        policies,
-        args.load or [GENERATOR_DEFAULTS["load"]],
-        args.seed or [GENERATOR_DEFAULTS["seed"]],
-    )
+    from gpuyard.workloads.calibrated import CLUSTERS
+
+    # a calibrated generator's jobs arrive at its trace's rate unless --load says otherwise
+    default_load = None if args.generator in CLUSTERS else GENERATOR_DEFAULTS["load"]
+    return policies, args.load or [default_load], args.seed or [GENERATOR_DEFAULTS["seed"]]
 
 
 def text_params(pairs: list[str]) -> dict[str, ParamValue]:

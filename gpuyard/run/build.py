@@ -176,6 +176,7 @@ def _parsed(option: str, parse: Callable[[str], T], text: str | None) -> T | Non
 def make_workload(spec: RunSpec, throughputs: Any = None) -> tuple[Any, dict[str, Any]]:
     """The workload `spec` describes, and what it is (for options.json and plot captions)."""
     from gpuyard.workloads import blox, elasticflow, gavel
+    from gpuyard.workloads.calibrated import CLUSTERS, calibrated
     from gpuyard.workloads.generators import ELASTICFLOW_DEADLINE_FACTOR
 
     if spec.trace is not None:
@@ -185,6 +186,12 @@ def make_workload(spec: RunSpec, throughputs: Any = None) -> tuple[Any, dict[str
     load = spec.load if spec.load is not None else GENERATOR_DEFAULTS["load"]
     seed = spec.seed if spec.seed is not None else GENERATOR_DEFAULTS["seed"]
     info = {"generator": generator, "jobs": jobs, "load": load, "seed": seed}
+    if generator in CLUSTERS:
+        # --load is jobs per hour here too; by default the trace's own rate
+        stats = CLUSTERS[generator]
+        info["load"] = spec.load if spec.load is not None else stats.jobs_per_day / 24
+        info["calibration"] = f"{stats.csv_id} row of AcmeTrace's cluster_summary.csv"
+        return calibrated(generator, jobs, spec.load, seed), info
     if generator == "gavel":
         info["multi_gpu"] = spec.multi_gpu
         return gavel(jobs, load, seed, spec.multi_gpu, throughputs=throughputs), info

@@ -17,6 +17,9 @@ ParamValue = str | int | float | bool | list[str | int | float | bool]
 PositiveInt = Annotated[int, Meta(gt=0)]
 NonNegative = Annotated[float, Meta(ge=0)]
 PresetName = Literal["blox", "gavel", "elasticflow", "bftrainer"]
+GeneratorName = Literal["blox", "gavel", "elasticflow", "helios", "seren", "kalos", "pai", "philly"]
+"""The reference systems' generators, then those calibrated on published cluster statistics
+(`gpuyard.workloads.calibrated`)."""
 
 DEFAULT_ADMISSION = "accept-all"
 DEFAULT_PLACEMENT = "consolidated"
@@ -47,7 +50,7 @@ class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     cluster_spec: str | None = None
     """Default: `32x4`, or no nodes but the replay's with `node_events` (as `gpuyard sim`)."""
     throughputs: str = "default"
-    generator: Literal["blox", "gavel", "elasticflow"] | None = None
+    generator: GeneratorName | None = None
     jobs: PositiveInt | None = None
     load: Annotated[float, Meta(gt=0)] | None = None
     seed: Annotated[int, Meta(ge=0)] | None = None

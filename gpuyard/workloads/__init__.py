@@ -1,9 +1,11 @@
 """Workloads: load the reference systems' traces, generate synthetic ones, describe clusters.
 
 Entry points: `load_workload(path, format=None, skip_bad=False)`, the generators `blox`, `gavel`,
-`elasticflow`, `save_workload`, `to_frame`/`from_frame`, and `load_cluster`.
+`elasticflow` and `calibrated` (helios, seren, kalos, pai, philly: published cluster statistics),
+`save_workload`, `to_frame`/`from_frame`, and `load_cluster`.
 """
 
+from .calibrated import calibrated
 from .churn import load_node_events, save_node_events
 from .clusters import load_cluster
 from .core import JOB_FIELDS, Workload, WorkloadError, describe, to_frame
@@ -26,6 +28,7 @@ __all__ = [
     "Workload",
     "WorkloadError",
     "blox",
+    "calibrated",
     "describe",
     "detect_format",
     "elasticflow",
