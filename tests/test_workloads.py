@@ -425,7 +425,9 @@ def test_philly_durations_are_the_same_on_every_cpu() -> None:
 def test_an_unknown_format_names_the_option_that_names_it(tmp_path: Path) -> None:
     path = tmp_path / "odd.csv"
     path.write_text("who,what\na,b\n")
-    with pytest.raises(WorkloadError, match="name it with --trace-format, one of bftrainer, blox"):
+    with pytest.raises(
+        WorkloadError, match="name it with --trace-format, one of acme, bftrainer, blox"
+    ):
         load_workload(path)
 
 

@@ -47,8 +47,8 @@ def add_trace_args(g: Any, *, multi_gpu: bool = True) -> None:
     """How a trace file is read: its format, broken lines, the reading of Philly traces."""
     g.add_argument(
         "--trace-format",
-        help="gavel, elasticflow, itp, bftrainer, blox, philly, gpuyard, csv, parquet "
-        "(default: detect)",
+        help="gavel, elasticflow, itp, bftrainer, blox, philly, helios, acme, gpuyard, csv, "
+        "parquet (default: detect)",
     )
     g.add_argument("--skip-bad", action="store_true", help="skip and count broken trace lines")
     g.add_argument(
@@ -57,6 +57,12 @@ def add_trace_args(g: Any, *, multi_gpu: bool = True) -> None:
         help="Philly traces: blox = Blox's parse_philly_jobs.py (the default: jobs of 31.6 min to "
         "6.9 h, one GPU each unless --multi-gpu); plain = every job with a valid attempt, its "
         "GPUs from the attempts' detail",
+    )
+    g.add_argument(
+        "--cpu-jobs",
+        choices=["skip", "keep"],
+        help="Helios and Acme traces: skip their CPU-only jobs (the default; counted) or keep "
+        "them as one-GPU jobs",
     )
     if multi_gpu:
         g.add_argument(
@@ -359,6 +365,7 @@ def run_spec(
         trace_format=option("trace_format"),
         skip_bad=option("skip_bad", False),
         philly_reading=option("philly_reading"),
+        cpu_jobs=option("cpu_jobs"),
         window=option("window"),
         node_events=text("node_events"),
         nodes_from=text("nodes_from"),

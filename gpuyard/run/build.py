@@ -34,7 +34,7 @@ ELASTICFLOW_OPTIONS = ("--deadline-factor", "--best-effort-share")
 """Options of the elasticflow generator alone."""
 GENERATOR_OPTIONS = ("--generator", "--jobs", "--load", "--gpu-demand", *ELASTICFLOW_OPTIONS)
 """Options a --trace refuses (`--seed` is not among them: it also seeds the policies)."""
-TRACE_OPTIONS = ("--trace-format", "--skip-bad", "--philly-reading")
+TRACE_OPTIONS = ("--trace-format", "--skip-bad", "--philly-reading", "--cpu-jobs")
 
 
 def build(
@@ -213,8 +213,8 @@ def make_workload(spec: RunSpec, throughputs: Any = None) -> tuple[Any, dict[str
 
 
 def read_trace(spec: RunSpec, throughputs: Any = None) -> tuple[Any, dict[str, Any]]:
-    """The workload in `spec.trace`, read as `--trace-format`, `--skip-bad`, `--philly-reading`
-    and `--multi-gpu` say, and what it is; ValueError for an option the format would ignore."""
+    """The workload in `spec.trace`, read as `--trace-format`, `--skip-bad`, `--philly-reading`,
+    `--multi-gpu` and `--cpu-jobs` say, and what it is; ValueError for an option the format would ignore."""
     from gpuyard.workloads import detect_format, load_workload
 
     assert spec.trace is not None
@@ -222,6 +222,11 @@ def read_trace(spec: RunSpec, throughputs: Any = None) -> tuple[Any, dict[str, A
     name = detect_format(trace) if spec.trace_format in (None, "auto") else spec.trace_format
     options: dict[str, Any] = {}
     info: dict[str, Any] = {"trace": spec.trace, "format": name}
+    if name in ("helios", "acme"):
+        options["cpu_jobs"] = spec.cpu_jobs or "skip"
+        info["cpu_jobs"] = options["cpu_jobs"]
+    elif spec.cpu_jobs is not None:
+        raise ValueError(f"--cpu-jobs applies to Helios and Acme traces, not to {name} ones")
     if name == "philly":
         reading = spec.philly_reading or "blox"
         if reading == "plain" and spec.multi_gpu:
@@ -240,6 +245,7 @@ def read_trace(spec: RunSpec, throughputs: Any = None) -> tuple[Any, dict[str, A
         options = {"elastic": True}
         info["elastic"] = True
     workload = load_workload(trace, name, spec.skip_bad, **options)
+    info |= workload.metadata  # (a cluster log's first submission and counts of jobs left out)
     return workload, info | {"jobs": len(workload), "skipped": workload.skipped}
 
 

@@ -63,6 +63,10 @@ class JobSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     rescale_down_s: Annotated[float, Meta(ge=0)] = 0.0
     """Shrinking, or losing a node, costs this many seconds of its throughput (BFTrainer's
     Tcdw)."""
+    outcome: Literal["failed", "cancelled"] | None = None
+    """How the job ends once its work is done, when a trace recorded that it did not complete
+    (a replayed Helios or Acme job that FAILED after an hour fails after an hour); None: it
+    completes."""
 
     def __post_init__(self) -> None:
         # msgspec reports these as ValidationErrors naming the struct; name the field ourselves.

@@ -7,6 +7,7 @@ Entry points: `load_workload(path, format=None, skip_bad=False)`, the generators
 
 from .calibrated import calibrated
 from .churn import load_node_events, save_node_events
+from .clusterlogs import load_acme, load_helios
 from .clusters import load_cluster
 from .core import JOB_FIELDS, Workload, WorkloadError, describe, to_frame
 from .formats import (
@@ -34,11 +35,13 @@ __all__ = [
     "elasticflow",
     "from_frame",
     "gavel",
+    "load_acme",
     "load_bftrainer",
     "load_blox_jobs",
     "load_cluster",
     "load_elasticflow",
     "load_gavel_trace",
+    "load_helios",
     "load_native",
     "load_node_events",
     "load_philly",

@@ -113,6 +113,8 @@ class Workload:
     - `source`: the file (or generator call) it came from; `format`: the format name.
     - `skipped`: how many rows were skipped (only with `skip_bad=True`); `skip_reasons`: one
       `WorkloadError` message per skipped row.
+    - `metadata`: what the source says about itself beyond its jobs, for `describe` (a cluster
+      log's absolute first submission, its counts of oddities and of jobs left out).
     """
 
     jobs: list[JobSpec]
@@ -121,6 +123,7 @@ class Workload:
     format: str = ""
     skipped: int = 0
     skip_reasons: list[str] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -132,10 +135,9 @@ class Workload:
         return self.jobs[i]
 
     def describe(self) -> dict[str, Any]:
-        """See `describe`; adds source, format and skipped rows."""
-        return {"source": self.source, "format": self.format, "skipped": self.skipped} | describe(
-            self.jobs
-        )
+        """See `describe`; adds source, format, skipped rows and `metadata`."""
+        head = {"source": self.source, "format": self.format, "skipped": self.skipped}
+        return head | self.metadata | describe(self.jobs)
 
     def to_frame(self, with_extras: bool = True) -> pd.DataFrame:
         """JobSpec columns (see `to_frame`), joined with `extras` when asked."""
@@ -282,6 +284,7 @@ def build_jobs(
     fmt: str = "",
     pre_bad: dict[int, WorkloadError] | None = None,
     broken: Sequence[WorkloadError] = (),
+    errors_out: list[WorkloadError] | None = None,
 ) -> Workload:
     """Validate `n` rows given as JobSpec-named columns into a `Workload`.
 
@@ -289,7 +292,9 @@ def build_jobs(
     found broken (unparsable cells), `broken` lines that were no rows at all (too many fields).
     Missing job ids become the row number; duplicate ids are an error (or skipped). Missing
     submit times become 0. Bad rows are skipped and counted with `skip_bad`, else they are one
-    `BrokenRows` error: the first few, in file order, and how many.
+    `BrokenRows` error: the first few, in file order, and how many. With `errors_out` the bad
+    rows are skipped and their errors appended there (a loader reading a file in chunks decides
+    once it has read them all).
     """
     bad = dict(pre_bad or {})
     if lines is None:
@@ -341,7 +346,9 @@ def build_jobs(
         unique_jobs.append(job)
         unique_keep.append(i)
     errors = sorted([*broken, *bad.values()], key=lambda e: (e.line is None, e.line or 0))
-    if errors and not skip_bad:
+    if errors_out is not None:
+        errors_out.extend(errors)
+    elif errors and not skip_bad:
         raise BrokenRows(errors)
     ex = None
     if extras is not None and len(extras.columns):

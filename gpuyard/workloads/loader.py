@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .clusterlogs import load_acme, load_helios
 from .core import Workload, WorkloadError
 from .formats import (
     load_bftrainer,
@@ -24,6 +25,8 @@ LOADERS: dict[str, Callable[..., Workload]] = {
     "bftrainer": load_bftrainer,
     "blox": load_blox_jobs,
     "philly": load_philly,
+    "helios": load_helios,
+    "acme": load_acme,
     "gpuyard": load_native,
     "csv": load_native,
     "parquet": load_native,
@@ -42,7 +45,8 @@ def detect_format(path: str | Path) -> str:
 
     `.trace` -> gavel, `.json` -> philly, `.parquet` -> gpuyard; otherwise a line with 9 tabs is
     Gavel, and a CSV header decides: Jmin/Jmax -> bftrainer, arrival_time_s -> blox,
-    model_name -> elasticflow (ITP files included), num_gpus -> gpuyard.
+    model_name -> elasticflow (ITP files included), vc and gpu_num -> helios, gpu_num with type or
+    gpu_time -> acme, num_gpus -> gpuyard.
     """
     path = Path(path)
     suffix = path.suffix.lower()
@@ -64,6 +68,10 @@ def detect_format(path: str | Path) -> str:
         return "blox"
     if "model_name" in header:
         return "elasticflow"
+    if {"vc", "gpu_num"} <= header:
+        return "helios"
+    if "gpu_num" in header and ("type" in header or "gpu_time" in header):
+        return "acme"
     if "num_gpus" in header:
         return "gpuyard"
     if {"Ns", "Ps"} <= header:
@@ -93,7 +101,8 @@ def load_workload(
     `format`: None/"auto" to detect (see `detect_format`) or a name in `LOADERS`. `skip_bad`:
     skip broken lines/fields and report them in `Workload.skipped` / `skip_reasons` instead of
     raising `WorkloadError`. `options` go to the format's loader (e.g. `throughputs=` for gavel,
-    `elastic=True` for elasticflow, `semantics=`/`multigpu=` for philly).
+    `elastic=True` for elasticflow, `semantics=`/`multigpu=` for philly, `cpu_jobs=` for helios
+    and acme).
     """
     name = detect_format(path) if format in (None, "auto") else format
     if name not in LOADERS:

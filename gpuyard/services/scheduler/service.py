@@ -476,7 +476,7 @@ class Scheduler(Service):
         # (within what the scheduler has accounted of this run already)
         at = req.now if ex.ended_at is None else min(max(ex.ended_at, record.progress_at), req.now)
         self._end(record, at, ex)
-        await self.emit(f"job.{ex.status}", at, ex.job_id, reason=ex.reason)
+        await self.emit(f"job.{record.state}", at, ex.job_id, reason=ex.reason)
 
     @staticmethod
     def _done_by_an_earlier_run(record: JobRecord, ex: JobExit) -> bool:
@@ -494,6 +494,8 @@ class Scheduler(Service):
         if steps is None and ex.status == "completed":
             steps = record.total_steps
         state: JobState = "completed" if ex.status == "completed" else "failed"  # (not `stopped`)
+        if ex.status == "completed" and record.spec.outcome is not None:
+            state = record.spec.outcome  # a replayed trace's recorded end (JobSpec.outcome)
         self.table.end(record, now, state, ex.reason, steps)
         self.released.append(record.job_id)
         self.dirty = self.dirty or self.policy.needs.decide_on_exit or self.table.queued > 0
