@@ -149,6 +149,7 @@ def summarize(
         "jobs": len(jobs),
         "completed": len(done),
         "failed": int(np.count_nonzero(jobs["state"] == "failed")),
+        "cancelled": int(np.count_nonzero(jobs["state"] == "cancelled")),
         "mean_jct": float(jct.mean()) if len(jct) else None,
         "p50_jct": q(50),
         "p95_jct": q(95),
@@ -457,6 +458,8 @@ def format_summary(summary: dict[str, Any]) -> str:
             lines.append(f"{key:<12} {summary[key]}")
     total = summary.get("jobs_in_workload", summary["jobs"])
     counts = f"{summary['completed']:,} completed, {summary['failed']:,} failed"
+    if summary.get("cancelled"):
+        counts += f", {summary['cancelled']:,} cancelled"
     if summary.get("declined"):
         counts += f", {summary['declined']:,} declined by admission"
     lines.append(f"jobs         {counts} of {total:,}")

@@ -235,3 +235,4 @@ def test_replay_keeps_recorded_outcomes(tmp_path: Path) -> None:
     assert jobs["1425511"]["state"] == "completed"
     assert jobs["1425519"]["state"] == "failed"  # TIMEOUT
     assert len(jobs) == 5
+    assert "jobs         2 completed, 2 failed, 1 cancelled of 5" in result.stdout
