@@ -23,9 +23,9 @@ The laws (all draws from one `numpy.random.default_rng(seed)`, vectorised):
 - Arrivals: a Poisson process whose rate follows `DAILY_AMPLITUDE` x a 24-hour cosine peaking at
   `PEAK_HOUR` (time 0 is midnight), with the trace's mean rate: its GPU jobs over its span
   (`CLUSTERS[...].span_days`, from the publishers), unless `jobs_per_hour` is given.
-- Outcome: each job's recorded end (completed, canceled, failed) at the published shares, in the
-  workload's extras (`outcome`; PAI's summary has none). The jobs themselves still run to their
-  run time: the outcome is a label for analysis.
+- Outcome: each job's end (completed, cancelled, failed) at the published shares (PAI's summary
+  has none: its jobs complete): a job drawn failed or cancelled runs its run time and then ends
+  so (`JobSpec.outcome`), as a replayed Helios or Acme job does.
 - PAI's GPU requests are fractions of a GPU (median 0.5): the drawn request is in the extras
   (`gpu_request`) and the job asks for it rounded up to whole GPUs, gpuyard having no GPU sharing.
 """
@@ -66,7 +66,7 @@ class ClusterStatistics:
         return self.gpu_jobs / self.span_days
 
 
-OUTCOMES = ("completed", "canceled", "failed")
+OUTCOMES = ("completed", "cancelled", "failed")
 
 # The published numbers: InternLM/AcmeTrace data/cluster_summary.csv (6d6ac9c), CC BY 4.0. The
 # spans are not in that file; each names its source. The generated jobs per day depend on them.
@@ -206,10 +206,11 @@ def calibrated(
     run_s = rng.lognormal(math.log(stats.median_run_s), run_time_sigma(stats), n_jobs)
     run_s = np.ceil(np.minimum(run_s, stats.max_run_s))
     extras: dict[str, object] = {}
+    outcome: list[str | None] = [None] * n_jobs
     if stats.outcome_shares is not None:
         shares = np.array(stats.outcome_shares) / sum(stats.outcome_shares)  # (they sum to ~1)
-        drawn = rng.choice(len(OUTCOMES), size=n_jobs, p=shares)
-        extras["outcome"] = pd.Categorical.from_codes(drawn, categories=pd.Index(OUTCOMES))
+        ends: list[str | None] = [None, *OUTCOMES[1:]]  # (a completed job has no outcome)
+        outcome = [ends[k] for k in rng.choice(len(OUTCOMES), size=n_jobs, p=shares).tolist()]
     if stats.median_gpus < 1:  # PAI: fractions of a GPU
         extras["gpu_request"] = request
     columns = {
@@ -217,6 +218,7 @@ def calibrated(
         "num_gpus": np.ceil(request).astype(np.int64).tolist(),
         "duration": run_s.tolist(),
         "submit_time": arrival.tolist(),
+        "outcome": outcome,
     }
     frame = pd.DataFrame(extras) if extras else None
     workload = build_jobs(columns, n_jobs, path=None, extras=frame, fmt="gpuyard")
