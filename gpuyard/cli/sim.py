@@ -39,7 +39,7 @@ from gpuyard.run.spec import (
     RunSpec,
 )
 from gpuyard.shared.connection import NatsAuth, add_nats_arguments
-from gpuyard.shared.policy import parse_params
+from gpuyard.shared.policy import own_params, parse_params
 from gpuyard.shared.roster import SERVICES
 
 
@@ -310,18 +310,6 @@ def text_params(pairs: list[str]) -> dict[str, ParamValue]:
     return dict(parse_params(pairs))
 
 
-def policy_params(policy: str, params: list[str]) -> list[str]:
-    """`k=v` applies to every policy, `policy.k=v` to that policy only."""
-    chosen = []
-    for pair in params:
-        key = pair.partition("=")[0]
-        if "." not in key:
-            chosen.append(pair)
-        elif key.split(".", 1)[0] == policy:
-            chosen.append(pair.split(".", 1)[1])
-    return chosen
-
-
 def run_spec(
     args: argparse.Namespace, *, policy: str | None = None, load: float | None = None,
     seed: int | None = None,
@@ -342,7 +330,7 @@ def run_spec(
     load_list, seed_list = option("load"), option("seed")
     return RunSpec(
         policy=policy,
-        policy_params=text_params(policy_params(policy, option("param", []))),
+        policy_params=own_params(policy, text_params(option("param", []))),
         admission=option("admission"),
         admission_params=text_params(option("admission_param", [])),
         placement=option("placement"),

@@ -30,6 +30,7 @@ from msgspec import Meta, Struct
 
 import gpuyard
 from gpuyard.run.spec import PositiveInt, RunSpec
+from gpuyard.shared.policy import own_params
 
 FILE_FIELDS = ("trace", "throughputs", "cluster_spec", "node_events", "nodes_from")
 """Fields that may name a file (or, for throughputs, a folder) the run reads."""
@@ -206,21 +207,11 @@ def _scoped(params: Any) -> set[str]:
 
 
 def _own_params(fields: dict[str, Any]) -> dict[str, Any]:
-    """`fields` with the policy parameters its policy takes: `key` applies to every policy,
-    `policy.key` to that policy only, as `gpuyard sim --param policy.key=value` does (a grid of
-    policies that share one file, one of which has a parameter of its own)."""
+    """`fields` with the policy parameters its policy takes (`own_params`)."""
     params = fields.get("policy_params")
     if not isinstance(params, dict) or not _scoped(params):
         return fields
-    policy = fields.get("policy", "fifo")
-    own = {}
-    for key, value in params.items():
-        scope, dot, name = key.partition(".")
-        if not dot:
-            own[key] = value
-        elif scope == policy:
-            own[name] = value
-    return fields | {"policy_params": own}
+    return fields | {"policy_params": own_params(fields.get("policy", "fifo"), params)}
 
 
 def _check_report(config: SweepFile, runs: list[Run], source: Path) -> None:

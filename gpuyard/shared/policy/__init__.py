@@ -27,6 +27,7 @@ from .registry import (
     PolicySet,
     Registry,
     admission_policies,
+    own_params,
     parse_params,
     placement_policies,
     scheduling_policies,
@@ -46,5 +47,5 @@ __all__ = [
     "Allocation", "ClusterView", "Decision", "GpuRef", "JobView", "Needs", "NoParams", "NodeStatus",
     "NodeView", "PlacementInput", "PlacementPolicy", "Policy", "PolicyChoice", "PolicyError",
     "PolicySet", "Registry", "SchedulingInput", "SchedulingPolicy", "ViewContext",
-    "admission_policies", "parse_params", "placement_policies", "scheduling_policies",
+    "admission_policies", "own_params", "parse_params", "placement_policies", "scheduling_policies",
 ]  # fmt: skip

@@ -15,6 +15,7 @@ from ..options import key_values
 from .interfaces import AdmissionPolicy, PlacementPolicy, Policy, SchedulingPolicy
 
 P = TypeVar("P", bound=Policy)
+V = TypeVar("V")
 
 
 class PolicyError(ValueError):
@@ -128,6 +129,20 @@ def parse_params(pairs: list[str]) -> dict[str, str]:
     except ValueError as exc:
         raise PolicyError(str(exc)) from None
     return {key.strip(): value.strip() for key, value in given.items()}
+
+
+def own_params(policy: str, params: dict[str, V]) -> dict[str, V]:
+    """The parameters of `params` that `policy` takes: `key` applies to every policy,
+    `policy.key` to that policy only (`gpuyard sim --policy fifo,las --param las.key=rounds`, a
+    sweep's grid of policies that share one file)."""
+    own: dict[str, V] = {}
+    for key, value in params.items():
+        scope, dot, name = key.partition(".")
+        if not dot:
+            own[key] = value
+        elif scope == policy:
+            own[name] = value
+    return own
 
 
 class PolicyChoice(msgspec.Struct, frozen=True, kw_only=True):
