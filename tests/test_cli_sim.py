@@ -642,3 +642,15 @@ def test_a_job_that_ended_on_a_node_before_it_left_is_not_lost(
     jobs = pd.read_csv(out / "jobs.csv").set_index("job_id")
     assert (jobs["state"] == "completed").all() and len(jobs) == 5
     assert jobs.loc[1, "preemptions"] == 0 and jobs.loc[1, "end"] < 30000
+
+
+def test_a_parameter_scoped_to_a_policy_goes_to_its_runs_only() -> None:
+    """`--param las.key=rounds` is LAS's alone in a comparison; `--param backfill=...` everyone's."""
+    from gpuyard.cli import build_parser
+    from gpuyard.cli.sim import run_spec
+
+    args = build_parser().parse_args(
+        ["sim", "--policy", "fifo,las", "--param", "las.key=rounds", "--param", "backfill=true"]
+    )
+    assert run_spec(args, policy="las").policy_params == {"key": "rounds", "backfill": "true"}
+    assert run_spec(args, policy="fifo").policy_params == {"backfill": "true"}
