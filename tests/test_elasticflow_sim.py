@@ -446,6 +446,7 @@ REFERENCE = {
     ("fig10_100jobs", "n16g8", "themis"): (99, 51243),
     ("fig10_100jobs", "n16g8", "gandiva"): (79, 63853),
     ("gen_200jobs_lam900", "n8g8", "ef-accessctrl"): (170, 20308),
+    ("gen_200jobs_lam900", "n8g8", "ef"): (109, 30126),
     ("gen_200jobs_lam900", "n8g8", "gandiva"): (58, 49724),
     ("gen_200jobs_lam900", "n8g8", "themis"): (92, 37440),
 }

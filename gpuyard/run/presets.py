@@ -321,6 +321,8 @@ def elasticflow_options(
     restarting every running job at every decision.
     """
     policy, params, admission = elasticflow_scheme(scheme, as_intended)
+    if scheme == "ef" and not as_intended:  # (its placement order: ElasticFlow's `ef` loop's)
+        params = {**params, "listed": "started"}
     large = total_gpus >= 256  # ElasticFlow's figures for large clusters
     every = RestartCost(
         base_s=7.0 if large else 2.0, cold_s=47.0 if large else 27.0,
@@ -351,7 +353,7 @@ def elasticflow_options(
     if policy == "gandiva-ef":
         placement = "consolidated"
     elif scheme not in ("gandiva", "chronus", "dlas-gpu"):
-        order = "given" if policy == "edf" else "largest-first"
+        order = "given" if policy == "edf" or params.get("listed") == "started" else "largest-first"
         placement, placement_params = "node-sets", {"order": order}
         if switch_nodes:
             placement_params["switch_nodes"] = switch_nodes

@@ -69,6 +69,18 @@ class ElasticFlowParams(Struct, forbid_unknown_fields=True):
     """`exact`: ElasticFlow's walk, every job priced again after every level handed out (steps x
     jobs re-plans per decision); `lazy`: only the job at the head of the line is priced again
     (`planner.share_leftovers(lazy=True)`), for clusters of hundreds of GPUs and jobs."""
+    listed: Literal["largest-first", "started"] = "largest-first"
+    """The order of the allocations, which ElasticFlow's placement (`node-sets`, order `given`)
+    follows: `largest-first` (ties in the order the leftover walk leaves them), as its
+    `ef-accessctrl` places; `started`, as its `ef` places: the jobs of whole nodes in the order
+    they started, then the others by size, largest first, each size in the order they started
+    (those a decision starts: first the ones their plans start, in arrival order, then the ones
+    the leftover walk starts, in its order)."""
+
+
+class ElasticFlowState(Struct, kw_only=True):
+    started: list[str] = []
+    """The active jobs in the order they started (`listed="started"`)."""
 
 
 class ElasticFlow(_Planned):
@@ -88,6 +100,26 @@ class ElasticFlow(_Planned):
     """
 
     Params = ElasticFlowParams
+    State = ElasticFlowState
+    # (the nodes' size: `listed="started"` puts the jobs of whole nodes first)
+    needs = Needs(throughputs=True, decide_on_exit=True, decide_on_arrival=True, nodes=True)
+
+    def __init__(self, params: Struct | None = None) -> None:
+        super().__init__(params)
+        self.started: list[str] = []
+        self.starting: list[str] = []  # the order of the decision being made
+
+    def schedule(self, inp: SchedulingInput) -> list[Allocation]:
+        allocations = super().schedule(inp)
+        if self.params.listed == "started":
+            self.started = self.starting
+        return allocations
+
+    def snapshot(self) -> ElasticFlowState:
+        return ElasticFlowState(started=list(self.started))
+
+    def restore(self, state: ElasticFlowState) -> None:
+        self.started = list(state.started)
 
     def plans(
         self, inp: SchedulingInput
@@ -111,8 +143,33 @@ class ElasticFlow(_Planned):
 
     def decide(self, inp: SchedulingInput) -> tuple[list[Allocation], list[Plan]]:
         ids, plans, gpus, order, gpu_type = self.plans(inp)
+        if self.params.listed == "started":
+            return self.in_start_order(inp, ids, plans, gpus, order, gpu_type), plans
         chosen = sorted((i for i in order if gpus[i] > 0), key=lambda i: -gpus[i])  # (stable)
         return [Allocation(ids[i], gpus[i], gpu_type) for i in chosen], plans
+
+    def in_start_order(
+        self, inp: SchedulingInput, ids: list[str], plans: list[Plan], gpus: list[int],
+        order: list[int], gpu_type: str,
+    ) -> list[Allocation]:  # fmt: skip
+        """The allocations as ElasticFlow's `ef` places its jobs (`listed="started"`)."""
+        index = {job_id: i for i, job_id in enumerate(ids)}
+        started = [job_id for job_id in self.started if job_id in index]
+        known = set(started)
+        new = [i for i in order if gpus[i] > 0 and ids[i] not in known]  # (in the walk's order)
+        arrival = {j.job_id: j.seq for j in inp.jobs}
+        by_plan = sorted(
+            (i for i in new if plans[i].at(inp.now) > 0), key=lambda i: arrival[ids[i]]
+        )
+        by_walk = [i for i in new if plans[i].at(inp.now) == 0]
+        started += [ids[i] for i in by_plan + by_walk]
+        self.starting = started  # (kept by `schedule`: a look ahead must not change it)
+        nodes = [n.num_gpus for n in inp.cluster.nodes if n.gpu_type == gpu_type]
+        whole_node = max(nodes, default=1)
+        running = [index[job_id] for job_id in started if gpus[index[job_id]] > 0]
+        whole = [i for i in running if gpus[i] >= whole_node]
+        parts = sorted((i for i in running if gpus[i] < whole_node), key=lambda i: -gpus[i])
+        return [Allocation(ids[i], gpus[i], gpu_type) for i in whole + parts]
 
 
 def _next_change(plans: list[Plan], now: float) -> float | None:

@@ -26,6 +26,7 @@ from gpuyard.shared.policy import (
     AdmissionInput,
     ClusterView,
     JobView,
+    NodeStatus,
     NodeView,
     PlacementInput,
     SchedulingInput,
@@ -454,3 +455,31 @@ def test_node_sets_release_the_jobs_that_ended_first(ended: list[str], b_on: str
     assert place(both, []) == {"a": "n0", "b": "n1"}
     assert place(both, []) == {"a": "n2", "b": "n0"}
     assert place([Allocation("b", 8)], ended) == {"b": b_on}
+
+
+@pytest.mark.parametrize(
+    ("listed", "order"), [("started", ["a", "b"]), ("largest-first", ["b", "a"])]
+)
+def test_ef_lists_its_jobs_in_the_order_they_started(listed: str, order: list[str]) -> None:
+    """ElasticFlow's `ef` places the jobs of whole nodes in the order they started (then the
+    smaller ones, largest first): 'a' (2 GPUs, a whole node of 2) started before 'b' (4) and is
+    placed first; `ef-accessctrl` places the largest first."""
+    model = ElasticFlowThroughputs(
+        {"a100": {"two": {64: {1: 1.0, 2: 1.8, 4: 1.5}}, "toy": {64: {1: 1.0, 2: 1.8, 4: 3.2}}}}
+    )
+    nodes = [NodeStatus(node_id=f"n{i}", gpu_type="a100", num_gpus=2) for i in range(4)]
+    cluster = ClusterView(capacity={"a100": 8}, round_s=60.0, throughputs=model, nodes=nodes)
+    a = spec("a", 100_000, 1e6, job_type="two@64")
+    b = spec("b", 100_000, 1e6)
+    pol = ElasticFlow(ElasticFlow.Params(listed=listed))  # type: ignore[arg-type]
+    first = pol.schedule(SchedulingInput(now=0.0, jobs=[view(a, 0)], cluster=cluster))
+    assert counts(first) == {"a": 2}
+    running = view(a, 0, gpus=2)
+    running.record.gpu_type, running.record.rate = "a100", model.throughput("two@64", "a100", 2)
+    running.record.first_start = 0.0
+    jobs = [running, view(b, 1)]
+    for j in jobs:
+        j.record.run_start = j.record.progress_at = 60.0
+    second = pol.schedule(SchedulingInput(now=60.0, jobs=jobs, cluster=cluster))
+    assert counts(second) == {"a": 2, "b": 4}
+    assert [x.job_id for x in second] == order
