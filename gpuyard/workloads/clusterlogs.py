@@ -111,11 +111,11 @@ def _chunks(path: str | Path, required: tuple[str, ...], chunk_rows: int) -> Ite
     """The file's rows in chunks, blank lines dropped, lines with too many fields reported."""
     import pandas as pd
 
-    from .formats import _SKIP_RE
+    from .formats import _SKIP_RE, checked_header, numbered_rows
 
     text = {c: str for c in ("job_id", "user", "vc", "state", "type", "submit_time",
                              *_TIME_COLUMNS)}  # fmt: skip
-    bad_lines: set[int] = set()
+    bad_lines: set[int | None] = set()
     next_line = 2  # (line 1 is the header)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", pd.errors.ParserWarning)
@@ -133,21 +133,8 @@ def _chunks(path: str | Path, required: tuple[str, ...], chunk_rows: int) -> Ite
                             WorkloadError(path, int(line), None, f"broken line: {why.strip()}")
                         )
                 caught.clear()
-                df.columns = [str(c).strip() for c in df.columns]
-                missing = [c for c in required if c not in df.columns]
-                if missing:
-                    raise WorkloadError(
-                        path, 1, missing[0], f"missing column (header has {list(df.columns)})"
-                    )
-                lines: list[int] = []
-                while len(lines) < len(df):
-                    if next_line not in bad_lines:
-                        lines.append(next_line)
-                    next_line += 1
-                blank = df.isna().all(axis=1).to_numpy()
-                if blank.any():
-                    df = df.loc[~blank].reset_index(drop=True)
-                    lines = [ln for ln, b in zip(lines, blank, strict=True) if not b]
+                checked_header(df, required, path)
+                df, lines, next_line = numbered_rows(df, next_line, bad_lines)
                 yield _Chunk(df, lines, broken)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
             raise WorkloadError(path, None, None, f"cannot parse: {exc}") from exc

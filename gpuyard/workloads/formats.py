@@ -153,25 +153,35 @@ def read_table(
         for line, why in _SKIP_RE.findall(str(w.message)):
             broken.append(WorkloadError(path, int(line), None, f"broken line: {why.strip()}"))
     if names is None:
-        df.columns = [str(c).strip() for c in df.columns]
-        missing = [c for c in required if c not in df.columns]
-        if missing:
-            raise WorkloadError(
-                path, 1, missing[0], f"missing column (header has {list(df.columns)})"
-            )
-    first = 2 if names is None else 1
-    bad_set = {e.line for e in broken}
+        checked_header(df, required, path)
+    df, lines, _ = numbered_rows(df, 2 if names is None else 1, {e.line for e in broken})
+    return Table(df, lines, broken)
+
+
+def checked_header(df: pd.DataFrame, required: Sequence[str], path: str | Path) -> None:
+    """Strip the header's names; WorkloadError naming the first `required` column missing."""
+    df.columns = [str(c).strip() for c in df.columns]
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise WorkloadError(path, 1, missing[0], f"missing column (header has {list(df.columns)})")
+
+
+def numbered_rows(
+    df: pd.DataFrame, first: int, bad: set[int | None]
+) -> tuple[pd.DataFrame, list[int], int]:
+    """`df` without its blank rows, each row's line in the file (rows read from line `first` on,
+    the `bad` lines not among them), and the line after the last."""
     lines: list[int] = []
     line = first
     while len(lines) < len(df):
-        if line not in bad_set:
+        if line not in bad:
             lines.append(line)
         line += 1
     blank = df.isna().all(axis=1).to_numpy()
     if blank.any():
         df = df.loc[~blank].reset_index(drop=True)
         lines = [ln for ln, b in zip(lines, blank, strict=True) if not b]
-    return Table(df, lines, broken)
+    return df, lines, line
 
 
 def _row_ids(table: Table, first_line: int) -> list[str]:
