@@ -106,7 +106,7 @@ def test_cpu_only_jobs_kept_on_request(tmp_path: Path) -> None:
 def test_cpu_jobs_option_is_refused_where_there_are_none(tmp_path: Path) -> None:
     blox = tmp_path / "jobs.csv"
     blox.write_text("job_id,arrival_time_s,duration_s,num_gpus\n0,0,10,1\n")
-    with pytest.raises(ValueError, match="--cpu-jobs applies to Helios and Acme traces"):
+    with pytest.raises(ValueError, match="--cpu-jobs applies to Helios, Acme and openb traces"):
         read_trace(RunSpec(trace=str(blox), cpu_jobs="keep"))
     workload, info = read_trace(RunSpec(trace=str(helios(tmp_path)), cpu_jobs="keep"))
     assert info["cpu_jobs"] == "keep" and len(workload) == 6

@@ -61,7 +61,7 @@ def add_trace_args(g: Any, *, multi_gpu: bool = True) -> None:
     g.add_argument(
         "--cpu-jobs",
         choices=["skip", "keep"],
-        help="Helios and Acme traces: skip their CPU-only jobs (the default; counted) or keep "
+        help="Helios, Acme and openb traces: skip their CPU-only jobs (the default; counted) or keep "
         "them as one-GPU jobs",
     )
     if multi_gpu:
@@ -566,7 +566,7 @@ def cmd_trace_generate(args: argparse.Namespace) -> int:
 
 def cmd_trace_convert(args: argparse.Namespace) -> int:
     from gpuyard.run.build import read_trace
-    from gpuyard.run.single import philly_line, skipped_lines
+    from gpuyard.run.single import openb_line, philly_line, skipped_lines
     from gpuyard.workloads import save_workload
 
     try:
@@ -574,7 +574,7 @@ def cmd_trace_convert(args: argparse.Namespace) -> int:
         path = save_workload(workload, args.out)
     except (ValueError, OSError) as exc:
         return fail("trace convert", exc)
-    for line in (philly_line(info), workload.skipped and skipped_lines(workload)):
+    for line in (philly_line(info), openb_line(info), workload.skipped and skipped_lines(workload)):
         if line:
             print(f"gpuyard trace convert: {line}", file=sys.stderr)
     print(f"{len(workload)} jobs -> {path}")
@@ -584,13 +584,13 @@ def cmd_trace_convert(args: argparse.Namespace) -> int:
 def cmd_trace_describe(args: argparse.Namespace) -> int:
     from gpuyard.report import plot_workload
     from gpuyard.run.build import read_trace
-    from gpuyard.run.single import philly_line, skipped_lines
+    from gpuyard.run.single import openb_line, philly_line, skipped_lines
 
     try:
         workload, info = read_trace(run_spec(args))
     except (ValueError, OSError) as exc:
         return fail("trace describe", exc)
-    for line in (philly_line(info), workload.skipped and skipped_lines(workload)):
+    for line in (philly_line(info), openb_line(info), workload.skipped and skipped_lines(workload)):
         if line:
             print(f"gpuyard trace describe: {line}", file=sys.stderr)
     args.plots.mkdir(parents=True, exist_ok=True)

@@ -222,11 +222,11 @@ def read_trace(spec: RunSpec, throughputs: Any = None) -> tuple[Any, dict[str, A
     name = detect_format(trace) if spec.trace_format in (None, "auto") else spec.trace_format
     options: dict[str, Any] = {}
     info: dict[str, Any] = {"trace": spec.trace, "format": name}
-    if name in ("helios", "acme"):
+    if name in ("helios", "acme", "openb"):
         options["cpu_jobs"] = spec.cpu_jobs or "skip"
         info["cpu_jobs"] = options["cpu_jobs"]
     elif spec.cpu_jobs is not None:
-        raise ValueError(f"--cpu-jobs applies to Helios and Acme traces, not to {name} ones")
+        raise ValueError(f"--cpu-jobs applies to Helios, Acme and openb traces, not to {name} ones")
     if name == "philly":
         reading = spec.philly_reading or "blox"
         if reading == "plain" and spec.multi_gpu:

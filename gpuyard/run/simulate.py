@@ -274,9 +274,19 @@ def ran_options(options: SimOptions, ran: dict[str, PolicyInfo | str]) -> SimOpt
     return msgspec.structs.replace(options, **changes)
 
 
+CLUSTER_LABEL_GROUPS = 8
+"""A cluster of more groups (a node list such as openb's) is labelled by its GPU types."""
+
+
 def cluster_label(cluster: ClusterSpec) -> str:
-    """`36x4:v100,36x4:p100 (288 GPUs)`."""
-    groups = ",".join(f"{g.count}x{g.gpus_per_node}:{g.gpu_type}" for g in cluster.groups)
+    """`36x4:v100,36x4:p100 (288 GPUs)`, or for many groups
+    `1,213 nodes in 404 groups, GPUs G2:4392,T4:842 (5234 GPUs)`."""
+    if len(cluster.groups) > CLUSTER_LABEL_GROUPS:
+        nodes = sum(g.count for g in cluster.groups)
+        types = ",".join(f"{t}:{n}" for t, n in cluster.gpus_by_type().items())
+        groups = f"{nodes:,} nodes in {len(cluster.groups)} groups, GPUs {types}"
+    else:
+        groups = ",".join(f"{g.count}x{g.gpus_per_node}:{g.gpu_type}" for g in cluster.groups)
     return f"{groups or 'no fixed nodes'} ({cluster.total_gpus} GPUs)"
 
 

@@ -120,8 +120,9 @@ def written_setup(spec: RunSpec, place: RunPlace) -> tuple[Any, Any, dict[str, A
     options, workload, described = build(spec, place.out, place.external)
     if workload.skipped:
         print(f"gpuyard sim: {skipped_lines(workload)}", file=sys.stderr)
-    if philly_line(described):
-        print(f"gpuyard sim: {philly_line(described)}", file=sys.stderr)
+    for line in (philly_line(described), openb_line(described)):
+        if line:
+            print(f"gpuyard sim: {line}", file=sys.stderr)
     return options, written_workload(workload.jobs, place.out), described
 
 
@@ -133,6 +134,16 @@ def philly_line(info: dict[str, Any]) -> str | None:
         f"{info['trace']}: Philly trace read the {info['philly_reading']} way"
         f"{' with --multi-gpu' if info['multi_gpu'] else ''} ({info['jobs']:,} jobs; "
         "--philly-reading blox|plain)"
+    )
+
+
+def openb_line(info: dict[str, Any]) -> str | None:
+    """What an openb trace's jobs approximate, for stderr (None for other formats)."""
+    if info.get("format") != "openb":
+        return None
+    return (
+        f"{info['trace']}: {info['fraction_of_a_gpu']:,} pods ask for a fraction of a GPU: run "
+        f"on a whole one; {info['several_gpu_types']:,} allow several GPU types: run on any"
     )
 
 

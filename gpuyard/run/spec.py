@@ -69,7 +69,7 @@ class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     skip_bad: bool = False
     philly_reading: Literal["blox", "plain"] | None = None
     cpu_jobs: Literal["skip", "keep"] | None = None
-    """Helios and Acme traces: leave out their CPU-only jobs (`skip`, the default) or keep them,
+    """Helios, Acme and openb traces: leave out their CPU-only jobs (`skip`, the default) or keep them,
     as one-GPU jobs (`--cpu-jobs`)."""
     window: str | None = None
     """Gavel's measurement window, `FIRST:END` (`--window`)."""

@@ -1,4 +1,4 @@
-"""Cluster specs from text, TOML, JSON or ElasticFlow's cluster_spec CSV.
+"""Cluster specs from text, TOML, JSON, ElasticFlow's cluster_spec CSV or openb's node list.
 
 Accepted by `load_cluster(text_or_path)`:
 
@@ -16,6 +16,11 @@ Accepted by `load_cluster(text_or_path)`:
   type `gpu_type` (default "a100", the GPU of ElasticFlow's throughput tables). CPU and memory
   per node have no slot in ClusterSpec and are ignored; switches are flattened (one group per
   row).
+- Alibaba openb's `openb_node_list_*.csv` (`sn,cpu_milli,memory_mib,gpu,model`, told from
+  ElasticFlow's by that header): each node `gpu` GPUs of type `model` (spelled as the pod lists'
+  gpu_spec, so jobs restricted to a type run only there); nodes without GPUs are left out
+  (`load_openb_nodes` counts them); consecutive identical nodes make one group, in the file's
+  order. CPU and memory are ignored, as ElasticFlow's.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from gpuyard.shared.model import ClusterSpec
 from .core import read_document
 
 ELASTICFLOW_COLUMNS = ("num_switch", "num_node_p_switch", "num_gpu_p_node")
+OPENB_NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 
 
 def load_cluster(text_or_path: str | Path, *, gpu_type: str = "a100") -> ClusterSpec:
@@ -45,6 +51,10 @@ def load_cluster(text_or_path: str | Path, *, gpu_type: str = "a100") -> Cluster
     if suffix in (".toml", ".json"):
         return _from_document(path)
     if suffix == ".csv":
+        with open(path, newline="") as f:
+            header = tuple(c.strip() for c in f.readline().rstrip("\r\n").split(","))
+        if header == OPENB_NODE_COLUMNS:
+            return load_openb_nodes(path)[0]
         return _from_elasticflow_csv(path, gpu_type)
     return ClusterSpec.parse(path.read_text().strip())
 
@@ -86,5 +96,36 @@ def _from_elasticflow_csv(path: Path, gpu_type: str) -> ClusterSpec:
         groups += [{"count": nodes, "gpus_per_node": gpus, "gpu_type": gpu_type}] * switches
     try:
         return msgspec.convert({"groups": groups}, ClusterSpec)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+
+
+def load_openb_nodes(path: str | Path) -> tuple[ClusterSpec, int]:
+    """An openb node list as a ClusterSpec (module docstring), and how many nodes without GPUs
+    it left out."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    groups: list[dict[str, Any]] = []
+    gpu_less = 0
+    for line, row in enumerate(rows, start=2):
+        try:
+            gpus = int(str(row["gpu"]).strip())
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}, line {line}: gpu {row['gpu']!r}: {exc}") from None
+        model = str(row["model"] or "").strip()
+        if gpus == 0:
+            gpu_less += 1
+            continue
+        if not model:
+            raise ValueError(f"{path}, line {line}: a node with {gpus} GPUs has no model")
+        last = groups[-1] if groups else None
+        if last and (last["gpus_per_node"], last["gpu_type"]) == (gpus, model):
+            last["count"] += 1
+        else:
+            groups.append({"count": 1, "gpus_per_node": gpus, "gpu_type": model})
+    if not groups:
+        raise ValueError(f"{path}: no node with GPUs")
+    try:
+        return msgspec.convert({"groups": groups}, ClusterSpec), gpu_less
     except msgspec.ValidationError as exc:
         raise ValueError(f"{path}: {exc}") from exc

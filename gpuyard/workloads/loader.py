@@ -17,6 +17,7 @@ from .formats import (
     load_native,
     load_philly,
 )
+from .openb import load_openb
 
 LOADERS: dict[str, Callable[..., Workload]] = {
     "gavel": load_gavel_trace,
@@ -27,6 +28,7 @@ LOADERS: dict[str, Callable[..., Workload]] = {
     "philly": load_philly,
     "helios": load_helios,
     "acme": load_acme,
+    "openb": load_openb,
     "gpuyard": load_native,
     "csv": load_native,
     "parquet": load_native,
@@ -46,7 +48,8 @@ def detect_format(path: str | Path) -> str:
     `.trace` -> gavel, `.json` -> philly, `.parquet` -> gpuyard; otherwise a line with 9 tabs is
     Gavel, and a CSV header decides: Jmin/Jmax -> bftrainer, arrival_time_s -> blox,
     model_name -> elasticflow (ITP files included), vc and gpu_num -> helios, gpu_num with type or
-    gpu_time -> acme, num_gpus -> gpuyard.
+    gpu_time -> acme, num_gpu and gpu_milli -> openb (not gpu_spec: openb_pod_list_multigpu50.csv
+    has none, nor any time, which the loader then names), num_gpus -> gpuyard.
     """
     path = Path(path)
     suffix = path.suffix.lower()
@@ -72,6 +75,8 @@ def detect_format(path: str | Path) -> str:
         return "helios"
     if "gpu_num" in header and ("type" in header or "gpu_time" in header):
         return "acme"
+    if {"num_gpu", "gpu_milli"} <= header:
+        return "openb"
     if "num_gpus" in header:
         return "gpuyard"
     if {"Ns", "Ps"} <= header:
@@ -101,8 +106,8 @@ def load_workload(
     `format`: None/"auto" to detect (see `detect_format`) or a name in `LOADERS`. `skip_bad`:
     skip broken lines/fields and report them in `Workload.skipped` / `skip_reasons` instead of
     raising `WorkloadError`. `options` go to the format's loader (e.g. `throughputs=` for gavel,
-    `elastic=True` for elasticflow, `semantics=`/`multigpu=` for philly, `cpu_jobs=` for helios
-    and acme).
+    `elastic=True` for elasticflow, `semantics=`/`multigpu=` for philly, `cpu_jobs=` for helios,
+    acme and openb).
     """
     name = detect_format(path) if format in (None, "auto") else format
     if name not in LOADERS:
