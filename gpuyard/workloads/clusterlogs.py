@@ -40,7 +40,7 @@ the file's text.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -78,6 +78,21 @@ OUTCOMES: dict[str, Literal["completed", "failed", "cancelled"]] = {
 CpuJobs = Literal["skip", "keep"]
 ODDITIES = ("cpu_only", "no_start_time", "end_before_start", "non_positive_duration", "no_run_time")
 """Why a row is left out (not an error), in the order they are checked."""
+
+
+def left_out_rows(
+    reasons: dict[str, np.ndarray], bad: Collection[int], counts: dict[str, int]
+) -> np.ndarray:
+    """The rows left out: each counted in `counts` under the first of `reasons` (in order) that
+    holds for it; `bad` rows (errors, reported as such) are not left out."""
+    left_out = np.zeros(len(next(iter(reasons.values()))), bool)
+    for reason, holds in reasons.items():
+        hits = holds & ~left_out
+        hits[list(bad)] = False
+        counts[reason] += int(hits.sum())
+        left_out |= hits
+    return left_out
+
 
 _TIME_COLUMNS = ("start_time", "end_time", "fail_time", "stop_time")
 _NUMBER_COLUMNS = ("node_num", "cpu_num", "queue", "gpu_time", "mem_per_pod_GB",
@@ -238,12 +253,7 @@ def _load_cluster_log(
             "non_positive_duration": ~no_start & ~backwards & (run <= 0),
             "no_run_time": ~no_start & np.isnan(run),
         }
-        left_out = np.zeros(len(df), bool)
-        for reason in ODDITIES:
-            hits = reasons[reason] & ~left_out
-            hits[list(bad)] = False  # (a broken row is an error, not an oddity)
-            counts[reason] += int(hits.sum())
-            left_out |= hits
+        left_out = left_out_rows(reasons, bad, counts)
         keep = [i for i in np.flatnonzero(~left_out).tolist() if i not in bad]
         for i in keep:
             if state[i] not in OUTCOMES:

@@ -41,7 +41,7 @@ import numpy as np
 
 from gpuyard.shared.model import ANY_GPU
 
-from .clusterlogs import CpuJobs
+from .clusterlogs import CpuJobs, left_out_rows
 from .core import Workload, WorkloadError, build_jobs, nan_to_none, numeric_column
 from .formats import _required_str, _str_column, read_table
 
@@ -87,12 +87,7 @@ def load_openb(path: str | Path, *, cpu_jobs: CpuJobs = "skip", skip_bad: bool =
         "non_positive_run_time": ~never & ~no_deletion & (run <= 0),
     }
     counts = dict.fromkeys(ODDITIES, 0)
-    left_out = np.zeros(len(df), bool)
-    for reason in ODDITIES:
-        hits = reasons[reason] & ~left_out
-        hits[list(bad)] = False  # (a broken row is an error, not an oddity)
-        counts[reason] += int(hits.sum())
-        left_out |= hits
+    left_out = left_out_rows(reasons, bad, counts)
     rows = sorted({*np.flatnonzero(~left_out).tolist(), *bad})
     pick = np.asarray(rows, dtype=np.int64)
     cpu_only = gpus[pick] == 0
