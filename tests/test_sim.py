@@ -174,6 +174,39 @@ async def test_rounds_mode_tells_a_rounds_arrivals_and_exits_together(
     }  # fmt: skip
 
 
+async def test_events_mode_goes_on_through_arrivals_that_change_nothing(
+    tmp_path: Path, nats_url: str
+) -> None:
+    """In events mode the clock submits jobs ahead of their arrival and the scheduler goes on
+    through them, deciding at each, until a decision starts something or the next completion
+    comes: the same decisions and timeline as one request per arrival, in fewer requests."""
+    jobs = [job("a", 1, 100.0, 0.0), job("b", 1, 50.0, 10.0), job("c", 1, 10.0, 20.0),
+            job("d", 1, 10.0, 30.0), job("e", 2, 10.0, 40.0), job("f", 1, 10.0, 45.0)]  # fmt: skip
+    options = SimOptions(cluster=ClusterSpec.parse("1x2"), mode="events")
+    result = await simulate(options, jobs, tmp_path, nats_url=nats_url)
+    by_id = {r.job_id: r for r in result.jobs}
+    assert [by_id[j].first_start for j in "abcdef"] == [0.0, 10.0, 60.0, 70.0, 100.0, 110.0]
+    assert [by_id[j].end_time for j in "abcdef"] == [100.0, 60.0, 70.0, 80.0, 110.0, 120.0]
+    t = result.timeline
+    points = list(zip(t["time"].tolist(), t["busy_gpus"].tolist(), t["queued"].tolist(),
+                      t["running"].tolist(), strict=True))  # fmt: skip
+    assert points == [
+        (0.0, 1, 0, 1), (10.0, 2, 0, 2), (20.0, 2, 1, 2), (30.0, 2, 2, 2), (40.0, 2, 3, 2),
+        (45.0, 2, 4, 2), (60.0, 2, 3, 2), (70.0, 2, 2, 2), (80.0, 1, 2, 1), (100.0, 2, 1, 1),
+        (110.0, 1, 0, 1), (120.0, 0, 0, 0),
+    ]  # fmt: skip
+    assert result.summary["instants"] == len(points)
+    # 0 and 10 are submitted at their instants (10 with c to f, ahead: the first reply said
+    # the scheduler may go on), b starts at 10; the tick at 20 goes on through 30, 40 and 45
+    # (the queue is blocked) until b's end at 60; then one exit report per completion.
+    requests = next(s for s in result.stats if s.service == "simclock").requests
+    counts = {subject: int(n) for subject, (n, _) in requests.items()}
+    assert counts == {
+        "place.nodes.{caller}": 1, "adm.submit.{caller}": 2, "sched.tick": 1,
+        "sched.exited.{caller}": 6,
+    }  # fmt: skip
+
+
 async def test_multi_gpu_jobs_on_partly_free_nodes(tmp_path: Path, nats_url: str) -> None:
     """Two 1-GPU jobs leave each 4-GPU node with 3 free; a 6-GPU job must span both nodes."""
     jobs = [job("s1", 1, 1000.0, 0.0), job("s2", 1, 1000.0, 0.0), job("big", 6, 100.0, 1.0)]

@@ -115,9 +115,14 @@ class SubmitRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     tick: bool = False
     """Simulation clocks: after enqueueing, run the scheduling round if one is due (saves a tick)."""
     times: list[float] = []
-    """When each job arrived, where they arrived at different times, all at most `now` (a
-    simulation's clock tells of a quiet window's arrivals together: `SchedulerStatus.quiet_until`,
-    `SubmitReply.batches`); each job is decided on at its own time. Empty: all at `now`."""
+    """When each job arrived, where they arrived at different times (a simulation's clock tells
+    of a quiet window's arrivals together: `SchedulerStatus.quiet_until`, `SubmitReply.batches`);
+    each job is decided on at its own time. Empty: all at `now`. With a `now` (a simulation's
+    clock), a time after it is a job submitted ahead of its arrival: the scheduler holds it
+    until then (`SchedulerStatus.runs_ahead`); on the wall clock none is later than now."""
+    until: float | None = None
+    """Simulation clocks, with the tick: the scheduler may go on to the arrivals it holds before
+    this time, deciding at each, while its decisions change nothing (`SchedulerStatus.reached`)."""
 
 
 class SubmitResult(Struct, kw_only=True):
@@ -156,7 +161,10 @@ class EnqueueRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     policies that reschedule at every arrival (`Needs.decide_on_arrival`)."""
     times: list[float] = []
     """When each job was admitted, where at different times (`SubmitRequest.times`); empty: all
-    at `now`."""
+    at `now`. A time after `now`: the job arrives then (it is held until a request's time
+    reaches it)."""
+    until: float | None = None
+    """With the tick: go on to the held arrivals before this time (`SubmitRequest.until`)."""
 
 
 class SchedulerStatus(Struct, kw_only=True):
@@ -184,6 +192,14 @@ class SchedulerStatus(Struct, kw_only=True):
     changes: list[CountsChange] = []
     """What a request telling of earlier instants (`quiet_until`) changed in the counts, at each
     of those instants, in time order: a clock's timeline has their points."""
+    reached: float | None = None
+    """The instant the scheduler went on to (`until`), deciding at each held arrival on the way,
+    when later than the request's `now`: the counts and the round are of that instant, and
+    `changes` has those of the ones before it. None: the request's `now`."""
+    runs_ahead: bool = False
+    """A clock may submit jobs ahead of their arrival and ask the scheduler to go on through them
+    (`until`): its decisions at an arrival depend on nothing a clock does between instants
+    (events mode, a policy that does not decide on declined arrivals, state not stored)."""
 
 
 class CountsChange(Struct, array_like=True):
@@ -212,6 +228,8 @@ class TickRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     resolve: bool = False
     """Ask the policy again even if the round mechanism would not yet (Gavel's simulator does
     when nothing runs and nothing more will arrive)."""
+    until: float | None = None
+    """Go on to the held arrivals before this time (`SubmitRequest.until`)."""
     steps: dict[str, StepsReport] = {}
     """The simulated nodes' word on jobs' progress since the clock's last request (the steps of
     the jobs their commands stopped, the progress restart pauses took), taken before the round;
@@ -241,6 +259,8 @@ class ExitReport(Struct, kw_only=True, forbid_unknown_fields=True):
     exits: list[JobExit]
     tick: bool = False
     """After recording the exits, run the scheduling round if one is due."""
+    until: float | None = None
+    """With the tick: go on to the held arrivals before this time (`SubmitRequest.until`)."""
     steps: dict[str, StepsReport] = {}
     """The simulation's clock only (`TickRequest.steps`), taken before the exits; a node agent
     reports its jobs' progress in its heartbeats, and may not send this."""

@@ -88,6 +88,7 @@ class Submission(Struct, kw_only=True, forbid_unknown_fields=True):
     now: float | None = None
     tick: bool = False
     times: list[float] = []
+    until: float | None = None
 
     def judged(self) -> tuple[SubmitRequest, list[SubmitResult], list[int]]:
         """The request with the specs that are well formed, a refusal for each other one, and
@@ -117,7 +118,7 @@ class Submission(Struct, kw_only=True, forbid_unknown_fields=True):
                 times.append(self.times[i])
         if first is not None and not specs:
             raise first
-        req = SubmitRequest(jobs=specs, now=self.now, tick=self.tick, times=times)
+        req = SubmitRequest(jobs=specs, now=self.now, tick=self.tick, times=times, until=self.until)
         return req, refused, kept
 
 
@@ -300,7 +301,12 @@ class Admission(Service):
         for i, spec in enumerate(req.jobs):
             if spec.job_id is not None and spec.job_id in held_ids:
                 continue  # durable: a retried submit whose first attempt held this job
-            at = min(req.times[i], now) if req.times else now
+            # (a simulation's clock may submit a job ahead of its arrival: `SubmitRequest.times`)
+            at = (
+                (req.times[i] if req.now is not None else min(req.times[i], now))
+                if req.times
+                else now
+            )
             spec = msgspec.structs.replace(
                 spec,
                 job_id=spec.job_id or self._new_id(),
@@ -332,7 +338,12 @@ class Admission(Service):
             status = await self._call(
                 ENQUEUE,
                 EnqueueRequest(
-                    now=now, jobs=admitted, tick=req.tick, declined=declined, times=times
+                    now=now,
+                    jobs=admitted,
+                    tick=req.tick,
+                    declined=declined,
+                    times=times,
+                    until=req.until,
                 ),
             )
             for r in results:

@@ -283,7 +283,11 @@ class CountsLog:
 
     def __init__(self, table: JobTable, now: float) -> None:
         self.table = table
+        self.started = now
+        """The request's time."""
         self.now = now
+        """The instant the request reached (`SchedulerStatus.reached`): the reply's counts are
+        of it, the log has the changes before it."""
         self.by_time: dict[float, list[int]] = {}
 
     @contextmanager
@@ -292,8 +296,6 @@ class CountsLog:
         table = self.table
         before = (table.busy_gpus, table.queued, table.running)
         yield
-        if time >= self.now:
-            return
         after = (table.busy_gpus, table.queued, table.running)
         if after != before:
             total = self.by_time.setdefault(time, [0, 0, 0])
@@ -301,4 +303,4 @@ class CountsLog:
                 total[i] += after[i] - before[i]
 
     def changes(self) -> list[CountsChange]:
-        return [CountsChange(t, *d) for t, d in sorted(self.by_time.items())]
+        return [CountsChange(t, *d) for t, d in sorted(self.by_time.items()) if t < self.now]

@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar, cast
 
@@ -189,6 +190,10 @@ class Scheduler(Service):
         self.configured = (config.policy, config.params)
         self.install_policy(config.policy, config.params)
         self.released: list[str] = []  # ended on their own since the last apply
+        self.arriving: deque[tuple[float, JobSpec, float | None]] = deque()
+        """Jobs a simulation's clock submitted ahead of their arrival (`SubmitRequest.times`), in
+        arrival order, with their work: they join the queue when a request's time reaches them."""
+        self.arriving_ids: set[str] = set()
         self.commands = 0  # placement's last `clock.cmds` for our applies (simulated nodes)
         self.cluster: ClusterInfo | None = None  # placement's, as last heard; None: ask again
         self._applied: LastApply | None = None
@@ -395,13 +400,14 @@ class Scheduler(Service):
         if req.times and len(req.times) != len(req.jobs):
             raise BadRequest("times: one per job, or none", field="$.times")
         changes = CountsLog(self.table, req.now)
+        await self._arrive(req.now, changes)  # (those held for now come before these)
         for i, spec in enumerate(req.jobs):
             if spec.job_id is None:
                 raise BadRequest("admitted jobs must carry a job_id", field="$.jobs[].job_id")
             known = self.table.get(spec.job_id)
-            if known is not None:
+            if known is not None or spec.job_id in self.arriving_ids:
                 # Durable (callers retry): the same job again is a retried request, already here.
-                if not (self.config.durable and _same_job(known.spec, spec)):
+                if not (known is not None and self.config.durable and _same_job(known.spec, spec)):
                     rejected[spec.job_id] = f"job id {spec.job_id!r} is already in use"
                 continue
             try:
@@ -410,6 +416,13 @@ class Scheduler(Service):
                 rejected[spec.job_id] = str(exc)
                 continue
             at = req.times[i] if req.times else req.now
+            if at > req.now:  # submitted ahead of its arrival: it joins the queue then
+                if self.arriving and at < self.arriving[-1][0]:
+                    raise BadRequest("times: jobs ahead of their arrival come in arrival order",
+                                     field="$.times")  # fmt: skip
+                self.arriving.append((at, spec, work))
+                self.arriving_ids.add(spec.job_id)
+                continue
             with changes.at(at):
                 self.table.admit(spec, at, work)
             self.dirty = True
@@ -417,8 +430,8 @@ class Scheduler(Service):
         if req.declined and self.policy.needs.decide_on_arrival:
             self.dirty = True
         self._poke()
-        ran = await self._round_if_due(req.now, req.tick)
-        return self._status(req.now, ran_round=ran, rejected=rejected, changes=changes)
+        ran, reached = await self._advance(req.now, req.tick, req.until, changes)
+        return self._status(reached, ran_round=ran, rejected=rejected, changes=changes)
 
     async def exited(self, req: ExitReport, caller: Caller = ANONYMOUS) -> SchedulerStatus:
         check_exits(req, caller)
@@ -429,8 +442,8 @@ class Scheduler(Service):
                 await self._exit(req, ex, caller)
         if self.dirty:  # (a part that stopped as it was told changes nothing: no round for it)
             self._poke()
-        ran = await self._round_if_due(req.now, req.tick)
-        return self._status(req.now, ran_round=ran, changes=changes)
+        ran, reached = await self._advance(req.now, req.tick, req.until, changes)
+        return self._status(reached, ran_round=ran, changes=changes)
 
     async def _exit(self, req: ExitReport, ex: JobExit, caller: Caller) -> None:
         """One job's exit (a part's, of a job on several nodes)."""
@@ -531,8 +544,9 @@ class Scheduler(Service):
         self._tick_sent = -math.inf  # (wall clock: the next poke sends another)
         self._ticked.set()
         self._simulated_progress(req.steps)
-        ran = await self._round_if_due(req.now, True)
-        return self._status(req.now, ran_round=ran)
+        changes = CountsLog(self.table, req.now)
+        ran, reached = await self._advance(req.now, True, req.until, changes)
+        return self._status(reached, ran_round=ran, changes=changes)
 
     async def _round_if_due(self, now: float, tick: bool) -> bool:
         """The clock's tick: run the round if one is due at `now` (always, on wall-clock time)."""
@@ -542,6 +556,60 @@ class Scheduler(Service):
             ran = True
         self._after(now)
         return ran
+
+    async def _advance(
+        self, now: float, tick: bool, until: float | None, changes: CountsLog
+    ) -> tuple[bool, float]:
+        """The tick at `now`: the jobs held for their arrival that it reaches join the queue, and
+        the round runs if due. Then, where the clock asked (`until`) and may (`runs_ahead`), on
+        to each held arrival before `until`, one instant after another, as the clock would have
+        told of them, while a decision changes nothing the clock must act on (no node command,
+        no job ended) and no round is due sooner. Returns whether a round ran at the instant
+        reached, and that instant; `changes` logs the counts of those before it."""
+        table = self.table
+        # What a decision changes that the clock must act on (the request's exits came before).
+        before = (self.commands, table.finished, table.running, table.busy_gpus)
+        if tick:
+            await self._arrive(now, changes)
+        ran = await self._round_if_due(now, tick)
+        if not (tick and until is not None and self.runs_ahead()):
+            return ran, now
+        while (
+            self.arriving
+            and (self.commands, table.finished, table.running, table.busy_gpus) == before
+        ):
+            at = self.arriving[0][0]
+            wake = self._own_wake(now)
+            if at >= until or (wake is not None and wake < at):
+                break
+            now = at
+            await self._arrive(now, changes)
+            ran = await self._round_if_due(now, True)
+        changes.now = now
+        return ran, now
+
+    async def _arrive(self, now: float, changes: CountsLog) -> None:
+        """The jobs held for their arrival at or before `now` join the queue, at their time."""
+        arriving = self.arriving
+        while arriving and arriving[0][0] <= now:
+            at, spec, work = arriving.popleft()
+            assert spec.job_id is not None
+            self.arriving_ids.discard(spec.job_id)
+            with changes.at(at):
+                self.table.admit(spec, at, work)
+            self.dirty = True
+            await self.emit("job.queued", at, spec.job_id)
+
+    def runs_ahead(self) -> bool:
+        """Whether a clock may submit jobs ahead of their arrival and have us go on through them
+        (`SchedulerStatus.runs_ahead`): at every event, as the clock tells of it, with nothing
+        stored and no decision on declined arrivals (those the clock would tell of alone)."""
+        return (
+            self.config.mode == "events"
+            and self.config.clock == "external"
+            and not self.store.durable
+            and not self.policy.needs.decide_on_arrival
+        )
 
     async def list_jobs(self, req: PageQuery, caller: Caller = ANONYMOUS) -> JobsPage:
         page = list(self.table.jobs.values())[req.offset : req.offset + req.limit]
@@ -1085,7 +1153,16 @@ class Scheduler(Service):
     # ------------------------------------------------------------------ time
 
     def next_wake(self, now: float) -> float | None:
-        """When the next round is due, or None when nothing can change until the next event."""
+        """When the next tick is due, or None when nothing can change until the next event: the
+        next round, or the arrival of a job submitted ahead of it, whichever is first."""
+        wake = self._own_wake(now)
+        if self.arriving:
+            at = self.arriving[0][0]
+            return at if wake is None else min(wake, at)
+        return wake
+
+    def _own_wake(self, now: float) -> float | None:
+        """When the next round is due (None: not until something happens)."""
         if self.config.mode != "clock" and self.policy.mechanism == "time_shares":
             return self.mechanism.next_round(now, self.config.round_s, bool(self.table.active))
         return self.cadence.next_wake(
@@ -1118,6 +1195,8 @@ class Scheduler(Service):
             rejected=rejected or {}, commands=self.commands, quiet_until=self.quiet_until(now),
             exit_decides=self.policy.needs.decide_on_exit or table.queued > 0,
             changes=changes.changes() if changes is not None else [],
+            reached=now if changes is not None and now > changes.started else None,
+            runs_ahead=self.runs_ahead(),
         )  # fmt: skip
 
     async def emit(self, kind: Any, now: float, job_id: str, **fields: Any) -> None:

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from gpuyard.services.simclock.service import SimClock
 
 MAX_TICKS_PER_INSTANT = 3
+AHEAD_JOBS = 1000
+"""Jobs submitted ahead of their arrival at once, where the scheduler goes on through them."""
 
 Step = Literal["nodes", "exits", "submit"]
 NodeEvents = list[tuple[float, list[tuple[str, bool]]]]
@@ -65,6 +67,9 @@ class InstantLoop:
     """Whether held jobs are decided again at the time admission asks (not only at exits)."""
     batches_quiet = True
     """Whether the instants of the scheduler's quiet windows are told of together."""
+    submits_ahead = True
+    """Whether jobs may be submitted ahead of their arrival, for the scheduler to go on through
+    while its decisions change nothing (`SchedulerStatus.runs_ahead`)."""
     stuck: str
     """Why jobs that never finished did not (the end of the error's line)."""
 
@@ -74,6 +79,9 @@ class InstantLoop:
         self.waiting = deque(workload)
         """The jobs not submitted yet, in arrival order (each leaves as it is: a long replay's
         specs go as their jobs end)."""
+        self.ahead: deque[float] = deque()
+        """When each job submitted ahead of its arrival arrives, in order (those admission
+        declined too: their arrival is an instant all the same)."""
         self.churn = churn
         self.next_churn = 0
         self.held = 0  # jobs admission holds, as it last said
@@ -118,6 +126,12 @@ class InstantLoop:
         exits: list[JobExit] = []
         batch: list[JobSpec] = []
         times: list[float] = []
+        clock.reached = None
+        arriving = 0  # jobs submitted ahead that arrive now
+        while self.ahead and self.ahead[0] <= now:
+            self.ahead.popleft()
+            arriving += 1
+        progress.submitted += arriving
         while True:
             progress.now = now
             progress.instants += 1
@@ -125,6 +139,7 @@ class InstantLoop:
             for ex in ended:
                 self.awaited.discard(ex.job_id)
             arrived = self.arrivals(now)
+            progress.submitted += len(arrived)
             later = await self.quiet_after(now, bool(exits or ended)) if lost is None else None
             if later is None:
                 exits += ended
@@ -142,24 +157,33 @@ class InstantLoop:
         # asked for one.
         due = self.held_retry is not None and self.held_retry <= now
         retry_held = self.held > 0 and (bool(exits) or due)
-        ticked = False
-        for step, tick in plan_instant(
+        plan = plan_instant(
             nodes=lost is not None, exits=bool(exits), submit=bool(batch) or retry_held
-        ):
+        )
+        # With one request (or a lone tick) the scheduler may go on through the arrivals
+        # submitted ahead, until the next thing only the clock knows of.
+        until = self.horizon() if len(plan) <= 1 and not earlier and self.runs_ahead() else None
+        if until is not None and batch:
+            ahead = self.submitted_ahead()
+            times = [now] * len(batch) + [self.delivery(spec) for spec in ahead] if ahead else []
+            batch += ahead
+        ticked = False
+        for step, tick in plan:
             if step == "nodes":
                 assert lost is not None
                 msg = ClusterChanged(now=now, lost_jobs=lost, tick=tick)
                 clock.note(now, await clock.call(CLUSTER_CHANGED, msg))
                 ticked = tick
             elif step == "exits":
-                clock.note(
-                    now, await clock.call(EXITED, ExitReport(now=now, exits=exits, tick=tick))
-                )
+                report = ExitReport(now=now, exits=exits, tick=tick, until=until)
+                clock.note(now, await clock.call(EXITED, report))
                 ticked = tick
             else:
-                ticked = await self.submit(now, batch, times)
-        if not ticked and self.tick_due(now):
-            clock.note(now, await clock.call(TICK, TickRequest(now=now)))
+                ticked = await self.submit(now, batch, times, until)
+        if not ticked and (self.tick_due(now) or arriving):
+            clock.note(now, await clock.call(TICK, TickRequest(now=now, until=until)))
+        if clock.reached is not None and clock.reached > now:
+            now = self.went_on(now, clock.reached, earlier)
         clock.earlier_points(now, earlier, before)
         await clock.refresh(now)
         progress.finished = clock.runs.finished + clock.declined_count
@@ -204,8 +228,70 @@ class InstantLoop:
         await clock.refresh(now)  # (a job whose partner left goes on at another rate)
         return within()
 
+    def runs_ahead(self) -> bool:
+        """Whether the scheduler may go on through arrivals submitted ahead: it says it may, and
+        nothing the clock does at an arrival could change what it decides there (admission
+        decides each job alone, holds none; no window, no restart charged at every decision,
+        no end event or stall that only the clock's instants make)."""
+        clock = self.clock
+        config = clock.config
+        restart = config.preemption_cost.restart
+        return (
+            self.submits_ahead
+            and clock.runs_ahead
+            and self.admission_batches
+            and not self.held
+            and config.window is None
+            and config.completion_grid_s is None
+            and config.predicted_ends is None
+            and not config.at_node_events
+            and (restart is None or restart.scope != "decisions")
+        )
+
+    def horizon(self) -> float | None:
+        """The first instant after `now` that only the clock knows of: a completion or a node
+        event (None: none is known, as when nothing runs: the scheduler is not asked to go on)."""
+        times = [self.clock.runs.next_completion()]
+        if self.next_churn < len(self.churn):
+            times.append(self.churn[self.next_churn][0])
+        return min((t for t in times if t is not None), default=None)
+
+    def submitted_ahead(self) -> list[JobSpec]:
+        """The next jobs to submit ahead of their arrival (up to `AHEAD_JOBS`, with every job
+        arriving when the last does, before the next node event: admission decides on the
+        cluster as it is)."""
+        waiting = self.waiting
+        limit = self.churn[self.next_churn][0] if self.next_churn < len(self.churn) else math.inf
+        jobs: list[JobSpec] = []
+        while waiting and (at := self.delivery(waiting[0])) < limit:
+            if len(jobs) >= AHEAD_JOBS and at > self.ahead[-1]:
+                break
+            jobs.append(waiting.popleft())
+            self.ahead.append(at)
+        self.clock.arrived(jobs)
+        return jobs
+
+    def went_on(self, now: float, reached: float, earlier: list[float]) -> float:
+        """The scheduler went on from `now` to `reached` through arrivals submitted ahead: the
+        instants on the way are told of (`earlier`); returns `reached`."""
+        earlier.append(now)
+        ahead = self.ahead
+        while ahead and ahead[0] <= reached:
+            at = ahead.popleft()
+            self.progress.submitted += 1
+            if at != earlier[-1]:
+                earlier.append(at)
+                self.progress.instants += 1
+        if earlier[-1] == reached:
+            earlier.pop()
+        self.progress.now = reached
+        return reached
+
     def next_delivery(self) -> float | None:
-        """When the next job is submitted (None: every job has been)."""
+        """When the next job is submitted, or arrives having been submitted ahead (None: every
+        job has arrived)."""
+        if self.ahead:
+            return self.ahead[0]
         return self.delivery(self.waiting[0]) if self.waiting else None
 
     def arrivals(self, now: float) -> list[JobSpec]:
@@ -217,12 +303,14 @@ class InstantLoop:
         self.clock.arrived(batch)
         return batch
 
-    async def submit(self, now: float, batch: list[JobSpec], times: list[float]) -> bool:
+    async def submit(
+        self, now: float, batch: list[JobSpec], times: list[float], until: float | None
+    ) -> bool:
         """Submit the arrivals (and have the held jobs decided again), with the tick; whether the
-        scheduler got the tick. `times`: when each arrived (empty: all now)."""
-        msg = SubmitRequest(now=now, jobs=batch, tick=True, times=times)
+        scheduler got the tick. `times`: when each arrives (empty: all now); `until`: the
+        scheduler may go on through those after now until then."""
+        msg = SubmitRequest(now=now, jobs=batch, tick=True, times=times, until=until)
         reply = await self.clock.call(SUBMIT, msg)
-        self.progress.submitted += len(batch)
         self.held = reply.held
         self.admission_batches = reply.batches
         if self.retries_held_at:
@@ -325,6 +413,7 @@ class GavelRounds(InstantLoop):
 
     retries_held_at = False
     batches_quiet = False
+    submits_ahead = False
     stuck = "the scheduler starts nothing"
 
     def __init__(self, clock: SimClock, workload: list[JobSpec], round_s: float) -> None:

@@ -81,6 +81,8 @@ class SimClock(Service):
         self.sched_wake: float | None = None
         self.quiet_until: float | None = None  # the scheduler's (`SchedulerStatus.quiet_until`)
         self.exit_decides = False  # ... and whether an exit would make it decide
+        self.runs_ahead = False  # ... and whether it goes on through arrivals submitted ahead
+        self.reached: float | None = None  # the instant its last reply went on to, if later
         self.changes: list[CountsChange] = []  # its replies' changes at earlier instants
         self.timeline = Timeline()
         self.task: asyncio.Task[None] | None = None
@@ -193,8 +195,11 @@ class SimClock(Service):
         self.sched_wake = status.wake_at
         self.quiet_until = status.quiet_until
         self.exit_decides = status.exit_decides
+        self.runs_ahead = status.runs_ahead
         self.changes += status.changes
         self.commands_due = max(self.commands_due, status.commands)
+        if status.reached is not None:  # (it went on to a later instant: the point is of that)
+            now = self.reached = status.reached
         if status.ran_round:
             self.decided = now
         self.timeline.put(
