@@ -130,6 +130,11 @@ class Placement(Service):
         self.nodes: dict[str, NodeSpec] = {}
         self._capacity: dict[str, int] | None = None  # of `nodes`, while they do not change
         self._every_view: list[NodeView] | None = None  # `_all_views`, while nodes do not change
+        self._free_views: dict[str, NodeView] | None = None
+        """`_views`' node views, of the nodes with free GPUs, while nodes do not change: made
+        again for the nodes whose free GPUs changed (`_free_changed`)."""
+        self._free_changed: set[str] = set()
+        self._node_order: dict[str, int] = {}  # each node's place in `nodes`
         self.running: dict[str, list[GpuRef]] = {}
         self.held_at: dict[str, int] = {}  # when each running job took its GPUs (`running`'s order)
         self._holds = 0
@@ -243,7 +248,8 @@ class Placement(Service):
     def _add_node(self, node: NodeSpec) -> None:
         """A node joins, or registers again (after an agent restart: what runs there stays)."""
         self.nodes[node.node_id] = node
-        self._capacity = self._every_view = None
+        self._capacity = None
+        self._nodes_changed()
         self.down.pop(node.node_id, None)
         busy = {g.index for g in self.holders if g.node_id == node.node_id}
         self.free[node.node_id] = set(range(node.num_gpus)) - busy
@@ -271,7 +277,7 @@ class Placement(Service):
             )
         self.changed = True
         self.unresponsive.discard(req.node.node_id)
-        self._every_view = None
+        self._nodes_changed()
         self._check_lease(req)
         old = self.nodes.get(req.node.node_id)
         # A node agent's own registration: it must heartbeat, or it is declared lost.
@@ -326,7 +332,8 @@ class Placement(Service):
             self.unresponsive.discard(node_id)
             self.unconfirmed.pop(node_id, None)
             del self.nodes[node_id]
-            self._capacity = self._every_view = None
+            self._capacity = None
+            self._nodes_changed()
             del self.free[node_id]
             self.down[node_id] = req.now
         hit = sorted(j for j, gpus in self.running.items() if any(g.node_id in gone for g in gpus))
@@ -417,21 +424,43 @@ class Placement(Service):
                 ended[job_id] = gpus
         return ended
 
+    def _nodes_changed(self) -> None:
+        """Nodes came, went, or stopped or started answering: their views are made again."""
+        self._every_view = self._free_views = None
+
     def _views(self, extra: dict[str, list[int]] | None = None) -> list[NodeView]:
-        """Nodes with GPUs this decision may give out: the free ones plus `extra`."""
-        views = []
-        for node in self.nodes.values():
-            if node.node_id in self.unresponsive:
+        """Nodes with GPUs this decision may give out, in node order: the free ones plus `extra`.
+        Costs the nodes with free GPUs, and those whose free GPUs changed since the last."""
+        views = self._free_views
+        if views is None:  # (nodes changed: every node's view again)
+            views = self._free_views = {}
+            self._node_order = {node_id: i for i, node_id in enumerate(self.nodes)}
+            self._free_changed = set(self.nodes)
+        for node_id in self._free_changed:
+            usable = self.free.get(node_id)
+            if usable and node_id not in self.unresponsive:
+                gpu_type = self.nodes[node_id].gpu_type
+                views[node_id] = NodeView(node_id=node_id, gpu_type=gpu_type, usable=sorted(usable))
+            else:
+                views.pop(node_id, None)
+        self._free_changed = set()
+        if not extra:
+            return [views[n] for n in sorted(views, key=self._node_order.__getitem__)]
+        listed = views.keys() | {
+            n
+            for n, more in extra.items()
+            if more and n in self.nodes and n not in self.unresponsive
+        }
+        found: list[NodeView] = []
+        for node_id in sorted(listed, key=self._node_order.__getitem__):
+            more = extra.get(node_id)
+            if not more:
+                found.append(views[node_id])
                 continue
-            usable = self.free[node.node_id]
-            more = extra.get(node.node_id) if extra else None
-            if more:
-                usable = usable | set(more)
-            if usable:
-                views.append(
-                    NodeView(node_id=node.node_id, gpu_type=node.gpu_type, usable=sorted(usable))
-                )
-        return views
+            usable = self.free[node_id] | set(more)
+            gpu_type = self.nodes[node_id].gpu_type
+            found.append(NodeView(node_id=node_id, gpu_type=gpu_type, usable=sorted(usable)))
+        return found
 
     def _all_views(self) -> list[NodeView]:
         """Every responsive node with all its GPUs (a rearranging policy's view at every apply:
@@ -626,6 +655,7 @@ class Placement(Service):
             self.shared += held == 2
             if g.node_id in self.free:
                 self.free[g.node_id].discard(g.index)
+                self._free_changed.add(g.node_id)
 
     def _free(self, job_id: str) -> None:
         """`job_id` no longer runs: its GPUs are free unless a job sharing them still holds them."""
@@ -639,6 +669,7 @@ class Placement(Service):
             self.holders.pop(g, None)
             if g.node_id in self.free:
                 self.free[g.node_id].add(g.index)
+                self._free_changed.add(g.node_id)
 
     def _check(self, allocations: list[Allocation], started: dict[str, list[GpuRef]]) -> None:
         """Newly placed jobs must get free, existing GPUs, once each, of the allocated count and type
@@ -827,7 +858,7 @@ class Placement(Service):
                 )
                 if node_id in self.unresponsive and node_id in self.nodes:
                     self.unresponsive.discard(node_id)  # it was silent, and is back
-                    self._every_view = None
+                    self._nodes_changed()
                 return
             except RemoteError as exc:
                 error = exc
@@ -838,7 +869,7 @@ class Placement(Service):
             if not alive and node_id in self.last_seen:  # silent: lost only by its heartbeats
                 if node_id not in self.unresponsive:
                     self.unresponsive.add(node_id)
-                    self._every_view = None
+                    self._nodes_changed()
                     self.log.warning("node.unresponsive", node_id=node_id, error=str(error))
                 deadline = time.monotonic() + timeout
                 await asyncio.sleep(0.1)
@@ -852,7 +883,7 @@ class Placement(Service):
             return  # the node is gone already (declared lost, or left)
         if node_id not in self.unresponsive:
             self.unresponsive.add(node_id)  # no more commands or jobs meanwhile
-            self._every_view = None
+            self._nodes_changed()
             self.log.error("node.command_failed", node_id=node_id, error=str(error))
             lost = NodesChanged(
                 now=time.time(),
