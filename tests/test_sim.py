@@ -198,12 +198,39 @@ async def test_events_mode_goes_on_through_arrivals_that_change_nothing(
     assert result.summary["instants"] == len(points)
     # 0 and 10 are submitted at their instants (10 with c to f, ahead: the first reply said
     # the scheduler may go on), b starts at 10; the tick at 20 goes on through 30, 40 and 45
-    # (the queue is blocked) until b's end at 60; then one exit report per completion.
+    # (the queue is blocked) to b's end at 60, told of ahead, where c starts; then one exit
+    # report per completion.
     requests = next(s for s in result.stats if s.service == "simclock").requests
     counts = {subject: int(n) for subject, (n, _) in requests.items()}
     assert counts == {
         "place.nodes.{caller}": 1, "adm.submit.{caller}": 2, "sched.tick": 1,
-        "sched.exited.{caller}": 6,
+        "sched.exited.{caller}": 5,
+    }  # fmt: skip
+
+
+async def test_exits_told_ahead_are_told_again_where_the_scheduler_stopped_sooner(
+    tmp_path: Path, nats_url: str
+) -> None:
+    """A tick going on through arrivals carries the next completion's exits; where a decision
+    before it starts a job (e, backfilled at 40), the scheduler stops there and the clock tells
+    of c's exit at 50 again, in its own report."""
+    jobs = [job("a", 1, 100.0, 0.0), job("b", 3, 10.0, 10.0), job("c", 1, 30.0, 20.0),
+            job("d", 3, 10.0, 30.0), job("e", 1, 5.0, 40.0)]  # fmt: skip
+    options = SimOptions(
+        cluster=ClusterSpec.parse("1x3"), mode="events", policy_params={"backfill": True}
+    )
+    result = await simulate(options, jobs, tmp_path, nats_url=nats_url)
+    by_id = {r.job_id: r for r in result.jobs}
+    assert [by_id[j].first_start for j in "abcde"] == [0.0, 100.0, 20.0, 110.0, 40.0]
+    assert [by_id[j].end_time for j in "abcde"] == [100.0, 110.0, 50.0, 120.0, 45.0]
+    t = result.timeline
+    assert t["time"].tolist() == [0.0, 10.0, 20.0, 30.0, 40.0, 45.0, 50.0, 100.0, 110.0, 120.0]
+    assert t["busy_gpus"].tolist() == [1, 1, 2, 2, 3, 2, 1, 3, 3, 0]
+    requests = next(s for s in result.stats if s.service == "simclock").requests
+    counts = {subject: int(n) for subject, (n, _) in requests.items()}
+    assert counts == {
+        "place.nodes.{caller}": 1, "adm.submit.{caller}": 2, "sched.tick": 1,
+        "sched.exited.{caller}": 5,
     }  # fmt: skip
 
 

@@ -230,6 +230,12 @@ class TickRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     when nothing runs and nothing more will arrive)."""
     until: float | None = None
     """Go on to the held arrivals before this time (`SubmitRequest.until`)."""
+    exits: list[JobExit] = []
+    """With `until`: the exits the clock foresees at `exits_at` (after now, before `until`),
+    which hold if the scheduler decides nothing that commands a node before then: going on, the
+    scheduler takes them at that instant, before its arrivals; stopping sooner, it drops them
+    (the clock tells of them again). A simulation's only."""
+    exits_at: float | None = None
     steps: dict[str, StepsReport] = {}
     """The simulated nodes' word on jobs' progress since the clock's last request (the steps of
     the jobs their commands stopped, the progress restart pauses took), taken before the round;

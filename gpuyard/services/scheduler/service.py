@@ -544,8 +544,16 @@ class Scheduler(Service):
         self._tick_sent = -math.inf  # (wall clock: the next poke sends another)
         self._ticked.set()
         self._simulated_progress(req.steps)
+        foreseen: ExitReport | None = None
+        if req.exits:
+            if req.exits_at is None or req.until is None or not req.now < req.exits_at < req.until:
+                raise BadRequest("exits foreseen need exits_at, after now and before until",
+                                 field="$.exits_at")  # fmt: skip
+            if not self.runs_ahead():
+                raise BadRequest("exits are foreseen by a simulation's clock only", field="$.exits")
+            foreseen = ExitReport(now=req.exits_at, exits=req.exits)
         changes = CountsLog(self.table, req.now)
-        ran, reached = await self._advance(req.now, True, req.until, changes)
+        ran, reached = await self._advance(req.now, True, req.until, changes, foreseen)
         return self._status(reached, ran_round=ran, changes=changes)
 
     async def _round_if_due(self, now: float, tick: bool) -> bool:
@@ -558,31 +566,45 @@ class Scheduler(Service):
         return ran
 
     async def _advance(
-        self, now: float, tick: bool, until: float | None, changes: CountsLog
-    ) -> tuple[bool, float]:
+        self, now: float, tick: bool, until: float | None, changes: CountsLog,
+        foreseen: ExitReport | None = None,
+    ) -> tuple[bool, float]:  # fmt: skip
         """The tick at `now`: the jobs held for their arrival that it reaches join the queue, and
         the round runs if due. Then, where the clock asked (`until`) and may (`runs_ahead`), on
-        to each held arrival before `until`, one instant after another, as the clock would have
-        told of them, while a decision changes nothing the clock must act on (no node command,
-        no job ended) and no round is due sooner. Returns whether a round ran at the instant
-        reached, and that instant; `changes` logs the counts of those before it."""
+        to each held arrival before `until` (and to the exits the clock `foreseen`, at their
+        instant), one instant after another, as the clock would have told of them, while a
+        decision changes nothing the clock must act on (no node command, no job ended) and no
+        round is due sooner. Returns whether a round ran at the instant reached, and that
+        instant; `changes` logs the counts of those before it."""
         table = self.table
-        # What a decision changes that the clock must act on (the request's exits came before).
-        before = (self.commands, table.finished, table.running, table.busy_gpus)
+
+        def state() -> tuple[int, int, int, int]:
+            """What a decision changes that the clock must act on."""
+            return self.commands, table.finished, table.running, table.busy_gpus
+
+        before = state()  # (the request's exits came before)
         if tick:
             await self._arrive(now, changes)
         ran = await self._round_if_due(now, tick)
         if not (tick and until is not None and self.runs_ahead()):
             return ran, now
-        while (
-            self.arriving
-            and (self.commands, table.finished, table.running, table.busy_gpus) == before
-        ):
-            at = self.arriving[0][0]
+        while state() == before:
+            times = [foreseen.now] if foreseen is not None else []
+            if self.arriving:
+                times.append(self.arriving[0][0])
+            if not times:
+                break
+            at = min(times)
             wake = self._own_wake(now)
             if at >= until or (wake is not None and wake < at):
                 break
             now = at
+            if foreseen is not None and foreseen.now == at:
+                for ex in foreseen.exits:
+                    with changes.at(at):
+                        await self._exit(foreseen, ex, ANONYMOUS)
+                foreseen = None
+                before = state()
             await self._arrive(now, changes)
             ran = await self._round_if_due(now, True)
         changes.now = now

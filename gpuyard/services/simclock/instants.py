@@ -180,10 +180,15 @@ class InstantLoop:
                 ticked = tick
             else:
                 ticked = await self.submit(now, batch, times, until)
+        foreseen: float | None = None  # when the exits told of ahead end
         if not ticked and (self.tick_due(now) or arriving):
-            clock.note(now, await clock.call(TICK, TickRequest(now=now, until=until)))
+            request = TickRequest(now=now, until=until)
+            if until is not None and until == clock.runs.next_completion():
+                request = self.foreseeing(request, until)
+                foreseen = request.exits_at
+            clock.note(now, await clock.call(TICK, request))
         if clock.reached is not None and clock.reached > now:
-            now = self.went_on(now, clock.reached, earlier)
+            now = self.went_on(now, clock.reached, earlier, foreseen)
         clock.earlier_points(now, earlier, before)
         await clock.refresh(now)
         progress.finished = clock.runs.finished + clock.declined_count
@@ -271,19 +276,40 @@ class InstantLoop:
         self.clock.arrived(jobs)
         return jobs
 
-    def went_on(self, now: float, reached: float, earlier: list[float]) -> float:
-        """The scheduler went on from `now` to `reached` through arrivals submitted ahead: the
-        instants on the way are told of (`earlier`); returns `reached`."""
-        earlier.append(now)
+    def foreseeing(self, tick: TickRequest, until: float) -> TickRequest:
+        """The tick with the exits at `until`, the next completion, told of ahead: the scheduler
+        may go on through them to the completion after them (or the next node event)."""
+        if self.waiting and self.delivery(self.waiting[0]) <= until:
+            return tick  # (a job not submitted yet arrives first)
+        foreseen = self.clock.runs.foresee(until)
+        if foreseen is None:
+            return tick
+        exits, after = foreseen
+        if self.next_churn < len(self.churn):
+            churn = self.churn[self.next_churn][0]
+            after = churn if after is None else min(after, churn)
+        if after is None:  # (nothing known after them: no end to going on)
+            return tick
+        return msgspec.structs.replace(tick, exits=exits, exits_at=until, until=after)
+
+    def went_on(
+        self, now: float, reached: float, earlier: list[float], foreseen: float | None
+    ) -> float:
+        """The scheduler went on from `now` to `reached` through arrivals submitted ahead (and
+        the exits `foreseen` then, which leave now if it reached them): the instants on the way
+        are told of (`earlier`); returns `reached`."""
+        visited: set[float] = set()
         ahead = self.ahead
         while ahead and ahead[0] <= reached:
-            at = ahead.popleft()
+            visited.add(ahead.popleft())
             self.progress.submitted += 1
-            if at != earlier[-1]:
-                earlier.append(at)
-                self.progress.instants += 1
-        if earlier[-1] == reached:
-            earlier.pop()
+        if foreseen is not None and foreseen <= reached:
+            ended = self.clock.runs.exits(foreseen)
+            for ex in ended:
+                self.awaited.discard(ex.job_id)
+            visited.add(foreseen)
+        self.progress.instants += len(visited)
+        earlier += [now, *sorted(t for t in visited if t < reached)]
         self.progress.now = reached
         return reached
 

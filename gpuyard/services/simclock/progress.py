@@ -181,20 +181,35 @@ class Completions:
             for node in list(self.jobs[job_id].parts):
                 self.nodes.partners_alone(self.nodes.detach(job_id, node), now)
             job = self.jobs.pop(job_id)
-            if job.failure:
-                exits.append(
-                    JobExit(job_id=job_id, status="failed", reason=job.failure, attempt=job.attempt)
-                )
-            else:
+            if not job.failure:
                 self.finished_steps += job.total
-                exits.append(
-                    JobExit(
-                        job_id=job_id, status="completed", steps_done=job.total,
-                        attempt=job.attempt, ended_at=job.ended_at,
-                    )
-                )  # fmt: skip
+            exits.append(_exit_of(job_id, job))
             self.finished += 1
         return exits
+
+    def foresee(self, at: float) -> tuple[list[JobExit], float | None] | None:
+        """The exits `exits(at)` will report, should nothing change before then, and the next
+        completion after them. None where their leaving would change another job's rate (a
+        space-sharing partner) or ends wait for an instant (`finishes`)."""
+        if self.finishes:
+            return None
+        heap, popped = self.heap, []
+        try:
+            while (finish := self.next_completion()) is not None and finish <= at:
+                popped.append(heapq.heappop(heap))
+            after = self.next_completion()
+        finally:
+            for entry in popped:
+                heapq.heappush(heap, entry)
+        holding = self.nodes.holding
+        exits: list[JobExit] = []
+        for _, _, job_id, _ in popped:
+            job = self.jobs[job_id]
+            for node, gpus in job.parts.items():
+                if any(len(holding[(node, g)]) > 1 for g in gpus):
+                    return None
+            exits.append(_exit_of(job_id, job))
+        return exits, after
 
     def plan_round(self, now: float, round_s: float) -> tuple[float | None, float]:
         """Gavel's round from `now`: each running job's micro-task, `min(int(rate x round),
@@ -231,3 +246,13 @@ class Completions:
     def steps_done(self) -> float:
         """Steps trained so far by every job, finished or not (costs deducted)."""
         return self.finished_steps + sum(max(j.done, 0.0) for j in self.jobs.values())
+
+
+def _exit_of(job_id: str, job: SimJob) -> JobExit:
+    """The exit a job that leaves the simulation reports."""
+    if job.failure:
+        return JobExit(job_id=job_id, status="failed", reason=job.failure, attempt=job.attempt)
+    return JobExit(
+        job_id=job_id, status="completed", steps_done=job.total, attempt=job.attempt,
+        ended_at=job.ended_at,
+    )  # fmt: skip
