@@ -13,7 +13,7 @@ from gpuyard.services.scheduler.jobs import CountsLog, JobTable
 from gpuyard.services.scheduler.mechanism import TimeShareConfig, TimeShareMechanism
 from gpuyard.shared.contract import CountsChange, StepsReport
 from gpuyard.shared.model import Allocation, JobRecord, JobSpec
-from gpuyard.shared.policy import ClusterView, Decision, JobView, SchedulingInput
+from gpuyard.shared.policy import ClusterView, Decision, JobList, JobView, SchedulingInput
 from gpuyard.shared.throughput import LinearModel
 
 # --------------------------------------------------------------------------- the job table
@@ -69,6 +69,24 @@ def test_a_request_telling_of_earlier_instants_logs_its_changes_at_each() -> Non
     with log.at(50.0):
         table.admit(spec("c"), 50.0, total_steps=10.0)
     assert log.changes() == [CountsChange(30.0, -2, 0, -1), CountsChange(40.0, 0, 1, 0)]
+    log.now = 60.0  # (the request went on to a later instant: the one at 50 is told of too)
+    assert log.changes()[-1] == CountsChange(50.0, 0, 1, 0)
+
+
+def test_a_policy_reads_the_active_jobs_as_a_list_made_when_first_read() -> None:
+    """`JobList`: its length is the table's without a list made; read, it is the list of the
+    active jobs at that moment, in admission order, and stays so."""
+    table = JobTable()
+    for job_id in "abc":
+        table.admit(spec(job_id), 0.0, total_steps=10.0)
+    jobs = JobList(table.views)
+    assert len(jobs) == 3 and jobs._items is None
+    table.end(table.jobs["b"], 5.0, "completed")
+    assert len(jobs) == 2 and jobs._items is None
+    assert [v.job_id for v in jobs] == ["a", "c"] and jobs[-1].job_id == "c"
+    assert [v.job_id for v in jobs[:1]] == ["a"]
+    table.admit(spec("d"), 6.0, total_steps=10.0)
+    assert len(jobs) == 2 and [v.job_id for v in sorted(jobs, key=lambda v: v.seq)] == ["a", "c"]
 
 
 def test_busy_gpus_count_a_shared_gpu_once_through_moves_and_stops() -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, OrderedDict
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 import numpy as np
@@ -103,7 +104,7 @@ class EqualShare(SchedulingPolicy):
     def counts(self, problem: Problem) -> np.ndarray:
         return equal_share(problem)
 
-    def _current(self, queue: list[JobView], slots: list[str]) -> list[list[str]]:
+    def _current(self, queue: Sequence[JobView], slots: list[str]) -> list[list[str]]:
         """The nodes each queued job holds now: what it runs on, or, for a job stopped because
         a node of its was taken back, what it held less the nodes that left."""
         pool = Counter(slots)  # what is still up and not claimed by a job before
@@ -157,7 +158,9 @@ class BFTrainer(EqualShare):
         return outcome.counts.copy()
 
 
-def _problem(queue: list[JobView], current: list[list[str]], nodes: int, gpu_type: str) -> Problem:
+def _problem(
+    queue: Sequence[JobView], current: list[list[str]], nodes: int, gpu_type: str
+) -> Problem:
     top = [min(j.spec.gpu_range[1], nodes) for j in queue]
     return Problem(
         nodes=nodes,

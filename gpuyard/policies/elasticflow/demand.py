@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from gpuyard.shared.model import JobSpec
@@ -111,6 +111,6 @@ def job_demand(
     return Demand(max(left, 1e-9), deadline, lv, rates)
 
 
-def by_deadline(jobs: list[JobView]) -> list[JobView]:
+def by_deadline(jobs: Sequence[JobView]) -> list[JobView]:
     """Deadline order (ElasticFlow's), ties in admission order."""
     return sorted(jobs, key=lambda j: (deadline_of(j.spec), j.seq))

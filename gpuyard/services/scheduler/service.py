@@ -20,6 +20,7 @@ import dataclasses
 import math
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar, cast
 
@@ -72,6 +73,7 @@ from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobRecord, JobSpec
 from gpuyard.shared.policy import (
     ClusterView,
     Decision,
+    JobList,
     JobView,
     NodeStatus,
     PolicyError,
@@ -1039,7 +1041,7 @@ class Scheduler(Service):
         return {job_id: views.get(job_id) for job_id in self.table.moved}
 
     def _input(
-        self, now: float, info: ClusterInfo, jobs: list[JobView] | None = None,
+        self, now: float, info: ClusterInfo, jobs: Sequence[JobView] | None = None,
         finished: list[JobView] | None = None, changed: dict[str, JobView | None] | None = None,
     ) -> SchedulingInput:  # fmt: skip
         """The policy's input at `now`; `jobs` and `finished`: views of the same records at the
@@ -1064,7 +1066,7 @@ class Scheduler(Service):
                     if r.end_time is not None
                 ]
         if jobs is None:
-            jobs = list(self.table.views.values())
+            jobs = JobList(self.table.views)
         return SchedulingInput(
             now=now, jobs=jobs, cluster=cluster, finished=finished, changed=changed
         )

@@ -35,6 +35,7 @@ from .registry import (
 from .views import (
     AdmissionInput,
     ClusterView,
+    JobList,
     JobView,
     NodeStatus,
     NodeView,
@@ -44,7 +45,7 @@ from .views import (
 
 __all__ = [
     "ANY_GPU", "AdmissionDecision", "AdmissionInput", "AdmissionPolicy",
-    "Allocation", "ClusterView", "Decision", "GpuRef", "JobView", "Needs", "NoParams", "NodeStatus",
+    "Allocation", "ClusterView", "Decision", "GpuRef", "JobList", "JobView", "Needs", "NoParams", "NodeStatus",
     "NodeView", "PlacementInput", "PlacementPolicy", "Policy", "PolicyChoice", "PolicyError",
     "PolicySet", "Registry", "SchedulingInput", "SchedulingPolicy", "ViewContext",
     "admission_policies", "own_params", "parse_params", "placement_policies", "scheduling_policies",

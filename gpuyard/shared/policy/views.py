@@ -10,7 +10,8 @@ Structs, as the policies' answers are: the services build several for every requ
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, overload
 
 from msgspec import Struct
 
@@ -263,10 +264,49 @@ class ClusterView(Struct, kw_only=True):
         return ViewContext(now, self.round_s, self.throughputs)
 
 
+class JobList(Sequence[JobView]):
+    """The active jobs, in admission order, as the scheduler holds them: the list is made when
+    a policy first reads it (its length is known without), so that a policy told only what
+    changed (`SchedulingInput.changed`) does not pay, every decision, for a long queue's list."""
+
+    __slots__ = ("_items", "_views")
+
+    def __init__(self, views: Mapping[str, JobView]) -> None:
+        self._views = views
+        self._items: list[JobView] | None = None
+
+    def _list(self) -> list[JobView]:
+        if self._items is None:
+            self._items = list(self._views.values())
+        return self._items
+
+    def __len__(self) -> int:
+        return len(self._views) if self._items is None else len(self._items)
+
+    def __iter__(self) -> Iterator[JobView]:
+        return iter(self._list())
+
+    @overload
+    def __getitem__(self, i: int) -> JobView: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[JobView]: ...
+    def __getitem__(self, i: int | slice) -> JobView | list[JobView]:
+        return self._list()[i]
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"JobList({self._list()!r})"
+
+
 class SchedulingInput(Struct, kw_only=True):
     now: float
-    jobs: list[JobView]
-    """Active jobs (queued and running) in admission order."""
+    jobs: Sequence[JobView]
+    """Active jobs (queued and running) in admission order: a list, or the scheduler's
+    `JobList` (read like one, made when first read)."""
     cluster: ClusterView
     finished: list[JobView] = []
     """Jobs that ended, in admission order (only for policies with `Needs.finished_jobs`)."""
