@@ -36,7 +36,7 @@ class FreeMap:
             self.order.append(n.node_id)
             self.gpu_type[n.node_id] = n.gpu_type
             self.of_type.setdefault(n.gpu_type, []).append(n.node_id)
-            self.free[n.node_id] = sorted(set(n.usable))
+            self.free[n.node_id] = list(n.usable)  # (sorted, each once: `NodeView`)
 
     def take(self, gpus: list[GpuRef]) -> bool:
         """Reserve exactly these GPUs; False (nothing reserved) if any is not free or repeated."""

@@ -9,10 +9,12 @@ Structs, as the policies' answers are: the services build several for every requ
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, overload
 
+import msgspec
 from msgspec import Struct
 
 from ..model import ANY_GPU, JobRecord, JobSpec
@@ -353,3 +355,9 @@ class NodeView(Struct, frozen=True):
     node_id: str
     gpu_type: str
     usable: list[int]
+    """In increasing order, each once (made so where given otherwise)."""
+
+    def __post_init__(self) -> None:
+        usable = self.usable
+        if any(a >= b for a, b in itertools.pairwise(usable)):
+            msgspec.structs.force_setattr(self, "usable", sorted(set(usable)))

@@ -47,6 +47,18 @@ def test_consolidated_prefers_single_node_on_partly_free_nodes():
     assert per_node(out["a"]) == {"n1": 4, "n2": 2}
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_a_node_listing_gpus_out_of_order_or_twice_hands_each_out_once(name):
+    """A node's usable GPUs, in any order and repeated, are its GPUs in increasing order, once
+    each (`NodeView`); no policy places a job on a GPU twice."""
+    ns = [NodeView(node_id="n0", gpu_type="gpu", usable=[3, 1, 3, 0, 1])]
+    assert ns[0].usable == [0, 1, 3]
+    policy = placement_policies.create(name, {"seed": 1} if name == "random" else {})
+    out = place(policy, [Allocation("a", 2), Allocation("b", 1)], ns)
+    gpus = [g for placed in out.values() for g in placed]
+    assert sorted(gpus) == [GpuRef("n0", 0), GpuRef("n0", 1), GpuRef("n0", 3)]
+
+
 def test_first_fit_node_order_lowest_indices():
     ns = nodes([2, 3], [0, 1, 2, 3])
     out = place(FirstFit(), [Allocation("a", 3), Allocation("b", 2)], ns)
