@@ -230,12 +230,12 @@ class TickRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     when nothing runs and nothing more will arrive)."""
     until: float | None = None
     """Go on to the held arrivals before this time (`SubmitRequest.until`)."""
-    exits: list[JobExit] = []
-    """With `until`: the exits the clock foresees at `exits_at` (after now, before `until`),
+    foreseen: list[JobExit] = []
+    """With `until`: the exits the clock foresees at `foreseen_at` (after now, before `until`),
     which hold if the scheduler decides nothing that commands a node before then: going on, the
     scheduler takes them at that instant, before its arrivals; stopping sooner, it drops them
     (the clock tells of them again). A simulation's only."""
-    exits_at: float | None = None
+    foreseen_at: float | None = None
     steps: dict[str, StepsReport] = {}
     """The simulated nodes' word on jobs' progress since the clock's last request (the steps of
     the jobs their commands stopped, the progress restart pauses took), taken before the round;
@@ -267,6 +267,9 @@ class ExitReport(Struct, kw_only=True, forbid_unknown_fields=True):
     """After recording the exits, run the scheduling round if one is due."""
     until: float | None = None
     """With the tick: go on to the held arrivals before this time (`SubmitRequest.until`)."""
+    foreseen: list[JobExit] = []
+    """With `until`: the exits of the next completion, told of ahead (`TickRequest.foreseen`)."""
+    foreseen_at: float | None = None
     steps: dict[str, StepsReport] = {}
     """The simulation's clock only (`TickRequest.steps`), taken before the exits; a node agent
     reports its jobs' progress in its heartbeats, and may not send this."""

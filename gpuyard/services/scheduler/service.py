@@ -444,7 +444,8 @@ class Scheduler(Service):
                 await self._exit(req, ex, caller)
         if self.dirty:  # (a part that stopped as it was told changes nothing: no round for it)
             self._poke()
-        ran, reached = await self._advance(req.now, req.tick, req.until, changes)
+        foreseen = self._foreseen(req)
+        ran, reached = await self._advance(req.now, req.tick, req.until, changes, foreseen)
         return self._status(reached, ran_round=ran, changes=changes)
 
     async def _exit(self, req: ExitReport, ex: JobExit, caller: Caller) -> None:
@@ -546,17 +547,24 @@ class Scheduler(Service):
         self._tick_sent = -math.inf  # (wall clock: the next poke sends another)
         self._ticked.set()
         self._simulated_progress(req.steps)
-        foreseen: ExitReport | None = None
-        if req.exits:
-            if req.exits_at is None or req.until is None or not req.now < req.exits_at < req.until:
-                raise BadRequest("exits foreseen need exits_at, after now and before until",
-                                 field="$.exits_at")  # fmt: skip
-            if not self.runs_ahead():
-                raise BadRequest("exits are foreseen by a simulation's clock only", field="$.exits")
-            foreseen = ExitReport(now=req.exits_at, exits=req.exits)
+        foreseen = self._foreseen(req)
         changes = CountsLog(self.table, req.now)
         ran, reached = await self._advance(req.now, True, req.until, changes, foreseen)
         return self._status(reached, ran_round=ran, changes=changes)
+
+    def _foreseen(self, req: TickRequest | ExitReport) -> ExitReport | None:
+        """The exits a simulation's clock told of ahead (`TickRequest.foreseen`), as a report
+        at their instant (None: none)."""
+        if not req.foreseen:
+            return None
+        at, until = req.foreseen_at, req.until
+        if at is None or until is None or not req.now < at < until:
+            raise BadRequest(
+                "exits foreseen need foreseen_at, after now and before until", field="$.foreseen_at"
+            )
+        if not self.runs_ahead():
+            raise BadRequest("exits are foreseen by a simulation's clock only", field="$.foreseen")
+        return ExitReport(now=at, exits=req.foreseen)
 
     async def _round_if_due(self, now: float, tick: bool) -> bool:
         """The clock's tick: run the round if one is due at `now` (always, on wall-clock time)."""

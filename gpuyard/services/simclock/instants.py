@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import msgspec
 
@@ -32,6 +32,7 @@ AHEAD_JOBS = 1000
 """Jobs submitted ahead of their arrival at once, where the scheduler goes on through them."""
 
 Step = Literal["nodes", "exits", "submit"]
+Told = TypeVar("Told", TickRequest, ExitReport)
 NodeEvents = list[tuple[float, list[tuple[str, bool]]]]
 """Node events grouped by instant: [(time, [(node, up), ...]), ...]."""
 
@@ -82,6 +83,9 @@ class InstantLoop:
         self.ahead: deque[float] = deque()
         """When each job submitted ahead of its arrival arrives, in order (those admission
         declined too: their arrival is an instant all the same)."""
+        self.declined_ahead: deque[tuple[float, str, str]] = deque()
+        """The jobs submitted ahead that admission declined, told of as they arrive (a run
+        stopped sooner never heard of them): (arrival, job, reason), in order."""
         self.churn = churn
         self.next_churn = 0
         self.held = 0  # jobs admission holds, as it last said
@@ -127,11 +131,7 @@ class InstantLoop:
         batch: list[JobSpec] = []
         times: list[float] = []
         clock.reached = None
-        arriving = 0  # jobs submitted ahead that arrive now
-        while self.ahead and self.ahead[0] <= now:
-            self.ahead.popleft()
-            arriving += 1
-        progress.submitted += arriving
+        arriving = len(self.arrive_ahead(now))  # jobs submitted ahead that arrive now
         while True:
             progress.now = now
             progress.instants += 1
@@ -168,6 +168,7 @@ class InstantLoop:
             times = [now] * len(batch) + [self.delivery(spec) for spec in ahead] if ahead else []
             batch += ahead
         ticked = False
+        foreseen: float | None = None  # when the exits told of ahead end
         for step, tick in plan:
             if step == "nodes":
                 assert lost is not None
@@ -176,16 +177,18 @@ class InstantLoop:
                 ticked = tick
             elif step == "exits":
                 report = ExitReport(now=now, exits=exits, tick=tick, until=until)
+                if until is not None and until == clock.runs.next_completion():
+                    report = self.foreseeing(report, until)
+                    foreseen = report.foreseen_at
                 clock.note(now, await clock.call(EXITED, report))
                 ticked = tick
             else:
                 ticked = await self.submit(now, batch, times, until)
-        foreseen: float | None = None  # when the exits told of ahead end
         if not ticked and (self.tick_due(now) or arriving):
             request = TickRequest(now=now, until=until)
             if until is not None and until == clock.runs.next_completion():
                 request = self.foreseeing(request, until)
-                foreseen = request.exits_at
+                foreseen = request.foreseen_at
             clock.note(now, await clock.call(TICK, request))
         if clock.reached is not None and clock.reached > now:
             now = self.went_on(now, clock.reached, earlier, foreseen)
@@ -276,21 +279,36 @@ class InstantLoop:
         self.clock.arrived(jobs)
         return jobs
 
-    def foreseeing(self, tick: TickRequest, until: float) -> TickRequest:
-        """The tick with the exits at `until`, the next completion, told of ahead: the scheduler
-        may go on through them to the completion after them (or the next node event)."""
+    def arrive_ahead(self, upto: float) -> list[float]:
+        """The jobs submitted ahead that arrive by `upto`, counted (and admission's word on
+        those it declined told of): when each arrives."""
+        ahead, arrived = self.ahead, []
+        while ahead and ahead[0] <= upto:
+            arrived.append(ahead.popleft())
+        self.progress.submitted += len(arrived)
+        declined = self.declined_ahead
+        while declined and declined[0][0] <= upto:
+            _, job_id, reason = declined.popleft()
+            self.clock.declined[job_id] = reason
+            self.clock.declined_count += 1
+        return arrived
+
+    def foreseeing(self, request: Told, until: float) -> Told:
+        """The request (the instant's tick) with the exits at `until`, the next completion, told
+        of ahead: the scheduler may go on through them to the completion after them (or the
+        next node event)."""
         if self.waiting and self.delivery(self.waiting[0]) <= until:
-            return tick  # (a job not submitted yet arrives first)
+            return request  # (a job not submitted yet arrives first)
         foreseen = self.clock.runs.foresee(until)
         if foreseen is None:
-            return tick
+            return request
         exits, after = foreseen
         if self.next_churn < len(self.churn):
             churn = self.churn[self.next_churn][0]
             after = churn if after is None else min(after, churn)
         if after is None:  # (nothing known after them: no end to going on)
-            return tick
-        return msgspec.structs.replace(tick, exits=exits, exits_at=until, until=after)
+            return request
+        return msgspec.structs.replace(request, foreseen=exits, foreseen_at=until, until=after)
 
     def went_on(
         self, now: float, reached: float, earlier: list[float], foreseen: float | None
@@ -298,11 +316,7 @@ class InstantLoop:
         """The scheduler went on from `now` to `reached` through arrivals submitted ahead (and
         the exits `foreseen` then, which leave now if it reached them): the instants on the way
         are told of (`earlier`); returns `reached`."""
-        visited: set[float] = set()
-        ahead = self.ahead
-        while ahead and ahead[0] <= reached:
-            visited.add(ahead.popleft())
-            self.progress.submitted += 1
+        visited = set(self.arrive_ahead(reached))
         if foreseen is not None and foreseen <= reached:
             ended = self.clock.runs.exits(foreseen)
             for ex in ended:
@@ -341,12 +355,19 @@ class InstantLoop:
         self.admission_batches = reply.batches
         if self.retries_held_at:
             self.held_retry = reply.retry_at
-        for r in reply.results:
-            if r.verdict == "reject":
+        declined = [r for r in reply.results if r.verdict == "reject"]
+        arrivals = (
+            dict(zip((s.job_id for s in batch), times, strict=True)) if declined and times else {}
+        )
+        for r in declined:
+            at = arrivals.get(r.job_id) or now
+            if at > now:  # (told of as it arrives)
+                self.declined_ahead.append((at, r.job_id, r.reason))
+            else:
                 self.clock.declined[r.job_id] = r.reason
                 self.clock.declined_count += 1
-                self.clock.nodes.jobs.pop(r.job_id, None)
-                self.awaited.discard(r.job_id)
+            self.clock.nodes.jobs.pop(r.job_id, None)
+            self.awaited.discard(r.job_id)
         if reply.scheduler is None:
             return False
         self.clock.note(now, reply.scheduler)
