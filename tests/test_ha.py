@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpuyard.run.embedded import EmbeddedNats
+from gpuyard.services.placement.service import PlacementConfig
 from gpuyard.shared.connection import connect
 from gpuyard.shared.endpoints import Subjects
 
@@ -101,8 +102,9 @@ async def test_a_broker_killed_under_load_loses_nothing(brokers: Brokers, tmp_pa
     cluster.configs["scheduler"].event_storage = "file"
     cluster.configs["scheduler"].policy, cluster.configs["scheduler"].params = "fifo", {}  # (no
     # preemptions of its own: each one would be the outage's)
-    # Long enough for clients to move to another server: the outage requeues nothing.
-    cluster.configs["placement"].heartbeat_timeout_s = 10.0
+    # As deployed: longer than the agents' lease, so an outage that ends before it (the clients
+    # move to another server; a loaded machine takes 15 s or more) requeues nothing.
+    cluster.configs["placement"].heartbeat_timeout_s = PlacementConfig().heartbeat_timeout_s
     async with cluster:
         ids = [f"h{i}" for i in range(8)]
         for job_id in ids[:4]:
