@@ -4,8 +4,10 @@ a retry loop or a hang (the node agent alone keeps trying, one log line per atte
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -137,6 +139,36 @@ def test_tail_into_head_ends_quietly(tmp_path: Path, nats_url: str) -> None:
         assert piped.returncode == 0, piped.stderr
         assert piped.stderr == ""
         assert len(piped.stdout.splitlines()) == 1 and "node.up" in piped.stdout
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_tail_follow_stops_on_a_signal_even_with_sigint_ignored(
+    nats_url: str, sig: signal.Signals
+) -> None:
+    """A script that starts `gpuyard tail --follow &` leaves SIGINT ignored in it (POSIX): Ctrl-C
+    sent to it, or `kill`, still ends it, with status 130 and nothing on stderr."""
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "gpuyard.cli", "tail", "--nats", nats_url, "--follow"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    try:
+        ignored = int(_status_field(tail.pid, "SigIgn"), 16)
+        assert ignored & (1 << (signal.SIGINT - 1))  # (as the shell leaves it)
+        time.sleep(2)  # (following: connected, waiting for events)
+        assert tail.poll() is None
+        tail.send_signal(sig)
+        _, err = tail.communicate(timeout=20)
+        assert tail.returncode == 130 and err == ""
+    finally:
+        tail.kill()
+
+
+def _status_field(pid: int, name: str) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{name}:"):
+            return line.split()[1]
+    raise AssertionError(f"{name} not in /proc/{pid}/status")
 
 
 def test_job_file_syntax_error_names_file_and_line(tmp_path: Path) -> None:

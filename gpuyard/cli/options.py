@@ -362,16 +362,19 @@ def _quiet_stdout() -> None:
 
 def run_command(command: str, main: Coroutine[Any, Any, int]) -> int:
     """Run a command's coroutine and turn its failures into one line on stderr and an exit status:
-    CommandError its own code; an error reply, a bad value, an unreachable server 1; Ctrl-C 130;
+    CommandError its own code; an error reply, a bad value, an unreachable server 1; Ctrl-C or
+    SIGTERM 130 (even where SIGINT was ignored, as in a job started with `&` by a script);
     a closed stdout 0 (as `grep` does)."""
     import uvloop
 
+    from gpuyard.run.process import stop_on_signals
+
     try:
-        return uvloop.run(main)
+        return uvloop.run(stop_on_signals(main))
     except CommandError as exc:
         print(f"gpuyard {command}: {exc}", file=sys.stderr)
         return exc.code
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         return 130
     except BrokenPipeError:
         _quiet_stdout()
