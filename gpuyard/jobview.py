@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from gpuyard.shared.contract import Event
+from gpuyard.shared.durations import slurm_duration
 from gpuyard.shared.model import JobRecord
 
 JOB_STATES = {
@@ -25,13 +26,16 @@ JOB_STATES = {
     "COMPLETED": "ended: every process exited 0",
     "FAILED": "ended: a process failed, or its launch did",
     "CANCELLED": "ended: cancelled",
+    "TIMEOUT": "ended: stopped at its time limit",
     "REJECTED": "refused by admission: never queued",
 }
 """The states `gpuyard jobs` shows (and `--state` takes, in any case), as Slurm names them."""
 
 
 def parse_states(values: Iterable[str]) -> set[str]:
-    """`--state running,PENDING --state Completed` -> {"RUNNING", "PENDING", "COMPLETED"}."""
+    """`--state running,PENDING --state Completed` -> {"RUNNING", "PENDING", "REQUEUED",
+    "COMPLETED"}: PENDING takes the requeued jobs too (they wait as well, as in Slurm's
+    `squeue --states PENDING`); REQUEUED takes those alone."""
     states: set[str] = set()
     for value in values:
         for name in value.split(","):
@@ -42,6 +46,8 @@ def parse_states(values: Iterable[str]) -> set[str]:
                     f"{', '.join(JOB_STATES)} (any case)"
                 )
             states.add(state)
+    if "PENDING" in states:
+        states.add("REQUEUED")
     return states
 
 
@@ -141,17 +147,6 @@ def not_admitted_row(job: NotAdmitted) -> dict[str, Any]:
     }
 
 
-def duration(seconds: float) -> str:
-    """Slurm's elapsed-time format: `M:SS`, `H:MM:SS`, `D-HH:MM:SS`."""
-    s = int(seconds)
-    days, s = divmod(s, 86400)
-    hours, s = divmod(s, 3600)
-    minutes, s = divmod(s, 60)
-    if days:
-        return f"{days}-{hours:02d}:{minutes:02d}:{s:02d}"
-    return f"{hours}:{minutes:02d}:{s:02d}" if hours else f"{minutes}:{s:02d}"
-
-
 def clock(t: float | None, now: float) -> str:
     """A time of day; with the date when it is not today."""
     if t is None:
@@ -176,7 +171,7 @@ def format_jobs(rows: list[dict[str, Any]], now: float) -> str:
             (
                 r["job_id"], r["name"][:24] or "-", r["user"] or "-", r["job_state"],
                 "-" if r["num_gpus"] is None else str(r["num_gpus"]),
-                ",".join(r["node_list"]) or "-", duration(r["elapsed_s"]),
+                ",".join(r["node_list"]) or "-", slurm_duration(r["elapsed_s"]),
                 _progress_text(r["progress"]), clock(r["submit_time"], now),
                 clock(r["first_start"], now),
                 clock(r["end_time"], now), str(r["preemptions"]), r["state_reason"] or "-",

@@ -150,6 +150,7 @@ def summarize(
         "completed": len(done),
         "failed": int(np.count_nonzero(jobs["state"] == "failed")),
         "cancelled": int(np.count_nonzero(jobs["state"] == "cancelled")),
+        "timeout": int(np.count_nonzero(jobs["state"] == "timeout")),
         "mean_jct": float(jct.mean()) if len(jct) else None,
         "p50_jct": q(50),
         "p95_jct": q(95),
@@ -460,6 +461,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     counts = f"{summary['completed']:,} completed, {summary['failed']:,} failed"
     if summary.get("cancelled"):
         counts += f", {summary['cancelled']:,} cancelled"
+    if summary.get("timeout"):
+        counts += f", {summary['timeout']:,} stopped at their time limit"
     if summary.get("declined"):
         counts += f", {summary['declined']:,} declined by admission"
     lines.append(f"jobs         {counts} of {total:,}")

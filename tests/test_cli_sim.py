@@ -109,6 +109,11 @@ def test_bad_sim_option_is_one_line_naming_it(
         (["up", "--heartbeat-timeout", "-1"], "argument --heartbeat-timeout: must be greater"),
         (["submit", "--gpus", "0", "--", "x"], "argument --gpus: must be greater than 0, not 0"),
         (["submit", "--deadline", "-5", "--", "x"], "argument --deadline: must be greater"),
+        (
+            ["submit", "--time-limit", "soon", "--", "x"],
+            "argument --time-limit/-t: 'soon' is not a time limit; forms: MM, MM:SS, HH:MM:SS",
+        ),
+        (["submit", "-t", "0:00", "--", "x"], "'0:00': a time limit must be more than 0"),
         (["logs", "--tail", "-1", "j1"], "argument --tail: must be 0 or more, not -1"),
         (["nodeagent", "--heartbeat", "0"], "--heartbeat must be > 0 seconds"),
         (["nodeagent", "--grace", "-1"], "--grace must be >= 0 seconds"),

@@ -205,9 +205,10 @@ async def test_jobs_show_current_states_reasons_users_and_progress(views: Views)
     urgent = await views.submit("user.bob", "--priority", "10", "--gpus", "1", *counter(100))
     requeued = await views.until_row(long, "REQUEUED")
     assert requeued["state_reason"] == f"preempted by fifo for {urgent}"
-    code, out, _ = await views.gpuyard("user.alice", "jobs", "--state", "requeued,PENDING")
-    assert code == 0 and long in out and f"preempted by fifo for {urgent}" in out
-    assert not any(line.startswith(f"{urgent} ") for line in out.splitlines())  # RUNNING
+    for state in ("pending", "REQUEUED"):  # (a requeued job waits too, as in Slurm)
+        code, out, _ = await views.gpuyard("user.alice", "jobs", "--state", state)
+        assert code == 0 and long in out and f"preempted by fifo for {urgent}" in out
+        assert not any(line.startswith(f"{urgent} ") for line in out.splitlines())  # RUNNING
 
     done = await views.until_row(long, "COMPLETED", within_s=60)
     assert done["state_reason"] == "" and done["preemptions"] >= 1  # not "preempted" any more
@@ -242,6 +243,18 @@ async def test_jobs_show_current_states_reasons_users_and_progress(views: Views)
     code, _, err = await views.gpuyard("user.alice", "cancel", again)
     assert code == 0, err
     assert (await views.until_row(again, "CANCELLED"))["state_reason"] == "cancelled by user.alice"
+
+
+async def test_a_job_past_its_time_limit_is_stopped_and_ends_timeout(views: Views) -> None:
+    """`--time-limit 0:02` (Slurm's M:SS): the agent stops the job 2 s after it started (SIGTERM:
+    it checkpoints and exits), and it ends TIMEOUT, with its steps and why."""
+    slow = await views.submit("user.alice", "--time-limit", "0:02", *counter(100000))
+    row = await views.until_row(slow, "TIMEOUT")
+    assert row["state_reason"] == "time limit of 0:02 reached"
+    assert 2.0 <= row["elapsed_s"] < 2.0 + 5.0  # (its grace: it exits on SIGTERM at once)
+    assert row["progress"]["steps_done"] > 0
+    code, out, _ = await views.gpuyard("user.alice", "jobs", "--state", "timeout")
+    assert code == 0 and slow in out and " TIMEOUT " in out
 
 
 async def test_a_lost_node_is_down_since_then_and_status_lists_no_simclock(views: Views) -> None:

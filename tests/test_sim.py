@@ -362,6 +362,32 @@ async def test_preemption_cost_is_charged_as_lost_progress(tmp_path: Path, nats_
         assert by_id["low"].end_time == low_end  # 10 s done, -4 checkpoint, -6 restore
 
 
+@pytest.mark.parametrize("mode", ["events", "rounds"])
+async def test_time_limits_stop_jobs_their_runs_together(
+    tmp_path: Path, nats_url: str, mode: str
+) -> None:
+    """`long` may run 50 s of its 100: preempted at 10 by `high` (which runs 10 to 40) and
+    resumed at 40 with 40 s left, it is stopped at 80 and ends `timeout` with the steps it made;
+    `short` (90 to 100) ends within its limit. Rounds of 10 s: the same instants."""
+    jobs = [job("long", 1, 100.0, 0.0, time_limit_s=50.0),
+            job("high", 1, 30.0, 10.0, priority=5, time_limit_s=60.0),
+            job("short", 1, 10.0, 90.0, time_limit_s=10.5)]  # fmt: skip
+    options = SimOptions(cluster=ClusterSpec.parse("1x1"), mode=mode, round_s=10.0)
+    result = await simulate(options, jobs, tmp_path, nats_url=nats_url)
+    by_id = {r.job_id: r for r in result.jobs}
+    assert [by_id[j].state for j in ("long", "high", "short")] == [
+        "timeout",
+        "completed",
+        "completed",
+    ]
+    long = by_id["long"]
+    assert (long.preemptions, long.end_time, long.executed_time) == (1, 80.0, 50.0)
+    assert long.steps_done == 50.0 and long.reason == "time limit of 0:50 reached"
+    table = pd.read_csv(tmp_path / "jobs.csv", dtype={"job_id": str})
+    assert table.set_index("job_id").loc["long", "state"] == "timeout"
+    assert result.summary["timeout"] == 1 and result.summary["completed"] == 2
+
+
 @pytest.mark.slow
 async def test_node_churn_preempts_and_jobs_resume(tmp_path: Path, nats_url: str) -> None:
     """gpu-0000 leaves at 50 (taking job a's GPU) and returns at 80.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gpuyard.run.simulate import SimOptions, simulate
@@ -68,6 +69,18 @@ async def test_rounds_micro_tasks_idle_gpus_and_arrivals_at_round_ends(
     # Utilisation counts compute time only: A's 100 s, C's 50 s and B's 1000 / 0.77 s.
     busy = 100 + 50 + 1000 / 0.77
     assert result.summary["utilization"] == pytest.approx(busy / (2 * by_id["b"].end_time))
+
+
+async def test_rounds_refuse_time_limits_in_one_line(tmp_path: Path, nats_url: str) -> None:
+    """Gavel's rounds do not simulate time limits: a job with one fails the run at its start,
+    naming it, rather than running past its limit."""
+    options = SimOptions(
+        cluster=ClusterSpec.parse("1x1:v100"), policy="fifo_perf", preset="gavel", round_s=360.0,
+        throughputs=toy_table(tmp_path / "t.json"),
+    )  # fmt: skip
+    limited = msgspec.structs.replace(job("a", "A", 100.0, 0.0), time_limit_s=60.0)
+    with pytest.raises(RuntimeError, match="job 'a' has a time limit: Gavel's rounds"):
+        await simulate(options, [limited], tmp_path / "out", nats_url=nats_url)
 
 
 async def test_the_scheduler_hears_the_steps_the_simulated_nodes_did(

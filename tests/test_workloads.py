@@ -264,6 +264,18 @@ def test_native_command_env(tmp_path: Path) -> None:
     assert w[0].best_effort and w[1].min_gpus is None
 
 
+def test_native_time_limits(tmp_path: Path) -> None:
+    """A `time_limit_s` column limits the jobs that give one (an empty cell: none); a limit that
+    is not more than 0 names its line and field."""
+    f = tmp_path / "w.csv"
+    f.write_text("job_id,num_gpus,duration,time_limit_s\na,1,100,3600\nb,1,100,\n")
+    w = load_workload(f)
+    assert [j.time_limit_s for j in w] == [3600.0, None]
+    f.write_text("job_id,num_gpus,duration,time_limit_s\na,1,100,0\n")
+    with pytest.raises(WorkloadError, match=r"line 2.*time_limit_s"):
+        load_workload(f)
+
+
 def test_parquet_needs_pyarrow(tmp_path: Path) -> None:
     try:
         import pyarrow  # noqa: F401

@@ -41,7 +41,6 @@ from gpuyard.jobview import (
     JOB_STATES,
     NotAdmitted,
     clock,
-    duration,
     format_jobs,
     job_row,
     not_admitted_row,
@@ -61,6 +60,7 @@ from gpuyard.shared.contract import (
     LogsReply,
     LogsRequest,
 )
+from gpuyard.shared.durations import parse_time_limit, slurm_duration
 from gpuyard.shared.endpoints import CANCEL, CLUSTER, HEARTBEATS, LOG_LINE, NODE_LOGS, QUERY, SUBMIT
 from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.identity import ANONYMOUS
@@ -68,7 +68,7 @@ from gpuyard.shared.model import JobRecord, JobState
 from gpuyard.shared.options import key_values
 from gpuyard.shared.policy import PolicyError
 
-ENDED = {"completed", "failed", "cancelled"}
+ENDED = {"completed", "failed", "cancelled", "timeout"}
 
 
 def add_cluster_parsers(sub: Subcommands) -> None:
@@ -190,6 +190,11 @@ def add_cluster_parsers(sub: Subcommands) -> None:
     p.add_argument(
         "--deadline", type=positive_float,
         help="seconds from now by which the job must finish (deadline admission needs --steps)",
+    )  # fmt: skip
+    p.add_argument(
+        "--time-limit", "-t", type=time_limit, dest="time_limit_s", metavar="TIME",
+        help="the longest the job may run, its runs together: then it is stopped and ends "
+        "TIMEOUT (Slurm's forms: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]; or 90s, 30m, 2h, 1d)",
     )  # fmt: skip
     p.add_argument(
         "--steps", type=positive_float, dest="total_steps",
@@ -662,7 +667,7 @@ def job_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
         raise ValueError("give the job's command after `--` (or --file)")
     job: dict[str, Any] = {"num_gpus": args.gpus, "command": command, "workdir": workdir}
     for key in ("gpu_type", "min_gpus", "max_gpus", "priority", "name", "job_id", "job_type",
-                "total_steps", "rescale_up_s", "rescale_down_s"):  # fmt: skip
+                "total_steps", "rescale_up_s", "rescale_down_s", "time_limit_s"):  # fmt: skip
         value = getattr(args, key, None)
         if value is not None:
             job[key] = value
@@ -674,6 +679,14 @@ def job_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
     if env:
         job["env"] = env
     return [job]
+
+
+def time_limit(text: str) -> float:
+    """`--time-limit`'s value, in seconds (a usage error names the forms)."""
+    try:
+        return parse_time_limit(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -741,7 +754,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         return 2
     asked: dict[str, JobState] = {"PENDING": "queued", "REQUEUED": "queued", "RUNNING": "running",
                                   "COMPLETED": "completed", "FAILED": "failed",
-                                  "CANCELLED": "cancelled"}  # fmt: skip
+                                  "CANCELLED": "cancelled", "TIMEOUT": "timeout"}  # fmt: skip
     internal = sorted({asked[s] for s in states if s in asked})
 
     async def body(bus: Bus) -> int:
@@ -932,7 +945,7 @@ def format_nodes(info: ClusterInfo, beats: HeartbeatsPage, now: float) -> str:
             )
         )  # fmt: skip
     for node_id, since in sorted(info.down.items()):
-        down = f"DOWN since {clock(since, now)} ({duration(max(now - since, 0.0))} ago)"
+        down = f"DOWN since {clock(since, now)} ({slurm_duration(max(now - since, 0.0))} ago)"
         rows.append((node_id, down, "-", "-", "-", "-", heartbeat(node_id), "-", "-", "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(

@@ -749,7 +749,7 @@ async def job_runs(bus: Bus) -> list[JobRun]:
         last = state
         await asyncio.sleep(0.05)
     kinds = ["job.started", "job.resized", "job.preempted", "job.completed", "job.failed",
-             "job.cancelled"]  # fmt: skip
+             "job.cancelled", "job.timeout"]  # fmt: skip
     runs: list[JobRun] = []
     async for stored in read_events(bus.nc, bus.subjects, types=kinds):
         event = stored.event

@@ -245,9 +245,10 @@ class TickRequest(Struct, kw_only=True, forbid_unknown_fields=True):
 class JobExit(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
     job_id: str
     node_id: str = ""
-    status: Literal["completed", "failed", "stopped"]
+    status: Literal["completed", "failed", "stopped", "timeout"]
     """`stopped`: the part was told to stop (preempted, cancelled, fenced) and its processes are
-    gone (a job being cancelled ends once each of its nodes said so)."""
+    gone (a job being cancelled ends once each of its nodes said so); `timeout`: the part ran
+    out of its launch's `time_limit_s` and was stopped."""
     exit_code: int = 0
     steps_done: float | None = None
     attempt: int | None = None
@@ -390,6 +391,9 @@ class ApplyRequest(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fiel
     attempts: dict[str, int] = {}
     """The attempt number of each allocated job's next launch (how often it was launched before;
     absent: 0), told to the job and reported back with its exit."""
+    time_left: dict[str, float] = {}
+    """For each allocated job with a time limit (`JobSpec.time_limit_s`): the seconds it may
+    still run, its limit less its runs so far (its next launch's `Launch.time_limit_s`)."""
 
 
 class StepsReport(Struct, array_like=True):
@@ -469,6 +473,9 @@ class Launch(Struct, kw_only=True, omit_defaults=True):
     share_with: str | None = None
     """Space sharing: the job already running on these GPUs that this one runs beside (its
     processes start at once); without it, a launch waits for the GPUs' holders to exit."""
+    time_limit_s: float | None = None
+    """Stop this part after it ran this long (its job's time limit less its earlier runs) and
+    report its exit as `timeout`."""
 
 
 class NodeCommand(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -624,6 +631,7 @@ EventType = Literal[
     "job.completed",
     "job.failed",
     "job.cancelled",
+    "job.timeout",
     "node.up",
     "node.lost",
     "node.drained",

@@ -63,6 +63,9 @@ class JobSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     rescale_down_s: Annotated[float, Meta(ge=0)] = 0.0
     """Shrinking, or losing a node, costs this many seconds of its throughput (BFTrainer's
     Tcdw)."""
+    time_limit_s: Annotated[float, Meta(gt=0)] | None = None
+    """The longest the job may run, its runs together (what `gpuyard jobs` shows as ELAPSED):
+    past it the job is stopped (SIGTERM, the grace period, SIGKILL) and ends `timeout`."""
     outcome: Literal["failed", "cancelled"] | None = None
     """How the job ends once its work is done, when a trace recorded that it did not complete
     (a replayed Helios or Acme job that FAILED after an hour fails after an hour); None: it
@@ -110,7 +113,7 @@ class Allocation(Struct, array_like=True, omit_defaults=True):
     nodes: list[str] = []
 
 
-JobState = Literal["queued", "running", "completed", "failed", "cancelled"]
+JobState = Literal["queued", "running", "completed", "failed", "cancelled", "timeout"]
 ACTIVE_STATES = ("queued", "running")
 
 

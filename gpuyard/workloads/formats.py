@@ -94,7 +94,7 @@ _EF_ALIASES = {
 _INT_FIELDS = ("num_gpus", "min_gpus", "max_gpus", "priority")
 _FLOAT_FIELDS = (
     "duration", "total_steps", "weight", "deadline", "submit_time", "rescale_up_s",
-    "rescale_down_s",
+    "rescale_down_s", "time_limit_s",
 )  # fmt: skip
 _STR_FIELDS = ("job_id", "name", "job_type", "gpu_type", "user", "tenant", "processes")
 _SKIP_RE = re.compile(r"[Ss]kipping line (\d+): ([^\n]*)")

@@ -44,7 +44,14 @@ from gpuyard.shared.throughput import LinearModel, ThroughputModel, load_through
 
 from .identity import named_for, owned_by
 
-RECONSIDER_ON = ("job.completed", "job.failed", "job.cancelled", "node.up", "policy.changed")
+RECONSIDER_ON = (
+    "job.completed",
+    "job.failed",
+    "job.cancelled",
+    "job.timeout",
+    "node.up",
+    "policy.changed",
+)
 """The events after which held jobs are decided on again (`reconsider_on_events`): capacity freed
 or added, or a policy (an admission quota) changed."""
 

@@ -180,6 +180,8 @@ class JobPart:
         self.created = time.monotonic()
         self.stopping = False
         """Preempted or cancelled: its exit is not the job's end and is not reported."""
+        self.timed_out = False
+        """Stopped at its time limit (`Launch.time_limit_s`): its exit is the job's end."""
         self.procs: list[asyncio.subprocess.Process] = []
         self.ranks: list[int] = []
         self.progress_files: list[Path] = []

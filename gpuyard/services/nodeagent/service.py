@@ -398,6 +398,15 @@ class NodeAgent(Service):
         self.stopping[job_id] = part
         return True
 
+    def _time_out(self, part: JobPart) -> None:
+        """The part ran out of its time limit: stopped as a preemption is (SIGTERM, the grace
+        period, SIGKILL), its exit reported as `timeout`."""
+        if part.stopping:
+            return  # (told to stop already: that stop is its end)
+        self.log.info("job.time_limit", job_id=part.job_id, grace_s=self.config.grace_s)
+        part.timed_out = True
+        part.stop()
+
     def _start_part(self, launch: Launch) -> None:
         assert launch.spec is not None  # (`command` refused a launch without one)
         part = JobPart(
@@ -440,7 +449,15 @@ class NodeAgent(Service):
                     "job.launched", job_id=job_id, gpus=part.launch.gpus, ranks=part.ranks,
                     attempt=part.launch.attempt,
                 )  # fmt: skip
-                failure = await part.wait()
+                limit = part.launch.time_limit_s
+                timer = None
+                if limit is not None:
+                    timer = asyncio.get_running_loop().call_later(limit, self._time_out, part)
+                try:
+                    failure = await part.wait()
+                finally:
+                    if timer is not None:
+                        timer.cancel()
                 if failure[0] >= 0:
                     reason = f"rank {failure[0]} exited with {failure[1]}"
         finally:
@@ -456,6 +473,14 @@ class NodeAgent(Service):
             if self.stopping.get(job_id) is part:
                 del self.stopping[job_id]
         finished = bool(part.procs) and failure[0] < 0  # every process ran and exited 0
+        if part.timed_out and not finished:
+            self.log.info("job.timed_out", job_id=job_id, time_limit_s=part.launch.time_limit_s)
+            self.pending_exits.append(
+                JobExit(job_id=job_id, node_id=self.node_id, status="timeout",
+                        steps_done=part.steps_done(), attempt=part.launch.attempt)
+            )  # fmt: skip
+            self._exits_ready.set()
+            return
         if part.stopping and not finished and not reason.startswith("launch failed"):
             self.log.info("job.stopped", job_id=job_id)
             # (a job being cancelled ends when each of its nodes said its part is gone)

@@ -564,7 +564,7 @@ class Placement(Service):
         self.specs.update(req.specs)  # a running job that is resized is launched again
         shares = {a.job_id: a.share_with for a in sharing if a.share_with is not None}  # (all)
         failed, progress = await self._command(
-            req.now, {**ended, **stopped}, started, self.specs, req.attempts, shares
+            req.now, {**ended, **stopped}, started, self.specs, req.attempts, shares, req.time_left
         )
         launched = {j: g for j, g in started.items() if j not in failed}
         for job_id, gpus in launched.items():
@@ -726,10 +726,11 @@ class Placement(Service):
         specs: dict[str, JobSpec],
         attempts: dict[str, int] | None = None,
         shares: dict[str, str] | None = None,
+        time_left: dict[str, float] | None = None,
     ) -> tuple[set[str], dict[str, StepsReport]]:
         """Send each affected node one command (preempts, then launches; `shares`: the job each
-        started one shares its GPUs with). Returns the jobs whose launch failed, and the progress
-        the nodes reported of the jobs they stopped."""
+        started one shares its GPUs with; `time_left`: how long each may run). Returns the jobs
+        whose launch failed, and the progress the nodes reported of the jobs they stopped."""
         commands: dict[str, NodeCommand] = {}
 
         def command(node_id: str) -> NodeCommand:
@@ -756,6 +757,7 @@ class Placement(Service):
                         master_addr=master.address or master.node_id, master_port=master_port(job_id),
                         attempt=(attempts or {}).get(job_id, 0),
                         share_with=(shares or {}).get(job_id),
+                        time_limit_s=(time_left or {}).get(job_id),
                     )
                 )  # fmt: skip
                 offset += len(indices)

@@ -50,6 +50,7 @@ from gpuyard.shared.contract import (
     StepsUpdate,
     TickRequest,
 )
+from gpuyard.shared.durations import slurm_duration
 from gpuyard.shared.endpoints import (
     APPLY,
     CANCEL,
@@ -157,6 +158,24 @@ class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if self.round_s <= 0:
             raise ValueError(f"round_s ({self.round_s}) must be > 0")
+
+
+@dataclass(frozen=True)
+class Launches:
+    """What placement needs to launch the allocated jobs (`ApplyRequest`'s `specs`, `attempts`
+    and `time_left`)."""
+
+    specs: dict[str, JobSpec]
+    attempts: dict[str, int]
+    time_left: dict[str, float]
+
+    def of(self, allocations: list[Allocation]) -> dict[str, Any]:
+        """The attempts and time left of these jobs alone (an apply of what changed)."""
+        ids = [a.job_id for a in allocations]
+        return {
+            "attempts": {j: self.attempts[j] for j in ids if j in self.attempts},
+            "time_left": {j: self.time_left[j] for j in ids if j in self.time_left},
+        }
 
 
 @dataclass(frozen=True)
@@ -509,10 +528,15 @@ class Scheduler(Service):
         steps = ex.steps_done
         if steps is None and ex.status == "completed":
             steps = record.total_steps
-        state: JobState = "completed" if ex.status == "completed" else "failed"  # (not `stopped`)
-        if ex.status == "completed" and record.spec.outcome is not None:
-            state = record.spec.outcome  # a replayed trace's recorded end (JobSpec.outcome)
-        self.table.end(record, now, state, ex.reason, steps)
+        state: JobState = "failed"  # (not `stopped`)
+        reason = ex.reason
+        if ex.status == "completed":
+            # (a replayed trace's recorded end: JobSpec.outcome)
+            state = record.spec.outcome or "completed"
+        elif ex.status == "timeout":
+            state = "timeout"
+            reason = f"time limit of {slurm_duration(record.spec.time_limit_s or 0.0)} reached"
+        self.table.end(record, now, state, reason, steps)
         self.released.append(record.job_id)
         self.dirty = self.dirty or self.policy.needs.decide_on_exit or self.table.queued > 0
 
@@ -850,18 +874,18 @@ class Scheduler(Service):
         self.policy_wake = wake
 
     async def _apply(
-        self, now: float, cluster: ClusterInfo, allocations: list[Allocation],
-        specs: dict[str, JobSpec], attempts: dict[str, int],
-    ) -> ApplyReply:  # fmt: skip
+        self, now: float, cluster: ClusterInfo, allocations: list[Allocation], launches: Launches
+    ) -> ApplyReply:
         """Have placement run `allocations`: told as what changed since the last apply where it
         can be (`ApplyRequest.base`), else in full (and in full again if placement refuses the
         base: it restarted without its state)."""
         last, self._applied = self._applied, None
         by_job = {a.job_id: a for a in allocations}
         sharing = any(a.share_with for a in allocations)
+        specs, attempts = launches.specs, launches.attempts
         request = ApplyRequest(
             now=now, allocations=allocations, specs=specs, released=self.released,
-            attempts=attempts,
+            attempts=attempts, time_left=launches.time_left,
         )  # fmt: skip
         # (Jobs sharing GPUs, now or before, are placed with their partners: every allocation.
         # A durable simulation's scheduler, restarted, sends the request in hand again: in full.)
@@ -873,8 +897,7 @@ class Scheduler(Service):
             changed = [a for a in allocations if a.job_id in specs or previous.get(a.job_id) != a]
             delta = msgspec.structs.replace(
                 request, allocations=changed, base=last.number,
-                stop=[j for j in previous if j not in by_job],
-                attempts={a.job_id: attempts[a.job_id] for a in changed if a.job_id in attempts},
+                stop=[j for j in previous if j not in by_job], **launches.of(changed),
             )  # fmt: skip
             if (reply := await self._apply_delta(delta)) is not None:
                 self._applied = LastApply(cluster, by_job, reply.settled, reply.applied, False)
@@ -905,25 +928,30 @@ class Scheduler(Service):
         self, now: float, cluster: ClusterInfo, allocations: list[Allocation]
     ) -> ApplyReply:
         """Run every allocation (placement is told what changed where it can be)."""
-        specs, attempts = self._launches(allocations)
-        if self._confirms_what_runs(cluster, allocations, specs):
+        launches = self._launches(allocations, now)
+        if self._confirms_what_runs(cluster, allocations, launches.specs):
             return _nothing_done(cluster)
-        return await self._apply(now, cluster, allocations, specs, attempts)
+        return await self._apply(now, cluster, allocations, launches)
 
-    def _launches(self, allocations: list[Allocation]) -> tuple[dict[str, JobSpec], dict[str, int]]:
+    def _launches(self, allocations: list[Allocation], now: float) -> Launches:
         """The specs of the allocated jobs that do not run, and every allocated job's attempt:
         every launch carries its attempt number, a running job's too (placement relaunches it when
-        it resizes or moves it), so that its exit is not taken for an earlier run's."""
+        it resizes or moves it), so that its exit is not taken for an earlier run's; and the time
+        left to those with a time limit, as of `now`."""
         active = self.table.active
-        specs: dict[str, JobSpec] = {}
-        attempts: dict[str, int] = {}
+        launches = Launches({}, {}, {})
         for a in allocations:
             record = active[a.job_id]
             if record.state != "running":
-                specs[a.job_id] = record.spec
+                launches.specs[a.job_id] = record.spec
             if record.attempt:
-                attempts[a.job_id] = record.attempt
-        return specs, attempts
+                launches.attempts[a.job_id] = record.attempt
+            if (limit := record.spec.time_limit_s) is not None:
+                ran = record.executed_time + (
+                    now - record.run_start if record.state == "running" else 0.0
+                )
+                launches.time_left[a.job_id] = max(limit - ran, 0.0)
+        return launches
 
     async def _apply_changes(
         self, now: float, cluster: ClusterInfo, decision: Decision, inp: SchedulingInput
@@ -959,7 +987,8 @@ class Scheduler(Service):
         if len(named) < len(named_ids):  # left out (it cannot run there): a running one stops
             left_out = named_ids.difference(a.job_id for a in named)
             stop += [j for j in left_out if active[j].state == "running"]
-        specs, attempts = self._launches(named)
+        launches = self._launches(named, now)
+        specs = launches.specs
         previous = last.allocations
         released = set(self.released)
         stale = [
@@ -975,14 +1004,13 @@ class Scheduler(Service):
             return named, _nothing_done(cluster)  # (as `_confirms_what_runs`)
         request = ApplyRequest(
             now=now, allocations=changed, specs=specs, released=self.released,
-            attempts={a.job_id: attempts[a.job_id] for a in changed if a.job_id in attempts},
-            base=last.number, stop=stop + stale,
+            base=last.number, stop=stop + stale, **launches.of(changed),
         )  # fmt: skip
         self._applied = None  # (until placement answered)
         if (reply := await self._apply_delta(request)) is None:
             kept = msgspec.structs.replace(decision, allocations=named, stop=stop)
             whole = made_whole(kept, last.allocations, self.table.active)
-            return whole, await self._apply(now, cluster, whole, *self._launches(whole))
+            return whole, await self._apply(now, cluster, whole, self._launches(whole, now))
         allocations = last.allocations  # (what runs now, in the order of `made_whole`)
         for job_id in (*stop, *stale, *self.released):
             allocations.pop(job_id, None)

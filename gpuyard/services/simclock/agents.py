@@ -15,8 +15,8 @@ class SimJob:
 
     __slots__ = (
         "attempt", "base", "done", "down_s", "ended_at", "failure", "floor", "gpu_type", "held",
-        "job_type", "min_gpus", "parts", "placed", "ranks", "rate", "restarting", "restoring",
-        "round_steps", "since", "total", "until", "up_s", "version",
+        "job_type", "limit_at", "min_gpus", "parts", "placed", "ranks", "rate", "restarting",
+        "restoring", "round_steps", "since", "timed_out", "total", "until", "up_s", "version",
     )  # fmt: skip
 
     def __init__(self, spec: JobSpec, total: float) -> None:
@@ -37,6 +37,8 @@ class SimJob:
         self.restoring = False  # resumed after a preemption: the restore time is still to pay
         self.floor = 0.0  # progress at the current launch: a pause never takes it below
         self.until: float | None = None  # no progress after this (`predicted_ends`)
+        self.limit_at: float | None = None  # stopped then: its launch's time limit ends
+        self.timed_out = False  # its exit is its time limit's
         # Rescale costs (JobSpec.rescale_up_s/down_s): the GPUs per node it ran on since the last
         # instant, and what it kept after this instant's node losses (None: none lost).
         self.up_s, self.down_s = spec.rescale_up_s, spec.rescale_down_s
@@ -108,6 +110,8 @@ class SimNodes:
                 self.holding.setdefault((cmd.node_id, g), []).append(launch.job_id)
             job.gpu_type = self.node_types[cmd.node_id]
             job.attempt = launch.attempt
+            limit = launch.time_limit_s
+            job.limit_at = None if limit is None else cmd.now + limit
             self.changed.add(launch.job_id)
             self.launched.add(launch.job_id)
             self.running.add(launch.job_id)

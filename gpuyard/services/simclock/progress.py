@@ -120,6 +120,12 @@ class Completions:
         quantum, BFTrainer's node events, ElasticFlow's slot grid)."""
         config = self.config
         finish = now + max(job.total - job.done, 0.0) / job.rate
+        job.timed_out = job.limit_at is not None and job.limit_at < finish
+        if job.timed_out:  # (its agent stops it there, whatever cadence ends report on)
+            assert job.limit_at is not None
+            self.launches += 1
+            heapq.heappush(self.heap, (job.limit_at, self.launches, job_id, job.version))
+            return
         quantum = config.completion_quantum
         if quantum:
             origin = self.quantum_origin
@@ -181,9 +187,12 @@ class Completions:
             for node in list(self.jobs[job_id].parts):
                 self.nodes.partners_alone(self.nodes.detach(job_id, node), now)
             job = self.jobs.pop(job_id)
-            if not job.failure:
+            ended = _exit_of(job_id, job)
+            if job.timed_out:  # (the steps it made by then)
+                self.finished_steps += ended.steps_done or 0.0
+            elif not job.failure:
                 self.finished_steps += job.total
-            exits.append(_exit_of(job_id, job))
+            exits.append(ended)
             self.finished += 1
         return exits
 
@@ -252,6 +261,10 @@ def _exit_of(job_id: str, job: SimJob) -> JobExit:
     """The exit a job that leaves the simulation reports."""
     if job.failure:
         return JobExit(job_id=job_id, status="failed", reason=job.failure, attempt=job.attempt)
+    if job.timed_out:
+        assert job.limit_at is not None
+        done = job.done + job.rate * max(job.limit_at - job.since, 0.0)
+        return JobExit(job_id=job_id, status="timeout", steps_done=done, attempt=job.attempt)
     return JobExit(
         job_id=job_id, status="completed", steps_done=job.total, attempt=job.attempt,
         ended_at=job.ended_at,

@@ -290,9 +290,14 @@ class SimClock(Service):
             nodes = self.config.cluster.nodes()
             if nodes:
                 await self.call(NODES, NodesChanged(now=0.0, up=nodes))
+            round_s = self.config.gavel_round_s
             for spec in workload:  # (a job whose work cannot be known fails the run at its start)
                 total_steps(spec, self.model)
-            round_s = self.config.gavel_round_s
+                if spec.time_limit_s is not None and round_s is not None:
+                    raise ValueError(
+                        f"job {spec.job_id!r} has a time limit: Gavel's rounds "
+                        "(gavel_round_s) do not simulate time limits"
+                    )
             loop = (
                 GavelRounds(self, workload, round_s) if round_s is not None
                 else EventInstants(self, workload, churn)
