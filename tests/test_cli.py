@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -163,9 +164,17 @@ def interrupt(
     return proc.returncode, out, log.read_text()
 
 
-def progressing(path: Path) -> Callable[[], bool]:
-    """True once `path` (a run's stderr) shows a progress line: the run is under way."""
-    return lambda: path.exists() and "jobs  t=" in path.read_text()
+def progressing(path: Path, ended: int = 0) -> Callable[[], bool]:
+    """True once `path` (a run's stderr) shows a progress line with at least `ended` jobs
+    ended: the run is under way (on a loaded machine the first may come before any has)."""
+
+    def ready() -> bool:
+        if not path.exists():
+            return False
+        counts = re.findall(r"([\d,]+)/[\d,]+ jobs  t=", path.read_text())
+        return bool(counts) and int(counts[-1].replace(",", "")) >= ended
+
+    return ready
 
 
 @pytest.mark.parametrize(
@@ -210,7 +219,7 @@ def test_an_interrupted_run_lists_the_jobs_declined_so_far(tmp_path: Path) -> No
     code, _, err = interrupt(
         ["sim", "--jobs", "20000", "--load", "1", "--gpu-demand", "1:0.8,16:0.2",
          "--cluster-spec", "2x4", "--out", str(run)],
-        signal.SIGINT, log, progressing(log),
+        signal.SIGINT, log, progressing(log, ended=100),
     )  # fmt: skip
     assert code == 130, err
     summary = json.loads((run / "summary.json").read_text())

@@ -199,7 +199,8 @@ class SchedulerStatus(Struct, kw_only=True):
     runs_ahead: bool = False
     """A clock may submit jobs ahead of their arrival and ask the scheduler to go on through them
     (`until`): its decisions at an arrival depend on nothing a clock does between instants
-    (events mode, a policy that does not decide on declined arrivals, state not stored)."""
+    (events or rounds mode, a policy that does not decide on declined arrivals, state not
+    stored)."""
 
 
 class CountsChange(Struct, array_like=True):

@@ -661,7 +661,7 @@ class Scheduler(Service):
         (`SchedulerStatus.runs_ahead`): at every event, as the clock tells of it, with nothing
         stored and no decision on declined arrivals (those the clock would tell of alone)."""
         return (
-            self.config.mode == "events"
+            self.config.mode in ("events", "rounds")
             and self.config.clock == "external"
             and not self.store.durable
             and not self.policy.needs.decide_on_arrival
