@@ -10,13 +10,12 @@ throughput(1 GPU), over the cluster's GPUs, at every instant it changes."""
 
 from __future__ import annotations
 
-import functools
 import json
 import textwrap
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,21 +27,25 @@ from gpuyard.shared.throughput import ThroughputModel
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
-_PYPLOT = threading.Lock()
-"""pyplot is not thread-safe: simulations in one process write their results one at a time."""
+    from gpuyard.plotter import Plotter
 
 
-@functools.cache
-def pyplot() -> ModuleType:
-    """matplotlib's pyplot, on the Agg backend, imported by the first figure drawn: a run
-    without plots (a sweep's) never imports it."""
-    import matplotlib
+_DRAWING = threading.Lock()
+"""matplotlib is not thread-safe (its text parser is shared): simulations in one process draw
+their plots one at a time."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot
 
-    return matplotlib.pyplot
+def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float],
+             **kw: Any) -> tuple[Figure, Any]:  # fmt: skip
+    """A figure and its axes, as `pyplot.subplots` makes them, without pyplot: a figure of its
+    own (drawn by Agg when saved, safe in any thread, no global state to close it from), and
+    pyplot's import (a third of a small run's plotting) never made."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **kw)
 
 
 JobRun = tuple[float, str, list[GpuRef]]
@@ -234,50 +237,128 @@ def save_figure(
     fig.savefig(path, dpi=dpi, metadata={"Title": title, "Description": caption})
     if svg:
         fig.savefig(path.with_suffix(".svg"), metadata={"Title": title, "Description": caption})
-    pyplot().close(fig)
     return path
 
 
-def plot(
-    jobs: Table, timeline: Table, out: Path, caption: str = "",
-    total: int | None = None, efficiency: Table | None = None,
-) -> list[Path]:  # fmt: skip
-    """`jct_cdf.png` and `timeline.png`, each captioned with `caption` (what ran); `total`: the
-    workload's jobs, when `jobs` holds only some (an interrupted run); `deadlines.png` when jobs
-    have deadlines."""
+@dataclass
+class Figures:
+    """What a run's plots show, reduced to the points they draw (a few hundred KB, whatever the
+    run's size): drawn here (`draw`) or by a `gpuyard.plotter.Plotter` process."""
+
+    out: Path
+    caption: str
+    jct_hours: np.ndarray
+    """Completed jobs' JCTs, sorted (thinned: `thinned_ranks`), in hours."""
+    jct_fraction: np.ndarray
+    """The fraction of completed jobs at or below each."""
+    completed: int
+    total: int
+    hours: np.ndarray
+    """The timeline's instants (thinned: `thinned_steps`), in hours."""
+    busy_share: np.ndarray
+    queued: np.ndarray
+    deadlines: dict[str, int] | None = None
+    """Deadline outcomes (met, missed, declined, best-effort) when jobs have deadlines."""
+    deadline_jobs: int = 0
+    """The jobs whose deadlines count (not best-effort)."""
+    efficiency: tuple[np.ndarray, np.ndarray] | None = None
+    """Cluster efficiency over time (hours, efficiency)."""
+    churn: NodeChurn | None = None
+
+
+@dataclass
+class NodeChurn:
+    """A node-availability replay's idle nodes and their use, over time (thinned)."""
+
+    hours: np.ndarray
+    nodes: np.ndarray
+    busy: np.ndarray
+    running: np.ndarray
+    queued: np.ndarray
+    share: float | None
+    """The idle node-time used (`idle_node_utilization`)."""
+    xmax_hours: float | None
+
+
+def figures(
+    jobs: Table, timeline: Table, out: Path, caption: str = "", total: int | None = None,
+    efficiency: Table | None = None, summary: dict[str, Any] | None = None,
+    node_churn: bool = False,
+) -> Figures:  # fmt: skip
+    """The plots of a run's `jobs` and `timeline` into `out`, each captioned with `caption`
+    (what ran); `total`: the workload's jobs, when `jobs` holds only some (an interrupted run);
+    deadline outcomes when jobs have deadlines; `node_churn`: the idle nodes of the timeline."""
+    jct = np.sort(jobs["jct"][jobs["state"] == "completed"])
+    ranks = thinned_ranks(len(jct))
+    busy = timeline["busy_gpus"] / timeline["gpus"].clip(min=1)
+    queued = timeline["queued"].astype(float)
+    kept = thinned_steps(timeline["time"], [busy, queued])
+    made = Figures(
+        out=out, caption=caption, jct_hours=jct[ranks] / 3600,
+        jct_fraction=(ranks + 1) / max(len(jct), 1), completed=len(jct),
+        total=total or len(jobs), hours=timeline["time"][kept] / 3600, busy_share=busy[kept],
+        queued=queued[kept],
+    )  # fmt: skip
+    if (~np.isnan(jobs["deadline"])).any():
+        counted = jobs.where(jobs["admission"] != "best-effort")
+        admitted = counted.where(counted["admission"] == "accepted")
+        met = int(np.count_nonzero(admitted["deadline_met"] == True))  # noqa: E712 (None is not)
+        made.deadlines = {
+            "met": met,
+            "missed": len(admitted) - met,
+            "declined": int(np.count_nonzero(counted["admission"] == "declined")),
+            "best-effort": int(np.count_nonzero(jobs["admission"] == "best-effort")),
+        }
+        made.deadline_jobs = len(counted)
+        if efficiency is not None and len(efficiency):
+            made.efficiency = (efficiency["time"] / 3600, efficiency["efficiency"])
+    if node_churn:
+        nodes, busy_nodes, running, waiting = (
+            timeline[c].astype(float) for c in ("gpus", "busy_gpus", "running", "queued")
+        )
+        kept = thinned_steps(timeline["time"], [nodes, busy_nodes, running, waiting])
+        told = summary or {}
+        end = told.get("makespan")
+        made.churn = NodeChurn(
+            hours=timeline["time"][kept] / 3600, nodes=nodes[kept], busy=busy_nodes[kept],
+            running=running[kept], queued=waiting[kept], share=told.get("idle_node_utilization"),
+            xmax_hours=float(told.get("simulated_s") or end) / 3600 if end else None,
+        )  # fmt: skip
+    return made
+
+
+def draw(made: Figures) -> list[Path]:
+    """`jct_cdf.png` and `timeline.png`; `deadlines.png` with deadline outcomes, `idle_nodes.png`
+    with node churn."""
+    out, caption = made.out, made.caption
     paths = []
-    done = jobs["state"] == "completed"
-    jct = np.sort(jobs["jct"][done])
-    fig, ax = pyplot().subplots(figsize=(7, 4.8))
-    if len(jct):
-        ranks = thinned_ranks(len(jct))
-        ax.plot(jct[ranks] / 3600, (ranks + 1) / len(jct))
+    fig, ax = subplots(figsize=(7, 4.8))
+    if made.completed:
+        ax.plot(made.jct_hours, made.jct_fraction)
         ax.set_xscale("log")
     else:
         ax.text(0.5, 0.5, "no job completed", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("job completion time (hours, log scale)")
     ax.set_ylabel("fraction of completed jobs")
-    ax.set_title(f"JCT CDF: {len(jct):,} of {total or len(jobs):,} jobs completed")
+    ax.set_title(f"JCT CDF: {made.completed:,} of {made.total:,} jobs completed")
     ax.grid(True, alpha=0.3)
     paths.append(save_figure(fig, out / "jct_cdf.png", caption))
 
-    fig, (top, bottom) = pyplot().subplots(2, 1, figsize=(8, 5.8), sharex=True)
-    busy = timeline["busy_gpus"] / timeline["gpus"].clip(min=1)
-    queued = timeline["queued"].astype(float)
-    kept = thinned_steps(timeline["time"], [busy, queued])
-    hours = timeline["time"][kept] / 3600
-    top.step(hours, busy[kept], where="post")
+    fig, (top, bottom) = subplots(2, 1, figsize=(8, 5.8), sharex=True)
+    top.step(made.hours, made.busy_share, where="post")
     top.set_ylabel("GPU utilisation")
     top.set_ylim(0, 1.05)
     top.set_title("cluster timeline")
-    bottom.step(hours, queued[kept], where="post", color="tab:orange")
+    bottom.step(made.hours, made.queued, where="post", color="tab:orange")
     bottom.set_ylabel("queued jobs")
     bottom.set_xlabel("simulated time (hours)")
     for ax in (top, bottom):
         ax.grid(True, alpha=0.3)
     paths.append(save_figure(fig, out / "timeline.png", caption))
-    if (~np.isnan(jobs["deadline"])).any():
-        paths.append(plot_deadlines(jobs, efficiency, out / "deadlines.png", caption))
+    if made.deadlines is not None:
+        paths.append(draw_deadlines(made, out / "deadlines.png"))
+    if made.churn is not None:
+        paths.append(draw_node_churn(made.churn, out / "idle_nodes.png", caption))
     return paths
 
 
@@ -313,45 +394,37 @@ def thinned_steps(x: np.ndarray, ys: list[np.ndarray], most: int = PLOTTED_POINT
     return np.flatnonzero(keep)
 
 
-def plot_deadlines(jobs: Table, efficiency: Table | None, path: Path, caption: str = "") -> Path:
+def draw_deadlines(made: Figures, path: Path) -> Path:
     """Deadline outcomes (met, missed, declined, best-effort) and, if known, cluster efficiency
     over time."""
-    panels = 2 if efficiency is not None and len(efficiency) else 1
-    fig, axes = pyplot().subplots(1, panels, figsize=(5 + 6 * (panels - 1), 4), squeeze=False)
-    counted = jobs.where(jobs["admission"] != "best-effort")
-    admitted = counted.where(counted["admission"] == "accepted")
-    met = int(np.count_nonzero(admitted["deadline_met"] == True))  # noqa: E712 (None is not)
-    outcomes = {
-        "met": met,
-        "missed": len(admitted) - met,
-        "declined": int(np.count_nonzero(counted["admission"] == "declined")),
-        "best-effort": int(np.count_nonzero(jobs["admission"] == "best-effort")),
-    }
+    outcomes, efficiency = made.deadlines or {}, made.efficiency
+    panels = 2 if efficiency is not None else 1
+    fig, axes = subplots(1, panels, figsize=(5 + 6 * (panels - 1), 4), squeeze=False)
     ax = axes[0][0]
     bars = ax.bar(list(outcomes), list(outcomes.values()),
                   color=["tab:green", "tab:red", "tab:gray", "tab:blue"])  # fmt: skip
     ax.bar_label(bars)
     ax.set_ylim(0, max(outcomes.values(), default=0) * 1.15 + 1)
-    ratio = outcomes["met"] / len(counted) if len(counted) else float("nan")
-    ax.set_title(f"deadlines: {ratio:.1%} of {len(counted)} jobs met")
+    counted = made.deadline_jobs
+    ratio = outcomes["met"] / counted if counted else float("nan")
+    ax.set_title(f"deadlines: {ratio:.1%} of {counted} jobs met")
     ax.set_ylabel("jobs")
-    if panels == 2:
-        assert efficiency is not None
+    if efficiency is not None:
         ax = axes[0][1]
-        ax.step(efficiency["time"] / 3600, efficiency["efficiency"], where="post")
+        ax.step(*efficiency, where="post")
         ax.set_xlabel("time (hours)")
         ax.set_ylabel("cluster efficiency")
         ax.set_ylim(0, 1.05)
         ax.set_title("sum of throughput(n) / throughput(1) over GPUs")
         ax.grid(True, alpha=0.3)
-    return save_figure(fig, path, caption)
+    return save_figure(fig, path, made.caption)
 
 
 def write_results(
     rows: JobRows, points: TimelineRows, out: Path,
     extra: dict[str, Any] | None = None, caption: str = "", until: float | None = None, *,
     efficiency: Table | None = None, measured: set[str] | None = None,
-    plots: bool = True, node_churn: bool = False,
+    plots: bool = True, node_churn: bool = False, plotter: Plotter | None = None,
     on_summary: Callable[[dict[str, Any]], object] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Write every result file into `out` and return the summary: `rows` are the jobs' (and
@@ -360,7 +433,8 @@ def write_results(
     that ended by then are counted: see `summarize`). With `efficiency` (`efficiency_frame`),
     `efficiency.csv`; with `measured` (a measurement window), JCT figures are those jobs' (see
     `summarize`); with `node_churn` (nodes came and went: BFTrainer's idle nodes),
-    `idle_node_utilization` and `idle_nodes.png`. `on_summary` is given the summary once
+    `idle_node_utilization` and `idle_nodes.png`; `plotter`: the process that draws the plots
+    (else they are drawn here). `on_summary` is given the summary once
     `summary.json` is written, before the other files (a million jobs' take seconds more)."""
     out.mkdir(parents=True, exist_ok=True)
     jobs = rows.table(ended_by=until)
@@ -382,10 +456,13 @@ def write_results(
     if efficiency is not None:
         efficiency.write_csv(out / "efficiency.csv")
     if plots:
-        with _PYPLOT:
-            plot(jobs, timeline, out, caption, summary.get("jobs_in_workload"), efficiency)
-            if node_churn:
-                plot_node_churn(timeline, out / "idle_nodes.png", caption, summary)
+        made = figures(jobs, timeline, out, caption, summary.get("jobs_in_workload"), efficiency,
+                       summary, node_churn)  # fmt: skip
+        if plotter is not None:
+            plotter.draw(made)
+        else:
+            with _DRAWING:
+                draw(made)
     return summary
 
 
@@ -404,30 +481,27 @@ def idle_node_utilization(timeline: Table, until: float | None, jobs: Table) -> 
     return used / present if present > 0 else None
 
 
-def plot_node_churn(timeline: Table, path: Path, caption: str, summary: dict[str, Any]) -> Path:
+def draw_node_churn(churn: NodeChurn, path: Path, caption: str) -> Path:
     """Idle nodes and the nodes jobs use, over time; below, running and queued jobs."""
-    fig, (top, bottom) = pyplot().subplots(2, 1, figsize=(9, 6), sharex=True,
+    fig, (top, bottom) = subplots(2, 1, figsize=(9, 6), sharex=True,
                                            gridspec_kw={"height_ratios": [2, 1]})  # fmt: skip
-    hours = timeline["time"] / 3600
-    top.fill_between(hours, timeline["gpus"], step="post", color="0.85", label="idle nodes")
-    top.step(hours, timeline["busy_gpus"], where="post", color="tab:blue", lw=0.8,
-             label="nodes in use")  # fmt: skip
-    share = summary.get("idle_node_utilization")
-    used = "" if share is None else f": {share:.1%} of idle node-time used"
+    hours = churn.hours
+    top.fill_between(hours, churn.nodes, step="post", color="0.85", label="idle nodes")
+    top.step(hours, churn.busy, where="post", color="tab:blue", lw=0.8, label="nodes in use")
+    used = "" if churn.share is None else f": {churn.share:.1%} of idle node-time used"
     top.set_title(f"idle nodes and their use{used}")
     top.set_ylabel("nodes")
     top.legend(loc="upper right", fontsize=8)
-    bottom.step(hours, timeline["running"], where="post", color="tab:green", label="running")
-    bottom.step(hours, timeline["queued"], where="post", color="tab:orange", label="queued")
+    bottom.step(hours, churn.running, where="post", color="tab:green", label="running")
+    bottom.step(hours, churn.queued, where="post", color="tab:orange", label="queued")
     bottom.set_ylabel("jobs")
     from matplotlib.ticker import MaxNLocator
 
     bottom.yaxis.set_major_locator(MaxNLocator(integer=True))
     bottom.set_xlabel("time since the replay's start (hours)")
     bottom.legend(loc="upper right", fontsize=8)
-    end = summary.get("makespan")
-    if end:
-        top.set_xlim(0, (float(summary.get("simulated_s") or end)) / 3600)
+    if churn.xmax_hours:
+        top.set_xlim(0, churn.xmax_hours)
     for ax in (top, bottom):
         ax.grid(True, alpha=0.3)
     return save_figure(fig, path, caption)
@@ -514,7 +588,7 @@ def plot_workload(
     """Arrivals over time, the duration CDF and the GPU-demand histogram of a workload, titled
     with what it is (`info`: the trace and format, or the generator); every bar shows its count,
     on a log scale when the counts span more than two orders of magnitude."""
-    fig, axes = pyplot().subplots(1, 3, figsize=(14, 4.6))
+    fig, axes = subplots(1, 3, figsize=(14, 4.6))
     arrivals = np.sort(jobs["submit_time"].to_numpy(dtype=float)) / 3600
     axes[0].plot(arrivals, np.arange(1, len(arrivals) + 1))
     axes[0].set_xlabel("submit time (hours)")

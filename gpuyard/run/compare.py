@@ -16,19 +16,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 import msgspec
 import numpy as np
 import pandas as pd
 
-from gpuyard.report import save_figure
+from gpuyard.report import save_figure, subplots
 from gpuyard.run.forks import Forked, cpu_slots, fork_server
 from gpuyard.run.presets import semantics
 from gpuyard.run.single import simulate_encoded
 from gpuyard.run.spec import RunPlace, RunSpec
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 
 Combo = tuple[str, float | None, int | None]
 """(policy, load, seed); a trace has no load or seed."""
@@ -242,7 +238,7 @@ def _plot_mean_jct_vs_load(done: pd.DataFrame, out: Path, caption: str) -> Path:
         .agg(["mean", "min", "max", "count"])
         .reset_index()
     )
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, ax = subplots(figsize=(7, 5))
     for policy, rows in stats.groupby("policy"):
         mean = rows["mean"].to_numpy() / 3600
         spread = np.vstack([mean - rows["min"] / 3600, rows["max"] / 3600 - mean])
@@ -276,7 +272,7 @@ def _seeds(counts: pd.Series) -> str:
 
 def _plot_mean_jct(done: pd.DataFrame, out: Path, caption: str) -> Path:
     """A trace has no load: mean JCT per policy, bars."""
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, ax = subplots(figsize=(7, 5))
     bars = ax.bar(done["policy"], done["mean_jct"] / 3600, color="tab:blue")
     ax.bar_label(bars, fmt="%.2f h", fontsize=8)
     ax.set_ylabel("mean JCT (hours)")
@@ -290,7 +286,7 @@ def _plot_cdfs(table: pd.DataFrame, out: Path, caption: str) -> Path:
     loads = table["load"].drop_duplicates().tolist()
     seeds = table["seed"].drop_duplicates().tolist()
     pooled = f" ({len(seeds)} seeds pooled)" if len(seeds) > 1 else ""
-    fig, axes = plt.subplots(1, len(loads), figsize=(5.5 * len(loads), 4.8), squeeze=False)
+    fig, axes = subplots(1, len(loads), figsize=(5.5 * len(loads), 4.8), squeeze=False)
     for ax, load in zip(axes[0], loads, strict=True):
         at_load = table[table["load"].isna()] if _missing(load) else table[table["load"] == load]
         for policy in sorted(at_load["policy"].unique()):

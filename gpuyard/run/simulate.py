@@ -16,6 +16,7 @@ import numpy as np
 from msgspec import Struct
 
 from gpuyard.ops import read_events, show_policies
+from gpuyard.plotter import Plotter
 from gpuyard.report import JobRun, efficiency_frame, write_results
 from gpuyard.results import JobRows, Table, TimelineRows, job_rows
 from gpuyard.run.embedded import EmbeddedNats
@@ -525,6 +526,7 @@ async def simulate(
     on_policies: Callable[[dict[str, PolicyInfo | str]], object] | None = None,
     on_summary: Callable[[dict[str, Any]], object] | None = None,
     plots: bool = True,
+    plotter: Plotter | None = None,
     lost_after_s: float = 5.0,
     keep_jobs: bool = True,
 ) -> SimResult:
@@ -539,7 +541,8 @@ async def simulate(
     called with the services once they answer, before the run starts (tests: to kill one mid-run
     and start it again with `ServiceSet.replace`, in a durable run with `processes=True`).
     `workload`: how the jobs were made (generator, load, seed, or trace and format), for
-    `options.json` and the plots' captions. `plots=False`: result files without the PNGs.
+    `options.json` and the plots' captions. `plots=False`: result files without the PNGs;
+    `plotter`: the process that draws them (else they are drawn in this one, in a thread).
     `on_summary` is given the summary as soon as it is known, before the other result files are
     written (a thread's call: it may print, not touch the event loop).
     `keep_jobs=False`: `SimResult.jobs` is empty, and the jobs' records leave memory as they end
@@ -692,7 +695,7 @@ async def simulate(
     summary = await asyncio.to_thread(
         write_results, rows, points, out, extra, caption,
         reached if interrupted is not None else None, **deadlines, plots=plots,
-        on_summary=on_summary,
+        plotter=plotter, on_summary=on_summary,
         node_churn=options.node_events is not None,
     )  # fmt: skip
     if isinstance(interrupted, ServiceLost):

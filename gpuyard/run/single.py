@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from gpuyard.plotter import Plotter
 from gpuyard.run.build import build
 from gpuyard.run.process import library_logs_to, stop_on_signals
 from gpuyard.run.spec import RunPlace, RunSpec
@@ -22,6 +23,11 @@ from gpuyard.shared.policy import PolicyError
 def simulate_one(spec: RunSpec, place: RunPlace) -> int:
     """Run `spec` where `place` says; the exit status: 0, 1 (the run failed), 2 (it could not
     start: the one line says why) or 130 (interrupted: what it got to is written)."""
+    with Plotter.start() as plotter:  # (it imports matplotlib while the run goes on)
+        return _simulate_one(spec, place, plotter)
+
+
+def _simulate_one(spec: RunSpec, place: RunPlace, plotter: Plotter) -> int:
     import nats.errors
     import uvloop
 
@@ -79,6 +85,7 @@ def simulate_one(spec: RunSpec, place: RunPlace) -> int:
                     workload=described,
                     on_policies=lambda ran: warn_policies(options, ran),
                     on_summary=show,
+                    plotter=plotter,
                     keep_jobs=False,  # (the summary is all it shows)
                 )
             )

@@ -20,17 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 import msgspec
 import numpy as np
 import pandas as pd
 
-from gpuyard.report import save_figure
+from gpuyard.report import save_figure, subplots
 from gpuyard.sweep.config import RUN_FIELDS, FigureName, ReportSettings, report_settings
 from gpuyard.sweep.engine import measured
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 
 T_975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
          2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
@@ -295,7 +291,7 @@ def plot_metric(ok: pd.DataFrame, column: str, ylabel: str, title: str, path: Pa
     its `spread`; the figure and its note on the statistics."""
     stats = _by_series_load(ok, column, axis)
     if axis.present(ok) and axis.numeric(ok):
-        fig, ax = plt.subplots(figsize=(9, 5))
+        fig, ax = subplots(figsize=(9, 5))
         for i, series in enumerate(ok["series"].drop_duplicates()):  # (the file's order)
             rows = stats[stats["series"] == series]
             ax.errorbar(axis.scale(rows[axis.field]), rows["mean"] * scale,
@@ -315,7 +311,7 @@ def plot_metric(ok: pd.DataFrame, column: str, ylabel: str, title: str, path: Pa
         stats = stats.sort_values("series", key=lambda names: names.map(order), kind="stable")
         names = [f"{s} (n={n})" for s, n in zip(stats["series"], stats["n"], strict=True)]
         longest = max((len(name) for name in names), default=0)
-        fig, ax = plt.subplots(
+        fig, ax = subplots(
             figsize=(max(7.5, 4.5 + 0.09 * longest), max(3.5, 1.8 + 0.35 * len(stats)))
         )  # (wide enough for the names beside a readable plot)
         bars = ax.barh(names, stats["mean"] * scale, xerr=_error_bars(stats, scale), capsize=4)
@@ -336,7 +332,7 @@ def _grouped_bars(ok: pd.DataFrame, stats: pd.DataFrame, scale: float,
     values = axis.values(ok)
     order = list(ok["series"].drop_duplicates())
     width = 0.8 / len(order)
-    fig, ax = plt.subplots(figsize=(max(7.5, 2.5 + 0.22 * len(values) * len(order)), 5))
+    fig, ax = subplots(figsize=(max(7.5, 2.5 + 0.22 * len(values) * len(order)), 5))
     for i, series in enumerate(order):
         rows = stats[stats["series"] == series].set_index(axis.field).reindex(values)
         at = np.arange(len(values)) + (i - (len(order) - 1) / 2) * width
@@ -371,7 +367,7 @@ def plot_cdfs(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str,
     """JCT CDFs: a panel per value of the axis (load), a line per series, every seed's
     completed jobs pooled."""
     loads = _panels(ok, axis, 4)
-    fig, axes = plt.subplots(1, len(loads), figsize=(5.2 * len(loads), 4.6), squeeze=False)
+    fig, axes = subplots(1, len(loads), figsize=(5.2 * len(loads), 4.6), squeeze=False)
     for ax, load in zip(axes[0], loads, strict=True):
         at = ok if load is None else ok[ok[axis.field] == load]
         for i, (series, rows) in enumerate(at.groupby("series")):
@@ -424,7 +420,7 @@ def plot_timelines(ok: pd.DataFrame, folder: Path, path: Path, caption_text: str
     value of the axis (load), a line per series, the lowest seed; time-weighted means over 200
     bins."""
     loads = _panels(ok, axis, 3)
-    fig, axes = plt.subplots(2, len(loads), figsize=(5.5 * len(loads), 6.4), squeeze=False,
+    fig, axes = subplots(2, len(loads), figsize=(5.5 * len(loads), 6.4), squeeze=False,
                              sharex="col")  # fmt: skip
     churn = False
     for col, load in enumerate(loads):
@@ -476,7 +472,7 @@ def plot_efficiency(ok: pd.DataFrame, folder: Path, path: Path, caption_text: st
     axis (at most three), a line per series, the lowest seed; time-weighted means over 200
     bins."""
     values = _panels(ok, axis, 3)
-    fig, axes = plt.subplots(1, len(values), figsize=(max(9.0, 5.5 * len(values)), 4.6),
+    fig, axes = subplots(1, len(values), figsize=(max(9.0, 5.5 * len(values)), 4.6),
                              squeeze=False, sharey=True)  # fmt: skip
     for ax, value in zip(axes[0], values, strict=True):
         at = ok if value is None else ok[ok[axis.field] == value]
@@ -694,7 +690,7 @@ def plot_fairness(ok: pd.DataFrame, path: Path, caption_text: str,
                   axis: Axis = LOAD) -> tuple[Path, str]:  # fmt: skip
     """Finish-time fairness: the worst rho (JCT over time running) and Jain's index of 1/rho,
     means over seeds with their `spread`; the figure and its note on the statistics."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, axes = subplots(1, 2, figsize=(12, 4.8))
     notes = []
     for ax, column, label in ((axes[0], "rho_max", "worst finish-time fairness rho"),
                               (axes[1], "rho_jain", "Jain's index of 1/rho")):  # fmt: skip
