@@ -20,7 +20,7 @@ from gpuyard.shared.durations import slurm_duration
 from gpuyard.shared.model import JobRecord
 
 JOB_STATES = {
-    "PENDING": "queued, never started (or held by admission)",
+    "PENDING": "queued, never started (or held: by admission, or by `gpuyard hold`)",
     "REQUEUED": "queued again after it ran (preempted, or its node was lost)",
     "RUNNING": "running",
     "COMPLETED": "ended: every process exited 0",

@@ -52,6 +52,40 @@ def test_counters_follow_every_transition() -> None:
     assert (again.queued, again.running, again.busy_gpus, again.finished) == (0, 0, 0, 2)
 
 
+def test_held_and_requeued_jobs_leave_the_decisions_and_come_back_in_admission_order() -> None:
+    table = JobTable()
+    a, b, _ = (table.admit(spec(j), 0.0, total_steps=100.0) for j in "abc")
+    table.start(a, 1.0, ["n1"], 1, "v100", rate=1.0)
+    table.hold(b, "user")
+    table.moved.clear()
+    assert list(table.active) == ["a", "c"] and list(table.views) == ["a", "c"]
+    assert (b.reason, table.queued, list(table.held)) == ("JobHeldUser", 1, ["b"])
+    table.hold(b, "admin")  # (an operator's hold over the owner's)
+    assert (b.hold, b.reason, list(table.held)) == ("admin", "JobHeldAdmin", ["b"])
+    # A running job requeued on its agents: running (its GPUs free) until they say it stopped.
+    table.requeue_running(a, 5.0, "requeued by op.admin", ["n1"], "user")
+    assert (table.running, table.busy_gpus, list(table.active)) == (0, 0, ["c"])
+    assert a.state == "running" and a.reason == "requeueing (requeued by op.admin)"
+    # Stored and loaded back (a restarted scheduler): the same sets.
+    again = JobTable()
+    again.load(
+        msgspec.json.decode(msgspec.json.encode(list(table.jobs.values())), type=list[JobRecord])
+    )
+    assert (list(again.active), list(again.held), list(again.stopping)) == (["c"], ["b"], ["a"])
+    assert table.part_stopped(a, "n1", 6.0)
+    assert (a.state, a.preemptions, a.reason, list(table.held)) == (
+        "queued",
+        1,
+        "JobHeldUser",
+        ["b", "a"],
+    )
+    table.release(a)
+    table.release(b)
+    assert list(table.active) == ["a", "b", "c"] and list(table.views) == ["a", "b", "c"]
+    assert (a.reason, b.reason, b.hold, table.queued) == ("", "", "", 3)
+    assert list(table.moved) == ["a", "b"]
+
+
 def test_a_request_telling_of_earlier_instants_logs_its_changes_at_each() -> None:
     """Exits and arrivals told of together (a quiet window): what each changed, by time, in
     time order whatever order they were handled in; nothing at the request's own time (its

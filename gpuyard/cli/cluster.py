@@ -53,15 +53,28 @@ from gpuyard.shared.contract import (
     LOGS_TAIL_MAX,
     CancelRequest,
     ClusterInfo,
+    DoneReply,
     Empty,
     HeartbeatsPage,
+    HoldRequest,
     JobQuery,
     LogLine,
     LogsReply,
     LogsRequest,
+    RequeueRequest,
 )
 from gpuyard.shared.durations import parse_time_limit, slurm_duration
-from gpuyard.shared.endpoints import CANCEL, CLUSTER, HEARTBEATS, LOG_LINE, NODE_LOGS, QUERY, SUBMIT
+from gpuyard.shared.endpoints import (
+    CANCEL,
+    CLUSTER,
+    HEARTBEATS,
+    HOLD,
+    LOG_LINE,
+    NODE_LOGS,
+    QUERY,
+    REQUEUE,
+    SUBMIT,
+)
 from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.identity import ANONYMOUS
 from gpuyard.shared.model import JobRecord, JobState
@@ -240,10 +253,45 @@ def add_cluster_parsers(sub: Subcommands) -> None:
     p.add_argument("job_ids", nargs="*", help="only these jobs (an unknown one is an error)")
     p.set_defaults(run=cmd_jobs)
 
-    p = sub.add_parser("cancel", help="cancel jobs")
+    p = sub.add_parser(
+        "cancel", help="cancel jobs: those named, or those of a user and/or in a state",
+        description="Cancel jobs, as scancel does: those named, or every job not ended of --user "
+        "and/or in --state (a user cancels only their own).",
+    )  # fmt: skip
+    add_nats_options(p)
+    p.add_argument("--user", help="every job of this user not ended (with no job named)")
+    p.add_argument(
+        "--state", action="append", default=[], metavar="STATE[,STATE...]",
+        help="every job in these states (with no job named): PENDING (REQUEUED too), RUNNING",
+    )  # fmt: skip
+    p.add_argument("job_ids", nargs="*")
+    p.set_defaults(run=cmd_cancel)
+
+    p = sub.add_parser(
+        "hold", help="hold waiting jobs: they start no more until released",
+        description="Hold waiting jobs (reason JobHeldUser, or JobHeldAdmin when an operator "
+        "holds them): they start no more until `gpuyard release`. A user holds their own jobs; "
+        "only an operator releases an operator's hold. A running job: `gpuyard requeue --hold`.",
+    )  # fmt: skip
     add_nats_options(p)
     p.add_argument("job_ids", nargs="+")
-    p.set_defaults(run=cmd_cancel)
+    p.set_defaults(run=cmd_hold, release=False)
+
+    p = sub.add_parser("release", help="release held jobs: they wait to start again")
+    add_nats_options(p)
+    p.add_argument("job_ids", nargs="+")
+    p.set_defaults(run=cmd_hold, release=True)
+
+    p = sub.add_parser(
+        "requeue", help="stop running jobs and queue them again",
+        description="Stop running jobs as a preemption does (they checkpoint if they can) and "
+        "queue them again, in their place; --hold holds them too (a waiting job is then only "
+        "held).",
+    )  # fmt: skip
+    add_nats_options(p)
+    p.add_argument("--hold", action="store_true", help="hold them too, until released")
+    p.add_argument("job_ids", nargs="+")
+    p.set_defaults(run=cmd_requeue)
 
     p = sub.add_parser("logs", help="a job's output (all ranks)")
     add_nats_options(p)
@@ -791,15 +839,71 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    try:
+        states = cancel_states(args.state)
+    except ValueError as exc:
+        print(f"gpuyard cancel: {exc}", file=sys.stderr)
+        return 2
+    if args.job_ids and (args.user or states):
+        print("gpuyard cancel: name jobs, or choose them with --user/--state: not both",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if not (args.job_ids or args.user or states):
+        print("gpuyard cancel: name the jobs, or choose them with --user and/or --state",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    request = CancelRequest(job_ids=args.job_ids, user=args.user, states=states)
+
     async def body(bus: Bus) -> int:
-        reply = await bus.call(CANCEL, CancelRequest(job_ids=args.job_ids))
+        reply = await bus.call(CANCEL, request)
         for job_id in reply.cancelled:
             print(f"cancelled {job_id}")
         for job_id, why in reply.refused.items():
             print(f"not cancelled {job_id}: {why}", file=sys.stderr)
+        if not reply.cancelled and not reply.refused:
+            print("no job to cancel", file=sys.stderr)
         return 1 if reply.refused else 0
 
     return run_on_bus("cancel", args, body)
+
+
+def cancel_states(values: list[str]) -> list[Literal["queued", "running"]]:
+    """`--state pending,running` -> the scheduler's states (PENDING takes REQUEUED too)."""
+    chosen = parse_states(values)
+    if wrong := sorted(chosen - {"PENDING", "REQUEUED", "RUNNING"}):
+        raise ValueError(f"--state {wrong[0]}: only waiting (PENDING, REQUEUED) or RUNNING jobs "
+                         "are cancelled")  # fmt: skip
+    states: list[Literal["queued", "running"]] = []
+    if chosen & {"PENDING", "REQUEUED"}:
+        states.append("queued")
+    if "RUNNING" in chosen:
+        states.append("running")
+    return states
+
+
+def print_done(reply: DoneReply, done: str) -> int:
+    """`held j3` per job done, `not held j4: why` on stderr per job refused; 1 if any was."""
+    for job_id in reply.done:
+        print(f"{done} {job_id}")
+    for job_id, why in reply.refused.items():
+        print(f"not {done} {job_id}: {why}", file=sys.stderr)
+    return 1 if reply.refused else 0
+
+
+def cmd_hold(args: argparse.Namespace) -> int:
+    async def body(bus: Bus) -> int:
+        reply = await bus.call(HOLD, HoldRequest(job_ids=args.job_ids, release=args.release))
+        return print_done(reply, "released" if args.release else "held")
+
+    return run_on_bus("release" if args.release else "hold", args, body)
+
+
+def cmd_requeue(args: argparse.Namespace) -> int:
+    async def body(bus: Bus) -> int:
+        reply = await bus.call(REQUEUE, RequeueRequest(job_ids=args.job_ids, hold=args.hold))
+        return print_done(reply, "requeued")
+
+    return run_on_bus("requeue", args, body)
 
 
 # --------------------------------------------------------------------------- logs, nodes

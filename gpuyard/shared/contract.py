@@ -317,9 +317,13 @@ class JobQuery(Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class CancelRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    """`sched.cancel`: stop these jobs for good (a running one is preempted by the next apply)."""
+    """`sched.cancel`: stop these jobs for good (a running one is preempted by the next apply):
+    those named, or without names every job not ended that the filters choose (`user`, `states`:
+    at least one of them; as `scancel -u U -t S`)."""
 
-    job_ids: list[str]
+    job_ids: list[str] = []
+    user: str | None = None
+    states: list[Literal["queued", "running"]] = []
     now: float | None = None
 
 
@@ -327,6 +331,33 @@ class CancelReply(Struct, kw_only=True):
     cancelled: list[str]
     refused: dict[str, str] = {}
     """Jobs that could not be cancelled (unknown, already ended), with the reason."""
+
+
+class HoldRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`sched.hold`: these waiting jobs start no more until released (`release`: released). A
+    user's hold (`JobHeldUser`) its owner may release; an operator's (`JobHeldAdmin`) only an
+    operator."""
+
+    job_ids: list[str]
+    release: bool = False
+    now: float | None = None
+
+
+class RequeueRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`sched.requeue`: these running jobs stop (checkpointed, as a preemption stops them) and wait
+    again; held as well with `hold` (a waiting job named with `hold` is only held)."""
+
+    job_ids: list[str]
+    hold: bool = False
+    now: float | None = None
+
+
+class DoneReply(Struct, kw_only=True):
+    """What a request about some jobs or nodes did: those it was done to, and those refused with
+    the reason."""
+
+    done: list[str]
+    refused: dict[str, str] = {}
 
 
 # --------------------------------------------------------------------------- placement
@@ -450,6 +481,19 @@ class ClusterInfo(Struct, kw_only=True):
     rearranges: bool = False
     """Placement's policy moves running jobs at every apply (`PlacementPolicy.rearranges`): an
     apply of the allocations that run now may still change where they run."""
+    draining: dict[str, str] = {}
+    """Nodes an operator drains (`place.drain`), with the reason: they take no new jobs, and those
+    running there go on (DRAIN; DRAINED once none is left)."""
+
+
+class DrainRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`place.drain`: these nodes take no new jobs while the jobs running there go on
+    (`resume`: they take jobs again)."""
+
+    node_ids: list[str]
+    resume: bool = False
+    reason: str = ""
+    now: float | None = None
 
 
 # --------------------------------------------------------------------------- node agents
@@ -633,9 +677,14 @@ EventType = Literal[
     "job.failed",
     "job.cancelled",
     "job.timeout",
+    "job.on_hold",
+    "job.released",
+    "job.requeued",
     "node.up",
     "node.lost",
+    "node.draining",
     "node.drained",
+    "node.resumed",
     "policy.changed",
 ]
 
@@ -659,7 +708,7 @@ MESSAGES: tuple[type[Struct], ...] = (
     EnqueueRequest, SchedulerStatus, CountsChange, ClusterChanged, TickRequest, JobExit, ExitReport, JobRecord, JobsPage,
     RegisterNode, NodesChanged, NodesChangedReply, ApplyRequest, StepsReport, StepsUpdate, ApplyReply, ClusterInfo, Launch,
     NodeCommand, NodeCommandReply, NodeCommands, RunRequest, Progress, TimelinePoint, TimelinePage, Event,
-    JobQuery, CancelRequest, CancelReply, FinishedQuery, FinishedPage, GpuMetrics, JobProgress, Heartbeat, HeartbeatsPage,
+    JobQuery, CancelRequest, CancelReply, HoldRequest, RequeueRequest, DoneReply, DrainRequest, FinishedQuery, FinishedPage, GpuMetrics, JobProgress, Heartbeat, HeartbeatsPage,
     LogsRequest, LogsReply, LogLine,
     SetPolicy, PolicyInfo,
 )  # fmt: skip

@@ -27,6 +27,8 @@ from .contract import (
     CancelRequest,
     ClusterChanged,
     ClusterInfo,
+    DoneReply,
+    DrainRequest,
     Empty,
     EnqueueRequest,
     Event,
@@ -35,6 +37,7 @@ from .contract import (
     FinishedQuery,
     Heartbeat,
     HeartbeatsPage,
+    HoldRequest,
     JobQuery,
     JobsPage,
     LogLine,
@@ -51,6 +54,7 @@ from .contract import (
     Pong,
     Progress,
     RegisterNode,
+    RequeueRequest,
     RunRequest,
     SchedulerStatus,
     ServiceStats,
@@ -154,6 +158,8 @@ FINISHED = Endpoint("sched.finished", FinishedQuery, FinishedPage, "driver -> sc
 STATUS = Endpoint("sched.status", Empty, SchedulerStatus, "anyone -> scheduler", ("scheduler",), callers=(*PEOPLE, DRIVER))  # fmt: skip
 QUERY = Endpoint("sched.query.{caller}", JobQuery, JobsPage, "anyone, admission -> scheduler", ("scheduler",), "caller", callers=(*PEOPLE, "admission", DRIVER))  # fmt: skip
 CANCEL = Endpoint("sched.cancel.{caller}", CancelRequest, CancelReply, "users -> scheduler", ("scheduler",), "caller", callers=PEOPLE)  # fmt: skip
+HOLD = Endpoint("sched.hold.{caller}", HoldRequest, DoneReply, "users -> scheduler", ("scheduler",), "caller", callers=PEOPLE)  # fmt: skip
+REQUEUE = Endpoint("sched.requeue.{caller}", RequeueRequest, DoneReply, "users -> scheduler", ("scheduler",), "caller", callers=PEOPLE)  # fmt: skip
 
 # --------------------------------------------------------------------------- placement
 
@@ -162,6 +168,7 @@ NODES = Endpoint("place.nodes.{caller}", NodesChanged, NodesChangedReply, "simcl
 APPLY = Endpoint("place.apply", ApplyRequest, ApplyReply, "scheduler -> placement", ("placement",), callers=("scheduler",))  # fmt: skip
 CLUSTER = Endpoint("place.cluster", Empty, ClusterInfo, "anyone -> placement", ("placement",), callers=(*PEOPLE, "admission", "scheduler", DRIVER))  # fmt: skip
 HEARTBEATS = Endpoint("place.heartbeats", Empty, HeartbeatsPage, "anyone -> placement", ("placement",), callers=(*PEOPLE, DRIVER))  # fmt: skip
+DRAIN = Endpoint("place.drain.{caller}", DrainRequest, DoneReply, "operators -> placement", ("placement",), "caller", callers=("op",))  # fmt: skip
 
 # --------------------------------------------------------------------------- node agents
 
@@ -187,7 +194,7 @@ EVENT: Endpoint[Event, None] = Endpoint(
 
 ENDPOINTS: tuple[Endpoint[Any, Any], ...] = (
     SUBMIT, ENQUEUE, TICK, EXITED, STEPS, CLUSTER_CHANGED, JOBS, FINISHED, STATUS, QUERY, CANCEL,
-    REGISTER, NODES, APPLY, CLUSTER, HEARTBEATS,
+    HOLD, REQUEUE, REGISTER, NODES, APPLY, CLUSTER, HEARTBEATS, DRAIN,
     NODE_COMMAND, NODE_LOGS, HEARTBEAT, REREGISTER, LOG_LINE,
     NODE_COMMANDS, RUN, TIMELINE, PROGRESS,
     PING, STATS, POLICY, POLICY_SET, TAKEOVER, EVENT,

@@ -168,6 +168,12 @@ class JobRecord(Struct, kw_only=True):
     cancelling: str = ""
     """A running job cancelled on node agents: why, until every node in `nodes` said its part
     stopped (or was declared lost: it fenced itself). It shows as running until then."""
+    requeueing: str = ""
+    """A running job requeued on node agents (`sched.requeue`): why, until every node in `nodes`
+    said its part stopped; it then waits again. It shows as running until then."""
+    hold: Literal["", "user", "admin"] = ""
+    """A waiting job held (`sched.hold`) by its owner or by an operator: it starts no more until
+    released (reason `JobHeldUser` or `JobHeldAdmin`)."""
 
 
 class NodeSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):

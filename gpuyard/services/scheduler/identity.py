@@ -1,6 +1,6 @@
 """What the scheduler believes from whom (the caller is named by the request's subject; see
 gpuyard.shared.identity): a node agent reports exits only of its own job parts, and a submitter
-cancels only their own jobs and reads only their own jobs' environment. Operators and services act
+cancels, holds and requeues only their own jobs and reads only their own jobs' environment. Operators and services act
 for anyone; the server's permissions decide who may send what at all."""
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def ran_there(record: JobRecord, ex: JobExit, caller: Caller) -> bool:
     return caller.role != "node" or ex.node_id in record.ran_on
 
 
-def may_cancel(record: JobRecord, caller: Caller) -> str | None:
-    """None when `caller` may cancel the job, else why not."""
+def may_change(record: JobRecord, caller: Caller) -> str | None:
+    """None when `caller` may cancel, hold, release or requeue the job, else why not."""
     if caller.role == "user" and record.spec.user != caller.name:
         return "not your job"
     return None

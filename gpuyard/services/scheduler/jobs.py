@@ -10,11 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import Literal
 
 from gpuyard.shared.contract import CountsChange, StepsReport
 from gpuyard.shared.model import JobRecord, JobSpec, JobState
 from gpuyard.shared.policy import JobView, ViewContext
 from gpuyard.shared.throughput import LinearModel
+
+Hold = Literal["", "user", "admin"]
+HELD_REASONS = {"user": "JobHeldUser", "admin": "JobHeldAdmin"}
+"""A held job's reason, as Slurm names it, by who held it (its owner, or an operator)."""
 
 
 class JobTable:
@@ -29,9 +34,11 @@ class JobTable:
         """Jobs that ended and were forgotten (`forget_ended`)."""
         self.active: dict[str, JobRecord] = {}
         """Queued and running jobs, in admission order."""
-        self.cancelling: dict[str, JobRecord] = {}
-        """Running jobs cancelled, until their node agents say their parts stopped (not active:
-        no decision includes them, so placement stops them; they show as running)."""
+        self.stopping: dict[str, JobRecord] = {}
+        """Running jobs cancelled or requeued, until their node agents say their parts stopped
+        (not active: no decision includes them, so placement stops them; they show as running)."""
+        self.held: dict[str, JobRecord] = {}
+        """Waiting jobs held (`JobRecord.hold`): not active, so no decision starts them."""
         self.running = 0
         self.busy_gpus = 0
         self.busy_by_type: dict[str, int] = {}
@@ -147,30 +154,85 @@ class JobTable:
     def cancel_running(self, record: JobRecord, now: float, reason: str, nodes: list[str]) -> None:
         """A running job is cancelled on node agents `nodes`: it is cancelled once each of them
         said its part stopped (`part_stopped`), and shows as running until then."""
+        self._stop_on(record, now, nodes)
+        record.cancelling = reason
+        record.reason = f"cancelling ({reason})"
+
+    def requeue_running(
+        self, record: JobRecord, now: float, reason: str, nodes: list[str], hold: Hold
+    ) -> None:
+        """A running job is requeued on node agents `nodes`: it waits again (held by `hold`, if
+        any) once each of them said its part stopped (`part_stopped`); running until then."""
+        self._stop_on(record, now, nodes)
+        record.requeueing, record.hold = reason, hold
+        record.reason = f"requeueing ({reason})"
+
+    def _stop_on(self, record: JobRecord, now: float, nodes: list[str]) -> None:
         assert record.state == "running" and record.job_id in self.active
         self._stop(record, now, None)
-        record.nodes, record.cancelling = list(nodes), reason
-        record.reason = f"cancelling ({reason})"
+        record.nodes = list(nodes)
         del self.active[record.job_id]
         del self.views[record.job_id]
-        self.cancelling[record.job_id] = record
+        self.stopping[record.job_id] = record
         self.changed = True
 
     def part_stopped(self, record: JobRecord, node_id: str, now: float) -> bool:
-        """A job being cancelled: `node_id`'s part stopped (or the node is lost, so it fenced
-        itself). True when that was the last: the job is cancelled now."""
+        """A job being cancelled or requeued: `node_id`'s part stopped (or the node is lost, so
+        it fenced itself). True when that was the last: the job is cancelled, or waits again."""
         if node_id in record.nodes:
             record.nodes = [n for n in record.nodes if n != node_id]
             self._touch(record)
-        if record.nodes or record.job_id not in self.cancelling:
+        if record.nodes or record.job_id not in self.stopping:
             return False
-        del self.cancelling[record.job_id]
+        del self.stopping[record.job_id]
+        self._touch(record)
+        if record.requeueing:
+            record.state, record.queued_since = "queued", now
+            record.preemptions += 1
+            record.reason, record.requeueing = record.requeueing, ""
+            self._wait(record)
+            return True
         record.state, record.end_time = "cancelled", now
         record.reason, record.cancelling = record.cancelling, ""
         self.finished += 1
         self.ended.append(record)
-        self._touch(record)
         return True
+
+    def hold(self, record: JobRecord, by: Hold) -> None:
+        """A waiting job starts no more until released: it leaves the active jobs."""
+        assert record.state == "queued" and by
+        record.hold, record.reason = by, HELD_REASONS[by]
+        if record.job_id in self.active:
+            del self.active[record.job_id]
+            del self.views[record.job_id]
+            self.held[record.job_id] = record
+            self.changed = True
+            self._moved(record)
+        self._touch(record)
+
+    def release(self, record: JobRecord) -> None:
+        """A held job waits to start again, in its place in admission order."""
+        assert record.job_id in self.held
+        del self.held[record.job_id]
+        record.hold, record.reason = "", ""
+        self._wait(record)
+        self._touch(record)
+
+    def _wait(self, record: JobRecord) -> None:
+        """A queued job joins the active jobs (held, if it is): in admission order, as the
+        policies that walk them in order expect (a release or a requeue: rarely)."""
+        if record.hold:
+            record.reason = HELD_REASONS[record.hold]
+            self.held[record.job_id] = record
+            return
+        late = bool(self.active) and next(reversed(self.active.values())).seq > record.seq
+        self.active[record.job_id] = record
+        self.views[record.job_id] = JobView.of(record, self.context)
+        if late:
+            self.active = dict(sorted(self.active.items(), key=lambda kv: kv[1].seq))
+            self.views = {job_id: self.views[job_id] for job_id in self.active}
+        self.changed = True
+        self._moved(record)
 
     def report(self, record: JobRecord, report: StepsReport) -> float | None:
         """Progress measured by the job's node agents (steps done as of `report.at`; of a queued
@@ -213,8 +275,11 @@ class JobTable:
         for record in sorted(records, key=lambda r: r.seq):
             self.jobs[record.job_id] = record
             self.admitted = max(self.admitted, record.seq + 1)
-            if record.cancelling:
-                self.cancelling[record.job_id] = record
+            if record.cancelling or record.requeueing:
+                self.stopping[record.job_id] = record
+                continue
+            if record.state == "queued" and record.hold:
+                self.held[record.job_id] = record
                 continue
             if record.state in ("queued", "running"):
                 self.active[record.job_id] = record

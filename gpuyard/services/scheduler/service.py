@@ -35,16 +35,19 @@ from gpuyard.shared.contract import (
     CancelRequest,
     ClusterChanged,
     ClusterInfo,
+    DoneReply,
     Empty,
     EnqueueRequest,
     Event,
     ExitReport,
     FinishedPage,
     FinishedQuery,
+    HoldRequest,
     JobExit,
     JobQuery,
     JobsPage,
     PageQuery,
+    RequeueRequest,
     SchedulerStatus,
     StepsReport,
     StepsUpdate,
@@ -60,8 +63,10 @@ from gpuyard.shared.endpoints import (
     EVENT,
     EXITED,
     FINISHED,
+    HOLD,
     JOBS,
     QUERY,
+    REQUEUE,
     STATUS,
     STEPS,
     TICK,
@@ -95,8 +100,8 @@ from gpuyard.shared.throughput import (
 from .cadence import Cadence
 from .durability import SchedulerStore, StoredMeta
 from .guard import check, hold_leases, made_whole
-from .identity import check_exits, may_cancel, ran_there, shown_to
-from .jobs import CountsLog, JobTable
+from .identity import check_exits, may_change, ran_there, shown_to
+from .jobs import CountsLog, Hold, JobTable
 from .mechanism import AllocationsMechanism, TimeShareConfig, make_mechanism
 
 R = TypeVar("R")
@@ -266,8 +271,8 @@ class Scheduler(Service):
         return {
             ENQUEUE: self.enqueue, TICK: self.tick, EXITED: self.exited, STEPS: self.steps,
             CLUSTER_CHANGED: self.cluster_changed, JOBS: self.list_jobs,
-            STATUS: self.status_request, CANCEL: self.cancel, QUERY: self.query,
-            FINISHED: self.finished_page,
+            STATUS: self.status_request, CANCEL: self.cancel, HOLD: self.hold,
+            REQUEUE: self.requeue, QUERY: self.query, FINISHED: self.finished_page,
         }  # fmt: skip
 
     async def start(self) -> None:
@@ -397,7 +402,7 @@ class Scheduler(Service):
         # only freed)
         strays = [
             j for j in info.busy
-            if j not in self.table.active and j not in self.released and j not in self.table.cancelling
+            if j not in self.table.active and j not in self.released and j not in self.table.stopping
         ]  # fmt: skip
         self.released += strays
         if strays:
@@ -473,7 +478,7 @@ class Scheduler(Service):
         if record is not None and not ran_there(record, ex, caller):
             self.log.warning("exit.not_placed_there", job_id=ex.job_id, node_id=ex.node_id)
             return
-        if record is not None and record.cancelling:  # its part there is gone, however
+        if record is not None and (record.cancelling or record.requeueing):  # gone, however
             if ex.attempt is None or ex.attempt == record.attempt - 1:
                 await self._part_stopped(record, ex.node_id, req.now)
             return
@@ -704,8 +709,9 @@ class Scheduler(Service):
             found = [r for j in req.job_ids if (r := self.table.get(j)) is not None]
         elif req.states and set(req.states) <= {"queued", "running"}:
             found = list(self.table.active.values())  # admission asks this often: no full scan
-            if self.table.cancelling:  # (running until their nodes say they stopped)
-                found = sorted([*found, *self.table.cancelling.values()], key=lambda r: r.seq)
+            # (held: waiting too; stopping: running until their nodes say they stopped)
+            if others := [*self.table.held.values(), *self.table.stopping.values()]:
+                found = sorted([*found, *others], key=lambda r: r.seq)
         else:
             found = list(self.table.jobs.values())
         if req.states:
@@ -720,23 +726,29 @@ class Scheduler(Service):
         return page
 
     async def cancel(self, req: CancelRequest, caller: Caller = ANONYMOUS) -> CancelReply:
-        """End jobs for good. A running one is left out of the next allocation: placement stops it.
-        A submitter cancels only their own jobs."""
+        """End jobs for good: those named, or those the filters choose. A running one is left
+        out of the next allocation: placement stops it. A submitter cancels only their own
+        jobs."""
         now = req.now if req.now is not None else time.time()
         cancelled: list[str] = []
         refused: dict[str, str] = {}
-        for job_id in req.job_ids:
+        for job_id in req.job_ids or self._chosen(req, caller):
             record = self.table.get(job_id)
             if record is None:
                 refused[job_id] = "no such job"
                 continue
-            if (why := may_cancel(record, caller)) is not None:
+            if (why := may_change(record, caller)) is not None:
                 refused[job_id] = why
                 continue
             why = "cancelled by request" if caller == ANONYMOUS else f"cancelled by {caller}"
             if record.cancelling:  # (asked again: it is being cancelled)
                 cancelled.append(job_id)
                 continue
+            if record.requeueing:
+                refused[job_id] = "it is being requeued: cancel it once it waits again"
+                continue
+            if record.hold:
+                self.table.release(record)
             if agents := await self._agents_running(record):
                 # Cancelled once its agents said its processes are gone (or were lost, so they
                 # stopped them): never shown cancelled while its ranks still run.
@@ -754,6 +766,94 @@ class Scheduler(Service):
         self._poke()
         return CancelReply(cancelled=cancelled, refused=refused)
 
+    def _chosen(self, req: CancelRequest, caller: Caller) -> list[str]:
+        """The jobs not ended that `req`'s filters choose (a user's: their own, whatever
+        `req.user` says), in admission order."""
+        if req.user is None and not req.states:
+            raise BadRequest("name the jobs, or choose them by user or state", field="$.job_ids")
+        user = caller.name if caller.role == "user" else req.user
+        states = set(req.states or ("queued", "running"))
+        table = self.table
+        found = [*table.active.values(), *table.held.values(), *table.stopping.values()]
+        return [
+            r.job_id
+            for r in sorted(found, key=lambda r: r.seq)
+            if r.state in states and (user is None or r.spec.user == user)
+        ]
+
+    async def hold(self, req: HoldRequest, caller: Caller = ANONYMOUS) -> DoneReply:
+        """Hold waiting jobs (they start no more: `JobHeldUser` by their owner, `JobHeldAdmin`
+        by an operator or a service), or release them (`req.release`): a user releases only
+        their own hold."""
+        now = req.now if req.now is not None else time.time()
+        by: Hold = "user" if caller.role == "user" else "admin"
+        done: list[str] = []
+        refused: dict[str, str] = {}
+        for job_id in req.job_ids:
+            record = self.table.get(job_id)
+            why = "no such job" if record is None else may_change(record, caller)
+            if record is None or why is not None:
+                refused[job_id] = why or "no such job"
+                continue
+            if req.release:
+                if not record.hold or record.requeueing:
+                    refused[job_id] = "it is not held"
+                    continue
+                if record.hold == "admin" and by == "user":
+                    refused[job_id] = "held by an operator: only an operator releases it"
+                    continue
+                self.table.release(record)
+                await self.emit("job.released", now, job_id, reason=f"released by {caller}")
+            elif record.state != "queued" or record.requeueing:
+                refused[job_id] = (
+                    f"it is {record.state}: only a waiting job is held (requeue --hold stops "
+                    "a running one and holds it)"
+                )
+                continue
+            elif record.hold != "admin":  # (an operator's hold stays: the user's adds nothing)
+                self.table.hold(record, by)
+                await self.emit("job.on_hold", now, job_id, reason=record.reason)
+            done.append(job_id)
+            self.dirty = True
+        self._poke()
+        return DoneReply(done=done, refused=refused)
+
+    async def requeue(self, req: RequeueRequest, caller: Caller = ANONYMOUS) -> DoneReply:
+        """Running jobs stop, as a preemption stops them, and wait again (held too, with
+        `req.hold`); a waiting job named with `hold` is held. On a real cluster a job waits again
+        once its node agents say its parts stopped (it shows as running until then)."""
+        now = req.now if req.now is not None else time.time()
+        by: Hold = ("user" if caller.role == "user" else "admin") if req.hold else ""
+        done: list[str] = []
+        refused: dict[str, str] = {}
+        for job_id in req.job_ids:
+            record = self.table.get(job_id)
+            why = "no such job" if record is None else may_change(record, caller)
+            if record is None or why is not None:
+                refused[job_id] = why or "no such job"
+                continue
+            if record.cancelling or record.requeueing:
+                refused[job_id] = "it is already stopping"
+                continue
+            if record.state == "queued" and by:
+                if record.hold != "admin":
+                    self.table.hold(record, by)
+                    await self.emit("job.on_hold", now, job_id, reason=record.reason)
+            elif record.state != "running":
+                refused[job_id] = f"it is {record.state}: only a running job is requeued"
+                continue
+            elif agents := await self._agents_running(record):
+                reason = "requeued by request" if caller == ANONYMOUS else f"requeued by {caller}"
+                self.table.requeue_running(record, now, reason, agents, by)
+                self.log.info("job.requeueing", job_id=job_id, nodes=agents, reason=reason)
+            else:  # (a simulation's nodes, or nodes no agent runs: none to wait for)
+                refused[job_id] = "it runs on no node agent: nothing to stop and requeue"
+                continue
+            done.append(job_id)
+            self.dirty = True
+        self._poke()
+        return DoneReply(done=done, refused=refused)
+
     # ------------------------------------------------------------------ real clusters
 
     async def _agents_running(self, record: JobRecord) -> list[str]:
@@ -769,7 +869,13 @@ class Scheduler(Service):
     async def _part_stopped(self, record: JobRecord, node_id: str, now: float) -> None:
         if self.table.part_stopped(record, node_id, now):
             self.dirty = True
-            await self.emit("job.cancelled", now, record.job_id, reason=record.reason)
+            if record.state == "queued":
+                await self.emit("job.requeued", now, record.job_id, reason=record.reason)
+                if record.hold:
+                    await self.emit("job.on_hold", now, record.job_id, reason=record.reason)
+                self._poke()
+            else:
+                await self.emit("job.cancelled", now, record.job_id, reason=record.reason)
 
     def _poke(self) -> None:
         """Wall clock: something changed, tick now rather than at the next round."""
@@ -782,10 +888,10 @@ class Scheduler(Service):
         Jobs on a lost node come back in the next apply's `lost` and are requeued there; jobs
         being cancelled there are cancelled (a node is declared lost once its agent fenced it).
         """
-        if msg.subject.endswith(".node.lost") and self.table.cancelling:
+        if msg.subject.endswith(".node.lost") and self.table.stopping:
             with contextlib.suppress(msgspec.ValidationError, msgspec.DecodeError):
                 event = msgspec.json.decode(msg.data, type=Event)
-                for record in list(self.table.cancelling.values()):
+                for record in list(self.table.stopping.values()):
                     if event.node_id in record.nodes:
                         await self._part_stopped(record, event.node_id, time.time())
         self.cluster = None

@@ -1,0 +1,175 @@
+"""Hold, release, requeue and cancel by filter on a real cluster, as Slurm users do them: real node
+agents (two one-GPU agents, subprocesses), the CLI as each identity, under auth. A held job never
+starts (reason JobHeldUser, or JobHeldAdmin when an operator held it) until released; a user holds
+and releases only their own jobs, and not an operator's hold; `requeue` stops a running job (it
+checkpoints) and it runs again from its checkpoint, or waits held with `--hold`; `cancel --user
+--state` cancels what the filters choose, a user's own jobs only."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from gpuyard.natsauth import OPERATOR
+from gpuyard.ops import read_events
+
+from .test_cluster_views import Views, counter, views  # noqa: F401 (the fixture)
+
+pytestmark = pytest.mark.slow  # (integration: `pytest -m "not slow"` leaves it out)
+
+
+def said(out: str) -> list[str]:
+    """The command's lines of `out` (the control plane, in this process, logs there too)."""
+    return [line for line in out.splitlines() if not re.match(r"\d{4}-\d\d-\d\d ", line)]
+
+
+async def test_a_held_job_never_starts_until_released_and_users_release_only_their_own_hold(
+    views: Views,  # noqa: F811 (the fixture imported)
+) -> None:
+    both = await views.submit("user.alice", "--gpus", "2", *counter(100000))
+    await views.until_row(both, "RUNNING")
+    held = await views.submit("user.alice", *counter(10))
+    code, out, err = await views.gpuyard("user.alice", "hold", held)
+    assert (code, said(out)) == (0, [f"held {held}"]), err
+    row = (await views.rows(held))[held]
+    assert (row["job_state"], row["state_reason"], row["hold"]) == (
+        "PENDING",
+        "JobHeldUser",
+        "user",
+    )
+    code, out, _ = await views.gpuyard("user.alice", "jobs", "--state", "pending")
+    assert held in out and "JobHeldUser" in out
+
+    # Someone else's job, a running one, an unknown one: refused, each in one line.
+    code, _, err = await views.gpuyard("user.bob", "hold", held)
+    assert code == 1 and err.strip() == f"not held {held}: not your job"
+    code, _, err = await views.gpuyard("user.alice", "hold", both, "j999")
+    assert code == 1
+    assert err.splitlines() == [
+        f"not held {both}: it is running: only a waiting job is held (requeue --hold stops a "
+        "running one and holds it)",
+        "not held j999: no such job",
+    ]
+
+    # GPUs free up: a job submitted after it starts, the held one does not.
+    code, _, err = await views.gpuyard("user.alice", "cancel", both)
+    assert code == 0, err
+    later = await views.submit("user.alice", *counter(100000))
+    await views.until_row(later, "RUNNING")
+    assert (await views.rows(held))[held]["job_state"] == "PENDING"
+
+    # An operator's hold on top: the owner cannot release it, an operator can.
+    code, out, err = await views.gpuyard("op.admin", "hold", held)
+    assert (code, said(out)) == (0, [f"held {held}"]), err
+    assert (await views.rows(held))[held]["state_reason"] == "JobHeldAdmin"
+    code, _, err = await views.gpuyard("user.alice", "release", held)
+    assert code == 1
+    assert err.strip() == f"not released {held}: held by an operator: only an operator releases it"
+    code, out, err = await views.gpuyard("op.admin", "release", held)
+    assert (code, said(out)) == (0, [f"released {held}"]), err
+    done = await views.until_row(held, "COMPLETED")
+    assert done["hold"] == "" and done["state_reason"] == ""
+    code, _, err = await views.gpuyard("user.alice", "release", held)
+    assert code == 1 and err.strip() == f"not released {held}: it is not held"
+
+    op = await views.c.client(OPERATOR.token)
+    events = [
+        (s.event.type, s.event.reason)
+        async for s in read_events(op.bus.nc, op.bus.subjects, types=["job.on_hold", "job.released"])
+        if s.event is not None and s.event.job_id == held
+    ]  # fmt: skip
+    assert events == [
+        ("job.on_hold", "JobHeldUser"),
+        ("job.on_hold", "JobHeldAdmin"),
+        ("job.released", "released by op.admin"),
+    ]
+
+
+async def test_a_requeued_job_stops_and_runs_again_from_its_checkpoint_or_waits_held(
+    views: Views,  # noqa: F811 (the fixture imported)
+) -> None:
+    job = await views.submit("user.alice", "--gpus", "2", *counter(100000))
+    await views.until_row(job, "RUNNING")
+
+    async def stepped() -> bool:
+        return ((await views.rows(job))[job]["progress"]["steps_done"] or 0) > 20
+
+    await views.c.until(stepped, "steps from the heartbeats", 20)
+    code, out, err = await views.gpuyard("user.bob", "requeue", job)
+    assert code == 1 and err.strip() == f"not requeued {job}: not your job"
+    code, out, err = await views.gpuyard("user.alice", "requeue", job)
+    assert (code, said(out)) == (0, [f"requeued {job}"]), err
+
+    # It stops (its agents say so), waits again, and runs again: its second attempt, from the
+    # checkpoint its first saved.
+    async def again() -> bool:
+        row = (await views.rows(job))[job]
+        return row["job_state"] == "RUNNING" and row["attempt"] == 2
+
+    await views.c.until(again, f"{job} running again", 30)
+    row = (await views.rows(job))[job]
+    assert row["preemptions"] == 1 and row["state_reason"] == ""
+    assert "attempt 1" in views.job_log(job)
+
+    # With --hold it stops and waits, held, until released.
+    code, out, err = await views.gpuyard("user.alice", "requeue", "--hold", job)
+    assert (code, said(out)) == (0, [f"requeued {job}"]), err
+    held = await views.until_row(job, "REQUEUED")
+    assert (held["state_reason"], held["hold"], held["preemptions"]) == ("JobHeldUser", "user", 2)
+    small = await views.submit("user.alice", *counter(5))
+    await views.until_row(small, "COMPLETED")  # (GPUs were free: the held job stayed put)
+    assert (await views.rows(job))[job]["job_state"] == "REQUEUED"
+    code, _, err = await views.gpuyard("user.alice", "requeue", small)
+    assert (
+        code == 1
+        and err.strip() == f"not requeued {small}: it is completed: only a running job is requeued"
+    )
+    code, out, err = await views.gpuyard("user.alice", "release", job)
+    assert code == 0, err
+    await views.until_row(job, "RUNNING")
+    code, _, err = await views.gpuyard("user.alice", "cancel", job)
+    assert code == 0, err
+    await views.until_row(job, "CANCELLED")
+
+
+async def test_cancel_by_user_and_state_cancels_only_what_they_choose(
+    views: Views,  # noqa: F811 (the fixture imported)
+) -> None:
+    running = await views.submit("user.alice", "--gpus", "2", *counter(100000))
+    await views.until_row(running, "RUNNING")
+    alice_waiting = [await views.submit("user.alice", *counter(10)) for _ in range(2)]
+    bob_waiting = await views.submit("user.bob", *counter(10))
+
+    # Alice's waiting jobs: not her running one, not Bob's, whatever user she names.
+    code, out, err = await views.gpuyard(
+        "user.alice", "cancel", "--state", "pending", "--user", "bob"
+    )
+    assert code == 0, err
+    assert said(out) == [f"cancelled {j}" for j in alice_waiting]
+    rows = await views.rows()
+    assert [rows[j]["job_state"] for j in alice_waiting] == ["CANCELLED", "CANCELLED"]
+    assert rows[running]["job_state"] == "RUNNING" and rows[bob_waiting]["job_state"] == "PENDING"
+
+    # An operator cancels Bob's; then Alice's running one by state.
+    code, out, err = await views.gpuyard("op.admin", "cancel", "--user", "bob")
+    assert (code, said(out)) == (0, [f"cancelled {bob_waiting}"]), err
+    code, out, err = await views.gpuyard("user.alice", "cancel", "--state", "running")
+    assert (code, said(out)) == (0, [f"cancelled {running}"]), err
+    await views.until_row(running, "CANCELLED")
+    code, out, err = await views.gpuyard("user.alice", "cancel", "--state", "pending")
+    assert (code, said(out), err.strip()) == (0, [], "no job to cancel")
+
+    # Bad asks: one line each, nothing sent.
+    for args, expected in [
+        ((), "name the jobs, or choose them with --user and/or --state"),
+        (
+            ("--state", "completed"),
+            "--state COMPLETED: only waiting (PENDING, REQUEUED) or RUNNING",
+        ),
+        (("--state", "gone"), "--state 'gone' is not a job state"),
+        ((running, "--user", "bob"), "name jobs, or choose them with --user/--state: not both"),
+    ]:
+        code, out, err = await views.gpuyard("user.alice", "cancel", *args)
+        assert code == 2 and not said(out) and len(err.splitlines()) == 1, (args, err)
+        assert expected in err, (args, err)
