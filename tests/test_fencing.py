@@ -439,7 +439,7 @@ def test_a_job_being_cancelled_survives_a_scheduler_restart_and_ends_with_its_la
     restored = JobTable()
     restored.load([msgspec.json.decode(msgspec.json.encode(record), type=type(record))])
     again = restored.jobs["j1"]
-    assert not restored.active and list(restored.cancelling) == ["j1"]
+    assert not restored.active and list(restored.stopping) == ["j1"]
     assert not restored.part_stopped(again, "a", 3.0) and again.state == "running"
     assert restored.part_stopped(again, "b", 4.0)
     assert (again.state, again.reason, again.end_time) == (
@@ -447,4 +447,4 @@ def test_a_job_being_cancelled_survives_a_scheduler_restart_and_ends_with_its_la
         "cancelled by user.alice",
         4.0,
     )
-    assert not restored.cancelling and restored.finished == 1 and restored.running == 0
+    assert not restored.stopping and restored.finished == 1 and restored.running == 0

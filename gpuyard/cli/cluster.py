@@ -1020,8 +1020,9 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 
 
 def format_nodes(info: ClusterInfo, beats: HeartbeatsPage, now: float) -> str:
-    """Nodes up (UP; IDLE, MIXED or ALLOC by busy GPUs, as Slurm says) and nodes that left or were
-    lost (DOWN, since when), with their last heartbeat."""
+    """Nodes up (UP; IDLE, MIXED or ALLOC by busy GPUs, as Slurm says; a draining one DRAIN while
+    jobs still hold GPUs there, DRAINED once none does, with the reason) and nodes that left or
+    were lost (DOWN, since when), with their last heartbeat."""
     busy: dict[str, int] = {}
     for gpus in info.busy.values():
         for g in gpus:
@@ -1040,6 +1041,8 @@ def format_nodes(info: ClusterInfo, beats: HeartbeatsPage, now: float) -> str:
         mem = [g.memory_used_mib for g in b.gpus if g.memory_used_mib is not None] if b else []
         used = busy.get(n.node_id, 0)
         state = "IDLE" if not used else "ALLOC" if used >= n.num_gpus else "MIXED"
+        if (reason := info.draining.get(n.node_id)) is not None:
+            state = f"{'DRAIN' if used else 'DRAINED'} ({reason})"
         rows.append(
             (
                 n.node_id, state, n.gpu_type, str(n.num_gpus), str(used),

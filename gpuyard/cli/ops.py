@@ -4,6 +4,8 @@
     gpuyard policy show
     gpuyard policy set SERVICE POLICY [--param K=V ...]
     gpuyard status [--json]
+    gpuyard drain  NODE [NODE...] --reason TEXT
+    gpuyard resume NODE [NODE...]
 
 Each takes `--nats URL --cluster NAME` and the `--nats-*` credential and TLS options (gpuyard.cli.options).
 """
@@ -20,6 +22,8 @@ import msgspec
 
 from gpuyard.cli.options import Subcommands, add_nats_options, run_on_bus
 from gpuyard.shared.connection import Bus
+from gpuyard.shared.contract import DrainRequest
+from gpuyard.shared.endpoints import DRAIN
 from gpuyard.shared.policy import parse_params
 from gpuyard.shared.roster import CONTROL_PLANE
 
@@ -29,6 +33,7 @@ def add_ops_parsers(sub: Subcommands) -> None:
     add_tail_parser(sub)
     add_policy_parser(sub)
     add_status_parser(sub)
+    add_drain_parsers(sub)
 
 
 # --------------------------------------------------------------------------- tail
@@ -185,3 +190,48 @@ async def _status(args: argparse.Namespace, bus: Bus) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     return run_on_bus("status", args, partial(_status, args))
+
+
+# --------------------------------------------------------------------------- drain, resume
+
+
+def add_drain_parsers(sub: Subcommands) -> None:
+    p = sub.add_parser(
+        "drain", help="nodes take no new jobs; those running there go on (operators)",
+        description="As Slurm's `scontrol update nodename=N state=drain reason=...`: `gpuyard "
+        "nodes` shows each DRAIN while jobs still run there, DRAINED once none does.",
+    )  # fmt: skip
+    add_nats_options(p)
+    p.add_argument("node_ids", nargs="+", metavar="NODE")
+    p.add_argument("--reason", required=True, type=_reason, help="why (shown by `gpuyard nodes`)")
+    p.set_defaults(run=cmd_drain)
+    r = sub.add_parser("resume", help="drained nodes take jobs again (operators)")
+    add_nats_options(r)
+    r.add_argument("node_ids", nargs="+", metavar="NODE")
+    r.set_defaults(run=cmd_resume)
+
+
+def _reason(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must say why")
+    return text.strip()
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    request = DrainRequest(node_ids=args.node_ids, reason=args.reason)
+    return run_on_bus("drain", args, partial(_drain, request, "draining", "drained"))
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    request = DrainRequest(node_ids=args.node_ids, resume=True)
+    return run_on_bus("resume", args, partial(_drain, request, "resumed", "resumed"))
+
+
+async def _drain(request: DrainRequest, done: str, refused: str, bus: Bus) -> int:
+    """`draining a` per node done, `not drained b: why` on stderr per node refused; 1 if any was."""
+    reply = await bus.call(DRAIN, request)
+    for node_id in reply.done:
+        print(f"{done} {node_id}")
+    for node_id, why in reply.refused.items():
+        print(f"not {refused} {node_id}: {why}", file=sys.stderr)
+    return 1 if reply.refused else 0

@@ -21,6 +21,8 @@ from gpuyard.shared.contract import (
     ApplyReply,
     ApplyRequest,
     ClusterInfo,
+    DoneReply,
+    DrainRequest,
     Empty,
     Event,
     Heartbeat,
@@ -37,6 +39,7 @@ from gpuyard.shared.contract import (
 from gpuyard.shared.endpoints import (
     APPLY,
     CLUSTER,
+    DRAIN,
     HEARTBEAT,
     HEARTBEATS,
     NODE_COMMAND,
@@ -108,6 +111,8 @@ class StoredPlacement(Struct, kw_only=True):
     """The number of the last apply."""
     policy_state: str = ""
     """The placement policy's own state (its `snapshot()`, JSON), for one that keeps any."""
+    draining: dict[str, str] = {}
+    """Nodes an operator drains, with the reason (kept while they are down, until resumed)."""
 
 
 STATE_KEY = "state"
@@ -128,7 +133,11 @@ class Placement(Service):
         self.policy: PlacementPolicy
         self.install_policy(config.policy, config.params)
         self.nodes: dict[str, NodeSpec] = {}
-        self._capacity: dict[str, int] | None = None  # of `nodes`, while they do not change
+        self._totals: dict[str, int] | None = None  # GPUs per type, while nodes do not change
+        self._capacity: dict[str, int] | None = None
+        """`capacity()`, while nodes and the GPUs held on draining nodes do not change."""
+        self.draining: dict[str, str] = {}  # node -> reason: no new jobs there (`place.drain`)
+        self._drained: set[str] = set()  # draining nodes just emptied: `node.drained` to emit
         self._every_view: list[NodeView] | None = None  # `_all_views`, while nodes do not change
         self._free_views: dict[str, NodeView] | None = None
         """`_views`' node views, of the nodes with free GPUs, while nodes do not change: made
@@ -171,7 +180,7 @@ class Placement(Service):
             nodes=list(self.nodes.values()), running=self.running, specs=self.specs, lost=self.lost,
             down=self.down, last_request=self.last_request, last_reply=self.last_reply,
             commands_sent=self.commands_sent, applied=self.applied,
-            policy_state=self._policy_state(),
+            policy_state=self._policy_state(), draining=self.draining,
         )  # fmt: skip
         await self.store.put_many({STATE_KEY: state})
         self.changed = False  # (left set when the write failed: the next request writes)
@@ -186,6 +195,7 @@ class Placement(Service):
             return
         state = msgspec.json.decode(values[STATE_KEY], type=StoredPlacement)
         self.specs, self.lost, self.down = dict(state.specs), list(state.lost), dict(state.down)
+        self.draining = dict(state.draining)
         for job_id, gpus in state.running.items():
             self._hold(job_id, gpus)
         self.last_request, self.last_reply = state.last_request, state.last_reply
@@ -205,6 +215,7 @@ class Placement(Service):
         for job_id, gpus in state.running.items():
             for node_id in {g.node_id for g in gpus} & self.last_seen.keys():
                 self.unconfirmed.setdefault(node_id, set()).add(job_id)
+        self._drained.clear()  # (taken back, not newly emptied: announced before)
         for node_id in self.nodes:
             await self.bus.publish(REREGISTER, Empty(), node=node_id)
         self.log.info("state.cluster_restored", nodes=len(self.nodes), running=len(self.running))
@@ -219,7 +230,7 @@ class Placement(Service):
     def routes(self) -> dict[Endpoint[Any, Any], Handler]:
         return {
             REGISTER: self.register, NODES: self.nodes_request, APPLY: self.apply_request,
-            CLUSTER: self.cluster, HEARTBEATS: self.heartbeats,
+            CLUSTER: self.cluster, HEARTBEATS: self.heartbeats, DRAIN: self.drain,
         }  # fmt: skip
 
     async def apply_request(self, req: ApplyRequest) -> ApplyReply:
@@ -247,27 +258,98 @@ class Placement(Service):
 
     def _add_node(self, node: NodeSpec) -> None:
         """A node joins, or registers again (after an agent restart: what runs there stays)."""
+        arrived = node.node_id not in self.nodes
         self.nodes[node.node_id] = node
-        self._capacity = None
+        self._totals = self._capacity = None
         self._nodes_changed()
         self.down.pop(node.node_id, None)
         busy = {g.index for g in self.holders if g.node_id == node.node_id}
         self.free[node.node_id] = set(range(node.num_gpus)) - busy
+        if arrived and node.node_id in self.draining and not busy:
+            self._drained.add(node.node_id)  # back from a loss with its jobs gone: DRAINED
 
     def capacity(self) -> dict[str, int]:
-        """GPUs per type (every apply's reply carries it: summed again only when nodes change)."""
+        """GPUs per type that jobs may run on (every apply's reply carries it): a draining node's
+        only as many as its jobs still hold, so the scheduler plans no new job there yet counts
+        those running. Summed over the nodes again only when nodes change; the draining ones
+        (few) again when the GPUs held there change."""
         if self._capacity is None:
-            totals: dict[str, int] = {}
-            for node in self.nodes.values():
-                totals[node.gpu_type] = totals.get(node.gpu_type, 0) + node.num_gpus
-            self._capacity = totals
+            if self._totals is None:
+                totals: dict[str, int] = {}
+                for node in self.nodes.values():
+                    totals[node.gpu_type] = totals.get(node.gpu_type, 0) + node.num_gpus
+                self._totals = totals
+            capacity = dict(self._totals)
+            for node_id in self.draining.keys() & self.nodes.keys():
+                capacity[self.nodes[node_id].gpu_type] -= len(self.free[node_id])
+            self._capacity = capacity
         return dict(self._capacity)
 
     async def cluster(self, _: Empty) -> ClusterInfo:
         return ClusterInfo(
             nodes=list(self.nodes.values()), capacity=self.capacity(), busy=dict(self.running),
-            down=dict(self.down), rearranges=self.policy.rearranges,
+            down=dict(self.down), rearranges=self.policy.rearranges, draining=dict(self.draining),
         )  # fmt: skip
+
+    async def drain(self, req: DrainRequest, caller: Caller) -> DoneReply:
+        """Operators: these nodes take no new jobs, those running there go on (`node.draining`,
+        and `node.drained` once none is left); or, with `resume`, take jobs again. A node that is
+        down may be drained too: it stays draining when it comes back."""
+        if caller.role != "op":
+            raise BadRequest(f"only operators drain or resume nodes, not {caller}")
+        if not req.resume and not req.reason.strip():
+            raise BadRequest("a drain needs a reason", field="$.reason")
+        now = time.time() if req.now is None else req.now
+        done: list[str] = []
+        refused: dict[str, str] = {}
+        for node_id in dict.fromkeys(req.node_ids):
+            if req.resume and node_id not in self.draining:
+                refused[node_id] = "not draining"
+                continue
+            if not req.resume and node_id not in self.nodes and node_id not in self.down:
+                refused[node_id] = "no such node"
+                continue
+            done.append(node_id)
+            self.changed = True
+            first = node_id not in self.draining
+            if req.resume:
+                del self.draining[node_id]
+                self._drained.discard(node_id)
+            else:
+                self.draining[node_id] = req.reason
+            self._drain_changed(node_id)
+            self.log.info("node.drain", node_id=node_id, resume=req.resume, reason=req.reason,
+                          by=str(caller))  # fmt: skip
+            # The scheduler hears these (`evt.node.>`) and decides again on the new capacity.
+            kind = "node.resumed" if req.resume else "node.draining"
+            await self.bus.emit(
+                Event(type=kind, now=now, node_id=node_id, reason=req.reason, service=self.name)
+            )
+            free = self.free.get(node_id)
+            if first and not req.resume and free is not None:
+                if len(free) == self.nodes[node_id].num_gpus:  # nothing runs there
+                    self._drained.add(node_id)
+        await self._announce_drained(now)
+        return DoneReply(done=done, refused=refused)
+
+    def _drain_changed(self, node_id: str) -> None:
+        """A node started or stopped draining, or the GPUs held on a draining node changed: what
+        it offers (views) and counts for (capacity) changed."""
+        self._capacity = self._every_view = None
+        self._free_changed.add(node_id)
+
+    async def _announce_drained(self, now: float) -> None:
+        """`node.drained` for the draining nodes the last job just left."""
+        if not self._drained:
+            return
+        drained, self._drained = sorted(self._drained), set()
+        for node_id in drained:
+            node, free = self.nodes.get(node_id), self.free.get(node_id)
+            if node_id in self.draining and node is not None and len(free or ()) == node.num_gpus:
+                await self.bus.emit(
+                    Event(type="node.drained", now=now, node_id=node_id,
+                          reason=self.draining[node_id], service=self.name)
+                )  # fmt: skip
 
     async def register(self, req: RegisterNode, caller: Caller) -> ClusterInfo:
         if caller.role == "node" and req.node.node_id != caller.name:
@@ -305,6 +387,7 @@ class Placement(Service):
         await self.bus.emit(
             Event(type="node.up", now=req.now, node_id=req.node.node_id, service=self.name)
         )
+        await self._announce_drained(req.now)
         return await self.cluster(Empty())
 
     def _check_lease(self, req: RegisterNode) -> None:
@@ -332,7 +415,7 @@ class Placement(Service):
             self.unresponsive.discard(node_id)
             self.unconfirmed.pop(node_id, None)
             del self.nodes[node_id]
-            self._capacity = None
+            self._totals = self._capacity = None
             self._nodes_changed()
             del self.free[node_id]
             self.down[node_id] = req.now
@@ -349,6 +432,7 @@ class Placement(Service):
             await self.bus.emit(
                 Event(type="node.up", now=req.now, node_id=node.node_id, service=self.name)
             )
+        await self._announce_drained(req.now)
         return NodesChangedReply(
             lost_jobs=hit, capacity=self.capacity(), commands=self.commands_sent
         )
@@ -438,7 +522,7 @@ class Placement(Service):
             self._free_changed = set(self.nodes)
         for node_id in self._free_changed:
             usable = self.free.get(node_id)
-            if usable and node_id not in self.unresponsive:
+            if usable and node_id not in self.unresponsive and node_id not in self.draining:
                 gpu_type = self.nodes[node_id].gpu_type
                 views[node_id] = NodeView(node_id=node_id, gpu_type=gpu_type, usable=sorted(usable))
             else:
@@ -449,7 +533,7 @@ class Placement(Service):
         listed = views.keys() | {
             n
             for n, more in extra.items()
-            if more and n in self.nodes and n not in self.unresponsive
+            if more and n in self.nodes and n not in self.unresponsive and n not in self.draining
         }
         found: list[NodeView] = []
         for node_id in sorted(listed, key=self._node_order.__getitem__):
@@ -463,14 +547,20 @@ class Placement(Service):
         return found
 
     def _all_views(self) -> list[NodeView]:
-        """Every responsive node with all its GPUs (a rearranging policy's view at every apply:
-        made again only when nodes change)."""
+        """Every responsive node with all its GPUs, a draining one with only those its jobs hold
+        (they may stay, no other comes): a rearranging policy's view at every apply, made again
+        only when nodes, or the GPUs held on draining nodes, change."""
         if self._every_view is None:
-            self._every_view = [
-                NodeView(node_id=n.node_id, gpu_type=n.gpu_type, usable=list(range(n.num_gpus)))
-                for n in self.nodes.values()
-                if n.node_id not in self.unresponsive
-            ]
+            views: list[NodeView] = []
+            for n in self.nodes.values():
+                if n.node_id in self.unresponsive:
+                    continue
+                usable = list(range(n.num_gpus))
+                if n.node_id in self.draining:
+                    usable = [i for i in usable if i not in self.free[n.node_id]]
+                if usable:
+                    views.append(NodeView(node_id=n.node_id, gpu_type=n.gpu_type, usable=usable))
+            self._every_view = views
         return list(self._every_view)
 
     async def apply(self, req: ApplyRequest) -> ApplyReply:
@@ -577,6 +667,7 @@ class Placement(Service):
                 launched[job_id] = self.running[job_id]
         unplaced = [a.job_id for a in req.allocations if a.job_id not in self.running]
         placed_all = not (failed or unplaced or lost or sharing)
+        await self._announce_drained(req.now)
         return ApplyReply(
             placed=launched,
             started={j: self.nodes[g[0].node_id].gpu_type for j, g in launched.items()},
@@ -656,6 +747,8 @@ class Placement(Service):
             if g.node_id in self.free:
                 self.free[g.node_id].discard(g.index)
                 self._free_changed.add(g.node_id)
+                if g.node_id in self.draining:
+                    self._drain_changed(g.node_id)
 
     def _free(self, job_id: str) -> None:
         """`job_id` no longer runs: its GPUs are free unless a job sharing them still holds them."""
@@ -668,8 +761,13 @@ class Placement(Service):
                 continue
             self.holders.pop(g, None)
             if g.node_id in self.free:
-                self.free[g.node_id].add(g.index)
+                free = self.free[g.node_id]
+                free.add(g.index)
                 self._free_changed.add(g.node_id)
+                if g.node_id in self.draining:
+                    self._drain_changed(g.node_id)
+                    if len(free) == self.nodes[g.node_id].num_gpus:  # the last job left
+                        self._drained.add(g.node_id)
 
     def _check(self, allocations: list[Allocation], started: dict[str, list[GpuRef]]) -> None:
         """Newly placed jobs must get free, existing GPUs, once each, of the allocated count and type
