@@ -173,3 +173,27 @@ async def test_cancel_by_user_and_state_cancels_only_what_they_choose(
         code, out, err = await views.gpuyard("user.alice", "cancel", *args)
         assert code == 2 and not said(out) and len(err.splitlines()) == 1, (args, err)
         assert expected in err, (args, err)
+
+
+async def test_dependencies_hold_jobs_until_the_jobs_they_name_end_as_asked(
+    views: Views,  # noqa: F811 (the fixture imported)
+) -> None:
+    first = await views.submit("user.alice", *counter(40))
+    then = await views.submit("user.alice", "--dependency", f"afterok:{first}", *counter(5))
+    row = (await views.rows(then))[then]
+    assert (row["job_state"], row["state_reason"]) == ("PENDING", "Dependency")
+    failing = await views.submit("user.bob", "--", "false")
+    never = await views.submit("user.alice", "-d", f"afterok:{failing}", *counter(5))
+    cleanup = await views.submit("user.alice", "-d", f"afternotok:{failing}", *counter(5))
+    done = await views.until_row(then, "COMPLETED")
+    assert done["first_start"] >= (await views.rows(first))[first]["end_time"]
+    cancelled = await views.until_row(never, "CANCELLED")
+    assert cancelled["state_reason"] == "DependencyNeverSatisfied"
+    await views.until_row(cleanup, "COMPLETED")
+
+    # A job that names no job there, or itself, is refused; a malformed one never leaves the CLI.
+    code, _, err = await views.gpuyard("user.alice", "submit", "-d", "afterok:j999", *counter(1))
+    assert code == 1 and "dependency on j999: no such job" in err
+    code, out, err = await views.gpuyard("user.alice", "submit", "-d", "later:j1", *counter(1))
+    assert code == 2 and not said(out)
+    assert "dependency 'later:j1': not one of after, afterany, afterok, afternotok" in err

@@ -86,6 +86,54 @@ def test_held_and_requeued_jobs_leave_the_decisions_and_come_back_in_admission_o
     assert list(table.moved) == ["a", "b"]
 
 
+def test_dependencies_release_or_cancel_jobs_as_the_jobs_they_name_start_and_end() -> None:
+    table = JobTable()
+    a = table.admit(spec("a"), 0.0, total_steps=100.0)
+    b = table.admit(spec("b", depends_on="afterok:a"), 0.0, total_steps=100.0)
+    c = table.admit(spec("c", depends_on="afterok:b"), 0.0, total_steps=100.0)
+    d = table.admit(spec("d", depends_on="afterany:c,after:a"), 0.0, total_steps=100.0)
+    e = table.admit(spec("e", depends_on="afternotok:b"), 0.0, total_steps=100.0)
+    assert list(table.active) == ["a"] and table.queued == 1
+    assert [r.reason for r in (b, c, d, e)] == ["Dependency"] * 4
+    table.start(a, 1.0, ["n1"], 1, "v100", rate=1.0)  # (d's `after:a` holds; `afterany:c` not)
+    assert list(table.active) == ["a"] and not table.resolved
+    table.end(a, 2.0, "completed")
+    assert list(table.active) == ["b"] and b.reason == "" and table.resolved == [(b, 2.0)]
+    table.resolved.clear()
+    table.start(b, 3.0, ["n1"], 1, "v100", rate=1.0)
+    table.end(b, 4.0, "failed")  # c can never start: cancelled, and d then may (afterany)
+    assert (c.state, c.reason, c.end_time) == ("cancelled", "DependencyNeverSatisfied", 4.0)
+    assert [r.job_id for r, _ in table.resolved] == ["c", "d", "e"]
+    assert list(table.active) == ["d", "e"] and table.finished == 3
+    # A later job may name one that ended and left memory (its results handed over).
+    table.forget_ended(3)
+    f = table.admit(spec("f", depends_on="afterok:a"), 5.0, total_steps=1.0)
+    g = table.admit(spec("g", depends_on="afterok:c"), 5.0, total_steps=1.0)
+    assert f.state == "queued" and (g.state, g.reason) == ("cancelled", "DependencyNeverSatisfied")
+
+
+def test_a_singleton_waits_for_the_earlier_jobs_of_its_user_and_name_and_a_hold_outlasts_it() -> (
+    None
+):
+    table = JobTable()
+    first = table.admit(spec("s1", user="u", name="train"), 0.0, total_steps=1.0)
+    table.admit(spec("x", user="v", name="train"), 0.0, total_steps=1.0)  # (another user's)
+    second = table.admit(spec("s2", user="u", name="train", depends_on="singleton"), 0.0, 1.0)
+    assert list(table.active) == ["s1", "x"] and second.reason == "Dependency"
+    table.hold(second, "user")
+    assert second.reason == "JobHeldUser" and "s2" not in table.held
+    # Stored and loaded back: the same jobs wait.
+    again = JobTable()
+    again.load(
+        msgspec.json.decode(msgspec.json.encode(list(table.jobs.values())), type=list[JobRecord])
+    )
+    assert list(again.active) == ["s1", "x"] and list(again.deps.blocked) == ["s2"]
+    table.end(first, 1.0, "cancelled")
+    assert list(table.held) == ["s2"] and second.reason == "JobHeldUser"  # (held, then)
+    table.release(second)
+    assert list(table.active) == ["x", "s2"]
+
+
 def test_a_request_telling_of_earlier_instants_logs_its_changes_at_each() -> None:
     """Exits and arrivals told of together (a quiet window): what each changed, by time, in
     time order whatever order they were handled in; nothing at the request's own time (its

@@ -551,3 +551,33 @@ async def test_a_long_queue_is_decided_from_what_changed(
     assert {s: c for s, (c, _) in told.requests.items()} == {
         s: c for s, (c, _) in whole.requests.items()
     }  # (the same applies, and as many)
+
+
+@pytest.mark.parametrize("mode", ["events", "rounds"])
+async def test_dependencies_make_pipelines_and_cancel_what_can_never_run(
+    tmp_path: Path, nats_url: str, mode: str
+) -> None:
+    """b runs after a completes, c after b; g needs f to complete, but f fails at 30: g is
+    cancelled then, and h (after f fails) starts then; s2, a singleton, waits for s1 of the same
+    user and name. Rounds of 10 s: the same instants."""
+    jobs = [job("a", 1, 100.0, 0.0), job("b", 1, 50.0, 0.0, depends_on="afterok:a"),
+            job("c", 1, 10.0, 0.0, depends_on="afterok:b"),
+            job("f", 1, 30.0, 0.0, outcome="failed"), job("g", 1, 10.0, 0.0, depends_on="afterok:f"),
+            job("h", 1, 20.0, 0.0, depends_on="afternotok:f"),
+            job("s1", 1, 40.0, 0.0, user="u", name="n"),
+            job("s2", 1, 40.0, 0.0, user="u", name="n", depends_on="singleton")]  # fmt: skip
+    options = SimOptions(cluster=ClusterSpec.parse("1x4"), mode=mode, round_s=10.0)
+    result = await simulate(options, jobs, tmp_path, nats_url=nats_url)
+    by_id = {r.job_id: r for r in result.jobs}
+    starts = {j: by_id[j].first_start for j in by_id}
+    assert starts == {"a": 0.0, "b": 100.0, "c": 150.0, "f": 0.0, "g": None, "h": 30.0,
+                      "s1": 0.0, "s2": 40.0}  # fmt: skip
+    assert (by_id["g"].state, by_id["g"].reason, by_id["g"].end_time) == (
+        "cancelled", "DependencyNeverSatisfied", 30.0,
+    )  # fmt: skip
+    assert by_id["c"].end_time == 160.0 and result.summary["cancelled"] == 1
+    table = pd.read_csv(tmp_path / "jobs.csv", dtype={"job_id": str}).set_index("job_id")
+    assert (
+        table.loc["g", "state"] == "cancelled"
+        and table.loc["g", "reason"] == "DependencyNeverSatisfied"
+    )

@@ -1,6 +1,6 @@
 """The `gpuyard` command: a module per group of subcommands (`sim`: simulations and traces,
-`cluster`: a real cluster and its jobs, `ops`: tail, policy and status, `auth`, `sweep`),
-`options` for what they share."""
+`cluster`: a real cluster and its jobs, `ops`: tail, policy, status and node drains,
+`auth`, `sweep`), `options` for what they share."""
 
 from __future__ import annotations
 

@@ -77,7 +77,7 @@ from gpuyard.shared.endpoints import (
 )
 from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.identity import ANONYMOUS
-from gpuyard.shared.model import JobRecord, JobState
+from gpuyard.shared.model import JobRecord, JobState, parse_dependency
 from gpuyard.shared.options import key_values
 from gpuyard.shared.policy import PolicyError
 
@@ -208,6 +208,12 @@ def add_cluster_parsers(sub: Subcommands) -> None:
         "--time-limit", "-t", type=time_limit, dest="time_limit_s", metavar="TIME",
         help="the longest the job may run, its runs together: then it is stopped and ends "
         "TIMEOUT (Slurm's forms: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]; or 90s, 30m, 2h, 1d)",
+    )  # fmt: skip
+    p.add_argument(
+        "--dependency", "-d", type=dependency, dest="depends_on", metavar="DEP[,DEP...]",
+        help="start only after other jobs (Slurm's forms, all must hold): afterok:J[:J...] "
+        "(completed), afterany:J (ended), afternotok:J (failed, cancelled or timed out), after:J "
+        "(started), singleton (no earlier job of yours with this name left)",
     )  # fmt: skip
     p.add_argument(
         "--steps", type=positive_float, dest="total_steps",
@@ -715,7 +721,8 @@ def job_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
         raise ValueError("give the job's command after `--` (or --file)")
     job: dict[str, Any] = {"num_gpus": args.gpus, "command": command, "workdir": workdir}
     for key in ("gpu_type", "min_gpus", "max_gpus", "priority", "name", "job_id", "job_type",
-                "total_steps", "rescale_up_s", "rescale_down_s", "time_limit_s"):  # fmt: skip
+                "total_steps", "rescale_up_s", "rescale_down_s", "time_limit_s",
+                "depends_on"):  # fmt: skip
         value = getattr(args, key, None)
         if value is not None:
             job[key] = value
@@ -727,6 +734,15 @@ def job_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
     if env:
         job["env"] = env
     return [job]
+
+
+def dependency(text: str) -> str:
+    """`--dependency`'s value, checked (a usage error says what is wrong)."""
+    try:
+        parse_dependency(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def time_limit(text: str) -> float:

@@ -1,4 +1,4 @@
-"""`gpuyard` commands for operators: events, status, policies.
+"""`gpuyard` commands for operators: events, status, policies, draining nodes.
 
     gpuyard tail   [--job ID] [--node N] [--type T] [--since 10m | --all | --new] [--follow] [--json]
     gpuyard policy show
@@ -202,12 +202,12 @@ def add_drain_parsers(sub: Subcommands) -> None:
         "nodes` shows each DRAIN while jobs still run there, DRAINED once none does.",
     )  # fmt: skip
     add_nats_options(p)
-    p.add_argument("node_ids", nargs="+", metavar="NODE")
+    p.add_argument("node_ids", nargs="+", metavar="NODE", help="as `gpuyard nodes` names it")
     p.add_argument("--reason", required=True, type=_reason, help="why (shown by `gpuyard nodes`)")
     p.set_defaults(run=cmd_drain)
     r = sub.add_parser("resume", help="drained nodes take jobs again (operators)")
     add_nats_options(r)
-    r.add_argument("node_ids", nargs="+", metavar="NODE")
+    r.add_argument("node_ids", nargs="+", metavar="NODE", help="as `gpuyard nodes` names it")
     r.set_defaults(run=cmd_resume)
 
 

@@ -17,6 +17,36 @@ NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$"
 Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
 """An identifier safe to use inside a NATS subject token (no spaces, `*`, `>`; dots allowed)."""
 
+DependencyKind = Literal["after", "afterany", "afterok", "afternotok", "singleton"]
+DEPENDENCY_KINDS: tuple[DependencyKind, ...] = (
+    "after", "afterany", "afterok", "afternotok", "singleton",
+)  # fmt: skip
+
+
+def parse_dependency(text: str) -> list[tuple[DependencyKind, list[str]]]:
+    """Slurm's `--dependency`: `afterok:J[:J...]`, `afterany:...`, `afternotok:...`, `after:...`
+    (J started) and `singleton`, joined by `,` (every one must hold) -> [(kind, jobs), ...].
+    ValueError in one line for anything else (`?`, Slurm's either-or, is not taken)."""
+    found: list[tuple[DependencyKind, list[str]]] = []
+    for item in text.split(","):
+        kind, *jobs = item.strip().split(":")
+        if "?" in item:
+            raise ValueError(f"dependency {text!r}: `?` (either one) is not taken; `,` joins "
+                             "dependencies that must all hold")  # fmt: skip
+        if kind not in DEPENDENCY_KINDS:
+            raise ValueError(
+                f"dependency {item.strip()!r}: not one of {', '.join(DEPENDENCY_KINDS)}"
+            )
+        if (kind == "singleton") != (not jobs):
+            wants = "takes no job" if kind == "singleton" else "names jobs: KIND:J[:J...]"
+            raise ValueError(f"dependency {item.strip()!r}: {kind} {wants}")
+        for job in jobs:
+            if not re.match(NAME_PATTERN, job):
+                raise ValueError(f"dependency {item.strip()!r}: {job!r} is not a job id")
+        found.append((kind, jobs))
+    return found
+
+
 GpuCount = Annotated[int, Meta(ge=1, le=1_000_000)]
 Seconds = Annotated[float, Meta(ge=0)]
 
@@ -66,6 +96,10 @@ class JobSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     time_limit_s: Annotated[float, Meta(gt=0)] | None = None
     """The longest the job may run, its runs together (what `gpuyard jobs` shows as ELAPSED):
     past it the job is stopped (SIGTERM, the grace period, SIGKILL) and ends `timeout`."""
+    depends_on: str = ""
+    """Jobs this one waits for, as Slurm's `--dependency` (`parse_dependency`): e.g.
+    `afterok:j3:j4,singleton`. It waits with reason `Dependency`; one that can no longer hold (a
+    job it needs completed failed) cancels it (`DependencyNeverSatisfied`)."""
     outcome: Literal["failed", "cancelled"] | None = None
     """How the job ends once its work is done, when a trace recorded that it did not complete
     (a replayed Helios or Acme job that FAILED after an hour fails after an hour); None: it
@@ -79,6 +113,8 @@ class JobSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
             raise ValueError(f"max_gpus ({self.max_gpus}) must be >= num_gpus ({self.num_gpus})")
         if self.workdir and not self.workdir.startswith("/"):
             raise ValueError(f"workdir {self.workdir!r} must be an absolute path")
+        if self.depends_on:
+            parse_dependency(self.depends_on)
 
     @property
     def gpu_range(self) -> tuple[int, int]:

@@ -96,7 +96,9 @@ _FLOAT_FIELDS = (
     "duration", "total_steps", "weight", "deadline", "submit_time", "rescale_up_s",
     "rescale_down_s", "time_limit_s",
 )  # fmt: skip
-_STR_FIELDS = ("job_id", "name", "job_type", "gpu_type", "user", "tenant", "processes")
+_STR_FIELDS = (
+    "job_id", "name", "job_type", "gpu_type", "user", "tenant", "processes", "depends_on",
+)  # fmt: skip
 _SKIP_RE = re.compile(r"[Ss]kipping line (\d+): ([^\n]*)")
 
 

@@ -76,7 +76,11 @@ class EasyBackfill(SchedulingPolicy):
                 ends.setdefault(t, []).append((self.end(job, now), need))
                 allocations.append(Allocation(job.job_id, need, t))
                 on_reserved_type = reserved is not None and t == reserved.gpu_type
-                if reserved is not None and on_reserved_type and not self.ends_by(job, now, reserved.at):
+                if (
+                    reserved is not None
+                    and on_reserved_type
+                    and not self.ends_by(job, now, reserved.at)
+                ):
                     reserved = dataclasses.replace(reserved, extra=reserved.extra - need)
             elif reserved is None and types:
                 reserved = reserve(job, types, need, now, free, ends)

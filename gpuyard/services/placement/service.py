@@ -311,24 +311,20 @@ class Placement(Service):
                 continue
             done.append(node_id)
             self.changed = True
-            first = node_id not in self.draining
             if req.resume:
                 del self.draining[node_id]
-                self._drained.discard(node_id)
             else:
+                if node_id not in self.draining:  # (again: only its reason changes)
+                    self._drained.add(node_id)  # DRAINED at once if nothing runs there
                 self.draining[node_id] = req.reason
             self._drain_changed(node_id)
             self.log.info("node.drain", node_id=node_id, resume=req.resume, reason=req.reason,
                           by=str(caller))  # fmt: skip
             # The scheduler hears these (`evt.node.>`) and decides again on the new capacity.
-            kind = "node.resumed" if req.resume else "node.draining"
             await self.bus.emit(
-                Event(type=kind, now=now, node_id=node_id, reason=req.reason, service=self.name)
-            )
-            free = self.free.get(node_id)
-            if first and not req.resume and free is not None:
-                if len(free) == self.nodes[node_id].num_gpus:  # nothing runs there
-                    self._drained.add(node_id)
+                Event(type="node.resumed" if req.resume else "node.draining", now=now,
+                      node_id=node_id, reason=req.reason, service=self.name)
+            )  # fmt: skip
         await self._announce_drained(now)
         return DoneReply(done=done, refused=refused)
 
@@ -339,7 +335,8 @@ class Placement(Service):
         self._free_changed.add(node_id)
 
     async def _announce_drained(self, now: float) -> None:
-        """`node.drained` for the draining nodes the last job just left."""
+        """`node.drained` for the draining nodes the last job just left (of those noted since the
+        last request, the ones that are still here, draining and empty)."""
         if not self._drained:
             return
         drained, self._drained = sorted(self._drained), set()

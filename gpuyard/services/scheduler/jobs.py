@@ -17,6 +17,8 @@ from gpuyard.shared.model import JobRecord, JobSpec, JobState
 from gpuyard.shared.policy import JobView, ViewContext
 from gpuyard.shared.throughput import LinearModel
 
+from .dependencies import NEVER_SATISFIED, WAITING, Dependencies
+
 Hold = Literal["", "user", "admin"]
 HELD_REASONS = {"user": "JobHeldUser", "admin": "JobHeldAdmin"}
 """A held job's reason, as Slurm names it, by who held it (its owner, or an operator)."""
@@ -39,6 +41,11 @@ class JobTable:
         (not active: no decision includes them, so placement stops them; they show as running)."""
         self.held: dict[str, JobRecord] = {}
         """Waiting jobs held (`JobRecord.hold`): not active, so no decision starts them."""
+        self.deps = Dependencies()
+        """Waiting jobs whose dependencies do not hold yet (`deps.blocked`: not active either)."""
+        self.resolved: list[tuple[JobRecord, float]] = []
+        """Jobs a dependency released or cancelled since this was last cleared, and when (their
+        events)."""
         self.running = 0
         self.busy_gpus = 0
         self.busy_by_type: dict[str, int] = {}
@@ -77,10 +84,13 @@ class JobTable:
             submit_time=spec.submit_time if spec.submit_time is not None else now,
             admit_time=now, queued_since=now, total_steps=total_steps, progress_at=now,
         )  # fmt: skip
-        self.jobs[record.job_id] = self.active[record.job_id] = record
+        self.jobs[record.job_id] = record
         self.admitted += 1
-        self.views[record.job_id] = JobView.of(record, self.context)
         self._touch(record)
+        if spec.depends_on and not self._judged(record, now):
+            return record
+        self.active[record.job_id] = record
+        self.views[record.job_id] = JobView.of(record, self.context)
         self._moved(record)
         self.changed = True
         return record
@@ -109,6 +119,7 @@ class JobTable:
         record.attempt += 1
         if record.first_start is None:
             record.first_start = now
+            self._others_judged(record.job_id, now)  # (`after` dependencies)
         self._busy(record, 1)
         self._touch(record)
         self._moved(record)
@@ -142,13 +153,16 @@ class JobTable:
         record.queued_since = None
         record.end_time = now
         record.reason = reason  # why it ended (not why it once waited)
-        del self.active[record.job_id]
-        del self.views[record.job_id]
+        if self.active.pop(record.job_id, None) is not None:
+            del self.views[record.job_id]
+            self.changed = True
+            self._moved(record)
+        self.held.pop(record.job_id, None)
+        self.deps.unblock(record.job_id)
         self.finished += 1
         self.ended.append(record)
-        self.changed = True
         self._touch(record)
-        self._moved(record)
+        self._others_judged(record.job_id, now)
         return True
 
     def cancel_running(self, record: JobRecord, now: float, reason: str, nodes: list[str]) -> None:
@@ -196,10 +210,12 @@ class JobTable:
         record.reason, record.cancelling = record.cancelling, ""
         self.finished += 1
         self.ended.append(record)
+        self._others_judged(record.job_id, now)
         return True
 
     def hold(self, record: JobRecord, by: Hold) -> None:
-        """A waiting job starts no more until released: it leaves the active jobs."""
+        """A waiting job starts no more until released: it leaves the active jobs (one waiting for
+        its dependencies waits for them, then held)."""
         assert record.state == "queued" and by
         record.hold, record.reason = by, HELD_REASONS[by]
         if record.job_id in self.active:
@@ -211,12 +227,61 @@ class JobTable:
         self._touch(record)
 
     def release(self, record: JobRecord) -> None:
-        """A held job waits to start again, in its place in admission order."""
-        assert record.job_id in self.held
-        del self.held[record.job_id]
+        """A held job waits to start again, in its place in admission order (or for its
+        dependencies, if they do not hold yet)."""
+        assert record.hold
         record.hold, record.reason = "", ""
-        self._wait(record)
+        if self.held.pop(record.job_id, None) is not None:
+            self._wait(record)
+        else:
+            record.reason = WAITING
         self._touch(record)
+
+    # ------------------------------------------------------------------ dependencies
+
+    def _judged(self, record: JobRecord, now: float) -> bool:
+        """A waiting job's dependencies judged: True if they hold (it may wait to start), False
+        if it waits for them (blocked) or was cancelled because they never can."""
+        deps = self.deps
+        needs = deps.needs.get(record.job_id)
+        if needs is None:
+            needs = deps.of(record, self.not_ended)
+        decided, waits = deps.judge(needs, self.jobs.get)
+        if decided == "holds":
+            deps.unblock(record.job_id)
+            return True
+        if decided == "waits":
+            deps.block(record, needs, waits)
+            if not record.hold:
+                record.reason = WAITING
+            return False
+        deps.unblock(record.job_id)
+        record.state, record.end_time, record.reason = "cancelled", now, NEVER_SATISFIED
+        record.queued_since = None
+        self.held.pop(record.job_id, None)
+        self.finished += 1
+        self.ended.append(record)
+        self.resolved.append((record, now))
+        self._others_judged(record.job_id, now)
+        return False
+
+    def _others_judged(self, job_id: str, now: float) -> None:
+        """`job_id` started or ended: the jobs waiting for it are judged again; those whose
+        dependencies now hold wait to start (held, if they are)."""
+        for record in self.deps.waiting_for(job_id):
+            if self._judged(record, now):
+                if not record.hold:
+                    record.reason = ""
+                self._wait(record)
+                self.resolved.append((record, now))
+            self._touch(record)
+
+    def not_ended(self) -> Iterable[JobRecord]:
+        """Every job that has not ended: waiting, held, blocked, running, stopping."""
+        yield from self.active.values()
+        yield from self.held.values()
+        yield from self.deps.blocked.values()
+        yield from self.stopping.values()
 
     def _wait(self, record: JobRecord) -> None:
         """A queued job joins the active jobs (held, if it is): in admission order, as the
@@ -272,11 +337,15 @@ class JobTable:
 
     def load(self, records: Iterable[JobRecord]) -> None:
         """Take records back (a restarted scheduler), in admission order; counters follow."""
+        waiting: list[JobRecord] = []  # with dependencies: judged again
         for record in sorted(records, key=lambda r: r.seq):
             self.jobs[record.job_id] = record
             self.admitted = max(self.admitted, record.seq + 1)
             if record.cancelling or record.requeueing:
                 self.stopping[record.job_id] = record
+                continue
+            if record.state == "queued" and record.spec.depends_on:
+                waiting.append(record)  # (judged once every record is back)
                 continue
             if record.state == "queued" and record.hold:
                 self.held[record.job_id] = record
@@ -291,14 +360,27 @@ class JobTable:
                 self.running += 1
                 self._busy(record, 1)
         self.ended.sort(key=lambda r: (r.end_time or 0.0, r.seq))
+        for record in waiting:  # (sorted into admission order once, below)
+            if self._judged(record, record.admit_time):
+                if record.hold:
+                    self.held[record.job_id] = record
+                else:
+                    self.active[record.job_id] = record
+                    self.views[record.job_id] = JobView.of(record, self.context)
+        if waiting:
+            self.active = dict(sorted(self.active.items(), key=lambda kv: kv[1].seq))
+            self.views = {job_id: self.views[job_id] for job_id in self.active}
+        self.resolved.clear()  # (told of before the restart)
 
     def forget_ended(self, upto: int) -> None:
         """The jobs that ended before the `upto`-th leave memory (their results were taken)."""
         count = min(upto - self.ended_base, len(self.ended))
         if count <= 0:
             return
+        outcomes = self.deps.outcomes
         for record in self.ended[:count]:
             del self.jobs[record.job_id]
+            outcomes[record.job_id] = record.state  # (a later job may depend on it)
         del self.ended[:count]
         self.ended_base += count
 

@@ -75,7 +75,15 @@ from gpuyard.shared.endpoints import (
 from gpuyard.shared.errors import BadRequest, RemoteError
 from gpuyard.shared.identity import ANONYMOUS, Caller
 from gpuyard.shared.leader import LEASE_S, LeaseSeconds
-from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobRecord, JobSpec, JobState
+from gpuyard.shared.model import (
+    ANY_GPU,
+    Allocation,
+    GpuRef,
+    JobRecord,
+    JobSpec,
+    JobState,
+    parse_dependency,
+)
 from gpuyard.shared.policy import (
     ClusterView,
     Decision,
@@ -333,7 +341,10 @@ class Scheduler(Service):
         )  # fmt: skip
 
     async def persist(self) -> None:
-        """Write the jobs the request changed, and the scheduler's own state, before the reply."""
+        """Write the jobs the request changed, and the scheduler's own state, before the reply
+        (and tell of the jobs their dependencies released or cancelled meanwhile)."""
+        if self.table.resolved:
+            await self._resolved()
         if not self.store.durable:  # (twice a request: build nothing that would not be written)
             self.table.touched.clear()
             return
@@ -441,6 +452,9 @@ class Scheduler(Service):
             except ValueError as exc:
                 rejected[spec.job_id] = str(exc)
                 continue
+            if spec.depends_on and (why := self._unknown_dependency(spec)):
+                rejected[spec.job_id] = why
+                continue
             at = req.times[i] if req.times else req.now
             if at > req.now:  # submitted ahead of its arrival: it joins the queue then
                 if self.arriving and at < self.arriving[-1][0]:
@@ -458,6 +472,18 @@ class Scheduler(Service):
         self._poke()
         ran, reached = await self._advance(req.now, req.tick, req.until, changes)
         return self._status(reached, ran_round=ran, rejected=rejected, changes=changes)
+
+    def _unknown_dependency(self, spec: JobSpec) -> str:
+        """Why `spec`'s dependencies name a job that is not there ("": they all are)."""
+        table = self.table
+        for _, jobs in parse_dependency(spec.depends_on):
+            for job_id in jobs:
+                if job_id == spec.job_id:
+                    return f"dependency on {job_id}: the job itself"
+                known = job_id in table.jobs or job_id in self.arriving_ids
+                if not known and job_id not in table.deps.outcomes:
+                    return f"dependency on {job_id}: no such job"
+        return ""
 
     async def exited(self, req: ExitReport, caller: Caller = ANONYMOUS) -> SchedulerStatus:
         check_exits(req, caller)
@@ -709,8 +735,13 @@ class Scheduler(Service):
             found = [r for j in req.job_ids if (r := self.table.get(j)) is not None]
         elif req.states and set(req.states) <= {"queued", "running"}:
             found = list(self.table.active.values())  # admission asks this often: no full scan
-            # (held: waiting too; stopping: running until their nodes say they stopped)
-            if others := [*self.table.held.values(), *self.table.stopping.values()]:
+            # (held and blocked: waiting too; stopping: running until their nodes say they stopped)
+            table = self.table
+            if others := [
+                *table.held.values(),
+                *table.deps.blocked.values(),
+                *table.stopping.values(),
+            ]:
                 found = sorted([*found, *others], key=lambda r: r.seq)
         else:
             found = list(self.table.jobs.values())
@@ -747,8 +778,6 @@ class Scheduler(Service):
             if record.requeueing:
                 refused[job_id] = "it is being requeued: cancel it once it waits again"
                 continue
-            if record.hold:
-                self.table.release(record)
             if agents := await self._agents_running(record):
                 # Cancelled once its agents said its processes are gone (or were lost, so they
                 # stopped them): never shown cancelled while its ranks still run.
@@ -773,13 +802,24 @@ class Scheduler(Service):
             raise BadRequest("name the jobs, or choose them by user or state", field="$.job_ids")
         user = caller.name if caller.role == "user" else req.user
         states = set(req.states or ("queued", "running"))
-        table = self.table
-        found = [*table.active.values(), *table.held.values(), *table.stopping.values()]
+        found = list(self.table.not_ended())
         return [
             r.job_id
             for r in sorted(found, key=lambda r: r.seq)
             if r.state in states and (user is None or r.spec.user == user)
         ]
+
+    async def _resolved(self) -> None:
+        """Events for the jobs a job's start or end released (their dependencies hold) or
+        cancelled (they never can)."""
+        resolved, self.table.resolved = self.table.resolved, []
+        for record, at in resolved:
+            if record.state == "cancelled":
+                await self.emit("job.cancelled", at, record.job_id, reason=record.reason)
+            else:
+                await self.emit("job.released", at, record.job_id, reason="dependency satisfied")
+        self.dirty = True
+        self._poke()
 
     async def hold(self, req: HoldRequest, caller: Caller = ANONYMOUS) -> DoneReply:
         """Hold waiting jobs (they start no more: `JobHeldUser` by their owner, `JobHeldAdmin`

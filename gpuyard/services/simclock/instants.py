@@ -150,7 +150,7 @@ class InstantLoop:
             exits += [msgspec.structs.replace(ex, ended_at=now) for ex in ended]
             batch += arrived
             times += [now] * len(arrived)
-            progress.finished = clock.runs.finished + clock.declined_count
+            progress.finished = clock.finished()
             now = later
         clock.unreported.update(clock.runs.stalled(now))
         # Jobs held by admission get another chance when others have left, or when admission
@@ -194,7 +194,7 @@ class InstantLoop:
             now = self.went_on(now, clock.reached, earlier, foreseen)
         clock.earlier_points(now, earlier, before)
         await clock.refresh(now)
-        progress.finished = clock.runs.finished + clock.declined_count
+        progress.finished = clock.finished()
         return now
 
     async def quiet_after(self, now: float, exits: bool) -> float | None:

@@ -91,6 +91,9 @@ class SimClock(Service):
         """The jobs admission declined since the last progress report, and why (for the results:
         no service keeps them)."""
         self.declined_count = 0
+        self.ended_by_scheduler = 0
+        """Jobs the scheduler ended, as its last reply counted them (`SchedulerStatus.finished`):
+        with those no run of ours ended (cancelled because a dependency never holds)."""
         self.unreported: dict[str, StepsReport] = {}  # progress the scheduler has not heard of
         self.commands_handled = 0  # the number of the last `clock.cmds` handled
         self.commands_due = 0  # ... that the services' replies named
@@ -193,6 +196,7 @@ class SimClock(Service):
         """The scheduler's reply at `now`: when it wants its next tick, the node commands to wait
         for, and the timeline's point."""
         self.sched_wake = status.wake_at
+        self.ended_by_scheduler = status.finished
         self.quiet_until = status.quiet_until
         self.exit_decides = status.exit_decides
         self.runs_ahead = status.runs_ahead
@@ -205,6 +209,11 @@ class SimClock(Service):
         self.timeline.put(
             TimelinePoint(now, status.busy_gpus, status.queued, status.running, self.nodes.gpus)
         )
+
+    def finished(self) -> int:
+        """Jobs that ended: their runs did, the scheduler ended them without one, or admission
+        declined them."""
+        return max(self.runs.finished, self.ended_by_scheduler) + self.declined_count
 
     def earlier_points(self, now: float, times: list[float], before: TimelinePoint | None) -> None:
         """The timeline's points at instants told of with the one at `now` (`times`, in order,
