@@ -17,7 +17,7 @@ import msgspec
 
 from gpuyard.shared.contract import Event
 from gpuyard.shared.durations import slurm_duration
-from gpuyard.shared.model import JobRecord
+from gpuyard.shared.model import JobRecord, JobState
 
 JOB_STATES = {
     "PENDING": "queued, never started (or held: by admission, or by `gpuyard hold`)",
@@ -30,6 +30,14 @@ JOB_STATES = {
     "REJECTED": "refused by admission: never queued",
 }
 """The states `gpuyard jobs` shows (and `--state` takes, in any case), as Slurm names them."""
+
+
+SCHEDULER_STATES: dict[str, JobState] = {
+    "PENDING": "queued", "REQUEUED": "queued", "RUNNING": "running", "COMPLETED": "completed",
+    "FAILED": "failed", "CANCELLED": "cancelled", "TIMEOUT": "timeout",
+}  # fmt: skip
+"""The scheduler's state of the jobs in each state `gpuyard jobs` shows (REJECTED: none, they
+never reach it)."""
 
 
 def parse_states(values: Iterable[str]) -> set[str]:

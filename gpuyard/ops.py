@@ -85,7 +85,10 @@ def parse_since(text: str, *, now: dt.datetime | None = None) -> dt.datetime:
     m = _DURATION.match(text)
     now = now or dt.datetime.now(dt.UTC)
     if m:
-        return now - dt.timedelta(seconds=float(m["n"]) * _UNITS[m["unit"] or "s"])
+        try:
+            return now - dt.timedelta(seconds=float(m["n"]) * _UNITS[m["unit"] or "s"])
+        except OverflowError:  # (before the year 1)
+            raise ValueError(f"--since {text!r} is before any time there is") from None
     try:
         when = dt.datetime.fromisoformat(text)
     except ValueError:

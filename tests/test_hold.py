@@ -14,6 +14,7 @@ import pytest
 from gpuyard.natsauth import OPERATOR
 from gpuyard.ops import read_events
 
+from .jobaccount import JOB_PYTHON
 from .test_cluster_views import Views, counter, views  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.slow  # (integration: `pytest -m "not slow"` leaves it out)
@@ -197,3 +198,56 @@ async def test_dependencies_hold_jobs_until_the_jobs_they_name_end_as_asked(
     code, out, err = await views.gpuyard("user.alice", "submit", "-d", "later:j1", *counter(1))
     assert code == 2 and not said(out)
     assert "dependency 'later:j1': not one of after, afterany, afterok, afternotok" in err
+
+
+ARRAY_TASK = """
+import os, time
+names = ("GPUYARD_ARRAY_JOB_ID", "GPUYARD_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_ID",
+         "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX")
+print("array", *(os.environ.get(n, "-") for n in names), flush=True)
+time.sleep(float(os.environ["SLEEP"]))
+"""
+
+
+async def test_an_array_runs_a_job_per_index_at_most_its_limit_at_once(
+    views: Views,  # noqa: F811 (the fixture imported)
+) -> None:
+    """`--array 1,3,5-7%1`: five jobs `<id>_<index>`, each told its index (as Slurm names it too),
+    one at a time though two GPUs are free (the limit holds them back); the array's id stands for
+    its tasks (listed, held, cancelled)."""
+    code, out, err = await views.gpuyard(
+        "user.alice", "submit", "--array", "1,3,5-7%1", "--env", "SLEEP=0.5",
+        "--", *JOB_PYTHON, "-c", ARRAY_TASK,
+    )  # fmt: skip
+    assert code == 0, err
+    tasks = [line.split()[-1] for line in said(out)]
+    array_id = tasks[0].rsplit("_", 1)[0]
+    assert tasks == [f"{array_id}_{i}" for i in (1, 3, 5, 6, 7)]
+    rows = await views.rows(array_id)  # (an array's id stands for its tasks)
+    assert sorted(rows) == sorted(tasks)
+    assert sum(r["state_reason"] == "JobArrayTaskLimit" for r in rows.values()) >= 3
+    for job_id in tasks:
+        await views.until_row(job_id, "COMPLETED")
+    rows = await views.rows(array_id)
+    for i, job_id in zip((1, 3, 5, 6, 7), tasks, strict=True):
+        assert f"array {array_id} {i} {i} 5 1 7" in views.job_log(job_id), views.job_log(job_id)
+    runs = sorted((r["first_start"], r["end_time"]) for r in rows.values())
+    most = max(sum(s <= t < e for s, e in runs) for t, _ in runs)
+    assert most == 1  # (its limit, not the GPUs)
+
+    # Another array: held and cancelled by its id; a malformed one never leaves the CLI.
+    code, out, err = await views.gpuyard(
+        "user.alice", "submit", "-a", "0-3%1", "--env", "SLEEP=60", "--", *JOB_PYTHON, "-c", ARRAY_TASK
+    )  # fmt: skip
+    assert code == 0, err
+    second = said(out)[0].split()[-1].rsplit("_", 1)[0]
+    await views.until_row(f"{second}_0", "RUNNING")
+    code, out, err = await views.gpuyard("user.alice", "hold", f"{second}_3")
+    assert code == 0 and said(out) == [f"held {second}_3"], err
+    assert (await views.rows(f"{second}_3"))[f"{second}_3"]["state_reason"] == "JobHeldUser"
+    code, out, err = await views.gpuyard("user.alice", "cancel", second)
+    assert code == 0 and said(out) == [f"cancelled {second}_{i}" for i in range(4)], err
+    for i in range(4):
+        await views.until_row(f"{second}_{i}", "CANCELLED")
+    code, out, err = await views.gpuyard("user.alice", "submit", "--array", "3-1", "--", "true")
+    assert code == 2 and not said(out) and "array '3-1'" in err and len(err.splitlines()) == 1

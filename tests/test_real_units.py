@@ -325,13 +325,20 @@ def test_submit_arguments_become_a_job(tmp_path: Path) -> None:
     ns = argparse.Namespace(
         file=None, command=["--", "python", "t.py"], gpus=2, gpu_type="a100", min_gpus=None,
         max_gpus=4, priority=3, deadline=None, name=None, job_id=None, per_node=True,
-        env=["K=V"], chdir=None,
+        env=["K=V"], chdir=None, array=None,
     )  # fmt: skip
     (job,) = job_from_args(ns)
     assert job == {
         "num_gpus": 2, "command": ["python", "t.py"], "gpu_type": "a100", "max_gpus": 4,
         "priority": 3, "processes": "per_node", "env": {"K": "V"}, "workdir": str(Path.cwd()),
     }  # fmt: skip
+    ns.array = ([0, 2], 1)  # (`--array 0,2%1`: a job per task)
+    tasks = job_from_args(ns)
+    assert [t["array"] for t in tasks] == [
+        {"task": t, "count": 2, "low": 0, "high": 2, "limit": 1} for t in (0, 2)
+    ]
+    assert all({k: v for k, v in t.items() if k != "array"} == job for t in tasks)
+    ns.array = None
     ns.chdir = Path("sub")  # relative to where `submit` runs
     assert job_from_args(ns)[0]["workdir"] == str(Path.cwd() / "sub")
     ns.chdir = None

@@ -134,6 +134,38 @@ def test_a_singleton_waits_for_the_earlier_jobs_of_its_user_and_name_and_a_hold_
     assert list(table.active) == ["x", "s2"]
 
 
+def test_an_array_has_at_most_its_limit_of_tasks_active_and_the_next_come_in_as_they_leave() -> (
+    None
+):
+    from gpuyard.shared.model import ArrayTask
+
+    def task(i: int, user: str = "u") -> JobSpec:
+        array = ArrayTask(task=i, count=5, low=0, high=4, limit=2, array_id="j7")
+        return spec(f"j7_{i}" if user == "u" else f"x{i}", user=user, array=array)
+
+    table = JobTable()
+    tasks = [table.admit(task(i), 0.0, total_steps=1.0) for i in range(5)]
+    other = table.admit(task(0, user="v"), 0.0, total_steps=1.0)  # (another user's "j7")
+    assert list(table.active) == ["j7_0", "j7_1", "x0"]
+    assert [t.reason for t in tasks[2:]] == ["JobArrayTaskLimit"] * 3 and other.reason == ""
+    table.start(tasks[0], 1.0, ["n1"], 1, "v100", rate=1.0)
+    table.end(tasks[0], 2.0, "completed")
+    assert list(table.active) == ["j7_1", "j7_2", "x0"] and tasks[2].reason == ""
+    table.end(tasks[3], 2.0, "cancelled", "cancelled by op.admin")  # (a waiting one: skipped)
+    table.hold(tasks[1], "user")  # (room for the next: j7_4)
+    assert list(table.active) == ["j7_2", "j7_4", "x0"]
+    # Stored and loaded back: the same tasks in, the held one held.
+    again = JobTable()
+    again.load(
+        msgspec.json.decode(msgspec.json.encode(list(table.jobs.values())), type=list[JobRecord])
+    )
+    assert list(again.active) == ["j7_2", "j7_4", "x0"] and list(again.held) == ["j7_1"]
+    table.release(tasks[1])  # (no room: it waits for it)
+    assert tasks[1].reason == "JobArrayTaskLimit" and "j7_1" not in table.active
+    table.end(tasks[2], 3.0, "completed")
+    assert list(table.active) == ["j7_1", "j7_4", "x0"]
+
+
 def test_a_request_telling_of_earlier_instants_logs_its_changes_at_each() -> None:
     """Exits and arrivals told of together (a quiet window): what each changed, by time, in
     time order whatever order they were handled in; nothing at the request's own time (its

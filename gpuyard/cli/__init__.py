@@ -14,6 +14,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import cast
 
+from gpuyard.cli.acct import add_acct_parser
 from gpuyard.cli.auth import add_auth_parser
 from gpuyard.cli.cluster import add_cluster_parsers
 from gpuyard.cli.ops import add_ops_parsers
@@ -52,6 +53,7 @@ def build_parser() -> OneLineParser:
     add_sim_parser(sub)
     add_trace_parser(sub)
     add_cluster_parsers(sub)
+    add_acct_parser(sub)
     add_ops_parsers(sub)
     add_auth_parser(sub)
     add_sweep_parsers(sub)

@@ -39,6 +39,7 @@ from gpuyard.cli.options import (
 )
 from gpuyard.jobview import (
     JOB_STATES,
+    SCHEDULER_STATES,
     NotAdmitted,
     clock,
     format_jobs,
@@ -77,7 +78,7 @@ from gpuyard.shared.endpoints import (
 )
 from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.identity import ANONYMOUS
-from gpuyard.shared.model import JobRecord, JobState, parse_dependency
+from gpuyard.shared.model import JobRecord, parse_array, parse_dependency
 from gpuyard.shared.options import key_values
 from gpuyard.shared.policy import PolicyError
 
@@ -208,6 +209,11 @@ def add_cluster_parsers(sub: Subcommands) -> None:
         "--time-limit", "-t", type=time_limit, dest="time_limit_s", metavar="TIME",
         help="the longest the job may run, its runs together: then it is stopped and ends "
         "TIMEOUT (Slurm's forms: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]; or 90s, 30m, 2h, 1d)",
+    )  # fmt: skip
+    p.add_argument(
+        "--array", "-a", type=job_array, metavar="INDEXES[%N]",
+        help="a job array: one job per index (0-99, 1,3,5-9, 0-15:4), named <id>_<index>, each "
+        "told GPUYARD_ARRAY_TASK_ID (and SLURM_ARRAY_TASK_ID); %%N: at most N of them at once",
     )  # fmt: skip
     p.add_argument(
         "--dependency", "-d", type=dependency, dest="depends_on", metavar="DEP[,DEP...]",
@@ -733,7 +739,19 @@ def job_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
     env = key_values("--env", args.env)
     if env:
         job["env"] = env
-    return [job]
+    if args.array is None:
+        return [job]
+    tasks, limit = args.array
+    array = {"count": len(tasks), "low": min(tasks), "high": max(tasks), "limit": limit}
+    return [job | {"array": {"task": t, **array}} for t in tasks]
+
+
+def job_array(text: str) -> tuple[list[int], int | None]:
+    """`--array`'s value: the task ids and the limit (a usage error says what is wrong)."""
+    try:
+        return parse_array(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def dependency(text: str) -> str:
@@ -816,10 +834,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gpuyard jobs: {exc}", file=sys.stderr)
         return 2
-    asked: dict[str, JobState] = {"PENDING": "queued", "REQUEUED": "queued", "RUNNING": "running",
-                                  "COMPLETED": "completed", "FAILED": "failed",
-                                  "CANCELLED": "cancelled", "TIMEOUT": "timeout"}  # fmt: skip
-    internal = sorted({asked[s] for s in states if s in asked})
+    internal = sorted({SCHEDULER_STATES[s] for s in states if s in SCHEDULER_STATES})
 
     async def body(bus: Bus) -> int:
         now = time.time()
@@ -845,7 +860,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             print(msgspec.json.encode({"jobs": rows, "total": len(rows)}).decode())
         else:
             print(format_jobs(rows, now))
-        missing = [j for j in args.job_ids if j not in {r["job_id"] for r in rows}]
+        shown = {r["job_id"] for r in rows} | {
+            array["array_id"] for r in rows if (array := r.get("spec", {}).get("array"))
+        }  # (an array's id stands for its tasks)
+        missing = [j for j in args.job_ids if j not in shown]
         if missing and not states and not args.user:
             print(f"gpuyard jobs: no such job: {', '.join(missing)}", file=sys.stderr)
             return 1

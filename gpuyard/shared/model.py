@@ -47,6 +47,50 @@ def parse_dependency(text: str) -> list[tuple[DependencyKind, list[str]]]:
     return found
 
 
+ARRAY_MAX_TASKS = 100_000
+
+
+def parse_array(text: str) -> tuple[list[int], int | None]:
+    """Slurm's `--array`: `0-99`, `1,3,5-9`, `0-15:4` (a step), each with `%N` (at most N tasks
+    at once) -> (the task ids, in order, once each; N or None). ValueError in one line."""
+    spec, _, limit_text = text.partition("%")
+    limit: int | None = None
+    if limit_text:
+        if not limit_text.isdigit() or int(limit_text) < 1:
+            raise ValueError(f"array {text!r}: %{limit_text}: at most N tasks at once, N >= 1")
+        limit = int(limit_text)
+    tasks: dict[int, None] = {}
+    for part in spec.split(","):
+        bounds, _, step_text = part.strip().partition(":")
+        low_text, dash, high_text = bounds.partition("-")
+        try:
+            low, high = int(low_text), int(high_text) if dash else int(low_text)
+            step = int(step_text) if step_text else 1
+        except ValueError:
+            raise ValueError(
+                f"array {text!r}: {part.strip()!r} is not N, N-M or N-M:STEP"
+            ) from None
+        if low < 0 or high < low or step < 1:
+            raise ValueError(f"array {text!r}: {part.strip()!r}: need 0 <= N <= M and STEP >= 1")
+        tasks |= dict.fromkeys(range(low, high + 1, step))
+        if len(tasks) > ARRAY_MAX_TASKS:
+            raise ValueError(f"array {text!r}: more than {ARRAY_MAX_TASKS:,} tasks")
+    return list(tasks), limit
+
+
+class ArrayTask(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A job's place in a job array (`gpuyard submit --array`): its task id among `count` tasks
+    (from `low` to `high`); at most `limit` of them wait or run at once. `array_id` is the id the
+    array's tasks share (admission gives it: the tasks are `<array_id>_<task>`)."""
+
+    task: Annotated[int, Meta(ge=0)]
+    count: Annotated[int, Meta(ge=1, le=ARRAY_MAX_TASKS)]
+    low: Annotated[int, Meta(ge=0)]
+    high: Annotated[int, Meta(ge=0)]
+    limit: Annotated[int, Meta(ge=1)] | None = None
+    array_id: str = ""
+
+
 GpuCount = Annotated[int, Meta(ge=1, le=1_000_000)]
 Seconds = Annotated[float, Meta(ge=0)]
 
@@ -100,6 +144,8 @@ class JobSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     """Jobs this one waits for, as Slurm's `--dependency` (`parse_dependency`): e.g.
     `afterok:j3:j4,singleton`. It waits with reason `Dependency`; one that can no longer hold (a
     job it needs completed failed) cancels it (`DependencyNeverSatisfied`)."""
+    array: ArrayTask | None = None
+    """Its place in a job array (`gpuyard submit --array 0-99%10`): one job per task."""
     outcome: Literal["failed", "cancelled"] | None = None
     """How the job ends once its work is done, when a trace recorded that it did not complete
     (a replayed Helios or Acme job that FAILED after an hour fails after an hour); None: it
@@ -201,6 +247,9 @@ class JobRecord(Struct, kw_only=True):
     """Steps per second of the current run (measured, or from the throughput model)."""
     reason: str = ""
     """Why it waits or ended (the last preemption's, exit's or cancellation's reason)."""
+    exit_code: int | None = None
+    """The exit status of the run that ended it (its first failed part's); None: it ended
+    without one (cancelled, or never ran)."""
     cancelling: str = ""
     """A running job cancelled on node agents: why, until every node in `nodes` said its part
     stopped (or was declared lost: it fenced itself). It shows as running until then."""

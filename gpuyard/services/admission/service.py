@@ -305,6 +305,7 @@ class Admission(Service):
         if req.times and len(req.times) != len(req.jobs):
             raise BadRequest("times: one per job, or none", field="$.times")
         arrived: dict[str, float] = {}  # (batched arrivals: the time of each)
+        array_id = ""  # the id this request's array tasks share (`<array_id>_<task>` each)
         for i, spec in enumerate(req.jobs):
             if spec.job_id is not None and spec.job_id in held_ids:
                 continue  # durable: a retried submit whose first attempt held this job
@@ -314,6 +315,12 @@ class Admission(Service):
                 if req.times
                 else now
             )
+            if spec.array is not None and spec.job_id is None:
+                array_id = array_id or self._new_id()
+                array = msgspec.structs.replace(spec.array, array_id=array_id)
+                spec = msgspec.structs.replace(
+                    spec, array=array, job_id=f"{array_id}_{spec.array.task}"
+                )
             spec = msgspec.structs.replace(
                 spec,
                 job_id=spec.job_id or self._new_id(),

@@ -157,6 +157,15 @@ def process_envs(
         }
         if gpu_type:
             env["GPUYARD_GPU_TYPE"] = gpu_type
+        if (array := spec.array) is not None:  # (and Slurm's names, for scripts written for it)
+            for prefix in ("GPUYARD", "SLURM"):
+                env |= {
+                    f"{prefix}_ARRAY_JOB_ID": array.array_id,
+                    f"{prefix}_ARRAY_TASK_ID": str(array.task),
+                    f"{prefix}_ARRAY_TASK_COUNT": str(array.count),
+                    f"{prefix}_ARRAY_TASK_MIN": str(array.low),
+                    f"{prefix}_ARRAY_TASK_MAX": str(array.high),
+                }
         envs.append(env)
     return envs
 

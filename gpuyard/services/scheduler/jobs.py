@@ -17,6 +17,7 @@ from gpuyard.shared.model import JobRecord, JobSpec, JobState
 from gpuyard.shared.policy import JobView, ViewContext
 from gpuyard.shared.throughput import LinearModel
 
+from .arrays import TASK_LIMIT, ArrayLimits
 from .dependencies import NEVER_SATISFIED, WAITING, Dependencies
 
 Hold = Literal["", "user", "admin"]
@@ -41,6 +42,8 @@ class JobTable:
         (not active: no decision includes them, so placement stops them; they show as running)."""
         self.held: dict[str, JobRecord] = {}
         """Waiting jobs held (`JobRecord.hold`): not active, so no decision starts them."""
+        self.arrays = ArrayLimits()
+        """Array tasks waiting for room in their array (`arrays.waiting`: not active)."""
         self.deps = Dependencies()
         """Waiting jobs whose dependencies do not hold yet (`deps.blocked`: not active either)."""
         self.resolved: list[tuple[JobRecord, float]] = []
@@ -88,6 +91,9 @@ class JobTable:
         self.admitted += 1
         self._touch(record)
         if spec.depends_on and not self._judged(record, now):
+            return record
+        if not self.arrays.admits(record, self._active):
+            record.reason = TASK_LIMIT
             return record
         self.active[record.job_id] = record
         self.views[record.job_id] = JobView.of(record, self.context)
@@ -159,10 +165,12 @@ class JobTable:
             self._moved(record)
         self.held.pop(record.job_id, None)
         self.deps.unblock(record.job_id)
+        self.arrays.leave(record.job_id)
         self.finished += 1
         self.ended.append(record)
         self._touch(record)
         self._others_judged(record.job_id, now)
+        self._next_tasks(record)
         return True
 
     def cancel_running(self, record: JobRecord, now: float, reason: str, nodes: list[str]) -> None:
@@ -211,6 +219,7 @@ class JobTable:
         self.finished += 1
         self.ended.append(record)
         self._others_judged(record.job_id, now)
+        self._next_tasks(record)
         return True
 
     def hold(self, record: JobRecord, by: Hold) -> None:
@@ -224,6 +233,7 @@ class JobTable:
             self.held[record.job_id] = record
             self.changed = True
             self._moved(record)
+            self._next_tasks(record)
         self._touch(record)
 
     def release(self, record: JobRecord) -> None:
@@ -234,7 +244,7 @@ class JobTable:
         if self.held.pop(record.job_id, None) is not None:
             self._wait(record)
         else:
-            record.reason = WAITING
+            record.reason = WAITING if record.job_id in self.deps.blocked else TASK_LIMIT
         self._touch(record)
 
     # ------------------------------------------------------------------ dependencies
@@ -281,7 +291,20 @@ class JobTable:
         yield from self.active.values()
         yield from self.held.values()
         yield from self.deps.blocked.values()
+        yield from self.arrays.records()
         yield from self.stopping.values()
+
+    def _active(self, job_id: str) -> bool:
+        """Active, or running until its node agents say it stopped (an array task counts)."""
+        return job_id in self.active or job_id in self.stopping
+
+    def _next_tasks(self, record: JobRecord) -> None:
+        """An array task left the active jobs: the tasks of its array waiting for room come in."""
+        if record.spec.array is not None:
+            for task in self.arrays.next_in(record, self._active):
+                task.reason = ""
+                self._wait(task)
+                self._touch(task)
 
     def _wait(self, record: JobRecord) -> None:
         """A queued job joins the active jobs (held, if it is): in admission order, as the
@@ -289,6 +312,9 @@ class JobTable:
         if record.hold:
             record.reason = HELD_REASONS[record.hold]
             self.held[record.job_id] = record
+            return
+        if not self.arrays.admits(record, self._active):
+            record.reason = TASK_LIMIT
             return
         late = bool(self.active) and next(reversed(self.active.values())).seq > record.seq
         self.active[record.job_id] = record
@@ -344,8 +370,8 @@ class JobTable:
             if record.cancelling or record.requeueing:
                 self.stopping[record.job_id] = record
                 continue
-            if record.state == "queued" and record.spec.depends_on:
-                waiting.append(record)  # (judged once every record is back)
+            if record.state == "queued" and (record.spec.depends_on or record.spec.array):
+                waiting.append(record)  # (judged, or counted in its array, once all are back)
                 continue
             if record.state == "queued" and record.hold:
                 self.held[record.job_id] = record
@@ -360,13 +386,16 @@ class JobTable:
                 self.running += 1
                 self._busy(record, 1)
         self.ended.sort(key=lambda r: (r.end_time or 0.0, r.seq))
+        for record in [*self.active.values(), *self.stopping.values()]:
+            self.arrays.counted(record)
         for record in waiting:  # (sorted into admission order once, below)
-            if self._judged(record, record.admit_time):
-                if record.hold:
-                    self.held[record.job_id] = record
-                else:
-                    self.active[record.job_id] = record
-                    self.views[record.job_id] = JobView.of(record, self.context)
+            if record.spec.depends_on and not self._judged(record, record.admit_time):
+                continue
+            if record.hold:
+                self.held[record.job_id] = record
+            elif self.arrays.admits(record, self._active):
+                self.active[record.job_id] = record
+                self.views[record.job_id] = JobView.of(record, self.context)
         if waiting:
             self.active = dict(sorted(self.active.items(), key=lambda kv: kv[1].seq))
             self.views = {job_id: self.views[job_id] for job_id in self.active}

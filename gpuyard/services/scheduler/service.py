@@ -567,7 +567,8 @@ class Scheduler(Service):
         elif ex.status == "timeout":
             state = "timeout"
             reason = f"time limit of {slurm_duration(record.spec.time_limit_s or 0.0)} reached"
-        self.table.end(record, now, state, reason, steps)
+        if self.table.end(record, now, state, reason, steps):
+            record.exit_code = ex.exit_code
         self.released.append(record.job_id)
         self.dirty = self.dirty or self.policy.needs.decide_on_exit or self.table.queued > 0
 
@@ -732,14 +733,20 @@ class Scheduler(Service):
         """Jobs by id and/or state, in admission order; with the caller's time, when a job
         admitted then would first be decided on."""
         if req.job_ids:
-            found = [r for j in req.job_ids if (r := self.table.get(j)) is not None]
+            table = self.table
+            found = [r for j in req.job_ids if (r := table.get(j)) is not None]
+            if arrays := set(req.job_ids) - table.jobs.keys():  # (an array's id: its tasks)
+                found += [r for r in table.jobs.values() if r.spec.array is not None
+                          and r.spec.array.array_id in arrays]  # fmt: skip
         elif req.states and set(req.states) <= {"queued", "running"}:
             found = list(self.table.active.values())  # admission asks this often: no full scan
-            # (held and blocked: waiting too; stopping: running until their nodes say they stopped)
+            # (held, blocked and array tasks over their limit: waiting too; stopping: running
+            # until their nodes say they stopped)
             table = self.table
             if others := [
                 *table.held.values(),
                 *table.deps.blocked.values(),
+                *table.arrays.records(),
                 *table.stopping.values(),
             ]:
                 found = sorted([*found, *others], key=lambda r: r.seq)
@@ -763,7 +770,7 @@ class Scheduler(Service):
         now = req.now if req.now is not None else time.time()
         cancelled: list[str] = []
         refused: dict[str, str] = {}
-        for job_id in req.job_ids or self._chosen(req, caller):
+        for job_id in self._tasks(req.job_ids) or self._chosen(req, caller):
             record = self.table.get(job_id)
             if record is None:
                 refused[job_id] = "no such job"
@@ -794,6 +801,18 @@ class Scheduler(Service):
             await self.emit("job.cancelled", now, job_id, reason=why)
         self._poke()
         return CancelReply(cancelled=cancelled, refused=refused)
+
+    def _tasks(self, job_ids: list[str]) -> list[str]:
+        """The jobs named, an array's id standing for its tasks that have not ended."""
+        table = self.table
+        found: list[str] = []
+        for job_id in job_ids:
+            tasks = [] if job_id in table.jobs else [
+                r.job_id for r in sorted(table.not_ended(), key=lambda r: r.seq)
+                if r.spec.array is not None and r.spec.array.array_id == job_id
+            ]  # fmt: skip
+            found += tasks or [job_id]
+        return found
 
     def _chosen(self, req: CancelRequest, caller: Caller) -> list[str]:
         """The jobs not ended that `req`'s filters choose (a user's: their own, whatever
@@ -829,7 +848,7 @@ class Scheduler(Service):
         by: Hold = "user" if caller.role == "user" else "admin"
         done: list[str] = []
         refused: dict[str, str] = {}
-        for job_id in req.job_ids:
+        for job_id in self._tasks(req.job_ids):
             record = self.table.get(job_id)
             why = "no such job" if record is None else may_change(record, caller)
             if record is None or why is not None:
@@ -866,7 +885,7 @@ class Scheduler(Service):
         by: Hold = ("user" if caller.role == "user" else "admin") if req.hold else ""
         done: list[str] = []
         refused: dict[str, str] = {}
-        for job_id in req.job_ids:
+        for job_id in self._tasks(req.job_ids):
             record = self.table.get(job_id)
             why = "no such job" if record is None else may_change(record, caller)
             if record is None or why is not None:
