@@ -251,3 +251,21 @@ async def test_an_array_runs_a_job_per_index_at_most_its_limit_at_once(
         await views.until_row(f"{second}_{i}", "CANCELLED")
     code, out, err = await views.gpuyard("user.alice", "submit", "--array", "3-1", "--", "true")
     assert code == 2 and not said(out) and "array '3-1'" in err and len(err.splitlines()) == 1
+
+
+async def test_a_waiting_job_says_whether_gpus_or_the_jobs_ahead_of_it_hold_it(
+    views: Views,  # noqa: F811 (the fixture imported)
+) -> None:
+    """One of the two GPUs busy: a 2-GPU job waits for `Resources`; a 1-GPU job behind it waits
+    though a GPU is free: FIFO starts the 2-GPU job first (`Priority`, as Slurm says)."""
+    first = await views.submit("user.alice", *counter(100000))
+    await views.until_row(first, "RUNNING")
+    wide = await views.submit("user.alice", "--gpus", "2", *counter(5))
+    narrow = await views.submit("user.bob", *counter(5))
+    rows = await views.rows()
+    assert (rows[wide]["state_reason"], rows[narrow]["state_reason"]) == ("Resources", "Priority")
+    code, out, _ = await views.gpuyard("user.bob", "jobs", "--state", "pending")
+    assert any(line.startswith(narrow) and line.rstrip().endswith("Priority") for line in said(out))
+    code, _, err = await views.gpuyard("user.alice", "cancel", first)
+    assert code == 0, err
+    await views.until_row(narrow, "COMPLETED")

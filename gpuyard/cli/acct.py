@@ -316,7 +316,7 @@ def cmd_acct(args: argparse.Namespace) -> int:
 
     async def body(bus: Bus) -> int:
         now = time.time()
-        query = JobQuery(job_ids=args.job_ids, states=internal, limit=10_000)
+        query = JobQuery(job_ids=args.job_ids, states=internal, limit=10_000, reasons=True)
         records = await all_records(bus, query)
         # Only the records that ran need the node list (finished ones say no GPU type).
         types = (

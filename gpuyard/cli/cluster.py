@@ -838,7 +838,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
     async def body(bus: Bus) -> int:
         now = time.time()
-        query = JobQuery(job_ids=args.job_ids, states=internal, limit=10_000)
+        query = JobQuery(job_ids=args.job_ids, states=internal, limit=10_000, reasons=True)
         records = await all_records(bus, query) if internal or not states else []
         rows = [job_row(r, now) for r in records]
         if not states or {"PENDING", "REJECTED"} & states:

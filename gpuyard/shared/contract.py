@@ -314,6 +314,10 @@ class JobQuery(Struct, kw_only=True, forbid_unknown_fields=True):
     limit: int = 2000
     now: float | None = None
     """The caller's time, for `JobsPage.next_decision` (admission's deadline plans start then)."""
+    reasons: bool = False
+    """Give each waiting job that never started the reason that holds it now: `Resources` (not
+    enough GPUs of a type it can use are free) or `Priority` (they are: the policy starts others
+    first, or has not decided since it came), as a person reads it; the stored one otherwise."""
 
 
 class CancelRequest(Struct, kw_only=True, forbid_unknown_fields=True):

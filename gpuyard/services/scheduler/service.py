@@ -755,13 +755,25 @@ class Scheduler(Service):
         if req.states:
             states = set(req.states)
             found = [r for r in found if r.state in states]
-        page = JobsPage(
-            jobs=shown_to(caller, found[req.offset : req.offset + req.limit]), total=len(found)
-        )
+        shown = found[req.offset : req.offset + req.limit]
+        if req.reasons:
+            shown = [self._with_reason(r) for r in shown]
+        page = JobsPage(jobs=shown_to(caller, shown), total=len(found))
         own_clock = self.config.mode == "clock" or self.policy.mechanism == "time_shares"
         if req.now is not None and not own_clock:
             page.next_decision = self.cadence.decides(req.now, self.last_round)
         return page
+
+    def _with_reason(self, record: JobRecord) -> JobRecord:
+        """A waiting job that never started, with the reason that holds it now (`JobQuery.
+        reasons`): GPUs enough of a type it can use are free (`Priority`), or not (`Resources`)."""
+        if record.state != "queued" or record.reason or record.attempt or self.cluster is None:
+            return record
+        spec, capacity, busy = record.spec, self.cluster.capacity, self.table.busy_by_type
+        types = [spec.gpu_type] if spec.gpu_type != ANY_GPU else list(capacity)
+        free = max((capacity.get(t, 0) - busy.get(t, 0) for t in types), default=0)
+        need = spec.gpu_range[0]
+        return msgspec.structs.replace(record, reason="Priority" if free >= need else "Resources")
 
     async def cancel(self, req: CancelRequest, caller: Caller = ANONYMOUS) -> CancelReply:
         """End jobs for good: those named, or those the filters choose. A running one is left
