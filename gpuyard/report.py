@@ -182,7 +182,51 @@ def summarize(
         ),
         "jct_jain_fairness": jain,
         **({"measured_jobs": len(timed)} if measured is not None else {}),
+        **by_user(jobs),
     }
+
+
+def by_user(jobs: Table) -> dict[str, Any]:
+    """With jobs of two users or more: each user's figures (`users`: jobs, completed, mean JCT
+    and queueing delay of the completed, GPU-hours and their share of all) and how evenly the
+    users fared (`users_jain_slowdown`: Jain's index of the users' mean slowdown, 1 when every
+    user's jobs waited alike in proportion to their length, whatever each asked for). Grouped
+    once (a million jobs of a thousand users: one pass)."""
+    user = np.asarray(jobs["user"], dtype=object)
+    named = np.fromiter((bool(u) for u in user), bool, len(user))
+    names, index = np.unique(user[named].astype(str), return_inverse=True)
+    if len(names) < 2:
+        return {}
+    n = len(names)
+    mine = jobs.where(named)
+    done = mine["state"] == "completed"
+
+    def per_user(values: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        m = np.ones(len(index), bool) if mask is None else mask
+        return np.bincount(index[m], weights=np.asarray(values, float)[m], minlength=n)
+
+    counts, completed = np.bincount(index, minlength=n), per_user(np.ones(len(index)), done)
+    gpu_s = per_user(np.nan_to_num(mine["gpu_seconds"]))
+    total_gpu_s = float(gpu_s.sum())
+
+    def mean(column: str) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return per_user(mine[column], done) / completed
+
+    jct, wait, slowdown = mean("jct"), mean("queueing_delay"), mean("slowdown")
+    users = {
+        str(name): {
+            "jobs": int(counts[i]), "completed": int(completed[i]),
+            "mean_jct": float(jct[i]) if completed[i] else None,
+            "mean_queueing_delay": float(wait[i]) if completed[i] else None,
+            "gpu_hours": float(gpu_s[i]) / 3600,
+            "gpu_share": float(gpu_s[i]) / total_gpu_s if total_gpu_s > 0 else None,
+        }
+        for i, name in enumerate(names)
+    }  # fmt: skip
+    fared = slowdown[completed > 0]
+    jain = float(fared.sum() ** 2 / (len(fared) * (fared**2).sum())) if len(fared) else None
+    return {"users": users, "users_jain_slowdown": jain}
 
 
 THRASHING = 0.5
@@ -574,6 +618,11 @@ def format_summary(summary: dict[str, Any]) -> str:
         )
     if summary.get("jct_jain_fairness") is not None:
         lines.append(f"fairness     Jain's index of JCT {summary['jct_jain_fairness']:.3f}")
+    if summary.get("users_jain_slowdown") is not None:
+        lines.append(
+            f"users        {len(summary['users'])}: Jain's index of their mean slowdown "
+            f"{summary['users_jain_slowdown']:.3f}"
+        )
     if "simulated_s" in summary and "wall_s" in summary:
         lines.append(
             f"time         {_hours(summary['simulated_s'])} simulated in "

@@ -116,6 +116,11 @@ def add_workload_args(
         "deadline (0 to 1; default 0)",
     )
     g.add_argument(
+        "--users", type=positive_int,
+        help="generators: spread the jobs over N users (user0, user1, ...), at random; the "
+        "summary then adds each user's figures and how fairly they were treated",
+    )  # fmt: skip
+    g.add_argument(
         "--multi-gpu",
         action="store_true",
         help="gavel generator: scale factors 1/2/4/8; Philly traces read Blox's way: the GPUs "
@@ -349,6 +354,7 @@ def run_spec(
         deadline_factor=option("deadline_factor"),
         best_effort_share=option("best_effort_share"),
         multi_gpu=option("multi_gpu", False),
+        users=option("users"),
         trace=text("trace"),
         trace_format=option("trace_format"),
         skip_bad=option("skip_bad", False),

@@ -32,7 +32,9 @@ GENERATOR_DEFAULTS: dict[str, Any] = {"jobs": 400, "load": 20.0, "seed": 0}
 DEFAULT_DEMAND = {1: 0.7, 2: 0.1, 4: 0.15, 8: 0.05}
 ELASTICFLOW_OPTIONS = ("--deadline-factor", "--best-effort-share")
 """Options of the elasticflow generator alone."""
-GENERATOR_OPTIONS = ("--generator", "--jobs", "--load", "--gpu-demand", *ELASTICFLOW_OPTIONS)
+GENERATOR_OPTIONS = (
+    "--generator", "--jobs", "--load", "--gpu-demand", "--users", *ELASTICFLOW_OPTIONS,
+)  # fmt: skip
 """Options a --trace refuses (`--seed` is not among them: it also seeds the policies)."""
 TRACE_OPTIONS = ("--trace-format", "--skip-bad", "--philly-reading", "--cpu-jobs")
 
@@ -175,6 +177,17 @@ def _parsed(option: str, parse: Callable[[str], T], text: str | None) -> T | Non
 
 def make_workload(spec: RunSpec, throughputs: Any = None) -> tuple[Any, dict[str, Any]]:
     """The workload `spec` describes, and what it is (for options.json and plot captions)."""
+    workload, info = _made_workload(spec, throughputs)
+    if spec.users is not None:
+        from gpuyard.workloads.generators import spread_over_users
+
+        seed = spec.seed if spec.seed is not None else GENERATOR_DEFAULTS["seed"]
+        workload.jobs = spread_over_users(workload.jobs, spec.users, seed)
+        info["users"] = spec.users
+    return workload, info
+
+
+def _made_workload(spec: RunSpec, throughputs: Any = None) -> tuple[Any, dict[str, Any]]:
     from gpuyard.workloads import blox, elasticflow, gavel
     from gpuyard.workloads.calibrated import CLUSTERS, calibrated
     from gpuyard.workloads.generators import ELASTICFLOW_DEADLINE_FACTOR

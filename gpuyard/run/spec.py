@@ -64,6 +64,9 @@ class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     """The elasticflow generator's share of best-effort jobs, without a deadline
     (`--best-effort-share`; default 0)."""
     multi_gpu: bool = False
+    users: PositiveInt | None = None
+    """Generators: the jobs spread over this many users, `user0`, `user1`, ..., each job's drawn
+    uniformly at random (`--users`; seeded, apart from the generator's own draws)."""
     trace: str | None = None
     trace_format: str | None = None
     skip_bad: bool = False

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from gpuyard.shared.model import JobSpec
@@ -314,3 +315,15 @@ def poisson_arrivals(
         source=f"poisson_arrivals(n_jobs={n_jobs}, jobs_per_hour={jobs_per_hour}, seed={seed})",
         format="gpuyard",
     )
+
+
+def spread_over_users(jobs: list[JobSpec], users: int, seed: int) -> list[JobSpec]:
+    """The jobs, each given one of `users` users (`user0`, ...) uniformly at random: a stream
+    of its own, so the generator's draws, and so the jobs, stay those of `seed`."""
+    rng = np.random.default_rng([seed, USERS_STREAM])
+    drawn = rng.integers(users, size=len(jobs))
+    return [msgspec.structs.replace(j, user=f"user{u}") for j, u in zip(jobs, drawn, strict=True)]
+
+
+USERS_STREAM = 0x75736572
+"""The seed sequence's second word for `spread_over_users` ("user")."""
