@@ -225,3 +225,22 @@ async def test_placement_counts_and_keeps_a_drain_across_its_restart(nats_url: s
         ]  # fmt: skip
     finally:
         await bus.close()
+
+
+def test_a_draining_node_that_is_down_says_both() -> None:
+    import time as clock
+
+    from gpuyard.cli.cluster import format_nodes
+    from gpuyard.shared.contract import ClusterInfo, HeartbeatsPage
+
+    now = clock.time()
+    info = ClusterInfo(
+        nodes=[], capacity={}, busy={}, down={"n1": now - 100, "n2": now - 5},
+        draining={"n1": "disk swap"},
+    )  # fmt: skip
+    rows = {
+        line.split()[0]: line
+        for line in format_nodes(info, HeartbeatsPage(beats=[], received={}), now).splitlines()
+    }
+    assert " DOWN+DRAIN (disk swap) since " in rows["n1"] and "(1:40 ago)" in rows["n1"]
+    assert " DOWN since " in rows["n2"]

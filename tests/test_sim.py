@@ -581,3 +581,24 @@ async def test_dependencies_make_pipelines_and_cancel_what_can_never_run(
         table.loc["g", "state"] == "cancelled"
         and table.loc["g", "reason"] == "DependencyNeverSatisfied"
     )
+
+
+async def test_a_default_time_limit_stops_jobs_without_one_and_a_maximum_declines_more(
+    tmp_path: Path, nats_url: str
+) -> None:
+    """Default 50 s, maximum 60 s (Slurm's DefaultTime, MaxTime): `long` (100 s of work, no limit)
+    ends TIMEOUT at 50; `asks` (limit 70 s) is declined at submission; `fits` (limit 60) runs."""
+    jobs = [job("long", 1, 100.0, 0.0), job("asks", 1, 10.0, 0.0, time_limit_s=70.0),
+            job("fits", 1, 30.0, 0.0, time_limit_s=60.0)]  # fmt: skip
+    options = SimOptions(
+        cluster=ClusterSpec.parse("1x2"), default_time_limit_s=50.0, max_time_limit_s=60.0
+    )
+    result = await simulate(options, jobs, tmp_path, nats_url=nats_url)
+    by_id = {r.job_id: r for r in result.jobs}
+    assert (by_id["long"].state, by_id["long"].end_time) == ("timeout", 50.0)
+    assert by_id["fits"].state == "completed" and "asks" not in by_id
+    table = pd.read_csv(tmp_path / "jobs.csv", dtype={"job_id": str}).set_index("job_id")
+    assert table.loc["asks", "admission"] == "declined"
+    assert (
+        table.loc["asks", "reason"] == "time limit of 1:10 is over this cluster's maximum of 1:00"
+    )

@@ -36,6 +36,7 @@ from gpuyard.cli.options import (
     reopen_bus,
     run_command,
     run_on_bus,
+    time_limit,
 )
 from gpuyard.jobview import (
     JOB_STATES,
@@ -64,7 +65,7 @@ from gpuyard.shared.contract import (
     LogsRequest,
     RequeueRequest,
 )
-from gpuyard.shared.durations import parse_time_limit, slurm_duration
+from gpuyard.shared.durations import slurm_duration
 from gpuyard.shared.endpoints import (
     CANCEL,
     CLUSTER,
@@ -173,6 +174,16 @@ def add_cluster_parsers(sub: Subcommands) -> None:
         "--min-run-s", type=non_negative_float, default=0.0,
         help="preemption guard: a started or resumed job runs at least this long before a "
         "decision may stop it (default 0: off)",
+    )  # fmt: skip
+    p.add_argument(
+        "--default-time-limit", type=time_limit, metavar="TIME",
+        help="the time limit of a job submitted without one (Slurm's DefaultTime; default: "
+        "--max-time-limit)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-time-limit", type=time_limit, metavar="TIME",
+        help="the longest time limit a job may ask for: more is rejected at submission (Slurm's "
+        "MaxTime; default: none)",
     )  # fmt: skip
     p.add_argument(
         "--no-durable", dest="durable", action="store_false",
@@ -356,6 +367,7 @@ def control_plane_configs(
     placement_params: dict[str, Any] | None = None, admission_params: dict[str, Any] | None = None,
     throughputs: str = "default", mode: Literal["rounds", "events", "slots"] = "events",
     min_resolve_s: float = 1920.0, new_jobs_wait: bool = True,
+    default_time_limit_s: float | None = None, max_time_limit_s: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The services of a real cluster's control plane: the scheduler ticks on the wall clock.
 
@@ -401,6 +413,8 @@ def control_plane_configs(
             retry_for_s=RETRY_FOR_S,
             require_command=True,
             reconsider_on_events=True,
+            default_time_limit_s=default_time_limit_s,
+            max_time_limit_s=max_time_limit_s,
         ),
     }
 
@@ -448,7 +462,9 @@ def control_plane_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return control_plane_configs(
         round_s=args.round, heartbeat_timeout_s=args.heartbeat_timeout, durable=args.durable,
         min_run_s=args.min_run_s, throughputs=args.throughputs,
-        min_resolve_s=args.min_resolve_s, new_jobs_wait=not args.new_jobs_run, **chosen,
+        min_resolve_s=args.min_resolve_s, new_jobs_wait=not args.new_jobs_run,
+        default_time_limit_s=args.default_time_limit, max_time_limit_s=args.max_time_limit,
+        **chosen,
     )  # fmt: skip
 
 
@@ -761,14 +777,6 @@ def dependency(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
-
-
-def time_limit(text: str) -> float:
-    """`--time-limit`'s value, in seconds (a usage error names the forms)."""
-    try:
-        return parse_time_limit(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -1087,6 +1095,8 @@ def format_nodes(info: ClusterInfo, beats: HeartbeatsPage, now: float) -> str:
         )  # fmt: skip
     for node_id, since in sorted(info.down.items()):
         down = f"DOWN since {clock(since, now)} ({slurm_duration(max(now - since, 0.0))} ago)"
+        if node_id in info.draining:  # (Slurm's down+drain: it stays drained when it returns)
+            down = f"DOWN+DRAIN ({info.draining[node_id]}) since {down.removeprefix('DOWN since ')}"
         rows.append((node_id, down, "-", "-", "-", "-", heartbeat(node_id), "-", "-", "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(

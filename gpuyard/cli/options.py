@@ -38,6 +38,7 @@ from gpuyard.shared.connection import (
     redact,
     resolve_connection,
 )
+from gpuyard.shared.durations import parse_time_limit
 from gpuyard.shared.endpoints import Subjects
 from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.policy import PolicyError
@@ -457,3 +458,11 @@ def run_on_bus(
             await bus.close()
 
     return run_command(command, main())
+
+
+def time_limit(text: str) -> float:
+    """`--time-limit`'s value, in seconds (a usage error names the forms)."""
+    try:
+        return parse_time_limit(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -26,6 +26,7 @@ from gpuyard.cli.options import (
     number_list,
     positive_float,
     positive_int,
+    time_limit,
     window_text,
 )
 from gpuyard.run.build import GENERATOR_DEFAULTS
@@ -231,6 +232,16 @@ def add_sim_parser(sub: Subcommands) -> None:
         help="preemption guard: a started or resumed job runs at least this long before a "
         "decision may stop it (s; default 0: off)",
     )
+    p.add_argument(
+        "--default-time-limit", type=time_limit, metavar="TIME",
+        help="the time limit of a job without one (Slurm's DefaultTime; default: "
+        "--max-time-limit)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-time-limit", type=time_limit, metavar="TIME",
+        help="the longest time limit a job may ask for: admission declines more (Slurm's "
+        "MaxTime; default: none)",
+    )  # fmt: skip
     presets = p.add_mutually_exclusive_group()
     for preset in PRESETS.values():
         presets.add_argument(f"--{preset.name}", action="store_true", help=preset.help)
@@ -368,6 +379,8 @@ def run_spec(
         checkpoint_s=option("checkpoint_s", 0.0),
         restore_s=option("restore_s", 0.0),
         min_run_s=option("min_run_s", 0.0),
+        default_time_limit_s=option("default_time_limit"),
+        max_time_limit_s=option("max_time_limit"),
     )
 
 

@@ -103,6 +103,8 @@ def sim_options(spec: RunSpec, external: frozenset[str] = frozenset()) -> Any:
         churn_node_gpus=spec.churn_node_gpus,
         preemption_cost=PreemptionCost(checkpoint_s=spec.checkpoint_s, restore_s=spec.restore_s),
         min_run_s=spec.min_run_s,
+        default_time_limit_s=spec.default_time_limit_s,
+        max_time_limit_s=spec.max_time_limit_s,
     )
     options = preset.fill(options, spec)
     if spec.trace is not None and spec.seed is not None:

@@ -95,6 +95,10 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     min_run_s: float = 0.0
     """The preemption guard (`SchedulerConfig.min_run_s`): a started or resumed job runs at
     least this long before a decision may stop it; 0: off."""
+    default_time_limit_s: float | None = None
+    """`AdmissionConfig.default_time_limit_s`: the limit of a job without one."""
+    max_time_limit_s: float | None = None
+    """`AdmissionConfig.max_time_limit_s`: a job asking for more is declined."""
     churn_node_gpus: int = 1
     churn_node_type: str = "gpu"
     event_storage: Literal["file", "memory", "none"] = "file"
@@ -182,6 +186,8 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
             durable=options.durable,
             call_timeout_s=timeout and 2 * timeout,
             retry_for_s=retry,
+            default_time_limit_s=options.default_time_limit_s,
+            max_time_limit_s=options.max_time_limit_s,
         ),
         "simclock": SimClockConfig(
             workload=str(workload_path),

@@ -83,6 +83,10 @@ class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     checkpoint_s: NonNegative = 0.0
     restore_s: NonNegative = 0.0
     min_run_s: NonNegative = 0.0
+    default_time_limit_s: Annotated[float, Meta(gt=0)] | None = None
+    """The time limit of a job without one (`--default-time-limit`; Slurm's DefaultTime)."""
+    max_time_limit_s: Annotated[float, Meta(gt=0)] | None = None
+    """The longest a job may ask for (`--max-time-limit`; Slurm's MaxTime): more is declined."""
 
     @property
     def scheme(self) -> str:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import Struct
+from msgspec import Meta, Struct
 from nats.aio.msg import Msg
 
 from gpuyard.shared.connection import Bus
@@ -24,6 +24,7 @@ from gpuyard.shared.contract import (
     SubmitRequest,
     SubmitResult,
 )
+from gpuyard.shared.durations import slurm_duration
 from gpuyard.shared.endpoints import CLUSTER, ENQUEUE, EVENT, QUERY, SUBMIT, Endpoint
 from gpuyard.shared.errors import BadRequest, error_from_validation
 from gpuyard.shared.identity import ANONYMOUS, Caller
@@ -85,6 +86,12 @@ class AdmissionConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     require_command: bool = False
     """Real clusters: a job must name its command (node agents have nothing to run otherwise);
     one without is rejected at submission rather than failing at launch."""
+    default_time_limit_s: Annotated[float, Meta(gt=0)] | None = None
+    """The time limit of a job submitted without one (Slurm's partition `DefaultTime`; None:
+    `max_time_limit_s`, as there)."""
+    max_time_limit_s: Annotated[float, Meta(gt=0)] | None = None
+    """The longest time limit a job may ask for (Slurm's `MaxTime`): one asking for more is
+    rejected at submission, saying so."""
 
 
 class Submission(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -325,6 +332,7 @@ class Admission(Service):
                 spec,
                 job_id=spec.job_id or self._new_id(),
                 submit_time=spec.submit_time if spec.submit_time is not None else at,
+                time_limit_s=self._time_limit(spec),
             )
             assert spec.job_id is not None
             users[spec.job_id] = spec.user
@@ -412,6 +420,12 @@ class Admission(Service):
             return AdmissionDecision(
                 "reject", "no command: a job on this cluster runs a command (submit -- CMD ...)"
             )
+        most = self.config.max_time_limit_s
+        if most is not None and spec.time_limit_s is not None and spec.time_limit_s > most:
+            return AdmissionDecision(
+                "reject", f"time limit of {slurm_duration(spec.time_limit_s)} is over this "
+                f"cluster's maximum of {slurm_duration(most)}",
+            )  # fmt: skip
         if never is None:
             never = self._never_fits(spec)
         if never:
@@ -465,6 +479,13 @@ class Admission(Service):
 
     async def _refresh_cluster(self) -> None:
         self.cluster = await self._call(CLUSTER, Empty())
+
+    def _time_limit(self, spec: JobSpec) -> float | None:
+        """The job's time limit: its own, else the cluster's default (or its maximum)."""
+        config = self.config
+        if spec.time_limit_s is not None:
+            return spec.time_limit_s
+        return config.default_time_limit_s or config.max_time_limit_s
 
     def _new_id(self) -> str:
         self.counter += 1
