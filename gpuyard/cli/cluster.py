@@ -22,6 +22,7 @@ from gpuyard.cli.options import (
     CommandError,
     Subcommands,
     add_nats_options,
+    add_time_limit_options,
     check_nats_url,
     checked_subjects,
     is_connection_loss,
@@ -175,16 +176,7 @@ def add_cluster_parsers(sub: Subcommands) -> None:
         help="preemption guard: a started or resumed job runs at least this long before a "
         "decision may stop it (default 0: off)",
     )  # fmt: skip
-    p.add_argument(
-        "--default-time-limit", type=time_limit, metavar="TIME",
-        help="the time limit of a job submitted without one (Slurm's DefaultTime; default: "
-        "--max-time-limit)",
-    )  # fmt: skip
-    p.add_argument(
-        "--max-time-limit", type=time_limit, metavar="TIME",
-        help="the longest time limit a job may ask for: more is rejected at submission (Slurm's "
-        "MaxTime; default: none)",
-    )  # fmt: skip
+    add_time_limit_options(p)
     p.add_argument(
         "--no-durable", dest="durable", action="store_false",
         help="keep the services' state in memory only (by default in JetStream key-value buckets)",

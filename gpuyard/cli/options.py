@@ -466,3 +466,18 @@ def time_limit(text: str) -> float:
         return parse_time_limit(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_time_limit_options(p: argparse.ArgumentParser) -> None:
+    """A cluster's (or a simulated one's) default and maximum time limits, as Slurm's partition
+    `DefaultTime` and `MaxTime`."""
+    p.add_argument(
+        "--default-time-limit", type=time_limit, metavar="TIME",
+        help="the time limit of a job submitted without one (Slurm's DefaultTime; default: "
+        "--max-time-limit)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-time-limit", type=time_limit, metavar="TIME",
+        help="the longest time limit a job may ask for: one asking for more is rejected at "
+        "submission (Slurm's MaxTime; default: none)",
+    )  # fmt: skip

@@ -19,6 +19,7 @@ from gpuyard.cli.options import (
     LOG_LEVELS,
     CommandError,
     Subcommands,
+    add_time_limit_options,
     deadline_factor_text,
     demand_text,
     non_negative_float,
@@ -26,7 +27,6 @@ from gpuyard.cli.options import (
     number_list,
     positive_float,
     positive_int,
-    time_limit,
     window_text,
 )
 from gpuyard.run.build import GENERATOR_DEFAULTS
@@ -232,16 +232,7 @@ def add_sim_parser(sub: Subcommands) -> None:
         help="preemption guard: a started or resumed job runs at least this long before a "
         "decision may stop it (s; default 0: off)",
     )
-    p.add_argument(
-        "--default-time-limit", type=time_limit, metavar="TIME",
-        help="the time limit of a job without one (Slurm's DefaultTime; default: "
-        "--max-time-limit)",
-    )  # fmt: skip
-    p.add_argument(
-        "--max-time-limit", type=time_limit, metavar="TIME",
-        help="the longest time limit a job may ask for: admission declines more (Slurm's "
-        "MaxTime; default: none)",
-    )  # fmt: skip
+    add_time_limit_options(p)
     presets = p.add_mutually_exclusive_group()
     for preset in PRESETS.values():
         presets.add_argument(f"--{preset.name}", action="store_true", help=preset.help)

@@ -20,7 +20,7 @@ import dataclasses
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar, cast
 
@@ -782,14 +782,8 @@ class Scheduler(Service):
         now = req.now if req.now is not None else time.time()
         cancelled: list[str] = []
         refused: dict[str, str] = {}
-        for job_id in self._tasks(req.job_ids) or self._chosen(req, caller):
-            record = self.table.get(job_id)
-            if record is None:
-                refused[job_id] = "no such job"
-                continue
-            if (why := may_change(record, caller)) is not None:
-                refused[job_id] = why
-                continue
+        for record in self._changeable(req.job_ids or self._chosen(req, caller), caller, refused):
+            job_id = record.job_id
             why = "cancelled by request" if caller == ANONYMOUS else f"cancelled by {caller}"
             if record.cancelling:  # (asked again: it is being cancelled)
                 cancelled.append(job_id)
@@ -813,6 +807,19 @@ class Scheduler(Service):
             await self.emit("job.cancelled", now, job_id, reason=why)
         self._poke()
         return CancelReply(cancelled=cancelled, refused=refused)
+
+    def _changeable(
+        self, job_ids: list[str], caller: Caller, refused: dict[str, str]
+    ) -> Iterator[JobRecord]:
+        """The jobs named (an array's id: its tasks) that `caller` may change; each other one
+        goes into `refused`, with why, in turn (the replies list them in the order asked)."""
+        for job_id in self._tasks(job_ids):
+            record = self.table.get(job_id)
+            why = "no such job" if record is None else may_change(record, caller)
+            if record is None or why is not None:
+                refused[job_id] = why or "no such job"
+            else:
+                yield record
 
     def _tasks(self, job_ids: list[str]) -> list[str]:
         """The jobs named, an array's id standing for its tasks that have not ended."""
@@ -860,12 +867,8 @@ class Scheduler(Service):
         by: Hold = "user" if caller.role == "user" else "admin"
         done: list[str] = []
         refused: dict[str, str] = {}
-        for job_id in self._tasks(req.job_ids):
-            record = self.table.get(job_id)
-            why = "no such job" if record is None else may_change(record, caller)
-            if record is None or why is not None:
-                refused[job_id] = why or "no such job"
-                continue
+        for record in self._changeable(req.job_ids, caller, refused):
+            job_id = record.job_id
             if req.release:
                 if not record.hold or record.requeueing:
                     refused[job_id] = "it is not held"
@@ -897,12 +900,8 @@ class Scheduler(Service):
         by: Hold = ("user" if caller.role == "user" else "admin") if req.hold else ""
         done: list[str] = []
         refused: dict[str, str] = {}
-        for job_id in self._tasks(req.job_ids):
-            record = self.table.get(job_id)
-            why = "no such job" if record is None else may_change(record, caller)
-            if record is None or why is not None:
-                refused[job_id] = why or "no such job"
-                continue
+        for record in self._changeable(req.job_ids, caller, refused):
+            job_id = record.job_id
             if record.cancelling or record.requeueing:
                 refused[job_id] = "it is already stopping"
                 continue
