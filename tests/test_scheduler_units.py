@@ -106,10 +106,12 @@ def test_dependencies_release_or_cancel_jobs_as_the_jobs_they_name_start_and_end
     assert [r.job_id for r, _ in table.resolved] == ["c", "d", "e"]
     assert list(table.active) == ["d", "e"] and table.finished == 3
     # A later job may name one that ended and left memory (its results handed over).
-    table.forget_ended(3)
+    table.forget_ended(3, remember=True)
     f = table.admit(spec("f", depends_on="afterok:a"), 5.0, total_steps=1.0)
     g = table.admit(spec("g", depends_on="afterok:c"), 5.0, total_steps=1.0)
     assert f.state == "queued" and (g.state, g.reason) == ("cancelled", "DependencyNeverSatisfied")
+    table.forget_ended(5)  # (not remembered: a workload without dependencies keeps nothing)
+    assert set(table.deps.outcomes) == {"a", "b", "c"}
 
 
 def test_a_singleton_waits_for_the_earlier_jobs_of_its_user_and_name_and_a_hold_outlasts_it() -> (

@@ -142,7 +142,9 @@ class SimResult(Struct, kw_only=True):
     stats: list[ServiceStats]
 
 
-def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
+def service_configs(
+    options: SimOptions, workload_path: Path, *, dependencies: bool = False
+) -> dict[str, Any]:
     # Imported here: the configs belong to their services, and only the launcher needs them all.
     from gpuyard.services.admission.service import AdmissionConfig
     from gpuyard.services.placement.service import PlacementConfig
@@ -176,6 +178,7 @@ def service_configs(options: SimOptions, workload_path: Path) -> dict[str, Any]:
                 "call_timeout_s": timeout,
                 "retry_for_s": retry,
                 "hand_over_results": not options.durable,
+                "remember_ended": dependencies,
                 **preset.scheduler_settings(options),
             }
         ),
@@ -211,6 +214,8 @@ class WrittenWorkload(Struct, frozen=True):
 
     path: Path
     jobs: int
+    dependencies: bool = False
+    """Some job depends on others (`JobSpec.depends_on`)."""
 
     def specs(self) -> Iterator[JobSpec]:
         """The jobs, read again one at a time, in the order they were written."""
@@ -220,7 +225,8 @@ class WrittenWorkload(Struct, frozen=True):
 def written_workload(jobs: list[JobSpec], out: Path) -> WrittenWorkload:
     out.mkdir(parents=True, exist_ok=True)
     write_workload(jobs, out / "workload.jsonl")
-    return WrittenWorkload(out / "workload.jsonl", len(jobs))
+    dependencies = any(job.depends_on for job in jobs)
+    return WrittenWorkload(out / "workload.jsonl", len(jobs), dependencies)
 
 
 def prepare_run(
@@ -568,7 +574,7 @@ async def simulate(
     async with contextlib.AsyncExitStack() as stack:
         url = nats_url if nats_url else await stack.enter_async_context(EmbeddedNats(runs=1))
         subjects = Subjects(cluster_name)
-        configs = service_configs(options, written.path)
+        configs = service_configs(options, written.path, dependencies=written.dependencies)
         services = ServiceSet(
             url, cluster_name, {k: v for k, v in configs.items() if k not in external},
             processes=processes, log_file=out / "services.log", log_level=log_level,

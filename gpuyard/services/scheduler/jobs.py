@@ -401,15 +401,17 @@ class JobTable:
             self.views = {job_id: self.views[job_id] for job_id in self.active}
         self.resolved.clear()  # (told of before the restart)
 
-    def forget_ended(self, upto: int) -> None:
-        """The jobs that ended before the `upto`-th leave memory (their results were taken)."""
+    def forget_ended(self, upto: int, *, remember: bool = False) -> None:
+        """The jobs that ended before the `upto`-th leave memory (their results were taken);
+        `remember`: how each ended stays (`deps.outcomes`: a later job may depend on it)."""
         count = min(upto - self.ended_base, len(self.ended))
         if count <= 0:
             return
         outcomes = self.deps.outcomes
         for record in self.ended[:count]:
             del self.jobs[record.job_id]
-            outcomes[record.job_id] = record.state  # (a later job may depend on it)
+            if remember:
+                outcomes[record.job_id] = record.state
         del self.ended[:count]
         self.ended_base += count
 

@@ -162,6 +162,9 @@ class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     """A simulation: the jobs that ended leave memory once the driver took them (`sched.finished`,
     to stream a long replay's results to its files), unless the policy reads finished jobs or
     the scheduler is durable. A real cluster keeps them for `gpuyard jobs`."""
+    remember_ended: bool = False
+    """With `hand_over_results`: keep how each job that left memory ended (its state alone), as a
+    job submitted later may depend on it (a workload with dependencies)."""
     min_round_interval_s: Annotated[float, Meta(ge=0)] = 0.02
     """Wall clock under load: the least time from one round to the next. Arrivals and exits ask
     for a round at once; while requests wait to be handled, those that come within this interval
@@ -713,7 +716,7 @@ class Scheduler(Service):
             and not self.store.durable
         )
         if forgets:
-            table.forget_ended(req.taken)
+            table.forget_ended(req.taken, remember=self.config.remember_ended)
         start = req.taken - table.ended_base
         if start < 0:
             raise BadRequest(
