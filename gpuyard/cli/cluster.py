@@ -132,6 +132,11 @@ def add_cluster_parsers(sub: Subcommands) -> None:
     p.add_argument("--policy", default="fifo", help="scheduling policy (default fifo)")
     p.add_argument("--param", action="append", default=[], help="scheduling policy KEY=VALUE")
     p.add_argument(
+        "--queues", metavar="FILE",
+        help="with --policy kueue: its queues (TOML; `gpuyard policy set scheduler kueue --queues "
+        "FILE` applies a new one at runtime)",
+    )  # fmt: skip
+    p.add_argument(
         "--placement", default=None,
         help=f"placement policy (default {DEFAULT_PLACEMENT}; --elasticflow's scheme's otherwise)",
     )  # fmt: skip
@@ -420,6 +425,12 @@ def control_plane_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
     params = (parse_params(args.param), parse_params(args.admission_param),
               parse_params(args.placement_param))  # fmt: skip
+    if args.queues is not None:
+        from gpuyard.policies.kueue import queue_params
+
+        if args.policy != "kueue":
+            raise ValueError("--queues gives the kueue policy its queues: add --policy kueue")
+        params[0].update(queue_params(args.queues))
     chosen: dict[str, Any] = {
         "policy": args.policy, "policy_params": params[0],
         "admission": args.admission or DEFAULT_ADMISSION, "admission_params": params[1],

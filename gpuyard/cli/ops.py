@@ -119,6 +119,7 @@ def add_policy_parser(sub: Subcommands) -> None:
     s.add_argument("service", choices=CONTROL_PLANE)
     s.add_argument("policy", help="a registered policy name (see `policy show`)")
     s.add_argument("--param", action="append", default=[], help="KEY=VALUE (repeatable)")
+    s.add_argument("--queues", metavar="FILE", help="the kueue policy's queues file")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_policy_set)
 
@@ -149,7 +150,7 @@ async def _policy_show(args: argparse.Namespace, bus: Bus) -> int:
 async def _policy_set(args: argparse.Namespace, bus: Bus) -> int:
     from gpuyard.ops import set_policy
 
-    info = await set_policy(bus, args.service, args.policy, parse_params(args.param))
+    info = await set_policy(bus, args.service, args.policy, args.params)
     if args.json:
         print(json.dumps(msgspec.to_builtins(info)))
     else:
@@ -164,6 +165,17 @@ def cmd_policy_show(args: argparse.Namespace) -> int:
 
 
 def cmd_policy_set(args: argparse.Namespace) -> int:
+    args.params = parse_params(args.param)
+    if args.queues is not None:  # (read and checked here: a mistake never reaches the cluster)
+        from gpuyard.policies.kueue import queue_params
+
+        try:
+            if args.policy != "kueue":
+                raise ValueError("--queues gives the kueue policy its queues")
+            args.params |= queue_params(args.queues)
+        except (OSError, ValueError) as exc:
+            print(f"gpuyard policy set: {exc}", file=sys.stderr)
+            return 2
     return run_on_bus("policy set", args, partial(_policy_set, args))
 
 

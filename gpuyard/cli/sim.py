@@ -177,6 +177,11 @@ def add_sim_parser(sub: Subcommands) -> None:
         help="scheduling policy KEY=VALUE (POLICY.KEY=VALUE for one of several)",
     )
     p.add_argument(
+        "--queues", metavar="FILE",
+        help="the kueue policy's queues (TOML: [[queue]] name, quota, users, cohort, limits; "
+        "docs/simulation.md)",
+    )  # fmt: skip
+    p.add_argument(
         "--parallel",
         type=positive_int,
         default=None,
@@ -303,6 +308,8 @@ def names_list(option: str, text: str) -> list[str]:
 def sim_lists(args: argparse.Namespace) -> tuple[list[str], list[float | None], list[int | None]]:
     """The policies, loads and seeds to run; a trace has no load or seed (None)."""
     policies = names_list("--policy", args.policy)
+    if args.queues is not None and "kueue" not in policies:
+        raise ValueError("--queues gives the kueue policy its queues: add --policy kueue")
     if args.trace is not None:  # a seed then seeds only the policies' random choices
         return policies, [None], args.seed or [None]
     from gpuyard.workloads.calibrated import CLUSTERS
@@ -337,6 +344,7 @@ def run_spec(
     load_list, seed_list = option("load"), option("seed")
     return RunSpec(
         policy=policy,
+        queues=text("queues"),
         policy_params=own_params(policy, text_params(option("param", []))),
         admission=option("admission"),
         admission_params=text_params(option("admission_param", [])),

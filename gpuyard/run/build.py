@@ -86,11 +86,17 @@ def sim_options(spec: RunSpec, external: frozenset[str] = frozenset()) -> Any:
     # A replay of node availability brings its own nodes (BFTrainer's idle nodes): no others.
     cluster_spec = spec.cluster_spec or ("none" if spec.node_events is not None else "32x4")
     cluster = ClusterSpec(groups=[]) if cluster_spec == "none" else load_cluster(cluster_spec)
+    policy = preset.scheduling_name(spec.policy)
+    params: dict[str, Any] = dict(spec.policy_params)
+    if spec.queues is not None and policy == "kueue":
+        from gpuyard.policies.kueue import queue_params
+
+        params |= queue_params(spec.queues)
     options = SimOptions(
         cluster=cluster,
         throughputs=spec.throughputs,
-        policy=preset.scheduling_name(spec.policy),
-        policy_params=dict(spec.policy_params),
+        policy=policy,
+        policy_params=params,
         admission=spec.admission or DEFAULT_ADMISSION,
         admission_params=dict(spec.admission_params),
         placement=spec.placement or DEFAULT_PLACEMENT,

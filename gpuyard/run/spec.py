@@ -33,6 +33,9 @@ class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     """How the run's scheme is called in tables and plots (default: the policy)."""
     policy: str = "fifo"
     policy_params: dict[str, ParamValue] = {}
+    queues: str | None = None
+    """The queues file (`--queues`, Kueue's ClusterQueues and cohorts): the `kueue` policy's
+    parameters."""
     admission: str | None = None
     """Default: `accept-all`, or the preset's (`elasticflow`), as `gpuyard sim`."""
     admission_params: dict[str, ParamValue] = {}
