@@ -14,6 +14,7 @@ Running jobs keep their GPUs unless preempted so.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import defaultdict
 
 from gpuyard.shared.model import ANY_GPU, Allocation
@@ -23,6 +24,8 @@ from .config import Queues, QueueSpec
 
 Key = tuple[str, str]
 """(queue or cohort, GPU type)."""
+InQueue = tuple[int, float, int]
+"""A waiting job's place in its queue: (-priority, submission time, admission order)."""
 Running = dict[str, tuple[JobView, QueueSpec, str]]
 """The running jobs that count against a queue: job -> (its view, its queue, its GPU type)."""
 
@@ -89,39 +92,83 @@ class Kueue(SchedulingPolicy):
         for q in p.queue:
             if q.cohort:
                 self.cohorts[q.cohort].append(q)
+        # The active jobs as the last decisions left them, kept from the input's `changed` (a
+        # decision then costs the jobs that changed and the queues' heads, not every waiting job;
+        # none of it is state: it is made again from the jobs when the input has no `changed`).
+        self._waiting: dict[str, list[tuple[InQueue, str]]] = defaultdict(list)
+        self._entries: dict[str, tuple[str, InQueue]] = {}  # waiting job -> (queue, its place)
+        self._views: dict[str, JobView] = {}  # waiting jobs
+        self._running: dict[str, JobView] = {}
+        self._kept = False
 
     def queue_of(self, job: JobView) -> QueueSpec | None:
         """The job's queue: its submitter's, else the default one (None: no queue takes it)."""
         return self.user_queue.get(job.record.spec.user, self.default)
 
     def schedule(self, inp: SchedulingInput) -> list[Allocation]:
+        self._keep_up(inp)
         book = Book(self.queues, inp.cluster.capacity)
         running: Running = {}
         unqueued: list[Allocation] = []  # (running jobs whose queue was taken away: they go on)
-        waiting: dict[str, list[tuple[tuple[int, float, int], JobView]]] = defaultdict(list)
-        for job in inp.jobs:
-            q = self.queue_of(job)
+        for job in self._running.values():
             r = job.record
-            if r.state == "running" and r.gpus > 0 and r.gpu_type is not None:
-                if q is None:
-                    book.free[r.gpu_type] = book.free.get(r.gpu_type, 0) - r.gpus
-                    unqueued.append(Allocation(r.job_id, r.gpus, r.gpu_type))
-                else:
-                    book.add(q, r.gpu_type, r.gpus)
-                    running[r.job_id] = (job, q, r.gpu_type)
-            elif r.state != "running" and q is not None:
-                waiting[q.name].append(((-r.spec.priority, r.submit_time, r.seq), job))
-        started = self._admit(inp, book, running, waiting)
+            if r.gpus <= 0 or r.gpu_type is None:
+                continue
+            q = self.queue_of(job)
+            if q is None:
+                book.free[r.gpu_type] = book.free.get(r.gpu_type, 0) - r.gpus
+                unqueued.append(Allocation(r.job_id, r.gpus, r.gpu_type))
+            else:
+                book.add(q, r.gpu_type, r.gpus)
+                running[r.job_id] = (job, q, r.gpu_type)
+        started = self._admit(inp, book, running)
         kept = [Allocation(j, v.record.gpus, t) for j, (v, _, t) in running.items()]
         return unqueued + kept + started
 
-    def _admit(
-        self, inp: SchedulingInput, book: Book, running: Running,
-        waiting: dict[str, list[tuple[tuple[int, float, int], JobView]]],
-    ) -> list[Allocation]:  # fmt: skip
+    def _keep_up(self, inp: SchedulingInput) -> None:
+        """The waiting jobs per queue, in order, and the running ones: from the jobs that changed
+        since the last decision, or from every job."""
+        if inp.changed is None or not self._kept:
+            self._waiting.clear()
+            self._entries.clear()
+            self._views.clear()
+            self._running.clear()
+            for job in inp.jobs:
+                self._add(job)
+            self._kept = True
+            return
+        for job_id, view in inp.changed.items():
+            self._drop(job_id)
+            if view is not None:
+                self._add(view)
+
+    def _add(self, job: JobView) -> None:
+        r = job.record
+        if r.state == "running":
+            self._running[r.job_id] = job
+            return
+        q = self.queue_of(job)
+        if q is None:
+            return
+        place: InQueue = (-r.spec.priority, r.submit_time, r.seq)
+        insort(self._waiting[q.name], (place, r.job_id))
+        self._entries[r.job_id] = (q.name, place)
+        self._views[r.job_id] = job
+
+    def _drop(self, job_id: str) -> None:
+        self._running.pop(job_id, None)
+        entry = self._entries.pop(job_id, None)
+        if entry is not None:
+            name, place = entry
+            waiting = self._waiting[name]
+            del waiting[bisect_left(waiting, (place, job_id))]
+            del self._views[job_id]
+
+    def _admit(self, inp: SchedulingInput, book: Book, running: Running) -> list[Allocation]:
         """The waiting jobs admitted, each queue's next ones together, in Kueue's order (each
         queue's: higher priority first, then the earlier submitted)."""
-        order = {name: [job for _, job in sorted(jobs)] for name, jobs in waiting.items()}
+        views = self._views
+        order = {name: jobs for name, jobs in self._waiting.items() if jobs}
         position = dict.fromkeys(order, 0)
         passed: dict[str, float] = {}  # queue -> the fewest GPUs a job passed over needed
         started: list[Allocation] = []
@@ -129,13 +176,14 @@ class Kueue(SchedulingPolicy):
             heads: list[tuple[QueueSpec, JobView]] = []
             for name in list(position):
                 jobs, i = order[name], position[name]
-                while i < len(jobs) and jobs[i].spec.num_gpus >= passed.get(name, math.inf):
+                least = passed.get(name, math.inf)
+                while i < len(jobs) and views[jobs[i][1]].record.spec.num_gpus >= least:
                     i += 1  # (needs as many as one that did not fit: it does not either)
                 if i >= len(jobs):
                     del position[name]
                     continue
                 position[name] = i + 1
-                heads.append((self.queues[name], jobs[i]))
+                heads.append((self.queues[name], views[jobs[i][1]]))
             heads.sort(key=lambda qj: (self._would_borrow(book, *qj), *_in_queue(qj[1])))
             for q, job in heads:
                 gpu_type = self._admitted(inp, book, running, q, job)

@@ -106,3 +106,46 @@ def test_the_queues_file_says_each_mistake_in_one_line(tmp_path: Path) -> None:
             load_queues(bad)
         line = str(exc.value)
         assert said in line and "\n" not in line and str(bad) in line, line
+
+
+def test_a_decision_from_what_changed_is_the_decision_from_every_job() -> None:
+    """Jobs come, start as decided and end, step by step: the policy told only what changed each
+    time decides as a new one shown every job does."""
+    import random
+
+    from gpuyard.shared.policy import ClusterView, SchedulingInput
+
+    rng = random.Random(3)
+    config = dict(cohort="c", reclaim_within_cohort="any", within_queue="lower_priority")
+    kept = queues(q("a", 4, **config), q("b", 4, **config))
+    cluster = ClusterView(capacity={"gpu": 8})
+    active: dict[str, JobView] = {}
+    for step in range(40):
+        changed: dict[str, JobView | None] = {}
+        for k in range(rng.randint(0, 3)):  # arrivals
+            user = rng.choice("ab")
+            view = of(user, f"{user}{step}-{k}", gpus=rng.choice([1, 1, 2, 4]),
+                      priority=rng.choice([0, 5]), submit=float(step))  # fmt: skip
+            active[view.job_id] = changed[view.job_id] = view
+        for job_id in [j for j, v in active.items() if v.running and rng.random() < 0.2]:
+            del active[job_id]  # (ended)
+            changed[job_id] = None
+        fresh = queues(q("a", 4, **config), q("b", 4, **config))
+        jobs = list(active.values())
+        told = kept.schedule(SchedulingInput(now=float(step), jobs=jobs, cluster=cluster,
+                                             changed=changed if step else None))  # fmt: skip
+        whole = fresh.schedule(SchedulingInput(now=float(step), jobs=jobs, cluster=cluster))
+        assert sorted(told, key=lambda a: a.job_id) == sorted(whole, key=lambda a: a.job_id)
+        # The decision takes effect: the jobs it names run, the others wait.
+        names = {a.job_id: a for a in told}
+        for job_id, view in active.items():
+            r = view.record
+            was = r.state
+            if job_id in names:
+                r.state, r.gpus, r.gpu_type = "running", names[job_id].num_gpus, "gpu"
+            else:
+                r.state, r.gpus, r.gpu_type = "queued", 0, None
+            if r.state != was:
+                changed[job_id] = view
+        kept.schedule(SchedulingInput(now=float(step), jobs=jobs, cluster=cluster, changed={
+            j: active.get(j) for j in changed}))  # fmt: skip
