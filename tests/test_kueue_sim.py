@@ -10,8 +10,11 @@ import pytest
 import structlog
 
 from gpuyard.cli import main
+from gpuyard.ops import read_events
 from gpuyard.policies.kueue import queue_params
 from gpuyard.run.simulate import SimOptions, simulate
+from gpuyard.shared.connection import connect
+from gpuyard.shared.endpoints import Subjects
 from gpuyard.shared.model import ClusterSpec, JobSpec
 
 QUEUES = """
@@ -54,6 +57,12 @@ async def test_a_queue_borrows_its_cohorts_quota_and_the_lender_takes_it_back(
     assert all(by_id[f"a{i}"].first_start == float(i) for i in range(8))  # (all ran at first)
     assert by_id["a7"].reason == "" and by_id["a7"].end_time is not None
     assert all(r.state == "completed" for r in result.jobs)
+    nc = await connect(nats_url, name="test")
+    preempted = [e.event async for e in read_events(nc, Subjects("sim"), types=["job.preempted"])]
+    await nc.drain()
+    assert sorted((e.job_id, e.reason) for e in preempted if e is not None) == [
+        (f"a{7 - i}", f"reclaimed by queue team-b for b{i}") for i in range(3, -1, -1)
+    ]
 
 
 def test_the_queues_option_says_what_is_wrong_in_one_line(

@@ -18,7 +18,7 @@ from bisect import bisect_left, insort
 from collections import defaultdict
 
 from gpuyard.shared.model import ANY_GPU, Allocation
-from gpuyard.shared.policy import JobView, SchedulingInput, SchedulingPolicy
+from gpuyard.shared.policy import Decision, JobView, SchedulingInput, SchedulingPolicy
 
 from .config import Queues, QueueSpec
 
@@ -105,7 +105,7 @@ class Kueue(SchedulingPolicy):
         """The job's queue: its submitter's, else the default one (None: no queue takes it)."""
         return self.user_queue.get(job.record.spec.user, self.default)
 
-    def schedule(self, inp: SchedulingInput) -> list[Allocation]:
+    def schedule(self, inp: SchedulingInput) -> Decision:
         self._keep_up(inp)
         book = Book(self.queues, inp.cluster.capacity)
         running: Running = {}
@@ -121,9 +121,10 @@ class Kueue(SchedulingPolicy):
             else:
                 book.add(q, r.gpu_type, r.gpus)
                 running[r.job_id] = (job, q, r.gpu_type)
-        started = self._admit(inp, book, running)
+        reasons: dict[str, str] = {}
+        started = self._admit(inp, book, running, reasons)
         kept = [Allocation(j, v.record.gpus, t) for j, (v, _, t) in running.items()]
-        return unqueued + kept + started
+        return Decision(allocations=unqueued + kept + started, reasons=reasons)
 
     def _keep_up(self, inp: SchedulingInput) -> None:
         """The waiting jobs per queue, in order, and the running ones: from the jobs that changed
@@ -164,7 +165,9 @@ class Kueue(SchedulingPolicy):
             del waiting[bisect_left(waiting, (place, job_id))]
             del self._views[job_id]
 
-    def _admit(self, inp: SchedulingInput, book: Book, running: Running) -> list[Allocation]:
+    def _admit(
+        self, inp: SchedulingInput, book: Book, running: Running, reasons: dict[str, str]
+    ) -> list[Allocation]:
         """The waiting jobs admitted, each queue's next ones together, in Kueue's order (each
         queue's: higher priority first, then the earlier submitted)."""
         views = self._views
@@ -186,7 +189,7 @@ class Kueue(SchedulingPolicy):
                 heads.append((self.queues[name], views[jobs[i][1]]))
             heads.sort(key=lambda qj: (self._would_borrow(book, *qj), *_in_queue(qj[1])))
             for q, job in heads:
-                gpu_type = self._admitted(inp, book, running, q, job)
+                gpu_type = self._admitted(inp, book, running, q, job, reasons)
                 if gpu_type is None:
                     passed[q.name] = min(passed.get(q.name, math.inf), job.spec.num_gpus)
                     continue
@@ -207,8 +210,9 @@ class Kueue(SchedulingPolicy):
         return all(book.borrows(q, t, job.spec.num_gpus) for t in q.quota) if q.quota else True
 
     def _admitted(
-        self, inp: SchedulingInput, book: Book, running: Running, q: QueueSpec, job: JobView
-    ) -> str | None:
+        self, inp: SchedulingInput, book: Book, running: Running, q: QueueSpec, job: JobView,
+        reasons: dict[str, str],
+    ) -> str | None:  # fmt: skip
         """The type the job is admitted on (preempting what it must), or None."""
         need = job.spec.num_gpus
         types = self._types(inp, q, job)
@@ -221,6 +225,11 @@ class Kueue(SchedulingPolicy):
                 for job_id in victims:
                     v, vq, vt = running.pop(job_id)
                     book.remove(vq, vt, v.record.gpus)
+                    reasons[job_id] = (
+                        f"preempted in queue {q.name} for {job.job_id} (priority "
+                        f"{job.spec.priority})" if vq.name == q.name
+                        else f"reclaimed by queue {q.name} for {job.job_id}"
+                    )  # fmt: skip
                 return t
         return None
 

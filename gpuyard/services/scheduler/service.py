@@ -1023,7 +1023,9 @@ class Scheduler(Service):
         resized = set(reply.stopped) & reply.started.keys()  # stopped and relaunched at once
         for job_id in reply.stopped:
             if job_id not in resized and (record := active.get(job_id)) is not None:
-                why = self._preempted_for(record, reply.started, reply.placed)
+                why = (decision.reasons.get(job_id) if decision is not None else None) or (
+                    self._preempted_for(record, reply.started, reply.placed)
+                )
                 await self._requeue(now, record, why, reply.progress.get(job_id))
         sharing = {a.job_id: a.share_with for a in allocations if a.share_with}
         for job_id, gpu_type in reply.started.items():

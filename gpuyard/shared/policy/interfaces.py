@@ -66,6 +66,10 @@ class Decision(Struct):
     costs what it changes, not what the queue holds."""
     stop: list[str] = []
     """With `keep_running`: the running jobs to preempt."""
+    reasons: dict[str, str] = {}
+    """Why running jobs it stops are stopped, where the policy says more than the scheduler's
+    `preempted by <policy> for <the jobs started in their place>` (Kueue's `reclaimed by queue
+    team-b for j40`)."""
 
 
 class AdmissionDecision(Struct, frozen=True):

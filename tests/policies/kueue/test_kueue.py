@@ -31,7 +31,7 @@ def of(user: str, job_id: str, gpus: int = 1, running: bool = False, priority: i
 
 
 def ran(policy: Kueue, jobs: list[JobView], gpus: int = 8) -> list[str]:
-    return sorted(a.job_id for a in policy.schedule(inp(jobs, gpus)))
+    return sorted(a.job_id for a in policy.schedule(inp(jobs, gpus)).allocations)
 
 
 def test_a_queue_alone_runs_within_its_quota() -> None:
@@ -57,6 +57,11 @@ def test_a_lender_reclaims_its_quota_from_the_newest_borrowers() -> None:
     wants = [of("b", "b0", submit=10.0), of("b", "b1", submit=11.0)]
     reclaims = queues(q("a", 4, cohort="c"), q("b", 4, cohort="c", reclaim_within_cohort="any"))
     assert ran(reclaims, [*borrowing, *wants]) == ["a0", "a1", "a2", "a3", "a4", "a5", "b0", "b1"]
+    decision = reclaims.schedule(inp([*borrowing, *wants], 8))
+    assert decision.reasons == {
+        "a7": "reclaimed by queue b for b0",
+        "a6": "reclaimed by queue b for b1",
+    }
     never = queues(q("a", 4, cohort="c"), q("b", 4, cohort="c"))
     assert ran(never, [*borrowing, *wants]) == [f"a{i}" for i in range(8)]
     # Only lower priority: a's jobs of higher priority stay.
@@ -72,6 +77,8 @@ def test_a_job_preempts_its_own_queues_lower_priority_jobs_never_to_borrow() -> 
     urgent = of("a", "u", gpus=2, priority=5, submit=9.0)
     policy = queues(q("a", 4, within_queue="lower_priority"))
     assert ran(policy, [*low, urgent], gpus=4) == ["l0", "l1", "u"]  # (the newest two leave)
+    reasons = policy.schedule(inp([*low, urgent], 4)).reasons
+    assert reasons == {j: "preempted in queue a for u (priority 5)" for j in ("l2", "l3")}
     assert ran(queues(q("a", 4)), [*low, urgent], gpus=4) == ["l0", "l1", "l2", "l3"]
     wide = of("a", "w", gpus=6, priority=5, submit=9.0)  # (beyond its quota: no preemption)
     assert ran(policy, [*low, wide], gpus=8) == ["l0", "l1", "l2", "l3"]
@@ -133,8 +140,10 @@ def test_a_decision_from_what_changed_is_the_decision_from_every_job() -> None:
         fresh = queues(q("a", 4, **config), q("b", 4, **config))
         jobs = list(active.values())
         told = kept.schedule(SchedulingInput(now=float(step), jobs=jobs, cluster=cluster,
-                                             changed=changed if step else None))  # fmt: skip
-        whole = fresh.schedule(SchedulingInput(now=float(step), jobs=jobs, cluster=cluster))
+                                             changed=changed if step else None)).allocations  # fmt: skip
+        whole = fresh.schedule(
+            SchedulingInput(now=float(step), jobs=jobs, cluster=cluster)
+        ).allocations
         assert sorted(told, key=lambda a: a.job_id) == sorted(whole, key=lambda a: a.job_id)
         # The decision takes effect: the jobs it names run, the others wait.
         names = {a.job_id: a for a in told}
