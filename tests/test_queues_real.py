@@ -5,6 +5,7 @@ changes them without a restart; a bad file changes nothing."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,8 @@ async def test_queues_are_applied_at_runtime_and_a_bad_file_changes_nothing(
     one, two = tmp_path / "one.toml", tmp_path / "two.toml"
     one.write_text(QUEUES.format(quota=1))
     two.write_text(QUEUES.format(quota=2))
+    code, _, err = await views.gpuyard("user.alice", "queues")
+    assert code == 1 and "the scheduler's policy is fifo, which has no queues" in err
     code, out, err = await policy_set(views, "kueue", "--queues", str(one))
     assert code == 0 and "scheduler: fifo -> kueue" in "\n".join(said(out)), err
     first = await views.submit("user.alice", *counter(100000))
@@ -55,6 +58,14 @@ async def test_queues_are_applied_at_runtime_and_a_bad_file_changes_nothing(
     await asyncio.sleep(1.0)  # (decisions at each arrival: the second's is long made)
     # Two GPUs free, a quota of one: the second waits.
     assert (await views.rows(second))[second]["job_state"] == "PENDING"
+    code, out, err = await views.gpuyard("user.alice", "queues", "--json")
+    assert code == 0, err
+    (row,) = json.loads(next(line for line in said(out) if line.startswith("{")))["queues"]
+    assert row == {"queue": "team-a", "cohort": "", "quota": {"t4": 1}, "held": {"t4": 1},
+                   "borrowed": {}, "running": 1, "waiting": 1}  # fmt: skip
+    code, out, _ = await views.gpuyard("user.alice", "queues")
+    assert said(out)[0].split() == ["QUEUE", "COHORT", "QUOTA", "HELD", "BORROWED", "RUNNING",
+                                    "WAITING"]  # fmt: skip
 
     (tmp_path / "bad.toml").write_text('[[queue]]\nname = "x"\nquota = { t4 = -1 }\n')
     code, _, err = await policy_set(views, "kueue", "--queues", str(tmp_path / "bad.toml"))

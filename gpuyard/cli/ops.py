@@ -25,7 +25,7 @@ from gpuyard.shared.connection import Bus
 from gpuyard.shared.contract import DrainRequest
 from gpuyard.shared.endpoints import DRAIN
 from gpuyard.shared.policy import parse_params
-from gpuyard.shared.roster import CONTROL_PLANE
+from gpuyard.shared.roster import CONTROL_PLANE, SERVICE_TOKENS
 
 
 def add_ops_parsers(sub: Subcommands) -> None:
@@ -33,6 +33,7 @@ def add_ops_parsers(sub: Subcommands) -> None:
     add_tail_parser(sub)
     add_policy_parser(sub)
     add_status_parser(sub)
+    add_queues_parser(sub)
     add_drain_parsers(sub)
 
 
@@ -247,3 +248,83 @@ async def _drain(request: DrainRequest, done: str, refused: str, bus: Bus) -> in
     for node_id, why in reply.refused.items():
         print(f"not {refused} {node_id}: {why}", file=sys.stderr)
     return 1 if reply.refused else 0
+
+
+# --------------------------------------------------------------------------- queues
+
+
+def add_queues_parser(sub: Subcommands) -> None:
+    p = sub.add_parser(
+        "queues", help="the kueue policy's queues: quota, GPUs held and borrowed, jobs waiting",
+        description="Each queue of the scheduler's kueue policy: its cohort, its quota and the "
+        "GPUs its jobs hold per GPU type (borrowed: held beyond the quota), and its jobs running "
+        "and waiting.",
+    )  # fmt: skip
+    add_nats_options(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_queues)
+
+
+def queue_rows(queues: Any, records: list[Any]) -> list[dict[str, Any]]:
+    """A row per queue of `queues` (the kueue policy's parameters) from the jobs not ended."""
+    from gpuyard.policies.kueue import Kueue
+    from gpuyard.shared.policy import JobView
+
+    policy = Kueue(queues)
+    rows = {
+        q.name: {"queue": q.name, "cohort": q.cohort, "quota": dict(q.quota), "held": {},
+                 "borrowed": {}, "running": 0, "waiting": 0}
+        for q in queues.queue
+    }  # fmt: skip
+    for record in records:
+        q = policy.queue_of(JobView(record))
+        if q is None:
+            continue
+        row = rows[q.name]
+        if record.state == "running" and record.gpu_type is not None:
+            row["running"] += 1
+            row["held"][record.gpu_type] = row["held"].get(record.gpu_type, 0) + record.gpus
+        elif record.state == "queued":
+            row["waiting"] += 1
+    for row in rows.values():
+        row["borrowed"] = {
+            t: n - row["quota"].get(t, 0) for t, n in row["held"].items() if n > row["quota"].get(t, 0)
+        }  # fmt: skip
+    return list(rows.values())
+
+
+def format_queues(rows: list[dict[str, Any]]) -> str:
+    def per_type(counts: dict[str, int]) -> str:
+        return " ".join(f"{t}:{n}" for t, n in sorted(counts.items())) or "-"
+
+    table = [("QUEUE", "COHORT", "QUOTA", "HELD", "BORROWED", "RUNNING", "WAITING")]
+    table += [
+        (r["queue"], r["cohort"] or "-", per_type(r["quota"]), per_type(r["held"]),
+         per_type(r["borrowed"]), str(r["running"]), str(r["waiting"]))
+        for r in rows
+    ]  # fmt: skip
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in table)  # fmt: skip
+
+
+async def _queues(args: argparse.Namespace, bus: Bus) -> int:
+    from gpuyard.cli.cluster import all_records
+    from gpuyard.policies.kueue import Queues
+    from gpuyard.shared.contract import Empty, JobQuery
+    from gpuyard.shared.endpoints import POLICY
+
+    info = await bus.call(POLICY, Empty(), svc=SERVICE_TOKENS["scheduler"])
+    if info.policy != "kueue":
+        print(f"gpuyard queues: the scheduler's policy is {info.policy}, which has no queues "
+              "(gpuyard policy set scheduler kueue --queues FILE)", file=sys.stderr)  # fmt: skip
+        return 1
+    queues = msgspec.convert(info.params, Queues)
+    records = await all_records(bus, JobQuery(states=["queued", "running"], limit=10_000))
+    rows = queue_rows(queues, records)
+    print(json.dumps({"queues": rows}) if args.json else format_queues(rows))
+    return 0
+
+
+def cmd_queues(args: argparse.Namespace) -> int:
+    return run_on_bus("queues", args, partial(_queues, args))

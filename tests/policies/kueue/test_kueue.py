@@ -158,3 +158,17 @@ def test_a_decision_from_what_changed_is_the_decision_from_every_job() -> None:
                 changed[job_id] = view
         kept.schedule(SchedulingInput(now=float(step), jobs=jobs, cluster=cluster, changed={
             j: active.get(j) for j in changed}))  # fmt: skip
+
+
+def test_gpuyard_queues_counts_each_queues_gpus_borrowed_and_jobs() -> None:
+    from gpuyard.cli.ops import format_queues, queue_rows
+
+    config = queues(q("a", 2, cohort="c"), q("b", 4, cohort="c")).params
+    jobs = [of("a", "a0", gpus=3, running=True, gpu_type="gpu"), of("a", "a1"),
+            of("b", "b0", running=True, gpu_type="gpu"), of("x", "x0")]  # fmt: skip
+    rows = {r["queue"]: r for r in queue_rows(config, [j.record for j in jobs])}
+    assert rows["a"] == {"queue": "a", "cohort": "c", "quota": {"gpu": 2}, "held": {"gpu": 3},
+                         "borrowed": {"gpu": 1}, "running": 1, "waiting": 1}  # fmt: skip
+    assert (rows["b"]["held"], rows["b"]["borrowed"], rows["b"]["waiting"]) == ({"gpu": 1}, {}, 0)
+    assert format_queues(list(rows.values())).splitlines()[1].split() == [
+        "a", "c", "gpu:2", "gpu:3", "gpu:1", "1", "1"]  # fmt: skip
