@@ -88,10 +88,6 @@ class Kueue(SchedulingPolicy):
         self.queues = {q.name: q for q in p.queue}
         self.user_queue = {user: q for q in p.queue for user in q.users}
         self.default = self.queues.get(p.default_queue) if p.default_queue else None
-        self.cohorts: dict[str, list[QueueSpec]] = defaultdict(list)
-        for q in p.queue:
-            if q.cohort:
-                self.cohorts[q.cohort].append(q)
         # The active jobs as the last decisions left them, kept from the input's `changed` (a
         # decision then costs the jobs that changed and the queues' heads, not every waiting job;
         # none of it is state: it is made again from the jobs when the input has no `changed`).
