@@ -91,8 +91,10 @@ class Kueue(SchedulingPolicy):
         # The active jobs as the last decisions left them, kept from the input's `changed` (a
         # decision then costs the jobs that changed and the queues' heads, not every waiting job;
         # none of it is state: it is made again from the jobs when the input has no `changed`).
-        self._waiting: dict[str, list[tuple[InQueue, str]]] = defaultdict(list)
-        self._entries: dict[str, tuple[str, InQueue]] = {}  # waiting job -> (queue, its place)
+        self._waiting: dict[str, dict[int, list[tuple[InQueue, str]]]] = defaultdict(dict)
+        """Per queue, per GPUs asked, the waiting jobs in order (a job passed over passes over
+        the others as large at once)."""
+        self._entries: dict[str, tuple[str, int, InQueue]] = {}  # job -> (queue, GPUs, place)
         self._views: dict[str, JobView] = {}  # waiting jobs
         self._running: dict[str, JobView] = {}
         self._kept = False
@@ -148,16 +150,17 @@ class Kueue(SchedulingPolicy):
         if q is None:
             return
         place: InQueue = (-r.spec.priority, r.submit_time, r.seq)
-        insort(self._waiting[q.name], (place, r.job_id))
-        self._entries[r.job_id] = (q.name, place)
+        gpus = r.spec.num_gpus
+        insort(self._waiting[q.name].setdefault(gpus, []), (place, r.job_id))
+        self._entries[r.job_id] = (q.name, gpus, place)
         self._views[r.job_id] = job
 
     def _drop(self, job_id: str) -> None:
         self._running.pop(job_id, None)
         entry = self._entries.pop(job_id, None)
         if entry is not None:
-            name, place = entry
-            waiting = self._waiting[name]
+            name, gpus, place = entry
+            waiting = self._waiting[name][gpus]
             del waiting[bisect_left(waiting, (place, job_id))]
             del self._views[job_id]
 
@@ -167,22 +170,26 @@ class Kueue(SchedulingPolicy):
         """The waiting jobs admitted, each queue's next ones together, in Kueue's order (each
         queue's: higher priority first, then the earlier submitted)."""
         views = self._views
-        order = {name: jobs for name, jobs in self._waiting.items() if jobs}
-        position = dict.fromkeys(order, 0)
+        queues = [name for name, sizes in self._waiting.items() if any(sizes.values())]
+        position: dict[tuple[str, int], int] = {}  # (queue, GPUs) -> the next job there
         passed: dict[str, float] = {}  # queue -> the fewest GPUs a job passed over needed
         started: list[Allocation] = []
-        while position:
+        while queues:
             heads: list[tuple[QueueSpec, JobView]] = []
-            for name in list(position):
-                jobs, i = order[name], position[name]
+            for name in list(queues):
+                # Its next job: the first in order of those needing fewer GPUs than one that
+                # did not fit (one needing as many does not fit either).
                 least = passed.get(name, math.inf)
-                while i < len(jobs) and views[jobs[i][1]].record.spec.num_gpus >= least:
-                    i += 1  # (needs as many as one that did not fit: it does not either)
-                if i >= len(jobs):
-                    del position[name]
+                best: tuple[int, tuple[InQueue, str]] | None = None
+                for gpus, jobs in self._waiting[name].items():
+                    i = position.get((name, gpus), 0)
+                    if gpus < least and i < len(jobs) and (best is None or jobs[i] < best[1]):
+                        best = (gpus, jobs[i])
+                if best is None:
+                    queues.remove(name)
                     continue
-                position[name] = i + 1
-                heads.append((self.queues[name], views[jobs[i][1]]))
+                position[name, best[0]] = position.get((name, best[0]), 0) + 1
+                heads.append((self.queues[name], views[best[1][1]]))
             heads.sort(key=lambda qj: (self._would_borrow(book, *qj), *_in_queue(qj[1])))
             for q, job in heads:
                 gpu_type = self._admitted(inp, book, running, q, job, reasons)
