@@ -9,7 +9,7 @@ reasons are documented in one table in docs/cli.md.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,7 +185,12 @@ def format_jobs(rows: list[dict[str, Any]], now: float) -> str:
                 clock(r["end_time"], now), str(r["preemptions"]), r["state_reason"] or "-",
             )
         )  # fmt: skip
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    return text_table(table)
+
+
+def text_table(rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns two spaces apart, a header row first: every table a command prints."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
     )

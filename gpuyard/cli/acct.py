@@ -28,6 +28,7 @@ from gpuyard.jobview import (
     elapsed_s,
     parse_states,
     slurm_state,
+    text_table,
 )
 from gpuyard.shared.connection import Bus
 from gpuyard.shared.contract import ClusterInfo, Empty, JobQuery
@@ -190,14 +191,6 @@ def summarize(rows: Sequence[AcctRow]) -> Summary:
     return Summary(users=by("user"), queues=by("queue"))
 
 
-def _table(table: list[tuple[str, ...]]) -> str:
-    """Left-aligned columns two spaces apart, as `gpuyard jobs` prints them."""
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table
-    )
-
-
 def format_acct(rows: Sequence[AcctRow], now: float) -> str:
     table: list[tuple[str, ...]] = [
         ("JOBID", "NAME", "USER", "QUEUE", "STATE", "EXIT", "SUBMIT", "START", "END", "WAIT",
@@ -214,7 +207,7 @@ def format_acct(rows: Sequence[AcctRow], now: float) -> str:
                 r.gpu_type or "-", str(r.preemptions), r.state_reason or "-",
             )
         )  # fmt: skip
-    return _table(table)
+    return text_table(table)
 
 
 def format_usage(title: str, groups: dict[str, Usage]) -> str:
@@ -232,7 +225,7 @@ def format_usage(title: str, groups: dict[str, Usage]) -> str:
                 "-" if u.mean_wait_s is None else slurm_duration(u.mean_wait_s),
             )
         )  # fmt: skip
-    return _table(table)
+    return text_table(table)
 
 
 def format_summary(summary: Summary) -> str:

@@ -48,6 +48,7 @@ from gpuyard.jobview import (
     job_row,
     not_admitted_row,
     parse_states,
+    text_table,
 )
 from gpuyard.run.embedded import EmbeddedNats, StateDirInUse, StateDirLock
 from gpuyard.run.spec import DEFAULT_ADMISSION, DEFAULT_PLACEMENT
@@ -1101,7 +1102,4 @@ def format_nodes(info: ClusterInfo, beats: HeartbeatsPage, now: float) -> str:
         if node_id in info.draining:  # (Slurm's down+drain: it stays drained when it returns)
             down = f"DOWN+DRAIN ({info.draining[node_id]}) since {down.removeprefix('DOWN since ')}"
         rows.append((node_id, down, "-", "-", "-", "-", heartbeat(node_id), "-", "-", "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    )
+    return text_table(rows)

@@ -294,6 +294,8 @@ def queue_rows(queues: Any, records: list[Any]) -> list[dict[str, Any]]:
 
 
 def format_queues(rows: list[dict[str, Any]]) -> str:
+    from gpuyard.jobview import text_table
+
     def per_type(counts: dict[str, int]) -> str:
         return " ".join(f"{t}:{n}" for t, n in sorted(counts.items())) or "-"
 
@@ -303,9 +305,7 @@ def format_queues(rows: list[dict[str, Any]]) -> str:
          per_type(r["borrowed"]), str(r["running"]), str(r["waiting"]))
         for r in rows
     ]  # fmt: skip
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-                     for row in table)  # fmt: skip
+    return text_table(table)
 
 
 async def _queues(args: argparse.Namespace, bus: Bus) -> int:
