@@ -25,6 +25,7 @@ from gpuyard.cli.options import (
     add_time_limit_options,
     check_nats_url,
     checked_subjects,
+    checked_text,
     is_connection_loss,
     job_id_arg,
     nats_auth,
@@ -32,6 +33,7 @@ from gpuyard.cli.options import (
     non_negative_int,
     number,
     open_bus,
+    parsed,
     positive_float,
     positive_int,
     reopen_bus,
@@ -766,21 +768,10 @@ def job_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
     return [job | {"array": {"task": t, **array}} for t in tasks]
 
 
-def job_array(text: str) -> tuple[list[int], int | None]:
-    """`--array`'s value: the task ids and the limit (a usage error says what is wrong)."""
-    try:
-        return parse_array(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def dependency(text: str) -> str:
-    """`--dependency`'s value, checked (a usage error says what is wrong)."""
-    try:
-        parse_dependency(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+job_array = parsed(parse_array)
+"""`--array`'s value: the task ids and the limit (a usage error says what is wrong)."""
+dependency = checked_text(parse_dependency)
+"""`--dependency`'s value, checked (a usage error says what is wrong)."""
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ import os
 import select
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, NoReturn, TypeAlias
+from typing import Any, NoReturn, TypeAlias, TypeVar
 from urllib.parse import urlsplit
 
 import nats.errors
@@ -46,6 +46,9 @@ from gpuyard.shared.policy import PolicyError
 DEFAULT_URL = "nats://127.0.0.1:4222"
 NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+T = TypeVar("T")
 
 
 class CommandError(Exception):
@@ -150,6 +153,19 @@ def number_list(
 
     parse.__name__ = f"{kind.__name__} list"
     return parse
+
+
+def parsed(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse `type` giving what `parse` makes of the option's text; `parse`'s ValueError
+    is the one line argparse prints."""
+
+    def check(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return check
 
 
 def checked_text(parse: Callable[[str], object]) -> Callable[[str], str]:
@@ -460,12 +476,8 @@ def run_on_bus(
     return run_command(command, main())
 
 
-def time_limit(text: str) -> float:
-    """`--time-limit`'s value, in seconds (a usage error names the forms)."""
-    try:
-        return parse_time_limit(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+time_limit = parsed(parse_time_limit)
+"""`--time-limit`'s value, in seconds (a usage error names the forms)."""
 
 
 def add_time_limit_options(p: argparse.ArgumentParser) -> None:
