@@ -191,7 +191,7 @@ def test_interrupted_run_writes_partial_results(
     run, log = tmp_path / "run", tmp_path / "stderr.log"
     code, out, err = interrupt(
         ["sim", "--jobs", "20000", "--load", "1", "--out", str(run), *processes],
-        sig, log, progressing(log),
+        sig, log, progressing(log, ended=1),
     )  # fmt: skip
     assert code == 130, err
     assert "Traceback" not in err and "nats:" not in err
