@@ -213,6 +213,10 @@ def add_cluster_parsers(sub: Subcommands) -> None:
     p.add_argument("--max-gpus", type=positive_int, help="elastic: most GPUs it can use")
     p.add_argument("--priority", type=int)
     p.add_argument(
+        "--priority-class", metavar="NAME",
+        help="a priority by the name the cluster's queues file gives it (Kueue's priority classes)",
+    )  # fmt: skip
+    p.add_argument(
         "--deadline", type=positive_float,
         help="seconds from now by which the job must finish (deadline admission needs --steps)",
     )  # fmt: skip
@@ -748,8 +752,8 @@ def job_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
     if not command:
         raise ValueError("give the job's command after `--` (or --file)")
     job: dict[str, Any] = {"num_gpus": args.gpus, "command": command, "workdir": workdir}
-    for key in ("gpu_type", "min_gpus", "max_gpus", "priority", "name", "job_id", "job_type",
-                "total_steps", "rescale_up_s", "rescale_down_s", "time_limit_s",
+    for key in ("gpu_type", "min_gpus", "max_gpus", "priority", "priority_class", "name", "job_id",
+                "job_type", "total_steps", "rescale_up_s", "rescale_down_s", "time_limit_s",
                 "depends_on"):  # fmt: skip
         value = getattr(args, key, None)
         if value is not None:

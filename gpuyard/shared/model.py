@@ -119,6 +119,10 @@ class JobSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     duration: Annotated[float, Meta(gt=0)] | None = None
     total_steps: Annotated[float, Meta(gt=0)] | None = None
     priority: int = 0
+    priority_class: Name | None = None
+    """A priority by name, the cluster's queues file giving its value (Kueue's
+    WorkloadPriorityClass); the policy that knows it sets `priority`, one that does not refuses
+    the job."""
     weight: Annotated[float, Meta(gt=0)] = 1.0
     deadline: Seconds | None = None
     best_effort: bool = False

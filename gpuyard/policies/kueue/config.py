@@ -1,6 +1,6 @@
 """The queues an operator defines (one TOML file), as Kueue's ClusterQueues: each a nominal quota
 of GPUs per GPU type, the users whose jobs go there, and a cohort whose queues lend one another
-what they leave unused."""
+what they leave unused; priority classes by name, and fair sharing between queues and users."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from msgspec import Meta, Struct
 from gpuyard.shared.model import Name
 
 Gpus = Annotated[int, Meta(ge=0)]
+Weight = Annotated[float, Meta(ge=0)]
+Seconds = Annotated[float, Meta(gt=0)]
 Preemption = Literal["never", "lower_priority", "any"]
 
 
@@ -36,6 +38,14 @@ class QueueSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=
     `reclaimWithinCohort`): never, those of lower priority, or any."""
     within_queue: Literal["never", "lower_priority"] = "never"
     """Whether a job preempts the queue's own jobs of lower priority (`withinClusterQueue`)."""
+    weight: Weight = 1.0
+    """Its weight in fair sharing (`fairSharing.weight`): its share is divided by it (0: the
+    last to be served, the first to give back)."""
+    default_time_limit_s: Seconds | None = None
+    """The time limit of its jobs that ask for none (Slurm's partition DefaultTime)."""
+    max_time_limit_s: Seconds | None = None
+    """The longest time limit its jobs may ask for: a job asking for more is refused when it is
+    submitted (Slurm's partition MaxTime, enforced at submission)."""
 
     def borrow_limit(self, gpu_type: str) -> float:
         return self.borrowing_limit.get(gpu_type, math.inf)
@@ -45,11 +55,33 @@ class QueueSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=
         return min(quota, self.lending_limit.get(gpu_type, quota))
 
 
+class FairSharing(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Fair sharing (the `[fair_sharing]` table; without it, none): queues that compete for
+    their cohort's unused quota are served, and reclaim from one another, by their share, and
+    a queue's jobs of one priority by their users' shares.
+
+    With `half_life_s` 0, a queue's share is what it borrows now, over what its cohort lends, as
+    Kueue's fair sharing (dominant resource share), and a user's is the GPUs they hold now; with
+    a half-life, both are the GPU-seconds used, decayed with it (Kueue's admission fair sharing,
+    Slurm's PriorityDecayHalfLife). Each divided by its weight."""
+
+    half_life_s: Annotated[float, Meta(ge=0)] = 0.0
+    users: bool = False
+    """Order each queue's jobs of one priority by their users' shares (else by submission)."""
+    user_weights: dict[str, Weight] = {}
+    """Users' weights (a user not named: 1)."""
+
+
 class Queues(Struct, kw_only=True, forbid_unknown_fields=True):
-    """The queues file: `[[queue]]` tables, and the queue of users listed in none."""
+    """The queues file: `[[queue]]` tables, the queue of users listed in none, the priority
+    classes jobs may name, and fair sharing."""
 
     queue: list[QueueSpec]
     default_queue: str = ""
+    priority_classes: dict[str, int] = {}
+    """Priorities by name (Kueue's WorkloadPriorityClass): `submit --priority-class NAME` runs a
+    job at that priority; a name not here is refused at submission."""
+    fair_sharing: FairSharing | None = None
 
     def __post_init__(self) -> None:
         names = [q.name for q in self.queue]
@@ -70,6 +102,10 @@ class Queues(Struct, kw_only=True, forbid_unknown_fields=True):
                                  "its quota does not")  # fmt: skip
             if (q.borrowing_limit or q.lending_limit) and not q.cohort:
                 raise ValueError(f"queue {q.name!r}: borrowing and lending need a cohort")
+            longest, default = q.max_time_limit_s, q.default_time_limit_s
+            if longest is not None and default is not None and default > longest:
+                raise ValueError(f"queue {q.name!r}: default_time_limit_s is over "
+                                 "max_time_limit_s")  # fmt: skip
         if self.default_queue and self.default_queue not in names:
             raise ValueError(f"default_queue {self.default_queue!r} is not a queue")
 

@@ -9,6 +9,11 @@ first, then by priority and submission), and admits each that fits now; one that
 preempt (`QueueSpec.reclaim_within_cohort`, `within_queue`), else it is passed over (Kueue's
 BestEffortFIFO) and so are the jobs after it in its queue that need as many GPUs or more of it.
 Running jobs keep their GPUs unless preempted so.
+
+With fair sharing (`Queues.fair_sharing`), the queues' next jobs that borrow are taken in order of
+their queues' shares, a queue's jobs of one priority in order of their users' shares, and a queue
+may preempt another's borrowed jobs to borrow itself while its share with the job stays at most
+the other's without it (Kueue's `LessThanOrEqualToFinalShare`).
 """
 
 from __future__ import annotations
@@ -16,11 +21,15 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections import defaultdict
+from typing import Any
 
-from gpuyard.shared.model import ANY_GPU, Allocation
-from gpuyard.shared.policy import Decision, JobView, SchedulingInput, SchedulingPolicy
+import msgspec
+from msgspec import Struct
 
-from .config import Queues, QueueSpec
+from gpuyard.shared.model import ANY_GPU, Allocation, JobRecord, JobSpec
+from gpuyard.shared.policy import Decision, JobView, Needs, SchedulingInput, SchedulingPolicy
+
+from .config import FairSharing, Queues, QueueSpec
 
 Key = tuple[str, str]
 """(queue or cohort, GPU type)."""
@@ -28,6 +37,28 @@ InQueue = tuple[int, float, int]
 """A waiting job's place in its queue: (-priority, submission time, admission order)."""
 Running = dict[str, tuple[JobView, QueueSpec, str]]
 """The running jobs that count against a queue: job -> (its view, its queue, its GPU type)."""
+Lane = tuple[str, int]
+"""Where a queue keeps a waiting job: (its user under fair sharing by users, else "", GPUs)."""
+
+
+class Usage(Struct, array_like=True):
+    """GPU-seconds used, decayed with a half-life: `value` at `since`, `gpus` held since."""
+
+    value: float = 0.0
+    since: float = 0.0
+    gpus: int = 0
+
+    def at(self, now: float, tau: float) -> float:
+        """The decayed usage at `now` (`tau`: the half-life over ln 2)."""
+        decay = math.exp(-(now - self.since) / tau)
+        return self.value * decay + self.gpus * tau * (1.0 - decay)
+
+
+class KueueState(Struct):
+    """Fair sharing's decayed usage per queue and per user."""
+
+    queues: dict[str, Usage] = {}
+    users: dict[str, Usage] = {}
 
 
 class Book:
@@ -81,6 +112,7 @@ class Kueue(SchedulingPolicy):
     """Registry name `kueue`. Parameters: the queues file's content (`Queues`)."""
 
     Params = Queues
+    State = KueueState
 
     def __init__(self, params: Queues | None = None) -> None:
         super().__init__(params if params is not None else Queues(queue=[]))
@@ -88,26 +120,97 @@ class Kueue(SchedulingPolicy):
         self.queues = {q.name: q for q in p.queue}
         self.user_queue = {user: q for q in p.queue for user in q.users}
         self.default = self.queues.get(p.default_queue) if p.default_queue else None
+        self.fair: FairSharing | None = p.fair_sharing
+        self.tau = (self.fair.half_life_s / math.log(2)) if self.fair is not None else 0.0
+        if self.tau > 0:  # (usage counted to each exit, not to the next decision)
+            self.needs = Needs(decide_on_exit=True)
+        self.usage = KueueState()
         # The active jobs as the last decisions left them, kept from the input's `changed` (a
         # decision then costs the jobs that changed and the queues' heads, not every waiting job;
         # none of it is state: it is made again from the jobs when the input has no `changed`).
-        self._waiting: dict[str, dict[int, list[tuple[InQueue, str]]]] = defaultdict(dict)
-        """Per queue, per GPUs asked, the waiting jobs in order (a job passed over passes over
-        the others as large at once)."""
-        self._entries: dict[str, tuple[str, int, InQueue]] = {}  # job -> (queue, GPUs, place)
+        self._waiting: dict[str, dict[Lane, list[tuple[InQueue, str]]]] = defaultdict(dict)
+        """Per queue, per lane (user, GPUs asked), the waiting jobs in order (a job passed over
+        passes over the others as large at once)."""
+        self._entries: dict[str, tuple[str, Lane, InQueue]] = {}  # job -> (queue, lane, place)
         self._views: dict[str, JobView] = {}  # waiting jobs
         self._running: dict[str, JobView] = {}
         self._kept = False
+        self._book: Book | None = None  # as the last decision left it (for waiting reasons)
+        self._now = 0.0
+        self._held: dict[str, int] = {}  # per user, GPUs held (fair sharing by users, now)
 
-    def queue_of(self, job: JobView) -> QueueSpec | None:
+    def queue_of(self, job: JobView | JobRecord) -> QueueSpec | None:
         """The job's queue: its submitter's, else the default one (None: no queue takes it)."""
-        return self.user_queue.get(job.record.spec.user, self.default)
+        return self.user_queue.get(job.spec.user, self.default)
+
+    # ------------------------------------------------------------------ submission, reasons
+
+    def accepts(self, spec: JobSpec) -> JobSpec | str:
+        """The job with its priority class's priority and its queue's time limit, or why not:
+        no queue takes its user, a priority class not defined, a time limit over the queue's."""
+        p: Queues = self.params
+        q = self.user_queue.get(spec.user, self.default)
+        if q is None:
+            who = f"user {spec.user!r}" if spec.user else "a job with no user"
+            return (
+                f"{who} has no queue: the queues file lists them in none and has no default_queue"
+            )
+        changes: dict[str, Any] = {}
+        if spec.priority_class is not None:
+            if spec.priority_class not in p.priority_classes:
+                known = ", ".join(sorted(p.priority_classes)) or "none"
+                return f"priority class {spec.priority_class!r} is not defined (defined: {known})"
+            changes["priority"] = p.priority_classes[spec.priority_class]
+        most = q.max_time_limit_s
+        if spec.time_limit_s is None:
+            if (default := q.default_time_limit_s or most) is not None:
+                changes["time_limit_s"] = default
+        elif most is not None and spec.time_limit_s > most:
+            return (f"time limit of {spec.time_limit_s:g} s is over queue {q.name}'s maximum of "
+                    f"{most:g} s")  # fmt: skip
+        return msgspec.structs.replace(spec, **changes) if changes else spec
+
+    def waiting_reason(self, record: JobRecord) -> str:
+        """`QuotaExceeded` where GPUs of a type the job may use are free but its queue may not
+        take them (as the last decision left the queues), naming the queue."""
+        book = self._book
+        q = self.queue_of(record)
+        if q is None:
+            return f"NoQueue (user {record.spec.user!r} is in no queue)"
+        if book is None:
+            return ""
+        need, wanted = record.spec.num_gpus, record.spec.gpu_type
+        types = [t for t in q.quota if wanted in (ANY_GPU, t)]
+        free = [t for t in types if book.free.get(t, 0) >= need]
+        if not free or any(book.fits(q, t, need) for t in free):
+            return ""  # (GPUs it may take are busy, or others come first)
+        t = free[0]
+        used, quota = book.used[q.name, t], q.quota.get(t, 0)
+        said = f"QuotaExceeded (queue {q.name} holds {used} of its {quota} {t} GPUs"
+        if q.cohort:
+            lent = book.pool[q.cohort, t] - book.lent[q.cohort, t]
+            most = q.borrow_limit(t)
+            limit = "" if math.isinf(most) else f", may borrow {most:g}"
+            said += f"{limit}; cohort {q.cohort} has {lent} to lend"
+        return f"{said}; it asks for {need})"
+
+    # ------------------------------------------------------------------ state
+
+    def snapshot(self) -> KueueState | None:
+        return self.usage if self.tau > 0 else None
+
+    def restore(self, state: KueueState) -> None:
+        self.usage = state
+
+    # ------------------------------------------------------------------ deciding
 
     def schedule(self, inp: SchedulingInput) -> Decision:
         self._keep_up(inp)
+        self._now = inp.now
         book = Book(self.queues, inp.cluster.capacity)
         running: Running = {}
         unqueued: list[Allocation] = []  # (running jobs whose queue was taken away: they go on)
+        self._held = defaultdict(int)
         for job in self._running.values():
             r = job.record
             if r.gpus <= 0 or r.gpu_type is None:
@@ -119,10 +222,29 @@ class Kueue(SchedulingPolicy):
             else:
                 book.add(q, r.gpu_type, r.gpus)
                 running[r.job_id] = (job, q, r.gpu_type)
+                self._held[r.spec.user] += r.gpus
         reasons: dict[str, str] = {}
         started = self._admit(inp, book, running, reasons)
         kept = [Allocation(j, v.record.gpus, t) for j, (v, _, t) in running.items()]
+        self._book = book
+        if self.tau > 0:
+            self._account(inp.now, book)
         return Decision(allocations=unqueued + kept + started, reasons=reasons)
+
+    def _account(self, now: float, book: Book) -> None:
+        """Usage from here on at the GPUs each queue and user holds now (what they used since
+        the last decision counted at what they held then)."""
+        held_q: dict[str, int] = defaultdict(int)
+        for (name, _), gpus in book.used.items():
+            held_q[name] += gpus
+        for table, held in ((self.usage.queues, held_q), (self.usage.users, self._held)):
+            for name in sorted(table.keys() | {n for n, g in held.items() if g}):
+                u = table.get(name)
+                gpus = held.get(name, 0)
+                if u is None:
+                    table[name] = Usage(0.0, now, gpus)
+                elif u.gpus != gpus:
+                    table[name] = Usage(u.at(now, self.tau), now, gpus)
 
     def _keep_up(self, inp: SchedulingInput) -> None:
         """The waiting jobs per queue, in order, and the running ones: from the jobs that changed
@@ -150,28 +272,66 @@ class Kueue(SchedulingPolicy):
         if q is None:
             return
         place: InQueue = (-r.spec.priority, r.submit_time, r.seq)
-        gpus = r.spec.num_gpus
-        insort(self._waiting[q.name].setdefault(gpus, []), (place, r.job_id))
-        self._entries[r.job_id] = (q.name, gpus, place)
+        lane = (r.spec.user if self.fair is not None and self.fair.users else "", r.spec.num_gpus)
+        insort(self._waiting[q.name].setdefault(lane, []), (place, r.job_id))
+        self._entries[r.job_id] = (q.name, lane, place)
         self._views[r.job_id] = job
 
     def _drop(self, job_id: str) -> None:
         self._running.pop(job_id, None)
         entry = self._entries.pop(job_id, None)
         if entry is not None:
-            name, gpus, place = entry
-            waiting = self._waiting[name][gpus]
+            name, lane, place = entry
+            waiting = self._waiting[name][lane]
             del waiting[bisect_left(waiting, (place, job_id))]
             del self._views[job_id]
+
+    # ------------------------------------------------------------------ shares
+
+    def _queue_share(self, book: Book, q: QueueSpec, more: int = 0, now: bool = False) -> float:
+        """The queue's share, were it to borrow `more` GPUs beyond what it does (fair sharing):
+        with a half-life its decayed usage unless `now` (what it borrows now: preemption takes
+        borrowed GPUs down to equal shares of what the queues borrow, never for history)."""
+        if self.tau > 0 and not now:
+            u = self.usage.queues.get(q.name)
+            used = u.at(self._now, self.tau) if u is not None else 0.0
+        else:  # (Kueue's dominant resource share: what it borrows over what its cohort lends)
+            borrowed = sum(max(0, book.used[q.name, t] - quota) for t, quota in q.quota.items())
+            lends = sum(book.pool[q.cohort, t] for t in q.quota) if q.cohort else 0
+            used = (borrowed + more) / lends if lends else 0.0
+        return _over(used, q.weight)
+
+    def _user_share(self, user: str) -> float:
+        fair = self.fair
+        if fair is None or not fair.users:
+            return 0.0
+        if self.tau > 0:
+            u = self.usage.users.get(user)
+            used = u.at(self._now, self.tau) if u is not None else 0.0
+        else:
+            used = float(self._held.get(user, 0))
+        return _over(used, fair.user_weights.get(user, 1.0))
+
+    def _extra(self, book: Book, q: QueueSpec, need: int) -> int:
+        """The GPUs the queue would borrow beyond what it does, taking `need` more on its best
+        type."""
+        return min(
+            (max(0, book.used[q.name, t] + need - quota) - max(0, book.used[q.name, t] - quota)
+             for t, quota in q.quota.items()),
+            default=need,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ admitting
 
     def _admit(
         self, inp: SchedulingInput, book: Book, running: Running, reasons: dict[str, str]
     ) -> list[Allocation]:
         """The waiting jobs admitted, each queue's next ones together, in Kueue's order (each
-        queue's: higher priority first, then the earlier submitted)."""
+        queue's: higher priority first, then the user with the least share under fair sharing,
+        then the earlier submitted)."""
         views = self._views
-        queues = [name for name, sizes in self._waiting.items() if any(sizes.values())]
-        position: dict[tuple[str, int], int] = {}  # (queue, GPUs) -> the next job there
+        queues = [name for name, lanes in self._waiting.items() if any(lanes.values())]
+        position: dict[tuple[str, Lane], int] = {}  # (queue, lane) -> the next job there
         passed: dict[str, float] = {}  # queue -> the fewest GPUs a job passed over needed
         started: list[Allocation] = []
         while queues:
@@ -180,25 +340,38 @@ class Kueue(SchedulingPolicy):
                 # Its next job: the first in order of those needing fewer GPUs than one that
                 # did not fit (one needing as many does not fit either).
                 least = passed.get(name, math.inf)
-                best: tuple[int, tuple[InQueue, str]] | None = None
-                for gpus, jobs in self._waiting[name].items():
-                    i = position.get((name, gpus), 0)
-                    if gpus < least and i < len(jobs) and (best is None or jobs[i] < best[1]):
-                        best = (gpus, jobs[i])
+                best: tuple[tuple[int, float, float, int], Lane, str] | None = None
+                for lane, jobs in self._waiting[name].items():
+                    i = position.get((name, lane), 0)
+                    if lane[1] < least and i < len(jobs):
+                        (priority, submitted, seq), job_id = jobs[i]
+                        key = (priority, self._user_share(lane[0]), submitted, seq)
+                        if best is None or key < best[0]:
+                            best = (key, lane, job_id)
                 if best is None:
                     queues.remove(name)
                     continue
-                position[name, best[0]] = position.get((name, best[0]), 0) + 1
-                heads.append((self.queues[name], views[best[1][1]]))
-            heads.sort(key=lambda qj: (self._would_borrow(book, *qj), *_in_queue(qj[1])))
+                position[name, best[1]] = position.get((name, best[1]), 0) + 1
+                heads.append((self.queues[name], views[best[2]]))
+            heads.sort(key=lambda qj: self._order(book, *qj))
             for q, job in heads:
                 gpu_type = self._admitted(inp, book, running, q, job, reasons)
                 if gpu_type is None:
                     passed[q.name] = min(passed.get(q.name, math.inf), job.spec.num_gpus)
                     continue
                 book.add(q, gpu_type, job.spec.num_gpus)
+                self._held[job.spec.user] += job.spec.num_gpus
                 started.append(Allocation(job.job_id, job.spec.num_gpus, gpu_type))
         return started
+
+    def _order(self, book: Book, q: QueueSpec, job: JobView) -> tuple[bool, float, int, float, int]:
+        """Kueue's order of the queues' next jobs: those that fit without borrowing first, then
+        (fair sharing) the queue whose share would be the least, then priority, submission."""
+        borrows = self._would_borrow(book, q, job)
+        share = 0.0
+        if self.fair is not None and borrows:
+            share = self._queue_share(book, q, self._extra(book, q, job.spec.num_gpus))
+        return (borrows, share, *_in_queue(job))
 
     def _types(self, inp: SchedulingInput, q: QueueSpec, job: JobView) -> list[str]:
         """The GPU types the job may run on in its queue, in the queue's order."""
@@ -228,6 +401,7 @@ class Kueue(SchedulingPolicy):
                 for job_id in victims:
                     v, vq, vt = running.pop(job_id)
                     book.remove(vq, vt, v.record.gpus)
+                    self._held[v.spec.user] -= v.record.gpus
                     reasons[job_id] = (
                         f"preempted in queue {q.name} for {job.job_id} (priority "
                         f"{job.spec.priority})" if vq.name == q.name
@@ -239,15 +413,19 @@ class Kueue(SchedulingPolicy):
     def _victims(
         self, book: Book, running: Running, q: QueueSpec, job: JobView, gpu_type: str
     ) -> list[str] | None:
-        """The running jobs to preempt so that `job` fits on `gpu_type` within its queue's quota
-        (preemption never makes room to borrow: Kueue's order, other queues' borrowers first,
-        then lower priority, then the newest), or None when no set of them makes room. The book
-        is left as it was."""
+        """The running jobs to preempt so that `job` fits on `gpu_type`, or None when no set of
+        them makes room; the book is left as it was. Within its queue's quota: its own jobs of
+        lower priority (`within_queue`) and other queues' borrowed ones (`reclaim_within_cohort`),
+        in Kueue's order (other queues' borrowers first, then lower priority, then the newest).
+        Beyond it, only under fair sharing: other queues' borrowed jobs while its share with the
+        job stays at most theirs without them, the queue of the greatest share first."""
         need, priority = job.spec.num_gpus, job.spec.priority
-        if q.within_queue == "never" and book.borrows(q, gpu_type, need):
-            return None  # (only its own jobs' leaving would bring it within its quota)
         reclaims = q.reclaim_within_cohort
-        candidates: list[tuple[tuple[int, int, float, int], str]] = []
+        beyond = book.borrows(q, gpu_type, need)
+        fair = beyond and self.fair is not None and reclaims != "never" and bool(q.cohort)
+        if beyond and not fair and q.within_queue == "never":
+            return None  # (only its own jobs' leaving would bring it within its quota)
+        candidates: list[tuple[tuple[float, int, int, float, int], str]] = []
         for job_id, (v, vq, vt) in running.items():
             if vt != gpu_type:
                 continue
@@ -258,7 +436,11 @@ class Kueue(SchedulingPolicy):
                 ok = bool(vq.cohort) and vq.cohort == q.cohort and book.borrows(vq, vt)
                 ok = ok and (reclaims == "any" or (reclaims == "lower_priority" and lower))
             if ok:  # (other queues' borrowers first, lower priority first, the newest first)
-                order = (int(vq.name == q.name), v.spec.priority, -v.record.run_start, -v.seq)
+                share = (
+                    -self._queue_share(book, vq, now=True) if fair and vq.name != q.name else 0.0
+                )
+                order = (share, int(vq.name == q.name), v.spec.priority, -v.record.run_start,
+                         -v.seq)  # fmt: skip
                 candidates.append((order, job_id))
         if not candidates:
             return None
@@ -268,17 +450,30 @@ class Kueue(SchedulingPolicy):
         fits = False
         for _, job_id in candidates:
             v, vq, vt = running[job_id]
-            if vq.name != q.name and not book.borrows(vq, vt):
-                continue  # (no longer borrowing: its jobs are its own)
+            if vq.name != q.name:
+                if not book.borrows(vq, vt):
+                    continue  # (no longer borrowing: its jobs are its own)
+                if fair and book.borrows(q, gpu_type, need):
+                    mine = self._queue_share(book, q, self._extra(book, q, need), now=True)
+                    book.remove(vq, vt, v.record.gpus)
+                    theirs = self._queue_share(book, vq, now=True)
+                    book.add(vq, vt, v.record.gpus)
+                    if mine > theirs:
+                        continue  # (it would take more than its fair share from them)
             book.remove(vq, vt, v.record.gpus)
             taken.append((vt, vq, v.record.gpus))
             chosen.append(job_id)
-            if book.fits(q, gpu_type, need) and not book.borrows(q, gpu_type, need):
+            if book.fits(q, gpu_type, need) and (fair or not book.borrows(q, gpu_type, need)):
                 fits = True
                 break
         for vt, vq, gpus in taken:
             book.add(vq, vt, gpus)
         return chosen if fits else None
+
+
+def _over(used: float, weight: float) -> float:
+    """A share: usage over weight (weight 0: infinite, served last)."""
+    return used / weight if weight > 0 else math.inf
 
 
 def _in_queue(job: JobView) -> tuple[int, float, int]:

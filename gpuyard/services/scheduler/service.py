@@ -441,9 +441,14 @@ class Scheduler(Service):
             raise BadRequest("times: one per job, or none", field="$.times")
         changes = CountsLog(self.table, req.now)
         await self._arrive(req.now, changes)  # (those held for now come before these)
-        for i, spec in enumerate(req.jobs):
-            if spec.job_id is None:
+        for i, submitted in enumerate(req.jobs):
+            if submitted.job_id is None:
                 raise BadRequest("admitted jobs must carry a job_id", field="$.jobs[].job_id")
+            spec = self.policy.accepts(submitted)  # (e.g. its queue's default time limit)
+            if isinstance(spec, str):
+                rejected[submitted.job_id] = spec
+                continue
+            assert spec.job_id is not None  # (the policy keeps it)
             known = self.table.get(spec.job_id)
             if known is not None or spec.job_id in self.arriving_ids:
                 # Durable (callers retry): the same job again is a retried request, already here.
@@ -769,9 +774,12 @@ class Scheduler(Service):
 
     def _with_reason(self, record: JobRecord) -> JobRecord:
         """A waiting job that never started, with the reason that holds it now (`JobQuery.
-        reasons`): GPUs enough of a type it can use are free (`Priority`), or not (`Resources`)."""
+        reasons`): the policy's (`QuotaExceeded`), else GPUs enough of a type it can use are
+        free (`Priority`), or not (`Resources`)."""
         if record.state != "queued" or record.reason or record.attempt or self.cluster is None:
             return record
+        if said := self.policy.waiting_reason(record):
+            return msgspec.structs.replace(record, reason=said)
         spec, capacity, busy = record.spec, self.cluster.capacity, self.table.busy_by_type
         types = [spec.gpu_type] if spec.gpu_type != ANY_GPU else list(capacity)
         free = max((capacity.get(t, 0) - busy.get(t, 0) for t in types), default=0)

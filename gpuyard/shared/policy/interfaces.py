@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from msgspec import Struct
 
-from ..model import Allocation, GpuRef
+from ..model import Allocation, GpuRef, JobRecord, JobSpec
 from .views import AdmissionInput, NodeView, SchedulingInput
 
 
@@ -20,8 +20,9 @@ class Needs:
     """What a policy needs from the service that runs it, beyond the basics (the active jobs for
     scheduling, the job and the GPUs per type for admission, the free GPUs for placement).
 
-    Declared once per class (`needs = Needs(nodes=True)`); the service fetches and builds only
-    what is asked for, so a policy that needs little costs little.
+    Declared once per class (`needs = Needs(nodes=True)`), or per instance where the parameters
+    decide; the service fetches and builds only what is asked for, so a policy that needs little
+    costs little.
     """
 
     jobs: bool = False
@@ -113,7 +114,7 @@ class Policy:
     Params: ClassVar[type[Struct]] = NoParams
     State: ClassVar[type[Struct] | None] = None
     kind: ClassVar[str] = ""
-    needs: ClassVar[Needs] = Needs()
+    needs: Needs = Needs()
 
     def __init__(self, params: Struct | None = None) -> None:
         self.params: Any = params if params is not None else self.Params()
@@ -142,6 +143,20 @@ class SchedulingPolicy(Policy):
 
         Called after each decision, with the jobs as it left them (those it started running)."""
         return None
+
+    def accepts(self, spec: JobSpec) -> JobSpec | str:
+        """A submitted job as this policy will run it (e.g. with its queue's default time limit),
+        or why it never will: the submitter is told, and the job is refused."""
+        if spec.priority_class is not None:
+            return (f"priority class {spec.priority_class!r} is not defined: this cluster's "
+                    "scheduling policy has no priority classes")  # fmt: skip
+        return spec
+
+    def waiting_reason(self, record: JobRecord) -> str:
+        """Why a waiting job that never ran waits, where the policy knows better than the
+        scheduler's `Resources` or `Priority` (e.g. `QuotaExceeded`); "" where it does not. Asked
+        only when a person looks (`JobQuery.reasons`), so it may take its time."""
+        return ""
 
 
 class AdmissionPolicy(Policy):

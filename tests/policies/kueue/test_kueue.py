@@ -4,6 +4,7 @@ queue a job's user gives, and the queues file's mistakes in one line each."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -172,3 +173,141 @@ def test_gpuyard_queues_counts_each_queues_gpus_borrowed_and_jobs() -> None:
     assert (rows["b"]["held"], rows["b"]["borrowed"], rows["b"]["waiting"]) == ({"gpu": 1}, {}, 0)
     assert format_queues(list(rows.values())).splitlines()[1].split() == [
         "a", "c", "gpu:2", "gpu:3", "gpu:1", "1", "1"]  # fmt: skip
+
+
+# ---------------------------------------------------------------------- fair sharing
+
+
+def borrowers(reclaim: str = "any", **fair: Any) -> Kueue:
+    """A lender with 8 GPUs it does not use, and two queues of no quota that borrow them."""
+    config = {"cohort": "c", "reclaim_within_cohort": reclaim}
+    weights = fair.pop("weights", {})
+    return queues(
+        q("lender", 8, cohort="c"),
+        {**q("a", 0, **config), "weight": weights.get("a", 1.0)},
+        {**q("b", 0, **config), "weight": weights.get("b", 1.0)},
+        **({"fair_sharing": fair} if fair or weights else {}),
+    )
+
+
+def test_fair_sharing_gives_the_borrowed_gpus_by_the_queues_weights() -> None:
+    """Both queues' next jobs are admitted one each in turn while GPUs are free; then only
+    fair sharing lets the queue of the lesser share take from the other."""
+    jobs = [of("a", f"a{i}", running=i < 4, submit=i) for i in range(12)]
+    jobs += [of("b", f"b{i}", submit=20 + i) for i in range(8)]
+
+    def held(policy: Kueue) -> tuple[int, int]:
+        started = ran(policy, jobs)
+        return sum(j[0] == "a" for j in started), sum(j[0] == "b" for j in started)
+
+    assert held(borrowers()) == (6, 2)
+    assert held(borrowers(half_life_s=0)) == (4, 4)
+    assert held(borrowers(weights={"a": 3.0})) == (6, 2)  # (6/3 = 2/1)
+    assert held(borrowers(weights={"b": 3.0})) == (2, 6)
+    # Weight 0: the first to give back (all but the two it started in this decision).
+    assert held(borrowers(weights={"a": 0.0})) == (2, 6)
+
+
+def test_under_fair_sharing_a_queue_reclaims_borrowed_gpus_down_to_an_equal_share() -> None:
+    running = [of("a", f"a{i}", running=True, submit=i) for i in range(8)]
+    waiting = [of("b", f"b{i}", submit=10 + i) for i in range(8)]
+    assert ran(borrowers(), [*running, *waiting]) == [f"a{i}" for i in range(8)]  # (none)
+    fair = borrowers(half_life_s=0)
+    decision = fair.schedule(inp([*running, *waiting], 8))
+    started = sorted(a.job_id for a in decision.allocations)
+    assert started == ["a0", "a1", "a2", "a3", "b0", "b1", "b2", "b3"]
+    assert decision.reasons == {f"a{7 - i}": f"reclaimed by queue b for b{i}" for i in range(4)}
+    # At equal shares, neither takes from the other: the next decision changes nothing.
+    after = [of("a", f"a{i}", running=True, submit=i) for i in range(4)]
+    after += [of("b", f"b{i}", running=True, submit=10 + i) for i in range(4)]
+    after += [of("a", f"a{i}", submit=i) for i in range(4, 8)]
+    after += [of("b", f"b{i}", submit=10 + i) for i in range(4, 8)]
+    again = fair.schedule(inp(after, 8))
+    assert sorted(a.job_id for a in again.allocations) == started and not again.reasons
+
+
+def test_decayed_usage_serves_the_queue_that_used_less_and_survives_a_restart() -> None:
+    """Both queues borrow alike now, but a used more in the hour before: the GPU that frees goes
+    to b by their histories, to a by what they borrow now."""
+    decayed, now_only = borrowers("never", half_life_s=3600.0), borrowers("never", half_life_s=0)
+    assert decayed.needs.decide_on_exit and not now_only.needs.decide_on_exit
+    old = [of("a", f"old{i}", running=True) for i in range(8)]
+    decayed.schedule(inp(old, 8, now=0.0))  # (a holds 8 from 0 to 1800)
+    b = [of("b", f"b{i}", submit=1000.0 + i) for i in range(4)]
+    decayed.schedule(inp([*old[:4], *b], 8, now=1800.0))  # (the other four ended)
+    state = msgspec.json.decode(msgspec.json.encode(decayed.snapshot()), type=Kueue.State)
+    u = state.queues["a"]  # 8 GPUs for half an hour, then 4 (decayed with an hour's half-life)
+    assert (u.gpus, u.since) == (4, 1800.0) and state.queues["b"].gpus == 4
+    assert u.value == pytest.approx(8 * 3600.0 / math.log(2) * (1 - 2**-0.5))
+    restored = borrowers("never", half_life_s=3600.0)
+    restored.restore(state)
+    # At 3600 one of a's ends: a holds 3, b 4; each has a job waiting for the free GPU.
+    running = [*old[:3], *[of("b", f"b{i}", running=True) for i in range(4)]]
+    waiting = [of("a", "a-next", submit=3000.0), of("b", "b-next", submit=3100.0)]
+    jobs = [*running, *waiting]
+
+    def chosen(p: Kueue) -> str:
+        started = {a.job_id for a in p.schedule(inp(jobs, 8, now=3600.0)).allocations}
+        (job,) = started & {"a-next", "b-next"}
+        return job
+
+    assert chosen(decayed) == chosen(restored) == "b-next"
+    assert chosen(now_only) == chosen(borrowers("never")) == "a-next"
+    assert borrowers(half_life_s=0).snapshot() is None
+
+
+def test_fair_sharing_by_users_orders_a_queues_jobs_of_one_priority() -> None:
+    jobs = [of("x", f"x{i}", running=True, submit=i) for i in range(3)]
+    jobs += [of("x", "x-next", submit=5.0), of("y", "y-next", submit=6.0)]
+    jobs += [of("y", "y-urgent", priority=1, submit=7.0)]
+    shared = {"name": "team", "quota": {"gpu": 5}, "users": ["x", "y"]}
+    by_users = queues(shared, fair_sharing={"users": True})
+    assert ran(by_users, jobs) == ["x0", "x1", "x2", "y-next", "y-urgent"]
+    assert ran(queues(shared), jobs) == ["x-next", "x0", "x1", "x2", "y-urgent"]
+    weighted = queues(shared, fair_sharing={"users": True, "user_weights": {"x": 4.0}})
+    assert ran(weighted, jobs) == ["x-next", "x0", "x1", "x2", "y-urgent"]  # (3/4 < 1)
+
+
+# ---------------------------------------------------------------------- submission, reasons
+
+
+def test_a_job_gets_its_priority_class_and_its_queues_time_limits_or_one_line() -> None:
+    from gpuyard.shared.model import JobSpec
+    from gpuyard.shared.policy.interfaces import SchedulingPolicy
+
+    policy = queues(
+        {**q("a", 4), "default_time_limit_s": 600.0, "max_time_limit_s": 3600.0},
+        {**q("b", 4), "max_time_limit_s": 7200.0},
+        priority_classes={"high": 100, "low": -5},
+    )
+    spec = JobSpec(num_gpus=1, user="a", priority_class="high")
+    got = policy.accepts(spec)
+    assert not isinstance(got, str)
+    assert (got.priority, got.time_limit_s) == (100, 600.0)
+    b = policy.accepts(JobSpec(num_gpus=1, user="b"))
+    assert not isinstance(b, str) and b.time_limit_s == 7200.0  # (Slurm: MaxTime by default)
+    for bad, said in [
+        (JobSpec(num_gpus=1, user="a", priority_class="urgent"),
+         "priority class 'urgent' is not defined (defined: high, low)"),
+        (JobSpec(num_gpus=1, user="a", time_limit_s=7200.0),
+         "time limit of 7200 s is over queue a's maximum of 3600 s"),
+        (JobSpec(num_gpus=1, user="nobody"), "user 'nobody' has no queue"),
+    ]:  # fmt: skip
+        why = policy.accepts(bad)
+        assert isinstance(why, str) and why.startswith(said) and "\n" not in why
+    plain = SchedulingPolicy().accepts(JobSpec(num_gpus=1, priority_class="high"))
+    assert isinstance(plain, str) and "no priority classes" in plain
+
+
+def test_a_job_its_queue_cannot_take_waits_for_quota_not_for_gpus() -> None:
+    policy = queues(q("a", 2, cohort="c", borrowing_limit={"gpu": 1}), q("b", 2, cohort="c"))
+    running = [of("a", f"a{i}", running=True) for i in range(3)]
+    waiting = of("a", "next", submit=5.0)
+    policy.schedule(inp([*running, waiting], 8))
+    said = policy.waiting_reason(waiting.record)
+    assert said.startswith("QuotaExceeded (queue a holds 3 of its 2 gpu GPUs, may borrow 1")
+    assert policy.waiting_reason(of("b", "b0").record) == ""  # (b has quota: not quota)
+    full = queues(q("a", 8))
+    full.schedule(inp([*[of("a", f"f{i}", running=True) for i in range(8)], waiting], 8))
+    assert full.waiting_reason(waiting.record) == ""  # (no GPU free: Resources, not quota)
+    assert full.waiting_reason(of("z", "z0").record).startswith("NoQueue")
