@@ -1,6 +1,8 @@
 """Queues on a real cluster, applied at runtime (real agents, the CLI as the operator): `gpuyard
 policy set scheduler kueue --queues FILE` puts the scheduler under Kueue's quotas, and a new file
-changes them without a restart; a bad file changes nothing."""
+changes them without a restart; a bad file changes nothing. A job the queues never run is refused
+at submission in one line (no queue for its user, a priority class not defined, a time limit
+over its queue's), and one waiting for quota says so."""
 
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ from .test_hold import said
 pytestmark = pytest.mark.slow
 
 QUEUES = """
+priority_classes = {{ high = 100 }}
 [[queue]]
 name = "team-a"
 users = ["alice"]
 quota = {{ t4 = {quota} }}
+max_time_limit_s = 3600
 """
 
 
@@ -56,8 +60,27 @@ async def test_queues_are_applied_at_runtime_and_a_bad_file_changes_nothing(
     second = await views.submit("user.alice", *counter(100000))
     await views.until_row(first, "RUNNING")
     await asyncio.sleep(1.0)  # (decisions at each arrival: the second's is long made)
-    # Two GPUs free, a quota of one: the second waits.
-    assert (await views.rows(second))[second]["job_state"] == "PENDING"
+    # Two GPUs free, a quota of one: the second waits, and says for what.
+    row = (await views.rows(second))[second]
+    assert row["job_state"] == "PENDING"
+    assert (
+        row["state_reason"]
+        == "QuotaExceeded (queue team-a holds 1 of its 1 t4 GPUs; it asks for 1)"
+    )
+    assert row["spec"]["time_limit_s"] == 3600  # (the queue's maximum, as no limit was asked for)
+    for identity, args, why in [
+        ("user.bob", (), "user 'bob' has no queue"),
+        ("user.alice", ("--priority-class", "urgent"),
+         "priority class 'urgent' is not defined (defined: high)"),
+        ("user.alice", ("--time-limit", "2:00:00"),
+         "time limit of 2:00:00 is over queue team-a's maximum of 1:00:00"),
+    ]:  # fmt: skip
+        code, _, err = await views.gpuyard(identity, "submit", *args, *counter(1))
+        assert code == 1 and why in err and len(err.strip().splitlines()) == 1, err
+    high = await views.submit("user.alice", "--priority-class", "high", *counter(1))
+    assert (await views.rows(high))[high]["spec"]["priority"] == 100
+    code, _, err = await views.gpuyard("user.alice", "cancel", high)
+    assert code == 0, err
     code, out, err = await views.gpuyard("user.alice", "queues", "--json")
     assert code == 0, err
     (row,) = json.loads(next(line for line in said(out) if line.startswith("{")))["queues"]

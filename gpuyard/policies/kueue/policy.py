@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
+from gpuyard.shared.durations import slurm_duration
 from gpuyard.shared.model import ANY_GPU, Allocation, JobRecord, JobSpec
 from gpuyard.shared.policy import Decision, JobView, Needs, SchedulingInput, SchedulingPolicy
 
@@ -166,8 +167,8 @@ class Kueue(SchedulingPolicy):
             if (default := q.default_time_limit_s or most) is not None:
                 changes["time_limit_s"] = default
         elif most is not None and spec.time_limit_s > most:
-            return (f"time limit of {spec.time_limit_s:g} s is over queue {q.name}'s maximum of "
-                    f"{most:g} s")  # fmt: skip
+            return (f"time limit of {slurm_duration(spec.time_limit_s)} is over queue {q.name}'s "
+                    f"maximum of {slurm_duration(most)}")  # fmt: skip
         return msgspec.structs.replace(spec, **changes) if changes else spec
 
     def waiting_reason(self, record: JobRecord) -> str:
