@@ -290,7 +290,7 @@ def test_a_job_gets_its_priority_class_and_its_queues_time_limits_or_one_line() 
         (JobSpec(num_gpus=1, user="a", priority_class="urgent"),
          "priority class 'urgent' is not defined (defined: high, low)"),
         (JobSpec(num_gpus=1, user="a", time_limit_s=7200.0),
-         "time limit of 7200 s is over queue a's maximum of 3600 s"),
+         "time limit of 2:00:00 is over queue a's maximum of 1:00:00"),
         (JobSpec(num_gpus=1, user="nobody"), "user 'nobody' has no queue"),
     ]:  # fmt: skip
         why = policy.accepts(bad)
