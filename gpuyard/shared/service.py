@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import msgspec
 import structlog
@@ -117,8 +117,17 @@ class _Answer(msgspec.Struct):
     msg: Msg
     route: _Route | None
     data: bytes
-    """The encoded reply, or error reply."""
+    """The encoded reply, or error reply (b"" for a reply completed at the commit: `later`)."""
     error: bool = False
+    later: Any = None
+
+
+@dataclass
+class Later(Generic[T]):
+    """A handler's reply that the service completes when it commits (`Service.before_commit`:
+    admission tells the scheduler of the submissions of a group in one request), encoded then."""
+
+    reply: T
 
 
 TAKEOVER_TRIES = 5
@@ -556,6 +565,8 @@ class Service:
             self.log.exception("request.failed", subject=msg.subject, **located)
             return self._failed(msg, route, ErrorReply(error=message, subject=msg.subject))
         if msg.reply and route.endpoint.reply is not None:
+            if isinstance(reply, Later):
+                return _Answer(msg, route, b"", later=reply.reply)
             return _Answer(msg, route, encode(reply))
         return None
 
@@ -565,6 +576,7 @@ class Service:
         try:
             if self.lease is not None and not self.lease.holds():
                 await self.lease.confirm()  # (a write after another took over would undo its own)
+            await self.before_commit()
             await self.persist()
         except NotLeading:
             answers = [
@@ -583,7 +595,16 @@ class Service:
         for answer in answers:
             if answer.msg.reply:
                 headers = _ERROR_HEADERS if answer.error else None
-                await self.bus.nc.publish(answer.msg.reply, answer.data, headers=headers)
+                data = (
+                    encode(answer.later)
+                    if answer.later is not None and not answer.error
+                    else answer.data
+                )
+                await self.bus.nc.publish(answer.msg.reply, data, headers=headers)
+
+    async def before_commit(self) -> None:
+        """What a service finishes for the requests of a group before their state is written and
+        they are answered (`Later` replies); raising fails them all."""
 
     def _failure(self, exc: Exception) -> tuple[str, dict[str, str]]:
         """What the caller is told of an exception that is not a BadRequest, and what the log line

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -39,7 +40,7 @@ from gpuyard.shared.policy import (
     NodeStatus,
     admission_policies,
 )
-from gpuyard.shared.service import Handler, Service
+from gpuyard.shared.service import Handler, Later, Service
 from gpuyard.shared.store import Replicas
 from gpuyard.shared.throughput import LinearModel, ThroughputModel, load_throughputs
 
@@ -149,6 +150,21 @@ def _job_id(raw: msgspec.Raw) -> str:
     return job_id if isinstance(job_id, str) else ""
 
 
+@dataclass
+class Arrivals:
+    """One submission's jobs as judged, for the scheduler to hear of: alone, or with the other
+    submissions of a group (requests that came together, on the wall clock) in one request."""
+
+    now: float
+    admitted: list[JobSpec]
+    results: list[SubmitResult]
+    """Its jobs' verdicts (not the malformed ones': they named no job)."""
+    arrived: dict[str, float]
+    users: dict[str, str]
+    declined: int
+    reply: SubmitReply | None = None
+
+
 class StoredAdmission(Struct, kw_only=True):
     counter: int = 0
     held: list[JobSpec] = []
@@ -180,6 +196,8 @@ class Admission(Service):
         self.cluster: ClusterInfo | None = None
         self._asked = False
         """A decision on the held jobs is queued (`_ask_again`): a burst of events asks once."""
+        self._group: list[Arrivals] = []
+        """Submissions judged whose jobs the scheduler hears of when the group commits."""
 
     def routes(self) -> dict[Endpoint[Any, Any], Handler]:
         return {SUBMIT: self.submit}
@@ -255,7 +273,7 @@ class Admission(Service):
 
     async def submit(
         self, submission: SubmitRequest | Submission, caller: Caller = ANONYMOUS
-    ) -> SubmitReply:
+    ) -> SubmitReply | Later[SubmitReply]:
         if isinstance(submission, Submission):
             req, results, kept = submission.judged()
         else:
@@ -352,31 +370,19 @@ class Admission(Service):
             declined += verdict == "reject"
         if self.policy.all_or_none:
             declined += self._decline_together(results, admitted)
+        arrivals = Arrivals(now, admitted, results[malformed:], arrived, users, declined)
+        # On the wall clock, with more submissions waiting behind this one, the scheduler hears
+        # of them all in one request when the group commits: one decision for a burst.
+        grouped = (
+            req.now is None and not req.tick and req.until is None and not self.held
+            and not self.policy.needs.jobs and self.queued() > 0
+        )  # fmt: skip
         status: SchedulerStatus | None = None
-        if admitted or req.tick or declined:
-            # The ids given out are stored before the scheduler hears of them: never reused.
-            await self.persist()
-            times = [arrived[s.job_id or ""] for s in admitted] if arrived else []
-            status = await self._call(
-                ENQUEUE,
-                EnqueueRequest(
-                    now=now,
-                    jobs=admitted,
-                    tick=req.tick,
-                    declined=declined,
-                    times=times,
-                    until=req.until,
-                ),
-            )
-            for r in results:
-                if r.job_id in status.rejected:
-                    r.verdict, r.reason = "reject", status.rejected[r.job_id]
-        for r in results[malformed:]:  # (a malformed spec named no job: no event)
-            kind = {"admit": "job.admitted", "hold": "job.held", "reject": "job.rejected"}[
-                r.verdict
-            ]
-            at = arrived.get(r.job_id, now)
-            await self._event(kind, at, r.job_id, r.reason, user=users.get(r.job_id, ""))
+        if grouped:
+            self._group.append(arrivals)
+        else:
+            await self.before_commit()  # (those before it first)
+            status = await self._tell_scheduler([arrivals], now, tick=req.tick, until=req.until)
         if retry_at is not None and req.now is None:  # the wall clock: our own timer
             if self._due is not None:
                 self._due.cancel()
@@ -385,12 +391,56 @@ class Admission(Service):
         # is told to its owner by its events (`gpuyard jobs`), not to whoever submitted next.
         mine = named_for(caller, asked, users)
         held = sum(1 for s in self.held if mine(s.job_id or ""))
-        return SubmitReply(
+        reply = SubmitReply(
             results=results[:malformed] + [r for r in results[malformed:] if mine(r.job_id)],
             held=held, scheduler=status,
             retry_at=retry_at if held else None,
             batches=not (self.policy.needs.jobs or self.policy.all_or_none or self.held),
         )  # fmt: skip
+        if grouped:
+            arrivals.reply = reply
+            return Later(reply)
+        return reply
+
+    async def before_commit(self) -> None:
+        """The scheduler hears of the group's submissions, in one request."""
+        if self._group:
+            group, self._group = self._group, []
+            await self._tell_scheduler(group, time.time())
+
+    async def _tell_scheduler(
+        self, group: list[Arrivals], now: float, *, tick: bool = False, until: float | None = None
+    ) -> SchedulerStatus | None:
+        """Enqueue the admitted jobs of `group` in one request (with the declined count, and a
+        simulation's tick), take the scheduler's refusals into the verdicts, and say each job's
+        verdict (`job.admitted`, `job.held`, `job.rejected`)."""
+        status: SchedulerStatus | None = None
+        admitted = [s for a in group for s in a.admitted]
+        declined = sum(a.declined for a in group)
+        if admitted or tick or declined:
+            # The ids given out are stored before the scheduler hears of them: never reused.
+            await self.persist()
+            times = [a.arrived[s.job_id or ""] for a in group if a.arrived for s in a.admitted]
+            status = await self._call(
+                ENQUEUE,
+                EnqueueRequest(
+                    now=now, jobs=admitted, tick=tick, declined=declined, times=times, until=until
+                ),
+            )
+            for a in group:
+                for r in a.results:
+                    if r.job_id in status.rejected:
+                        r.verdict, r.reason = "reject", status.rejected[r.job_id]
+        for a in group:
+            for r in a.results:
+                kind = {"admit": "job.admitted", "hold": "job.held", "reject": "job.rejected"}[
+                    r.verdict
+                ]
+                at = a.arrived.get(r.job_id, a.now)
+                await self._event(kind, at, r.job_id, r.reason, user=a.users.get(r.job_id, ""))
+            if a.reply is not None:
+                a.reply.scheduler = status
+        return status
 
     @staticmethod
     def _decline_together(results: list[SubmitResult], admitted: list[JobSpec]) -> int:
