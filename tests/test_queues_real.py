@@ -85,10 +85,11 @@ async def test_queues_are_applied_at_runtime_and_a_bad_file_changes_nothing(
     assert code == 0, err
     (row,) = json.loads(next(line for line in said(out) if line.startswith("{")))["queues"]
     assert row == {"queue": "team-a", "cohort": "", "quota": {"t4": 1}, "held": {"t4": 1},
-                   "borrowed": {}, "running": 1, "waiting": 1}  # fmt: skip
+                   "borrowed": {}, "lent": {}, "running": 1, "waiting": 1,
+                   "why": {"QuotaExceeded": 1}}  # fmt: skip
     code, out, _ = await views.gpuyard("user.alice", "queues")
-    assert said(out)[0].split() == ["QUEUE", "COHORT", "QUOTA", "HELD", "BORROWED", "RUNNING",
-                                    "WAITING"]  # fmt: skip
+    assert said(out)[0].split() == ["QUEUE", "COHORT", "QUOTA", "HELD", "BORROWED", "LENT",
+                                    "RUNNING", "WAITING", "WHY"]  # fmt: skip
 
     (tmp_path / "bad.toml").write_text('[[queue]]\nname = "x"\nquota = { t4 = -1 }\n')
     code, _, err = await policy_set(views, "kueue", "--queues", str(tmp_path / "bad.toml"))

@@ -23,6 +23,7 @@ from gpuyard.cli.options import (
     Subcommands,
     add_nats_options,
     add_time_limit_options,
+    begin_time,
     check_nats_url,
     checked_subjects,
     checked_text,
@@ -229,6 +230,12 @@ def add_cluster_parsers(sub: Subcommands) -> None:
         "--array", "-a", type=job_array, metavar="INDEXES[%N]",
         help="a job array: one job per index (0-99, 1,3,5-9, 0-15:4), named <id>_<index>, each "
         "told GPUYARD_ARRAY_TASK_ID (and SLURM_ARRAY_TASK_ID); %%N: at most N of them at once",
+    )  # fmt: skip
+    p.add_argument(
+        "--begin", "-b", type=begin_time, dest="begin_time", metavar="TIME",
+        help="admitted now, started no sooner than TIME (Slurm's forms: now+10min, now+2h, "
+        "18:30, 2026-12-04T18:30, midnight, tomorrow; local time); until then PENDING with "
+        "reason BeginTime",
     )  # fmt: skip
     p.add_argument(
         "--dependency", "-d", type=dependency, dest="depends_on", metavar="DEP[,DEP...]",
@@ -754,7 +761,7 @@ def job_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
     job: dict[str, Any] = {"num_gpus": args.gpus, "command": command, "workdir": workdir}
     for key in ("gpu_type", "min_gpus", "max_gpus", "priority", "priority_class", "name", "job_id",
                 "job_type", "total_steps", "rescale_up_s", "rescale_down_s", "time_limit_s",
-                "depends_on"):  # fmt: skip
+                "depends_on", "begin_time"):  # fmt: skip
         value = getattr(args, key, None)
         if value is not None:
             job[key] = value

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from functools import partial
 from typing import Any
@@ -266,14 +267,17 @@ def add_queues_parser(sub: Subcommands) -> None:
 
 
 def queue_rows(queues: Any, records: list[Any]) -> list[dict[str, Any]]:
-    """A row per queue of `queues` (the kueue policy's parameters) from the jobs not ended."""
+    """A row per queue of `queues` (the kueue policy's parameters) from the jobs not ended: the
+    GPUs its jobs hold, borrow beyond its quota and lend (of its quota, what other queues of its
+    cohort use: the cohort's borrowing shared among its lenders by what each leaves unused),
+    its jobs running and waiting, and why they wait (the records' reasons)."""
     from gpuyard.policies.kueue import Kueue
     from gpuyard.shared.policy import JobView
 
     policy = Kueue(queues)
     rows = {
         q.name: {"queue": q.name, "cohort": q.cohort, "quota": dict(q.quota), "held": {},
-                 "borrowed": {}, "running": 0, "waiting": 0}
+                 "borrowed": {}, "lent": {}, "running": 0, "waiting": 0, "why": {}}
         for q in queues.queue
     }  # fmt: skip
     for record in records:
@@ -286,11 +290,37 @@ def queue_rows(queues: Any, records: list[Any]) -> list[dict[str, Any]]:
             row["held"][record.gpu_type] = row["held"].get(record.gpu_type, 0) + record.gpus
         elif record.state == "queued":
             row["waiting"] += 1
+            why = re.split(r" \(| for ", record.reason or "Priority", maxsplit=1)[0]
+            row["why"][why] = row["why"].get(why, 0) + 1
     for row in rows.values():
         row["borrowed"] = {
             t: n - row["quota"].get(t, 0) for t, n in row["held"].items() if n > row["quota"].get(t, 0)
         }  # fmt: skip
+    for q in queues.queue:  # (what each lends: its cohort's borrowing, by what it leaves unused)
+        if not q.cohort:
+            continue
+        cohort = [c for c in queues.queue if c.cohort == q.cohort]
+        for t in q.quota:
+            borrowed = sum(rows[c.name]["borrowed"].get(t, 0) for c in cohort)
+            unused = {c.name: min(c.lendable(t), max(0, c.quota.get(t, 0) -
+                                                    rows[c.name]["held"].get(t, 0)))
+                      for c in cohort}  # fmt: skip
+            if borrowed and unused[q.name]:
+                share = _shared(borrowed, unused)[q.name]
+                if share:
+                    rows[q.name]["lent"][t] = share
     return list(rows.values())
+
+
+def _shared(total: int, weights: dict[str, int]) -> dict[str, int]:
+    """`total` shared out in whole numbers in proportion to `weights` (largest remainders)."""
+    whole = sum(weights.values())
+    exact = {k: total * w / whole for k, w in weights.items()}
+    parts = {k: int(v) for k, v in exact.items()}
+    left = total - sum(parts.values())
+    for k in sorted(exact, key=lambda k: (parts[k] - exact[k], k))[:left]:
+        parts[k] += 1
+    return parts
 
 
 def format_queues(rows: list[dict[str, Any]]) -> str:
@@ -299,10 +329,11 @@ def format_queues(rows: list[dict[str, Any]]) -> str:
     def per_type(counts: dict[str, int]) -> str:
         return " ".join(f"{t}:{n}" for t, n in sorted(counts.items())) or "-"
 
-    table = [("QUEUE", "COHORT", "QUOTA", "HELD", "BORROWED", "RUNNING", "WAITING")]
+    table = [("QUEUE", "COHORT", "QUOTA", "HELD", "BORROWED", "LENT", "RUNNING", "WAITING", "WHY")]
     table += [
         (r["queue"], r["cohort"] or "-", per_type(r["quota"]), per_type(r["held"]),
-         per_type(r["borrowed"]), str(r["running"]), str(r["waiting"]))
+         per_type(r["borrowed"]), per_type(r["lent"]), str(r["running"]), str(r["waiting"]),
+         " ".join(f"{why}:{n}" for why, n in sorted(r["why"].items())) or "-")
         for r in rows
     ]  # fmt: skip
     return text_table(table)
@@ -320,7 +351,8 @@ async def _queues(args: argparse.Namespace, bus: Bus) -> int:
               "(gpuyard policy set scheduler kueue --queues FILE)", file=sys.stderr)  # fmt: skip
         return 1
     queues = msgspec.convert(info.params, Queues)
-    records = await all_records(bus, JobQuery(states=["queued", "running"], limit=10_000))
+    query = JobQuery(states=["queued", "running"], limit=10_000, reasons=True)
+    records = await all_records(bus, query)
     rows = queue_rows(queues, records)
     print(json.dumps({"queues": rows}) if args.json else format_queues(rows))
     return 0

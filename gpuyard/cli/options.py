@@ -18,8 +18,10 @@ import asyncio
 import contextlib
 import difflib
 import os
+import re
 import select
 import sys
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, NoReturn, TypeAlias, TypeVar
 from urllib.parse import urlsplit
@@ -478,6 +480,55 @@ def run_on_bus(
 
 time_limit = parsed(parse_time_limit)
 """`--time-limit`'s value, in seconds (a usage error names the forms)."""
+
+BEGIN_FORMS = (
+    "now+N[s|min|h|d|w] (N seconds without a unit), HH:MM[:SS] (the next such time), "
+    "YYYY-MM-DD[THH:MM[:SS]], midnight, noon, today, tomorrow"
+)
+_BEGIN_UNITS = {
+    "": 1, "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "min": 60, "mins": 60,
+    "minute": 60, "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600, "d": 86400,
+    "day": 86400, "days": 86400, "w": 604800, "week": 604800, "weeks": 604800,
+}  # fmt: skip
+_BEGIN_NOW = re.compile(r"now(?:\+(\d+)\s*([a-z]*))?")
+_BEGIN_CLOCK = re.compile(r"(\d{1,2}):(\d\d)(?::(\d\d))?")
+
+
+def parse_begin(text: str, now: float | None = None) -> float:
+    """Slurm's `--begin` forms, as the epoch's seconds, in local time: `now`, `now+N[UNIT]`
+    (seconds by default; min, h, d, w), `HH:MM[:SS]` (today, or tomorrow once past, as Slurm
+    does), `YYYY-MM-DD[THH:MM[:SS]]`, `midnight`, `noon` (the next), `today`, `tomorrow`.
+    ValueError in one line naming the forms."""
+    import datetime as dt
+
+    now = time.time() if now is None else now
+    value = text.strip().lower()
+    today = dt.datetime.fromtimestamp(now).replace(hour=0, minute=0, second=0, microsecond=0)
+
+    def next_at(hour: int, minute: int = 0, second: int = 0) -> float:
+        at = today.replace(hour=hour, minute=minute, second=second)
+        if at.timestamp() <= now:
+            at += dt.timedelta(days=1)
+        return at.timestamp()
+
+    try:
+        if (m := _BEGIN_NOW.fullmatch(value)) and (m[2] or "") in _BEGIN_UNITS:
+            return now + int(m[1] or 0) * _BEGIN_UNITS[m[2] or ""]
+        if m := _BEGIN_CLOCK.fullmatch(value):
+            return next_at(int(m[1]), int(m[2]), int(m[3] or 0))
+        if value in ("midnight", "noon"):
+            return next_at(0 if value == "midnight" else 12)
+        if value in ("today", "tomorrow"):
+            return (today + dt.timedelta(days=1 if value == "tomorrow" else 0)).timestamp()
+        if re.fullmatch(r"\d{4}-\d\d-\d\d(?:t\d\d:\d\d(?::\d\d)?)?", value):
+            return dt.datetime.fromisoformat(value.upper()).timestamp()
+    except ValueError:  # (an hour or a date out of range)
+        pass
+    raise ValueError(f"{text!r} is not a begin time; forms: {BEGIN_FORMS}")
+
+
+begin_time = parsed(parse_begin)
+"""`--begin`'s value, as the epoch's seconds (a usage error names the forms)."""
 
 
 def add_time_limit_options(p: argparse.ArgumentParser) -> None:

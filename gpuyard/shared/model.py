@@ -148,6 +148,10 @@ class JobSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     """Jobs this one waits for, as Slurm's `--dependency` (`parse_dependency`): e.g.
     `afterok:j3:j4,singleton`. It waits with reason `Dependency`; one that can no longer hold (a
     job it needs completed failed) cancels it (`DependencyNeverSatisfied`)."""
+    begin_time: Seconds | None = None
+    """Not to start before this time (Slurm's `--begin`), on the clock's seconds (a real
+    cluster's: the epoch); None: at once. Admitted at once, it waits with reason `BeginTime`
+    until then, then as any job (for its dependencies too)."""
     array: ArrayTask | None = None
     """Its place in a job array (`gpuyard submit --array 0-99%10`): one job per task."""
     outcome: Literal["failed", "cancelled"] | None = None

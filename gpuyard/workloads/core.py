@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, SupportsInt, cast
 import msgspec
 import numpy as np
 
-from gpuyard.shared.model import JobSpec
+from gpuyard.shared.model import ArrayTask, JobSpec
 
 if TYPE_CHECKING:  # (imported where a frame is made: a generated workload needs none)
     import pandas as pd
@@ -285,6 +285,7 @@ def build_jobs(
     pre_bad: dict[int, WorkloadError] | None = None,
     broken: Sequence[WorkloadError] = (),
     errors_out: list[WorkloadError] | None = None,
+    arrays: Sequence[tuple[list[int], int | None] | None] | None = None,
 ) -> Workload:
     """Validate `n` rows given as JobSpec-named columns into a `Workload`.
 
@@ -294,7 +295,9 @@ def build_jobs(
     submit times become 0. Bad rows are skipped and counted with `skip_bad`, else they are one
     `BrokenRows` error: the first few, in file order, and how many. With `errors_out` the bad
     rows are skipped and their errors appended there (a loader reading a file in chunks decides
-    once it has read them all).
+    once it has read them all). `arrays`: per row, a job array's task ids and limit
+    (`parse_array`), or None: such a row is one job per task, `<id>_<task>` (as `gpuyard submit
+    --array` makes them on a real cluster), its `extras` row repeated.
     """
     bad = dict(pre_bad or {})
     if lines is None:
@@ -333,18 +336,21 @@ def build_jobs(
                 except (msgspec.ValidationError, ValueError, TypeError) as exc:
                     bad[i] = WorkloadError(path, lines[i], _error_field(str(exc)), str(exc))
             keep = good
-    # Unique ids.
+    # Unique ids (an array's tasks' too).
     seen: set[str] = set()
     unique_jobs: list[JobSpec] = []
     unique_keep: list[int] = []
     for i, job in zip(keep, jobs, strict=True):
-        job_id = cast(str, job.job_id)  # every row has one (its number where the file has none)
-        if job_id in seen:
-            bad[i] = WorkloadError(path, lines[i], "job_id", f"duplicate job id {job.job_id!r}")
+        array = arrays[i] if arrays is not None else None
+        made = [job] if array is None else array_tasks(job, *array)
+        # (every row has an id: its number where the file has none)
+        taken = next((j.job_id for j in made if cast(str, j.job_id) in seen), None)
+        if taken is not None:
+            bad[i] = WorkloadError(path, lines[i], "job_id", f"duplicate job id {taken!r}")
             continue
-        seen.add(job_id)
-        unique_jobs.append(job)
-        unique_keep.append(i)
+        seen.update(cast(str, j.job_id) for j in made)
+        unique_jobs += made
+        unique_keep += [i] * len(made)
     errors = sorted([*broken, *bad.values()], key=lambda e: (e.line is None, e.line or 0))
     if errors_out is not None:
         errors_out.extend(errors)
@@ -362,6 +368,17 @@ def build_jobs(
         skipped=len(errors),
         skip_reasons=[str(e) for e in errors],
     )
+
+
+def array_tasks(job: JobSpec, tasks: list[int], limit: int | None) -> list[JobSpec]:
+    """A job array's tasks, one job each, named `<job id>_<task>`: the array's id is the job's."""
+    array_id = cast(str, job.job_id)
+    low, high, count = min(tasks), max(tasks), len(tasks)
+    made: list[JobSpec] = []
+    for t in tasks:
+        task = ArrayTask(task=t, count=count, low=low, high=high, limit=limit, array_id=array_id)
+        made.append(msgspec.structs.replace(job, job_id=f"{array_id}_{t}", array=task))
+    return made
 
 
 def _error_field(message: str) -> str | None:

@@ -38,8 +38,9 @@ philly (`cluster_job_log` JSON): see `load_philly`.
 
 gpuyard (our own CSV / Parquet)
     Columns named as JobSpec fields (`JOB_FIELDS`); `command` is a JSON list, `env` a JSON
-    object; empty cells use the JobSpec default; other columns go to `extras`. Parquet needs
-    pyarrow.
+    object; empty cells use the JobSpec default; other columns go to `extras`. `begin_s` is
+    `begin_time` (not before `submit_time`); `array` in Slurm's `--array` form (`0-9%2`) makes
+    the line a job array, one job per task (`<job_id>_<task>`). Parquet needs pyarrow.
 """
 
 from __future__ import annotations
@@ -54,8 +55,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import msgspec
 import numpy as np
 
+from gpuyard.shared.model import parse_array
 from gpuyard.shared.throughput import ThroughputModel
 
 if TYPE_CHECKING:  # (imported where a file is read: a generated workload needs none)
@@ -94,11 +97,13 @@ _EF_ALIASES = {
 _INT_FIELDS = ("num_gpus", "min_gpus", "max_gpus", "priority")
 _FLOAT_FIELDS = (
     "duration", "total_steps", "weight", "deadline", "submit_time", "rescale_up_s",
-    "rescale_down_s", "time_limit_s",
+    "rescale_down_s", "time_limit_s", "begin_time",
 )  # fmt: skip
 _STR_FIELDS = (
     "job_id", "name", "job_type", "gpu_type", "user", "tenant", "processes", "depends_on",
 )  # fmt: skip
+BEGIN_COLUMN = "begin_s"
+"""Our format's column for `JobSpec.begin_time` (the clock's seconds; `begin_time` is read too)."""
 _SKIP_RE = re.compile(r"[Ss]kipping line (\d+): ([^\n]*)")
 
 
@@ -649,7 +654,7 @@ def load_native(path: str | Path, *, skip_bad: bool = False) -> Workload:
     else:
         t = read_table(
             path,
-            dtype={k: str for k in (*_STR_FIELDS, "command", "env")},
+            dtype={k: str for k in (*_STR_FIELDS, "command", "env", "array")},
             required=("num_gpus",),
             skip_bad=skip_bad,
         )
@@ -675,10 +680,13 @@ def _native_frame(
 ) -> Workload:  # fmt: skip
     bad: dict[int, WorkloadError] = {}
     columns: dict[str, Any] = {}
+    arrays: list[tuple[list[int], int | None] | None] | None = None
+    begin = BEGIN_COLUMN if BEGIN_COLUMN in df.columns else "begin_time"
     for name in JOB_FIELDS:
-        if name not in df.columns:
+        column = begin if name == "begin_time" else name
+        if column not in df.columns:
             continue
-        col = df[name]
+        col = df[column]
         if name in _INT_FIELDS:
             columns[name] = nan_to_none(
                 numeric_column(
@@ -694,8 +702,12 @@ def _native_frame(
             )
         elif name in _FLOAT_FIELDS:
             columns[name] = nan_to_none(
-                numeric_column(col, name, path=path, lines=lines, bad=bad, required=False)
+                numeric_column(col, column, path=path, lines=lines, bad=bad, required=False)
             )
+        elif name == "array":
+            given = [_array_value(v, path, lines[i], bad, i) for i, v in enumerate(col.tolist())]
+            arrays = [a if isinstance(a, tuple) else None for a in given]
+            columns[name] = [a if isinstance(a, dict) else None for a in given]
         elif name == "best_effort":
             columns[name] = _bool_column(col, name, path, lines, bad)
         elif name in ("command", "env"):
@@ -704,7 +716,15 @@ def _native_frame(
             ]
         else:
             columns[name] = _str_column(col)
-    extra_cols = [c for c in df.columns if c not in JOB_FIELDS]
+    if "begin_time" in columns:  # (a job begins once submitted, or later)
+        arrivals = columns.get("submit_time") or [None] * len(df)
+        for i, (at, arrival) in enumerate(zip(columns["begin_time"], arrivals, strict=True)):
+            if at is not None and at < (arrival or 0.0):
+                bad.setdefault(i, WorkloadError(
+                    path, lines[i], begin, f"{at:g} is before the job's arrival at "
+                    f"{arrival or 0.0:g} (submit_time): it begins at its arrival or later",
+                ))  # fmt: skip
+    extra_cols = [c for c in df.columns if c not in JOB_FIELDS and c != BEGIN_COLUMN]
     return build_jobs(
         columns,
         len(df),
@@ -715,7 +735,25 @@ def _native_frame(
         fmt="gpuyard",
         pre_bad=bad,
         broken=broken,
+        arrays=arrays,
     )
+
+
+def _array_value(
+    v: Any, path: str | Path | None, line: int, bad: dict[int, WorkloadError], i: int
+) -> tuple[list[int], int | None] | dict[str, Any] | None:
+    """A cell of the `array` column: Slurm's `--array` form (`0-9%2`, `1,3,5`), the array's
+    task ids and limit; or one task as `save_workload` writes it (JSON), kept as it is."""
+    if v is None or (isinstance(v, float) and v != v) or v == "":
+        return None
+    if isinstance(v, dict):
+        return v
+    text = str(v).strip()
+    try:
+        return json.loads(text) if text.startswith("{") else parse_array(text)
+    except ValueError as exc:  # (json's errors are ValueErrors too)
+        bad.setdefault(i, WorkloadError(path, line, "array", str(exc)))
+        return None
 
 
 def _json_value(
@@ -759,6 +797,10 @@ def save_workload(
     df = df.copy()
     for name in ("command", "env"):
         df[name] = [json.dumps(v) if v else "" for v in df[name]]
+    # (an array's task as JSON: read back as that task, not as an array to expand again)
+    df["array"] = [
+        json.dumps(msgspec.to_builtins(v)) if v is not None else None for v in df["array"]
+    ]
     # Drop columns that are everywhere the default, to keep files readable.
     defaults = {
         "name": "",

@@ -18,6 +18,7 @@ from gpuyard.shared.policy import JobView, ViewContext
 from gpuyard.shared.throughput import LinearModel
 
 from .arrays import TASK_LIMIT, ArrayLimits
+from .begins import BEGIN_TIME, Begins
 from .dependencies import NEVER_SATISFIED, WAITING, Dependencies
 
 Hold = Literal["", "user", "admin"]
@@ -46,6 +47,9 @@ class JobTable:
         """Array tasks waiting for room in their array (`arrays.waiting`: not active)."""
         self.deps = Dependencies()
         """Waiting jobs whose dependencies do not hold yet (`deps.blocked`: not active either)."""
+        self.begins = Begins()
+        """Jobs waiting for their begin time (`begins.waiting`: not active, their dependencies
+        not judged yet)."""
         self.resolved: list[tuple[JobRecord, float]] = []
         """Jobs a dependency released or cancelled since this was last cleared, and when (their
         events)."""
@@ -90,6 +94,10 @@ class JobTable:
         self.jobs[record.job_id] = record
         self.admitted += 1
         self._touch(record)
+        if spec.begin_time is not None and spec.begin_time > now:
+            record.reason = BEGIN_TIME
+            self.begins.add(record)
+            return record
         if spec.depends_on and not self._judged(record, now):
             return record
         if not self.arrays.admits(record, self._active):
@@ -166,6 +174,7 @@ class JobTable:
         self.held.pop(record.job_id, None)
         self.deps.unblock(record.job_id)
         self.arrays.leave(record.job_id)
+        self.begins.leave(record.job_id)
         self.finished += 1
         self.ended.append(record)
         self._touch(record)
@@ -243,9 +252,23 @@ class JobTable:
         record.hold, record.reason = "", ""
         if self.held.pop(record.job_id, None) is not None:
             self._wait(record)
+        elif record.job_id in self.begins.waiting:
+            record.reason = BEGIN_TIME
         else:
             record.reason = WAITING if record.job_id in self.deps.blocked else TASK_LIMIT
         self._touch(record)
+
+    def begin(self, now: float) -> list[JobRecord]:
+        """The jobs whose begin time came by `now` wait to start, or for their dependencies,
+        held if they are (those alone are looked at: the heap gives them). Returns them."""
+        due = self.begins.due(now)
+        for record in due:
+            if not record.hold:
+                record.reason = ""
+            if not record.spec.depends_on or self._judged(record, now):
+                self._wait(record)
+            self._touch(record)
+        return due
 
     # ------------------------------------------------------------------ dependencies
 
@@ -287,11 +310,13 @@ class JobTable:
             self._touch(record)
 
     def not_ended(self) -> Iterable[JobRecord]:
-        """Every job that has not ended: waiting, held, blocked, running, stopping."""
+        """Every job that has not ended: waiting (for its begin time too), held, blocked, running,
+        stopping."""
         yield from self.active.values()
         yield from self.held.values()
         yield from self.deps.blocked.values()
         yield from self.arrays.records()
+        yield from self.begins.records()
         yield from self.stopping.values()
 
     def _active(self, job_id: str) -> bool:
@@ -369,6 +394,9 @@ class JobTable:
             self.admitted = max(self.admitted, record.seq + 1)
             if record.cancelling or record.requeueing:
                 self.stopping[record.job_id] = record
+                continue
+            if _before_begin(record):  # (a held one: its time decides again, then its hold)
+                self.begins.add(record)
                 continue
             if record.state == "queued" and (record.spec.depends_on or record.spec.array):
                 waiting.append(record)  # (judged, or counted in its array, once all are back)
@@ -451,6 +479,16 @@ class JobTable:
 
     def _moved(self, record: JobRecord) -> None:
         self.moved[record.job_id] = None
+
+
+def _before_begin(record: JobRecord) -> bool:
+    """A stored job that waited for its begin time (or may have: a hold hides the reason)."""
+    return (
+        record.state == "queued"
+        and record.first_start is None
+        and record.spec.begin_time is not None
+        and (record.reason == BEGIN_TIME or bool(record.hold))
+    )
 
 
 class CountsLog:

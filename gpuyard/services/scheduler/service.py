@@ -666,6 +666,8 @@ class Scheduler(Service):
             times = [foreseen.now] if foreseen is not None else []
             if self.arriving:
                 times.append(self.arriving[0][0])
+            if (begins := table.begins.next_time()) is not None:
+                times.append(begins)
             if not times:
                 break
             at = min(times)
@@ -685,7 +687,8 @@ class Scheduler(Service):
         return ran, now
 
     async def _arrive(self, now: float, changes: CountsLog) -> None:
-        """The jobs held for their arrival at or before `now` join the queue, at their time."""
+        """The jobs held for their arrival at or before `now` join the queue, at their time; then
+        those whose begin time came (`JobSpec.begin_time`)."""
         arriving = self.arriving
         while arriving and arriving[0][0] <= now:
             at, spec, work = arriving.popleft()
@@ -695,6 +698,13 @@ class Scheduler(Service):
                 self.table.admit(spec, at, work)
             self.dirty = True
             await self.emit("job.queued", at, spec.job_id)
+        if (begins := self.table.begins.next_time()) is not None and begins <= now:
+            with changes.at(now):
+                begun = self.table.begin(now)
+            self.dirty = True
+            for record in begun:  # (a held one stays held; one cancelled is told of as such)
+                if record.state == "queued" and not record.hold:
+                    await self.emit("job.released", now, record.job_id, reason="begin time came")
 
     def runs_ahead(self) -> bool:
         """Whether a clock may submit jobs ahead of their arrival and have us go on through them
@@ -755,6 +765,7 @@ class Scheduler(Service):
                 *table.held.values(),
                 *table.deps.blocked.values(),
                 *table.arrays.records(),
+                *table.begins.records(),
                 *table.stopping.values(),
             ]:
                 found = sorted([*found, *others], key=lambda r: r.seq)
@@ -1403,12 +1414,12 @@ class Scheduler(Service):
 
     def next_wake(self, now: float) -> float | None:
         """When the next tick is due, or None when nothing can change until the next event: the
-        next round, or the arrival of a job submitted ahead of it, whichever is first."""
-        wake = self._own_wake(now)
+        next round, the arrival of a job submitted ahead of it, or the earliest begin time of a
+        job waiting for it (`JobSpec.begin_time`), whichever is first."""
+        times = [t for t in (self._own_wake(now), self.table.begins.next_time()) if t is not None]
         if self.arriving:
-            at = self.arriving[0][0]
-            return at if wake is None else min(wake, at)
-        return wake
+            times.append(self.arriving[0][0])
+        return min(times, default=None)
 
     def _own_wake(self, now: float) -> float | None:
         """When the next round is due (None: not until something happens)."""

@@ -11,6 +11,23 @@ from gpuyard.services.simclock.costs import PreemptionCost
 from gpuyard.shared.model import ClusterSpec
 
 
+class QueueMap(Struct, kw_only=True, forbid_unknown_fields=True):
+    """The queues a run's jobs go to by their submitter (the `kueue` policy's queues file): the
+    clock counts the GPUs each queue's jobs hold (`timeline.QueueGpus`), the results group the
+    jobs by it."""
+
+    names: list[str]
+    """The queues, in the file's order."""
+    users: dict[str, str] = {}
+    """Each listed user's queue."""
+    default_queue: str = ""
+    """The queue of the users listed in none ("": those have none)."""
+
+    def queue_of(self, user: str) -> str:
+        """The queue of `user`'s jobs ("": none)."""
+        return self.users.get(user, self.default_queue)
+
+
 class SimClockConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     workload: str
     """JSON-lines file of job specs (each with job_id and submit_time)."""
@@ -57,6 +74,8 @@ class SimClockConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     leaves its GPUs idle until then, completions are reported and arrivals submitted at round
     ends, and with nothing running time jumps to the next arrival."""
     preemption_cost: PreemptionCost = msgspec.field(default_factory=PreemptionCost)
+    queues: QueueMap | None = None
+    """A run with queues: the timeline has the GPUs each queue's jobs hold (`TimelinePage.queues`)."""
     window: tuple[Annotated[int, Meta(ge=0)], Annotated[int, Meta(ge=1)]] | None = None
     """Gavel's measurement window (its `jobs_to_complete`): jobs `window[0]` to `window[1] - 1`
     of the workload in arrival order; the run ends as soon as they have all ended, the jobs

@@ -161,18 +161,22 @@ def test_a_decision_from_what_changed_is_the_decision_from_every_job() -> None:
             j: active.get(j) for j in changed}))  # fmt: skip
 
 
-def test_gpuyard_queues_counts_each_queues_gpus_borrowed_and_jobs() -> None:
+def test_gpuyard_queues_counts_each_queues_gpus_borrowed_lent_and_jobs() -> None:
     from gpuyard.cli.ops import format_queues, queue_rows
 
-    config = queues(q("a", 2, cohort="c"), q("b", 4, cohort="c")).params
-    jobs = [of("a", "a0", gpus=3, running=True, gpu_type="gpu"), of("a", "a1"),
+    config = queues(q("a", 2, cohort="c"), q("b", 4, cohort="c"), q("l", 3, cohort="c")).params
+    jobs = [of("a", "a0", gpus=5, running=True, gpu_type="gpu"), of("a", "a1"),
             of("b", "b0", running=True, gpu_type="gpu"), of("x", "x0")]  # fmt: skip
+    jobs[1].record.reason = "QuotaExceeded (queue a holds 5 of its 2 gpu GPUs; it asks for 1)"
     rows = {r["queue"]: r for r in queue_rows(config, [j.record for j in jobs])}
-    assert rows["a"] == {"queue": "a", "cohort": "c", "quota": {"gpu": 2}, "held": {"gpu": 3},
-                         "borrowed": {"gpu": 1}, "running": 1, "waiting": 1}  # fmt: skip
+    assert rows["a"] == {"queue": "a", "cohort": "c", "quota": {"gpu": 2}, "held": {"gpu": 5},
+                         "borrowed": {"gpu": 3}, "lent": {}, "running": 1, "waiting": 1,
+                         "why": {"QuotaExceeded": 1}}  # fmt: skip
+    # a borrows 3: b leaves 3 unused, l 3, so each lends about half (the remainder to b)
+    assert (rows["b"]["lent"], rows["l"]["lent"]) == ({"gpu": 2}, {"gpu": 1})
     assert (rows["b"]["held"], rows["b"]["borrowed"], rows["b"]["waiting"]) == ({"gpu": 1}, {}, 0)
     assert format_queues(list(rows.values())).splitlines()[1].split() == [
-        "a", "c", "gpu:2", "gpu:3", "gpu:1", "1", "1"]  # fmt: skip
+        "a", "c", "gpu:2", "gpu:5", "gpu:3", "-", "1", "1", "QuotaExceeded:1"]  # fmt: skip
 
 
 # ---------------------------------------------------------------------- fair sharing
