@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import structlog
 
@@ -84,3 +85,62 @@ def test_the_queues_option_says_what_is_wrong_in_one_line(
             assert code == 2 and said in err and len(err.strip().splitlines()) == 1, (args, err)
     finally:
         structlog.reset_defaults()
+
+
+FAIR = """
+priority_classes = { urgent = 50 }
+[fair_sharing]
+[[queue]]
+name = "lender"
+users = ["carol"]
+cohort = "lab"
+quota = { gpu = 8 }
+[[queue]]
+name = "team-a"
+users = ["alice"]
+cohort = "lab"
+quota = { gpu = 0 }
+reclaim_within_cohort = "any"
+[[queue]]
+name = "team-b"
+users = ["bob"]
+cohort = "lab"
+quota = { gpu = 0 }
+reclaim_within_cohort = "any"
+"""
+
+
+@pytest.mark.slow
+async def test_fair_sharing_evens_out_what_two_queues_borrow_and_classes_are_resolved(
+    tmp_path: Path, nats_url: str
+) -> None:
+    """Both queues borrow the lender's 8 GPUs: alice's eight jobs take them all at t=0; bob's
+    come at t=100 and, under fair sharing, take four back at once (equal shares of what is lent),
+    or wait for alice's to end without it. A job naming a class the file does not define is
+    declined; one naming `urgent` runs at its priority."""
+    jobs = [JobSpec(job_id=f"a{i}", num_gpus=1, duration=1000.0, submit_time=float(i), user="alice")
+            for i in range(8)]  # fmt: skip
+    jobs += [JobSpec(job_id=f"b{i}", num_gpus=1, duration=100.0, submit_time=100.0, user="bob")
+             for i in range(4)]  # fmt: skip
+    jobs += [JobSpec(job_id="odd", num_gpus=1, duration=10.0, submit_time=5.0, user="bob",
+                     priority_class="nope"),
+             JobSpec(job_id="classy", num_gpus=1, duration=10.0, submit_time=2000.0, user="bob",
+                     priority_class="urgent")]  # fmt: skip
+    starts: dict[bool, dict[str, float | None]] = {}
+    for fair in (True, False):
+        text = FAIR if fair else FAIR.replace("[fair_sharing]\n", "")
+        (tmp_path / "queues.toml").write_text(text)
+        options = SimOptions(cluster=ClusterSpec.parse("1x8"), policy="kueue",
+                             policy_params=queue_params(tmp_path / "queues.toml"))  # fmt: skip
+        out = tmp_path / f"out{fair}"
+        result = await simulate(options, jobs, out, nats_url=nats_url)
+        by_id = {r.job_id: r for r in result.jobs}
+        starts[fair] = {j: r.first_start for j, r in by_id.items()}
+        assert by_id["classy"].spec.priority == 50 and by_id["classy"].state == "completed"
+        table = pd.read_csv(out / "jobs.csv", dtype={"job_id": str}).set_index("job_id")
+        assert "odd" not in by_id and table.loc["odd", "admission"] == "declined"
+        assert (
+            table.loc["odd", "reason"] == "priority class 'nope' is not defined (defined: urgent)"
+        )
+    assert [starts[True][f"b{i}"] for i in range(4)] == [100.0] * 4
+    assert all((starts[False][f"b{i}"] or 0.0) >= 1000.0 for i in range(4))

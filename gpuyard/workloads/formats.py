@@ -101,6 +101,7 @@ _FLOAT_FIELDS = (
 )  # fmt: skip
 _STR_FIELDS = (
     "job_id", "name", "job_type", "gpu_type", "user", "tenant", "processes", "depends_on",
+    "priority_class",
 )  # fmt: skip
 BEGIN_COLUMN = "begin_s"
 """Our format's column for `JobSpec.begin_time` (the clock's seconds; `begin_time` is read too)."""
