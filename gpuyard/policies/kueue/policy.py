@@ -77,6 +77,13 @@ class Book:
                 for t in q.quota:
                     self.pool[q.cohort, t] += q.lendable(t)
 
+    def copy(self) -> Book:
+        book = Book.__new__(Book)
+        book.queues, book.free = self.queues, dict(self.free)
+        book.used, book.lent = defaultdict(int, self.used), defaultdict(int, self.lent)
+        book.pool = self.pool  # (fixed by the queues)
+        return book
+
     def _over(self, q: QueueSpec, gpu_type: str, used: int) -> int:
         """What `used` GPUs of `q` take from its cohort's pool: beyond what it does not lend."""
         return max(0, used - (q.quota.get(gpu_type, 0) - q.lendable(gpu_type)))
@@ -134,8 +141,16 @@ class Kueue(SchedulingPolicy):
         passes over the others as large at once)."""
         self._entries: dict[str, tuple[str, Lane, InQueue]] = {}  # job -> (queue, lane, place)
         self._views: dict[str, JobView] = {}  # waiting jobs
-        self._running: dict[str, JobView] = {}
         self._kept = False
+        # The running jobs, and the book of what they hold, kept as they start and end: a
+        # decision starts from a copy (it costs the queues, not the running jobs).
+        self._run: Running = {}
+        self._holding: dict[str, tuple[QueueSpec | None, str, int, str]] = {}
+        """Running job -> (its queue, GPU type, GPUs, user) as it was counted."""
+        self._unqueued: dict[str, Allocation] = {}  # (running jobs whose queue was taken away)
+        self._base = Book(self.queues, {})
+        self._capacity: dict[str, int] = {}
+        self._base_held: dict[str, int] = defaultdict(int)
         self._book: Book | None = None  # as the last decision left it (for waiting reasons)
         self._now = 0.0
         self._held: dict[str, int] = {}  # per user, GPUs held (fair sharing by users, now)
@@ -208,29 +223,19 @@ class Kueue(SchedulingPolicy):
     def schedule(self, inp: SchedulingInput) -> Decision:
         self._keep_up(inp)
         self._now = inp.now
-        book = Book(self.queues, inp.cluster.capacity)
-        running: Running = {}
-        unqueued: list[Allocation] = []  # (running jobs whose queue was taken away: they go on)
-        self._held = defaultdict(int)
-        for job in self._running.values():
-            r = job.record
-            if r.gpus <= 0 or r.gpu_type is None:
-                continue
-            q = self.queue_of(job)
-            if q is None:
-                book.free[r.gpu_type] = book.free.get(r.gpu_type, 0) - r.gpus
-                unqueued.append(Allocation(r.job_id, r.gpus, r.gpu_type))
-            else:
-                book.add(q, r.gpu_type, r.gpus)
-                running[r.job_id] = (job, q, r.gpu_type)
-                self._held[r.spec.user] += r.gpus
+        book = self._base.copy()
+        running = dict(self._run)
+        self._held = defaultdict(int, self._base_held)
         reasons: dict[str, str] = {}
         started = self._admit(inp, book, running, reasons)
-        kept = [Allocation(j, v.record.gpus, t) for j, (v, _, t) in running.items()]
         self._book = book
         if self.tau > 0:
             self._account(inp.now, book)
-        return Decision(allocations=unqueued + kept + started, reasons=reasons)
+        if inp.changed is not None:  # (what changes: the running jobs not stopped go on)
+            return Decision(allocations=started, stop=list(reasons), keep_running=True,
+                            reasons=reasons)  # fmt: skip
+        kept = [Allocation(j, v.record.gpus, t) for j, (v, _, t) in running.items()]
+        return Decision(allocations=[*self._unqueued.values(), *kept, *started], reasons=reasons)
 
     def _account(self, now: float, book: Book) -> None:
         """Usage from here on at the GPUs each queue and user holds now (what they used since
@@ -250,11 +255,16 @@ class Kueue(SchedulingPolicy):
     def _keep_up(self, inp: SchedulingInput) -> None:
         """The waiting jobs per queue, in order, and the running ones: from the jobs that changed
         since the last decision, or from every job."""
+        capacity = inp.cluster.capacity
         if inp.changed is None or not self._kept:
             self._waiting.clear()
             self._entries.clear()
             self._views.clear()
-            self._running.clear()
+            self._run.clear()
+            self._holding.clear()
+            self._unqueued.clear()
+            self._base, self._base_held = Book(self.queues, capacity), defaultdict(int)
+            self._capacity = dict(capacity)
             for job in inp.jobs:
                 self._add(job)
             self._kept = True
@@ -263,11 +273,30 @@ class Kueue(SchedulingPolicy):
             self._drop(job_id)
             if view is not None:
                 self._add(view)
+        if capacity != self._capacity:  # (nodes came or went)
+            self._base, self._capacity = Book(self.queues, capacity), dict(capacity)
+            for q, t, gpus, _ in self._holding.values():
+                self._count(q, t, gpus)
+
+    def _count(self, q: QueueSpec | None, gpu_type: str, gpus: int) -> None:
+        """The base book holds `gpus` more (fewer, when negative) of `gpu_type` for `q`."""
+        if q is None:
+            self._base.free[gpu_type] = self._base.free.get(gpu_type, 0) - gpus
+        else:
+            self._base.add(q, gpu_type, gpus)
 
     def _add(self, job: JobView) -> None:
         r = job.record
         if r.state == "running":
-            self._running[r.job_id] = job
+            if r.gpus > 0 and r.gpu_type is not None:
+                q = self.queue_of(job)
+                self._holding[r.job_id] = (q, r.gpu_type, r.gpus, r.spec.user)
+                self._count(q, r.gpu_type, r.gpus)
+                if q is None:
+                    self._unqueued[r.job_id] = Allocation(r.job_id, r.gpus, r.gpu_type)
+                else:
+                    self._run[r.job_id] = (job, q, r.gpu_type)
+                    self._base_held[r.spec.user] += r.gpus
             return
         q = self.queue_of(job)
         if q is None:
@@ -279,7 +308,13 @@ class Kueue(SchedulingPolicy):
         self._views[r.job_id] = job
 
     def _drop(self, job_id: str) -> None:
-        self._running.pop(job_id, None)
+        holding = self._holding.pop(job_id, None)
+        if holding is not None:
+            q, t, gpus, user = holding
+            self._count(q, t, -gpus)
+            self._unqueued.pop(job_id, None)
+            if self._run.pop(job_id, None) is not None:
+                self._base_held[user] -= gpus
         entry = self._entries.pop(job_id, None)
         if entry is not None:
             name, lane, place = entry
