@@ -10,6 +10,7 @@ millisecond:
 
     python bench/bench_kueue.py                 # one run: wall time, usage per queue, borrowing
     python bench/bench_kueue.py --mode rounds   # the same, deciding every --round seconds
+    python bench/bench_kueue.py --fair-sharing 3600   # with fair sharing (usage half-life 1 h)
 
 Prints the run's wall time (target <= 10 s), each queue's usage (its GPU-seconds over the run's
 time and its quota: Kueue's test requires >= 55% for its queues together; issue 43 asks it of
@@ -40,9 +41,10 @@ def queue_names() -> list[tuple[str, str]]:
     return [(f"cq-{c}-{q}", f"cohort-{c}") for c in range(COHORTS) for q in range(QUEUES)]
 
 
-def write_inputs(folder: Path) -> tuple[Path, Path]:
+def write_inputs(folder: Path, half_life_s: float | None = None) -> tuple[Path, Path]:
+    """The queues file (with fair sharing of this half-life, if given) and the trace."""
     queues = folder / "queues.toml"
-    lines = []
+    lines = [] if half_life_s is None else ["[fair_sharing]", f"half_life_s = {half_life_s}", ""]
     for name, cohort in queue_names():
         lines += [
             "[[queue]]", f'name = "{name}"', f'users = ["{name}"]', f'cohort = "{cohort}"',
@@ -92,10 +94,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=("events", "rounds"), default="events")
     parser.add_argument("--round", type=float, default=10.0, help="rounds mode: seconds a round")
+    parser.add_argument("--fair-sharing", type=float, metavar="HALF_LIFE_S",
+                        help="with fair sharing (0: shares of what queues borrow now)")  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        trace, queues = write_inputs(folder)
+        trace, queues = write_inputs(folder, args.fair_sharing)
         out = folder / "out"
         cmd = [sys.executable, "-m", "gpuyard.cli", "sim", "--trace", str(trace), "--policy",
                "kueue", "--queues", str(queues), "--cluster-spec", f"1x{COHORTS * QUEUES * QUOTA}",
@@ -108,8 +112,11 @@ def main() -> int:
             return 1
         span, held, peak, preemptions = usage(out / "jobs.csv")
     shares = {q: held[q] / (span * QUOTA) for q, _ in queue_names()}
+    fair = (
+        "" if args.fair_sharing is None else f", fair sharing (half-life {args.fair_sharing:g} s)"
+    )
     print(f"kueue baseline  wall {wall:.1f} s (target <= 10 s; Kueue's runs ~351 s), {args.mode} "
-          f"mode, {sum(c[1] for c in CLASSES) * COHORTS * QUEUES:,} jobs, span {span:,.0f} s")  # fmt: skip
+          f"mode{fair}, {sum(c[1] for c in CLASSES) * COHORTS * QUEUES:,} jobs, span {span:,.0f} s")  # fmt: skip
     print(f"usage of quota  all {sum(held.values()) / (span * QUOTA * COHORTS * QUEUES):.1%}, "
           f"lowest queue {min(shares.values()):.1%}, highest {max(shares.values()):.1%} "
           "(Kueue's test: >= 55%)")  # fmt: skip
