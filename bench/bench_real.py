@@ -253,7 +253,13 @@ async def secured(args: argparse.Namespace, root: Path) -> None:
         )  # fmt: skip
         async with services:
             procs = [
-                await start_agent(url, n, root, profile=creds.profile_path(Caller("node", n)))
+                await start_agent(
+                    url,
+                    n,
+                    root,
+                    gpus=args.agent_gpus,
+                    profile=creds.profile_path(Caller("node", n)),
+                )
                 for n in nodes
             ]
             submitter = auth(Caller("user", "bench"))
@@ -477,6 +483,9 @@ if __name__ == "__main__":
     p.add_argument("--rate", type=float, default=80.0, help="secure: submissions per second")
     p.add_argument("--seconds", type=float, default=20.0, help="secure: for this long")
     p.add_argument("--secure-agents", type=int, default=20)
+    p.add_argument(
+        "--agent-gpus", type=int, default=2, help="serial, secure, bulk, kill: GPUs per agent"
+    )
     p.add_argument("--kills", type=int, default=3, help="kill: how many times")
     p.add_argument("--bulk", type=int, default=10_000, help="bulk: jobs in the one submission")
     p.add_argument("--insecure", action="store_true", help="secure, kill: without auth and TLS")
