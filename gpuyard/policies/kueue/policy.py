@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
+from gpuyard.policies.toolkit.usage import Usage, account, decayed, mean_life
 from gpuyard.shared.durations import slurm_duration
 from gpuyard.shared.model import ANY_GPU, Allocation, JobRecord, JobSpec
 from gpuyard.shared.policy import Decision, JobView, Needs, SchedulingInput, SchedulingPolicy
@@ -40,19 +41,6 @@ Running = dict[str, tuple[JobView, QueueSpec, str]]
 """The running jobs that count against a queue: job -> (its view, its queue, its GPU type)."""
 Lane = tuple[str, int]
 """Where a queue keeps a waiting job: (its user under fair sharing by users, else "", GPUs)."""
-
-
-class Usage(Struct, array_like=True):
-    """GPU-seconds used, decayed with a half-life: `value` at `since`, `gpus` held since."""
-
-    value: float = 0.0
-    since: float = 0.0
-    gpus: int = 0
-
-    def at(self, now: float, tau: float) -> float:
-        """The decayed usage at `now` (`tau`: the half-life over ln 2)."""
-        decay = math.exp(-(now - self.since) / tau)
-        return self.value * decay + self.gpus * tau * (1.0 - decay)
 
 
 class KueueState(Struct):
@@ -129,7 +117,7 @@ class Kueue(SchedulingPolicy):
         self.user_queue = {user: q for q in p.queue for user in q.users}
         self.default = self.queues.get(p.default_queue) if p.default_queue else None
         self.fair: FairSharing | None = p.fair_sharing
-        self.tau = (self.fair.half_life_s / math.log(2)) if self.fair is not None else 0.0
+        self.tau = mean_life(self.fair.half_life_s) if self.fair is not None else 0.0
         if self.tau > 0:  # (usage counted to each exit, not to the next decision)
             self.needs = Needs(decide_on_exit=True)
         self.usage = KueueState()
@@ -243,14 +231,8 @@ class Kueue(SchedulingPolicy):
         held_q: dict[str, int] = defaultdict(int)
         for (name, _), gpus in book.used.items():
             held_q[name] += gpus
-        for table, held in ((self.usage.queues, held_q), (self.usage.users, self._held)):
-            for name in sorted(table.keys() | {n for n, g in held.items() if g}):
-                u = table.get(name)
-                gpus = held.get(name, 0)
-                if u is None:
-                    table[name] = Usage(0.0, now, gpus)
-                elif u.gpus != gpus:
-                    table[name] = Usage(u.at(now, self.tau), now, gpus)
+        account(self.usage.queues, held_q, now, self.tau)
+        account(self.usage.users, self._held, now, self.tau)
 
     def _keep_up(self, inp: SchedulingInput) -> None:
         """The waiting jobs per queue, in order, and the running ones: from the jobs that changed
@@ -329,8 +311,7 @@ class Kueue(SchedulingPolicy):
         with a half-life its decayed usage unless `now` (what it borrows now: preemption takes
         borrowed GPUs down to equal shares of what the queues borrow, never for history)."""
         if self.tau > 0 and not now:
-            u = self.usage.queues.get(q.name)
-            used = u.at(self._now, self.tau) if u is not None else 0.0
+            used = decayed(self.usage.queues, q.name, self._now, self.tau)
         else:  # (Kueue's dominant resource share: what it borrows over what its cohort lends)
             borrowed = sum(max(0, book.used[q.name, t] - quota) for t, quota in q.quota.items())
             lends = sum(book.pool[q.cohort, t] for t in q.quota) if q.cohort else 0
@@ -342,8 +323,7 @@ class Kueue(SchedulingPolicy):
         if fair is None or not fair.users:
             return 0.0
         if self.tau > 0:
-            u = self.usage.users.get(user)
-            used = u.at(self._now, self.tau) if u is not None else 0.0
+            used = decayed(self.usage.users, user, self._now, self.tau)
         else:
             used = float(self._held.get(user, 0))
         return _over(used, fair.user_weights.get(user, 1.0))

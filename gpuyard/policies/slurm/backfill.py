@@ -10,6 +10,12 @@ the clock do); a job without one has `default_limit_s`, or none (it never ends b
 backfilled only onto extra GPUs, and its GPUs never count as freed for a reservation). Only the
 first job that does not fit gets a reservation (EASY's aggressiveness, Slurm's
 `bf_max_job_test=1`); the others wait behind it.
+
+The order is by priority, then submission. A job's priority is its own (`JobSpec.priority`) plus,
+with their weights, Slurm's multifactor terms: its age (time waited over `max_age_s`, at most 1)
+and its user's fair-share factor, 2^(-U/S) with U the user's share of all users' usage decayed
+with `half_life_s` and S their share of the `shares` (classic fair share). All weights 0 (the
+default): FIFO by priority.
 """
 
 from __future__ import annotations
@@ -22,14 +28,35 @@ from typing import Annotated
 from msgspec import Meta, Struct
 
 from gpuyard.policies.toolkit.ordering import agnostic_types, runnable_types
+from gpuyard.policies.toolkit.usage import Usage, account, decayed, mean_life
 from gpuyard.shared.model import Allocation
-from gpuyard.shared.policy import JobView, SchedulingInput, SchedulingPolicy
+from gpuyard.shared.policy import JobView, Needs, SchedulingInput, SchedulingPolicy
+
+Positive = Annotated[float, Meta(gt=0)]
+Weight = Annotated[float, Meta(ge=0)]
+WEEK_S = 7 * 24 * 3600.0
 
 
-class EasyParams(Struct, forbid_unknown_fields=True):
-    default_limit_s: Annotated[float, Meta(gt=0)] | None = None
+class EasyParams(Struct, forbid_unknown_fields=True, kw_only=True):
+    default_limit_s: Positive | None = None
     """The time limit of a job that has none (Slurm's partition `DefaultTime`); None: such a job
     has no limit."""
+    weight_age: Weight = 0.0
+    """Slurm's `PriorityWeightAge`: the priority a job gains by waiting `max_age_s`."""
+    max_age_s: Positive = WEEK_S
+    """`PriorityMaxAge`: the age that counts in full."""
+    weight_fairshare: Weight = 0.0
+    """`PriorityWeightFairshare`: the priority of a user who used nothing."""
+    half_life_s: Positive = WEEK_S
+    """`PriorityDecayHalfLife`: usage counts half after this long."""
+    shares: dict[str, Positive] = {}
+    """Each user's shares (a user not named: 1)."""
+
+
+class SlurmState(Struct):
+    """The users' decayed usage (fair share)."""
+
+    users: dict[str, Usage] = {}
 
 
 @dataclass(frozen=True)
@@ -47,6 +74,41 @@ class EasyBackfill(SchedulingPolicy):
     """EASY backfill over (priority, submit time) order. Registry name `easy-backfill`."""
 
     Params = EasyParams
+    State = SlurmState
+
+    def __init__(self, params: EasyParams | None = None) -> None:
+        super().__init__(params)
+        p: EasyParams = self.params
+        self.tau = mean_life(p.half_life_s)
+        self.usage = SlurmState()
+        if p.weight_fairshare > 0:  # (usage counted to each exit, not to the next decision)
+            self.needs = Needs(decide_on_exit=True)
+
+    def snapshot(self) -> SlurmState | None:
+        return self.usage if self.params.weight_fairshare > 0 else None
+
+    def restore(self, state: SlurmState) -> None:
+        self.usage = state
+
+    def priority(self, job: JobView, now: float, fairshare: dict[str, float]) -> float:
+        """The job's multifactor priority."""
+        p: EasyParams = self.params
+        age = min(max(now - job.submit_time, 0.0) / p.max_age_s, 1.0)
+        fair = fairshare.get(job.spec.user, 1.0)
+        return job.spec.priority + p.weight_age * age + p.weight_fairshare * fair
+
+    def fairshare(self, now: float, users: set[str]) -> dict[str, float]:
+        """Each user's classic fair-share factor, 2^(-U/S): U their share of the users' decayed
+        usage, S their share of the shares (of the users named in `shares`, seen, or waiting)."""
+        p: EasyParams = self.params
+        usage = {u: decayed(self.usage.users, u, now, self.tau)
+                 for u in sorted(users | self.usage.users.keys())}  # fmt: skip
+        shares = {u: p.shares.get(u, 1.0) for u in sorted(usage.keys() | p.shares.keys())}
+        used, held = sum(usage.values()), sum(shares.values())
+        return {
+            u: 2.0 ** (-(usage.get(u, 0.0) / used) / (shares[u] / held)) if used > 0 else 1.0
+            for u in shares
+        }
 
     def schedule(self, inp: SchedulingInput) -> list[Allocation]:
         cluster, now = inp.cluster, inp.now
@@ -62,7 +124,13 @@ class EasyBackfill(SchedulingPolicy):
                 allocations.append(Allocation(r.job_id, r.gpus, r.gpu_type))
             elif r.state != "running":
                 waiting.append(job)
-        waiting.sort(key=lambda j: (-j.spec.priority, j.submit_time, j.seq))
+        p: EasyParams = self.params
+        if p.weight_age > 0 or p.weight_fairshare > 0:
+            shares = (self.fairshare(now, {j.spec.user for j in waiting})
+                      if p.weight_fairshare > 0 else {})  # fmt: skip
+            waiting.sort(key=lambda j: (-self.priority(j, now, shares), j.submit_time, j.seq))
+        else:
+            waiting.sort(key=lambda j: (-j.spec.priority, j.submit_time, j.seq))
         reserved: Reservation | None = None
         for job in waiting:
             need = job.spec.num_gpus
@@ -84,6 +152,12 @@ class EasyBackfill(SchedulingPolicy):
                     reserved = dataclasses.replace(reserved, extra=reserved.extra - need)
             elif reserved is None and types:
                 reserved = reserve(job, types, need, now, free, ends)
+        if p.weight_fairshare > 0:
+            users = {j.job_id: j.spec.user for j in inp.jobs}
+            held: dict[str, int] = {}
+            for a in allocations:
+                held[users[a.job_id]] = held.get(users[a.job_id], 0) + a.num_gpus
+            account(self.usage.users, held, now, self.tau)
         return allocations
 
     def limit(self, job: JobView) -> float | None:

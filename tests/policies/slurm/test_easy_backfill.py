@@ -89,3 +89,36 @@ def test_running_jobs_are_never_preempted_and_a_job_that_can_never_fit_blocks_no
     huge = limited("huge", 16, 10.0, submit=1.0)
     c = limited("c", 4, 5000.0, submit=2.0)
     assert started(easy, [b, huge, c], 8, now=0.0) == ["b", "c"]
+
+
+def test_multifactor_priority_ages_jobs_and_serves_the_user_who_used_least() -> None:
+    """Slurm's multifactor priority: age over `max_age_s` and the classic fair-share factor
+    2^(-U/S) with usage decayed with `half_life_s`; all weights 0, FIFO by priority."""
+    import msgspec
+
+    from gpuyard.policies.slurm.backfill import EasyParams
+
+    def easy(**kw: object) -> EasyBackfill:
+        return EasyBackfill(msgspec.convert(kw, EasyParams))
+
+    # Age: the older job of lower priority passes the newer one once it has waited long enough.
+    old = job("old", 1, submit=0.0, spec={"priority": 0})
+    new = job("new", 1, submit=900.0, spec={"priority": 5})
+    assert started(easy(), [old, new], 1, now=1000.0) == ["new"]
+    assert started(easy(weight_age=10.0, max_age_s=1000.0), [old, new], 1, now=1000.0) == ["old"]
+    # Fair share: x held 4 GPUs for an hour, y nothing; then one GPU frees for their jobs.
+    fair = easy(weight_fairshare=100.0, half_life_s=3600.0, shares={"x": 1.0, "y": 1.0})
+    assert fair.needs.decide_on_exit and not easy().needs.decide_on_exit
+    ran = [job(f"r{i}", 1, running=True, spec={"user": "x"}) for i in range(4)]
+    fair.schedule(inp(ran, 4, now=0.0))
+    x_next = job("x1", 1, submit=3500.0, spec={"user": "x"})
+    y_next = job("y1", 1, submit=3590.0, spec={"user": "y"})
+    assert started(easy(), [x_next, y_next], 1, now=3600.0) == ["x1"]
+    restored = easy(weight_fairshare=100.0, half_life_s=3600.0, shares={"x": 1.0, "y": 1.0})
+    state = fair.snapshot()
+    assert state is not None and easy().snapshot() is None
+    restored.restore(msgspec.json.decode(msgspec.json.encode(state), type=EasyBackfill.State))
+    # x used everything: U = 1 against S = 1/2, a factor 2^-2; y's is 1.
+    assert restored.fairshare(3600.0, {"x", "y"}) == {"x": 0.25, "y": 1.0}
+    assert started(fair, [x_next, y_next], 1, now=3600.0) == ["y1"]
+    assert started(restored, [x_next, y_next], 1, now=3600.0) == ["y1"]
