@@ -334,3 +334,24 @@ async def test_a_follower_stops_when_cancelled_however_busy_the_stream(nats_url:
         publishing = False
         await publisher
         await nc.close()
+
+
+async def test_new_parameters_of_the_same_policy_keep_its_state(plane: Bus) -> None:
+    """Fair share by decayed usage: z used the GPU for 1,000 s before the policy was set again
+    (new parameters, the same policy); x used it 300 s after. When both wait, x goes first: z's
+    usage from before the change still counts."""
+    bus = plane
+    fair = {"weight_fairshare": "100", "half_life_s": "3600"}
+
+    async def send(now: float, *jobs: tuple[str, str, float]) -> None:
+        specs = [JobSpec(job_id=j, user=u, num_gpus=1, duration=d) for j, u, d in jobs]
+        await bus.call(SUBMIT, SubmitRequest(jobs=specs, now=now, tick=True))
+
+    await set_policy(bus, "scheduler", "easy-backfill", fair, now=0.0)
+    await send(0.0, ("z0", "z", 1000.0))
+    await finish(bus, 1000.0, "z0")
+    await set_policy(bus, "scheduler", "easy-backfill", {**fair, "weight_age": "1"}, now=1000.0)
+    await send(1000.0, ("x0", "x", 300.0))
+    await send(1100.0, ("x1", "x", 10.0), ("z1", "z", 10.0))
+    await finish(bus, 1300.0, "x0")
+    assert (await states(bus))["x1"] == "running" and (await states(bus))["z1"] == "queued"

@@ -270,10 +270,15 @@ class Service:
         if self.policies is None:
             raise BadRequest(f"the {self.name} service has no policy", field="$.policy")
         old = self.policy_name
+        # The same policy with new parameters goes on from its state (a queue's decayed usage
+        # survives a new queues file, as it survives a restart).
+        kept = self.policy.snapshot() if req.policy == old else None
         try:
             self.install_policy(req.policy, dict(req.params))
         except PolicyError as exc:
             raise BadRequest(str(exc), field=policy_error_field(str(exc))) from None
+        if kept is not None:
+            self.policy.restore(kept)
         self.policy_swapped()
         info = self.policy_info(previous=old)
         await self._policy_changed(old, info, "set", req.now)
