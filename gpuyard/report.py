@@ -11,6 +11,7 @@ throughput(1 GPU), over the cluster's GPUs, at every instant it changes."""
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 import threading
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpuyard.results import JobRows, Table, TimelineRows
+from gpuyard.services.simclock.config import QueueMap
 from gpuyard.shared.model import NEVER_FITS, GpuRef
 from gpuyard.shared.throughput import ThroughputModel
 
@@ -187,34 +189,49 @@ def summarize(
 
 
 def by_user(jobs: Table) -> dict[str, Any]:
-    """With jobs of two users or more: each user's figures (`users`: jobs, completed, mean JCT
-    and queueing delay of the completed, GPU-hours and their share of all) and how evenly the
-    users fared (`users_jain_slowdown`: Jain's index of the users' mean slowdown, 1 when every
-    user's jobs waited alike in proportion to their length, whatever each asked for). Grouped
-    once (a million jobs of a thousand users: one pass)."""
-    user = np.asarray(jobs["user"], dtype=object)
-    named = np.fromiter((bool(u) for u in user), bool, len(user))
-    names, index = np.unique(user[named].astype(str), return_inverse=True)
-    if len(names) < 2:
+    """With jobs of two users or more: each user's figures (`users`: see `by_group`) and how
+    evenly the users fared (`users_jain_slowdown`: Jain's index of the users' mean slowdown, 1
+    when every user's jobs waited alike in proportion to their length, whatever each asked for)."""
+    users, jain = by_group(jobs, "user")
+    if len(users) < 2:
         return {}
-    n = len(names)
+    return {"users": users, "users_jain_slowdown": jain}
+
+
+def by_group(
+    jobs: Table, column: str, names: list[str] | None = None
+) -> tuple[dict[str, dict[str, Any]], float | None]:
+    """The jobs grouped by `column` (a user, a queue): each group's jobs, completed, mean JCT and
+    queueing delay of the completed, GPU-hours and their share of all the groups'; and Jain's
+    index of the groups' mean slowdown (None: no job completed). The groups are `names`, in
+    that order, each whether or not it has jobs (a job of none is left out), or else those the
+    jobs name, sorted (a blank name is none). Grouped once (a million jobs of a thousand
+    groups: one pass)."""
+    values = np.asarray(jobs[column], dtype=object)
+    if names is None:
+        named = np.fromiter((bool(v) for v in values), bool, len(values))
+        keys, index = np.unique(values[named].astype(str), return_inverse=True)
+    else:
+        keys = np.asarray(names, dtype=object)
+        index, named = group_index(values, names)
+    n = len(keys)
     mine = jobs.where(named)
     done = mine["state"] == "completed"
 
-    def per_user(values: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    def per_group(values: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         m = np.ones(len(index), bool) if mask is None else mask
         return np.bincount(index[m], weights=np.asarray(values, float)[m], minlength=n)
 
-    counts, completed = np.bincount(index, minlength=n), per_user(np.ones(len(index)), done)
-    gpu_s = per_user(np.nan_to_num(mine["gpu_seconds"]))
+    counts, completed = np.bincount(index, minlength=n), per_group(np.ones(len(index)), done)
+    gpu_s = per_group(np.nan_to_num(mine["gpu_seconds"]))
     total_gpu_s = float(gpu_s.sum())
 
     def mean(column: str) -> np.ndarray:
         with np.errstate(invalid="ignore", divide="ignore"):
-            return per_user(mine[column], done) / completed
+            return per_group(mine[column], done) / completed
 
     jct, wait, slowdown = mean("jct"), mean("queueing_delay"), mean("slowdown")
-    users = {
+    groups = {
         str(name): {
             "jobs": int(counts[i]), "completed": int(completed[i]),
             "mean_jct": float(jct[i]) if completed[i] else None,
@@ -222,11 +239,104 @@ def by_user(jobs: Table) -> dict[str, Any]:
             "gpu_hours": float(gpu_s[i]) / 3600,
             "gpu_share": float(gpu_s[i]) / total_gpu_s if total_gpu_s > 0 else None,
         }
-        for i, name in enumerate(names)
+        for i, name in enumerate(keys)
     }  # fmt: skip
     fared = slowdown[completed > 0]
     jain = float(fared.sum() ** 2 / (len(fared) * (fared**2).sum())) if len(fared) else None
-    return {"users": users, "users_jain_slowdown": jain}
+    return groups, jain
+
+
+def group_index(values: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Each of `values` as its index in `names`, for those there (and which those are)."""
+    keys = np.asarray(names, dtype=str)
+    order = np.argsort(keys, kind="stable")
+    ranked = keys[order]
+    text = np.asarray(values, dtype=object).astype(str)
+    at = np.minimum(np.searchsorted(ranked, text), max(len(ranked) - 1, 0))
+    found = ranked[at] == text if len(ranked) else np.zeros(len(text), bool)
+    return order[at[found]], found
+
+
+@dataclass(frozen=True)
+class QueueLayout:
+    """A run's queues as its results show them (the `kueue` policy's queues file)."""
+
+    queues: QueueMap
+    """Their names (in the file's order) and whose jobs go to which."""
+    cohorts: list[str]
+    """Each queue's cohort ("": none)."""
+    quotas: list[int]
+    """Each queue's nominal quota: GPUs, summed over their types."""
+    file: str = ""
+    """The queues file's name ("": not known)."""
+
+    def queue_column(self, users: np.ndarray) -> np.ndarray:
+        """Each job's queue by its user ("": none), looked up once per user."""
+        names, index = np.unique(np.asarray(users, dtype=object).astype(str), return_inverse=True)
+        of = np.array([sys.intern(self.queues.queue_of(u)) for u in names.tolist()], dtype=object)
+        return of[index] if len(names) else np.empty(0, dtype=object)
+
+
+def with_queues(jobs: Table, layout: QueueLayout) -> Table:
+    """`jobs` with each job's queue (`queue`, after `user`)."""
+    columns: dict[str, np.ndarray] = {}
+    for name, column in jobs.columns.items():
+        columns[name] = column
+        if name == "user":
+            columns["queue"] = layout.queue_column(column)
+    return Table(columns)
+
+
+def queue_gpu_seconds(
+    rows: Table, layout: QueueLayout, start: float, end: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each queue's GPU-seconds held from `start` to `end`, and those held above its quota
+    (borrowed), from its rows of `queues.csv` (each a step: none held before its first)."""
+    n = len(layout.quotas)
+    queue, known = group_index(rows["queue"], layout.queues.names)
+    if not len(queue):
+        return np.zeros(n), np.zeros(n)
+    time, gpus = rows["time"][known], rows["gpus"][known].astype(float)
+    order = np.lexsort((time, queue))  # each queue's rows in time order
+    queue, time, gpus = queue[order], time[order], gpus[order]
+    last = np.r_[queue[1:] != queue[:-1], True]  # each queue's last row holds until the end
+    until = np.where(last, end, np.r_[time[1:], end])
+    spans = np.clip(until, start, end) - np.clip(time, start, end)
+    above = np.maximum(gpus - np.asarray(layout.quotas, float)[queue], 0.0)
+    return (np.bincount(queue, weights=gpus * spans, minlength=n),
+            np.bincount(queue, weights=above * spans, minlength=n))  # fmt: skip
+
+
+def by_queue(
+    jobs: Table, timeline: Table, rows: Table, layout: QueueLayout, until: float | None
+) -> dict[str, Any]:
+    """Each queue's figures (`queues`: `by_group`'s, its cohort and quota, `borrowed_gpu_hours`
+    held above its quota, `mean_usage` the GPUs it held on average), over the span utilisation
+    counts (see `summarize`), and `queues_jain_slowdown`: Jain's index of the queues' mean
+    slowdown."""
+    groups, jain = by_group(jobs, "queue", layout.queues.names)
+    start, end = _span(jobs, timeline, until)
+    held, borrowed = queue_gpu_seconds(rows, layout, start, end)
+    for i, figures in enumerate(groups.values()):
+        figures |= {
+            "cohort": layout.cohorts[i],
+            "quota": layout.quotas[i],
+            "borrowed_gpu_hours": float(borrowed[i]) / 3600,
+            "mean_usage": float(held[i]) / (end - start) if end > start else None,
+        }
+    return {"queues": groups, "queues_jain_slowdown": jain}
+
+
+def _span(jobs: Table, timeline: Table, until: float | None) -> tuple[float, float]:
+    """The span of the timeline utilisation counts (`summarize`): from its first instant to
+    `until` (by default the last job's end), or to its last instant if sooner."""
+    times = timeline["time"]
+    if not len(times):
+        return 0.0, 0.0
+    if until is None and (~np.isnan(jobs["end"])).any():
+        until = _max(jobs["end"])
+    last = float(times[-1]) if until is None else min(float(times[-1]), until)
+    return float(times[0]), max(last, float(times[0]))
 
 
 THRASHING = 0.5
@@ -308,6 +418,22 @@ class Figures:
     efficiency: tuple[np.ndarray, np.ndarray] | None = None
     """Cluster efficiency over time (hours, efficiency)."""
     churn: NodeChurn | None = None
+    queues: QueueSeries | None = None
+
+
+@dataclass
+class QueueSeries:
+    """A run with queues: each queue's GPUs held over time (thinned), its cohort and quota."""
+
+    title: str
+    names: list[str]
+    cohorts: list[str]
+    quotas: list[int]
+    borrowed_gpu_hours: list[float]
+    hours: list[np.ndarray]
+    """Each queue's instants of change, from the run's first to its last (hours)."""
+    gpus: list[np.ndarray]
+    """The GPUs it holds from each on."""
 
 
 @dataclass
@@ -327,11 +453,12 @@ class NodeChurn:
 def figures(
     jobs: Table, timeline: Table, out: Path, caption: str = "", total: int | None = None,
     efficiency: Table | None = None, summary: dict[str, Any] | None = None,
-    node_churn: bool = False,
+    node_churn: bool = False, queues: tuple[QueueLayout, Table] | None = None,
 ) -> Figures:  # fmt: skip
     """The plots of a run's `jobs` and `timeline` into `out`, each captioned with `caption`
     (what ran); `total`: the workload's jobs, when `jobs` holds only some (an interrupted run);
-    deadline outcomes when jobs have deadlines; `node_churn`: the idle nodes of the timeline."""
+    deadline outcomes when jobs have deadlines; `node_churn`: the idle nodes of the timeline;
+    `queues`: the run's queues and their rows of `queues.csv`."""
     jct = np.sort(jobs["jct"][jobs["state"] == "completed"])
     ranks = thinned_ranks(len(jct))
     busy = timeline["busy_gpus"] / timeline["gpus"].clip(min=1)
@@ -368,7 +495,42 @@ def figures(
             running=running[kept], queued=waiting[kept], share=told.get("idle_node_utilization"),
             xmax_hours=float(told.get("simulated_s") or end) / 3600 if end else None,
         )  # fmt: skip
+    if queues is not None:
+        made.queues = queue_series(*queues, timeline, summary or {})
     return made
+
+
+def queue_series(
+    layout: QueueLayout, rows: Table, timeline: Table, summary: dict[str, Any]
+) -> QueueSeries:
+    """What `queues.png` draws: each queue's steps from the timeline's first instant (none held)
+    to its last, thinned."""
+    times = timeline["time"]
+    start, end = (float(times[0]), float(times[-1])) if len(times) else (0.0, 0.0)
+    names = layout.queues.names
+    queue, known = group_index(rows["queue"], names)
+    order = np.argsort(queue, kind="stable")  # (by time within each queue, as the rows come)
+    queue, time, gpus = queue[order], rows["time"][known][order], rows["gpus"][known][order]
+    bounds = np.searchsorted(queue, np.arange(len(names) + 1))
+    most = max(PLOTTED_POINTS // max(len(names), 1), 500)
+    hours, held = [], []
+    for i in range(len(names)):  # (a loop over queues, not jobs: their rows are split once)
+        t, g = time[bounds[i] : bounds[i + 1]], gpus[bounds[i] : bounds[i + 1]]
+        x = np.r_[start, t, max(end, t[-1] if len(t) else end)]
+        y = np.r_[0, g, g[-1] if len(g) else 0].astype(float)
+        kept = thinned_steps(x, [y], most)
+        hours.append(x[kept] / 3600)
+        held.append(y[kept])
+    figures = summary.get("queues") or {}
+    borrowed = [float((figures.get(n) or {}).get("borrowed_gpu_hours") or 0.0) for n in names]
+    what = f"{summary.get('policy', 'queues')}" + (f" with {layout.file}" if layout.file else "")
+    workload = f"; {summary['workload']}" if "workload" in summary else ""
+    title = (f"GPUs held per queue: {what}{workload}\n"
+             "solid: GPUs held; dashed: quota; shaded: held above quota (borrowed)")  # fmt: skip
+    return QueueSeries(
+        title=title, names=list(names), cohorts=list(layout.cohorts), quotas=list(layout.quotas),
+        borrowed_gpu_hours=borrowed, hours=hours, gpus=held,
+    )  # fmt: skip
 
 
 def draw(made: Figures) -> list[Path]:
@@ -403,7 +565,68 @@ def draw(made: Figures) -> list[Path]:
         paths.append(draw_deadlines(made, out / "deadlines.png"))
     if made.churn is not None:
         paths.append(draw_node_churn(made.churn, out / "idle_nodes.png", caption))
+    if made.queues is not None:
+        paths.append(draw_queues(made.queues, out / "queues.png", caption))
     return paths
+
+
+def draw_queues(series: QueueSeries, path: Path, caption: str) -> Path:
+    """A panel per cohort (the queues of none together, last): each queue's GPUs held over time
+    in a colour of its own, its quota dashed in that colour (queues of one quota take turns
+    along the line), what it holds above it shaded."""
+    from matplotlib import colormaps
+    from matplotlib.ticker import MaxNLocator
+
+    cohorts = list(dict.fromkeys(c for c in series.cohorts if c))
+    if "" in series.cohorts:
+        cohorts.append("")
+    fig, axes = subplots(len(cohorts) or 1, 1, figsize=(11, 1.4 + 2.4 * max(len(cohorts), 1)),
+                         sharex=True, squeeze=False)  # fmt: skip
+    for ax, cohort in zip(axes[:, 0], cohorts, strict=False):
+        members = [i for i, c in enumerate(series.cohorts) if c == cohort]
+        colours = colormaps["tab10" if len(members) <= 10 else "tab20"]
+        alike = {quota: [i for i in members if series.quotas[i] == quota]
+                 for quota in {series.quotas[i] for i in members}}  # fmt: skip
+        for k, i in enumerate(members):
+            colour = colours(k % colours.N)
+            x, y, quota = series.hours[i], series.gpus[i], series.quotas[i]
+            borrowed = series.borrowed_gpu_hours[i]
+            label = f"{series.names[i]} (quota {quota}" + (
+                f", {_gpu_hours(borrowed)} GPU-h borrowed)" if borrowed else ")"
+            )
+            ax.step(x, y, where="post", color=colour, lw=1.0, label=label)
+            ax.hlines(quota, x[0], x[-1], colors=[colour], lw=1.0,
+                      linestyles=[_dashes(alike[quota].index(i), len(alike[quota]))])  # fmt: skip
+            ax.fill_between(x, quota, np.maximum(y, quota), step="post", color=colour,
+                            alpha=0.3, lw=0)  # fmt: skip
+        quota = sum(series.quotas[i] for i in members)
+        borrowed = sum(series.borrowed_gpu_hours[i] for i in members)
+        name = f"cohort {cohort}" if cohort else "no cohort"
+        queues = f"{len(members)} queue{'s' if len(members) > 1 else ''}"
+        ax.set_title(f"{name}: {queues}, quota {quota:,} GPUs, {_gpu_hours(borrowed)} GPU-h "
+                     "borrowed", fontsize=9)  # fmt: skip
+        ax.set_ylabel("GPUs held")
+        top = max(
+            [series.quotas[i] for i in members] + [float(series.gpus[i].max()) for i in members]
+        )
+        ax.set_ylim(-0.02 * max(top, 1), max(top, 1) * 1.08)  # (a line at 0 clear of the axis)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False,
+                  ncol=1 if len(members) <= 12 else 2)  # fmt: skip
+    axes[-1][0].set_xlabel("simulated time (hours)")
+    return save_figure(fig, path, caption, title=series.title)
+
+
+def _dashes(turn: int, of: int) -> tuple[float, tuple[float, float]]:
+    """The dash pattern of the `turn`th of `of` dashed lines drawn over one another: each its
+    dashes in turn, so that every colour shows."""
+    dash, gap = 4.0, 2.0
+    return (turn * (dash + gap), (dash, of * (dash + gap) - dash))
+
+
+def _gpu_hours(value: float) -> str:
+    return f"{value:,.1f}" if value >= 10 else f"{value:.2f}"
 
 
 PLOTTED_POINTS = 20_000
@@ -470,6 +693,7 @@ def write_results(
     efficiency: Table | None = None, measured: set[str] | None = None,
     plots: bool = True, node_churn: bool = False, plotter: Plotter | None = None,
     on_summary: Callable[[dict[str, Any]], object] | None = None,
+    queues: QueueLayout | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Write every result file into `out` and return the summary: `rows` are the jobs' (and
     `points` the timeline's); `caption` says what ran on every plot (`plots=False`: no plots, as
@@ -479,11 +703,19 @@ def write_results(
     `summarize`); with `node_churn` (nodes came and went: BFTrainer's idle nodes),
     `idle_node_utilization` and `idle_nodes.png`; `plotter`: the process that draws the plots
     (else they are drawn here). `on_summary` is given the summary once
-    `summary.json` is written, before the other files (a million jobs' take seconds more)."""
+    `summary.json` is written, before the other files (a million jobs' take seconds more).
+    With `queues` (a run with queues), each job's queue in `jobs.csv`, each queue's figures in
+    the summary (`by_queue`), the GPUs each held over time in `queues.csv`, and `queues.png`."""
     out.mkdir(parents=True, exist_ok=True)
     jobs = rows.table(ended_by=until)
+    if queues is not None:
+        jobs = with_queues(jobs, queues)
     timeline = points.table()
     summary = {**(extra or {}), **summarize(jobs, timeline, until, efficiency, measured)}
+    shown: tuple[QueueLayout, Table] | None = None  # (the queues and their rows)
+    if queues is not None:
+        shown = (queues, points.queue_table())
+        summary |= by_queue(jobs, timeline, shown[1], queues, until)
     compute = summary.get("compute_gpu_s")
     if compute is not None and len(timeline):
         # Gavel's utilisation: the GPUs' compute time over the whole run, from t = 0 to its end.
@@ -499,9 +731,11 @@ def write_results(
     timeline.write_csv(out / "timeline.csv")
     if efficiency is not None:
         efficiency.write_csv(out / "efficiency.csv")
+    if shown is not None:
+        shown[1].write_csv(out / "queues.csv")
     if plots:
         made = figures(jobs, timeline, out, caption, summary.get("jobs_in_workload"), efficiency,
-                       summary, node_churn)  # fmt: skip
+                       summary, node_churn, shown)  # fmt: skip
         if plotter is not None:
             plotter.draw(made)
         else:
@@ -564,7 +798,11 @@ def format_summary(summary: dict[str, Any]) -> str:
             "that had ended by then are counted"
         )
     if "policy" in summary:
-        params = " ".join(f"{k}={v}" for k, v in (summary.get("policy_params") or {}).items())
+        params = " ".join(
+            f"{k}={v}"
+            for k, v in (summary.get("policy_params") or {}).items()
+            if not (k == "queue" and "queues" in summary)  # (the queues' table says them)
+        )
         lines.append(f"policy       {summary['policy']} {params}".rstrip())
         for other in ("admission", "placement"):
             if other in summary:
@@ -623,12 +861,39 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"users        {len(summary['users'])}: Jain's index of their mean slowdown "
             f"{summary['users_jain_slowdown']:.3f}"
         )
+    if summary.get("queues"):
+        lines += queue_lines(summary)
     if "simulated_s" in summary and "wall_s" in summary:
         lines.append(
             f"time         {_hours(summary['simulated_s'])} simulated in "
             f"{summary['wall_s']:,.1f} s wall"
         )
     return "\n".join(lines)
+
+
+def queue_lines(summary: dict[str, Any]) -> list[str]:
+    """The queues' figures for people: a line, then a row per queue."""
+    queues: dict[str, dict[str, Any]] = summary["queues"]
+    cohorts = {q["cohort"] for q in queues.values() if q["cohort"]}
+    jain = summary.get("queues_jain_slowdown")
+    fairness = f": Jain's index of their mean slowdown {jain:.3f}" if jain is not None else ""
+    lines = [f"queues       {len(queues)} in {len(cohorts)} cohorts{fairness}"]
+    width = max(len("queue"), *(len(name) for name in queues))
+    cohort_width = max(len("cohort"), *(len(q["cohort"]) for q in queues.values()))
+    lines.append(
+        f"  {'queue':<{width}}  {'cohort':<{cohort_width}}  quota    jobs  completed  "
+        "mean JCT  queueing     GPU-h   share  mean GPUs  borrowed GPU-h"
+    )
+    for name, q in queues.items():
+        share = "-" if q["gpu_share"] is None else f"{100 * q['gpu_share']:.1f}%"
+        usage = "-" if q["mean_usage"] is None else f"{q['mean_usage']:,.1f}"
+        lines.append(
+            f"  {name:<{width}}  {q['cohort'] or '-':<{cohort_width}}  {q['quota']:>5,}  "
+            f"{q['jobs']:>6,}  {q['completed']:>9,}  {_hours(q['mean_jct']):>8}  "
+            f"{_hours(q['mean_queueing_delay']):>8}  {_gpu_hours(q['gpu_hours']):>8}  "
+            f"{share:>6}  {usage:>9}  {_gpu_hours(q['borrowed_gpu_hours']):>14}"
+        )
+    return lines
 
 
 def plot_workload(

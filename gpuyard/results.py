@@ -18,7 +18,7 @@ from typing import cast
 
 import numpy as np
 
-from gpuyard.shared.contract import TimelinePoint
+from gpuyard.shared.contract import QueueGpus, TimelinePoint
 from gpuyard.shared.model import JobRecord, JobSpec
 
 JOB_COLUMNS = [
@@ -35,6 +35,8 @@ _MET = np.array([None, False, True], dtype=object)
 _DECLINED = 1 << 62
 """Where declined jobs' rows come in admission order: after every admitted job, in workload order."""
 TIMELINE_COLUMNS = ["time", "busy_gpus", "queued", "running", "gpus"]
+QUEUE_COLUMNS = ["time", "queue", "gpus"]
+"""`queues.csv`: a row where a queue's GPUs held changed (a run with queues)."""
 CSV_CHUNK = 65_536
 """Rows turned into text at a time."""
 
@@ -189,11 +191,15 @@ def job_rows(records: Iterable[JobRecord]) -> JobRows:
 
 
 class TimelineRows:
-    """The timeline's points as their pages come, in columns."""
+    """The timeline's points as their pages come, in columns (and with queues, its rows of the
+    GPUs each queue holds)."""
 
     def __init__(self) -> None:
         self._time = array("d")
         self._counts = [array("q") for _ in TIMELINE_COLUMNS[1:]]
+        self._queue_time = array("d")
+        self._queue_names: list[str] = []
+        self._queue_gpus = array("q")
 
     def __len__(self) -> int:
         return len(self._time)
@@ -205,8 +211,22 @@ class TimelineRows:
                                      strict=True):  # fmt: skip
                 column.append(value)
 
+    def extend_queues(self, rows: Iterable[QueueGpus]) -> None:
+        for r in rows:
+            self._queue_time.append(r.time)
+            self._queue_names.append(sys.intern(r.queue))  # (a few names, repeated)
+            self._queue_gpus.append(r.gpus)
+
     def last_time(self) -> float:
         return self._time[-1]
+
+    def queue_table(self) -> Table:
+        """The queues' rows, `QUEUE_COLUMNS` (by time, then queue: as the clock serves them)."""
+        names = np.empty(len(self._queue_names), dtype=object)
+        names[:] = self._queue_names
+        columns = (np.array(self._queue_time, dtype=np.float64), names,
+                   np.array(self._queue_gpus, dtype=np.int64))  # fmt: skip
+        return Table(dict(zip(QUEUE_COLUMNS, columns, strict=True)))
 
     def table(self) -> Table:
         """The points' columns (views of these: no point may be added while they are kept)."""

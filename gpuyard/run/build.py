@@ -72,6 +72,8 @@ def build(
     elif spec.nodes_from is not None or spec.start is not None or spec.preset == "bftrainer":
         raise ValueError("--nodes-from, --start and --bftrainer apply to --node-events")
     options = semantics(spec.preset).with_workload(options, workload.jobs)
+    if spec.queues is not None and options.policy == "kueue":
+        described["queues"] = spec.queues  # (what ran, for options.json and the plots' titles)
     return options, workload, described
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 RUN_FILES = frozenset({
     "jobs.csv", "timeline.csv", "summary.json", "options.json", "stats.json", "services.log",
     "workload.jsonl", "node_events.csv", "efficiency.csv", "jct_cdf.png", "timeline.png",
-    "deadlines.png", "idle_nodes.png", "stderr.log",
+    "deadlines.png", "idle_nodes.png", "stderr.log", "queues.csv", "queues.png",
 })  # fmt: skip
 """What one run writes into its folder (`stderr.log`: a comparison's run's terminal)."""
 COMPARISON_FILES = frozenset(

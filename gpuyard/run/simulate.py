@@ -17,12 +17,13 @@ from msgspec import Struct
 
 from gpuyard.ops import read_events, show_policies
 from gpuyard.plotter import Plotter
-from gpuyard.report import JobRun, efficiency_frame, write_results
+from gpuyard.report import JobRun, QueueLayout, efficiency_frame, write_results
 from gpuyard.results import JobRows, Table, TimelineRows, job_rows
 from gpuyard.run.embedded import EmbeddedNats
 from gpuyard.run.launcher import ServiceSet
 from gpuyard.run.presets import semantics
 from gpuyard.run.spec import PresetName
+from gpuyard.services.simclock.config import QueueMap
 from gpuyard.services.simclock.service import PreemptionCost, SimClockConfig, write_workload
 from gpuyard.services.simclock.workload import workload_specs
 from gpuyard.shared.connection import Bus, NatsAuth, connect
@@ -156,6 +157,7 @@ def service_configs(
     timeout = options.call_timeout_s if options.durable else None
     retry = RETRY_FOR_S if options.durable else 0.0
     preset = semantics(options.preset)
+    queues = run_queues(options)  # (the clock counts each queue's GPUs)
     return {
         "placement": PlacementConfig(
             policy=options.placement,
@@ -200,12 +202,31 @@ def service_configs(
             churn_node_gpus=options.churn_node_gpus,
             churn_node_type=options.churn_node_type,
             preemption_cost=options.preemption_cost,
+            queues=queues.queues if queues is not None else None,
             window=options.window,
             call_timeout_s=timeout and 4 * timeout,
             retry_for_s=retry,
             **preset.clock_settings(options),
         ),
     }
+
+
+def run_queues(options: SimOptions, file: str | None = None) -> QueueLayout | None:
+    """A run with queues (the `kueue` policy's, whose parameters are its queues file): its
+    queues as its results show them (`file`: the queues file, for the plot's title). None:
+    a run without."""
+    if options.policy != "kueue" or not options.policy_params.get("queue"):
+        return None
+    from gpuyard.policies.kueue import Queues
+
+    queues = msgspec.convert(options.policy_params, Queues)
+    users = {user: q.name for q in queues.queue for user in q.users}
+    mapping = QueueMap(names=[q.name for q in queues.queue], users=users,
+                       default_queue=queues.default_queue)  # fmt: skip
+    return QueueLayout(
+        queues=mapping, cohorts=[q.cohort for q in queues.queue],
+        quotas=[sum(q.quota.values()) for q in queues.queue], file=Path(file).name if file else "",
+    )  # fmt: skip
 
 
 class WrittenWorkload(Struct, frozen=True):
@@ -254,11 +275,15 @@ async def fetch_pages(bus: Bus, endpoint: Endpoint[PageQuery, Any], field: str) 
 
 
 async def fetch_timeline(bus: Bus) -> TimelineRows:
-    """The clock's timeline, in columns as its pages come."""
+    """The clock's timeline, in columns as its pages come (with queues, each page's rows of
+    the GPUs they hold too)."""
     points = TimelineRows()
-    async for batch in pages_of(bus, TIMELINE, "points"):
-        points.extend(batch)
-    return points
+    while True:
+        page = await bus.call(TIMELINE, PageQuery(offset=len(points)))
+        points.extend(page.points)
+        points.extend_queues(page.queues)
+        if not page.points or len(points) >= page.total:
+            return points
 
 
 async def pages_of(
@@ -338,18 +363,23 @@ def node_events_label(workload: dict[str, Any]) -> str:
     return label + (", BFTrainer's replayer semantics" if churn.get("bftrainer") else "")
 
 
-def policies_label(options: SimOptions) -> str:
+def policies_label(options: SimOptions, queues: QueueLayout | None = None) -> str:
     """`scheduling las (key=rounds), admission accept-all, placement consolidated; 300 s rounds,
-    events mode`."""
+    events mode`; with `queues`, the scheduling policy's queues as their count and file (not
+    every queue's line)."""
 
-    def one(name: str, params: dict[str, Any]) -> str:
-        shown = " ".join(f"{k}={v}" for k, v in params.items())
+    def one(name: str, params: dict[str, Any], queued: bool = False) -> str:
+        said = [f"{k}={v}" for k, v in params.items() if not (queued and k == "queue")]
+        if queued and queues is not None:
+            of = f" of {queues.file}" if queues.file else ""
+            said.insert(0, f"{len(queues.queues.names)} queues{of}")
+        shown = " ".join(said)
         return f"{name} ({shown})" if shown else name
 
     cost = options.preemption_cost
     described = semantics(options.preset).describe() or f"{options.mode} mode"
     return (
-        f"scheduling {one(options.policy, options.policy_params)}, admission "
+        f"scheduling {one(options.policy, options.policy_params, queues is not None)}, admission "
         f"{one(options.admission, options.admission_params)}, placement "
         f"{one(options.placement, options.placement_params)}; {options.round_s:g} s rounds, "
         f"{described}"
@@ -692,7 +722,10 @@ async def simulate(
         in_order = sorted(written.specs(), key=lambda spec: spec.submit_time or 0.0)  # as the clock
         deadlines["measured"] = {spec.job_id for spec in in_order[first:end]}
         extra["window"] = [first, end]
-    caption = f"{policies_label(options)}\n{labels['workload']}; cluster {labels['cluster']}"
+    queues = run_queues(options, (workload or {}).get("queues"))
+    caption = (
+        f"{policies_label(options, queues)}\n{labels['workload']}; cluster {labels['cluster']}"
+    )
     if options.window is not None:
         caption += f"; JCT of jobs {first} to {end - 1} in arrival order (measurement window)"
     if options.preset == "elasticflow":
@@ -708,7 +741,7 @@ async def simulate(
         write_results, rows, points, out, extra, caption,
         reached if interrupted is not None else None, **deadlines, plots=plots,
         plotter=plotter, on_summary=on_summary,
-        node_churn=options.node_events is not None,
+        node_churn=options.node_events is not None, queues=queues,
     )  # fmt: skip
     if isinstance(interrupted, ServiceLost):
         raise ServiceLost(

@@ -660,9 +660,21 @@ class TimelinePoint(Struct, array_like=True):
     """Usable GPUs (nodes present) at that time."""
 
 
+class QueueGpus(Struct, array_like=True):
+    """A simulation with queues: the GPUs a queue's jobs hold from `time` on."""
+
+    time: float
+    queue: str
+    gpus: int
+
+
 class TimelinePage(Struct, kw_only=True):
     points: list[TimelinePoint]
     total: int
+    queues: list[QueueGpus] = []
+    """A simulation with queues (`SimClockConfig.queues`): each queue's GPUs where they changed,
+    from this page's first point's time to the next page's first point's (the first page's
+    from the start, the last's to the end)."""
 
 
 # --------------------------------------------------------------------------- events
@@ -711,7 +723,7 @@ MESSAGES: tuple[type[Struct], ...] = (
     ErrorReply, Ack, Ping, Pong, ServiceStats, Empty, PageQuery, SubmitRequest, SubmitResult, SubmitReply,
     EnqueueRequest, SchedulerStatus, CountsChange, ClusterChanged, TickRequest, JobExit, ExitReport, JobRecord, JobsPage,
     RegisterNode, NodesChanged, NodesChangedReply, ApplyRequest, StepsReport, StepsUpdate, ApplyReply, ClusterInfo, Launch,
-    NodeCommand, NodeCommandReply, NodeCommands, RunRequest, Progress, TimelinePoint, TimelinePage, Event,
+    NodeCommand, NodeCommandReply, NodeCommands, RunRequest, Progress, TimelinePoint, QueueGpus, TimelinePage, Event,
     JobQuery, CancelRequest, CancelReply, HoldRequest, RequeueRequest, DoneReply, DrainRequest, FinishedQuery, FinishedPage, GpuMetrics, JobProgress, Heartbeat, HeartbeatsPage,
     LogsRequest, LogsReply, LogLine,
     SetPolicy, PolicyInfo,

@@ -72,7 +72,7 @@ class FairSharing(Struct, kw_only=True, forbid_unknown_fields=True, omit_default
     """Users' weights (a user not named: 1)."""
 
 
-class Queues(Struct, kw_only=True, forbid_unknown_fields=True):
+class Queues(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
     """The queues file: `[[queue]]` tables, the queue of users listed in none, the priority
     classes jobs may name, and fair sharing."""
 

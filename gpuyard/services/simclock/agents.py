@@ -5,6 +5,7 @@ the simclock service answers the commands with these."""
 from __future__ import annotations
 
 from gpuyard.services.simclock.costs import GpuSet, PreemptionCost
+from gpuyard.services.simclock.timeline import QueueChanges
 from gpuyard.shared.contract import NodeCommand, NodeCommandReply
 from gpuyard.shared.errors import BadRequest
 from gpuyard.shared.model import ClusterSpec, JobSpec, NodeSpec
@@ -15,12 +16,14 @@ class SimJob:
 
     __slots__ = (
         "attempt", "base", "done", "down_s", "ended_at", "failure", "floor", "gpu_type", "held",
-        "job_type", "limit_at", "min_gpus", "parts", "placed", "ranks", "rate", "restarting",
-        "restoring", "round_steps", "since", "timed_out", "total", "until", "up_s", "version",
+        "job_type", "limit_at", "min_gpus", "parts", "placed", "queue", "ranks", "rate",
+        "restarting", "restoring", "round_steps", "since", "timed_out", "total", "until", "up_s",
+        "version",
     )  # fmt: skip
 
-    def __init__(self, spec: JobSpec, total: float) -> None:
+    def __init__(self, spec: JobSpec, total: float, queue: int = -1) -> None:
         self.job_type = spec.job_type
+        self.queue = queue  # the index of its queue, whose GPUs it counts in (-1: none)
         self.total = total
         self.done = 0.0
         self.rate = 0.0
@@ -65,8 +68,11 @@ class SimNodes:
     each GPU, and the jobs whose parts changed at the current instant (`changed`, `launched`:
     their rates are made again at its end)."""
 
-    def __init__(self, cluster: ClusterSpec, cost: PreemptionCost) -> None:
+    def __init__(
+        self, cluster: ClusterSpec, cost: PreemptionCost, queues: QueueChanges | None = None
+    ) -> None:
         self.cost = cost
+        self.queues = queues  # with queues: the GPUs each holds, as parts start and stop
         self.node_specs = {n.node_id: n for n in cluster.nodes()}
         self.node_types = {n.node_id: n.gpu_type for n in self.node_specs.values()}
         self.present: set[str] = set(self.node_specs)
@@ -95,7 +101,7 @@ class SimNodes:
                 continue
             preempted.append(job_id)
             job.settle(cmd.now)
-            self.partners_alone(self.detach(job_id, cmd.node_id), cmd.now)
+            self.partners_alone(self.detach(job_id, cmd.node_id, cmd.now), cmd.now)
             if not job.restarting:  # a distributed job restarts as a whole: checkpoint once
                 self.checkpoint(job)
             progress[job_id] = job.done
@@ -103,8 +109,9 @@ class SimNodes:
         for launch in cmd.launch:
             job = self.jobs[launch.job_id]
             job.settle(cmd.now)
-            self.partners_alone(self.detach(launch.job_id, cmd.node_id), cmd.now)
+            self.partners_alone(self.detach(launch.job_id, cmd.node_id, cmd.now), cmd.now)
             job.parts[cmd.node_id] = tuple(launch.gpus)
+            self.queue_holds(job, cmd.now, len(launch.gpus))
             job.ranks = None
             for g in launch.gpus:
                 self.holding.setdefault((cmd.node_id, g), []).append(launch.job_id)
@@ -120,12 +127,15 @@ class SimNodes:
             progress=progress,
         )  # fmt: skip
 
-    def detach(self, job_id: str, node_id: str) -> list[str]:
-        """The job's part on `node_id` stops holding its GPUs; returns the jobs still there."""
+    def detach(self, job_id: str, node_id: str, now: float) -> list[str]:
+        """The job's part on `node_id` stops holding its GPUs at `now`; returns the jobs still
+        there."""
         left: list[str] = []
         job = self.jobs[job_id]
         job.ranks = None
-        for g in job.parts.pop(node_id, ()):
+        part = job.parts.pop(node_id, ())
+        self.queue_holds(job, now, -len(part))
+        for g in part:
             holders = self.holding[(node_id, g)]
             holders.remove(job_id)
             if not holders:
@@ -134,6 +144,15 @@ class SimNodes:
         if not job.parts:
             self.running.discard(job_id)
         return left
+
+    def queue_of(self, user: str) -> int:
+        """The index of the queue of `user`'s jobs (-1: none, or a run without queues)."""
+        return self.queues.index_of(user) if self.queues is not None else -1
+
+    def queue_holds(self, job: SimJob, now: float, gpus: int) -> None:
+        """The job holds `gpus` more GPUs (fewer: negative) from `now` on: so does its queue."""
+        if self.queues is not None:
+            self.queues.change(now, job.queue, gpus)
 
     def partners_alone(self, partners: list[str], now: float) -> None:
         """Jobs whose space-sharing partner just left their GPUs: they keep the progress made
@@ -201,7 +220,7 @@ class SimNodes:
                 self.preemption_steps += lost
             job.base = sum(n for node, n in job.placed.items() if node not in final or final[node])
             for node in left:
-                self.detach(job_id, node)
+                self.detach(job_id, node, now)
             if not job.restarting:
                 self.checkpoint(job)
             self.changed.add(job_id)

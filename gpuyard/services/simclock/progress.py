@@ -185,7 +185,7 @@ class Completions:
         while (finish := self.next_completion()) is not None and finish <= now:
             _, _, job_id, _ = heapq.heappop(self.heap)
             for node in list(self.jobs[job_id].parts):
-                self.nodes.partners_alone(self.nodes.detach(job_id, node), now)
+                self.nodes.partners_alone(self.nodes.detach(job_id, node, now), now)
             job = self.jobs.pop(job_id)
             ended = _exit_of(job_id, job)
             if job.timed_out:  # (the steps it made by then)

@@ -22,7 +22,7 @@ from gpuyard.services.simclock.config import SimClockConfig
 from gpuyard.services.simclock.costs import PreemptionCost, RestartCost
 from gpuyard.services.simclock.instants import EventInstants, GavelRounds, NodeEvents
 from gpuyard.services.simclock.progress import Completions
-from gpuyard.services.simclock.timeline import Timeline
+from gpuyard.services.simclock.timeline import QueueChanges, Timeline
 from gpuyard.services.simclock.workload import load_node_events, load_workload, write_workload
 from gpuyard.shared.connection import Bus
 from gpuyard.shared.contract import (
@@ -75,7 +75,8 @@ class SimClock(Service):
         super().__init__(bus)
         self.config = config
         self.model: ThroughputModel = load_throughputs(config.throughputs)
-        self.nodes = SimNodes(config.cluster, config.preemption_cost)
+        queues = QueueChanges(config.queues) if config.queues is not None else None
+        self.nodes = SimNodes(config.cluster, config.preemption_cost, queues)
         self.runs = Completions(self.nodes, self.model, config)
         self.decided: float | None = None  # the last instant at which the scheduler decided
         self.sched_wake: float | None = None
@@ -84,7 +85,7 @@ class SimClock(Service):
         self.runs_ahead = False  # ... and whether it goes on through arrivals submitted ahead
         self.reached: float | None = None  # the instant its last reply went on to, if later
         self.changes: list[CountsChange] = []  # its replies' changes at earlier instants
-        self.timeline = Timeline()
+        self.timeline = Timeline(queues)
         self.task: asyncio.Task[None] | None = None
         self.progress = Progress(now=0.0, submitted=0, finished=0, total=0, instants=0)
         self.declined: dict[str, str] = {}
@@ -145,8 +146,9 @@ class SimClock(Service):
         return Ack()
 
     async def get_timeline(self, req: PageQuery) -> TimelinePage:
-        points = self.timeline.page(req.offset, req.limit)
-        return TimelinePage(points=points, total=len(self.timeline))
+        limit, queues = self.timeline.queue_page(req.offset, req.limit)
+        points = self.timeline.page(req.offset, limit)
+        return TimelinePage(points=points, total=len(self.timeline), queues=queues)
 
     async def node_commands(self, batch: NodeCommands) -> None:
         """The commands of one apply (or nodes change) to several nodes, in their order. They are
@@ -190,7 +192,7 @@ class SimClock(Service):
             assert spec.job_id is not None
             total = total_steps(spec, self.model)
             assert total is not None
-            self.nodes.jobs[spec.job_id] = SimJob(spec, total)
+            self.nodes.jobs[spec.job_id] = SimJob(spec, total, self.nodes.queue_of(spec.user))
 
     def note(self, now: float, status: SchedulerStatus) -> None:
         """The scheduler's reply at `now`: when it wants its next tick, the node commands to wait

@@ -62,11 +62,14 @@ class QueueChanges:
         if self._series is not None:
             return self._series
         time, queue, delta = np.array(self._time), np.array(self._queue), np.array(self._delta)
+        if not len(time):
+            self._series = (time, queue, delta)
+            return self._series
         order = np.lexsort((queue, time))
         time, queue, delta = time[order], queue[order], delta[order]
         # One row per (time, queue): its net change (a job restarted on other GPUs: none).
         first = np.flatnonzero(np.r_[True, (time[1:] != time[:-1]) | (queue[1:] != queue[:-1])])
-        net = np.add.reduceat(delta, first) if len(first) else delta
+        net = np.add.reduceat(delta, first)
         time, queue = time[first], queue[first]
         # Each queue's running sum of its changes, in time order (a stable sort keeps it).
         by_queue = np.argsort(queue, kind="stable")
