@@ -877,7 +877,8 @@ def queue_lines(summary: dict[str, Any]) -> list[str]:
     cohorts = {q["cohort"] for q in queues.values() if q["cohort"]}
     jain = summary.get("queues_jain_slowdown")
     fairness = f": Jain's index of their mean slowdown {jain:.3f}" if jain is not None else ""
-    lines = [f"queues       {len(queues)} in {len(cohorts)} cohorts{fairness}"]
+    plural = "" if len(cohorts) == 1 else "s"
+    lines = [f"queues       {len(queues)} in {len(cohorts)} cohort{plural}{fairness}"]
     width = max(len("queue"), *(len(name) for name in queues))
     cohort_width = max(len("cohort"), *(len(q["cohort"]) for q in queues.values()))
     lines.append(

@@ -97,6 +97,10 @@ async def test_queues_are_applied_at_runtime_and_a_bad_file_changes_nothing(
     code, _, err = await policy_set(views, "kueue", "--queues", str(two))
     assert code == 0, err
     await views.until_row(second, "RUNNING")
+    code, out, err = await views.gpuyard("user.alice", "acct", "--summary", "--json")
+    assert code == 0, err
+    summed = json.loads(next(line for line in said(out) if line.startswith("{")))
+    assert summed["queues"]["team-a"]["jobs"] >= 2  # (its user's queue, not a tenant)
     for job_id in (first, second):
         code, _, err = await views.gpuyard("user.alice", "cancel", job_id)
         assert code == 0, err

@@ -4,9 +4,10 @@
 The rows come from the scheduler's job records (`sched.query`, every job's to everyone, as
 `gpuyard jobs` shows them); jobs admission rejected never reach the scheduler and are not
 accounted. A finished record no longer says which GPU type it ran on, so the types are those of
-the nodes it ran on (`JobRecord.ran_on`), from the cluster's node list. There are no queues yet:
-a job's queue is its tenant (`JobSpec.tenant`, "-" for none). The functions that build the rows
-and the summaries are pure (records, a node -> GPU type map, the time), for tests without NATS.
+the nodes it ran on (`JobRecord.ran_on`), from the cluster's node list. A job's queue is its
+user's in the scheduler's queues (`kueue`: the queues file it has now), else its tenant
+(`JobSpec.tenant`, "-" for none). The functions that build the rows and the summaries are pure
+(records, a node -> GPU type map, the time), for tests without NATS.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import msgspec
 
 from gpuyard.cli.cluster import all_records
+from gpuyard.cli.ops import scheduler_queues
 from gpuyard.cli.options import Subcommands, add_nats_options, job_id_arg, positive_int, run_on_bus
 from gpuyard.jobview import (
     JOB_STATES,
@@ -41,7 +44,7 @@ MIXED = "mixed"
 UNKNOWN = "unknown"
 """The GPU type of a job that ran on a node the cluster no longer knows (and asked for any)."""
 NO_QUEUE = "-"
-"""The queue (tenant) of a job that has none; `--queue -` chooses those jobs."""
+"""The queue of a job that has none; `--queue -` chooses those jobs."""
 SUMMARY_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PENDING", "RUNNING")
 """The states a summary counts jobs by (a requeued job waits: PENDING)."""
 
@@ -54,7 +57,7 @@ class AcctRow(msgspec.Struct, kw_only=True):
     name: str
     user: str
     queue: str
-    """The job's tenant ("-" for none), until gpuyard has queues."""
+    """The job's queue (its user's under `kueue`, else its tenant; "-" for none)."""
     job_state: str
     """Slurm's name for its state (`jobview.slurm_state`)."""
     exit_code: int | None
@@ -117,13 +120,16 @@ def gpu_hours(record: JobRecord, now: float) -> float:
     return (record.gpu_seconds + max(running, 0.0)) / 3600.0
 
 
-def acct_row(record: JobRecord, types: dict[str, str], now: float) -> AcctRow:
+def acct_row(
+    record: JobRecord, types: dict[str, str], now: float, queue: str | None = None
+) -> AcctRow:
+    """The job's row; `queue` where the scheduler's queues give it one (else its tenant)."""
     start = record.first_start
     return AcctRow(
         job_id=record.job_id,
         name=record.spec.name or " ".join(record.spec.command),
         user=record.spec.user or "-",
-        queue=record.spec.tenant or NO_QUEUE,
+        queue=queue or record.spec.tenant or NO_QUEUE,
         job_state=slurm_state(record),
         exit_code=record.exit_code,
         submit_time=record.submit_time,
@@ -180,7 +186,7 @@ def usage(rows: Iterable[AcctRow]) -> Usage:
 
 
 def summarize(rows: Sequence[AcctRow]) -> Summary:
-    """The rows' sums per user and per queue (tenant)."""
+    """The rows' sums per user and per queue."""
 
     def by(key: str) -> dict[str, Usage]:
         groups: dict[str, list[AcctRow]] = {}
@@ -239,8 +245,8 @@ def add_acct_parser(sub: Subcommands) -> None:
     p = sub.add_parser(
         "acct", help="accounting: jobs' use (sacct), sums per user and queue (--summary)",
         description="Accounting of the scheduler's jobs: a row per job as Slurm's sacct, or with "
-        "--summary sums per user and per queue (the queue is the job's tenant) as sreport. "
-        "Jobs admission rejected are not accounted (see docs/cli.md).",
+        "--summary sums per user and per queue (its user's queue under kueue, else its tenant) "
+        "as sreport. Jobs admission rejected are not accounted (see docs/cli.md).",
     )  # fmt: skip
     add_nats_options(p)
     p.add_argument(
@@ -249,7 +255,7 @@ def add_acct_parser(sub: Subcommands) -> None:
     )  # fmt: skip
     p.add_argument(
         "--queue", action="append", default=[], metavar="QUEUE[,QUEUE...]",
-        help="only jobs of these queues, i.e. tenants ('-': none) (repeatable)",
+        help="only jobs of these queues ('-': none) (repeatable)",
     )  # fmt: skip
     p.add_argument(
         "--state", action="append", default=[], metavar="STATE[,STATE...]",
@@ -287,6 +293,21 @@ def _names(values: Iterable[str]) -> list[str]:
     return [name.strip() for value in values for name in value.split(",") if name.strip()]
 
 
+def _queue_of(queues: Any) -> Callable[[JobRecord], str | None]:
+    """A job's queue by its user under the `kueue` policy's `queues` (None: no queues)."""
+    if queues is None:
+        return lambda _: None
+    from gpuyard.policies.kueue import Kueue
+
+    policy = Kueue(queues)
+
+    def queue_of(record: JobRecord) -> str | None:
+        q = policy.queue_of(record)
+        return q.name if q is not None else None
+
+    return queue_of
+
+
 def cmd_acct(args: argparse.Namespace) -> int:
     try:
         states = parse_states(args.state)
@@ -315,8 +336,10 @@ def cmd_acct(args: argparse.Namespace) -> int:
         types = (
             node_types(await bus.call(CLUSTER, Empty())) if any(r.ran_on for r in records) else {}
         )
+        _, kueue = await scheduler_queues(bus)
+        queue_of = _queue_of(kueue)
         rows = select_rows(
-            (acct_row(r, types, now) for r in records), users=users, queues=queues,
+            (acct_row(r, types, now, queue_of(r)) for r in records), users=users, queues=queues,
             states=states, since=since, until=until, now=now,
         )  # fmt: skip
         if args.summary:

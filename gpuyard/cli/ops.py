@@ -339,18 +339,28 @@ def format_queues(rows: list[dict[str, Any]]) -> str:
     return text_table(table)
 
 
-async def _queues(args: argparse.Namespace, bus: Bus) -> int:
-    from gpuyard.cli.cluster import all_records
+async def scheduler_queues(bus: Bus) -> tuple[str | None, Any]:
+    """The scheduler's policy, and its queues (`Queues`) where it has some (`kueue`), else
+    None."""
     from gpuyard.policies.kueue import Queues
-    from gpuyard.shared.contract import Empty, JobQuery
+    from gpuyard.shared.contract import Empty
     from gpuyard.shared.endpoints import POLICY
 
     info = await bus.call(POLICY, Empty(), svc=SERVICE_TOKENS["scheduler"])
     if info.policy != "kueue":
-        print(f"gpuyard queues: the scheduler's policy is {info.policy}, which has no queues "
+        return info.policy, None
+    return info.policy, msgspec.convert(info.params, Queues)
+
+
+async def _queues(args: argparse.Namespace, bus: Bus) -> int:
+    from gpuyard.cli.cluster import all_records
+    from gpuyard.shared.contract import JobQuery
+
+    policy, queues = await scheduler_queues(bus)
+    if queues is None:
+        print(f"gpuyard queues: the scheduler's policy is {policy}, which has no queues "
               "(gpuyard policy set scheduler kueue --queues FILE)", file=sys.stderr)  # fmt: skip
         return 1
-    queues = msgspec.convert(info.params, Queues)
     query = JobQuery(states=["queued", "running"], limit=10_000, reasons=True)
     records = await all_records(bus, query)
     rows = queue_rows(queues, records)
