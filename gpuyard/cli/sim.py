@@ -48,8 +48,8 @@ def add_trace_args(g: Any, *, multi_gpu: bool = True) -> None:
     """How a trace file is read: its format, broken lines, the reading of Philly traces."""
     g.add_argument(
         "--trace-format",
-        help="gavel, elasticflow, itp, bftrainer, blox, philly, helios, acme, gpuyard, csv, "
-        "parquet (default: detect)",
+        help="gavel, elasticflow, itp, bftrainer, blox, philly, helios, acme, openb, pai, "
+        "gpuyard, csv, parquet (default: detect)",
     )
     g.add_argument("--skip-bad", action="store_true", help="skip and count broken trace lines")
     g.add_argument(

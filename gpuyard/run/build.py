@@ -245,7 +245,7 @@ def read_trace(spec: RunSpec, throughputs: Any = None) -> tuple[Any, dict[str, A
     name = detect_format(trace) if spec.trace_format in (None, "auto") else spec.trace_format
     options: dict[str, Any] = {}
     info: dict[str, Any] = {"trace": spec.trace, "format": name}
-    if name in ("helios", "acme", "openb"):
+    if name in ("helios", "acme", "openb", "pai"):
         options["cpu_jobs"] = spec.cpu_jobs or "skip"
         info["cpu_jobs"] = options["cpu_jobs"]
     elif spec.cpu_jobs is not None:

@@ -22,6 +22,7 @@ from .formats import (
 )
 from .generators import blox, elasticflow, gavel, poisson_arrivals
 from .loader import LOADERS, detect_format, load_workload
+from .pai import load_pai
 
 __all__ = [
     "JOB_FIELDS",
@@ -44,6 +45,7 @@ __all__ = [
     "load_helios",
     "load_native",
     "load_node_events",
+    "load_pai",
     "load_philly",
     "load_workload",
     "poisson_arrivals",

@@ -18,6 +18,7 @@ from .formats import (
     load_philly,
 )
 from .openb import load_openb
+from .pai import load_pai
 
 LOADERS: dict[str, Callable[..., Workload]] = {
     "gavel": load_gavel_trace,
@@ -29,6 +30,7 @@ LOADERS: dict[str, Callable[..., Workload]] = {
     "helios": load_helios,
     "acme": load_acme,
     "openb": load_openb,
+    "pai": load_pai,
     "gpuyard": load_native,
     "csv": load_native,
     "parquet": load_native,
@@ -49,7 +51,9 @@ def detect_format(path: str | Path) -> str:
     Gavel, and a CSV header decides: Jmin/Jmax -> bftrainer, arrival_time_s -> blox,
     model_name -> elasticflow (ITP files included), vc and gpu_num -> helios, gpu_num with type or
     gpu_time -> acme, num_gpu and gpu_milli -> openb (not gpu_spec: openb_pod_list_multigpu50.csv
-    has none, nor any time, which the loader then names), num_gpus -> gpuyard.
+    has none, nor any time, which the loader then names), num_gpus -> gpuyard; PAI 2020's job
+    table by its header (job_name, inst_id, user, status) or, as the publisher ships it without
+    one, by its name (`pai_job_table*`); its task table (`pai_task_table*`) is read with it.
     """
     path = Path(path)
     suffix = path.suffix.lower()
@@ -61,6 +65,8 @@ def detect_format(path: str | Path) -> str:
         return "gpuyard"
     if not path.exists():
         raise WorkloadError(path, None, None, "no such file")
+    if path.name.startswith(("pai_job_table", "pai_task_table")):
+        return "pai"
     line = _first_line(path)
     if line.count("\t") == 9:
         return "gavel"
@@ -79,6 +85,8 @@ def detect_format(path: str | Path) -> str:
         return "openb"
     if "num_gpus" in header:
         return "gpuyard"
+    if {"job_name", "inst_id", "user", "status"} <= header:
+        return "pai"
     if {"Ns", "Ps"} <= header:
         raise WorkloadError(
             path,
@@ -107,7 +115,7 @@ def load_workload(
     skip broken lines/fields and report them in `Workload.skipped` / `skip_reasons` instead of
     raising `WorkloadError`. `options` go to the format's loader (e.g. `throughputs=` for gavel,
     `elastic=True` for elasticflow, `semantics=`/`multigpu=` for philly, `cpu_jobs=` for helios,
-    acme and openb).
+    acme, openb and pai; `task_table=` for pai).
     """
     name = detect_format(path) if format in (None, "auto") else format
     if name not in LOADERS:
