@@ -40,7 +40,7 @@ the file's text.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -50,6 +50,8 @@ from .core import BrokenRows, Workload, WorkloadError, build_jobs, nan_to_none, 
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from gpuyard.shared.model import JobSpec
 
 HELIOS_FIELDS = (
     "job_id", "user", "vc", "gpu_num", "cpu_num", "node_num", "state", "submit_time",
@@ -312,11 +314,12 @@ def _outcome(state: str) -> Literal["failed", "cancelled"] | None:
     return None if outcome == "completed" else outcome
 
 
-def _joined(
-    parts: list[Workload], path: str | Path, fmt: str, errors: list[WorkloadError],
-    counts: dict[str, int], unknown_states: dict[str, int], rows: int, cpu_jobs: CpuJobs,
-) -> Workload:  # fmt: skip
-    """The chunks' jobs as one workload, its clock starting at the first submission."""
+def rebased(
+    parts: list[Workload], times: Sequence[str], categories: Sequence[str]
+) -> tuple[list[JobSpec], pd.DataFrame | None, float]:
+    """The chunks' jobs and extras together, their clock starting at the first submission (the
+    extras' `times` columns moved with it, their `categories` columns made categories), and that
+    first submission on the trace's clock."""
     import pandas as pd
 
     jobs = [job for part in parts for job in part.jobs]
@@ -326,12 +329,23 @@ def _joined(
     for job in jobs:  # (JobSpec is mutable; no copy of a million jobs)
         job.submit_time = (job.submit_time or 0.0) - first
     if extras is not None:
-        for c in _TIME_COLUMNS:
+        for c in times:
             if c in extras.columns:
                 extras[c] = extras[c] - first
-        for c in ("state", "type", "user"):
+        for c in categories:
             if c in extras.columns:
                 extras[c] = extras[c].astype("category")
+    return jobs, extras, first
+
+
+def _joined(
+    parts: list[Workload], path: str | Path, fmt: str, errors: list[WorkloadError],
+    counts: dict[str, int], unknown_states: dict[str, int], rows: int, cpu_jobs: CpuJobs,
+) -> Workload:  # fmt: skip
+    """The chunks' jobs as one workload, its clock starting at the first submission."""
+    import pandas as pd
+
+    jobs, extras, first = rebased(parts, _TIME_COLUMNS, ("state", "type", "user"))
     first_submit = (
         pd.Timestamp(first, unit="s", tz="UTC").tz_convert("Asia/Shanghai").isoformat()
         if jobs

@@ -65,7 +65,7 @@ import numpy as np
 
 from gpuyard.shared.model import ANY_GPU
 
-from .clusterlogs import CHUNK_ROWS, CpuJobs, left_out_rows
+from .clusterlogs import CHUNK_ROWS, CpuJobs, left_out_rows, rebased
 from .core import BrokenRows, Workload, WorkloadError, build_jobs, nan_to_none, numeric_column
 
 if TYPE_CHECKING:
@@ -440,19 +440,7 @@ def _joined(
     parts: list[Workload], path: str | Path, errors: list[WorkloadError], metadata: dict[str, Any]
 ) -> Workload:
     """The chunks' jobs as one workload, its clock starting at the first submission."""
-    import pandas as pd
-
-    jobs = [job for part in parts for job in part.jobs]
-    frames = [part.extras for part in parts if part.extras is not None and len(part.extras)]
-    extras = pd.concat(frames) if frames else None
-    first = min((job.submit_time or 0.0 for job in jobs), default=0.0)
-    for job in jobs:  # (JobSpec is mutable; no copy of a million jobs)
-        job.submit_time = (job.submit_time or 0.0) - first
-    if extras is not None:
-        for c in _TIME_EXTRAS:
-            extras[c] = extras[c] - first
-        for c in ("state", "gpu_types"):
-            extras[c] = extras[c].astype("category")
+    jobs, extras, first = rebased(parts, _TIME_EXTRAS, ("state", "gpu_types"))
     return Workload(
         jobs=jobs, extras=extras, source=str(path), format="pai", skipped=len(errors),
         skip_reasons=[str(e) for e in errors], metadata={"first_submit_s": first} | metadata,
