@@ -87,6 +87,7 @@ class JobRows:
         self._ints = {name: array("q") for name in _INTS}
         self._texts: dict[str, list[str | None]] = {name: [] for name in _TEXTS}
         self._met = array("b")
+        self._shares = array("q")  # each job's share of a GPU in thousandths (0: whole GPUs)
         self._declined = 0
 
     def __len__(self) -> int:
@@ -158,10 +159,12 @@ class JobRows:
         for name, text in zip(_TEXTS, texts, strict=True):
             self._texts[name].append(text if text is None or name == "job_id" else sys.intern(text))
         self._met.append(-1 if met is None else int(met))
+        self._shares.append(spec.gpu_milli or 0)
 
     def table(self, ended_by: float | None = None) -> Table:
         """Every row, in admission order (then the declined jobs, in the order they were added),
-        with `JOB_COLUMNS`; `ended_by`: only the jobs that had ended by then, and those declined
+        with `JOB_COLUMNS` (and `gpu_milli`, each job's share of a GPU, 0 for whole GPUs, where
+        some job asked for a share); `ended_by`: only the jobs that had ended by then, and those declined
         (an interrupted run's: admission declined them when they arrived, by then)."""
         order = np.argsort(np.frombuffer(self._order, dtype=np.int64), kind="stable")
         if ended_by is not None:
@@ -180,6 +183,8 @@ class JobRows:
                 column = np.empty(len(self), dtype=object)
                 column[:] = self._texts[name]
             columns[name] = column[order]
+            if name == "num_gpus" and any(self._shares):
+                columns["gpu_milli"] = np.frombuffer(self._shares, dtype=np.int64)[order]
         return Table(columns)
 
 

@@ -1,5 +1,5 @@
-"""Alibaba's openb trace: pod lists as jobs (run times, GPU fractions on whole GPUs, GPU types,
-pods left out and counted) and node lists as clusters, through to a simulation that keeps a
+"""Alibaba's openb trace: pod lists as jobs (run times, shares of GPUs, GPU types, CPUs and
+memory, pods left out and counted) and node lists as clusters, through to a simulation that keeps a
 type-restricted job on its type."""
 
 from __future__ import annotations
@@ -70,21 +70,21 @@ def test_pods_as_jobs(tmp_path: Path) -> None:
     late = jobs["openb-pod-0035"]
     assert (late.submit_time, late.duration) == (9967058.0 - 9437497.0, 9968575.0 - 9967063.0)
     assert w.metadata["first_creation_s"] == 9437497.0
-    # A fraction of a GPU: one whole GPU, the fraction kept and counted.
+    # A share of a GPU, counted; whole GPUs have none.
     shared = jobs["openb-pod-0022"]
-    assert shared.num_gpus == 1
+    assert (shared.num_gpus, shared.gpu_milli) == (1, 220)
+    assert big.gpu_milli is None and late.gpu_milli is None
+    assert w.metadata["fraction_of_a_gpu"] == 1
     ex = w.extras
     assert ex is not None
-    assert ex.loc["openb-pod-0022", "gpu_milli"] == 220
-    assert w.metadata["fraction_of_a_gpu"] == 1
-    # gpu_spec: one type restricts the job to it; several run anywhere, the list kept.
-    assert jobs["openb-pod-0040"].gpu_type == "T4"
-    assert (late.gpu_type, ex.loc["openb-pod-0035", "gpu_spec"]) == ("any", "V100M16|V100M32")
+    # gpu_spec: one type restricts the job to it; several are the types it may use.
+    assert (jobs["openb-pod-0040"].gpu_type, jobs["openb-pod-0040"].gpu_types) == ("T4", [])
+    assert (late.gpu_type, late.gpu_types) == ("any", ["V100M16", "V100M32"])
+    assert ex.loc["openb-pod-0035", "gpu_spec"] == "V100M16|V100M32"
     assert big.gpu_type == "any" and w.metadata["several_gpu_types"] == 1
     assert ex.loc["openb-pod-0040", "qos"] == "LS"
     assert ex.loc["openb-pod-0040", "pod_phase"] == "Failed"
-    assert ex.loc["openb-pod-0040", "cpu_milli"] == 2000
-    assert ex.loc["openb-pod-0040", "memory_mib"] == 4096
+    assert (jobs["openb-pod-0040"].cpu_milli, jobs["openb-pod-0040"].memory_mib) == (2000, 4096)
     assert ex.loc["openb-pod-0035", "scheduled_time"] == 9967063.0 - 9437497.0
 
 
@@ -103,7 +103,7 @@ def test_pods_left_out_are_counted_and_described(
     )
     out, err = capsys.readouterr()
     assert code == 0 and '"never_scheduled": 1' in out and '"fraction_of_a_gpu": 1' in out
-    assert "1 pods ask for a fraction of a GPU: run on a whole one" in err
+    assert "1 pods ask for a share of a GPU; 1 allow several GPU types" in err
 
 
 def test_cpu_only_pods_kept_on_request(tmp_path: Path) -> None:
@@ -132,9 +132,10 @@ def test_node_list_as_cluster(tmp_path: Path) -> None:
     cluster, gpu_less = load_openb_nodes(nodes(tmp_path))
     assert gpu_less == 1
     # Consecutive identical nodes are one group, in the file's order.
-    assert [(g.count, g.gpus_per_node, g.gpu_type) for g in cluster.groups] == [
-        (2, 2, "P100"), (1, 2, "T4"), (1, 2, "P100"), (1, 8, "G3"),
+    assert [(g.count, g.gpus_per_node, g.gpu_type, g.cpu_milli) for g in cluster.groups] == [
+        (2, 2, "P100", 64000), (1, 2, "T4", 96000), (1, 2, "P100", 64000), (1, 8, "G3", 128000),
     ]  # fmt: skip
+    assert cluster.groups[-1].memory_mib == 786432
     assert cluster.gpus_by_type() == {"P100": 6, "T4": 2, "G3": 8}
     assert load_cluster(str(nodes(tmp_path))) == cluster
     # A long node list is labelled by its types, not group by group.
@@ -175,7 +176,7 @@ def test_a_type_restricted_pod_runs_on_its_type(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "1 pods ask for a fraction of a GPU: run on a whole one" in result.stderr
+    assert "1 pods ask for a share of a GPU; 0 allow several GPU types" in result.stderr
     with (out / "jobs.csv").open() as f:
         jobs = {row["job_id"]: row for row in csv.DictReader(f)}
     assert all(row["state"] == "completed" for row in jobs.values()) and len(jobs) == 3

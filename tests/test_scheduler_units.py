@@ -234,14 +234,14 @@ def test_the_table_tells_which_jobs_moved_and_what_each_gpu_type_holds() -> None
     table.start(b, 0.0, ["n2"], 1, "k80", rate=1.0)
     table.start(c, 0.0, ["n1"], 1, "v100", rate=1.0, shares_with="a")  # (holds no GPU of its own)
     assert list(table.moved) == ["a", "b", "c"]
-    assert table.busy_by_type == {"v100": 2, "k80": 1}
+    assert table.busy_by_type == {"v100": 2000, "k80": 1000}  # (thousandths of GPUs)
     table.moved.clear()
     table.report(a, StepsReport(10.0, 10.0))
     assert not table.moved
     table.requeue(b, 20.0, "preempted")
     table.start(a, 20.0, ["n2"], 1, "k80", rate=1.0)  # moved to another type
     assert list(table.moved) == ["b", "a"]
-    assert table.busy_by_type == {"v100": 0, "k80": 1}
+    assert table.busy_by_type == {"v100": 0, "k80": 1000}
     table.moved.clear()
     table.end(b, 30.0, "cancelled")  # (queued)
     table.cancel_running(a, 30.0, "cancelled", ["n2"])
@@ -252,7 +252,11 @@ def test_the_table_tells_which_jobs_moved_and_what_each_gpu_type_holds() -> None
     again.start(d, 0.0, ["n"], 4, "a100", rate=1.0)
     restored = JobTable()
     restored.load(msgspec.json.decode(msgspec.json.encode([d]), type=list[JobRecord]))
-    assert restored.busy_by_type == {"a100": 4} and not restored.moved
+    assert restored.busy_by_type == {"a100": 4000} and not restored.moved
+    # A share of a GPU counts as its thousandths; busy GPUs round up.
+    e = restored.admit(spec("e", 1, gpu_milli=300), 0.0, total_steps=1.0)
+    restored.start(e, 0.0, ["n"], 1, "a100", rate=1.0)
+    assert restored.busy_by_type == {"a100": 4300} and restored.busy_gpus == 5
 
 
 def test_progress_reports_are_taken_only_when_newer() -> None:
@@ -548,7 +552,7 @@ def test_a_policys_answer_is_checked_before_it_runs() -> None:
             check("p", bad, active, capacity, no_k80)
     # What the jobs it does not name hold counts too (a decision of what changes).
     with pytest.raises(PolicyAnswerError, match="more GPUs"):
-        check("p", [Allocation("b", 2, "v100")], active, capacity, no_k80, used={"v100": 3})
+        check("p", [Allocation("b", 2, "v100")], active, capacity, no_k80, used={"v100": 3000})
 
 
 def test_the_preemption_guard_holds_a_young_run_and_fits_the_rest_around_it() -> None:

@@ -145,12 +145,12 @@ def philly_line(info: dict[str, Any]) -> str | None:
 
 
 def openb_line(info: dict[str, Any]) -> str | None:
-    """What an openb trace's jobs approximate, for stderr (None for other formats)."""
+    """What an openb trace's jobs ask beyond whole GPUs, for stderr (None for other formats)."""
     if info.get("format") != "openb":
         return None
     return (
-        f"{info['trace']}: {info['fraction_of_a_gpu']:,} pods ask for a fraction of a GPU: run "
-        f"on a whole one; {info['several_gpu_types']:,} allow several GPU types: run on any"
+        f"{info['trace']}: {info['fraction_of_a_gpu']:,} pods ask for a share of a GPU; "
+        f"{info['several_gpu_types']:,} allow several GPU types"
     )
 
 

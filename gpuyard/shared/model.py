@@ -154,6 +154,18 @@ class JobSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     until then, then as any job (for its dependencies too)."""
     array: ArrayTask | None = None
     """Its place in a job array (`gpuyard submit --array 0-99%10`): one job per task."""
+    gpu_milli: Annotated[int, Meta(ge=1, le=999)] | None = None
+    """A share of one GPU, in thousandths (openb's `gpu_milli`, PAI's `plan_gpu`): the job runs
+    on one GPU that other such jobs share, up to 1,000 in all (`num_gpus` 1, rigid). None: whole
+    GPUs."""
+    gpu_types: list[Name] = []
+    """The GPU types the job may run on (openb's `V100M16|V100M32`); empty: any (or `gpu_type`,
+    which must then be one of them)."""
+    cpu_milli: Annotated[int, Meta(ge=0)] = 0
+    """CPUs the job asks for, in thousandths, spread over its nodes as its GPUs are (a job on one
+    node: all there); counted on nodes whose spec gives their CPUs. 0: none counted."""
+    memory_mib: Annotated[int, Meta(ge=0)] = 0
+    """Memory the job asks for, spread as `cpu_milli`; counted on nodes that give theirs."""
     outcome: Literal["failed", "cancelled"] | None = None
     """How the job ends once its work is done, when a trace recorded that it did not complete
     (a replayed Helios or Acme job that FAILED after an hour fails after an hour); None: it
@@ -169,6 +181,12 @@ class JobSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
             raise ValueError(f"workdir {self.workdir!r} must be an absolute path")
         if self.depends_on:
             parse_dependency(self.depends_on)
+        if self.gpu_milli is not None and (self.num_gpus != 1 or self.elastic):
+            raise ValueError(f"gpu_milli ({self.gpu_milli}) is a share of one GPU: num_gpus must "
+                             "be 1, and the job rigid")  # fmt: skip
+        if self.gpu_types and self.gpu_type not in (ANY_GPU, *self.gpu_types):
+            raise ValueError(f"gpu_type {self.gpu_type!r} is not among gpu_types "
+                             f"{'|'.join(self.gpu_types)}")  # fmt: skip
 
     @property
     def gpu_range(self) -> tuple[int, int]:
@@ -179,6 +197,16 @@ class JobSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     def elastic(self) -> bool:
         low, high = self.gpu_range
         return low != high
+
+    def allows(self, gpu_type: str) -> bool:
+        """Whether the job may run on GPUs of this (concrete) type."""
+        if self.gpu_type != ANY_GPU:
+            return gpu_type == self.gpu_type
+        return not self.gpu_types or gpu_type in self.gpu_types
+
+    def milli(self, gpus: int) -> int:
+        """Thousandths of a GPU the job holds on `gpus` GPUs (its share, or 1,000 a GPU)."""
+        return self.gpu_milli if self.gpu_milli is not None else 1000 * gpus
 
 
 class GpuRef(Struct, array_like=True, frozen=True, order=True):
@@ -279,6 +307,11 @@ class NodeSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=T
     gpu_memory_mib: int = 0
     gpu_uuids: list[str] = []
     labels: dict[str, str] = {}
+    cpu_milli: Annotated[int, Meta(ge=0)] = 0
+    """Its CPUs, in thousandths, for jobs that ask for some (`JobSpec.cpu_milli`); 0: not
+    counted."""
+    memory_mib: Annotated[int, Meta(ge=0)] = 0
+    """Its memory for jobs that ask for some; 0: not counted."""
 
 
 class NodeGroup(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -287,6 +320,9 @@ class NodeGroup(Struct, kw_only=True, forbid_unknown_fields=True):
     count: Annotated[int, Meta(ge=1)]
     gpus_per_node: Annotated[int, Meta(ge=1)]
     gpu_type: Name = "gpu"
+    cpu_milli: Annotated[int, Meta(ge=0)] = 0
+    """Each node's CPUs in thousandths (`NodeSpec.cpu_milli`); 0: not counted."""
+    memory_mib: Annotated[int, Meta(ge=0)] = 0
 
 
 class ClusterSpec(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -304,6 +340,8 @@ class ClusterSpec(Struct, kw_only=True, forbid_unknown_fields=True):
                         node_id=f"{group.gpu_type}-{len(nodes):04d}",
                         num_gpus=group.gpus_per_node,
                         gpu_type=group.gpu_type,
+                        cpu_milli=group.cpu_milli,
+                        memory_mib=group.memory_mib,
                     )
                 )
         return nodes

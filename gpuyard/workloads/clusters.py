@@ -19,8 +19,8 @@ Accepted by `load_cluster(text_or_path)`:
 - Alibaba openb's `openb_node_list_*.csv` (`sn,cpu_milli,memory_mib,gpu,model`, told from
   ElasticFlow's by that header): each node `gpu` GPUs of type `model` (spelled as the pod lists'
   gpu_spec, so jobs restricted to a type run only there); nodes without GPUs are left out
-  (`load_openb_nodes` counts them); consecutive identical nodes make one group, in the file's
-  order. CPU and memory are ignored, as ElasticFlow's.
+  (`load_openb_nodes` counts them); each node's CPUs and memory count for the jobs that ask
+  for some; consecutive identical nodes make one group, in the file's order.
 """
 
 from __future__ import annotations
@@ -118,11 +118,16 @@ def load_openb_nodes(path: str | Path) -> tuple[ClusterSpec, int]:
             continue
         if not model:
             raise ValueError(f"{path}, line {line}: a node with {gpus} GPUs has no model")
+        try:
+            cpu, memory = (int(str(row[c] or 0).strip()) for c in ("cpu_milli", "memory_mib"))
+        except ValueError as exc:
+            raise ValueError(f"{path}, line {line}: cpu_milli or memory_mib: {exc}") from None
+        node = {"gpus_per_node": gpus, "gpu_type": model, "cpu_milli": cpu, "memory_mib": memory}
         last = groups[-1] if groups else None
-        if last and (last["gpus_per_node"], last["gpu_type"]) == (gpus, model):
+        if last and all(last[k] == v for k, v in node.items()):
             last["count"] += 1
         else:
-            groups.append({"count": 1, "gpus_per_node": gpus, "gpu_type": model})
+            groups.append({"count": 1, **node})
     if not groups:
         raise ValueError(f"{path}: no node with GPUs")
     try:

@@ -38,7 +38,8 @@ philly (`cluster_job_log` JSON): see `load_philly`.
 
 gpuyard (our own CSV / Parquet)
     Columns named as JobSpec fields (`JOB_FIELDS`); `command` is a JSON list, `env` a JSON
-    object; empty cells use the JobSpec default; other columns go to `extras`. `begin_s` is
+    object, `gpu_types` the types `|`-separated (`V100M16|V100M32`); empty cells use the JobSpec
+    default; other columns go to `extras`. `begin_s` is
     `begin_time` (not before `submit_time`); `array` in Slurm's `--array` form (`0-9%2`) makes
     the line a job array, one job per task (`<job_id>_<task>`). Parquet needs pyarrow.
 """
@@ -94,7 +95,15 @@ _EF_ALIASES = {
     "iteration": ("iteration", "num_iteration"),
     "ddl": ("ddl", "deadline"),
 }
-_INT_FIELDS = ("num_gpus", "min_gpus", "max_gpus", "priority")
+_INT_FIELDS = (
+    "num_gpus",
+    "min_gpus",
+    "max_gpus",
+    "priority",
+    "gpu_milli",
+    "cpu_milli",
+    "memory_mib",
+)
 _FLOAT_FIELDS = (
     "duration", "total_steps", "weight", "deadline", "submit_time", "rescale_up_s",
     "rescale_down_s", "time_limit_s", "begin_time",
@@ -199,6 +208,15 @@ def _row_ids(table: Table, first_line: int) -> list[str]:
 
 def _str_column(series: pd.Series) -> list[str | None]:
     return [None if (v is None or v != v or v == "") else str(v).strip() for v in series.tolist()]
+
+
+def _gpu_types(value: object) -> list[str] | None:
+    """A `gpu_types` cell: `A|B` as read from a file, or a list as a frame holds it."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [str(v) for v in value]
+    if isinstance(value, str) and value.strip():
+        return value.strip().split("|")
+    return None
 
 
 def _required_str(
@@ -655,7 +673,7 @@ def load_native(path: str | Path, *, skip_bad: bool = False) -> Workload:
     else:
         t = read_table(
             path,
-            dtype={k: str for k in (*_STR_FIELDS, "command", "env", "array")},
+            dtype={k: str for k in (*_STR_FIELDS, "command", "env", "array", "gpu_types")},
             required=("num_gpus",),
             skip_bad=skip_bad,
         )
@@ -715,6 +733,8 @@ def _native_frame(
             columns[name] = [
                 _json_value(v, name, path, lines[i], bad, i) for i, v in enumerate(col.tolist())
             ]
+        elif name == "gpu_types":  # `A|B`, as openb writes the types a job may use (or a list)
+            columns[name] = [_gpu_types(v) for v in col.tolist()]
         else:
             columns[name] = _str_column(col)
     if "begin_time" in columns:  # (a job begins once submitted, or later)
@@ -798,6 +818,7 @@ def save_workload(
     df = df.copy()
     for name in ("command", "env"):
         df[name] = [json.dumps(v) if v else "" for v in df[name]]
+    df["gpu_types"] = ["|".join(v) for v in df["gpu_types"]]
     # (an array's task as JSON: read back as that task, not as an array to expand again)
     df["array"] = [
         json.dumps(msgspec.to_builtins(v)) if v is not None else None for v in df["array"]
@@ -817,6 +838,9 @@ def save_workload(
         "processes": "per_gpu",
         "rescale_up_s": 0.0,
         "rescale_down_s": 0.0,
+        "gpu_types": "",
+        "cpu_milli": 0,
+        "memory_mib": 0,
     }
     drop = [
         c

@@ -10,14 +10,15 @@ creation is `Workload.metadata["first_creation_s"]`), duration = deletion_time -
 (the time the pod held its resources; the wait from creation to scheduling was the production
 scheduler's, which the simulated one replaces), num_gpus = num_gpu.
 
-GPU sharing: `gpu_milli` below 1000 on a one-GPU pod asks for that fraction of one GPU. The job
-model has whole GPUs only, so such a pod asks for one whole GPU (its gpu_milli stays in extras;
-how many is `metadata["fraction_of_a_gpu"]`) until gpuyard models sharing.
+GPU sharing: `gpu_milli` below 1000 on a one-GPU pod asks for that share of one GPU
+(`JobSpec.gpu_milli`; how many do is `metadata["fraction_of_a_gpu"]`). CPUs and memory:
+`cpu_milli` and `memory_mib` are the job's (counted on nodes that give theirs: an openb node
+list does).
 
 GPU types: `gpu_spec` lists the types a pod may run on, `|`-separated, empty for any. One type
-is the job's gpu_type (spelled as the node list's `model`, so it runs only there); several run
-on any type (`metadata["several_gpu_types"]`: the job model takes one type or any), the list
-kept in extras. A file without the column has no constraints. (openb_pod_list_multigpu50.csv
+is the job's gpu_type (spelled as the node list's `model`, so it runs only there); several are
+its `gpu_types` (`metadata["several_gpu_types"]` counts those). A file without the column has no
+constraints. (openb_pod_list_multigpu50.csv
 has neither gpu_spec nor any time: it cannot be replayed, and loading it says which column is
 missing.)
 
@@ -28,8 +29,8 @@ deletion_time, and pods whose run time is zero or negative.
 
 pod_phase (Running, Succeeded, Failed, Pending) stays in extras: every replayed job completes
 after its recorded run time. A Running pod's deletion_time is where the trace ends, so its run
-time is cut there. extras: cpu_milli, memory_mib, gpu_milli, gpu_spec, qos, pod_phase, and the
-scheduled and deletion times in seconds on the jobs' clock.
+time is cut there. extras: gpu_spec, qos, pod_phase, and the scheduled and deletion times in
+seconds on the jobs' clock.
 """
 
 from __future__ import annotations
@@ -101,12 +102,13 @@ def load_openb(path: str | Path, *, cpu_jobs: CpuJobs = "skip", skip_bad: bool =
         "duration": nan_to_none(run[pick]),
         "submit_time": nan_to_none(created[pick] - first),
         "gpu_type": [allowed[i][0] if len(allowed[i]) == 1 else ANY_GPU for i in rows],
+        "gpu_types": [allowed[i] if len(allowed[i]) > 1 else None for i in rows],
+        "gpu_milli": nan_to_none(np.where(fraction & (milli[pick] > 0), milli[pick], np.nan), int),
     }
+    for c in ("cpu_milli", "memory_mib"):
+        if c in df.columns:
+            columns[c] = nan_to_none(number(c, required=False, integer=True)[pick], int)
     extras: dict[str, Any] = {
-        c: df[c].to_numpy()[pick] for c in ("cpu_milli", "memory_mib") if c in df.columns
-    }
-    extras |= {
-        "gpu_milli": milli[pick],
         "gpu_spec": ["|".join(allowed[i]) for i in rows],
         "scheduled_time": scheduled[pick] - first,
         "deletion_time": deleted[pick] - first,

@@ -1,6 +1,7 @@
 """Fragmentation-aware placement of GPU-sharing pods: the six policies of Alibaba's openb paper
 ("Beware of Fragmentation", Weng et al., USENIX ATC '23) and its "arrive until full"
-experiment, as a pure library (no service wiring yet; see docs/fragmentation.md)."""
+experiment as a pure library, and the six as gpuyard placement policies (`placement`; see
+docs/fragmentation.md)."""
 
 from .cluster import ClusterState, Placement, Task, pick_max
 from .experiment import (
@@ -13,7 +14,25 @@ from .experiment import (
     read_pods,
     run,
 )
-from .fgd import ClusterFrag, Fgd, TypicalPods, fgd_scores, node_frag, typical_pods
+from .fgd import (
+    ClusterFrag,
+    Fgd,
+    TypicalPods,
+    fgd_scores,
+    node_frag,
+    typical_of_counts,
+    typical_pods,
+)
+from .placement import (
+    BestFit,
+    DotProduct,
+    FragmentationGradientDescent,
+    GpuClustering,
+    GpuPacking,
+    Mirror,
+    RandomFit,
+    task_of,
+)
 from .scores import (
     POLICY_NAMES,
     Policy,
@@ -30,9 +49,43 @@ from .scores import (
 )
 
 __all__ = [
-    "PAPER_SEEDS", "POLICY_NAMES", "TUNE_RATIO", "ClusterFrag", "ClusterState", "Fgd", "Placement", "Policy",
-    "RunResult", "Task", "Trace", "TypicalPods", "arrival_order", "best_fit", "best_fit_scores", "dot_product",
-    "dot_product_scores", "fgd_scores", "gpu_clustering", "gpu_clustering_scores", "gpu_packing",
-    "gpu_packing_scores", "make_policy", "node_frag", "pick_max", "random_fit", "read_nodes", "read_pods", "run",
+    "PAPER_SEEDS",
+    "POLICY_NAMES",
+    "TUNE_RATIO",
+    "BestFit",
+    "ClusterFrag",
+    "ClusterState",
+    "DotProduct",
+    "Fgd",
+    "FragmentationGradientDescent",
+    "GpuClustering",
+    "GpuPacking",
+    "Mirror",
+    "Placement",
+    "Policy",
+    "RandomFit",
+    "RunResult",
+    "Task",
+    "Trace",
+    "TypicalPods",
+    "arrival_order",
+    "best_fit",
+    "best_fit_scores",
+    "dot_product",
+    "dot_product_scores",
+    "fgd_scores",
+    "gpu_clustering",
+    "gpu_clustering_scores",
+    "gpu_packing",
+    "gpu_packing_scores",
+    "make_policy",
+    "node_frag",
+    "pick_max",
+    "random_fit",
+    "read_nodes",
+    "read_pods",
+    "run",
+    "task_of",
+    "typical_of_counts",
     "typical_pods",
 ]  # fmt: skip

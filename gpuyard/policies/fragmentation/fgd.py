@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -57,17 +57,27 @@ class TypicalPods:
         return rows
 
 
+Shape = tuple[int, int, int, tuple[str, ...]]
+"""`Task.key`: CPU milli, GPU milli, GPUs, GPU models."""
+
+
 def typical_pods(tasks: Iterable[Task], threshold: float = POPULARITY_THRESHOLD) -> TypicalPods:
     """The artifact's `GetTypicalPods` (CPU pods included, step 1, no GPU weight): the most
     frequent shapes until they cover `threshold`% of pods, renormalised. Equal counts are
     ordered by shape, larger first, as its `sort.Reverse` does."""
-    counts = Counter(t.key for t in tasks)
+    return typical_of_counts(Counter(t.key for t in tasks), threshold)
+
+
+def typical_of_counts(
+    counts: Mapping[Shape, int], threshold: float = POPULARITY_THRESHOLD
+) -> TypicalPods:
+    """`typical_pods` of a workload given as how many pods of each shape it holds."""
     total = sum(counts.values())
     if total == 0:
         raise ValueError("no pods to learn the target workload from")
     ranked = sorted(counts.items(), key=lambda kv: (kv[1], _shape_order(kv[0])), reverse=True)
     expected = threshold * total / 100.0
-    kept: list[tuple[tuple[int, int, int, tuple[str, ...]], int]] = []
+    kept: list[tuple[Shape, int]] = []
     cum = 0.0
     for shape, count in ranked:
         if cum >= expected:
@@ -85,7 +95,7 @@ def typical_pods(tasks: Iterable[Task], threshold: float = POPULARITY_THRESHOLD)
     )
 
 
-def _shape_order(shape: tuple[int, int, int, tuple[str, ...]]) -> tuple[int, int, int, str]:
+def _shape_order(shape: Shape) -> tuple[int, int, int, str]:
     cpu, milli, gpus, models = shape
     return (cpu, milli, gpus, "|".join(models))
 
@@ -240,5 +250,6 @@ __all__ = [
     "fgd_score",
     "fgd_scores",
     "node_frag",
+    "typical_of_counts",
     "typical_pods",
 ]

@@ -5,30 +5,62 @@ one type (the allocation's type unless it is ANY_GPU), never a GPU twice across 
 `FreeMap` (free GPUs while a placement is built), `keep_running` (no migration for jobs whose
 allocation did not change) and one picker per strategy. An allocation's `nodes` hint is honoured
 first: the picker tries those nodes alone, then the whole cluster.
+
+A job that asks for more than whole GPUs of a type (`Ask`: a share of one GPU, some GPU types,
+CPUs or memory) is placed by the same picker on the nodes that have room for it; a share goes
+to the GPU it fits best among those others already share (least left after it), else to a free
+GPU the picker chooses.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import NamedTuple
 
 from msgspec import Struct
 
-from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef
+from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobSpec
 from gpuyard.shared.policy import NodeView, PlacementInput, PlacementPolicy
 
 Picker = Callable[["FreeMap", int, str], "list[GpuRef] | None"]
 """(free GPUs, count, GPU type) -> `count` GPUs of one type taken from the map, or None."""
 
 
+class Ask(NamedTuple):
+    """What a job asks for beyond whole GPUs of a type."""
+
+    gpus: int
+    milli: int | None
+    """A share of one GPU, in thousandths; None: whole GPUs."""
+    spec: JobSpec
+
+    @classmethod
+    def of(cls, spec: JobSpec | None, gpus: int) -> Ask | None:
+        """None for a job that asks for whole GPUs and nothing else (the pickers alone)."""
+        if spec is None or not (
+            spec.gpu_milli or spec.gpu_types or spec.cpu_milli or spec.memory_mib
+        ):
+            return None
+        return cls(gpus, spec.gpu_milli, spec)
+
+    def spread(self, amount: int, gpus_here: int) -> int:
+        """A job's CPUs or memory on a node where it has `gpus_here` of its GPUs (rounded up)."""
+        return -(-amount * gpus_here // self.gpus)
+
+
 class FreeMap:
-    """Free GPUs per node while a placement is built (kept jobs' GPUs are taken out first)."""
+    """Free GPUs per node while a placement is built (kept jobs' GPUs are taken out first), the
+    shares left on GPUs jobs share, and the CPUs and memory left where nodes count them."""
 
     def __init__(self, nodes: list[NodeView]) -> None:
         self.order: list[str] = []
         self.gpu_type: dict[str, str] = {}
         self.of_type: dict[str, list[str]] = {}  # each type's nodes, in node order
         self.free: dict[str, list[int]] = {}
+        self.shares: dict[str, dict[int, int]] = {}  # node -> GPU index -> thousandths left
+        self.cpu: dict[str, int] = {}  # nodes that count their CPUs: thousandths left
+        self.memory: dict[str, int] = {}
         for n in nodes:
             if n.node_id in self.free:  # a node listed twice: merge (never hand a GPU out twice)
                 self.free[n.node_id] = sorted(set(self.free[n.node_id]) | set(n.usable))
@@ -37,6 +69,81 @@ class FreeMap:
             self.gpu_type[n.node_id] = n.gpu_type
             self.of_type.setdefault(n.gpu_type, []).append(n.node_id)
             self.free[n.node_id] = list(n.usable)  # (sorted, each once: `NodeView`)
+            if n.shares:
+                self.shares[n.node_id] = dict(n.shares)
+            if n.cpu_milli is not None:
+                self.cpu[n.node_id] = n.cpu_milli
+            if n.memory_mib is not None:
+                self.memory[n.node_id] = n.memory_mib
+
+    def room(self, node: str, ask: Ask) -> int:
+        """How many of `ask`'s GPUs `node` could host now: its free GPUs, as far as its CPUs
+        and memory go (0 for a type the job does not allow)."""
+        if not ask.spec.allows(self.gpu_type[node]):
+            return 0
+        room = len(self.free[node])
+        for left, amount in ((self.cpu.get(node), ask.spec.cpu_milli),
+                             (self.memory.get(node), ask.spec.memory_mib)):  # fmt: skip
+            if left is not None and amount:
+                room = min(room, left * ask.gpus // amount)
+        return room
+
+    def fits_share(self, node: str, ask: Ask) -> bool:
+        """Whether `node` has the CPUs and memory for a job that asks for a share of a GPU, and
+        a type it allows."""
+        spec = ask.spec
+        return (
+            spec.allows(self.gpu_type[node])
+            and self.cpu.get(node, spec.cpu_milli) >= spec.cpu_milli
+            and self.memory.get(node, spec.memory_mib) >= spec.memory_mib
+        )
+
+    def within(self, ask: Ask) -> FreeMap:
+        """The free GPUs `ask` may use: on each node as many as it has room for."""
+        views = []
+        for n in self.order:
+            if self.free[n] and (room := self.room(n, ask)):
+                views.append(NodeView(node_id=n, gpu_type=self.gpu_type[n],
+                                      usable=self.free[n][:room]))  # fmt: skip
+        return FreeMap(views)
+
+    def take_for(self, gpus: list[GpuRef], ask: Ask | None) -> bool:
+        """Reserve these GPUs for a job that asks `ask` (its share of the one GPU, its CPUs and
+        memory on their nodes); False (nothing reserved) if they are not there to take."""
+        if ask is None:
+            return self.take(gpus)
+        per_node: dict[str, int] = {}
+        for g in gpus:
+            per_node[g.node_id] = per_node.get(g.node_id, 0) + 1
+        if any(g.node_id not in self.free or not ask.spec.allows(self.gpu_type[g.node_id])
+               for g in gpus):  # fmt: skip
+            return False
+        if ask.milli is not None:
+            if len(gpus) != 1 or not self.fits_share(gpus[0].node_id, ask):
+                return False
+            g = gpus[0]
+            shared = self.shares.get(g.node_id, {})
+            if g.index in shared:
+                if shared[g.index] < ask.milli:
+                    return False
+            elif not self.take(gpus):
+                return False
+            left = shared.get(g.index, 1000) - ask.milli
+            self.shares.setdefault(g.node_id, {})[g.index] = left
+        else:
+            for n, k in per_node.items():
+                for remaining, amount in ((self.cpu, ask.spec.cpu_milli),
+                                          (self.memory, ask.spec.memory_mib)):  # fmt: skip
+                    if n in remaining and remaining[n] < ask.spread(amount, k):
+                        return False
+            if not self.take(gpus):
+                return False
+        for n, k in per_node.items():
+            if n in self.cpu:
+                self.cpu[n] -= ask.spread(ask.spec.cpu_milli, k)
+            if n in self.memory:
+                self.memory[n] -= ask.spread(ask.spec.memory_mib, k)
+        return True
 
     def take(self, gpus: list[GpuRef]) -> bool:
         """Reserve exactly these GPUs; False (nothing reserved) if any is not free or repeated."""
@@ -96,7 +203,8 @@ def keep_running(inp: PlacementInput, free: FreeMap) -> dict[str, list[GpuRef]]:
         if not gpus or len(gpus) != alloc.num_gpus or alloc.job_id in kept:
             continue
         t = _type_of(gpus, free)
-        if t is not None and alloc.gpu_type in (ANY_GPU, t) and free.take(gpus):
+        ask = Ask.of(inp.specs.get(alloc.job_id), alloc.num_gpus)
+        if t is not None and alloc.gpu_type in (ANY_GPU, t) and free.take_for(gpus, ask):
             kept[alloc.job_id] = list(gpus)
     return kept
 
@@ -172,6 +280,37 @@ def random_pick(rng: random.Random) -> Picker:
     return pick
 
 
+def pick_share(free: FreeMap, alloc: Allocation, ask: Ask, pick: Picker) -> list[GpuRef] | None:
+    """A GPU for a job that asks for a share of one: among the GPUs others share, on nodes with
+    its CPUs and memory, the one it fits best (least left after it; its hinted nodes first, then
+    node order), else a free GPU `pick` chooses on such a node."""
+    assert ask.milli is not None
+    hinted = set(alloc.nodes)
+    position = {n: i for i, n in enumerate(free.order)}
+    best: tuple[bool, int, int, int] | None = None
+    for node, shared in free.shares.items():
+        if not free.fits_share(node, ask) or alloc.gpu_type not in (ANY_GPU, free.gpu_type[node]):
+            continue
+        for index, left in shared.items():
+            if left >= ask.milli:
+                key = (node not in hinted, left - ask.milli, position[node], index)
+                best = key if best is None or key < best else best
+    if best is not None:
+        gpus = [GpuRef(free.order[best[2]], best[3])]
+    else:
+        within = free.within(ask)
+        gpus = pick_hinted(within, alloc, pick) or []
+    return gpus if gpus and free.take_for(gpus, ask) else None
+
+
+def pick_asked(free: FreeMap, alloc: Allocation, ask: Ask, pick: Picker) -> list[GpuRef] | None:
+    """GPUs for a job with an `Ask`: with `pick`, on the nodes with room for it."""
+    if ask.milli is not None:
+        return pick_share(free, alloc, ask, pick)
+    gpus = pick_hinted(free.within(ask), alloc, pick)
+    return gpus if gpus is not None and free.take_for(gpus, ask) else None
+
+
 def pick_hinted(free: FreeMap, alloc: Allocation, pick: Picker) -> list[GpuRef] | None:
     """GPUs for `alloc` with `pick`: on its hinted nodes if they have room, else anywhere."""
     hinted = [n for n in alloc.nodes if n in free.free]
@@ -203,7 +342,8 @@ def place_with(
     for alloc in inp.allocations:
         if alloc.job_id in placed or alloc.num_gpus <= 0:
             continue
-        gpus = pick_hinted(free, alloc, pick)
+        ask = Ask.of(inp.specs.get(alloc.job_id), alloc.num_gpus)
+        gpus = pick_hinted(free, alloc, pick) if ask is None else pick_asked(free, alloc, ask, pick)
         if gpus is not None:
             placed[alloc.job_id] = gpus
     return placed
@@ -292,8 +432,8 @@ class Sticky(PlacementPolicy):
         free = FreeMap(inp.nodes)
         placed = keep_running(inp, free)
         for alloc in inp.allocations:
-            if alloc.job_id in placed:
-                continue
+            if alloc.job_id in placed or Ask.of(inp.specs.get(alloc.job_id), 1) is not None:
+                continue  # (a job with an `Ask` is placed afresh)
             current = inp.current.get(alloc.job_id) or []
             gpus = self._resize(free, current, alloc.num_gpus, alloc.gpu_type)
             if gpus is not None:

@@ -13,7 +13,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from gpuyard.shared.model import ANY_GPU, Allocation
+from gpuyard.shared.model import Allocation, JobRecord
 from gpuyard.shared.policy import ClusterView, JobView
 
 TypeOrder = Callable[[JobView, list[str], int], list[str]]
@@ -30,6 +30,12 @@ def held_or_requested(job: JobView) -> int:
     if r.state == "running" and r.gpus and low <= r.gpus <= high:
         return r.gpus
     return spec.num_gpus
+
+
+def held_milli(record: JobRecord) -> int:
+    """Thousandths of a GPU a running job holds (its share of one GPU, or 1,000 a GPU): the
+    walk counts GPUs in these, so that jobs asking for a share of a GPU pack."""
+    return record.spec.milli(record.gpus)
 
 
 def agnostic_types(job: JobView, types: list[str], need: int) -> list[str]:
@@ -51,8 +57,11 @@ def fastest_types(cluster: ClusterView) -> TypeOrder:
 
 def runnable_types(job: JobView, cluster: ClusterView, need: int) -> list[str]:
     """The types (with usable GPUs) where `job` can run on `need` GPUs, in type order."""
-    wanted = [job.spec.gpu_type] if job.spec.gpu_type != ANY_GPU else cluster.types
-    return [t for t in wanted if cluster.capacity.get(t, 0) > 0 and cluster.supports(job, t, need)]
+    spec = job.spec
+    return [
+        t for t in cluster.types
+        if spec.allows(t) and cluster.capacity.get(t, 0) > 0 and cluster.supports(job, t, need)
+    ]  # fmt: skip
 
 
 def fill_in_order(
@@ -73,24 +82,27 @@ def fill_in_order(
     (head-of-line blocking, as Blox and Gavel do) and running jobs after that point keep running
     (they were not needed to make room). With `backfill`, the walk skips such a job and goes on
     (Tiresias's simulator does this). A job is only given a type where it can run (`cluster.rate`
-    > 0), tried in `type_order`. Returns allocations in order; running jobs left out are to be
-    preempted. O(n) in the number of jobs. `cluster` may be just the GPUs per type (every job then
-    runs on every type).
+    > 0) and that it allows, tried in `type_order`. GPUs are counted in thousandths: jobs that ask
+    for a share of one GPU (`JobSpec.gpu_milli`) pack, placement finding the GPUs they fit on (a
+    job that fits the count but not a GPU waits). Returns allocations in order; running jobs left
+    out are to be preempted. O(n) in the number of jobs. `cluster` may be just the GPUs per type
+    (every job then runs on every type).
     """
     if not isinstance(cluster, ClusterView):
         cluster = ClusterView(capacity=dict(cluster))
-    free = dict(cluster.capacity)
+    free = {t: 1000 * n for t, n in cluster.capacity.items()}
     # Running jobs per type in walk order; entries [head:] are still "after" the walk position and
-    # may be preempted from the tail. after[t] = their GPU total.
+    # may be preempted from the tail. after[t] = their thousandths of GPUs.
     running: dict[str, list[tuple[int, JobView]]] = {}
     after: dict[str, int] = {}
     for pos, job in enumerate(order):
         r = job.record
         t = r.gpu_type
         if r.state == "running" and r.gpus > 0 and t in free:
-            free[t] -= r.gpus
+            held = held_milli(r)
+            free[t] -= held
             running.setdefault(t, []).append((pos, job))
-            after[t] = after.get(t, 0) + r.gpus
+            after[t] = after.get(t, 0) + held
     walked = walk(enumerate(order), cluster, free, running, after, backfill, demand, type_order)
     return [a for _, a in walked]
 
@@ -106,15 +118,15 @@ def walk(
     type_order: TypeOrder = agnostic_types,
 ) -> list[tuple[K, Allocation]]:
     """The walk of `fill_in_order` from some point of the order on: `sequence` is the jobs from
-    there (each with its place in the order, `K`), `free` the GPUs per type that no running job
-    holds, `running` the running jobs from there on per type (in order) and `after` their GPUs
-    per type. Returns the allocations of the jobs walked (and of running jobs left after a
+    there (each with its place in the order, `K`), `free` the thousandths of GPUs per type that
+    no running job holds, `running` the running jobs from there on per type (in order) and
+    `after` what they hold per type, in thousandths. Returns the allocations of the jobs walked (and of running jobs left after a
     blocking job), each with its place, in order."""
-    known: dict[tuple[str, str, int], list[str]] = {}  # (type asked, job type, GPUs): runnable on
+    known: dict[tuple[str | int, ...], list[str]] = {}  # (type asked, job type, GPUs): runnable on
 
     def runnable(job: JobView, need: int) -> list[str]:
         spec = job.record.spec
-        key = (spec.gpu_type, spec.job_type, need)
+        key: tuple[str | int, ...] = (spec.gpu_type, spec.job_type, need, *spec.gpu_types)
         types = known.get(key)
         if types is None:
             types = known[key] = runnable_types(job, cluster, need)
@@ -126,17 +138,19 @@ def walk(
     for pos, job in sequence:
         need = demand(job)
         r = job.record
+        cost = r.spec.milli(need)
         t = r.gpu_type  # None for a job that holds no GPUs: not among the running
         lst = running.get(t) if t is not None else None
         if t is not None and lst is not None and head[t] < len(lst) and lst[head[t]][1] is job:
             # Running and not preempted: it competes for its own GPUs first, on its own type.
             head[t] += 1
-            after[t] -= r.gpus
+            held = held_milli(r)
+            after[t] -= held
             ok = t in runnable(job, need)
             if ok and need == r.gpus and free[t] >= 0:  # it keeps them (most of a long walk)
                 result.append((pos, Allocation(r.job_id, need, t)))
                 continue
-            free[t] += r.gpus
+            free[t] += held
             cands = [t] if ok else []
         else:
             cands = runnable(job, need)
@@ -144,12 +158,12 @@ def walk(
                 cands = type_order(job, cands, need)
         chosen = None
         for c in cands:  # a type with room, else one where preempting later jobs makes room
-            if free.get(c, 0) >= need:
+            if free.get(c, 0) >= cost:
                 chosen = c
                 break
         else:
             for c in cands:
-                if free.get(c, 0) + after.get(c, 0) >= need:
+                if free.get(c, 0) + after.get(c, 0) >= cost:
                     chosen = c
                     break
         if chosen is None:
@@ -159,11 +173,12 @@ def walk(
             if not any(n > 0 for n in free.values()) and not any(after.values()):
                 break  # no GPU left to take or to preempt: no later job can be placed
             continue
-        while free[chosen] < need:  # preempt the last running job after this one
+        while free[chosen] < cost:  # preempt the last running job after this one
             _, victim = running[chosen].pop()
-            free[chosen] += victim.record.gpus
-            after[chosen] -= victim.record.gpus
-        free[chosen] -= need
+            held = held_milli(victim.record)
+            free[chosen] += held
+            after[chosen] -= held
+        free[chosen] -= cost
         result.append((pos, Allocation(job.record.job_id, need, chosen)))
     if stopped:  # running jobs after the blocking job keep running
         for t, lst in running.items():

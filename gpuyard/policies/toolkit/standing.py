@@ -23,7 +23,7 @@ from gpuyard.shared.model import Allocation, JobRecord
 from gpuyard.shared.policy import ClusterView, Decision, JobView, SchedulingInput
 from gpuyard.shared.throughput import ThroughputModel
 
-from .ordering import fill_in_order, held_or_requested, runnable_types, walk
+from .ordering import fill_in_order, held_milli, held_or_requested, runnable_types, walk
 
 Entry = tuple[Any, int, str]
 """(the policy's key, admission order, job id): a job's place in the order (unique)."""
@@ -40,7 +40,7 @@ class StandingOrder:
         self._queued: list[Entry] = []
         self._running: list[Entry] = []
         self._holds: dict[str, tuple[str, int]] = {}
-        """Running job -> (GPU type, GPUs) as it entered the running list."""
+        """Running job -> (GPU type, thousandths of GPUs) as it entered the running list."""
         self._used: dict[str, int] = {}
         self._irregular: set[str] = set()
         """Running jobs the walk might not keep as they are (so every job is walked)."""
@@ -58,7 +58,7 @@ class StandingOrder:
             return fill_in_order(order, inp.cluster, backfill=backfill)
         if not self._update(inp):
             self._build(inp)
-        free = {t: n - self._used.get(t, 0) for t, n in inp.cluster.capacity.items()}
+        free = {t: 1000 * n - self._used.get(t, 0) for t, n in inp.cluster.capacity.items()}
         if self._irregular or any(n < 0 for n in free.values()):
             self.walked = len(inp.jobs)
             order = [self._views[e[2]] for e in heapq.merge(self._running, self._queued)]
@@ -131,8 +131,9 @@ class StandingOrder:
         self._views[r.job_id] = view
         t = r.gpu_type
         if r.state == "running" and r.gpus > 0 and t in cluster.capacity:
-            self._holds[r.job_id] = (t, r.gpus)
-            self._used[t] = self._used.get(t, 0) + r.gpus
+            held = held_milli(r)
+            self._holds[r.job_id] = (t, held)
+            self._used[t] = self._used.get(t, 0) + held
             if not (
                 r.shares_with is None
                 and held_or_requested(view) == r.gpus

@@ -547,8 +547,11 @@ class Admission(Service):
         if not capacity:
             return ""
         low = spec.gpu_range[0]
+        if spec.gpu_types and not capacity.keys() & set(spec.gpu_types):
+            return (f"GPU types {'|'.join(spec.gpu_types)} are not in the cluster "
+                    f"({', '.join(sorted(capacity))})")  # fmt: skip
         if spec.gpu_type == ANY_GPU:
-            most = max(capacity.values())
+            most = max(n for t, n in capacity.items() if spec.allows(t))
             if low > most:
                 return f"needs {low} GPUs of one type; the largest GPU type has {most}"
         elif spec.gpu_type not in capacity:
@@ -557,8 +560,11 @@ class Admission(Service):
             )
         elif low > capacity[spec.gpu_type]:
             return f"needs {low} {spec.gpu_type} GPUs; the cluster has {capacity[spec.gpu_type]}"
+        if (spec.cpu_milli or spec.memory_mib) and (room := self._room_for(spec)) < low:
+            return (f"needs {low} GPUs on nodes with {spec.cpu_milli} thousandths of CPUs and "
+                    f"{spec.memory_mib} MiB spread over them; its nodes have room for {room}")  # fmt: skip
         high = spec.gpu_range[1]
-        types = list(capacity) if spec.gpu_type == ANY_GPU else [spec.gpu_type]
+        types = [t for t in capacity if spec.allows(t)]
         if not any(
             self.model.throughput(spec.job_type, t, n) > 0
             for t in types
@@ -570,6 +576,22 @@ class Admission(Service):
                 f"{', '.join(types)}"
             )
         return ""
+
+    def _room_for(self, spec: JobSpec) -> int:
+        """How many of the job's GPUs the cluster's empty nodes could host, as far as their CPUs
+        and memory go (where they count them)."""
+        low = spec.gpu_range[0]
+        room = 0
+        for node in self.cluster.nodes if self.cluster is not None else ():
+            if not spec.allows(node.gpu_type):
+                continue
+            here = node.num_gpus
+            for total, amount in ((node.cpu_milli, spec.cpu_milli),
+                                  (node.memory_mib, spec.memory_mib)):  # fmt: skip
+                if total and amount:
+                    here = min(here, total * low // amount)
+            room += here
+        return room
 
     async def _event(
         self, kind: Any, now: float, job_id: str, reason: str = "", *, user: str = ""

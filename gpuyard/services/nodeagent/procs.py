@@ -157,6 +157,9 @@ def process_envs(
         }
         if gpu_type:
             env["GPUYARD_GPU_TYPE"] = gpu_type
+        if spec.gpu_milli is not None:  # its share of the GPU, as CUDA MPS takes a limit
+            env["GPUYARD_GPU_MILLI"] = str(spec.gpu_milli)
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = f"{spec.gpu_milli / 10:g}"
         if (array := spec.array) is not None:  # (and Slurm's names, for scripts written for it)
             for prefix in ("GPUYARD", "SLURM"):
                 env |= {

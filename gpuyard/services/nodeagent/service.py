@@ -414,11 +414,16 @@ class NodeAgent(Service):
             self.node.gpu_type, self.accounts.for_user(launch.spec.user),
         )  # fmt: skip
         # It starts once the GPUs' holders have exited (but the running job it is to share them
-        # with), and this job's own part told to stop (resized or moved here): that part writes
-        # the checkpoint the new one resumes from.
+        # with, and, for a job asking for a share of a GPU, the others that hold shares of it),
+        # and this job's own part told to stop (resized or moved here): that part writes the
+        # checkpoint the new one resumes from.
+        share = launch.spec.gpu_milli is not None
         earlier = [
             holder for g in launch.gpus for holder in self.holders.get(g, ())
-            if holder.job_id != launch.share_with or holder.stopping
+            if holder.stopping or not (
+                holder.job_id == launch.share_with
+                or (share and holder.launch.spec is not None and holder.launch.spec.gpu_milli)
+            )
         ]  # fmt: skip
         if (previous := self.stopping.get(launch.job_id)) is not None:
             earlier.append(previous)

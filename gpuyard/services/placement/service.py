@@ -150,6 +150,12 @@ class Placement(Service):
         self.applied = 0  # the number of the last apply (`ApplyReply.applied`)
         self.free: dict[str, set[int]] = {}  # free GPU indices per node
         self.holders: dict[GpuRef, int] = {}  # how many running jobs hold each busy GPU
+        self.shared_milli: dict[str, dict[int, int]] = {}
+        """Per node, the GPUs jobs hold shares of (`JobSpec.gpu_milli`): index -> thousandths
+        held (never among `free`; not in `holders`)."""
+        self.holding: dict[str, dict[int, int]] = {}  # node -> jobs by GPUs held there (0: a share)
+        self.cpu_used: dict[str, int] = {}  # thousandths of CPUs the running jobs ask per node
+        self.memory_used: dict[str, int] = {}
         self.shared = 0  # GPUs two jobs hold
         self.specs: dict[str, JobSpec] = {}  # of the jobs placed, for relaunching them
         self.down: dict[str, float] = {}  # nodes that left, and when (until they come back)
@@ -264,6 +270,7 @@ class Placement(Service):
         self._nodes_changed()
         self.down.pop(node.node_id, None)
         busy = {g.index for g in self.holders if g.node_id == node.node_id}
+        busy |= self.shared_milli.get(node.node_id, {}).keys()
         self.free[node.node_id] = set(range(node.num_gpus)) - busy
         if arrived and node.node_id in self.draining and not busy:
             self._drained.add(node.node_id)  # back from a loss with its jobs gone: DRAINED
@@ -519,9 +526,11 @@ class Placement(Service):
             self._free_changed = set(self.nodes)
         for node_id in self._free_changed:
             usable = self.free.get(node_id)
-            if usable and node_id not in self.unresponsive and node_id not in self.draining:
-                gpu_type = self.nodes[node_id].gpu_type
-                views[node_id] = NodeView(node_id=node_id, gpu_type=gpu_type, usable=sorted(usable))
+            if (
+                (usable or self.shared_milli.get(node_id))
+                and node_id not in self.unresponsive and node_id not in self.draining
+            ):  # fmt: skip
+                views[node_id] = self._view(node_id, usable or set())
             else:
                 views.pop(node_id, None)
         self._free_changed = set()
@@ -538,10 +547,23 @@ class Placement(Service):
             if not more:
                 found.append(views[node_id])
                 continue
-            usable = self.free[node_id] | set(more)
-            gpu_type = self.nodes[node_id].gpu_type
-            found.append(NodeView(node_id=node_id, gpu_type=gpu_type, usable=sorted(usable)))
+            found.append(self._view(node_id, self.free[node_id] | set(more)))
         return found
+
+    def _view(self, node_id: str, usable: set[int]) -> NodeView:
+        """The node as the policy sees it: `usable` GPUs, the shares left on those jobs share,
+        and its CPUs and memory left where it counts them."""
+        node = self.nodes[node_id]
+        shared = self.shared_milli.get(node_id)
+        return NodeView(
+            node_id=node_id, gpu_type=node.gpu_type, usable=sorted(usable),
+            shares={i: 1000 - held for i, held in shared.items()} if shared else {},
+            cpu_milli=node.cpu_milli - self.cpu_used.get(node_id, 0) if node.cpu_milli else None,
+            memory_mib=(
+                node.memory_mib - self.memory_used.get(node_id, 0) if node.memory_mib else None
+            ),
+            num_gpus=node.num_gpus, holding=dict(self.holding.get(node_id, {})),
+        )  # fmt: skip
 
     def _all_views(self) -> list[NodeView]:
         """Every responsive node with all its GPUs, a draining one with only those its jobs hold
@@ -556,7 +578,11 @@ class Placement(Service):
                 if n.node_id in self.draining:
                     usable = [i for i in usable if i not in self.free[n.node_id]]
                 if usable:
-                    views.append(NodeView(node_id=n.node_id, gpu_type=n.gpu_type, usable=usable))
+                    views.append(NodeView(
+                        node_id=n.node_id, gpu_type=n.gpu_type, usable=usable,
+                        cpu_milli=n.cpu_milli or None, memory_mib=n.memory_mib or None,
+                        num_gpus=n.num_gpus,
+                    ))  # fmt: skip
             self._every_view = views
         return list(self._every_view)
 
@@ -611,22 +637,21 @@ class Placement(Service):
                     keep[a.job_id] = gpus
             movable: dict[str, list[int]] = {}
             for job_id in self._affected(req) - keep.keys():  # (a stopped job's partner may stay)
+                if self._share_of(job_id) is not None:
+                    continue  # (its share of a GPU is free for the next apply)
                 for g in running[job_id]:
                     if g not in held:
                         movable.setdefault(g.node_id, []).append(g.index)
             nodes = self._views(movable)
-        specs = self.specs
-        deadlines = {
-            a.job_id: d
-            for a in to_place
-            if (spec := req.specs.get(a.job_id) or specs.get(a.job_id)) is not None
-            and (d := spec.deadline) is not None
-        }
+        self.specs.update(req.specs)  # a running job that is resized is launched again
+        specs = {a.job_id: spec for a in to_place if (spec := self.specs.get(a.job_id))}
+        deadlines = {j: d for j, spec in specs.items() if (d := spec.deadline) is not None}
         inp = PlacementInput(
             now=req.now,
             allocations=to_place,
             current={a.job_id: running[a.job_id] for a in to_place if a.job_id in running},
             nodes=nodes,
+            specs=specs,
             deadlines=deadlines,
             ended=list(req.released),
         )
@@ -647,8 +672,8 @@ class Placement(Service):
         for job_id in stopped:
             self._free(job_id)
         if started:
-            self._check([*to_place, *sharing], started)
-        self.specs.update(req.specs)  # a running job that is resized is launched again
+            for job_id in self._check([*to_place, *sharing], started):
+                del started[job_id]  # (no room for its CPUs or memory: it stays unplaced)
         shares = {a.job_id: a.share_with for a in sharing if a.share_with is not None}  # (all)
         failed, progress = await self._command(
             req.now, {**ended, **stopped}, started, self.specs, req.attempts, shares, req.time_left
@@ -734,10 +759,50 @@ class Placement(Service):
                 to_place.append(a)
         return keep, to_place, claimed
 
+    def _share_of(self, job_id: str) -> int | None:
+        """The thousandths of a GPU the job asks for, if it asks for a share of one."""
+        spec = self.specs.get(job_id)
+        return spec.gpu_milli if spec is not None else None
+
+    def _charge(self, job_id: str, gpus: list[GpuRef], sign: int) -> None:
+        """Count the job in (1) or out (-1) of its nodes' `holding`, and its CPUs and memory
+        there, as its GPUs spread."""
+        spec = self.specs.get(job_id)
+        share = spec is not None and spec.gpu_milli is not None
+        per_node: dict[str, int] = {}
+        for g in gpus:
+            per_node[g.node_id] = per_node.get(g.node_id, 0) + 1
+        for node_id, count in per_node.items():
+            kind = 0 if share else count
+            held = self.holding.setdefault(node_id, {})
+            held[kind] = left = held.get(kind, 0) + sign
+            if left <= 0:
+                del held[kind]
+                if not held:
+                    del self.holding[node_id]
+            self._free_changed.add(node_id)
+        if spec is None or not (spec.cpu_milli or spec.memory_mib):
+            return
+        for node_id, (cpu, memory) in self._asked(spec, gpus).items():
+            self.cpu_used[node_id] = self.cpu_used.get(node_id, 0) + sign * cpu
+            self.memory_used[node_id] = self.memory_used.get(node_id, 0) + sign * memory
+            self._free_changed.add(node_id)
+
     def _hold(self, job_id: str, gpus: list[GpuRef]) -> None:
         """`job_id` runs on `gpus` (which a job sharing them may hold too)."""
         self.running[job_id] = gpus
         self.held_at[job_id] = self._holds = self._holds + 1
+        self._charge(job_id, gpus, 1)
+        if (share := self._share_of(job_id)) is not None:
+            for g in gpus:
+                shared = self.shared_milli.setdefault(g.node_id, {})
+                shared[g.index] = shared.get(g.index, 0) + share
+                self._free_changed.add(g.node_id)
+                if g.node_id in self.free:
+                    self.free[g.node_id].discard(g.index)
+                    if g.node_id in self.draining:
+                        self._drain_changed(g.node_id)
+            return
         for g in gpus:
             held = self.holders[g] = self.holders.get(g, 0) + 1
             self.shared += held == 2
@@ -750,8 +815,21 @@ class Placement(Service):
     def _free(self, job_id: str) -> None:
         """`job_id` no longer runs: its GPUs are free unless a job sharing them still holds them."""
         self.held_at.pop(job_id, None)
-        for g in self.running.pop(job_id, ()):
-            left = self.holders.get(g, 0) - 1
+        gpus = self.running.pop(job_id, [])
+        self._charge(job_id, gpus, -1)
+        share = self._share_of(job_id)
+        for g in gpus:
+            if share is not None:
+                shared = self.shared_milli.get(g.node_id, {})
+                shared[g.index] = left = shared.get(g.index, 0) - share
+                self._free_changed.add(g.node_id)
+                if left > 0:
+                    continue
+                del shared[g.index]
+                if not shared:
+                    self.shared_milli.pop(g.node_id, None)
+            else:
+                left = self.holders.get(g, 0) - 1
             self.shared -= left == 1
             if left > 0:
                 self.holders[g] = left
@@ -766,10 +844,12 @@ class Placement(Service):
                     if len(free) == self.nodes[g.node_id].num_gpus:  # the last job left
                         self._drained.add(g.node_id)
 
-    def _check(self, allocations: list[Allocation], started: dict[str, list[GpuRef]]) -> None:
-        """Newly placed jobs must get free, existing GPUs, once each, of the allocated count and type
-        (a job sharing GPUs: exactly its partner's). `allocations`: those of the jobs that did not
-        keep their GPUs.
+    def _check(self, allocations: list[Allocation], started: dict[str, list[GpuRef]]) -> list[str]:
+        """Newly placed jobs must get free, existing GPUs, once each, of the allocated count and a
+        type they allow (a job sharing GPUs: exactly its partner's; one asking for a share of a
+        GPU: one GPU with that much left). `allocations`: those of the jobs that did not keep
+        their GPUs. Returns the jobs placed where their CPUs or memory do not fit (a policy that
+        does not count them): they stay unplaced.
 
         Jobs that keep their GPUs need no check: they hold exactly the GPUs missing from `free`.
         """
@@ -780,12 +860,17 @@ class Placement(Service):
             if alloc.share_with is not None and alloc.job_id in self.running:
                 joined.setdefault(alloc.share_with, set()).update(self.running[alloc.job_id])
         used: set[GpuRef] = set()
+        shares: dict[GpuRef, int] = {}  # thousandths of GPUs the jobs checked so far take
+        cpu, memory = dict(self.cpu_used), dict(self.memory_used)
+        over: list[str] = []
         for job_id, gpus in started.items():
             a = wanted.get(job_id)
             if a is not None and a.share_with is not None:
                 if gpus != started.get(a.share_with, self.running.get(a.share_with)):
                     raise RuntimeError(f"{job_id!r} does not share {a.share_with!r}'s GPUs: {gpus}")
                 continue
+            spec = self.specs.get(job_id)
+            share = spec.gpu_milli if spec is not None else None
             ok = (
                 a is not None
                 and len(gpus) == a.num_gpus
@@ -796,22 +881,66 @@ class Placement(Service):
             extra = joined.get(job_id, ())
             for g in gpus if ok else ():
                 node = self.nodes.get(g.node_id)
-                if (
-                    node is None
-                    or not 0 <= g.index < node.num_gpus
-                    or gpu_type not in (None, node.gpu_type)
-                    or not (g.index in self.free[g.node_id] or g in extra)
-                ):
+                if node is None or not 0 <= g.index < node.num_gpus:
+                    ok = False
+                    break
+                if share is None:  # a whole GPU: free (or its partner's), no share taken of it
+                    fits = (g.index in self.free[g.node_id] or g in extra) and g not in shares
+                else:  # its one GPU: free, or shared with that much left
+                    fits = (
+                        len(gpus) == 1
+                        and (g.index in self.free[g.node_id]
+                             or g.index in self.shared_milli.get(g.node_id, {}))
+                        and self._share_left(g) >= shares.get(g, 0) + share
+                    )  # fmt: skip
+                if not fits or gpu_type not in (None, node.gpu_type):
                     ok = False
                     break
                 gpu_type = node.gpu_type
             if not (
                 ok and a is not None and gpu_type is not None and a.gpu_type in (ANY_GPU, gpu_type)
-            ):
+                and (spec is None or spec.allows(gpu_type))
+            ):  # fmt: skip
                 raise RuntimeError(
                     f"placement policy {self.policy_name!r} placed {job_id!r} wrongly: {gpus}"
                 )
-            used.update(gpus)
+            if spec is not None and (spec.cpu_milli or spec.memory_mib):
+                asked = self._asked(spec, gpus)
+                if any(
+                    (total := getattr(self.nodes[n], field)) and taken.get(n, 0) + k > total
+                    for n, per in asked.items()
+                    for field, taken, k in (("cpu_milli", cpu, per[0]), ("memory_mib", memory, per[1]))
+                ):  # fmt: skip
+                    over.append(job_id)
+                    continue
+                for n, (c, m) in asked.items():
+                    cpu[n], memory[n] = cpu.get(n, 0) + c, memory.get(n, 0) + m
+            if share is not None:
+                shares[gpus[0]] = shares.get(gpus[0], 0) + share
+            else:
+                used.update(gpus)
+        if over:
+            self.log.warning(
+                "placement.no_room", jobs=over[:5], count=len(over), policy=self.policy_name,
+                why="placed where their CPUs or memory do not fit: they stay unplaced",
+            )  # fmt: skip
+        return over
+
+    def _share_left(self, g: GpuRef) -> int:
+        """Thousandths left on a GPU for a job asking for a share (a free GPU: all of it)."""
+        return 1000 - self.shared_milli.get(g.node_id, {}).get(g.index, 0)
+
+    @staticmethod
+    def _asked(spec: JobSpec, gpus: list[GpuRef]) -> dict[str, tuple[int, int]]:
+        """The job's CPUs and memory per node, spread as its GPUs are (rounded up)."""
+        per_node: dict[str, int] = {}
+        for g in gpus:
+            per_node[g.node_id] = per_node.get(g.node_id, 0) + 1
+        n = len(gpus)
+        return {
+            node: (-(-spec.cpu_milli * k // n), -(-spec.memory_mib * k // n))
+            for node, k in per_node.items()
+        }
 
     async def _command(
         self,

@@ -30,8 +30,9 @@ def check(
     used: Mapping[str, int] | None = None,
 ) -> tuple[list[Allocation], list[Allocation]]:
     """`policy`'s allocations as they can run, and those left out where the job cannot run
-    (`runs_there` false; a run kept as it is was checked when it started). `used`: the GPUs per
-    type that jobs the answer does not name hold. Raises `PolicyAnswerError`."""
+    (`runs_there` false; a run kept as it is was checked when it started). `used`: the
+    thousandths of GPUs per type that jobs the answer does not name hold (GPUs are counted in
+    thousandths: jobs asking for a share of one GPU pack). Raises `PolicyAnswerError`."""
     ids = [a.job_id for a in allocations]
     if len(set(ids)) != len(ids):
         twice = next(j for j in ids if ids.count(j) > 1)
@@ -48,7 +49,7 @@ def check(
             and a.gpu_type in (ANY_GPU, record.gpu_type)
         )  # fmt: skip
         if kept_as_is and a.share_with is None:
-            taken[a.gpu_type] = taken.get(a.gpu_type, 0) + a.num_gpus
+            taken[a.gpu_type] = taken.get(a.gpu_type, 0) + record.spec.milli(a.num_gpus)
             kept.append(a)
             continue
         low, high = record.spec.gpu_range
@@ -66,10 +67,10 @@ def check(
                     "which is not allocated before it"
                 )
         else:
-            taken[a.gpu_type] = taken.get(a.gpu_type, 0) + a.num_gpus
+            taken[a.gpu_type] = taken.get(a.gpu_type, 0) + record.spec.milli(a.num_gpus)
         kept.append(a)
-    if sum(taken.values()) > sum(capacity.values()) or any(
-        t != ANY_GPU and n > capacity.get(t, 0) for t, n in taken.items()
+    if sum(taken.values()) > 1000 * sum(capacity.values()) or any(
+        t != ANY_GPU and n > 1000 * capacity.get(t, 0) for t, n in taken.items()
     ):
         raise PolicyAnswerError(f"policy {policy!r} allocated more GPUs than exist")
     return kept, left_out

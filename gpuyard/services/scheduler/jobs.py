@@ -54,9 +54,10 @@ class JobTable:
         """Jobs a dependency released or cancelled since this was last cleared, and when (their
         events)."""
         self.running = 0
-        self.busy_gpus = 0
+        self.busy_milli = 0
         self.busy_by_type: dict[str, int] = {}
-        """GPUs busy per type (jobs sharing a partner's GPUs not counted)."""
+        """Thousandths of GPUs busy per type (a job's share of a GPU as such; jobs sharing a
+        partner's GPUs not counted)."""
         self.finished = 0
         self.touched: set[str] = set()
         """Jobs changed since the last write (durable: what to store)."""
@@ -460,16 +461,23 @@ class JobTable:
         """Count a running job's GPUs in (1) or out (-1) of the busy ones."""
         if record.shares_with is not None:
             return
-        self.busy_gpus += sign * record.gpus
+        milli = sign * record.spec.milli(record.gpus)
+        self.busy_milli += milli
         if (t := record.gpu_type) is not None:
-            self.busy_by_type[t] = self.busy_by_type.get(t, 0) + sign * record.gpus
+            self.busy_by_type[t] = self.busy_by_type.get(t, 0) + milli
+
+    @property
+    def busy_gpus(self) -> int:
+        """GPUs busy: shares of GPUs counted as their thousandths, the total rounded up."""
+        return -(-self.busy_milli // 1000)
 
     @staticmethod
     def _settle(record: JobRecord, now: float) -> None:
         """Account the current run up to `now` (a new run, or none, follows)."""
         ran = now - record.run_start
         record.executed_time += ran
-        record.gpu_seconds += ran * record.gpus
+        share = record.spec.gpu_milli
+        record.gpu_seconds += ran * record.gpus if share is None else ran * share / 1000
         if record.total_steps is not None:  # unknown work: its steps are those it reported
             record.steps_done += record.rate * (now - record.progress_at)
         record.run_start = record.progress_at = now

@@ -792,9 +792,9 @@ class Scheduler(Service):
         if said := self.policy.waiting_reason(record):
             return msgspec.structs.replace(record, reason=said)
         spec, capacity, busy = record.spec, self.cluster.capacity, self.table.busy_by_type
-        types = [spec.gpu_type] if spec.gpu_type != ANY_GPU else list(capacity)
-        free = max((capacity.get(t, 0) - busy.get(t, 0) for t in types), default=0)
-        need = spec.gpu_range[0]
+        types = [t for t in capacity if spec.allows(t)]
+        free = max((1000 * capacity.get(t, 0) - busy.get(t, 0) for t in types), default=0)
+        need = spec.milli(spec.gpu_range[0])
         return msgspec.structs.replace(record, reason="Priority" if free >= need else "Resources")
 
     async def cancel(self, req: CancelRequest, caller: Caller = ANONYMOUS) -> CancelReply:
@@ -1182,7 +1182,7 @@ class Scheduler(Service):
         for job_id in (*named_ids, *stop):
             r = active.get(job_id)
             if r is not None and r.state == "running" and r.shares_with is None and r.gpu_type:
-                used[r.gpu_type] -= r.gpus
+                used[r.gpu_type] -= r.spec.milli(r.gpus)
         named = self._checked(decision.allocations, cluster, used)
         if len(named) < len(named_ids):  # left out (it cannot run there): a running one stops
             left_out = named_ids.difference(a.job_id for a in named)
@@ -1351,10 +1351,17 @@ class Scheduler(Service):
         return decision if isinstance(decision, Decision) else Decision(allocations=decision)
 
     def _runs_there(self, record: JobRecord, a: Allocation, capacity: dict[str, int]) -> bool:
-        """The job has throughput on `a`'s GPU type (every type with GPUs, for any type)."""
-        types = [a.gpu_type] if a.gpu_type != ANY_GPU else [t for t in capacity if capacity[t]]
-        job_type = record.spec.job_type
-        return all(self.model.throughput(job_type, t, a.num_gpus) > 0 for t in types)
+        """The job may use `a`'s GPU type and has throughput there (for any type: every type
+        with GPUs that it allows, and there is one)."""
+        spec = record.spec
+        if a.gpu_type != ANY_GPU:
+            types = [a.gpu_type] if spec.allows(a.gpu_type) else []
+        else:
+            types = [t for t in capacity if capacity[t] and spec.allows(t)]
+        job_type = spec.job_type
+        return bool(types) and all(
+            self.model.throughput(job_type, t, a.num_gpus) > 0 for t in types
+        )
 
     def _checked(
         self, allocations: list[Allocation], cluster: ClusterInfo, used: dict[str, int] | None = None,

@@ -17,12 +17,13 @@ class SimJob:
     __slots__ = (
         "attempt", "base", "done", "down_s", "ended_at", "failure", "floor", "gpu_type", "held",
         "job_type", "limit_at", "min_gpus", "parts", "placed", "queue", "ranks", "rate",
-        "restarting", "restoring", "round_steps", "since", "timed_out", "total", "until", "up_s",
-        "version",
+        "restarting", "restoring", "round_steps", "share", "since", "timed_out", "total", "until",
+        "up_s", "version",
     )  # fmt: skip
 
     def __init__(self, spec: JobSpec, total: float, queue: int = -1) -> None:
         self.job_type = spec.job_type
+        self.share = spec.gpu_milli  # a share of one GPU: it runs beside others, not as a pair
         self.queue = queue  # the index of its queue, whose GPUs it counts in (-1: none)
         self.total = total
         self.done = 0.0
@@ -113,7 +114,7 @@ class SimNodes:
             job.parts[cmd.node_id] = tuple(launch.gpus)
             self.queue_holds(job, cmd.now, len(launch.gpus))
             job.ranks = None
-            for g in launch.gpus:
+            for g in launch.gpus if job.share is None else ():
                 self.holding.setdefault((cmd.node_id, g), []).append(launch.job_id)
             job.gpu_type = self.node_types[cmd.node_id]
             job.attempt = launch.attempt
@@ -135,7 +136,7 @@ class SimNodes:
         job.ranks = None
         part = job.parts.pop(node_id, ())
         self.queue_holds(job, now, -len(part))
-        for g in part:
+        for g in part if job.share is None else ():
             holders = self.holding[(node_id, g)]
             holders.remove(job_id)
             if not holders:

@@ -214,7 +214,7 @@ class Completions:
         exits: list[JobExit] = []
         for _, _, job_id, _ in popped:
             job = self.jobs[job_id]
-            for node, gpus in job.parts.items():
+            for node, gpus in job.parts.items() if job.share is None else ():
                 if any(len(holding[(node, g)]) > 1 for g in gpus):
                     return None
             exits.append(_exit_of(job_id, job))

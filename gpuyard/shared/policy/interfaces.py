@@ -97,6 +97,9 @@ class PlacementInput(Struct, kw_only=True):
     current: dict[str, list[GpuRef]]
     """Where the jobs among `allocations` run now, if they run."""
     nodes: list[NodeView]
+    specs: dict[str, JobSpec] = {}
+    """The specs of the jobs among `allocations` (a share of a GPU, the GPU types, CPUs and
+    memory each asks for)."""
     deadlines: dict[str, float] = {}
     """The deadlines of the jobs among `allocations` that have one (absolute, the clock's)."""
     ended: list[str] = []

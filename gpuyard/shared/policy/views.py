@@ -350,12 +350,25 @@ class AdmissionInput(Struct, kw_only=True):
 
 
 class NodeView(Struct, frozen=True):
-    """A node as placement shows it to its policy: the GPU indices this decision may give out."""
+    """A node as placement shows it to its policy: the GPU indices this decision may give out,
+    and, where jobs ask for shares of GPUs or for CPUs and memory, what is left of those."""
 
     node_id: str
     gpu_type: str
     usable: list[int]
-    """In increasing order, each once (made so where given otherwise)."""
+    """Wholly free GPUs, in increasing order, each once (made so where given otherwise)."""
+    shares: dict[int, int] = {}
+    """GPUs that jobs hold shares of (`JobSpec.gpu_milli`), never among `usable`: index ->
+    thousandths left, for a job asking for a share of a GPU."""
+    cpu_milli: int | None = None
+    """CPUs left, in thousandths; None: not counted (the node's spec does not give them)."""
+    memory_mib: int | None = None
+    """Memory left; None: not counted."""
+    num_gpus: int = 0
+    """All the node's GPUs, free or not (0: not told)."""
+    holding: dict[int, int] = {}
+    """The jobs running on the node by what they hold there: 0 those holding a share of a GPU,
+    k those holding k of its GPUs (placements that keep like jobs together read it)."""
 
     def __post_init__(self) -> None:
         usable = self.usable

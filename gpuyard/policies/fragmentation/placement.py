@@ -1,0 +1,274 @@
+"""The openb paper's six placements as gpuyard placement policies.
+
+Each decision turns the nodes the policy may use (`NodeView`: free GPUs, the thousandths left on
+shared ones, CPUs and memory left, the jobs each node runs) into a `ClusterState` and places the
+allocations in order with the library's policy, updating the state after each. A job's `Task`:
+its allocation's GPUs (or its share of one), its CPUs and memory, the GPU types its spec and its
+allocation allow. Equal scores go to the node first in node order (the artifact's seeded random
+node order is the experiment's, not a cluster's); random-fit draws from a generator seeded by
+`seed` and the decision's time.
+
+A job the paper's model cannot hold on one node (more GPUs than any node has) spans nodes as
+`consolidated` places it; any other job waits until a node fits it, as the paper's pods do. FGD's target workload (its "typical pods") is learnt from the
+jobs the policy has started (a restarted job counts again) and those it is asked to place now;
+the counts are its state, kept by the service.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+from msgspec import Struct
+
+from gpuyard.policies.placement.strategies import (
+    Ask,
+    FreeMap,
+    consolidate,
+    keep_running,
+    pick_asked,
+    pick_hinted,
+)
+from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobSpec
+from gpuyard.shared.policy import NodeView, PlacementInput, PlacementPolicy
+
+from .cluster import MILLI, ClusterState, Placement, Task
+from .fgd import POPULARITY_THRESHOLD, Fgd, Shape, typical_of_counts
+from .scores import best_fit, dot_product, gpu_clustering, gpu_packing, random_fit
+
+
+class RandomFitParams(Struct, forbid_unknown_fields=True):
+    seed: int = 0
+    """Seed of the draws (each decision: a generator seeded by (seed, now))."""
+
+
+class FgdParams(Struct, forbid_unknown_fields=True):
+    popularity: float = POPULARITY_THRESHOLD
+    """The share (%) of the jobs seen that the target workload's most frequent shapes cover."""
+
+
+class ShapeCounts(Struct, forbid_unknown_fields=True):
+    """FGD's state: how many jobs of each shape it has started ("cpu,milli,gpus,types")."""
+
+    started: dict[str, int] = {}
+
+
+def task_of(alloc: Allocation, spec: JobSpec | None) -> Task | None:
+    """The paper's request for `alloc`: a share of one GPU or its whole GPUs, the job's CPUs and
+    memory, and the GPU types both the allocation and the job allow (None: no type does)."""
+    types: tuple[str, ...] = tuple(sorted(spec.gpu_types)) if spec is not None else ()
+    if alloc.gpu_type != ANY_GPU:
+        if types and alloc.gpu_type not in types:
+            return None
+        types = (alloc.gpu_type,)
+    share = spec.gpu_milli if spec is not None else None
+    return Task(
+        cpu=spec.cpu_milli if spec is not None else 0,
+        mem=spec.memory_mib if spec is not None else 0,
+        gpus=alloc.num_gpus,
+        gpu_milli=share if share is not None else MILLI,
+        models=types,
+    )
+
+
+_UNCOUNTED = np.iinfo(np.int64).max // 4
+"""CPUs or memory left on a node that does not count them."""
+
+
+class Mirror:
+    """A `FreeMap` as the paper's `ClusterState`, row by row in node order, kept equal to it as
+    jobs are placed. A GPU neither free nor shared is full (0 left)."""
+
+    def __init__(self, free: FreeMap, views: list[NodeView]) -> None:
+        self.free = free
+        self.rows = free.order
+        self.row_of = {n: i for i, n in enumerate(self.rows)}
+        by_id = {v.node_id: v for v in views}
+        width = max(
+            [1] + [max(by_id[n].num_gpus, *free.free[n], *free.shares.get(n, {}), -1) + 1
+                   for n in self.rows]
+        )  # fmt: skip
+        models = tuple(sorted(set(free.gpu_type.values())))
+        index = {m: i for i, m in enumerate(models)}
+        count = [by_id[n].num_gpus for n in self.rows]
+        self.state = ClusterState(
+            cpu_cap=np.zeros(len(self.rows), dtype=np.int64),
+            cpu_left=np.zeros(len(self.rows), dtype=np.int64),
+            mem_left=np.zeros(len(self.rows), dtype=np.int64),
+            gpu_left=np.zeros((len(self.rows), width), dtype=np.int64),
+            gpu_count=np.asarray(count, dtype=np.int64),
+            model=np.array([index[free.gpu_type[n]] for n in self.rows], dtype=np.int64),
+            models=models,
+        )
+        for row, n in enumerate(self.rows):
+            self.sync(n)
+            for kind, jobs in by_id[n].holding.items():
+                if 0 <= kind < self.state.affinity.shape[1]:
+                    self.state.affinity[row, kind] = jobs
+        self.state.cpu_cap = self.state.cpu_left.copy()
+        self.largest = int(self.state.gpu_count.max()) if self.rows else 0
+        """The most GPUs a node has: a job asking for more spans nodes."""
+
+    def sync(self, node: str) -> None:
+        """Take `node`'s row again from the map."""
+        row, st, free = self.row_of[node], self.state, self.free
+        st.gpu_left[row] = 0
+        st.gpu_left[row, free.free[node]] = MILLI
+        for index, left in free.shares.get(node, {}).items():
+            st.gpu_left[row, index] = left
+        st.gpu_count[row] = max(st.gpu_count[row], int(np.count_nonzero(st.gpu_left[row])))
+        st.cpu_left[row] = free.cpu.get(node, _UNCOUNTED)
+        st.mem_left[row] = free.memory.get(node, _UNCOUNTED)
+        st.version[row] += 1
+
+    def taken(self, task: Task, gpus: list[GpuRef]) -> None:
+        """`task` now holds `gpus` (already taken from the map)."""
+        for node in sorted({g.node_id for g in gpus}):
+            self.sync(node)
+            if task.affinity >= 0:
+                self.state.affinity[self.row_of[node], task.affinity] += 1
+
+
+class _Fragmentation(PlacementPolicy):
+    """Places each allocation with one of the paper's policies (see the module)."""
+
+    def choose(self, state: ClusterState, task: Task, now: float) -> Placement | None:
+        raise NotImplementedError
+
+    def begin(self, inp: PlacementInput) -> None:
+        """Called once per decision before the first `choose`."""
+
+    def started(self, task: Task) -> None:
+        """Called for each job this decision starts."""
+
+    def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
+        free = FreeMap(inp.nodes)
+        placed = keep_running(inp, free)
+        mirror = Mirror(free, inp.nodes)
+        self.begin(inp)
+        for alloc in inp.allocations:
+            if alloc.job_id in placed or alloc.num_gpus <= 0:
+                continue
+            spec = inp.specs.get(alloc.job_id)
+            task = task_of(alloc, spec)
+            if task is None:
+                continue
+            ask = Ask.of(spec, alloc.num_gpus)
+            choice = self.choose(mirror.state, task, inp.now)
+            gpus: list[GpuRef] | None = None
+            if choice is not None:
+                gpus = [GpuRef(mirror.rows[choice.node], g) for g in choice.gpus]
+                if not free.take_for(gpus, ask):
+                    gpus = None  # (the state mirrors the map: cannot happen)
+            elif task.gpus > mirror.largest:  # no node could ever hold it: span the fewest
+                gpus = (
+                    pick_hinted(free, alloc, consolidate)
+                    if ask is None
+                    else pick_asked(free, alloc, ask, consolidate)
+                )
+            if gpus is not None:
+                mirror.taken(task, gpus)
+                placed[alloc.job_id] = gpus
+                self.started(task)
+        return placed
+
+
+class RandomFit(_Fragmentation):
+    """The openb paper's random-fit: a node drawn among those the job fits, then a GPU drawn
+    among those its share fits. Registry name `random-fit`."""
+
+    Params = RandomFitParams
+
+    def __init__(self, params: RandomFitParams | None = None) -> None:
+        super().__init__(params)
+        self._rng: tuple[float, np.random.Generator] | None = None
+
+    def choose(self, state: ClusterState, task: Task, now: float) -> Placement | None:
+        if self._rng is None or self._rng[0] != now:
+            seed = random.Random(f"gpuyard-random-fit:{self.params.seed}:{now!r}").getrandbits(64)
+            self._rng = (now, np.random.default_rng(seed))
+        return random_fit(state, task, self._rng[1])
+
+    def begin(self, inp: PlacementInput) -> None:
+        self._rng = None  # (each decision draws afresh from (seed, now))
+
+
+class BestFit(_Fragmentation):
+    """The openb paper's best-fit: the node with least CPUs and GPUs left after the job (each over
+    128 CPUs and 8 GPUs). Registry name `best-fit`."""
+
+    def choose(self, state: ClusterState, task: Task, now: float) -> Placement | None:
+        return best_fit(state, task, _NO_DRAWS)
+
+
+class DotProduct(_Fragmentation):
+    """The openb paper's dot-product: the node whose free (CPUs, GPUs) has the smallest dot
+    product with the job's request. Registry name `dot-product`."""
+
+    def choose(self, state: ClusterState, task: Task, now: float) -> Placement | None:
+        return dot_product(state, task, _NO_DRAWS)
+
+
+class GpuPacking(_Fragmentation):
+    """The openb paper's GPU packing: partly used GPUs first, then free GPUs of partly used nodes,
+    then idle nodes. Registry name `gpu-packing`."""
+
+    def choose(self, state: ClusterState, task: Task, now: float) -> Placement | None:
+        return gpu_packing(state, task, _NO_DRAWS)
+
+
+class GpuClustering(_Fragmentation):
+    """The openb paper's GPU clustering: nodes that run only jobs of the same kind (a share, one
+    GPU, two, ...) first. Registry name `gpu-clustering`."""
+
+    def choose(self, state: ClusterState, task: Task, now: float) -> Placement | None:
+        return gpu_clustering(state, task, _NO_DRAWS)
+
+
+class FragmentationGradientDescent(_Fragmentation):
+    """FGD (Weng et al., ATC '23): the node (and GPU) where the job least adds to the expected
+    GPU capacity that the target workload could not use. Registry name `fgd`."""
+
+    Params = FgdParams
+    State = ShapeCounts
+
+    def __init__(self, params: FgdParams | None = None) -> None:
+        super().__init__(params)
+        self.counts: dict[Shape, int] = {}
+        self._fgd: Fgd | None = None
+
+    def snapshot(self) -> ShapeCounts:
+        return ShapeCounts(started={_shape_key(k): n for k, n in sorted(self.counts.items())})
+
+    def restore(self, state: ShapeCounts) -> None:
+        self.counts = {_shape_of(k): n for k, n in state.started.items()}
+
+    def begin(self, inp: PlacementInput) -> None:
+        seen = dict(self.counts)
+        for alloc in inp.allocations:  # (those running count once started, unless none did)
+            if alloc.num_gpus > 0 and (alloc.job_id not in inp.current or not self.counts):
+                task = task_of(alloc, inp.specs.get(alloc.job_id))
+                if task is not None:
+                    seen[task.key] = seen.get(task.key, 0) + 1
+        self._fgd = Fgd(typical_of_counts(seen, self.params.popularity)) if seen else None
+
+    def started(self, task: Task) -> None:
+        self.counts[task.key] = self.counts.get(task.key, 0) + 1
+
+    def choose(self, state: ClusterState, task: Task, now: float) -> Placement | None:
+        assert self._fgd is not None  # (`begin` saw this task)
+        return self._fgd(state, task, _NO_DRAWS)
+
+
+_NO_DRAWS = np.random.default_rng(0)
+"""Passed to the policies that draw nothing (all but random-fit)."""
+
+
+def _shape_key(shape: Shape) -> str:
+    cpu, milli, gpus, models = shape
+    return f"{cpu},{milli},{gpus},{'|'.join(models)}"
+
+
+def _shape_of(key: str) -> Shape:
+    cpu, milli, gpus, models = key.split(",")
+    return (int(cpu), int(milli), int(gpus), tuple(m for m in models.split("|") if m))
