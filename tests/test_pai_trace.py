@@ -84,16 +84,18 @@ def test_jobs_joined_with_their_tasks(tmp_path: Path) -> None:
     # 800% of a GPU: 8 GPUs; Failed replays as failed.
     j2 = jobs["j2"]
     assert (j2.num_gpus, j2.gpu_type, j2.outcome, j2.duration) == (8, "V100M32", "failed", 200.0)
-    # A quarter of an old (MISC) GPU: one whole GPU of any type, the request kept.
+    assert j1.gpu_milli is None and not j1.gpu_types
+    # A quarter of an old (MISC) GPU: a share of one GPU of any type, the request kept.
     j3 = jobs["j3"]
-    assert (j3.submit_time, j3.num_gpus, j3.gpu_type) == (0.0, 1, "any")
+    assert (j3.submit_time, j3.num_gpus, j3.gpu_type, j3.gpu_milli) == (0.0, 1, "any", 250)
     assert ex.loc["j3", "gpu_request"] == 0.25 and ex.loc["j3", "gpu_types"] == "MISC"
     # Two types: any, both kept; Running completes.
     j4 = jobs["j4"]
     assert (j4.num_gpus, j4.gpu_type, j4.outcome, j4.duration) == (4, "any", None, 190.0)
-    assert ex.loc["j4", "gpu_types"] == "P100|T4"
+    assert ex.loc["j4", "gpu_types"] == "P100|T4" and j4.gpu_types == ["P100", "T4"]
     # 150%: two whole GPUs.
     assert (jobs["j9"].num_gpus, ex.loc["j9", "gpu_request"]) == (2, 1.5)
+    assert jobs["j9"].gpu_milli is None
     assert w.metadata["fraction_of_a_gpu"] == 3  # j1, j3, j9
     assert (w.metadata["misc_gpu_type"], w.metadata["several_gpu_types"]) == (1, 1)
 

@@ -22,13 +22,14 @@ none too (`get_dfia` keeps only end_time > 0).
 
 GPUs: plan_gpu is a percent of one GPU per instance (README: 50.0 is 50% of a GPU; its example
 job of three instances, 0% + 50% + 50%, asks for 1 GPU), so a job asks for the sum over its tasks
-of inst_num x plan_gpu / 100 (`gpu_request` in extras). The job model has whole GPUs only: a job
-gets that sum rounded up; one whose instances ask for a fraction of a GPU (plan_gpu not a multiple
-of 100) is counted in `metadata["fraction_of_a_gpu"]`, as openb's pods are, until gpuyard models
-sharing. gpu_type is the type the trace says the GPU tasks were given: one type is the job's
-gpu_type; MISC ("GPUs of older generations, e.g. K40m, K80, M60") runs on any type
-(`metadata["misc_gpu_type"]`), several types on any (`metadata["several_gpu_types"]`), the types
-kept in extras (`gpu_types`, `|`-separated).
+of inst_num x plan_gpu / 100 (`gpu_request` in extras). A job whose sum is less than one GPU asks
+for that share of one (`gpu_milli`, in thousandths) and shares a GPU with others; a larger one
+gets its sum rounded up to whole GPUs (a share is of one GPU). Jobs whose instances ask for a
+fraction of a GPU (plan_gpu not a multiple of 100) are counted in `metadata["fraction_of_a_gpu"]`.
+gpu_type is the type the trace says the GPU tasks were given: one type is the job's gpu_type;
+MISC ("GPUs of older generations, e.g. K40m, K80, M60") runs on any type
+(`metadata["misc_gpu_type"]`); several types run on any of them (`gpu_types`;
+`metadata["several_gpu_types"]`), the types kept in extras too (`gpu_types`, `|`-separated).
 
 Outcome (job status; README: 'Running', 'Terminated', 'Failed', 'Waiting', only Terminated ones
 successful): Failed replays as `failed` after its recorded run time; Terminated, Running and
@@ -379,9 +380,16 @@ def _jobs(
         frac = t["fraction"].fillna(False).to_numpy(dtype=bool)[pick]
         fraction += int((frac & ok).sum())
         users = _text(df["user"]) if "user" in df.columns else [None] * len(df)
+        # (a job asking for less than one GPU in all asks for a share of one)
+        share = ~cpu_only & (request[pick] < 1.0)
+        milli = np.clip(np.round(np.nan_to_num(request[pick]) * 1000.0), 1, 999)
         columns: dict[str, Any] = {
             "job_id": [names[i] for i in keep],
             "num_gpus": nan_to_none(np.where(cpu_only, 1, gpus), int),
+            "gpu_milli": [int(m) if sh else None for m, sh in zip(milli, share, strict=True)],
+            "gpu_types": [
+                ts if len(ts) > 1 and MISC_GPU_TYPE not in ts else None for ts in type_list
+            ],
             "duration": nan_to_none(run[pick]),
             "submit_time": nan_to_none(submit[pick]),
             "user": [users[i] or "" for i in keep],
