@@ -8,8 +8,8 @@ allocation allow. Equal scores go to the node first in node order (the artifact'
 node order is the experiment's, not a cluster's); random-fit draws from a generator seeded by
 `seed` and the decision's time.
 
-A job the paper's model cannot hold on one node (more GPUs than any node has) spans nodes as
-`consolidated` places it; any other job waits until a node fits it, as the paper's pods do. FGD's target workload (its "typical pods") is learnt from the
+A job the paper's model cannot hold on one node (more GPUs than any node of the types it may use
+has) spans nodes as `consolidated` places it; any other job waits until a node fits it, as the paper's pods do. FGD's target workload (its "typical pods") is learnt from the
 jobs the policy has started (a restarted job counts again) and those it is asked to place now;
 the counts are its state, kept by the service.
 """
@@ -32,7 +32,7 @@ from gpuyard.policies.placement.strategies import (
 from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobSpec
 from gpuyard.shared.policy import NodeView, PlacementInput, PlacementPolicy
 
-from .cluster import MILLI, ClusterState, Placement, Task
+from .cluster import MAX_SPEC_CPU, MILLI, ClusterState, Placement, Task
 from .fgd import POPULARITY_THRESHOLD, Fgd, Shape, typical_of_counts
 from .scores import best_fit, dot_product, gpu_clustering, gpu_packing, random_fit
 
@@ -71,8 +71,11 @@ def task_of(alloc: Allocation, spec: JobSpec | None) -> Task | None:
     )
 
 
-_UNCOUNTED = np.iinfo(np.int64).max // 4
-"""CPUs or memory left on a node that does not count them."""
+_UNCOUNTED_CPU = MAX_SPEC_CPU
+"""CPUs left on a node that does not count them: the scores' largest node (128 CPUs), so that
+they score as they would on an idle such node."""
+_UNCOUNTED_MEMORY = np.iinfo(np.int64).max // 4
+"""Memory left on a node that does not count it (memory is only checked, never scored)."""
 
 
 class Mirror:
@@ -106,8 +109,18 @@ class Mirror:
                 if 0 <= kind < self.state.affinity.shape[1]:
                     self.state.affinity[row, kind] = jobs
         self.state.cpu_cap = self.state.cpu_left.copy()
-        self.largest = int(self.state.gpu_count.max()) if self.rows else 0
-        """The most GPUs a node has: a job asking for more spans nodes."""
+        self.largest: dict[str, int] = {}
+        """The most GPUs a node of each type has: a job asking for more spans nodes."""
+        for n, gpus in zip(self.rows, self.state.gpu_count.tolist(), strict=True):
+            self.largest[free.gpu_type[n]] = max(self.largest.get(free.gpu_type[n], 0), gpus)
+
+    def holds_whole(self, task: Task) -> bool:
+        """Whether some node of a type `task` allows has as many GPUs as it asks for."""
+        return any(
+            gpus >= task.gpus
+            for t, gpus in self.largest.items()
+            if not task.models or t in task.models
+        )
 
     def sync(self, node: str) -> None:
         """Take `node`'s row again from the map."""
@@ -117,8 +130,8 @@ class Mirror:
         for index, left in free.shares.get(node, {}).items():
             st.gpu_left[row, index] = left
         st.gpu_count[row] = max(st.gpu_count[row], int(np.count_nonzero(st.gpu_left[row])))
-        st.cpu_left[row] = free.cpu.get(node, _UNCOUNTED)
-        st.mem_left[row] = free.memory.get(node, _UNCOUNTED)
+        st.cpu_left[row] = free.cpu.get(node, _UNCOUNTED_CPU)
+        st.mem_left[row] = free.memory.get(node, _UNCOUNTED_MEMORY)
         st.version[row] += 1
 
     def taken(self, task: Task, gpus: list[GpuRef]) -> None:
@@ -160,7 +173,7 @@ class _Fragmentation(PlacementPolicy):
                 gpus = [GpuRef(mirror.rows[choice.node], g) for g in choice.gpus]
                 if not free.take_for(gpus, ask):
                     gpus = None  # (the state mirrors the map: cannot happen)
-            elif task.gpus > mirror.largest:  # no node could ever hold it: span the fewest
+            elif not mirror.holds_whole(task):  # no node of its types could: span the fewest
                 gpus = (
                     pick_hinted(free, alloc, consolidate)
                     if ask is None

@@ -80,7 +80,7 @@ def as_task(spec: JobSpec) -> Task:
 
 
 def decide(policy: PlacementPolicy, views: list[NodeView], jobs: list[JobSpec], now: float = 0.0):  # type: ignore[no-untyped-def]
-    allocations = [Allocation(s.job_id or "", s.num_gpus) for s in jobs]
+    allocations = [Allocation(s.job_id or "", s.num_gpus, s.gpu_type) for s in jobs]
     specs = {s.job_id or "": s for s in jobs}
     return policy.place(
         PlacementInput(now=now, allocations=allocations, current={}, nodes=views, specs=specs)
@@ -154,6 +154,14 @@ def test_a_job_larger_than_any_node_spans_nodes() -> None:
              for i in range(3)]  # fmt: skip
     placed = decide(BestFit(), views, [JobSpec(job_id="big", num_gpus=6)])
     assert len(placed["big"]) == 6 and len({g.node_id for g in placed["big"]}) == 2
+    # Larger than any node of the type it was given, though a node of another type is not.
+    views.append(NodeView(node_id="g", gpu_type="G2", num_gpus=8, usable=list(range(8))))
+    big = JobSpec(job_id="big", num_gpus=8, gpu_type="V100")
+    placed = decide(BestFit(), views, [big])
+    assert len(placed["big"]) == 8 and {g.node_id for g in placed["big"]} <= {"n0", "n1", "n2"}
+    assert decide(BestFit(), views, [JobSpec(job_id="g", num_gpus=8, gpu_type="G2")]) == {
+        "g": [GpuRef("g", i) for i in range(8)]
+    }
 
 
 def test_the_six_are_registered_under_their_names() -> None:
