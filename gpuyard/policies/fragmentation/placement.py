@@ -145,7 +145,7 @@ class Mirror:
 class _Fragmentation(PlacementPolicy):
     """Places each allocation with one of the paper's policies (see the module)."""
 
-    def choose(self, state: ClusterState, task: Task, now: float) -> Placement | None:
+    def choose(self, state: ClusterState, task: Task) -> Placement | None:
         raise NotImplementedError
 
     def begin(self, inp: PlacementInput) -> None:
@@ -167,7 +167,7 @@ class _Fragmentation(PlacementPolicy):
             if task is None:
                 continue
             ask = Ask.of(spec, alloc.num_gpus)
-            choice = self.choose(mirror.state, task, inp.now)
+            choice = self.choose(mirror.state, task)
             gpus: list[GpuRef] | None = None
             if choice is not None:
                 gpus = [GpuRef(mirror.rows[choice.node], g) for g in choice.gpus]
@@ -194,23 +194,22 @@ class RandomFit(_Fragmentation):
 
     def __init__(self, params: RandomFitParams | None = None) -> None:
         super().__init__(params)
-        self._rng: tuple[float, np.random.Generator] | None = None
-
-    def choose(self, state: ClusterState, task: Task, now: float) -> Placement | None:
-        if self._rng is None or self._rng[0] != now:
-            seed = random.Random(f"gpuyard-random-fit:{self.params.seed}:{now!r}").getrandbits(64)
-            self._rng = (now, np.random.default_rng(seed))
-        return random_fit(state, task, self._rng[1])
+        self._rng = np.random.default_rng(0)
 
     def begin(self, inp: PlacementInput) -> None:
-        self._rng = None  # (each decision draws afresh from (seed, now))
+        # (each decision draws afresh from (seed, now))
+        seed = random.Random(f"gpuyard-random-fit:{self.params.seed}:{inp.now!r}").getrandbits(64)
+        self._rng = np.random.default_rng(seed)
+
+    def choose(self, state: ClusterState, task: Task) -> Placement | None:
+        return random_fit(state, task, self._rng)
 
 
 class BestFit(_Fragmentation):
     """The openb paper's best-fit: the node with least CPUs and GPUs left after the job (each over
     128 CPUs and 8 GPUs). Registry name `best-fit`."""
 
-    def choose(self, state: ClusterState, task: Task, now: float) -> Placement | None:
+    def choose(self, state: ClusterState, task: Task) -> Placement | None:
         return best_fit(state, task, _NO_DRAWS)
 
 
@@ -218,7 +217,7 @@ class DotProduct(_Fragmentation):
     """The openb paper's dot-product: the node whose free (CPUs, GPUs) has the smallest dot
     product with the job's request. Registry name `dot-product`."""
 
-    def choose(self, state: ClusterState, task: Task, now: float) -> Placement | None:
+    def choose(self, state: ClusterState, task: Task) -> Placement | None:
         return dot_product(state, task, _NO_DRAWS)
 
 
@@ -226,7 +225,7 @@ class GpuPacking(_Fragmentation):
     """The openb paper's GPU packing: partly used GPUs first, then free GPUs of partly used nodes,
     then idle nodes. Registry name `gpu-packing`."""
 
-    def choose(self, state: ClusterState, task: Task, now: float) -> Placement | None:
+    def choose(self, state: ClusterState, task: Task) -> Placement | None:
         return gpu_packing(state, task, _NO_DRAWS)
 
 
@@ -234,7 +233,7 @@ class GpuClustering(_Fragmentation):
     """The openb paper's GPU clustering: nodes that run only jobs of the same kind (a share, one
     GPU, two, ...) first. Registry name `gpu-clustering`."""
 
-    def choose(self, state: ClusterState, task: Task, now: float) -> Placement | None:
+    def choose(self, state: ClusterState, task: Task) -> Placement | None:
         return gpu_clustering(state, task, _NO_DRAWS)
 
 
@@ -268,7 +267,7 @@ class FragmentationGradientDescent(_Fragmentation):
     def started(self, task: Task) -> None:
         self.counts[task.key] = self.counts.get(task.key, 0) + 1
 
-    def choose(self, state: ClusterState, task: Task, now: float) -> Placement | None:
+    def choose(self, state: ClusterState, task: Task) -> Placement | None:
         assert self._fgd is not None  # (`begin` saw this task)
         return self._fgd(state, task, _NO_DRAWS)
 
