@@ -17,20 +17,22 @@ the counts are its state, kept by the service.
 from __future__ import annotations
 
 import random
+from typing import Annotated
 
 import numpy as np
-from msgspec import Struct
+from msgspec import Meta, Struct
 
 from gpuyard.policies.placement.strategies import (
     Ask,
     FreeMap,
+    KeepsMap,
     consolidate,
     keep_running,
     pick_asked,
     pick_hinted,
 )
 from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobSpec
-from gpuyard.shared.policy import NodeView, PlacementInput, PlacementPolicy
+from gpuyard.shared.policy import NodeView, PlacementInput
 
 from .cluster import MAX_SPEC_CPU, MILLI, ClusterState, Placement, Task
 from .fgd import POPULARITY_THRESHOLD, Fgd, Shape, typical_of_counts
@@ -45,12 +47,18 @@ class RandomFitParams(Struct, forbid_unknown_fields=True):
 class FgdParams(Struct, forbid_unknown_fields=True):
     popularity: float = POPULARITY_THRESHOLD
     """The share (%) of the jobs seen that the target workload's most frequent shapes cover."""
+    relearn: Annotated[float, Meta(ge=0)] = 5.0
+    """Learn the target workload again when the jobs seen have grown by this many % since it
+    was last learnt (0: at every decision). Between, nodes that did not change keep their
+    scores."""
 
 
 class ShapeCounts(Struct, forbid_unknown_fields=True):
-    """FGD's state: how many jobs of each shape it has started ("cpu,milli,gpus,types")."""
+    """FGD's state: how many jobs of each shape it has started, and the counts its target
+    workload was learnt from ("cpu,milli,gpus,types")."""
 
     started: dict[str, int] = {}
+    learnt: dict[str, int] = {}
 
 
 def task_of(alloc: Allocation, spec: JobSpec | None) -> Task | None:
@@ -79,71 +87,112 @@ _UNCOUNTED_MEMORY = np.iinfo(np.int64).max // 4
 
 
 class Mirror:
-    """A `FreeMap` as the paper's `ClusterState`, row by row in node order, kept equal to it as
-    jobs are placed. A GPU neither free nor shared is full (0 left)."""
+    """The free map of a policy's decisions (`StandingMap`) as the paper's `ClusterState`, row by
+    row in node order, kept from one decision to the next: each decision takes again the rows of
+    the nodes whose views changed and of those the last decision placed on, and the rows of the
+    jobs it places as it places them. A GPU neither free nor shared is full (0 left)."""
 
-    def __init__(self, free: FreeMap, views: list[NodeView]) -> None:
+    def __init__(self, free: FreeMap, views: dict[str, NodeView]) -> None:
         self.free = free
         self.rows = free.order
         self.row_of = {n: i for i, n in enumerate(self.rows)}
-        by_id = {v.node_id: v for v in views}
-        width = max(
-            [1] + [max(by_id[n].num_gpus, *free.free[n], *free.shares.get(n, {}), -1) + 1
+        self.width = max(
+            [1] + [max(views[n].num_gpus, *free.free[n], *free.shares.get(n, {}), -1) + 1
                    for n in self.rows]
         )  # fmt: skip
         models = tuple(sorted(set(free.gpu_type.values())))
         index = {m: i for i, m in enumerate(models)}
-        count = [by_id[n].num_gpus for n in self.rows]
+        size = len(self.rows)
         self.state = ClusterState(
-            cpu_cap=np.zeros(len(self.rows), dtype=np.int64),
-            cpu_left=np.zeros(len(self.rows), dtype=np.int64),
-            mem_left=np.zeros(len(self.rows), dtype=np.int64),
-            gpu_left=np.zeros((len(self.rows), width), dtype=np.int64),
-            gpu_count=np.asarray(count, dtype=np.int64),
+            cpu_cap=np.zeros(size, dtype=np.int64),
+            cpu_left=np.zeros(size, dtype=np.int64),
+            mem_left=np.zeros(size, dtype=np.int64),
+            gpu_left=np.zeros((size, self.width), dtype=np.int64),
+            gpu_count=np.zeros(size, dtype=np.int64),
             model=np.array([index[free.gpu_type[n]] for n in self.rows], dtype=np.int64),
             models=models,
         )
-        for row, n in enumerate(self.rows):
-            self.sync(n)
-            for kind, jobs in by_id[n].holding.items():
-                if 0 <= kind < self.state.affinity.shape[1]:
-                    self.state.affinity[row, kind] = jobs
+        self.sizes: dict[str, dict[int, int]] = {}
+        """Nodes in the views by type and GPUs: a job asking for more GPUs than any has spans
+        nodes (as a fresh look at the views would decide)."""
+        self.listed: dict[str, tuple[str, int]] = {}
+        self.placed_on: set[str] = set()
+        """Nodes this decision placed on: taken again from the views at the next."""
+        for n in self.rows:
+            self.sync(n, views[n])
         self.state.cpu_cap = self.state.cpu_left.copy()
-        self.largest: dict[str, int] = {}
-        """The most GPUs a node of each type has: a job asking for more spans nodes."""
-        for n, gpus in zip(self.rows, self.state.gpu_count.tolist(), strict=True):
-            self.largest[free.gpu_type[n]] = max(self.largest.get(free.gpu_type[n], 0), gpus)
 
-    def holds_whole(self, task: Task) -> bool:
-        """Whether some node of a type `task` allows has as many GPUs as it asks for."""
-        return any(
-            gpus >= task.gpus
-            for t, gpus in self.largest.items()
-            if not task.models or t in task.models
+    def fits(self, free: FreeMap, views: dict[str, NodeView], changed: list[str]) -> bool:
+        """Whether the rows can take the nodes that changed (no GPU beyond the width)."""
+        return free.order is self.rows and all(
+            max(views[n].num_gpus, *free.free[n], *free.shares.get(n, {}), -1) < self.width
+            for n in changed
         )
 
-    def sync(self, node: str) -> None:
-        """Take `node`'s row again from the map."""
+    def refresh(self, free: FreeMap, views: dict[str, NodeView], changed: list[str]) -> None:
+        """Take up a decision's map: again the rows of `changed` and of the last placements."""
+        self.free = free
+        for n in sorted(self.placed_on.union(changed), key=self.row_of.__getitem__):
+            self.sync(n, views[n])
+        self.placed_on = set()
+
+    def holds_whole(self, task: Task) -> bool:
+        """Whether some node in the views, of a type `task` allows, has as many GPUs as it asks
+        for."""
+        return any(
+            gpus >= task.gpus
+            for t, sizes in self.sizes.items()
+            if not task.models or t in task.models
+            for gpus, count in sizes.items()
+            if count
+        )
+
+    def _list(self, node: str, view: NodeView) -> None:
+        """Count `node` among the nodes in the views if it is there (`usable` or shares)."""
+        was = self.listed.pop(node, None)
+        if was is not None:
+            self.sizes[was[0]][was[1]] -= 1
+        if view.usable or view.shares:
+            size = view.num_gpus or max(*view.usable, *view.shares, -1) + 1
+            sizes = self.sizes.setdefault(view.gpu_type, {})
+            sizes[size] = sizes.get(size, 0) + 1
+            self.listed[node] = (view.gpu_type, size)
+
+    def sync(self, node: str, view: NodeView | None = None) -> None:
+        """Take `node`'s row again from the map (and, given its view, its GPUs and jobs)."""
         row, st, free = self.row_of[node], self.state, self.free
         st.gpu_left[row] = 0
         st.gpu_left[row, free.free[node]] = MILLI
         for index, left in free.shares.get(node, {}).items():
             st.gpu_left[row, index] = left
-        st.gpu_count[row] = max(st.gpu_count[row], int(np.count_nonzero(st.gpu_left[row])))
+        count = max(view.num_gpus if view is not None else 0, int(st.gpu_count[row]),
+                    int(np.count_nonzero(st.gpu_left[row])))  # fmt: skip
+        st.gpu_count[row] = count
         st.cpu_left[row] = free.cpu.get(node, _UNCOUNTED_CPU)
         st.mem_left[row] = free.memory.get(node, _UNCOUNTED_MEMORY)
+        if view is not None:
+            self._list(node, view)
+            st.affinity[row] = 0
+            for kind, jobs in view.holding.items():
+                if 0 <= kind < st.affinity.shape[1]:
+                    st.affinity[row, kind] = jobs
         st.version[row] += 1
 
     def taken(self, task: Task, gpus: list[GpuRef]) -> None:
         """`task` now holds `gpus` (already taken from the map)."""
         for node in sorted({g.node_id for g in gpus}):
             self.sync(node)
+            self.placed_on.add(node)
             if task.affinity >= 0:
                 self.state.affinity[self.row_of[node], task.affinity] += 1
 
 
-class _Fragmentation(PlacementPolicy):
+class _Fragmentation(KeepsMap):
     """Places each allocation with one of the paper's policies (see the module)."""
+
+    def __init__(self, params: Struct | None = None) -> None:
+        super().__init__(params)
+        self.mirror: Mirror | None = None
 
     def choose(self, state: ClusterState, task: Task) -> Placement | None:
         raise NotImplementedError
@@ -154,10 +203,23 @@ class _Fragmentation(PlacementPolicy):
     def started(self, task: Task) -> None:
         """Called for each job this decision starts."""
 
-    def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
-        free = FreeMap(inp.nodes)
+    def _mirrored(self, inp: PlacementInput) -> tuple[FreeMap, Mirror, dict[str, list[GpuRef]]]:
+        """The decision's free map with the running jobs it keeps taken out, and its mirror."""
+        free, changed = self.standing.working(inp.nodes)
         placed = keep_running(inp, free)
-        mirror = Mirror(free, inp.nodes)
+        touched = {g.node_id for gpus in placed.values() for g in gpus}
+        changed = sorted(touched.union(changed), key=self.standing.rank.__getitem__)
+        views = self.standing.known
+        mirror = self.mirror
+        if mirror is None or not mirror.fits(free, views, changed):
+            mirror = self.mirror = Mirror(free, views)
+        else:
+            mirror.refresh(free, views, changed)
+        mirror.placed_on |= touched  # (kept jobs: the next decision reads them from the views)
+        return free, mirror, placed
+
+    def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
+        free, mirror, placed = self._mirrored(inp)
         self.begin(inp)
         for alloc in inp.allocations:
             if alloc.job_id in placed or alloc.num_gpus <= 0:
@@ -247,13 +309,19 @@ class FragmentationGradientDescent(_Fragmentation):
     def __init__(self, params: FgdParams | None = None) -> None:
         super().__init__(params)
         self.counts: dict[Shape, int] = {}
+        self.learnt: dict[Shape, int] = {}
         self._fgd: Fgd | None = None
 
     def snapshot(self) -> ShapeCounts:
-        return ShapeCounts(started={_shape_key(k): n for k, n in sorted(self.counts.items())})
+        return ShapeCounts(
+            started={_shape_key(k): n for k, n in sorted(self.counts.items())},
+            learnt={_shape_key(k): n for k, n in sorted(self.learnt.items())},
+        )
 
     def restore(self, state: ShapeCounts) -> None:
         self.counts = {_shape_of(k): n for k, n in state.started.items()}
+        self.learnt = {_shape_of(k): n for k, n in state.learnt.items()}
+        self._fgd = None
 
     def begin(self, inp: PlacementInput) -> None:
         seen = dict(self.counts)
@@ -262,7 +330,11 @@ class FragmentationGradientDescent(_Fragmentation):
                 task = task_of(alloc, inp.specs.get(alloc.job_id))
                 if task is not None:
                     seen[task.key] = seen.get(task.key, 0) + 1
-        self._fgd = Fgd(typical_of_counts(seen, self.params.popularity)) if seen else None
+        learnt = sum(self.learnt.values())
+        if sum(seen.values()) > learnt * (1 + self.params.relearn / 100) or not learnt:
+            self.learnt, self._fgd = seen, None
+        if self._fgd is None and self.learnt:
+            self._fgd = Fgd(typical_of_counts(self.learnt, self.params.popularity))
 
     def started(self, task: Task) -> None:
         self.counts[task.key] = self.counts.get(task.key, 0) + 1

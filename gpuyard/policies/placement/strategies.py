@@ -14,6 +14,7 @@ GPU the picker chooses.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable
 from typing import NamedTuple
@@ -65,16 +66,41 @@ class FreeMap:
             if n.node_id in self.free:  # a node listed twice: merge (never hand a GPU out twice)
                 self.free[n.node_id] = sorted(set(self.free[n.node_id]) | set(n.usable))
                 continue
-            self.order.append(n.node_id)
-            self.gpu_type[n.node_id] = n.gpu_type
-            self.of_type.setdefault(n.gpu_type, []).append(n.node_id)
-            self.free[n.node_id] = list(n.usable)  # (sorted, each once: `NodeView`)
+            self._add(n.node_id, n.gpu_type, list(n.usable))  # (sorted, each once: `NodeView`)
             if n.shares:
                 self.shares[n.node_id] = dict(n.shares)
             if n.cpu_milli is not None:
                 self.cpu[n.node_id] = n.cpu_milli
             if n.memory_mib is not None:
                 self.memory[n.node_id] = n.memory_mib
+
+    def _add(self, node: str, gpu_type: str, free: list[int]) -> None:
+        self.order.append(node)
+        self.gpu_type[node] = gpu_type
+        of_type = self.of_type.get(gpu_type)
+        if of_type is None:
+            self.of_type[gpu_type] = [node]
+        else:
+            of_type.append(node)
+        self.free[node] = free
+
+    def subset(self, free: dict[str, list[int]]) -> FreeMap:
+        """A map of only these free GPUs (nodes in this map's order), for a picker to take
+        from; shares, CPUs and memory are not carried (the caller checks them)."""
+        sub = FreeMap([])
+        gpu_type = self.gpu_type
+        for n, usable in free.items():
+            sub._add(n, gpu_type[n], usable)
+        return sub
+
+    def copy(self) -> FreeMap:
+        """A map to take from without changing this one (the node lists are shared: the maps
+        replace a node's lists, never change them)."""
+        other = FreeMap([])
+        other.order, other.gpu_type, other.of_type = self.order, self.gpu_type, self.of_type
+        other.free, other.shares = dict(self.free), dict(self.shares)
+        other.cpu, other.memory = dict(self.cpu), dict(self.memory)
+        return other
 
     def room(self, node: str, ask: Ask) -> int:
         """How many of `ask`'s GPUs `node` could host now: its free GPUs, as far as its CPUs
@@ -100,12 +126,31 @@ class FreeMap:
 
     def within(self, ask: Ask) -> FreeMap:
         """The free GPUs `ask` may use: on each node as many as it has room for."""
-        views = []
-        for n in self.order:
-            if self.free[n] and (room := self.room(n, ask)):
-                views.append(NodeView(node_id=n, gpu_type=self.gpu_type[n],
-                                      usable=self.free[n][:room]))  # fmt: skip
-        return FreeMap(views)
+        spec = ask.spec
+        limits = [(left, amount) for left, amount in ((self.cpu, spec.cpu_milli),
+                                                      (self.memory, spec.memory_mib)) if amount]  # fmt: skip
+        free = self.free
+        allowed = [t for t in self.of_type if spec.allows(t)]
+        nodes = self.order if len(allowed) == len(self.of_type) else self._in_order(allowed)
+        found: dict[str, list[int]] = {}
+        for n in nodes:
+            usable = free[n]
+            if not usable:
+                continue
+            room = len(usable)
+            for left, amount in limits:
+                if (have := left.get(n)) is not None:
+                    room = min(room, have * ask.gpus // amount)
+            if room > 0:
+                found[n] = usable[:room]
+        return self.subset(found)
+
+    def _in_order(self, types: list[str]) -> list[str]:
+        """The nodes of these types, in node order."""
+        if len(types) == 1:
+            return self.of_type[types[0]]
+        chosen = set(types)
+        return [n for n in self.order if self.gpu_type[n] in chosen]
 
     def take_for(self, gpus: list[GpuRef], ask: Ask | None) -> bool:
         """Reserve these GPUs for a job that asks `ask` (its share of the one GPU, its CPUs and
@@ -129,7 +174,7 @@ class FreeMap:
             elif not self.take(gpus):
                 return False
             left = shared.get(g.index, 1000) - ask.milli
-            self.shares.setdefault(g.node_id, {})[g.index] = left
+            self.shares[g.node_id] = {**shared, g.index: left}  # (a copy: maps share them)
         else:
             for n, k in per_node.items():
                 for remaining, amount in ((self.cpu, ask.spec.cpu_milli),
@@ -185,6 +230,74 @@ class FreeMap:
         """The `count` lowest free GPUs of `node`."""
         taken, self.free[node] = self.free[node][:count], self.free[node][count:]
         return [GpuRef(node, i) for i in taken]
+
+
+class StandingMap:
+    """The free map of a policy's decisions, kept from one to the next and brought up to date
+    from the nodes whose views changed. Placement hands the same `NodeView` object for a node
+    that did not change, so a decision costs the nodes that did, not every node; `working`
+    gives what `FreeMap(nodes)` would (a node that left the views stays with nothing free, which
+    no picker takes)."""
+
+    def __init__(self) -> None:
+        self.base = FreeMap([])
+        self.rank: dict[str, int] = {}
+        self.views: dict[str, NodeView] = {}
+        self.known: dict[str, NodeView] = {}
+        """Every node of the map by its last view (one that left: with nothing free)."""
+
+    def working(self, nodes: list[NodeView]) -> tuple[FreeMap, list[str]]:
+        """A map of `nodes` for one decision to take from, and the nodes whose views changed
+        since the last call (in node order; every node when the order had to be made again)."""
+        seen = self.views
+        current = {v.node_id: v for v in nodes}
+        rank = self.rank
+        ranks = [rank.get(n, -1) for n in current]
+        if (
+            len(current) != len(nodes)
+            or any(a >= b for a, b in itertools.pairwise(ranks))
+            or (ranks and ranks[0] < 0)
+        ):  # (a new node, or another order: made again, those that left kept at the end)
+            return self._rebuilt(nodes, current), list(self.base.order)
+        changed = [n for n, v in current.items() if seen.get(n) is not v]
+        changed += [n for n in seen.keys() - current.keys()]
+        base = self.base
+        for n in changed:
+            view = current.get(n)
+            seen.pop(n, None)
+            base.shares.pop(n, None)
+            base.cpu.pop(n, None)
+            base.memory.pop(n, None)
+            if view is None:
+                base.free[n] = []
+                self.known[n] = _emptied(self.known[n])
+                continue
+            if view.gpu_type != base.gpu_type[n]:  # (a node that came back as another)
+                return self._rebuilt(nodes, current), list(self.base.order)
+            seen[n] = self.known[n] = view
+            base.free[n] = list(view.usable)
+            if view.shares:
+                base.shares[n] = dict(view.shares)
+            if view.cpu_milli is not None:
+                base.cpu[n] = view.cpu_milli
+            if view.memory_mib is not None:
+                base.memory[n] = view.memory_mib
+        changed.sort(key=rank.__getitem__)
+        return base.copy(), changed
+
+    def _rebuilt(self, nodes: list[NodeView], current: dict[str, NodeView]) -> FreeMap:
+        gone = [_emptied(self.known[n]) for n in self.base.order if n not in current]
+        self.base = FreeMap([*nodes, *gone])
+        self.rank = {n: i for i, n in enumerate(self.base.order)}
+        self.views = dict(current)
+        self.known = {v.node_id: v for v in gone} | current
+        return self.base.copy()
+
+
+def _emptied(view: NodeView) -> NodeView:
+    """A node that left the views: nothing on it to give out."""
+    return NodeView(node_id=view.node_id, gpu_type=view.gpu_type, usable=[],
+                    num_gpus=view.num_gpus, holding=view.holding)  # fmt: skip
 
 
 def _type_of(gpus: list[GpuRef], free: FreeMap) -> str | None:
@@ -315,9 +428,7 @@ def pick_hinted(free: FreeMap, alloc: Allocation, pick: Picker) -> list[GpuRef] 
     """GPUs for `alloc` with `pick`: on its hinted nodes if they have room, else anywhere."""
     hinted = [n for n in alloc.nodes if n in free.free]
     if hinted:
-        within = FreeMap(
-            [NodeView(node_id=n, gpu_type=free.gpu_type[n], usable=free.free[n]) for n in hinted]
-        )
+        within = free.subset({n: list(free.free[n]) for n in hinted})
         gpus = pick(within, alloc.num_gpus, alloc.gpu_type)
         if gpus is not None and free.take(gpus):
             return gpus
@@ -354,7 +465,19 @@ class KeepParams(Struct, forbid_unknown_fields=True):
     """Jobs whose allocation did not change keep their GPUs (False: re-place every job)."""
 
 
-class MayRearrange(PlacementPolicy):
+class KeepsMap(PlacementPolicy):
+    """A policy whose decisions take from a `StandingMap`: each costs the nodes that changed."""
+
+    def __init__(self, params: Struct | None = None) -> None:
+        super().__init__(params)
+        self.standing = StandingMap()
+
+    def free_map(self, inp: PlacementInput) -> FreeMap:
+        """The free map of `inp.nodes`, as `FreeMap(inp.nodes)`."""
+        return self.standing.working(inp.nodes)[0]
+
+
+class MayRearrange(KeepsMap):
     """A policy with a `keep_running` parameter: with it False, it sees and re-places every job."""
 
     @property
@@ -362,7 +485,7 @@ class MayRearrange(PlacementPolicy):
         return not self.params.keep_running
 
 
-class Consolidated(PlacementPolicy):
+class Consolidated(KeepsMap):
     """Keep running jobs where they are; place the others on the fewest nodes, first fit.
 
     Registry name `consolidated`. A multi-GPU job goes to the first node with enough free GPUs; if
@@ -371,7 +494,7 @@ class Consolidated(PlacementPolicy):
     """
 
     def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
-        return place_with(inp, consolidate)
+        return place_with(inp, consolidate, free=self.free_map(inp))
 
 
 class FirstFit(MayRearrange):
@@ -384,7 +507,7 @@ class FirstFit(MayRearrange):
     Params = KeepParams
 
     def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
-        return place_with(inp, first_fit, keep=self.params.keep_running)
+        return place_with(inp, first_fit, keep=self.params.keep_running, free=self.free_map(inp))
 
 
 class Scattered(MayRearrange):
@@ -394,7 +517,7 @@ class Scattered(MayRearrange):
     Params = KeepParams
 
     def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
-        return place_with(inp, scatter, keep=self.params.keep_running)
+        return place_with(inp, scatter, keep=self.params.keep_running, free=self.free_map(inp))
 
 
 class RandomParams(Struct, forbid_unknown_fields=True):
@@ -415,10 +538,11 @@ class RandomPlacement(MayRearrange):
 
     def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
         rng = random.Random(f"gpuyard-random:{self.params.seed}:{inp.now!r}")
-        return place_with(inp, random_pick(rng), keep=self.params.keep_running)
+        pick = random_pick(rng)
+        return place_with(inp, pick, keep=self.params.keep_running, free=self.free_map(inp))
 
 
-class Sticky(PlacementPolicy):
+class Sticky(KeepsMap):
     """Minimise migrations: running jobs keep their GPUs; a resized job keeps as many of its GPUs
     as it can use (shrinking keeps those on the nodes where it has most; growing adds GPUs on its
     own nodes first, then the fewest other nodes); new jobs are placed consolidated.
@@ -429,7 +553,7 @@ class Sticky(PlacementPolicy):
     """
 
     def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
-        free = FreeMap(inp.nodes)
+        free = self.free_map(inp)
         placed = keep_running(inp, free)
         for alloc in inp.allocations:
             if alloc.job_id in placed or Ask.of(inp.specs.get(alloc.job_id), 1) is not None:

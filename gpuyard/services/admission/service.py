@@ -194,6 +194,8 @@ class Admission(Service):
         self._due: asyncio.Task[None] | None = None
         """On the wall clock: the retry of held jobs at the time their policy named."""
         self.cluster: ClusterInfo | None = None
+        self._shapes: dict[tuple[str, int, int, int], int] = {}
+        self._shapes_of: ClusterInfo | None = None
         self._asked = False
         """A decision on the held jobs is queued (`_ask_again`): a burst of events asks once."""
         self._group: list[Arrivals] = []
@@ -582,16 +584,29 @@ class Admission(Service):
         and memory go (where they count them)."""
         low = spec.gpu_range[0]
         room = 0
-        for node in self.cluster.nodes if self.cluster is not None else ():
-            if not spec.allows(node.gpu_type):
+        for (gpu_type, num_gpus, cpu_milli, memory_mib), count in self._node_shapes().items():
+            if not spec.allows(gpu_type):
                 continue
-            here = node.num_gpus
-            for total, amount in ((node.cpu_milli, spec.cpu_milli),
-                                  (node.memory_mib, spec.memory_mib)):  # fmt: skip
+            here = num_gpus
+            for total, amount in ((cpu_milli, spec.cpu_milli), (memory_mib, spec.memory_mib)):
                 if total and amount:
                     here = min(here, total * low // amount)
-            room += here
+            room += here * count
         return room
+
+    def _node_shapes(self) -> dict[tuple[str, int, int, int], int]:
+        """The cluster's nodes counted by (GPU type, GPUs, CPUs, memory): a job's room costs the
+        shapes a cluster has (a few), not its nodes (thousands); made again when it changes."""
+        cluster = self.cluster
+        if cluster is None:
+            return {}
+        if self._shapes_of is not cluster:
+            shapes: dict[tuple[str, int, int, int], int] = {}
+            for node in cluster.nodes:
+                key = (node.gpu_type, node.num_gpus, node.cpu_milli, node.memory_mib)
+                shapes[key] = shapes.get(key, 0) + 1
+            self._shapes, self._shapes_of = shapes, cluster
+        return self._shapes
 
     async def _event(
         self, kind: Any, now: float, job_id: str, reason: str = "", *, user: str = ""

@@ -372,5 +372,5 @@ class NodeView(Struct, frozen=True):
 
     def __post_init__(self) -> None:
         usable = self.usable
-        if any(a >= b for a, b in itertools.pairwise(usable)):
+        if len(usable) > 1 and any(a >= b for a, b in itertools.pairwise(usable)):
             msgspec.structs.force_setattr(self, "usable", sorted(set(usable)))
