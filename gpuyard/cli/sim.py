@@ -54,10 +54,12 @@ def add_trace_args(g: Any, *, multi_gpu: bool = True) -> None:
     g.add_argument("--skip-bad", action="store_true", help="skip and count broken trace lines")
     g.add_argument(
         "--philly-reading",
-        choices=["blox", "plain"],
+        choices=["blox", "plain", "attempts"],
         help="Philly traces: blox = Blox's parse_philly_jobs.py (the default: jobs of 31.6 min to "
-        "6.9 h, one GPU each unless --multi-gpu); plain = every job with a valid attempt, its "
-        "GPUs from the attempts' detail",
+        "6.9 h, one GPU each unless --multi-gpu, all complete); plain = every job with a valid "
+        "attempt, its GPUs from the attempts' detail, ending as recorded (Pass, Killed, Failed); "
+        "attempts = every valid attempt a job of its own (<jobid>-attempt<k>), each retry "
+        "waiting for the attempt before, which failed; the last ends as recorded",
     )
     g.add_argument(
         "--cpu-jobs",
@@ -560,6 +562,12 @@ def add_trace_parser(sub: Subcommands) -> None:
         "--plots", type=Path, default=Path("."),
         help="folder for the plots (default: the working directory)",
     )  # fmt: skip
+    d.add_argument(
+        "--against", metavar="REAL",
+        help="compare with REAL: a trace file (read with the same options) or a published "
+        "cluster (helios, seren, kalos, pai, philly: its row of AcmeTrace's "
+        "cluster_summary.csv); writes <stem>_vs_<real>.png and adds `against` to the JSON",
+    )  # fmt: skip
     d.add_argument("trace", type=Path)
     d.set_defaults(run=cmd_trace_describe)
 
@@ -600,12 +608,28 @@ def cmd_trace_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_describe(args: argparse.Namespace) -> int:
-    from gpuyard.report import plot_workload
+    from gpuyard.report import against_published, against_trace, plot_workload
     from gpuyard.run.build import read_trace
     from gpuyard.run.single import openb_line, philly_line, skipped_lines
+    from gpuyard.workloads.calibrated import CLUSTERS
 
+    # --against: a published cluster's numbers as the calibrated generators hold them (a test
+    # checks them against cluster_summary.csv: no data folder needed), or a trace read as the
+    # main one is
+    real = args.against
+    cluster = (
+        real.lower() if real and real.lower() in CLUSTERS and not Path(real).is_file() else None
+    )
     try:
         workload, info = read_trace(run_spec(args))
+        if real is not None and cluster is None and not Path(real).exists():
+            raise ValueError(
+                f"--against {real}: no such trace file, nor a published cluster "
+                f"(known: {', '.join(sorted(CLUSTERS))})"
+            )
+        other = None
+        if real is not None and cluster is None:
+            other = read_trace(run_spec(argparse.Namespace(**{**vars(args), "trace": real})))
     except (ValueError, OSError) as exc:
         return fail("trace describe", exc)
     for line in (philly_line(info), openb_line(info), workload.skipped and skipped_lines(workload)):
@@ -613,7 +637,22 @@ def cmd_trace_describe(args: argparse.Namespace) -> int:
             print(f"gpuyard trace describe: {line}", file=sys.stderr)
     args.plots.mkdir(parents=True, exist_ok=True)
     paths = plot_workload(workload.to_frame(with_extras=False), args.plots, args.trace.stem, info)
-    print(json.dumps(workload.describe(), indent=2, default=str))
+    described = workload.describe()
+    table: list[str] = []
+    jobs = workload.to_frame() if real is not None else None  # (extras: PAI's GPU fractions)
+    if jobs is not None and cluster is not None:
+        described["against"], table, path = against_published(
+            jobs, args.trace, cluster, CLUSTERS[cluster], args.plots, info
+        )
+        paths.append(path)
+    elif jobs is not None and other is not None:
+        described["against"], table, path = against_trace(
+            jobs, args.trace, other[0].to_frame(), Path(real), args.plots, info, other[1]
+        )
+        paths.append(path)
+    print(json.dumps(described, indent=2, default=str))
+    for line in table:  # (stdout stays one JSON document; the table is for the reader)
+        print(line, file=sys.stderr)
     for path in paths:
         print(f"wrote {path}", file=sys.stderr)
     return 0

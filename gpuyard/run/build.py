@@ -252,10 +252,10 @@ def read_trace(spec: RunSpec, throughputs: Any = None) -> tuple[Any, dict[str, A
         raise ValueError(f"--cpu-jobs applies to Helios, Acme and openb traces, not to {name} ones")
     if name == "philly":
         reading = spec.philly_reading or "blox"
-        if reading == "plain" and spec.multi_gpu:
+        if reading != "blox" and spec.multi_gpu:
             raise ValueError(
-                "--multi-gpu applies to the blox reading of Philly traces; the plain reading "
-                "always takes each job's GPUs from its attempts"
+                f"--multi-gpu applies to the blox reading of Philly traces; the {reading} "
+                "reading always takes each job's GPUs from its attempts"
             )
         options = {"semantics": reading, "multigpu": spec.multi_gpu}
         info |= {"philly_reading": reading, "multi_gpu": spec.multi_gpu}

@@ -133,14 +133,27 @@ def written_setup(spec: RunSpec, place: RunPlace) -> tuple[Any, Any, dict[str, A
     return options, written_workload(workload.jobs, place.out), described
 
 
+PHILLY_LEFT_OUT = {
+    "jobs_without_attempts": "jobs without attempts",
+    "attempts_without_times": "attempts without a start or end time",
+    "attempts_non_positive_duration": "attempts of non-positive duration",
+    "attempts_without_gpus": "attempts without GPUs",
+}
+"""How `philly_line` names the counts of `load_philly`'s `metadata["left_out"]`."""
+
+
 def philly_line(info: dict[str, Any]) -> str | None:
-    """Which reading of a Philly trace ran, for stderr (None for other formats)."""
+    """Which reading of a Philly trace ran, and what the log had that no reading takes (the
+    non-zero counts), for stderr (None for other formats)."""
     if "philly_reading" not in info:
         return None
+    counts = info.get("left_out", {})
+    odd = [f"{counts[k]:,} {name}" for k, name in PHILLY_LEFT_OUT.items() if counts.get(k)]
     return (
         f"{info['trace']}: Philly trace read the {info['philly_reading']} way"
         f"{' with --multi-gpu' if info['multi_gpu'] else ''} ({info['jobs']:,} jobs; "
-        "--philly-reading blox|plain)"
+        "--philly-reading blox|plain|attempts)"
+        f"{'; left out: ' + ', '.join(odd) if odd else ''}"
     )
 
 

@@ -73,7 +73,7 @@ class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     trace: str | None = None
     trace_format: str | None = None
     skip_bad: bool = False
-    philly_reading: Literal["blox", "plain"] | None = None
+    philly_reading: Literal["blox", "plain", "attempts"] | None = None
     cpu_jobs: Literal["skip", "keep"] | None = None
     """Helios, Acme and openb traces: leave out their CPU-only jobs (`skip`, the default) or keep them,
     as one-GPU jobs (`--cpu-jobs`)."""

@@ -507,6 +507,21 @@ def load_blox_jobs(path: str | Path, *, skip_bad: bool = False) -> Workload:
 # ----------------------------------------------------------------------------------------------
 # Philly cluster_job_log
 
+PhillyReading = Literal["blox", "plain", "attempts"]
+PHILLY_READINGS: tuple[PhillyReading, ...] = ("blox", "plain", "attempts")
+_PHILLY_OUTCOMES: dict[str, Literal["failed", "cancelled"]] = {
+    "Killed": "cancelled",
+    "Failed": "failed",
+}
+"""A Philly job's recorded status -> `JobSpec.outcome` (Pass: None, it completes)."""
+_PHILLY_LEFT_OUT = (
+    "jobs_without_attempts",
+    "attempts_without_times",
+    "attempts_non_positive_duration",
+    "attempts_without_gpus",
+)
+"""What every reading leaves out of a Philly log, counted in `metadata["left_out"]`."""
+
 
 def _philly_time(value: Any) -> dt.datetime | None:
     if not isinstance(value, str) or "None" in value:
@@ -529,6 +544,8 @@ def load_philly(
     `{status, vc, jobid, submitted_time, user,
     attempts: [{start_time, end_time, detail: [{ip, gpus}]}]}`.
 
+    An attempt is valid when its start and end parse, end > start and it used a GPU (GPUs = sum
+    of len(gpus) over its detail).
     `semantics="blox"` reproduces Blox's `workload/parse_philly_jobs.py` (msr-fiddle/blox), which
     Blox's Workload calls with `sum_attempts=True`:
       - jobs without attempts are dropped (any status is kept); t = 0 is the earliest
@@ -543,16 +560,29 @@ def load_philly(
       With `sum_attempts=False` every valid attempt is its own job `<jobid>-attempt<k>` arriving
       when the previous attempt ended. Blox filters those on the (always zero) summed duration and
       so keeps none: a bug; here the attempt's own duration is filtered instead.
+      Blox ignores the status: every job completes.
     `semantics="plain"`: every job with at least one valid attempt, duration = summed valid
-    attempts, GPUs = largest attempt, no duration filter.
+    attempts, GPUs = largest attempt, no duration filter; the job ends as recorded (status
+    Killed: `outcome="cancelled"`, Failed: "failed", Pass: it completes).
+    `semantics="attempts"` (the Philly paper's, Jeon et al., ATC '19: a failed job is retried):
+    every valid attempt k (1-based in the job's list) is its own job `<jobid>-attempt<k>`, with
+    its own GPUs and duration; the first valid attempt is submitted at the job's
+    submitted_time, a later one at the recorded end of the valid attempt before it, which it
+    waits for (`depends_on="afterany:<jobid>-attempt<j>"`). Every attempt but the last fails
+    (it was retried); the last ends as the job's status says (as in plain). No filter.
     Blox then replays the list with Poisson arrivals (see `generators.poisson_arrivals`); the
     submit times here are the trace's own.
-    extras: status, vc, queueing_delay (first start - submit).
+    extras: status, vc, queueing_delay (first start - submit; an attempt's: its start - its
+    submit); the attempts reading adds attempt (k) and attempts (the job's valid ones).
+    metadata["left_out"] counts jobs without attempts and invalid attempts (without a start or
+    end time, with a non-positive duration, without GPUs), whatever the reading.
     """
     import pandas as pd
 
-    if semantics not in ("blox", "plain"):
-        raise ValueError(f"semantics must be 'blox' or 'plain', not {semantics!r}")
+    if semantics not in PHILLY_READINGS:
+        raise ValueError(
+            f"semantics must be one of {', '.join(map(repr, PHILLY_READINGS))}, not {semantics!r}"
+        )
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -561,9 +591,13 @@ def load_philly(
     if not isinstance(data, list):
         raise WorkloadError(path, 1, None, "expected a JSON list of jobs")
     bad: list[WorkloadError] = []
+    left_out = dict.fromkeys(_PHILLY_LEFT_OUT, 0)
     entries: list[tuple[dict[str, Any], dt.datetime]] = []
     for k, j in enumerate(data):
-        if not isinstance(j, dict) or not j.get("attempts"):
+        if not isinstance(j, dict):
+            continue
+        if not j.get("attempts"):
+            left_out["jobs_without_attempts"] += 1
             continue
         submitted = _philly_time(j.get("submitted_time"))
         if submitted is None or "jobid" not in j:
@@ -575,7 +609,8 @@ def load_philly(
     if entries:
         t0 = min(s for _, s in entries)
         for j, submitted in entries:
-            rows.extend(_philly_rows(j, submitted, t0, semantics, multigpu, sum_attempts))
+            valid = _philly_valid_attempts(j["attempts"], left_out)
+            rows.extend(_philly_rows(j, valid, submitted, t0, semantics, multigpu, sum_attempts))
     columns = {
         "job_id": [r["job_id"] for r in rows],
         "num_gpus": [r["num_gpus"] for r in rows],
@@ -583,19 +618,45 @@ def load_philly(
         "submit_time": [r["submit_time"] for r in rows],
         "user": [r["user"] for r in rows],
         "tenant": [r["vc"] for r in rows],
+        "depends_on": [r.get("depends_on") for r in rows],
+        "outcome": [r.get("outcome") for r in rows],
     }
-    extras = pd.DataFrame({k: [r[k] for r in rows] for k in ("status", "vc", "queueing_delay")})
-    return build_jobs(
+    names = ["status", "vc", "queueing_delay"]
+    if semantics == "attempts":
+        names += ["attempt", "attempts"]
+    extras = pd.DataFrame({k: [r[k] for r in rows] for k in names})
+    workload = build_jobs(
         columns, len(rows), path=path, skip_bad=skip_bad, extras=extras, fmt="philly", broken=bad
     )
+    workload.metadata["left_out"] = left_out
+    return workload
 
 
 _BLOX_MIN_S = 60 * 10**1.5
 _BLOX_MAX_S = 60 * 10**4
 
 
+def _philly_valid_attempts(
+    attempts: list[dict[str, Any]], left_out: dict[str, int]
+) -> list[tuple[int, dt.datetime, dt.datetime, int]]:
+    """(index, start, end, GPUs) of each valid attempt; the others counted in `left_out`."""
+    valid: list[tuple[int, dt.datetime, dt.datetime, int]] = []
+    for i, a in enumerate(attempts):
+        start, end = _philly_time(a.get("start_time")), _philly_time(a.get("end_time"))
+        if start is None or end is None:
+            left_out["attempts_without_times"] += 1
+        elif (end - start).total_seconds() <= 0:
+            left_out["attempts_non_positive_duration"] += 1
+        elif (gpus := sum(len(d.get("gpus", [])) for d in a.get("detail", []))) <= 0:
+            left_out["attempts_without_gpus"] += 1
+        else:
+            valid.append((i, start, end, gpus))
+    return valid
+
+
 def _philly_rows(
     j: dict[str, Any],
+    valid: list[tuple[int, dt.datetime, dt.datetime, int]],
     submitted: dt.datetime,
     t0: dt.datetime,
     semantics: str,
@@ -604,20 +665,13 @@ def _philly_rows(
 ) -> list[dict[str, Any]]:
     attempts = j["attempts"]
     base = {"user": str(j.get("user", "")), "vc": str(j.get("vc", "")), "status": j.get("status")}
-    valid: list[tuple[int, dt.datetime, dt.datetime, int]] = []
-    for i, a in enumerate(attempts):
-        start, end = _philly_time(a.get("start_time")), _philly_time(a.get("end_time"))
-        if start is None or end is None:
-            continue
-        gpus = sum(len(d.get("gpus", [])) for d in a.get("detail", []))
-        if semantics == "blox" and multigpu and gpus > 16:
-            continue
-        if (end - start).total_seconds() <= 0 or gpus <= 0:
-            continue
-        valid.append((i, start, end, gpus))
+    blox = semantics == "blox"
+    if blox and multigpu:
+        valid = [v for v in valid if v[3] <= 16]
     if not valid:
         return []
-    blox = semantics == "blox"
+    if semantics == "attempts":
+        return _philly_attempt_rows(j, valid, submitted, t0, base)
     if not sum_attempts:
         rows = []
         prev_end: dt.datetime | None = None
@@ -644,16 +698,49 @@ def _philly_rows(
     if blox and not _BLOX_MIN_S < dur < _BLOX_MAX_S:
         return []
     gpus = (valid[-1][3] if multigpu else 1) if blox else max(v[3] for v in valid)
-    return [
-        base
-        | {
-            "job_id": str(j["jobid"]),
-            "num_gpus": gpus,
-            "duration": dur,
-            "submit_time": (submitted - t0).total_seconds(),
-            "queueing_delay": (valid[0][1] - submitted).total_seconds(),
-        }
-    ]
+    row = base | {
+        "job_id": str(j["jobid"]),
+        "num_gpus": gpus,
+        "duration": dur,
+        "submit_time": (submitted - t0).total_seconds(),
+        "queueing_delay": (valid[0][1] - submitted).total_seconds(),
+    }
+    if not blox:  # (Blox ignores the status)
+        row["outcome"] = _PHILLY_OUTCOMES.get(str(base["status"]))
+    return [row]
+
+
+def _philly_attempt_rows(
+    j: dict[str, Any],
+    valid: list[tuple[int, dt.datetime, dt.datetime, int]],
+    submitted: dt.datetime,
+    t0: dt.datetime,
+    base: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """The attempts reading: one job per valid attempt, each after the one before."""
+    rows: list[dict[str, Any]] = []
+    arrival, before = submitted, None
+    for n, (i, start, end, gpus) in enumerate(valid):
+        job_id = f"{j['jobid']}-attempt{i + 1}"
+        last = n == len(valid) - 1
+        rows.append(
+            base
+            | {
+                "job_id": job_id,
+                "num_gpus": gpus,
+                "duration": (end - start).total_seconds(),
+                "submit_time": (arrival - t0).total_seconds(),
+                "queueing_delay": (start - arrival).total_seconds(),
+                # (the retry waits for the attempt before it, however that one ends)
+                "depends_on": f"afterany:{before}" if before else None,
+                # (all but the last were retried: they failed)
+                "outcome": _PHILLY_OUTCOMES.get(str(base["status"])) if last else "failed",
+                "attempt": i + 1,
+                "attempts": len(valid),
+            }
+        )
+        arrival, before = end, job_id
+    return rows
 
 
 # ----------------------------------------------------------------------------------------------
