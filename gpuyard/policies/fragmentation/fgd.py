@@ -128,17 +128,22 @@ def fgd_scores(
     typ: TypicalPods,
     nodes: IntArray,
     access: BoolArray | None = None,
+    before: FloatArray | None = None,
 ) -> tuple[IntArray, IntArray]:
     """FGD's integer score for `nodes` and, for a GPU share, the GPU it picks on each (the one
-    with the best score, lowest index on ties; -1 otherwise)."""
+    with the best score, lowest index on ties; -1 otherwise). `before`: the nodes'
+    fragmentation now, where known (`node_frag`)."""
     acc = typ.access(state) if access is None else access
     cpu = state.cpu_left[nodes]
     left = state.gpu_left[nodes]
     model = state.model[nodes]
-    old = node_frag(cpu, left, model, typ, acc)
+    old = node_frag(cpu, left, model, typ, acc) if before is None else before
     gpu_pick = np.full(len(nodes), -1, dtype=np.int64)
     if task.is_share:
         b, g = np.nonzero(left >= task.gpu_milli)  # every (node, GPU) it could go to
+        # GPUs of a node with as much left score alike: score the first (lowest index) of each
+        _, first = np.unique(b * (MILLI + 1) + left[b, g], return_index=True)
+        b, g = b[first], g[first]
         new_left = left[b].copy()
         new_left[np.arange(len(b)), g] -= task.gpu_milli
         new = node_frag(cpu[b] - task.cpu, new_left, model[b], typ, acc)
@@ -175,6 +180,9 @@ class Fgd:
         self._cache: dict[
             tuple[int, int, int, tuple[str, ...]], tuple[IntArray, IntArray, IntArray]
         ] = {}
+        self._frag: FloatArray = np.zeros(0)
+        """Each node's fragmentation now, whatever the task, as of `_frag_seen` (its version)."""
+        self._frag_seen: IntArray = np.zeros(0, dtype=np.int64)
 
     def __call__(
         self, state: ClusterState, task: Task, rng: np.random.Generator
@@ -192,6 +200,8 @@ class Fgd:
         if state is not self._state:
             # a new cluster: nothing cached holds (a strong reference keeps `is` meaningful)
             self._state, self._access, self._cache = state, self.typical.access(state), {}
+            self._frag = np.zeros(state.n)
+            self._frag_seen = np.full(state.n, -1, dtype=np.int64)
         assert self._access is not None
         entry = self._cache.get(task.key)
         if entry is None:
@@ -211,12 +221,26 @@ class Fgd:
             scores[stale] = -1
             gpus[stale] = -1
             if len(todo):
-                s, g = fgd_scores(state, task, self.typical, todo, self._access)
+                s, g = fgd_scores(state, task, self.typical, todo, self._access, self._now(todo))
                 scores[todo] = s
                 gpus[todo] = g
             seen[stale] = state.version[stale]
         mem_ok = state.mem_left >= task.mem
         return np.where(mem_ok, scores, -1), gpus
+
+    def _now(self, nodes: IntArray) -> FloatArray:
+        """The fragmentation of `nodes` as they are (computed again for those that changed)."""
+        state, frag, seen = self._state, self._frag, self._frag_seen
+        assert state is not None and self._access is not None
+        stale = nodes[seen[nodes] != state.version[nodes]]
+        if len(stale):
+            frag[stale] = node_frag(
+                state.cpu_left[stale], state.gpu_left[stale], state.model[stale], self.typical,
+                self._access,
+            )  # fmt: skip
+            seen[stale] = state.version[stale]
+        out: FloatArray = frag[nodes]
+        return out
 
 
 class ClusterFrag:
