@@ -24,8 +24,15 @@ import numpy as np
 
 from gpuyard.results import JobRows, Table, TimelineRows
 from gpuyard.services.simclock.config import QueueMap
-from gpuyard.shared.model import NEVER_FITS, GpuRef
+from gpuyard.shared.model import NEVER_FITS
 from gpuyard.shared.throughput import ThroughputModel
+from gpuyard.sharing import (
+    AllocationSeries,
+    JobRun,
+    allocation_series,
+    allocation_summary,
+    draw_allocation,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -49,10 +56,6 @@ def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float],
 
     fig = Figure(figsize=figsize)
     return fig, fig.subplots(nrows, ncols, **kw)
-
-
-JobRun = tuple[float, str, list[GpuRef]]
-"""(time, job, the GPUs it runs on from then on: empty when it stops)."""
 
 
 def efficiency_frame(
@@ -420,6 +423,7 @@ class Figures:
     """Cluster efficiency over time (hours, efficiency)."""
     churn: NodeChurn | None = None
     queues: QueueSeries | None = None
+    allocation: AllocationSeries | None = None
 
 
 @dataclass
@@ -568,6 +572,8 @@ def draw(made: Figures) -> list[Path]:
         paths.append(draw_node_churn(made.churn, out / "idle_nodes.png", caption))
     if made.queues is not None:
         paths.append(draw_queues(made.queues, out / "queues.png", caption))
+    if made.allocation is not None:
+        paths.append(draw_allocation(made.allocation, out / "allocation.png", caption))
     return paths
 
 
@@ -694,7 +700,7 @@ def write_results(
     efficiency: Table | None = None, measured: set[str] | None = None,
     plots: bool = True, node_churn: bool = False, plotter: Plotter | None = None,
     on_summary: Callable[[dict[str, Any]], object] | None = None,
-    queues: QueueLayout | None = None,
+    queues: QueueLayout | None = None, allocation: tuple[Table, int] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Write every result file into `out` and return the summary: `rows` are the jobs' (and
     `points` the timeline's); `caption` says what ran on every plot (`plots=False`: no plots, as
@@ -706,7 +712,9 @@ def write_results(
     (else they are drawn here). `on_summary` is given the summary once
     `summary.json` is written, before the other files (a million jobs' take seconds more).
     With `queues` (a run with queues), each job's queue in `jobs.csv`, each queue's figures in
-    the summary (`by_queue`), the GPUs each held over time in `queues.csv`, and `queues.png`."""
+    the summary (`by_queue`), the GPUs each held over time in `queues.csv`, and `queues.png`.
+    With `allocation` (jobs share GPUs: `gpuyard.sharing`'s frame and the cluster's GPUs in
+    thousandths), its means in the summary, `allocation.csv` and `allocation.png`."""
     out.mkdir(parents=True, exist_ok=True)
     jobs = rows.table(ended_by=until)
     if queues is not None:
@@ -725,6 +733,8 @@ def write_results(
     summary |= preemption_overhead(jobs, summary.get("preemption_cost_s"))
     if node_churn:
         summary["idle_node_utilization"] = idle_node_utilization(timeline, until, jobs)
+    if allocation is not None:
+        summary |= allocation_summary(*allocation, _max(jobs["end"]) if len(jobs) else None)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if on_summary is not None:
         on_summary(summary)
@@ -734,9 +744,13 @@ def write_results(
         efficiency.write_csv(out / "efficiency.csv")
     if shown is not None:
         shown[1].write_csv(out / "queues.csv")
+    if allocation is not None:
+        allocation[0].write_csv(out / "allocation.csv")
     if plots:
         made = figures(jobs, timeline, out, caption, summary.get("jobs_in_workload"), efficiency,
                        summary, node_churn, shown)  # fmt: skip
+        if allocation is not None:
+            made.allocation = allocation_series(*allocation, summary)
         if plotter is not None:
             plotter.draw(made)
         else:
@@ -855,6 +869,15 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"efficiency   {summary['mean_cluster_efficiency']:.3f} mean cluster efficiency "
             "(throughput(n) / throughput(1) per GPU)"
         )
+    if summary.get("gpu_allocation") is not None:
+        line = f"allocation   {100 * summary['gpu_allocation']:.1f}% of GPUs (shares as fractions)"
+        if summary.get("stranded_gpu_share") is not None:
+            line += (
+                f"; while jobs waited ({_hours(summary['waiting_s'])}): "
+                f"{100 * summary['gpu_allocation_while_waiting']:.1f}%, "
+                f"{100 * summary['stranded_gpu_share']:.1f}% stranded"
+            )
+        lines.append(line)
     if summary.get("jct_jain_fairness") is not None:
         lines.append(f"fairness     Jain's index of JCT {summary['jct_jain_fairness']:.3f}")
     if summary.get("users_jain_slowdown") is not None:

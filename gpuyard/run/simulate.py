@@ -52,6 +52,7 @@ from gpuyard.shared.model import ClusterSpec, JobRecord, JobSpec
 from gpuyard.shared.policy import PolicyChoice, PolicySet
 from gpuyard.shared.roster import CONTROL_PLANE, SERVICE_TOKENS
 from gpuyard.shared.throughput import load_throughputs
+from gpuyard.sharing import MILLI, allocation_frame, ask_of
 
 T = TypeVar("T")
 
@@ -237,6 +238,8 @@ class WrittenWorkload(Struct, frozen=True):
     jobs: int
     dependencies: bool = False
     """Some job depends on others (`JobSpec.depends_on`)."""
+    shares: bool = False
+    """Some job asks for a share of a GPU (`JobSpec.gpu_milli`)."""
 
     def specs(self) -> Iterator[JobSpec]:
         """The jobs, read again one at a time, in the order they were written."""
@@ -247,7 +250,8 @@ def written_workload(jobs: list[JobSpec], out: Path) -> WrittenWorkload:
     out.mkdir(parents=True, exist_ok=True)
     write_workload(jobs, out / "workload.jsonl")
     dependencies = any(job.depends_on for job in jobs)
-    return WrittenWorkload(out / "workload.jsonl", len(jobs), dependencies)
+    shares = any(job.gpu_milli is not None for job in jobs)
+    return WrittenWorkload(out / "workload.jsonl", len(jobs), dependencies, shares)
 
 
 def prepare_run(
@@ -643,6 +647,7 @@ async def simulate(
         taken = TakenJobs(bus, keep_records=keep_jobs or options.preset == "elasticflow")
         taking = asyncio.create_task(taken.keep_taking())
         stack.push_async_callback(_cancelled, taking)
+        runs: list[JobRun] = []
         try:
             final = await until_done(finished, services, lost_after_s)
         except (asyncio.CancelledError, ServiceLost) as stopped:
@@ -672,7 +677,9 @@ async def simulate(
             ]
             await asyncio.to_thread(write_stats, stats, out)
             reached = final.now
-            if options.preset == "elasticflow":
+            if options.preset == "elasticflow" or (
+                written.shares and options.event_storage != "none"
+            ):
                 runs = await job_runs(bus)
     if declined:  # (no service keeps them: the clock heard admission's verdicts)
         rows.add_declined((s for s in written.specs() if s.job_id in declined), declined)
@@ -717,6 +724,8 @@ async def simulate(
         extra |= {"policy": options.scheme, "scheme": options.scheme,
                   "scheduling_policy": options.policy}  # fmt: skip
         deadlines = {"efficiency": efficiency}
+    if written.shares and options.event_storage != "none" and interrupted is None:
+        deadlines["allocation"] = await asyncio.to_thread(allocation_of, runs, written, options)
     if options.window is not None:
         first, end = options.window
         in_order = sorted(written.specs(), key=lambda spec: spec.submit_time or 0.0)  # as the clock
@@ -783,6 +792,26 @@ def churn_figures(final: Progress, stats: list[ServiceStats]) -> dict[str, Any]:
         "decision_s_p99": float(np.percentile(decisions, 99)) if len(decisions) else None,
         "decision_s_total": float(decisions.sum()),
     }
+
+
+def allocation_of(
+    runs: list[JobRun], written: WrittenWorkload, options: SimOptions
+) -> tuple[Table, int]:
+    """The run's GPU allocation and stranded GPUs over time (`gpuyard.sharing`), and the
+    cluster's GPUs in thousandths."""
+    nodes = options.cluster.nodes()
+    capacity: dict[str, int] = {}
+    for node in nodes:
+        capacity[node.gpu_type] = capacity.get(node.gpu_type, 0) + node.num_gpus
+    asks, arrivals, shares = {}, {}, {}
+    for spec in written.specs():
+        job_id = spec.job_id or ""
+        asks[job_id] = ask_of(spec, capacity)
+        arrivals[job_id] = spec.submit_time or 0.0
+        shares[job_id] = spec.gpu_milli
+    node_types = {n.node_id: n.gpu_type for n in nodes}
+    frame = allocation_frame(runs, asks, arrivals, shares, node_types, capacity)
+    return frame, MILLI * sum(capacity.values())
 
 
 async def job_runs(bus: Bus) -> list[JobRun]:
