@@ -170,6 +170,14 @@ def _progress_text(p: dict[str, Any]) -> str:
     return f"{done:,.0f} steps" if done else "-"
 
 
+def _gpus_text(row: dict[str, Any]) -> str:
+    """GPUs held or asked for; a share of one GPU as its fraction (0.25)."""
+    share = (row.get("spec") or {}).get("gpu_milli")
+    if share is not None:
+        return f"{share / 1000:g}"
+    return "-" if row["num_gpus"] is None else str(row["num_gpus"])
+
+
 def format_jobs(rows: list[dict[str, Any]], now: float) -> str:
     header = ("JOBID", "NAME", "USER", "STATE", "GPUS", "NODES", "ELAPSED", "PROGRESS",
               "SUBMIT", "START", "END", "PREEMPT", "REASON")  # fmt: skip
@@ -178,7 +186,7 @@ def format_jobs(rows: list[dict[str, Any]], now: float) -> str:
         table.append(
             (
                 r["job_id"], r["name"][:24] or "-", r["user"] or "-", r["job_state"],
-                "-" if r["num_gpus"] is None else str(r["num_gpus"]),
+                _gpus_text(r),
                 ",".join(r["node_list"]) or "-", slurm_duration(r["elapsed_s"]),
                 _progress_text(r["progress"]), clock(r["submit_time"], now),
                 clock(r["first_start"], now),

@@ -107,7 +107,8 @@ def test_bad_sim_option_is_one_line_naming_it(
     [
         (["up", "--round", "0"], "gpuyard up: error: argument --round: must be greater than 0"),
         (["up", "--heartbeat-timeout", "-1"], "argument --heartbeat-timeout: must be greater"),
-        (["submit", "--gpus", "0", "--", "x"], "argument --gpus: must be greater than 0, not 0"),
+        (["submit", "--gpus", "0", "--", "x"], "argument --gpus: '0' is neither a whole number"),
+        (["submit", "--gpus", "1.5", "--", "x"], "argument --gpus: '1.5' is neither a whole"),
         (["submit", "--deadline", "-5", "--", "x"], "argument --deadline: must be greater"),
         (
             ["submit", "--time-limit", "soon", "--", "x"],

@@ -26,7 +26,7 @@ from gpuyard.shared.endpoints import CLUSTER, SUBMIT
 from gpuyard.shared.identity import Caller
 from gpuyard.shared.model import JobSpec
 
-from .jobaccount import AGENT_ARGS, JOB_PYTHON
+from .jobaccount import AGENT_ARGS, JOB_PYTHON, open_to_jobs
 from .secured import Secured, secured_cluster
 
 pytestmark = pytest.mark.slow  # (integration: `pytest -m "not slow"` leaves it out)
@@ -276,3 +276,41 @@ async def test_a_lost_node_is_down_since_then_and_status_lists_no_simclock(views
     code, out, _ = await views.gpuyard("op.admin", "status")
     assert code == 0 and "simclock" not in out
     assert "nodes: 1 up (1 t4), 1 down" in out
+
+
+SHARE = """
+import os, sys, time
+print("milli", os.environ.get("GPUYARD_GPU_MILLI"), "mps",
+      os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "cuda",
+      os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
+deadline = time.time() + 60
+while not os.path.exists(sys.argv[1]) and time.time() < deadline:
+    time.sleep(0.05)
+"""
+
+
+async def test_two_shares_of_a_gpu_run_side_by_side_on_one_agent(
+    views: Views, tmp_path: Path
+) -> None:
+    # Two halves of a GPU run at once on one agent's GPU, each told its share; a whole-GPU job
+    # runs beside them on the other agent; a 0.6 share waits: no GPU has that much left.
+    (tmp_path / "signals").mkdir()
+    done = open_to_jobs(tmp_path / "signals") / "go"
+    hold = ["--", *JOB_PYTHON, "-c", SHARE, str(done)]
+    halves = [await views.submit("user.alice", "--gpus", "0.5", *hold) for _ in range(2)]
+    whole = await views.submit("user.alice", "--gpus", "1", *hold)
+    rows = [await views.until_row(j, "RUNNING") for j in (*halves, whole)]
+    assert rows[0]["node_list"] == rows[1]["node_list"] != rows[2]["node_list"]
+    more = await views.submit("user.alice", "--gpus", "0.6", *hold)
+    await asyncio.sleep(1.0)  # (decisions have come and gone: it still waits)
+    waiting = (await views.rows(more))[more]
+    assert waiting["job_state"] == "PENDING" and waiting["spec"]["gpu_milli"] == 600
+    code, out, _ = await views.gpuyard("user.alice", "jobs", *halves)
+    lines = out.splitlines()[1:]
+    assert code == 0 and len(lines) == 2 and all(" RUNNING  0.5  " in line for line in lines)
+    done.write_text("")
+    for job_id in (*halves, whole, more):
+        await views.until_row(job_id, "COMPLETED")
+    for job_id in halves:
+        assert "milli 500 mps 50 " in views.job_log(job_id)
+    assert "milli None mps None " in views.job_log(whole)

@@ -17,6 +17,7 @@ import msgspec
 import pytest
 
 from gpuyard.cli.cluster import job_from_args
+from gpuyard.cli.options import gpus_or_share
 from gpuyard.jobclient import JobClient
 from gpuyard.services.nodeagent.nvml import Nvml, gpu_type_name
 from gpuyard.services.nodeagent.procs import JobPart, Places, process_envs
@@ -323,7 +324,7 @@ def test_submit_arguments_become_a_job(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         main(["submit", "--gpus", "two", "--", "x"])
     ns = argparse.Namespace(
-        file=None, command=["--", "python", "t.py"], gpus=2, gpu_type="a100", min_gpus=None,
+        file=None, command=["--", "python", "t.py"], gpus=(2, None), gpu_type="a100", min_gpus=None,
         max_gpus=4, priority=3, deadline=None, name=None, job_id=None, per_node=True,
         env=["K=V"], chdir=None, array=None,
     )  # fmt: skip
@@ -339,6 +340,11 @@ def test_submit_arguments_become_a_job(tmp_path: Path) -> None:
     ]
     assert all({k: v for k, v in t.items() if k != "array"} == job for t in tasks)
     ns.array = None
+    ns.gpus, ns.max_gpus = gpus_or_share("0.25"), None  # (`--gpus 0.25`: a quarter of one GPU)
+    assert {k: job_from_args(ns)[0][k] for k in ("num_gpus", "gpu_milli")} == {
+        "num_gpus": 1, "gpu_milli": 250,
+    }  # fmt: skip
+    ns.gpus = (2, None)
     ns.chdir = Path("sub")  # relative to where `submit` runs
     assert job_from_args(ns)[0]["workdir"] == str(Path.cwd() / "sub")
     ns.chdir = None

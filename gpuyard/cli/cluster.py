@@ -27,6 +27,7 @@ from gpuyard.cli.options import (
     check_nats_url,
     checked_subjects,
     checked_text,
+    gpus_or_share,
     is_connection_loss,
     job_id_arg,
     nats_auth,
@@ -208,7 +209,11 @@ def add_cluster_parsers(sub: Subcommands) -> None:
     )
     add_nats_options(p)
     p.add_argument("--file", type=Path, help="a job (or {jobs: [...]}) as JSON or TOML")
-    p.add_argument("--gpus", type=positive_int, default=1, help="GPUs (default 1)")
+    p.add_argument(
+        "--gpus", type=gpus_or_share, default=(1, None),
+        help="GPUs (default 1); below 1, a share of one GPU that jobs share (0.25: a quarter, "
+        "told CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 and GPUYARD_GPU_MILLI=250)",
+    )  # fmt: skip
     p.add_argument("--gpu-type", default=None, help="GPU type (default: any)")
     p.add_argument("--min-gpus", type=positive_int, help="elastic: fewest GPUs it runs on")
     p.add_argument("--max-gpus", type=positive_int, help="elastic: most GPUs it can use")
@@ -758,7 +763,10 @@ def job_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise ValueError("give the job's command after `--` (or --file)")
-    job: dict[str, Any] = {"num_gpus": args.gpus, "command": command, "workdir": workdir}
+    gpus, share = args.gpus
+    job: dict[str, Any] = {"num_gpus": gpus, "command": command, "workdir": workdir}
+    if share is not None:
+        job["gpu_milli"] = share
     for key in ("gpu_type", "min_gpus", "max_gpus", "priority", "priority_class", "name", "job_id",
                 "job_type", "total_steps", "rescale_up_s", "rescale_down_s", "time_limit_s",
                 "depends_on", "begin_time"):  # fmt: skip

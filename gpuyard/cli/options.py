@@ -207,6 +207,24 @@ def job_id_arg(text: str) -> str:
         ) from None
 
 
+def gpus_or_share(text: str) -> tuple[int, int | None]:
+    """`--gpus`: whole GPUs (2), or a share of one GPU (0.25: 250 thousandths), as
+    (GPUs, thousandths of the one GPU or None)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if value >= 1 and value == int(value):
+        return int(value), None
+    milli = round(value * 1000) if 0 < value < 1 else 0
+    if not 1 <= milli <= 999 or abs(milli - value * 1000) > 1e-6:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a whole number of GPUs (1, 2, ...) nor a share of one GPU "
+            "in thousandths (0.001 to 0.999)"
+        )
+    return 1, milli
+
+
 positive_int = number(int, gt=0)
 non_negative_int = number(int, ge=0)
 positive_float = number(float, gt=0)
