@@ -26,14 +26,16 @@ The laws (all draws from one `numpy.random.default_rng(seed)`, vectorised):
 - Outcome: each job's end (completed, cancelled, failed) at the published shares (PAI's summary
   has none: its jobs complete): a job drawn failed or cancelled runs its run time and then ends
   so (`JobSpec.outcome`), as a replayed Helios or Acme job does.
-- PAI's GPU requests are fractions of a GPU (median 0.5): the drawn request is in the extras
-  (`gpu_request`) and the job asks for it rounded up to whole GPUs, gpuyard having no GPU sharing.
+- PAI's GPU requests are fractions of a GPU (median 0.5): a request below one GPU is a share of
+  one (`JobSpec.gpu_milli`), one above is rounded up to whole GPUs (as the PAI 2020 loader reads
+  `plan_gpu`); the drawn request is in the extras (`gpu_request`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -211,15 +213,17 @@ def calibrated(
         shares = np.array(stats.outcome_shares) / sum(stats.outcome_shares)  # (they sum to ~1)
         ends: list[str | None] = [None, *OUTCOMES[1:]]  # (a completed job has no outcome)
         outcome = [ends[k] for k in rng.choice(len(OUTCOMES), size=n_jobs, p=shares).tolist()]
-    if stats.median_gpus < 1:  # PAI: fractions of a GPU
-        extras["gpu_request"] = request
-    columns = {
+    columns: dict[str, Any] = {
         "job_id": [str(i) for i in range(n_jobs)],
         "num_gpus": np.ceil(request).astype(np.int64).tolist(),
         "duration": run_s.tolist(),
         "submit_time": arrival.tolist(),
         "outcome": outcome,
     }
+    if stats.median_gpus < 1:  # PAI: fractions of a GPU, a share of one below one
+        extras["gpu_request"] = request
+        columns["gpu_milli"] = [min(max(round(1000 * r), 1), 999) if r < 1 else None
+                                for r in request.tolist()]  # fmt: skip
     frame = pd.DataFrame(extras) if extras else None
     workload = build_jobs(columns, n_jobs, path=None, extras=frame, fmt="gpuyard")
     rate = "" if jobs_per_hour is None else f", jobs_per_hour={jobs_per_hour}"
