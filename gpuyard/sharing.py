@@ -51,8 +51,9 @@ def allocation_frame(
     runs: list[JobRun], asks: Mapping[str, Ask], arrivals: Mapping[str, float],
     milli: Mapping[str, int | None], node_types: Mapping[str, str], capacity: Mapping[str, int],
 ) -> Table:  # fmt: skip
-    """At every instant something changes: GPU thousandths allocated, stranded (see the module)
-    and jobs waiting. `asks`: the jobs' requests (those without one never wait here); `milli`:
+    """At every instant something changes: GPU thousandths allocated, stranded (see the module),
+    jobs waiting, and thousandths asked for by the jobs arrived so far (the FGD paper's arrived
+    workload). `asks`: the jobs' requests (those without one never wait here); `milli`:
     a job's share of one GPU (None: whole GPUs); `capacity`: each GPU type's GPUs."""
     changes: list[tuple[float, int, str, list[GpuRef]]] = [
         (t, 1, job, []) for job, t in arrivals.items() if job in asks
@@ -67,9 +68,11 @@ def allocation_frame(
     smallest = {t: _Smallest() for t in types}  # the waiting jobs' asks each type could host
     started: set[str] = set()
     again = _stops_before_a_start(runs)
-    rows: list[tuple[float, int, int, int]] = []
+    rows: list[tuple[float, int, int, int, int]] = []
+    arrived = 0
     for time, kind, job, gpus in changes:
         if kind == 1:
+            arrived += asks[job].milli
             if job not in started and job not in waiting:
                 _wait(job, asks[job], waiting, smallest)
         elif gpus:
@@ -96,17 +99,18 @@ def allocation_frame(
             if (time, job) in again and job in asks:
                 _wait(job, asks[job], waiting, smallest)
         stranded = sum(free[t] for t in types if smallest[t].fits(free[t]))
-        row = (time, total - sum(free.values()), stranded, len(waiting))
+        row = (time, total - sum(free.values()), stranded, len(waiting), arrived)
         if rows and rows[-1][0] == time:
             rows[-1] = row
         else:
             rows.append(row)
-    columns = list(zip(*rows, strict=True)) if rows else [(), (), (), ()]
+    columns = list(zip(*rows, strict=True)) if rows else [(), (), (), (), ()]
     return Table({
         "time": np.asarray(columns[0], dtype=np.float64),
         "allocated_milli": np.asarray(columns[1], dtype=np.int64),
         "stranded_milli": np.asarray(columns[2], dtype=np.int64),
         "waiting": np.asarray(columns[3], dtype=np.int64),
+        "arrived_milli": np.asarray(columns[4], dtype=np.int64),
     })  # fmt: skip
 
 
@@ -180,6 +184,8 @@ class AllocationSeries:
     allocated: np.ndarray
     stranded: np.ndarray
     waiting: np.ndarray
+    arrived: np.ndarray
+    """The arrived workload at each point (a share of the cluster's GPUs)."""
     figures: dict[str, float]
 
 
@@ -191,20 +197,26 @@ def allocation_series(
     allocated = frame["allocated_milli"] / max(capacity_milli, 1)
     stranded = frame["stranded_milli"] / max(capacity_milli, 1)
     waiting = frame["waiting"].astype(float)
+    arrived = frame["arrived_milli"] / max(capacity_milli, 1)
     kept = thinned_steps(frame["time"], [allocated, stranded, waiting])
     return AllocationSeries(
         hours=frame["time"][kept] / 3600, allocated=allocated[kept], stranded=stranded[kept],
-        waiting=waiting[kept], figures=figures,
+        waiting=waiting[kept], arrived=arrived[kept], figures=figures,
     )  # fmt: skip
 
 
 def draw_allocation(series: AllocationSeries, path: Path, caption: str) -> Path:
     """GPU allocation with the stranded share stacked on it, and the jobs waiting, over time."""
+    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    from gpuyard.report import save_figure, subplots
+    from gpuyard.report import save_figure
 
-    fig, (top, bottom) = subplots(2, 1, figsize=(9, 6), sharex=True)
+    fig = Figure(figsize=(13, 6))
+    grid = fig.add_gridspec(2, 2, width_ratios=(2, 1))
+    top = fig.add_subplot(grid[0, 0])
+    bottom = fig.add_subplot(grid[1, 0], sharex=top)
+    against = fig.add_subplot(grid[:, 1])
     hours, allocated = series.hours, series.allocated
     top.step(hours, 100 * allocated, where="post", label="allocated (shares as fractions)")
     top.fill_between(hours, 100 * allocated, 100 * (allocated + series.stranded), step="post",
@@ -225,6 +237,11 @@ def draw_allocation(series: AllocationSeries, path: Path, caption: str) -> Path:
     bottom.yaxis.set_major_locator(MaxNLocator(integer=True))
     bottom.set_ylabel("jobs waiting")
     bottom.set_xlabel("simulated time (hours)")
-    for ax in (top, bottom):
+    against.plot(100 * series.arrived, 100 * allocated, drawstyle="steps-post")
+    against.set_xlabel("arrived workload (% of the cluster's GPUs, cumulative)")
+    against.set_ylabel("GPUs allocated (%)")
+    against.set_title("allocation as the arrived workload grows", fontsize=10)
+    against.set_ylim(0, 105)
+    for ax in (top, bottom, against):
         ax.grid(True, alpha=0.3)
     return save_figure(fig, path, caption)

@@ -22,6 +22,10 @@ def rows(frame: object) -> list[tuple[float, int, int, int]]:
     return [(float(t), int(a), int(s), int(w)) for t, a, s, w in zip(*columns, strict=True)]
 
 
+def arrived(frame: object) -> list[int]:
+    return [int(a) for a in frame["arrived_milli"]]  # type: ignore[index]
+
+
 def test_free_gpus_split_between_shares_are_stranded_while_a_job_waits() -> None:
     # a and b (0.6 each) on two GPUs; c (0.7) arrives at 5 and waits: 0.4 + 0.4 free would hold
     # it were they one GPU. d (a whole g GPU) arrives at 10. At 100 a ends and c takes its GPU:
@@ -49,6 +53,8 @@ def test_free_gpus_split_between_shares_are_stranded_while_a_job_waits() -> None
         (300.0, 2700, 0, 1),  # (t waits: the t4 GPU is x's, the 300 free on g are not its)
         (350.0, 2000, 0, 0),
     ]
+    # (what had arrived: a and b at 0, c at 5, d at 10, t at 300; x never arrives)
+    assert arrived(frame) == [1200, 1900, 2900, 2900, 2900, 2900, 3200, 3200]
     figures = allocation_summary(frame, 3000, until=400.0)
     waited = (10 - 5) + (100 - 10) + (200 - 100) + (350 - 300)
     assert figures["waiting_s"] == waited
@@ -101,9 +107,9 @@ async def test_a_simulation_writes_its_allocation_and_stranded_gpus(
     assert summary["gpu_allocation_while_waiting"] == pytest.approx(0.6)
     lines = (out / "allocation.csv").read_text().splitlines()
     assert lines[:3] == [
-        "time,allocated_milli,stranded_milli,waiting",
-        "0.0,1200,0,0",
-        "1.0,1200,800,1",
+        "time,allocated_milli,stranded_milli,waiting,arrived_milli",
+        "0.0,1200,0,0,1200",
+        "1.0,1200,800,1,1900",
     ]
     assert (out / "allocation.png").stat().st_size > 10_000
 
