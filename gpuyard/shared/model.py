@@ -295,6 +295,10 @@ class JobRecord(Struct, kw_only=True):
     hold: Literal["", "user", "admin"] = ""
     """A waiting job held (`sched.hold`) by its owner or by an operator: it starts no more until
     released (reason `JobHeldUser` or `JobHeldAdmin`)."""
+    unplaced_on: list[str] = []
+    """GPU types its allocations named that placement could not place it on since it last
+    started (its CPUs, memory or share fit no node of them): a type-agnostic walk tries the
+    other types it allows first."""
 
 
 class NodeSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):

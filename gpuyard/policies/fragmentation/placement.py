@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 from typing import Annotated
 
+import msgspec
 import numpy as np
 from msgspec import Meta, Struct
 
@@ -61,14 +62,17 @@ class ShapeCounts(Struct, forbid_unknown_fields=True):
     learnt: dict[str, int] = {}
 
 
-def task_of(alloc: Allocation, spec: JobSpec | None) -> Task | None:
+def task_of(alloc: Allocation, spec: JobSpec | None) -> Task:
     """The paper's request for `alloc`: a share of one GPU or its whole GPUs, the job's CPUs and
-    memory, and the GPU types both the allocation and the job allow (None: no type does)."""
-    types: tuple[str, ...] = tuple(sorted(spec.gpu_types)) if spec is not None else ()
-    if alloc.gpu_type != ANY_GPU:
-        if types and alloc.gpu_type not in types:
-            return None
-        types = (alloc.gpu_type,)
+    memory, and the GPU types the job allows: its own, as a pod names the GPU models it may use,
+    not the one the scheduler's count of free GPUs gave the allocation (placement reports the
+    type it ran on). Without a spec, the allocation's type."""
+    if spec is None:
+        types: tuple[str, ...] = () if alloc.gpu_type == ANY_GPU else (alloc.gpu_type,)
+    elif spec.gpu_type != ANY_GPU:
+        types = (spec.gpu_type,)
+    else:
+        types = tuple(sorted(spec.gpu_types))
     share = spec.gpu_milli if spec is not None else None
     return Task(
         cpu=spec.cpu_milli if spec is not None else 0,
@@ -194,6 +198,10 @@ class _Fragmentation(KeepsMap):
         super().__init__(params)
         self.mirror: Mirror | None = None
 
+    @property
+    def chooses_types(self) -> bool:
+        return True  # (as a pod, a job names the GPU types it may use: `task_of`)
+
     def choose(self, state: ClusterState, task: Task) -> Placement | None:
         raise NotImplementedError
 
@@ -226,8 +234,6 @@ class _Fragmentation(KeepsMap):
                 continue
             spec = inp.specs.get(alloc.job_id)
             task = task_of(alloc, spec)
-            if task is None:
-                continue
             ask = Ask.of(spec, alloc.num_gpus)
             choice = self.choose(mirror.state, task)
             gpus: list[GpuRef] | None = None
@@ -236,6 +242,8 @@ class _Fragmentation(KeepsMap):
                 if not free.take_for(gpus, ask):
                     gpus = None  # (the state mirrors the map: cannot happen)
             elif not mirror.holds_whole(task):  # no node of its types could: span the fewest
+                if spec is not None:  # (on the types the job allows, as `task`)
+                    alloc = msgspec.structs.replace(alloc, gpu_type=spec.gpu_type)
                 gpus = (
                     pick_hinted(free, alloc, consolidate)
                     if ask is None
@@ -328,8 +336,7 @@ class FragmentationGradientDescent(_Fragmentation):
         for alloc in inp.allocations:  # (those running count once started, unless none did)
             if alloc.num_gpus > 0 and (alloc.job_id not in inp.current or not self.counts):
                 task = task_of(alloc, inp.specs.get(alloc.job_id))
-                if task is not None:
-                    seen[task.key] = seen.get(task.key, 0) + 1
+                seen[task.key] = seen.get(task.key, 0) + 1
         learnt = sum(self.learnt.values())
         if sum(seen.values()) > learnt * (1 + self.params.relearn / 100) or not learnt:
             self.learnt, self._fgd = seen, None

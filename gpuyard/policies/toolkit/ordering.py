@@ -40,10 +40,16 @@ def held_milli(record: JobRecord) -> int:
 
 def agnostic_types(job: JobView, types: list[str], need: int) -> list[str]:
     """A random order of the types, fixed per job: the first type with room is then uniformly
-    random among those with room, and the same job prefers the same type every round."""
+    random among those with room, and the same job prefers the same type every round; the types
+    placement could not place it on since it last started come last (`JobRecord.unplaced_on`:
+    its CPUs, memory or share may fit another type's nodes)."""
     if len(types) < 2:
         return types
-    return sorted(types, key=lambda t: hashlib.blake2b(f"{job.job_id}\0{t}".encode()).digest())
+    tried = job.record.unplaced_on
+    return sorted(
+        types,
+        key=lambda t: (t in tried, hashlib.blake2b(f"{job.job_id}\0{t}".encode()).digest()),
+    )
 
 
 def fastest_types(cluster: ClusterView) -> TypeOrder:

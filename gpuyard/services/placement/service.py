@@ -847,7 +847,8 @@ class Placement(Service):
     def _check(self, allocations: list[Allocation], started: dict[str, list[GpuRef]]) -> list[str]:
         """Newly placed jobs must get free, existing GPUs, once each, of the allocated count and a
         type they allow (a job sharing GPUs: exactly its partner's; one asking for a share of a
-        GPU: one GPU with that much left). `allocations`: those of the jobs that did not keep
+        GPU: one GPU with that much left; a policy that `chooses_types`: any type the job's spec
+        allows). `allocations`: those of the jobs that did not keep
         their GPUs. Returns the jobs placed where their CPUs or memory do not fit (a policy that
         does not count them): they stay unplaced.
 
@@ -859,6 +860,7 @@ class Placement(Service):
         for alloc in allocations:
             if alloc.share_with is not None and alloc.job_id in self.running:
                 joined.setdefault(alloc.share_with, set()).update(self.running[alloc.job_id])
+        chooses = self.policy.chooses_types
         used: set[GpuRef] = set()
         shares: dict[GpuRef, int] = {}  # thousandths of GPUs the jobs checked so far take
         cpu, memory = dict(self.cpu_used), dict(self.memory_used)
@@ -898,7 +900,8 @@ class Placement(Service):
                     break
                 gpu_type = node.gpu_type
             if not (
-                ok and a is not None and gpu_type is not None and a.gpu_type in (ANY_GPU, gpu_type)
+                ok and a is not None and gpu_type is not None
+                and (a.gpu_type in (ANY_GPU, gpu_type) or (chooses and spec is not None))
                 and (spec is None or spec.allows(gpu_type))
             ):  # fmt: skip
                 raise RuntimeError(

@@ -131,6 +131,7 @@ class JobTable:
             record.ran_on = sorted({*record.ran_on, *record.nodes})
         record.shares_with = shares_with
         record.reason = ""  # why it waited: no longer so
+        record.unplaced_on = []
         record.attempt += 1
         if record.first_start is None:
             record.first_start = now
@@ -481,6 +482,12 @@ class JobTable:
         if record.total_steps is not None:  # unknown work: its steps are those it reported
             record.steps_done += record.rate * (now - record.progress_at)
         record.run_start = record.progress_at = now
+
+    def unplaced(self, record: JobRecord, gpu_type: str) -> None:
+        """Placement could not place the waiting job on `gpu_type` (`JobRecord.unplaced_on`)."""
+        if record.state == "queued" and gpu_type not in record.unplaced_on:
+            record.unplaced_on = [*record.unplaced_on, gpu_type]
+            self._touch(record)
 
     def _touch(self, record: JobRecord) -> None:
         self.touched.add(record.job_id)

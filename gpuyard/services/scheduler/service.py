@@ -1046,6 +1046,11 @@ class Scheduler(Service):
                     self._preempted_for(record, reply.started, reply.placed)
                 )
                 await self._requeue(now, record, why, reply.progress.get(job_id))
+        unplaced = set(reply.unplaced)
+        for a in allocations:  # (its type tried: a type-agnostic walk tries another first)
+            record = active.get(a.job_id) if a.job_id in unplaced else None
+            if record is not None and a.gpu_type != ANY_GPU:
+                self.table.unplaced(record, a.gpu_type)
         sharing = {a.job_id: a.share_with for a in allocations if a.share_with}
         for job_id, gpu_type in reply.started.items():
             record = active[job_id]

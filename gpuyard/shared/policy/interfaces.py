@@ -189,6 +189,13 @@ class PlacementPolicy(Policy):
         return False
 
     @property
+    def chooses_types(self) -> bool:
+        """True if the policy may place a job on any GPU type its spec allows, not only on the
+        one its allocation names (for a job that allows several, a type-agnostic scheduler's
+        count of free GPUs, not a choice); placement reports the type each job runs on."""
+        return False
+
+    @property
     def settled(self) -> bool:
         """True if the policy would place the allocations of its last placement again exactly
         where that placement put them (it is its own fixed point). A simulation then spares a
