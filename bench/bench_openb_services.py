@@ -29,6 +29,7 @@ import numpy as np
 from gpuyard.policies.fragmentation import read_nodes, read_pods, run, typical_pods
 from gpuyard.policies.fragmentation.experiment import Trace, arrival_order
 from gpuyard.run.simulate import SimOptions, simulate
+from gpuyard.shared.logs import configure_logging
 from gpuyard.shared.model import JobSpec
 from gpuyard.workloads.clusters import load_openb_nodes
 
@@ -107,6 +108,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--policies", default=",".join(NAMES))
     args = parser.parse_args()
+    configure_logging("warning")
     pods_csv = args.data / "openb_pod_list_default.csv"
     nodes_csv = args.data / "openb_node_list_gpu_node.csv"
     if not pods_csv.exists() or not nodes_csv.exists():
