@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from gpuyard.policies.fragmentation import read_nodes, read_pods, run, typical_pods
-from gpuyard.policies.fragmentation.experiment import Trace, arrival_order
+from gpuyard.policies.fragmentation.experiment import Trace, arrival_order, at_levels
 from gpuyard.run.simulate import SimOptions, simulate
 from gpuyard.shared.logs import configure_logging
 from gpuyard.shared.model import JobSpec
@@ -65,20 +65,6 @@ def jobs_of(trace: Trace, order: np.ndarray) -> list[JobSpec]:
     return jobs
 
 
-def at_levels(arrived: np.ndarray, allocated: np.ndarray) -> dict[int, float]:
-    """As the artifact's analysis reads its curves (bench_openb, `RunResult._at`)."""
-    arrive = np.round(arrived * 100.0, 0)
-    alloc = np.round(allocated * 100.0, 2)
-    found = {}
-    for lv in LEVELS:
-        hit = arrive == lv
-        if not hit.any():
-            hit = (arrive >= lv - 1) & (arrive <= lv + 1)
-        if hit.any():
-            found[lv] = round(float(alloc[hit].mean()), 2)
-    return found
-
-
 async def through_services(
     name: str, jobs: list[JobSpec], nodes_csv: Path, out: Path
 ) -> tuple[dict[int, float], float]:
@@ -94,9 +80,8 @@ async def through_services(
     frame = pd.read_csv(out / "allocation.csv")
     frame = frame[frame["time"] < NEVER_ENDS_S]
     capacity = 1000 * cluster.total_gpus
-    found = at_levels(
-        frame["arrived_milli"].to_numpy() / capacity, frame["allocated_milli"].to_numpy() / capacity
-    )
+    allocated = np.round(frame["allocated_milli"].to_numpy() / capacity * 100.0, 2)
+    found = at_levels(frame["arrived_milli"].to_numpy() / capacity, allocated, LEVELS)
     return found, seconds
 
 

@@ -96,6 +96,21 @@ def arrival_order(
     return np.asarray(order, dtype=np.int64)
 
 
+def at_levels(arrived: FloatArray, values: FloatArray, levels: Sequence[int]) -> dict[int, float]:
+    """`values` read at arrived-workload levels (%; `arrived`: shares of the capacity) as the
+    artifact's `merge_alloc_discrete.py` reads them: arrived % rounded to a whole percent (half
+    to even, as pandas' round), the mean at the exact level, else within one percent."""
+    arrive = np.round(arrived * 100.0, 0)
+    out: dict[int, float] = {}
+    for lv in levels:
+        hit = arrive == lv
+        if not hit.any():
+            hit = (arrive >= lv - 1) & (arrive <= lv + 1)
+        if hit.any():
+            out[lv] = round(float(values[hit].mean()), 2)
+    return out
+
+
 @dataclass(frozen=True)
 class RunResult:
     """Per arrived pod: cumulative GPU milli arrived, GPU milli allocated, fragmentation."""
@@ -111,17 +126,7 @@ class RunResult:
     seconds: float
 
     def _at(self, values: FloatArray, levels: Sequence[int]) -> dict[int, float]:
-        # merge_alloc_discrete.py: arrive % rounded to a whole percent (half to even, as
-        # pandas' round), exact level first, else the levels within one percent
-        arrive = np.round(self.arrived_milli / self.capacity_milli * 100.0, 0)
-        out: dict[int, float] = {}
-        for lv in levels:
-            hit = arrive == lv
-            if not hit.any():
-                hit = (arrive >= lv - 1) & (arrive <= lv + 1)
-            if hit.any():
-                out[lv] = round(float(values[hit].mean()), 2)
-        return out
+        return at_levels(self.arrived_milli / self.capacity_milli, values, levels)
 
     def allocation(self, levels: Sequence[int]) -> dict[int, float]:
         """GPU allocation ratio (%) at arrived-workload levels (% of GPU capacity)."""
