@@ -85,8 +85,8 @@ class FreeMap:
         self.free[node] = free
 
     def subset(self, free: dict[str, list[int]]) -> FreeMap:
-        """A map of only these free GPUs (nodes in this map's order), for a picker to take
-        from; shares, CPUs and memory are not carried (the caller checks them)."""
+        """A map of only these free GPUs, nodes in the order given, for a picker to take from;
+        shares, CPUs and memory are not carried (the caller checks them)."""
         sub = FreeMap([])
         gpu_type = self.gpu_type
         for n, usable in free.items():
