@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_openb import DATA, PUBLISHED_ALLOC
+from bench_openb import LEVELS as PUBLISHED_LEVELS  # (bench/bench_openb.py, beside this script)
 
 from gpuyard.policies.fragmentation import read_nodes, read_pods, run, typical_pods
 from gpuyard.policies.fragmentation.experiment import Trace, arrival_order, at_levels
@@ -33,16 +35,9 @@ from gpuyard.shared.logs import configure_logging
 from gpuyard.shared.model import JobSpec
 from gpuyard.workloads.clusters import load_openb_nodes
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba-openb"
 LEVELS = (70, 80, 90, 95, 100, 110, 120, 130)
 NAMES = {"random-fit": "random", "dot-product": "dotprod", "gpu-clustering": "gpuclustering",
          "gpu-packing": "gpupacking", "best-fit": "bestfit", "fgd": "fgd"}  # fmt: skip
-PUBLISHED = {  # bench_openb.PUBLISHED_ALLOC at 90, 100, 110, 120, 130
-    "random": (85.02, 86.30, 86.88, 87.28, 87.47), "dotprod": (89.98, 90.62, 90.70, 90.76, 90.85),
-    "gpuclustering": (89.98, 91.65, 91.73, 91.80, 91.88),
-    "gpupacking": (89.98, 91.78, 91.85, 91.92, 92.00),
-    "bestfit": (89.99, 92.86, 92.93, 93.00, 93.08), "fgd": (89.98, 95.23, 95.30, 95.35, 95.39),
-}  # fmt: skip
 NEVER_ENDS_S = 1e9
 
 
@@ -114,7 +109,7 @@ def main() -> int:
             ours, seconds = asyncio.run(through_services(name, jobs, nodes_csv, Path(tmp) / name))
             library = run(NAMES[name], trace, nodes, args.seed, typical=typical)
             theirs = library.allocation(LEVELS)
-            published = dict(zip((90, 100, 110, 120, 130), PUBLISHED[NAMES[name]], strict=True))
+            published = dict(zip(PUBLISHED_LEVELS, PUBLISHED_ALLOC[NAMES[name]], strict=True))
             cells = [
                 f"{ours.get(lv, float('nan')):6.2f}/{theirs.get(lv, float('nan')):6.2f}/"
                 f"{published.get(lv, float('nan')):6.2f}".rjust(22)

@@ -608,9 +608,10 @@ def cmd_trace_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_describe(args: argparse.Namespace) -> int:
-    from gpuyard.report import against_published, against_trace, plot_workload
+    from gpuyard.report import plot_workload
     from gpuyard.run.build import read_trace
     from gpuyard.run.single import openb_line, philly_line, skipped_lines
+    from gpuyard.workload_comparison import against_published, against_trace
     from gpuyard.workloads.calibrated import CLUSTERS
 
     # --against: a published cluster's numbers as the calibrated generators hold them (a test
