@@ -150,6 +150,13 @@ def add_sim_parser(sub: Subcommands) -> None:
         help="Gavel JSON, ElasticFlow table (file or folder), BFTrainer JNPs CSV",
     )
     p.add_argument(
+        "--profiles",
+        default=None,
+        help="a folder of models' profiles (Pollux's traces/): jobs of those models train at "
+        "their goodput, epoch by epoch (default with --pollux: traces/ beside the workload's "
+        "folder)",
+    )
+    p.add_argument(
         "--node-events",
         type=Path,
         help="node churn: BFTrainer node_events.csv(.gz) or a time,node,up CSV",
@@ -358,6 +365,7 @@ def run_spec(
         mode=option("mode"),
         cluster_spec=option("cluster_spec"),
         throughputs=option("throughputs") or "default",
+        profiles=option("profiles"),
         generator=option("generator"),
         jobs=option("jobs"),
         load=load if load is not None else (load_list[0] if load_list else None),

@@ -114,6 +114,12 @@ def sim_options(spec: RunSpec, external: frozenset[str] = frozenset()) -> Any:
         default_time_limit_s=spec.default_time_limit_s,
         max_time_limit_s=spec.max_time_limit_s,
     )
+    if spec.profiles is not None and spec.preset != "pollux":  # (the preset's own, with its step)
+        from gpuyard.services.simclock.config import GoodputSettings
+
+        if not Path(spec.profiles).is_dir():
+            raise ValueError(f"--profiles {spec.profiles}: no such folder")
+        options.goodput = GoodputSettings(profiles=str(Path(spec.profiles).resolve()))
     options = preset.fill(options, spec)
     if spec.trace is not None and spec.seed is not None:
         # A trace's jobs are fixed: the seed seeds the policies' random choices (Gavel's --seed).

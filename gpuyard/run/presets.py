@@ -5,6 +5,7 @@ its checks, the policies and parameters it sets, and the settings it gives the s
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import msgspec
@@ -209,9 +210,78 @@ class ElasticFlow(Semantics):
                 "predicted_ends": predicted}  # fmt: skip
 
 
+class Pollux(Semantics):
+    name = "pollux"
+    title = "Pollux"
+    help = (
+        "Pollux's simulator: 60 s rounds, jobs submitted and seen finished at round starts, "
+        "training at their goodput with 30 s restarts, on 16 nodes of 4 GPUs unless "
+        "--cluster-spec; --policy optimus|tiresias are its artifact's Optimus+Oracle and "
+        "Tiresias+TunedJobs; --profiles defaults to the traces/ folder beside the workload's"
+    )
+    round_s = 60.0
+    """The artifact's scheduling interval (`--interval`)."""
+    CLUSTER = "16x4"
+    """The artifact's cluster (`--min-nodes 16 --num-gpus 4`)."""
+    NAMES: ClassVar[dict[str, str]] = {"optimus": "pollux-optimus", "tiresias": "pollux-tiresias"}
+    PROFILED: ClassVar[frozenset[str]] = frozenset({"pollux-optimus"})
+    """The policies that read the models' profiles (their `profiles` parameter)."""
+
+    def check(self, spec: RunSpec) -> None:
+        if spec.mode not in (None, "rounds"):
+            raise ValueError(f"--mode {spec.mode}: --pollux decides every round (rounds)")
+        profiles = self.profiles(spec)
+        if profiles is None:
+            raise ValueError(
+                "--pollux needs the models' profiles: --profiles FOLDER (Pollux's traces/), "
+                "or a --trace in a folder beside it"
+            )
+        if not Path(profiles).is_dir():
+            raise ValueError(f"--profiles {profiles}: no such folder")
+
+    def scheduling_name(self, policy: str) -> str:
+        return self.NAMES.get(policy, policy)
+
+    def mode(self, spec: RunSpec) -> Literal["rounds", "events", "slots"]:
+        return "rounds"
+
+    @staticmethod
+    def profiles(spec: RunSpec) -> str | None:
+        """The profiles the run reads: `--profiles`, else Pollux's layout's (`traces/` beside
+        the folder of the workload); None: neither."""
+        if spec.profiles is not None:
+            return spec.profiles
+        if spec.trace is None:
+            return None
+        beside = Path(spec.trace).resolve().parent.parent / "traces"
+        return str(beside) if beside.is_dir() else None
+
+    def fill(self, options: SimOptions, spec: RunSpec) -> SimOptions:
+        from gpuyard.services.simclock.config import GoodputSettings
+        from gpuyard.workloads import load_cluster
+
+        profiles = self.profiles(spec)
+        assert profiles is not None  # (`check`)
+        changes: dict[str, Any] = {
+            "goodput": GoodputSettings(profiles=str(Path(profiles).resolve()),
+                                       step_s=options.round_s),
+        }  # fmt: skip
+        if spec.cluster_spec is None:
+            changes["cluster"] = load_cluster(self.CLUSTER)
+        if spec.placement is None:
+            changes["placement"] = "most-free"
+        if options.policy in self.PROFILED and "profiles" not in options.policy_params:
+            changes["policy_params"] = {**options.policy_params, "profiles": profiles}
+        return msgspec.structs.replace(options, **changes)
+
+    def clock_settings(self, options: SimOptions) -> dict[str, Any]:
+        return {"arrival_quantum": options.round_s}
+
+
 OWN = Semantics()
-PRESETS: dict[PresetName, Semantics] = {p.name: p for p in (Blox(), Gavel(), BFTrainer(), ElasticFlow())
-                                 if p.name is not None}  # fmt: skip
+PRESETS: dict[PresetName, Semantics] = {
+    p.name: p for p in (Blox(), Gavel(), BFTrainer(), ElasticFlow(), Pollux()) if p.name is not None
+}
 """Each preset by name, in the order `gpuyard sim --help` lists them."""
 
 

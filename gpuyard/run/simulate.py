@@ -23,7 +23,7 @@ from gpuyard.run.embedded import EmbeddedNats
 from gpuyard.run.launcher import ServiceSet
 from gpuyard.run.presets import semantics
 from gpuyard.run.spec import PresetName
-from gpuyard.services.simclock.config import QueueMap
+from gpuyard.services.simclock.config import GoodputSettings, QueueMap
 from gpuyard.services.simclock.service import PreemptionCost, SimClockConfig, write_workload
 from gpuyard.services.simclock.workload import workload_specs
 from gpuyard.shared.connection import Bus, NatsAuth, connect
@@ -90,6 +90,8 @@ class SimOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     """Gavel's measurement window: the run ends once jobs `window[0]` to `window[1] - 1` (in
     arrival order) have ended, and the JCT figures of `summary.json` are theirs."""
     throughputs: str = "default"
+    goodput: GoodputSettings | None = None
+    """Jobs of profiled models train at their goodput (`--profiles`, `--pollux`)."""
     """Throughput model file (Gavel JSON, ElasticFlow table or folder, BFTrainer JNPs CSV)."""
     node_events: str | None = None
     """Normalised node events CSV `time,node,up` (see gpuyard.workloads.churn)."""
@@ -203,6 +205,7 @@ def service_configs(
             churn_node_gpus=options.churn_node_gpus,
             churn_node_type=options.churn_node_type,
             preemption_cost=options.preemption_cost,
+            goodput=options.goodput,
             queues=queues.queues if queues is not None else None,
             window=options.window,
             call_timeout_s=timeout and 4 * timeout,

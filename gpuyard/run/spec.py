@@ -16,7 +16,7 @@ from gpuyard.shared.connection import NatsAuth
 ParamValue = str | int | float | bool | list[str | int | float | bool]
 PositiveInt = Annotated[int, Meta(gt=0)]
 NonNegative = Annotated[float, Meta(ge=0)]
-PresetName = Literal["blox", "gavel", "elasticflow", "bftrainer"]
+PresetName = Literal["blox", "gavel", "elasticflow", "bftrainer", "pollux"]
 GeneratorName = Literal["blox", "gavel", "elasticflow", "helios", "seren", "kalos", "pai", "philly"]
 """The reference systems' generators, then those calibrated on published cluster statistics
 (`gpuyard.workloads.calibrated`)."""
@@ -43,7 +43,8 @@ class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     """Default: `consolidated`, or the preset's (`elasticflow`)."""
     placement_params: dict[str, ParamValue] = {}
     preset: PresetName | None = None
-    """A reference's simulator semantics (`--blox`, `--gavel`, `--elasticflow`, `--bftrainer`)."""
+    """A reference's simulator semantics (`--blox`, `--gavel`, `--elasticflow`, `--bftrainer`,
+    `--pollux`)."""
     as_intended: bool = False
     """With a preset: where the reference's code has a bug (docs/fidelity.md), do what it meant
     rather than what it does (`--as-intended`)."""
@@ -53,6 +54,9 @@ class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     cluster_spec: str | None = None
     """Default: `32x4`, or no nodes but the replay's with `node_events` (as `gpuyard sim`)."""
     throughputs: str = "default"
+    profiles: str | None = None
+    """A folder of models' profiles (Pollux's `traces/`): jobs of those models train at their
+    goodput (`--profiles`; `--pollux`: the `traces/` folder beside the workload's)."""
     generator: GeneratorName | None = None
     jobs: PositiveInt | None = None
     load: Annotated[float, Meta(gt=0)] | None = None

@@ -166,6 +166,10 @@ class JobSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     node: all there); counted on nodes whose spec gives their CPUs. 0: none counted."""
     memory_mib: Annotated[int, Meta(ge=0)] = 0
     """Memory the job asks for, spread as `cpu_milli`; counted on nodes that give theirs."""
+    batch_size: Annotated[int, Meta(ge=1)] | None = None
+    """The total batch size the job trains with (Pollux's workloads: its `batch_size`), for
+    models whose progress depends on it (`gpuyard.shared.goodput`); None: the job picks the one
+    that maximises its goodput on the GPUs it gets (Pollux's adaptive jobs)."""
     outcome: Literal["failed", "cancelled"] | None = None
     """How the job ends once its work is done, when a trace recorded that it did not complete
     (a replayed Helios or Acme job that FAILED after an hour fails after an hour); None: it

@@ -19,6 +19,7 @@ from .formats import (
 )
 from .openb import load_openb
 from .pai import load_pai
+from .pollux import load_pollux
 
 LOADERS: dict[str, Callable[..., Workload]] = {
     "gavel": load_gavel_trace,
@@ -31,6 +32,7 @@ LOADERS: dict[str, Callable[..., Workload]] = {
     "acme": load_acme,
     "openb": load_openb,
     "pai": load_pai,
+    "pollux": load_pollux,
     "gpuyard": load_native,
     "csv": load_native,
     "parquet": load_native,
@@ -51,7 +53,7 @@ def detect_format(path: str | Path) -> str:
     Gavel, and a CSV header decides: Jmin/Jmax -> bftrainer, arrival_time_s -> blox,
     model_name -> elasticflow (ITP files included), vc and gpu_num -> helios, gpu_num with type or
     gpu_time -> acme, num_gpu and gpu_milli -> openb (not gpu_spec: openb_pod_list_multigpu50.csv
-    has none, nor any time, which the loader then names), num_gpus -> gpuyard; PAI 2020's job
+    has none, nor any time, which the loader then names), num_gpus -> gpuyard, application with num_replicas and batch_size -> pollux; PAI 2020's job
     table by its header (job_name, inst_id, user, status) or, as the publisher ships it without
     one, by its name (`pai_job_table*`); its task table (`pai_task_table*`) is read with it.
     """
@@ -85,6 +87,8 @@ def detect_format(path: str | Path) -> str:
         return "openb"
     if "num_gpus" in header:
         return "gpuyard"
+    if {"application", "num_replicas", "batch_size"} <= header:
+        return "pollux"
     if {"job_name", "inst_id", "user", "status"} <= header:
         return "pai"
     if {"Ns", "Ps"} <= header:

@@ -6,6 +6,7 @@ from .strategies import (
     FirstFit,
     FreeMap,
     KeepParams,
+    MostFree,
     RandomParams,
     RandomPlacement,
     Scattered,
@@ -13,12 +14,13 @@ from .strategies import (
     consolidate,
     first_fit,
     keep_running,
+    most_free_first,
     place_with,
     random_pick,
     scatter,
 )
 
 __all__ = [
-    "Consolidated", "FirstFit", "FreeMap", "KeepParams", "RandomParams", "RandomPlacement", "Scattered", "Sticky", "consolidate",
-    "first_fit", "keep_running", "place_with", "random_pick", "scatter",
+    "Consolidated", "FirstFit", "FreeMap", "KeepParams", "MostFree", "RandomParams", "RandomPlacement", "Scattered", "Sticky", "consolidate",
+    "first_fit", "keep_running", "most_free_first", "place_with", "random_pick", "scatter",
 ]  # fmt: skip

@@ -329,6 +329,17 @@ def consolidate(free: FreeMap, count: int, gpu_type: str) -> list[GpuRef] | None
         single = free.first_with(t, count)
         if single is not None:
             return free.grab(single, count)
+        gpus = most_free_first(free, count, t)
+        if gpus is not None:
+            return gpus
+    return None
+
+
+def most_free_first(free: FreeMap, count: int, gpu_type: str) -> list[GpuRef] | None:
+    """`count` GPUs of one type from the nodes with the most free GPUs first (node order breaks
+    ties), all of each node's until enough (Pollux's simulator: `most_common` of the free
+    GPUs, again and again). None if they do not fit."""
+    for t in free.types_for(gpu_type):
         nodes = free.nodes_of(t)
         if sum(len(free.free[n]) for n in nodes) < count:
             continue
@@ -495,6 +506,15 @@ class Consolidated(KeepsMap):
 
     def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
         return place_with(inp, consolidate, free=self.free_map(inp))
+
+
+class MostFree(KeepsMap):
+    """Keep running jobs where they are; take the others' GPUs from the nodes with the most free
+    GPUs first, in the order the scheduler ranks them (Pollux's simulator places its Optimus and
+    Tiresias jobs so). Registry name `most-free`."""
+
+    def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
+        return place_with(inp, most_free_first, free=self.free_map(inp))
 
 
 class FirstFit(MayRearrange):

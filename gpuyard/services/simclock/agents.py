@@ -8,6 +8,7 @@ from gpuyard.services.simclock.costs import GpuSet, PreemptionCost
 from gpuyard.services.simclock.timeline import QueueChanges
 from gpuyard.shared.contract import NodeCommand, NodeCommandReply
 from gpuyard.shared.errors import BadRequest
+from gpuyard.shared.goodput import GoodputJob
 from gpuyard.shared.model import ClusterSpec, JobSpec, NodeSpec
 
 
@@ -17,12 +18,17 @@ class SimJob:
     __slots__ = (
         "attempt", "base", "done", "down_s", "ended_at", "failure", "floor", "gpu_type", "held",
         "job_type", "limit_at", "min_gpus", "parts", "placed", "queue", "ranks", "rate",
-        "restarting", "restoring", "round_steps", "share", "since", "timed_out", "total", "until",
-        "up_s", "version",
+        "restarting", "restoring", "round_steps", "share", "since", "timed_out", "total",
+        "training", "until", "up_s", "version",
     )  # fmt: skip
 
-    def __init__(self, spec: JobSpec, total: float, queue: int = -1) -> None:
+    def __init__(
+        self, spec: JobSpec, total: float, queue: int = -1, training: GoodputJob | None = None
+    ) -> None:
         self.job_type = spec.job_type
+        self.training = training
+        """Its training, where it progresses at its goodput (`Completions.advance`): then `rate`
+        stays 0 and `done` is its training's progress."""
         self.share = spec.gpu_milli  # a share of one GPU: it runs beside others, not as a pair
         self.queue = queue  # the index of its queue, whose GPUs it counts in (-1: none)
         self.total = total

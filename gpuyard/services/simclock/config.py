@@ -28,6 +28,20 @@ class QueueMap(Struct, kw_only=True, forbid_unknown_fields=True):
         return self.users.get(user, self.default_queue)
 
 
+class GoodputSettings(Struct, kw_only=True, forbid_unknown_fields=True):
+    """Jobs whose progress is their goodput (Pollux's model, `gpuyard.shared.goodput`): a job
+    whose type is a model profiled in `profiles` trains epoch by epoch at the goodput of its
+    placement and batch size, as Pollux's simulator advances it."""
+
+    profiles: str
+    """A folder of per-model profiles (Pollux's `traces/`: `<model>/placements.csv`, ...)."""
+    step_s: Annotated[float, Meta(gt=0)] = 60.0
+    """A running job's progress is made every this many seconds of the clock (and when its
+    GPUs change): where it may pick a batch size again (Pollux's simulator: its 60 s round)."""
+    restart_s: Annotated[float, Meta(ge=0)] = 30.0
+    """Seconds a job makes no progress after each (re)start (Pollux's simulator: 30)."""
+
+
 class SimClockConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     workload: str
     """JSON-lines file of job specs (each with job_id and submit_time)."""
@@ -74,6 +88,8 @@ class SimClockConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     leaves its GPUs idle until then, completions are reported and arrivals submitted at round
     ends, and with nothing running time jumps to the next arrival."""
     preemption_cost: PreemptionCost = msgspec.field(default_factory=PreemptionCost)
+    goodput: GoodputSettings | None = None
+    """Jobs of profiled models progress at their goodput (None: every job at its throughput)."""
     queues: QueueMap | None = None
     """A run with queues: the timeline has the GPUs each queue's jobs hold (`TimelinePage.queues`)."""
     window: tuple[Annotated[int, Meta(ge=0)], Annotated[int, Meta(ge=1)]] | None = None

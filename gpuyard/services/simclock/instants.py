@@ -50,12 +50,14 @@ def plan_instant(*, nodes: bool, exits: bool, submit: bool) -> list[tuple[Step, 
 def next_event(
     *, arrival: float | None, completion: float | None, node_event: float | None,
     wake: float | None, held_retry: float | None, last: float | None,
+    training: float | None = None,
 ) -> float | None:  # fmt: skip
     """The next instant at which something can change: an arrival, a completion, a node event,
-    the tick the scheduler asked for or admission's time to decide on held jobs again (those
-    two never before the last instant). None: nothing ever will."""
+    the end of the goodput jobs' step (`training`), the tick the scheduler asked for or
+    admission's time to decide on held jobs again (those two never before the last instant).
+    None: nothing ever will."""
     floor = last or 0.0
-    candidates = [t for t in (arrival, completion, node_event) if t is not None]
+    candidates = [t for t in (arrival, completion, node_event, training) if t is not None]
     candidates += [max(t, floor) for t in (wake, held_retry) if t is not None]
     return min(candidates, default=None)
 
@@ -121,6 +123,7 @@ class InstantLoop:
         the scheduler's quiet window holds (`SchedulerStatus.quiet_until`) are told of with the
         last of them, their exits and arrivals each with its own time; returns that last one."""
         clock, progress = self.clock, self.progress
+        clock.unreported.update(clock.runs.advance(now))  # (on the GPUs they held until now)
         lost: list[str] | None = None
         if self.next_churn < len(self.churn) and self.churn[self.next_churn][0] == now:
             lost = await clock.change_nodes(now, self.churn[self.next_churn][1])
@@ -213,6 +216,7 @@ class InstantLoop:
             or self.held
             or clock.config.window is not None
             or clock.config.completion_grid_s is not None
+            or clock.config.goodput is not None
         ):
             return None
         limits = [quiet]
@@ -252,6 +256,7 @@ class InstantLoop:
             and config.window is None
             and config.completion_grid_s is None
             and config.predicted_ends is None
+            and config.goodput is None
             and not config.at_node_events
             and (restart is None or restart.scope != "decisions")
         )
@@ -444,7 +449,7 @@ class EventInstants(InstantLoop):
         now = next_event(
             arrival=arrival, completion=self.clock.runs.next_completion(), node_event=node_event,
             wake=self.clock.sched_wake, held_retry=self.held_retry if self.held else None,
-            last=self.last,
+            last=self.last, training=self.clock.runs.next_training_step() if unfinished else None,
         )  # fmt: skip
         if now is not None:
             self.ticks_here = self.ticks_here + 1 if now == self.last else 0

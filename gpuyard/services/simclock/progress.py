@@ -39,6 +39,8 @@ class Completions:
         self.rescale_steps = 0.0  # steps lost to growing and shrinking jobs
         self.churn_times: list[float] = []  # instants with node events (`at_node_events`)
         self.quantum_origin = 0.0  # where the multiples of `completion_quantum` start
+        self.training = config.goodput  # jobs that progress at their goodput (`advance`)
+        self.next_step = 0.0  # when their next step ends
 
     def next_node_event(self, t: float) -> float:
         """The first node-event instant at or after `t` (`t` itself after the last)."""
@@ -61,6 +63,9 @@ class Completions:
         for job_id in sorted(nodes.changed | sharing.keys() | pauses.keys()):
             job = self.jobs.get(job_id)
             if job is None:  # ended at this instant
+                continue
+            if job.training is not None:
+                self.retrain(job_id, job, now)
                 continue
             if job_id not in nodes.changed and job_id not in sharing:
                 job.settle(now)  # a running job restarting with the others
@@ -97,6 +102,60 @@ class Completions:
         nodes.changed.clear()
         nodes.launched.clear()
         return behind
+
+    def advance(self, now: float) -> dict[str, StepsReport]:
+        """Where a step of the goodput jobs (`SimJob.training`) ends at `now`: each running one
+        makes its progress since its last step, as Pollux's simulator steps its jobs every
+        round; those that finished in it exit at `now` (`exits`), their end when they
+        finished. Returns their progress, for the scheduler."""
+        settings = self.training
+        if settings is None or now < self.next_step:
+            return {}
+        self.next_step = (math.floor(now / settings.step_s + 1e-9) + 1) * settings.step_s
+        reports: dict[str, StepsReport] = {}
+        for job_id in sorted(self.nodes.running):
+            job = self.jobs.get(job_id)
+            if job is not None and job.training is not None and job.since < now:
+                self.train(job_id, job, now)
+                if not job.training.finished:  # (one that did ends when it finished)
+                    reports[job_id] = StepsReport(job.done, now)
+        return reports
+
+    def next_training_step(self) -> float | None:
+        """When the goodput jobs' next step ends, if one runs (None: none does)."""
+        if self.training is None:
+            return None
+        running = (self.jobs.get(j) for j in self.nodes.running)
+        if any(job is not None and job.training is not None for job in running):
+            return self.next_step
+        return None
+
+    def train(self, job_id: str, job: SimJob, now: float) -> None:
+        """The goodput job's progress from its last step to `now`; if it finished on the way, its
+        exit is reported at `now` and its end is when it finished."""
+        training = job.training
+        assert training is not None
+        if training.placement and not training.finished and now > job.since:
+            finished = training.step(now - job.since)
+            job.done = training.progress
+            if finished is not None:
+                job.ended_at = job.since + finished
+                job.version += 1
+                self.launches += 1
+                heapq.heappush(self.heap, (now, self.launches, job_id, job.version))
+        job.since = now
+
+    def retrain(self, job_id: str, job: SimJob, now: float) -> None:
+        """A goodput job whose GPUs changed at `now`: its progress on the old ones, then a
+        restart on the new ones (none: it waits). Its placement is its GPUs per node, most
+        first, as Pollux's simulator places a job (the most free node first)."""
+        training = job.training
+        assert training is not None
+        self.train(job_id, job, now)
+        if training.finished:
+            return
+        placement = sorted((len(gpus) for gpus in job.parts.values()), reverse=True)
+        training.reallocate(tuple(placement))
 
     def stalled(self, now: float) -> dict[str, StepsReport]:
         """The jobs that have stopped progressing (`predicted_ends`), with their progress as of

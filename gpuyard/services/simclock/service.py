@@ -13,6 +13,7 @@ or a tick the scheduler asked for. Same inputs, same sequence of messages, same 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
@@ -56,6 +57,7 @@ from gpuyard.shared.endpoints import (
     Endpoint,
 )
 from gpuyard.shared.errors import BadRequest, RemoteError
+from gpuyard.shared.goodput import Application, GoodputJob, load_applications
 from gpuyard.shared.model import JobSpec, NodeSpec
 from gpuyard.shared.service import Handler, Service
 from gpuyard.shared.throughput import ThroughputModel, load_throughputs, total_steps
@@ -100,6 +102,7 @@ class SimClock(Service):
         self.commands_due = 0  # ... that the services' replies named
         self.commands_in = asyncio.Event()  # set when one is handled
         self.command_error: str | None = None  # a command no simulated node could carry out
+        self.applications: dict[str, Application] = {}  # the goodput jobs' models, by type
 
     def routes(self) -> dict[Endpoint[Any, Any], Handler]:
         # NODE_COMMANDS: an apply's commands to every node at once (placement, `simulated`).
@@ -130,6 +133,9 @@ class SimClock(Service):
                     f"window {first}:{end} is not within the workload's {len(workload)} jobs",
                     field="$.window",
                 )
+        if self.config.goodput is not None:
+            profiles = Path(self.config.goodput.profiles)
+            self.applications = await asyncio.to_thread(load_applications, profiles)
         churn: NodeEvents = []
         if self.config.node_events is not None:
             churn = await asyncio.to_thread(load_node_events, self.config.node_events)
@@ -190,9 +196,21 @@ class SimClock(Service):
         replay holds those of the jobs that came and have not ended, not every job's)."""
         for spec in batch:
             assert spec.job_id is not None
-            total = total_steps(spec, self.model)
-            assert total is not None
-            self.nodes.jobs[spec.job_id] = SimJob(spec, total, self.nodes.queue_of(spec.user))
+            app = self.applications.get(spec.job_type)
+            if app is not None:  # it trains at its goodput: its work is its model's epochs
+                settings = self.config.goodput
+                assert settings is not None
+                training = GoodputJob(app, spec.batch_size, restart_s=settings.restart_s)
+                total = app.progress_at(
+                    app.completion_epoch(spec.batch_size or app.init_batch_size) + 1
+                )
+                self.nodes.jobs[spec.job_id] = SimJob(
+                    spec, total, self.nodes.queue_of(spec.user), training
+                )
+                continue
+            steps = total_steps(spec, self.model)
+            assert steps is not None
+            self.nodes.jobs[spec.job_id] = SimJob(spec, steps, self.nodes.queue_of(spec.user))
 
     def note(self, now: float, status: SchedulerStatus) -> None:
         """The scheduler's reply at `now`: when it wants its next tick, the node commands to wait
@@ -303,7 +321,14 @@ class SimClock(Service):
                 await self.call(NODES, NodesChanged(now=0.0, up=nodes))
             round_s = self.config.gavel_round_s
             for spec in workload:  # (a job whose work cannot be known fails the run at its start)
-                total_steps(spec, self.model)
+                if spec.job_type in self.applications:
+                    continue
+                if total_steps(spec, self.model) is None:
+                    raise ValueError(
+                        f"job {spec.job_id!r}: a simulated job needs duration or total_steps, "
+                        f"or a model with a goodput profile (--profiles; its type is "
+                        f"{spec.job_type!r})"
+                    )
                 if spec.time_limit_s is not None and round_s is not None:
                     raise ValueError(
                         f"job {spec.job_id!r} has a time limit: Gavel's rounds "

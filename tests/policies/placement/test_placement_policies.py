@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from gpuyard.policies.placement import (
     Consolidated,
     FirstFit,
+    MostFree,
     RandomParams,
     RandomPlacement,
     Scattered,
@@ -17,7 +18,7 @@ from gpuyard.policies.placement import (
 from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef
 from gpuyard.shared.policy import NodeView, PlacementInput, placement_policies
 
-NAMES = ["consolidated", "first-fit", "scattered", "random", "sticky"]
+NAMES = ["consolidated", "first-fit", "most-free", "scattered", "random", "sticky"]
 
 
 def nodes(*free: list[int], gpu_type: str = "gpu", prefix: str = "n") -> list[NodeView]:
@@ -57,6 +58,16 @@ def test_a_node_listing_gpus_out_of_order_or_twice_hands_each_out_once(name):
     out = place(policy, [Allocation("a", 2), Allocation("b", 1)], ns)
     gpus = [g for placed in out.values() for g in placed]
     assert sorted(gpus) == [GpuRef("n0", 0), GpuRef("n0", 1), GpuRef("n0", 3)]
+
+
+def test_most_free_takes_the_emptiest_nodes_first_in_the_order_given():
+    ns = nodes([0, 1], [0, 1, 2, 3], [1, 2, 3], [0, 1, 2, 3])
+    # Unlike consolidated, a job that fits on the first partly free node still goes to the
+    # emptiest (Pollux's simulator); ties go to the earlier node.
+    out = place(MostFree(), [Allocation("a", 2), Allocation("b", 5), Allocation("c", 2)], ns)
+    assert per_node(out["a"]) == {"n1": 2}
+    assert per_node(out["b"]) == {"n3": 4, "n2": 1}
+    assert per_node(out["c"]) == {"n0": 2}  # (every node has 2 left: the first)
 
 
 def test_first_fit_node_order_lowest_indices():
