@@ -1,0 +1,93 @@
+"""`gpuyard sim --pollux` through the services: goodput jobs trained epoch by epoch by the
+simclock, as Pollux's simulator steps them, under the artifact's baselines."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gpuyard.shared.goodput import GoodputJob, load_applications
+from gpuyard.workloads.loader import load_workload
+
+pytestmark = pytest.mark.slow
+
+
+def gpuyard(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuyard.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def lone_end(job: GoodputJob, start: float, placement: tuple[int, ...]) -> float:
+    """When a job that starts at `start` on `placement` ends, stepped a 60 s round at a time."""
+    job.reallocate(placement)
+    t = start
+    while True:
+        finished = job.step(60.0)
+        if finished is not None:
+            return t + finished
+        t += 60.0
+
+
+def test_jobs_train_at_their_goodput_and_end_as_the_model_steps_them(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    pollux = shared_data / "pollux"
+    # Two jobs that fit side by side: each runs alone from the round after its arrival.
+    trace = tmp_path / "workloads" / "two.csv"
+    trace.parent.mkdir()
+    trace.write_text(
+        "name,time,application,num_replicas,batch_size\n"
+        "cifar10-0,53,cifar10,6,2048\nncf-1,100,ncf,1,1024\n"
+    )
+    out = tmp_path / "out"
+    proc = gpuyard(
+        "sim", "--pollux", "--policy", "tiresias", "--trace", str(trace),
+        "--profiles", str(pollux / "traces"), "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    jobs = pd.read_csv(out / "jobs.csv").set_index("job_id")
+    apps = load_applications(pollux / "traces")
+    # Admitted at the next round (60, 120); the most-free placement gives 4 + 2 and 1 GPU; each
+    # makes no progress for its 30 s restart, then trains epoch by epoch.
+    assert jobs.loc["cifar10-0", "start"] == 60.0
+    assert jobs.loc["ncf-1", "start"] == 120.0
+    cifar = lone_end(GoodputJob(apps["cifar10"], 2048), 60.0, (4, 2))
+    ncf = lone_end(GoodputJob(apps["ncf"], 1024), 120.0, (1,))
+    assert jobs.loc["cifar10-0", "end"] == pytest.approx(cifar)
+    assert jobs.loc["ncf-1", "end"] == pytest.approx(ncf)
+    assert (jobs["state"] == "completed").all()
+
+
+def test_optimus_runs_a_pollux_workload_to_completion(shared_data: Path, tmp_path: Path) -> None:
+    trace = shared_data / "pollux" / "workloads" / "workload-6.csv"
+    first = load_workload(trace).jobs[:12]
+    small = tmp_path / "workloads" / "w.csv"
+    small.parent.mkdir()
+    small.write_text(
+        "name,time,application,num_replicas,batch_size\n"
+        + "".join(f"{j.job_id},{j.submit_time:g},{j.job_type},{j.num_gpus},{j.batch_size}\n"
+                  for j in first)
+    )  # fmt: skip
+    out = tmp_path / "out"
+    proc = gpuyard(
+        "sim", "--pollux", "--policy", "optimus", "--trace", str(small),
+        "--profiles", str(shared_data / "pollux" / "traces"), "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "pollux-optimus" in proc.stdout
+    jobs = pd.read_csv(out / "jobs.csv")
+    assert (jobs["state"] == "completed").all() and len(jobs) == 12
+
+
+def test_pollux_preset_names_missing_profiles_in_one_line(tmp_path: Path) -> None:
+    trace = tmp_path / "w.csv"
+    trace.write_text("name,time,application,num_replicas,batch_size\ncifar10-0,0,cifar10,1,128\n")
+    proc = gpuyard("sim", "--pollux", "--trace", str(trace), "--out", str(tmp_path / "o"))
+    assert proc.returncode != 0
+    assert "--pollux needs the models' profiles" in proc.stderr
+    assert "Traceback" not in proc.stderr
