@@ -33,6 +33,7 @@ class PolluxOptimus(UsesProfiles):
     def schedule(self, inp: SchedulingInput) -> list[Allocation]:
         apps = self.apps
         jobs = list(inp.jobs)
+        by_id = {j.job_id: j for j in jobs}
         remaining = {j.job_id: _iterations_left(apps[j.spec.job_type], j) for j in jobs}
         free = inp.cluster.total_gpus
         replicas: dict[str, int] = {}
@@ -47,7 +48,7 @@ class PolluxOptimus(UsesProfiles):
             gain[key] = self._gain(job, apps, 1, remaining[key], free)
         while free > 0 and gain and max(gain.values()) > 0:
             key = max(gain, key=gain.__getitem__)  # (the first of the best, in arrival order)
-            job = next(j for j in jobs if j.job_id == key)
+            job = by_id[key]
             replicas[key] += 1
             # (the artifact checks the GPUs left before taking this one: never fewer than 1 here)
             gain[key] = self._gain(job, apps, replicas[key], remaining[key], free)
