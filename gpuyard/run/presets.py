@@ -260,8 +260,9 @@ class Pollux(Semantics):
         from gpuyard.services.simclock.config import GoodputSettings
         from gpuyard.workloads import load_cluster
 
+        self.check(spec)  # (a comparison builds every run's options before it checks them)
         profiles = self.profiles(spec)
-        assert profiles is not None  # (`check`)
+        assert profiles is not None
         changes: dict[str, Any] = {
             "goodput": GoodputSettings(profiles=str(Path(profiles).resolve()),
                                        step_s=options.round_s),
