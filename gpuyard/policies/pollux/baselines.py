@@ -68,18 +68,9 @@ class PolluxOptimus(UsesProfiles):
         job: JobView, apps: dict[str, Application], n: int, remaining: float, free: int
     ) -> float:
         app = apps[job.spec.job_type]
-        if n + 1 > _max_replicas(app, job) or free < 1:
+        if n + 1 > job.spec.gpu_range[1] or free < 1:  # (`gpu_range`, as `accepts` set it)
             return 0.0
         return (step_time(app, job, n) - step_time(app, job, n + 1)) * remaining
-
-
-def _max_replicas(app: Application, job: JobView) -> int:
-    """The most GPUs Optimus gives a job: its batch size over the smallest per-GPU batch (ncf,
-    whose batch the artifact never splits: 1)."""
-    if app.name == "ncf":
-        return 1
-    assert job.spec.batch_size is not None
-    return job.spec.batch_size // app.min_local_bsz
 
 
 def _iterations_left(app: Application, job: JobView) -> float:
