@@ -71,6 +71,7 @@ def build(
         options.node_events = str(events_path.resolve())
     elif spec.nodes_from is not None or spec.start is not None or spec.preset == "bftrainer":
         raise ValueError("--nodes-from, --start and --bftrainer apply to --node-events")
+    workload.jobs = semantics(spec.preset).jobs(options, workload.jobs)
     options = semantics(spec.preset).with_workload(options, workload.jobs)
     if spec.queues is not None and options.policy == "kueue":
         described["queues"] = spec.queues  # (what ran, for options.json and the plots' titles)

@@ -54,6 +54,10 @@ class Semantics:
         """`options`, built from `spec`, with what the preset sets on top."""
         return options
 
+    def jobs(self, options: SimOptions, jobs: list[JobSpec]) -> list[JobSpec]:
+        """The workload's jobs as the preset runs them under `options`' policy."""
+        return jobs
+
     def with_workload(self, options: SimOptions, jobs: list[JobSpec]) -> SimOptions:
         """`options` with what the preset takes from the workload itself."""
         return options
@@ -224,8 +228,12 @@ class Pollux(Semantics):
     CLUSTER = "16x4"
     """The artifact's cluster (`--min-nodes 16 --num-gpus 4`)."""
     NAMES: ClassVar[dict[str, str]] = {"optimus": "pollux-optimus", "tiresias": "pollux-tiresias"}
-    PROFILED: ClassVar[frozenset[str]] = frozenset({"pollux-optimus"})
+    PROFILED: ClassVar[frozenset[str]] = frozenset({"pollux", "pollux-optimus"})
     """The policies that read the models' profiles (their `profiles` parameter)."""
+    ADAPTIVE: ClassVar[frozenset[str]] = frozenset({"pollux"})
+    """The policies whose jobs choose their batch sizes (AdaptDL's jobs)."""
+    FIXED_BATCH: ClassVar[dict[str, int]] = {"ncf": 32768}
+    """The models the artifact trains at one batch size under Pollux all the same."""
 
     def check(self, spec: RunSpec) -> None:
         if spec.mode not in (None, "rounds"):
@@ -274,6 +282,14 @@ class Pollux(Semantics):
         if options.policy in self.PROFILED and "profiles" not in options.policy_params:
             changes["policy_params"] = {**options.policy_params, "profiles": profiles}
         return msgspec.structs.replace(options, **changes)
+
+    def jobs(self, options: SimOptions, jobs: list[JobSpec]) -> list[JobSpec]:
+        """Under Pollux's own policy, a job picks its batch size (the workload's are the
+        baselines' users' choices), but for the models the artifact fixes."""
+        if options.policy not in self.ADAPTIVE:
+            return jobs
+        fixed = self.FIXED_BATCH
+        return [msgspec.structs.replace(j, batch_size=fixed.get(j.job_type)) for j in jobs]
 
     def clock_settings(self, options: SimOptions) -> dict[str, Any]:
         return {"arrival_quantum": options.round_s}

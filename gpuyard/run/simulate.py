@@ -603,6 +603,7 @@ async def simulate(
     (`processes=True`) dies and is not started again within `lost_after_s` seconds.
     """
     if not isinstance(jobs, WrittenWorkload):  # (a written one's options came from `build`)
+        jobs = semantics(options.preset).jobs(options, jobs)
         options = semantics(options.preset).with_workload(options, jobs)
     written = await asyncio.to_thread(prepare_run, options, jobs, out, workload)
     del jobs  # (a long replay's jobs live in their file and in the clock from here on)

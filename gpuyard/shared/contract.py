@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from .model import Allocation, GpuRef, JobRecord, JobSpec, JobState, Name, NodeSpec
+from .model import Allocation, GoodputHints, GpuRef, JobRecord, JobSpec, JobState, Name, NodeSpec
 
 CONTRACT_VERSION = 3
 VERSION_HEADER = "Gpuyard-Contract"
@@ -435,11 +435,13 @@ class ApplyRequest(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fiel
 class StepsReport(Struct, array_like=True):
     """A job's progress: `steps` done as of time `at` (the clock's), and `rate`: the steps/s its
     current run showed by the job's own clock (real nodes: `JobProgress.rate`; 0 = not measured,
-    the scheduler then measures between the reports it receives)."""
+    the scheduler then measures between the reports it receives). `goodput`: the job's goodput
+    hints, from a job that adapts its batch size."""
 
     steps: float
     at: float
     rate: float = 0.0
+    goodput: GoodputHints | None = None
 
 
 class StepsUpdate(Struct, kw_only=True, forbid_unknown_fields=True):

@@ -40,6 +40,8 @@ import scipy.optimize
 from scipy.interpolate import LinearNDInterpolator
 from threadpoolctl import threadpool_limits
 
+from .model import GoodputHints
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -902,6 +904,16 @@ class GoodputJob:
     def max_profiled_replicas(self) -> int:
         """The most replicas this job has run (and so profiled) on."""
         return max((key[1] for key in self.profile), default=0)
+
+    def hints(self) -> GoodputHints | None:
+        """What the job tells its scheduler (None before its first profiled step)."""
+        if self.perf_params is None or self.grad_params is None:
+            return None
+        return GoodputHints(
+            tuple(float(v) for v in self.perf_params),  # type: ignore[arg-type]
+            float(self.grad_params.sqr), float(self.grad_params.var),
+            self.max_profiled_replicas,
+        )  # fmt: skip
 
     def goodput_fn(self) -> GoodputFunction:
         """The goodput model as fitted so far (needs a profiled step)."""

@@ -225,7 +225,9 @@ class Allocation(Struct, array_like=True, omit_defaults=True):
 
     `share_with`: space sharing, run on the very GPUs of that job (both progress at their
     co-located throughput); the pair counts its GPUs once. `nodes`: a placement hint, the nodes
-    to use (in order of preference) when they have room.
+    to use (in order of preference) when they have room. `layout`: exactly this many GPUs on
+    each of these nodes (Pollux decides the nodes), taken when they are free, else the job is
+    placed as without it.
     """
 
     job_id: str
@@ -233,10 +235,23 @@ class Allocation(Struct, array_like=True, omit_defaults=True):
     gpu_type: str = ANY_GPU
     share_with: str | None = None
     nodes: list[str] = []
+    layout: dict[str, int] = {}
 
 
 JobState = Literal["queued", "running", "completed", "failed", "cancelled", "timeout"]
 ACTIVE_STATES = ("queued", "running")
+
+
+class GoodputHints(Struct, array_like=True, frozen=True):
+    """What a job that adapts its batch size tells its scheduler of its goodput (AdaptDL's
+    hints, Pollux OSDI '21): its step-time model fitted to the configurations it ran
+    (`gpuyard.shared.goodput.PerfParams`: alpha_c, beta_c, alpha_n, beta_n, alpha_r, beta_r,
+    gamma), its latest gradient statistics, and the most replicas it has run on."""
+
+    perf: tuple[float, float, float, float, float, float, float]
+    grad_sqr: float
+    grad_var: float
+    max_profiled_replicas: int
 
 
 class JobRecord(Struct, kw_only=True):
@@ -299,6 +314,8 @@ class JobRecord(Struct, kw_only=True):
     hold: Literal["", "user", "admin"] = ""
     """A waiting job held (`sched.hold`) by its owner or by an operator: it starts no more until
     released (reason `JobHeldUser` or `JobHeldAdmin`)."""
+    goodput: GoodputHints | None = None
+    """The job's latest goodput hints (a job that adapts its batch size; None: none told)."""
     unplaced_on: list[str] = []
     """GPU types its allocations named that placement could not place it on since it last
     started (its CPUs, memory or share fit no node of them): a type-agnostic walk tries the

@@ -3,8 +3,9 @@
 Every policy returns, for each allocation it can place, exactly `num_gpus` distinct usable GPUs of
 one type (the allocation's type unless it is ANY_GPU), never a GPU twice across jobs. They share
 `FreeMap` (free GPUs while a placement is built), `keep_running` (no migration for jobs whose
-allocation did not change) and one picker per strategy. An allocation's `nodes` hint is honoured
-first: the picker tries those nodes alone, then the whole cluster.
+allocation did not change) and one picker per strategy. An allocation's `layout` (GPUs per node)
+is taken as it is where those GPUs are free; its `nodes` hint is honoured next: the picker tries
+those nodes alone, then the whole cluster.
 
 A job that asks for more than whole GPUs of a type (`Ask`: a share of one GPU, some GPU types,
 CPUs or memory) is placed by the same picker on the nodes that have room for it; a share goes
@@ -436,7 +437,17 @@ def pick_asked(free: FreeMap, alloc: Allocation, ask: Ask, pick: Picker) -> list
 
 
 def pick_hinted(free: FreeMap, alloc: Allocation, pick: Picker) -> list[GpuRef] | None:
-    """GPUs for `alloc` with `pick`: on its hinted nodes if they have room, else anywhere."""
+    """GPUs for `alloc`: its `layout` if those GPUs are free, else with `pick`, on its hinted
+    nodes if they have room, else anywhere."""
+    layout = alloc.layout
+    if layout and sum(layout.values()) == alloc.num_gpus:
+        kinds = {free.gpu_type.get(n) for n in layout}
+        if (
+            len(kinds) == 1
+            and alloc.gpu_type in (ANY_GPU, *kinds)
+            and all(len(free.free.get(n, ())) >= k for n, k in layout.items())
+        ):
+            return [g for n, k in layout.items() for g in free.grab(n, k)]
     hinted = [n for n in alloc.nodes if n in free.free]
     if hinted:
         within = free.subset({n: list(free.free[n]) for n in hinted})

@@ -3,9 +3,10 @@ artifact (Optimus+Oracle, Tiresias+TunedJobs), over the goodput model of
 `gpuyard.shared.goodput`."""
 
 from .baselines import PolluxOptimus, PolluxTiresias, TiresiasTunedState, step_time
+from .pollux import Pollux, PolluxParams, PolluxState
 from .profiles import ProfilesParams, UsesProfiles
 
 __all__ = [
-    "PolluxOptimus", "PolluxTiresias", "ProfilesParams", "TiresiasTunedState", "UsesProfiles",
+    "Pollux", "PolluxOptimus", "PolluxParams", "PolluxState", "PolluxTiresias", "ProfilesParams", "TiresiasTunedState", "UsesProfiles",
     "step_time",
 ]  # fmt: skip

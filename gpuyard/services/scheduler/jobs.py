@@ -358,7 +358,10 @@ class JobTable:
         the rate of this run: the one the agent measured from the job's own reports
         (`report.rate`), else the rate since the last report of the same run that reached us
         (None: nothing to measure). The agent's needs no earlier report here, so a run that
-        lasts one round (Gavel's mechanism moves jobs every round) is measured too."""
+        lasts one round (Gavel's mechanism moves jobs every round) is measured too. Goodput
+        hints the report brings replace the job's."""
+        if report.goodput is not None and report.at >= record.progress_at:
+            record.goodput = report.goodput
         if record.state == "queued" and report.at >= record.progress_at:
             # A stopped job's steps as it stopped, heard after (a simulation's nodes tell them
             # with the clock's next request): no run began since.

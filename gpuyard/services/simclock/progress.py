@@ -107,7 +107,7 @@ class Completions:
         """Where a step of the goodput jobs (`SimJob.training`) ends at `now`: each running one
         makes its progress since its last step, as Pollux's simulator steps its jobs every
         round; those that finished in it exit at `now` (`exits`), their end when they
-        finished. Returns their progress, for the scheduler."""
+        finished. Returns their progress and goodput hints, for the scheduler."""
         settings = self.training
         if settings is None or now < self.next_step:
             return {}
@@ -118,7 +118,7 @@ class Completions:
             if job is not None and job.training is not None and job.since < now:
                 self.train(job_id, job, now)
                 if not job.training.finished:  # (one that did ends when it finished)
-                    reports[job_id] = StepsReport(job.done, now)
+                    reports[job_id] = StepsReport(job.done, now, goodput=job.training.hints())
         return reports
 
     def next_training_step(self) -> float | None:

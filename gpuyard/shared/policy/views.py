@@ -17,7 +17,7 @@ from typing import Any, overload
 import msgspec
 from msgspec import Struct
 
-from ..model import ANY_GPU, JobRecord, JobSpec
+from ..model import ANY_GPU, GoodputHints, JobRecord, JobSpec
 from ..throughput import LinearModel, ThroughputModel
 
 _NEUTRAL_MODEL = LinearModel()
@@ -127,6 +127,11 @@ class JobView:
     @property
     def preemptions(self) -> int:
         return self.record.preemptions
+
+    @property
+    def goodput(self) -> GoodputHints | None:
+        """The job's latest goodput hints (a job that adapts its batch size), None before any."""
+        return self.record.goodput
 
     # --------------------------------------------------------------- at now
 
