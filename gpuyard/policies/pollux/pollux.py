@@ -168,9 +168,10 @@ def power_terms(scaled: np.ndarray, power: float) -> np.ndarray:
     the mean (p < 0: (s + 1e-3)^p; p = 0: -log; p > 0: -(s + 1e-3)^p)."""
     floored = scaled + SPEEDUP_FLOOR
     if power == 0:
-        return -np.log(np.maximum(scaled, SPEEDUP_FLOOR))
-    terms = floored**power
-    return terms if power < 0 else -terms
+        terms = -np.log(np.maximum(scaled, SPEEDUP_FLOOR))
+    else:
+        terms = floored**power if power < 0 else -(floored**power)
+    return np.asarray(terms, dtype=float)
 
 
 def best_counts(values: Sequence[np.ndarray], capacity: int) -> list[int]:
@@ -232,10 +233,8 @@ def lay_out(
         held = current[job_id]
         if layout and sum(layout.values()) == sum(held.values()) and layout != held:
             # Placement keeps a job whose GPU count is unchanged where it runs: so must we.
-            if all(free[n] >= k for n, k in held.items()):
-                layout = dict(held)
-            else:
-                layout = _fewer(layout)
+            still_free = all(free[n] >= k for n, k in held.items())
+            layout = dict(held) if still_free else _fewer(layout)
         if layout:
             for n, k in layout.items():
                 free[n] -= k
@@ -272,11 +271,11 @@ def _fit(
         key=lambda n: (-free[n], order[n]),
     )[:max_nodes]
     if sum(free[n] for n in open_nodes) >= count:
-        layout: dict[str, int] = {}
+        spread: dict[str, int] = {}
         for n in open_nodes:
-            layout[n] = min(free[n], count - sum(layout.values()))
-            if sum(layout.values()) == count:
-                return layout
+            spread[n] = min(free[n], count - sum(spread.values()))
+            if sum(spread.values()) == count:
+                return spread
     most = max(free.values(), default=0)
     if most <= 0:
         return {}
