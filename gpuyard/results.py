@@ -88,6 +88,7 @@ class JobRows:
         self._texts: dict[str, list[str | None]] = {name: [] for name in _TEXTS}
         self._met = array("b")
         self._shares = array("q")  # each job's share of a GPU in thousandths (0: whole GPUs)
+        self._batches: list[str | None] = []  # each job's batch sizes over time (goodput jobs)
         self._declined = 0
 
     def __len__(self) -> int:
@@ -113,6 +114,7 @@ class JobRows:
             preemptions=r.preemptions, gpu_seconds=r.gpu_seconds, executed=r.executed_time,
             met=None if spec.deadline is None else end is not None and end <= spec.deadline,
             admission="best-effort" if spec.best_effort else "accepted", reason=r.reason,
+            batches=batch_sizes_cell(r.batch_sizes),
         )  # fmt: skip
 
     def add_declined(self, workload: Iterable[JobSpec], reasons: dict[str, str]) -> None:
@@ -134,7 +136,7 @@ class JobRows:
         self, order: int, job_id: str | None, state: str, spec: JobSpec, *, start: float | None,
         end: float | None, jct: float | None, queueing: float | None, arrival: float | None,
         preemptions: int, gpu_seconds: float, executed: float, met: bool | None,
-        admission: str, reason: str | None,
+        admission: str, reason: str | None, batches: str | None = None,
     ) -> None:  # fmt: skip
         self._order.append(order)
         # Slowdown: its JCT against the time it ran (1: it never waited nor was stopped).
@@ -160,11 +162,12 @@ class JobRows:
             self._texts[name].append(text if text is None or name == "job_id" else sys.intern(text))
         self._met.append(-1 if met is None else int(met))
         self._shares.append(spec.gpu_milli or 0)
+        self._batches.append(batches)
 
     def table(self, ended_by: float | None = None) -> Table:
         """Every row, in admission order (then the declined jobs, in the order they were added),
         with `JOB_COLUMNS` (and `gpu_milli`, each job's share of a GPU, 0 for whole GPUs, where
-        some job asked for a share); `ended_by`: only the jobs that had ended by then, and those declined
+        some job asked for a share; `batch_sizes`, where some job told its batch sizes); `ended_by`: only the jobs that had ended by then, and those declined
         (an interrupted run's: admission declined them when they arrived, by then)."""
         order = np.argsort(np.frombuffer(self._order, dtype=np.int64), kind="stable")
         if ended_by is not None:
@@ -185,7 +188,17 @@ class JobRows:
             columns[name] = column[order]
             if name == "num_gpus" and any(self._shares):
                 columns["gpu_milli"] = np.frombuffer(self._shares, dtype=np.int64)[order]
+        if any(self._batches):
+            column = np.empty(len(self), dtype=object)
+            column[:] = self._batches
+            columns["batch_sizes"] = column[order]
         return Table(columns)
+
+
+def batch_sizes_cell(told: list[tuple[float, int]]) -> str | None:
+    """`jobs.csv`'s `batch_sizes`: `time:batch_size` where the job's batch size changed, in
+    order, space-separated (None: it told none)."""
+    return " ".join(f"{t:.15g}:{b}" for t, b in told) if told else None
 
 
 def job_rows(records: Iterable[JobRecord]) -> JobRows:

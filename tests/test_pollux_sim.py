@@ -91,3 +91,42 @@ def test_pollux_preset_names_missing_profiles_in_one_line(tmp_path: Path) -> Non
     assert proc.returncode != 0
     assert "--pollux needs the models' profiles" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_pollux_adapts_batch_sizes_and_gpus_and_repeats_itself(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    """Pollux's own policy: the jobs pick their batch sizes (ncf stays at the artifact's 32768),
+    report their goodput, and grow past one GPU on it; the same run twice gives the same
+    results."""
+    trace = shared_data / "pollux" / "workloads" / "workload-6.csv"
+    first = [j for j in load_workload(trace).jobs[:30] if j.job_type in ("cifar10", "ncf")][:6]
+    small = tmp_path / "workloads" / "w.csv"
+    small.parent.mkdir()
+    small.write_text(
+        "name,time,application,num_replicas,batch_size\n"
+        + "".join(f"{j.job_id},{j.submit_time:g},{j.job_type},{j.num_gpus},{j.batch_size}\n"
+                  for j in first)
+    )  # fmt: skip
+    runs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        proc = gpuyard(
+            "sim", "--pollux", "--policy", "pollux", "--trace", str(small),
+            "--profiles", str(shared_data / "pollux" / "traces"), "--out", str(out),
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        runs.append((out / "jobs.csv").read_text())
+    assert runs[0] == runs[1]
+    jobs = pd.read_csv(tmp_path / "a" / "jobs.csv").set_index("job_id")
+    assert (jobs["state"] == "completed").all() and len(jobs) == len(first)
+    told = {k: [int(p.split(":")[1]) for p in v.split()] for k, v in jobs["batch_sizes"].items()}
+    ncf = [k for k in told if k.startswith("ncf")]
+    cifar = [k for k in told if k.startswith("cifar10")]
+    assert ncf and cifar
+    assert all(told[k] == [32768] for k in ncf)
+    # cifar10 starts at its initial 128 and grows its batch with its GPUs (its workload's
+    # batch sizes are the baselines' and play no part).
+    assert any(len(set(told[k])) > 1 for k in cifar)
+    assert max(max(told[k]) for k in cifar) > 128
+    assert (jobs.loc[cifar, "gpu_seconds"] > jobs.loc[cifar, "executed_time"]).any()

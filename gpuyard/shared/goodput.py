@@ -912,7 +912,7 @@ class GoodputJob:
         return GoodputHints(
             tuple(float(v) for v in self.perf_params),  # type: ignore[arg-type]
             float(self.grad_params.sqr), float(self.grad_params.var),
-            self.max_profiled_replicas,
+            self.max_profiled_replicas, self.batch_size,
         )  # fmt: skip
 
     def goodput_fn(self) -> GoodputFunction:

@@ -246,12 +246,14 @@ class GoodputHints(Struct, array_like=True, frozen=True):
     """What a job that adapts its batch size tells its scheduler of its goodput (AdaptDL's
     hints, Pollux OSDI '21): its step-time model fitted to the configurations it ran
     (`gpuyard.shared.goodput.PerfParams`: alpha_c, beta_c, alpha_n, beta_n, alpha_r, beta_r,
-    gamma), its latest gradient statistics, and the most replicas it has run on."""
+    gamma), its latest gradient statistics, the most replicas it has run on, and the total
+    batch size it trains with now (0: not told)."""
 
     perf: tuple[float, float, float, float, float, float, float]
     grad_sqr: float
     grad_var: float
     max_profiled_replicas: int
+    batch_size: int = 0
 
 
 class JobRecord(Struct, kw_only=True):
@@ -316,6 +318,8 @@ class JobRecord(Struct, kw_only=True):
     released (reason `JobHeldUser` or `JobHeldAdmin`)."""
     goodput: GoodputHints | None = None
     """The job's latest goodput hints (a job that adapts its batch size; None: none told)."""
+    batch_sizes: list[tuple[float, int]] = []
+    """When the batch size its hints told changed, and to what (`jobs.csv`'s `batch_sizes`)."""
     unplaced_on: list[str] = []
     """GPU types its allocations named that placement could not place it on since it last
     started (its CPUs, memory or share fit no node of them): a type-agnostic walk tries the

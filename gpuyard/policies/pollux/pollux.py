@@ -233,7 +233,7 @@ def lay_out(
         held = current[job_id]
         if layout and sum(layout.values()) == sum(held.values()) and layout != held:
             # Placement keeps a job whose GPU count is unchanged where it runs: so must we.
-            still_free = all(free[n] >= k for n, k in held.items())
+            still_free = all(free.get(n, 0) >= k for n, k in held.items())
             layout = dict(held) if still_free else _fewer(layout)
         if layout:
             for n, k in layout.items():

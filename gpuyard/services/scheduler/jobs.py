@@ -360,8 +360,12 @@ class JobTable:
         (None: nothing to measure). The agent's needs no earlier report here, so a run that
         lasts one round (Gavel's mechanism moves jobs every round) is measured too. Goodput
         hints the report brings replace the job's."""
-        if report.goodput is not None and report.at >= record.progress_at:
-            record.goodput = report.goodput
+        hints = report.goodput
+        if hints is not None and report.at >= record.progress_at:
+            record.goodput = hints
+            told = record.batch_sizes
+            if hints.batch_size and (not told or told[-1][1] != hints.batch_size):
+                record.batch_sizes = [*told, (report.at, hints.batch_size)]
         if record.state == "queued" and report.at >= record.progress_at:
             # A stopped job's steps as it stopped, heard after (a simulation's nodes tell them
             # with the clock's next request): no run began since.
