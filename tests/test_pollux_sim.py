@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from gpuyard.shared.goodput import GoodputJob, load_applications
+from gpuyard.shared.model import JobSpec
 from gpuyard.workloads.loader import load_workload
 
 pytestmark = pytest.mark.slow
@@ -20,6 +21,17 @@ def gpuyard(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gpuyard.cli", *args], capture_output=True, text=True, timeout=300
     )
+
+
+def write_trace(jobs: list[JobSpec], path: Path) -> Path:
+    """`jobs` as a Pollux workload file at `path`."""
+    path.parent.mkdir()
+    path.write_text(
+        "name,time,application,num_replicas,batch_size\n"
+        + "".join(f"{j.job_id},{j.submit_time:g},{j.job_type},{j.num_gpus},{j.batch_size}\n"
+                  for j in jobs)
+    )  # fmt: skip
+    return path
 
 
 def lone_end(job: GoodputJob, start: float, placement: tuple[int, ...]) -> float:
@@ -66,13 +78,7 @@ def test_jobs_train_at_their_goodput_and_end_as_the_model_steps_them(
 def test_optimus_runs_a_pollux_workload_to_completion(shared_data: Path, tmp_path: Path) -> None:
     trace = shared_data / "pollux" / "workloads" / "workload-6.csv"
     first = load_workload(trace).jobs[:12]
-    small = tmp_path / "workloads" / "w.csv"
-    small.parent.mkdir()
-    small.write_text(
-        "name,time,application,num_replicas,batch_size\n"
-        + "".join(f"{j.job_id},{j.submit_time:g},{j.job_type},{j.num_gpus},{j.batch_size}\n"
-                  for j in first)
-    )  # fmt: skip
+    small = write_trace(first, tmp_path / "workloads" / "w.csv")
     out = tmp_path / "out"
     proc = gpuyard(
         "sim", "--pollux", "--policy", "optimus", "--trace", str(small),
@@ -101,13 +107,7 @@ def test_pollux_adapts_batch_sizes_and_gpus_and_repeats_itself(
     results."""
     trace = shared_data / "pollux" / "workloads" / "workload-6.csv"
     first = [j for j in load_workload(trace).jobs[:30] if j.job_type in ("cifar10", "ncf")][:6]
-    small = tmp_path / "workloads" / "w.csv"
-    small.parent.mkdir()
-    small.write_text(
-        "name,time,application,num_replicas,batch_size\n"
-        + "".join(f"{j.job_id},{j.submit_time:g},{j.job_type},{j.num_gpus},{j.batch_size}\n"
-                  for j in first)
-    )  # fmt: skip
+    small = write_trace(first, tmp_path / "workloads" / "w.csv")
     runs = []
     for name in ("a", "b"):
         out = tmp_path / name
