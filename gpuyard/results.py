@@ -88,7 +88,7 @@ class JobRows:
         self._texts: dict[str, list[str | None]] = {name: [] for name in _TEXTS}
         self._met = array("b")
         self._shares = array("q")  # each job's share of a GPU in thousandths (0: whole GPUs)
-        self._batches: list[str | None] = []  # each job's batch sizes over time (goodput jobs)
+        self._batches: dict[int, str] = {}  # by row: batch sizes over time (the jobs that told)
         self._declined = 0
 
     def __len__(self) -> int:
@@ -162,7 +162,8 @@ class JobRows:
             self._texts[name].append(text if text is None or name == "job_id" else sys.intern(text))
         self._met.append(-1 if met is None else int(met))
         self._shares.append(spec.gpu_milli or 0)
-        self._batches.append(batches)
+        if batches is not None:
+            self._batches[len(self._order) - 1] = batches
 
     def table(self, ended_by: float | None = None) -> Table:
         """Every row, in admission order (then the declined jobs, in the order they were added),
@@ -188,9 +189,10 @@ class JobRows:
             columns[name] = column[order]
             if name == "num_gpus" and any(self._shares):
                 columns["gpu_milli"] = np.frombuffer(self._shares, dtype=np.int64)[order]
-        if any(self._batches):
+        if self._batches:
             column = np.empty(len(self), dtype=object)
-            column[:] = self._batches
+            for row, told in self._batches.items():
+                column[row] = told
             columns["batch_sizes"] = column[order]
         return Table(columns)
 
