@@ -24,6 +24,7 @@ from gpuyard.shared.goodput import (
     SpeedupFunction,
     _accum_time,
     _fit_objective,
+    _FitData,
     _log_optim_time,
     _network_time,
     fit_perf_params,
@@ -249,16 +250,14 @@ def test_fit_gradient_is_the_objectives_derivative() -> None:
     )
     accum, optim = _step_times(PARAMS, nodes, replicas, bsz)
     point = np.array([0.05, 0.002, 0.1, 0.02, 0.07, 0.003, 1.5])
-    _, gradient = _fit_objective(point, nodes, replicas, bsz, accum * 1.1, optim * 0.9)
+    data = _FitData.of(nodes, replicas, bsz, accum * 1.1, optim * 0.9)
+    _, gradient = _fit_objective(point, data)
     for i in range(7):
         h = 1e-6 * point[i]
         up, down = point.copy(), point.copy()
         up[i] += h
         down[i] -= h
-        slope = (
-            _fit_objective(up, nodes, replicas, bsz, accum * 1.1, optim * 0.9)[0]
-            - _fit_objective(down, nodes, replicas, bsz, accum * 1.1, optim * 0.9)[0]
-        ) / (2 * h)
+        slope = (_fit_objective(up, data)[0] - _fit_objective(down, data)[0]) / (2 * h)
         assert gradient[i] == pytest.approx(slope, rel=1e-5), PerfParams._fields[i]
 
 

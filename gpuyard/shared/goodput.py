@@ -28,6 +28,7 @@ L-BFGS-B lands elsewhere on the ill-conditioned profiles, for the artifact's cod
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -38,9 +39,9 @@ import numpy.typing as npt
 import pandas as pd
 import scipy.optimize
 from scipy.interpolate import LinearNDInterpolator
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController, threadpool_limits
 
-from .model import GoodputHints
+from .model import GoodputHints, GoodputProfile
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -195,6 +196,12 @@ class Application:
         self._completion_memo: dict[float, int] = {}
         self._iteration_memo: dict[tuple[float, int], float] = {}
         self._metric_memo: dict[tuple[float, int], float | None] = {}
+        self.fits: dict[
+            tuple[tuple[tuple[int, int, int], tuple[float, float]], ...], PerfParams
+        ] = {}
+        """`fit_perf_params` of a job's profile (its configurations in the order it ran them, with
+        their step times): the jobs of one application that ran the same configurations fit
+        the same parameters, so each profile is fitted once."""
         self._grad_memo: dict[tuple[float, int], tuple[float, float]] = {}
         self._epoch_progress: FloatArray | None = None
 
@@ -655,14 +662,47 @@ class GoodputFunction:
         return best_goodput, best_atomic_bsz, best_accum_steps
 
 
-def _fit_objective(
-    params: FloatArray,
-    num_nodes: IntArray,
-    num_replicas: IntArray,
-    atomic_bsz: IntArray,
-    accum_step_time: FloatArray,
-    optim_step_time: FloatArray,
-) -> tuple[float, FloatArray]:
+class _FitData(NamedTuple):
+    """What the fit's loss needs of the measurements, computed once per fit (the loss runs
+    ~75 times per fit: on a few configurations, numpy's per-call cost is all it costs)."""
+
+    atomic_bsz: IntArray
+    log_accum_step_time: FloatArray
+    log_optim_step_time: FloatArray
+    link: IntArray
+    """Each configuration's slowest link: 0 across nodes, 1 within a node, 2 none."""
+    spread: FloatArray
+    """max(num_replicas - 2, 1e-8): what the retrogress terms scale with."""
+    across_nodes: npt.NDArray[np.bool_]
+    within_node: npt.NDArray[np.bool_]
+
+    @classmethod
+    def of(
+        cls,
+        num_nodes: IntArray,
+        num_replicas: IntArray,
+        atomic_bsz: IntArray,
+        accum_step_time: FloatArray,
+        optim_step_time: FloatArray,
+    ) -> _FitData:
+        across_nodes = np.greater(num_nodes, 1)
+        within_node = ~across_nodes & np.greater(num_replicas, 1)
+        return cls(
+            atomic_bsz=atomic_bsz,
+            log_accum_step_time=np.log(accum_step_time),
+            log_optim_step_time=np.log(optim_step_time),
+            link=np.where(across_nodes, 0, np.where(within_node, 1, 2)),
+            spread=np.maximum(num_replicas - 2, 1e-8),
+            across_nodes=across_nodes,
+            within_node=within_node,
+        )
+
+
+_sum = np.add.reduce
+"""`np.sum` and `mean`'s sum, without their per-call wrapping (the same pairwise sum)."""
+
+
+def _fit_objective(params: FloatArray, data: _FitData) -> tuple[float, FloatArray]:
     """The reference's fit loss and its gradient.
 
     Loss: RMS log error of accum and of optim step times, plus 1e-3 (gamma - 1)^2 (a smaller
@@ -671,31 +711,39 @@ def _fit_objective(
     The gradient is the reference's autograd reverse pass written out by hand, operation for
     operation and summed in its order: the fit is ill-conditioned on few profiled
     configurations, so L-BFGS-B only lands where the reference does on a bit-identical gradient.
+    Every value is computed as `_accum_time`, `_network_time` and `_log_optim_time` do (the
+    links' parameters are picked, not computed, so picking them by index changes no bit).
     """
     p = PerfParams(*params)
-    accum = _accum_time(p, atomic_bsz)
-    network = _network_time(p, num_nodes, num_replicas)
-    accum_residual = np.log(accum) - np.log(accum_step_time)
-    optim_residual = _log_optim_time(p, accum, network) - np.log(optim_step_time)
-    reg_gamma = 1e-3 * (p.gamma - 1) ** 2
-    ratio_n, ratio_r = p.beta_n / p.alpha_n, p.beta_r / p.alpha_r
-    reg_retrogress = 1e-2 * (ratio_n**2 + ratio_r**2)
-    loss = (
-        np.sqrt((accum_residual**2).mean())
-        + np.sqrt((optim_residual**2).mean())
-        + reg_gamma
-        + reg_retrogress
+    accum = _accum_time(p, data.atomic_bsz)
+    network = (
+        np.array([p.alpha_n, p.alpha_r, 1e-8])[data.link]
+        + np.array([p.beta_n, p.beta_r, 1e-8])[data.link] * data.spread
     )
-
+    accum_residual = np.log(accum) - data.log_accum_step_time
     # Autograd's forward pass powers with np.power, not `**` (they round differently in
     # numpy < 2, which takes SVML's pow for arrays).
     accum_pow, network_pow = np.power(accum, p.gamma), np.power(network, p.gamma)
     log_total = np.log(accum_pow + network_pow)
-    optim_residual = log_total / p.gamma - np.log(optim_step_time)
+    optim_residual = log_total / p.gamma - data.log_optim_step_time
     count = len(accum_residual)
+    reg_gamma = 1e-3 * (p.gamma - 1) ** 2
+    ratio_n, ratio_r = p.beta_n / p.alpha_n, p.beta_r / p.alpha_r
+    reg_retrogress = 1e-2 * (ratio_n**2 + ratio_r**2)
+    loss = (
+        np.sqrt(_sum(accum_residual**2) / count)
+        + np.sqrt(_sum(optim_residual**2) / count)
+        + reg_gamma
+        + reg_retrogress
+    )
+
     # d(sqrt(mean(r^2)))/dr, as autograd's sqrt, mean and power rules compute it.
-    d_accum_residual = 0.5 * np.power(accum_residual, 2).mean() ** -0.5 / count * 2 * accum_residual
-    d_log_optim = 0.5 * np.power(optim_residual, 2).mean() ** -0.5 / count * 2 * optim_residual
+    d_accum_residual = (
+        0.5 * (_sum(np.power(accum_residual, 2)) / count) ** -0.5 / count * 2 * accum_residual
+    )
+    d_log_optim = (
+        0.5 * (_sum(np.power(optim_residual, 2)) / count) ** -0.5 / count * 2 * optim_residual
+    )
     d_log_total = d_log_optim / p.gamma
     d_total = d_log_total / (accum_pow + network_pow)
     power_less_one = np.where(p.gamma, p.gamma - 1, 1.0)
@@ -703,14 +751,12 @@ def _fit_objective(
     d_network = d_total * p.gamma * network**power_less_one
     d_gamma = (
         0.001 * 2 * (p.gamma - 1)
-        + np.sum(-d_log_optim * log_total / p.gamma**2, axis=0)
-        + np.sum(d_total * np.log(network) * network_pow, axis=0)
-        + np.sum(d_total * np.log(accum) * accum_pow, axis=0)
+        + _sum(-d_log_optim * log_total / p.gamma**2)
+        + _sum(d_total * np.log(network) * network_pow)
+        + _sum(d_total * np.log(accum) * accum_pow)
     )
     d_ratio_n, d_ratio_r = 0.01 * 2 * ratio_n, 0.01 * 2 * ratio_r
-    across_nodes = np.greater(num_nodes, 1)
-    within_node = ~across_nodes & np.greater(num_replicas, 1)
-    d_retrogress = np.maximum(num_replicas - 2, 1e-8) * d_network
+    d_retrogress = data.spread * d_network
 
     def chain(first: float, terms: FloatArray) -> float:
         """Autograd adds the selected elements' gradients one by one, last element first."""
@@ -721,16 +767,22 @@ def _fit_objective(
 
     grad = np.array(
         [
-            np.sum(d_accum, axis=0),
-            np.sum(atomic_bsz * d_accum, axis=0),
-            chain(-d_ratio_n * p.beta_n / p.alpha_n**2, d_network[across_nodes]),
-            chain(d_ratio_n / p.alpha_n, d_retrogress[across_nodes]),
-            chain(-d_ratio_r * p.beta_r / p.alpha_r**2, d_network[within_node]),
-            chain(d_ratio_r / p.alpha_r, d_retrogress[within_node]),
+            _sum(d_accum),
+            _sum(data.atomic_bsz * d_accum),
+            chain(-d_ratio_n * p.beta_n / p.alpha_n**2, d_network[data.across_nodes]),
+            chain(d_ratio_n / p.alpha_n, d_retrogress[data.across_nodes]),
+            chain(-d_ratio_r * p.beta_r / p.alpha_r**2, d_network[data.within_node]),
+            chain(d_ratio_r / p.alpha_r, d_retrogress[data.within_node]),
             d_gamma,
         ]
     )
     return float(loss), grad
+
+
+@functools.cache
+def _blas() -> ThreadpoolController:
+    """The BLAS libraries loaded (found once: looking costs a millisecond, a fit ten)."""
+    return ThreadpoolController()
 
 
 def fit_perf_params(
@@ -767,11 +819,11 @@ def fit_perf_params(
             initial[i] = upper[i] = lower[i]
     # One BLAS thread: L-BFGS-B's many tiny BLAS calls run ~100x slower handed to threads. An
     # exact fit (zero RMS error) gives a NaN gradient, as in the reference: quietly.
-    with threadpool_limits(limits=1), np.errstate(divide="ignore", invalid="ignore"):
+    with _blas().limit(limits=1), np.errstate(divide="ignore", invalid="ignore"):
         result = scipy.optimize.minimize(
             _fit_objective,
             initial,
-            args=(nodes, replicas, bsz, accum_times, optim_times),
+            args=(_FitData.of(nodes, replicas, bsz, accum_times, optim_times),),
             jac=True,
             method="L-BFGS-B",
             bounds=scipy.optimize.Bounds(lower, upper, keep_feasible=True),
@@ -974,11 +1026,16 @@ class GoodputJob:
         if key in self.profile:
             return
         self.profile[key] = step_time, sync_time
-        keys = np.array(list(self.profile))
-        times = np.array(list(self.profile.values()))
-        self.perf_params = fit_perf_params(
-            keys[:, 0], keys[:, 1], keys[:, 2], times[:, 0] - times[:, 1], times[:, 0]
-        )
+        profile = tuple(self.profile.items())
+        fitted = self.app.fits.get(profile)
+        if fitted is None:
+            keys = np.array(list(self.profile))
+            times = np.array(list(self.profile.values()))
+            fitted = fit_perf_params(
+                keys[:, 0], keys[:, 1], keys[:, 2], times[:, 0] - times[:, 1], times[:, 0]
+            )
+            self.app.fits[profile] = fitted
+        self.perf_params = fitted
 
     def reallocate(self, placement: tuple[int, ...]) -> None:
         """Move to `placement` (GPUs per node), restarting for restart_s; empty: release."""

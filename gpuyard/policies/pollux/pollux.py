@@ -19,7 +19,7 @@ import numpy as np
 from msgspec import Struct
 
 from gpuyard.shared.goodput import Application, GoodputFunction, SpeedupFunction
-from gpuyard.shared.model import Allocation, JobSpec
+from gpuyard.shared.model import Allocation, GoodputHints, JobSpec
 from gpuyard.shared.policy import JobView, Needs, NodeStatus, SchedulingInput
 
 from .profiles import ProfilesParams, UsesProfiles
@@ -64,6 +64,10 @@ class Pollux(UsesProfiles):
     def __init__(self, params: Struct | None = None) -> None:
         super().__init__(params)
         self.state = PolluxState()
+        self._speedups: dict[str, tuple[tuple[object, ...], np.ndarray]] = {}
+        """Each job's speedups (entry r - 1 for r GPUs, then its current layout's) and what they
+        were computed from: a job's hints change at most once an epoch, so most rounds reuse
+        them (a memo of a pure function, not state)."""
 
     def snapshot(self) -> PolluxState:
         return self.state
@@ -91,6 +95,8 @@ class Pollux(UsesProfiles):
         current = {j.job_id: self._layout(j, nodes) for j in jobs}
         values = [self._values(j, current[j.job_id], len(jobs), total, len(nodes), per_node)
                   for j in jobs]  # fmt: skip
+        self._speedups = {j.job_id: self._speedups[j.job_id] for j in jobs
+                          if j.job_id in self._speedups}  # fmt: skip
         costs = [v for v, _ in values]
         ids = [j.job_id for j in jobs]
         keeps = [keep for _, keep in values]
@@ -141,16 +147,14 @@ class Pollux(UsesProfiles):
             speedups = replicas / fair_replicas
             kept_speedup = kept_gpus / fair_replicas
         else:
-            fn = GoodputFunction(hints.perf, (hints.grad_sqr, hints.grad_var), app.init_batch_size)
-            bounds = (app.min_local_bsz, app.max_local_bsz)
-            speedup = SpeedupFunction(fn, app.max_batch_size, bounds, accumulation=True)
-            speedup.base_goodput = fn.optimize(
-                fair_nodes, fair_replicas, max_batch_size=app.max_batch_size,
-                atomic_bsz_range=bounds, accumulation=True,
-            )[0]  # fmt: skip
-            asked_nodes = np.append(spans, len(layout) or 1)
-            asked_replicas = np.append(replicas, kept_gpus or 1)
-            found = speedup(asked_nodes, asked_replicas)
+            asked = (len(layout) or 1, kept_gpus or 1)
+            key = (hints, fair_nodes, fair_replicas, most, per_node, params.max_nodes, asked)
+            known = self._speedups.get(job.job_id)
+            if known is not None and known[0] == key:
+                found = known[1]
+            else:
+                found = self._speedup(app, hints, fair_nodes, fair_replicas, spans, replicas, asked)
+                self._speedups[job.job_id] = key, found
             speedups, kept_speedup = found[:-1], float(found[-1])
         scale = num_nodes / total  # a share of one node's worth of the cluster is 1
         age = job.now - job.submit_time
@@ -161,6 +165,22 @@ class Pollux(UsesProfiles):
         if keeps:
             scaled[kept_gpus] = kept_speedup * scale
         return power_terms(scaled, params.power), keeps
+
+    @staticmethod
+    def _speedup(
+        app: Application, hints: GoodputHints, fair_nodes: int, fair_replicas: int,
+        spans: np.ndarray, replicas: np.ndarray, asked: tuple[int, int],
+    ) -> np.ndarray:  # fmt: skip
+        """The speedups over a fair share of (spans[i], replicas[i]), then of `asked`."""
+        fn = GoodputFunction(hints.perf, (hints.grad_sqr, hints.grad_var), app.init_batch_size)
+        bounds = (app.min_local_bsz, app.max_local_bsz)
+        speedup = SpeedupFunction(fn, app.max_batch_size, bounds, accumulation=True)
+        speedup.base_goodput = fn.optimize(
+            fair_nodes, fair_replicas, max_batch_size=app.max_batch_size,
+            atomic_bsz_range=bounds, accumulation=True,
+        )[0]  # fmt: skip
+        found: np.ndarray = speedup(np.append(spans, asked[0]), np.append(replicas, asked[1]))
+        return found
 
 
 def power_terms(scaled: np.ndarray, power: float) -> np.ndarray:
