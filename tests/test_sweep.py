@@ -753,7 +753,7 @@ RECIPES = Path(__file__).resolve().parents[1] / "examples" / "sweeps"
 RECIPE_RUNS = {
     "blox-fig6": 9, "gavel-jct-vs-load": 24, "gavel-traces": 14, "bftrainer-idle": 3,
     "elasticflow-fig8a": 6, "elasticflow-fig8b": 66, "elasticflow-fig9": 12,
-    "elasticflow-fig10": 6, "elasticflow-fig11": 54,
+    "elasticflow-fig10": 6, "elasticflow-fig11": 54, "pollux-fig8": 24,
 }  # fmt: skip
 """Every recipe of examples/sweeps and its runs."""
 OUTSIDE_DATA = {"elasticflow-fig8a"}
@@ -928,3 +928,16 @@ def test_an_x_of_traces_draws_a_group_of_bars_per_trace(tmp_path: Path) -> None:
     svg = (tmp_path / "report" / "deadlines.svg").read_text()
     assert 0 < svg.index("<!-- c2 -->") < svg.index("<!-- c1 -->")  # the ticks, the file's order
     assert "deadline satisfactory ratio vs trace" in svg
+
+
+def test_traces_of_one_name_in_several_folders_are_told_apart_by_their_folder() -> None:
+    """A workload at several loads (`workloads-0.5/workload-1.csv`, `workloads/workload-1.csv`):
+    ticks name the folder where the file names repeat, the file alone where they do not."""
+    from gpuyard.sweep.report import Axis
+
+    table = pd.DataFrame({"trace": ["/p/workloads/workload-1.csv", "/p/workloads-2.0/workload-1.csv",
+                                    "/p/workloads/workload-2.csv"]})  # fmt: skip
+    axis = Axis("trace")
+    assert [axis.tick(table, v) for v in table["trace"]] == [
+        "workloads/workload-1", "workloads-2.0/workload-1", "workload-2",
+    ]  # fmt: skip

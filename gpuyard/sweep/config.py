@@ -8,7 +8,7 @@
 [report]                     # optional: the figures' x axis, which figures, a baseline scheme
 ```
 
-Paths in the file (trace, throughputs, cluster_spec files, node_events, nodes_from) are relative to the file's
+Paths in the file (trace, throughputs, profiles, cluster_spec files, node_events, nodes_from) are relative to the file's
 folder. A run is identified by a hash of its inputs (its options with the input files' contents in
 place of their paths), so a sweep run again skips what it has already done.
 """
@@ -32,8 +32,8 @@ import gpuyard
 from gpuyard.run.spec import PositiveInt, RunSpec
 from gpuyard.shared.policy import own_params
 
-FILE_FIELDS = ("trace", "throughputs", "cluster_spec", "node_events", "nodes_from")
-"""Fields that may name a file (or, for throughputs, a folder) the run reads."""
+FILE_FIELDS = ("trace", "throughputs", "profiles", "cluster_spec", "node_events", "nodes_from")
+"""Fields that may name a file (or, for throughputs and profiles, a folder) the run reads."""
 PARAM_FIELDS = ("policy_params", "admission_params", "placement_params")
 RUN_FIELDS = frozenset(f.name for f in msgspec.structs.fields(RunSpec))
 

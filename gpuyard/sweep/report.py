@@ -143,7 +143,12 @@ class Axis:
             if len(named):  # `8x8:a100` over `(64 GPUs)`
                 return str(named.iloc[0]).replace(" (", "\n(")
         shown = _short(self.field, self.scale(value))
-        return Path(shown).stem if self.field in ("trace", "cluster_spec") else shown
+        if self.field not in ("trace", "cluster_spec"):
+            return shown
+        # By its stem; by its folder too where stems repeat (a workload at several loads).
+        stems = [Path(str(v)).stem for v in table[self.field].dropna().unique()]
+        path = Path(str(value))
+        return f"{path.parent.name}/{path.stem}" if stems.count(path.stem) > 1 else path.stem
 
     def at(self, table: pd.DataFrame, value: Any) -> str:
         """A panel's title: `load 10 jobs/h`, `cluster 8x8:a100 (64 GPUs)`."""
