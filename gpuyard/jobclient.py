@@ -11,6 +11,33 @@ The node agent starts every process of a job with these environment variables:
 - `GPUYARD_GRACE_S`: the agents' grace period between SIGTERM and SIGKILL;
 - `GPUYARD_GPU_TYPE`: the type of the node's GPUs the process runs on (`job.gpu_type`; a job may
   tune itself to it). A heterogeneity-aware policy moves a job between types, each run on one.
+- `GPUYARD_BATCH_SIZE`, `GPUYARD_LOCAL_BATCH_SIZE`, `GPUYARD_ACCUM_STEPS`: an adaptive job's
+  batch for this run (`job.batch_size`, `job.local_batch_size`, `job.accum_steps`; None, None
+  and 0 otherwise): each GPU computes `local_batch_size` samples at a time, and the optimizer steps
+  after `accum_steps + 1` of them, so `batch_size` = GPUs x local_batch_size x (accum_steps + 1).
+  Only a job submitted with `adaptive_batch` limits gets them (`gpuyard.shared.model.BatchLimits`);
+- `NNODES`: the nodes the job runs on (`job.num_nodes`).
+
+Adaptive batch sizes (Pollux, AdaptDL): at each (re)start the scheduler gives an adaptive job the
+batch that maximises its goodput (throughput x statistical efficiency) on the GPUs it got,
+from the model it fits to what the job measured. The job measures its step times and its
+gradient statistics and reports them; `report()` carries them to the scheduler (rank 0's stand
+for the job: its ranks step together). Until it has reported both, it keeps its initial batch::
+
+    local, accum = job.local_batch_size or 32, job.accum_steps
+    started = time.perf_counter()
+    ...  # accum_steps micro-batches of `local` samples without the all-reduce, then one with it
+    job.profile_step(time.perf_counter() - started, sync_s=waited_for_allreduce)
+    job.report_gradients(grad_sqr, grad_var)  # e.g. from the micro-batches' gradients
+
+`profile_step` takes the seconds of one optimizer step (the all-reduce and the update included;
+`accumulation=True`: of one accumulation micro-step without them), aggregated per configuration
+(nodes, GPUs, local batch: at most 32, the latest). `report_gradients` takes AdaptDL's
+statistics: `grad_sqr`, the squared norm of the true gradient, and `grad_var`, the variance
+(trace of the covariance) of the gradient averaged over the job's total batch, both
+estimated from gradients over parts of the batch (micro-batches or replicas: with n parts of the
+same size, g_i each, G their mean, `grad_sqr` = (n |G|^2 - mean |g_i|^2) / (n - 1) and `grad_var`
+= (mean |g_i|^2 - |G|^2) / (n - 1)); they are smoothed here (an exponential moving average).
 
 The node agent measures each run's rate from the reports (steps per second by the job's own clock,
 from the run's first report on): on a real cluster that is how the scheduler learns how fast each
@@ -61,6 +88,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import signal
 import socket
@@ -71,6 +99,10 @@ from typing import Any
 
 FINISHED = "finished.json"
 """Beside a rank's checkpoint once a run finished (`finish()`): which run it was."""
+PROFILE_MAX_CONFIGS = 32
+"""The most configurations `profile_step` keeps (the latest): a progress file stays small."""
+GRADIENT_SMOOTHING = 0.1
+"""The weight of each new estimate in `report_gradients`' moving averages."""
 
 
 class JobClient:
@@ -80,6 +112,8 @@ class JobClient:
         self, job_id: str, rank: int, world_size: int, local_rank: int, attempt: int,
         checkpoint_dir: Path, progress_file: Path | None, *, handle_sigterm: bool = True,
         report_every_s: float = 0.5, grace_s: float = 30.0, gpu_type: str = "",
+        batch_size: int | None = None, local_batch_size: int | None = None, accum_steps: int = 0,
+        num_nodes: int = 1,
     ) -> None:  # fmt: skip
         self.job_id = job_id
         self.gpu_type = gpu_type
@@ -89,6 +123,19 @@ class JobClient:
         self.local_rank = local_rank
         self.attempt = attempt
         """How often this job was stopped before (preemptions, lost nodes); 0 on its first run."""
+        self.num_nodes = num_nodes
+        self.batch_size = batch_size
+        """An adaptive job's total batch this run (GPUs x local x (accum + 1)); None: not told."""
+        self.local_batch_size = local_batch_size
+        """An adaptive job's per-GPU batch of one (micro-)step this run; None: not told."""
+        self.accum_steps = accum_steps
+        """Accumulation steps before each optimizer step this run (0: none)."""
+        self._step_times: dict[tuple[int, int, int], list[float]] = {}
+        """(nodes, GPUs, local batch) -> [optim seconds, sync seconds, optim steps, accumulation
+        seconds, accumulation steps], summed."""
+        self._gradients: list[float] = [0.0, 0.0, 0.0, 0.0]
+        """Moving averages of grad_sqr and grad_var, their weight so far, the batch size."""
+        self._warned = False
         self.checkpoint_dir = checkpoint_dir
         self.progress_file = progress_file
         self.report_every_s = report_every_s
@@ -122,6 +169,10 @@ class JobClient:
             checkpoint_dir=Path(env.get("GPUYARD_CHECKPOINT_DIR") or Path("checkpoints") / job_id),
             progress_file=Path(progress) if progress else None,
             gpu_type=env.get("GPUYARD_GPU_TYPE", ""),
+            batch_size=_positive(env.get("GPUYARD_BATCH_SIZE")),
+            local_batch_size=_positive(env.get("GPUYARD_LOCAL_BATCH_SIZE")),
+            accum_steps=_positive(env.get("GPUYARD_ACCUM_STEPS"), 0) or 0,
+            num_nodes=_positive(env.get("NNODES")) or 1,
             **options,
         )
 
@@ -166,7 +217,80 @@ class JobClient:
             "metrics": {k: float(v) for k, v in metrics.items()}, "attempt": self.attempt,
             "time": now,
         }  # fmt: skip
+        if self.rank == 0 and (goodput := self._goodput()):
+            record["goodput"] = goodput
         _write_atomically(self.progress_file, json.dumps(record).encode())
+
+    def profile_step(
+        self, seconds: float, *, sync_s: float = 0.0, accumulation: bool = False,
+        local_bsz: int | None = None,
+    ) -> None:  # fmt: skip
+        """Record one step's seconds (module docstring): an optimizer step's, of which `sync_s`
+        waiting for the all-reduce, or (`accumulation`) an accumulation micro-step's. At
+        `local_bsz` samples per GPU (default `local_batch_size`), on this run's nodes and GPUs.
+        Values that are not finite, or negative, are left out (said once, on stderr)."""
+        local = local_bsz if local_bsz is not None else self.local_batch_size
+        if local is None:
+            raise ValueError("profile_step needs local_bsz where GPUYARD_LOCAL_BATCH_SIZE is unset")
+        if not (_finite(seconds) and _finite(sync_s) and seconds > 0 and 0 <= sync_s < seconds):
+            self._warn(f"step time {seconds!r} s (sync {sync_s!r} s) left out")
+            return
+        key = (self.num_nodes, max(self.num_nodes, self.world_size), int(local))
+        sums = self._step_times.pop(key, None) or [0.0, 0.0, 0.0, 0.0, 0.0]
+        self._step_times[key] = sums  # (the latest last)
+        if accumulation:
+            sums[3] += seconds
+            sums[4] += 1
+        else:
+            sums[0] += seconds
+            sums[1] += sync_s
+            sums[2] += 1
+        while len(self._step_times) > PROFILE_MAX_CONFIGS:
+            del self._step_times[next(iter(self._step_times))]
+
+    def report_gradients(
+        self, grad_sqr: float, grad_var: float, *, batch_size: int | None = None
+    ) -> None:
+        """Record an estimate of the gradient statistics (module docstring) at the total batch
+        `batch_size` (default `batch_size`); the next `report()` carries their moving averages.
+        Values that are not finite are left out (said once, on stderr)."""
+        batch = batch_size if batch_size is not None else self.batch_size
+        if batch is None:
+            raise ValueError("report_gradients needs batch_size where GPUYARD_BATCH_SIZE is unset")
+        if not (_finite(grad_sqr) and _finite(grad_var)):
+            self._warn(f"gradient statistics {grad_sqr!r}, {grad_var!r} left out")
+            return
+        averages = self._gradients
+        keep = 1.0 - GRADIENT_SMOOTHING
+        averages[0] = keep * averages[0] + GRADIENT_SMOOTHING * float(grad_sqr)
+        averages[1] = keep * averages[1] + GRADIENT_SMOOTHING * float(grad_var)
+        averages[2] = keep * averages[2] + GRADIENT_SMOOTHING
+        averages[3] = float(batch)
+
+    def _goodput(self) -> dict[str, Any] | None:
+        """What `profile_step` and `report_gradients` gathered, as the progress file carries it
+        (`gpuyard.shared.model.GoodputProfile`); None: nothing yet."""
+        times = [
+            [*key, sums[0] / sums[2], sums[1] / sums[2], int(sums[2]),
+             sums[3] / sums[4] if sums[4] else 0.0, int(sums[4])]
+            for key, sums in self._step_times.items() if sums[2]
+        ]  # fmt: skip
+        sqr, var, weight, batch = self._gradients
+        if not times and not weight:
+            return None
+        goodput: dict[str, Any] = {"times": times}
+        if weight:  # (bias-corrected: the averages start from 0)
+            goodput |= {
+                "grad_sqr": sqr / weight,
+                "grad_var": var / weight,
+                "batch_size": int(batch),
+            }
+        return goodput
+
+    def _warn(self, what: str) -> None:
+        if not self._warned:
+            self._warned = True
+            print(f"gpuyard.jobclient: {what} (not finite or out of range)", file=sys.stderr)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -253,6 +377,19 @@ class JobClient:
 
 RUNS = ".runs"
 """The checkpoint folder's marks of the processes running (`a<attempt>.r<rank>`: host and pid)."""
+
+
+def _positive(text: str | None, least: int = 1) -> int | None:
+    """An environment variable's whole number of at least `least`; None: unset or not one."""
+    try:
+        value = int(text) if text else None
+    except ValueError:
+        return None
+    return value if value is not None and value >= least else None
+
+
+def _finite(value: float) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _alive(pid: int) -> bool:

@@ -15,7 +15,17 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from .model import Allocation, GoodputHints, GpuRef, JobRecord, JobSpec, JobState, Name, NodeSpec
+from .model import (
+    Allocation,
+    GoodputHints,
+    GoodputProfile,
+    GpuRef,
+    JobRecord,
+    JobSpec,
+    JobState,
+    Name,
+    NodeSpec,
+)
 
 CONTRACT_VERSION = 3
 VERSION_HEADER = "Gpuyard-Contract"
@@ -430,18 +440,35 @@ class ApplyRequest(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fiel
     time_left: dict[str, float] = {}
     """For each allocated job with a time limit (`JobSpec.time_limit_s`): the seconds it may
     still run, its limit less its runs so far (its next launch's `Launch.time_limit_s`)."""
+    batches: dict[str, BatchChoice] = {}
+    """For each allocated adaptive job (`JobSpec.adaptive_batch`): the batch its next launch
+    trains with (`Launch.batch`)."""
+
+
+class BatchChoice(Struct, array_like=True, frozen=True):
+    """The batch an adaptive job's launch trains with: `batch_size` in all, `local_bsz` per GPU
+    and step, `accum_steps` accumulation steps before each optimizer step (batch_size = GPUs x
+    local_bsz x (accum_steps + 1)). The job reads it from `GPUYARD_BATCH_SIZE`,
+    `GPUYARD_LOCAL_BATCH_SIZE` and `GPUYARD_ACCUM_STEPS`."""
+
+    batch_size: int
+    local_bsz: int
+    accum_steps: int
 
 
 class StepsReport(Struct, array_like=True):
     """A job's progress: `steps` done as of time `at` (the clock's), and `rate`: the steps/s its
     current run showed by the job's own clock (real nodes: `JobProgress.rate`; 0 = not measured,
     the scheduler then measures between the reports it receives). `goodput`: the job's goodput
-    hints, from a job that adapts its batch size."""
+    hints, from a job that adapts its batch size (a simulated one fits them itself); `profile`:
+    what a real adaptive job measured (`JobProgress.goodput`), which the scheduler fits hints
+    to."""
 
     steps: float
     at: float
     rate: float = 0.0
     goodput: GoodputHints | None = None
+    profile: GoodputProfile | None = None
 
 
 class StepsUpdate(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -527,6 +554,9 @@ class Launch(Struct, kw_only=True, omit_defaults=True):
     time_limit_s: float | None = None
     """Stop this part after it ran this long (its job's time limit less its earlier runs) and
     report its exit as `timeout`."""
+    batch: BatchChoice | None = None
+    """An adaptive job's batch for this run (`ApplyRequest.batches`), told to its processes in
+    `GPUYARD_BATCH_SIZE`, `GPUYARD_LOCAL_BATCH_SIZE` and `GPUYARD_ACCUM_STEPS`."""
 
 
 class NodeCommand(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -576,6 +606,8 @@ class JobProgress(Struct, kw_only=True, omit_defaults=True):
     rate: float = 0.0
     """Steps/s of this run so far by the job's own clock, from its first report of the run to this
     one (the node agent computes it; 0 until the run has reported twice)."""
+    goodput: GoodputProfile | None = None
+    """An adaptive job's step times and gradient statistics (`JobClient.profile_step`)."""
 
 
 class Heartbeat(Struct, kw_only=True, omit_defaults=True):
@@ -724,7 +756,7 @@ class Event(Struct, kw_only=True, omit_defaults=True):
 MESSAGES: tuple[type[Struct], ...] = (
     ErrorReply, Ack, Ping, Pong, ServiceStats, Empty, PageQuery, SubmitRequest, SubmitResult, SubmitReply,
     EnqueueRequest, SchedulerStatus, CountsChange, ClusterChanged, TickRequest, JobExit, ExitReport, JobRecord, JobsPage,
-    RegisterNode, NodesChanged, NodesChangedReply, ApplyRequest, StepsReport, StepsUpdate, ApplyReply, ClusterInfo, Launch,
+    RegisterNode, NodesChanged, NodesChangedReply, ApplyRequest, BatchChoice, StepsReport, StepsUpdate, ApplyReply, ClusterInfo, Launch,
     NodeCommand, NodeCommandReply, NodeCommands, RunRequest, Progress, TimelinePoint, QueueGpus, TimelinePage, Event,
     JobQuery, CancelRequest, CancelReply, HoldRequest, RequeueRequest, DoneReply, DrainRequest, FinishedQuery, FinishedPage, GpuMetrics, JobProgress, Heartbeat, HeartbeatsPage,
     LogsRequest, LogsReply, LogLine,

@@ -32,16 +32,17 @@ import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
-import scipy.optimize
-from scipy.interpolate import LinearNDInterpolator
 from threadpoolctl import ThreadpoolController, threadpool_limits
 
 from .model import GoodputHints, GoodputProfile
+
+if TYPE_CHECKING:
+    from scipy.interpolate import LinearNDInterpolator
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -318,6 +319,9 @@ class Application:
         if self._interpolator is None:
             grouped = self._placements.groupby(_XS)[_XS + _YS].mean()
             points = pd.concat([grouped, self._scalability], ignore_index=True)
+            from scipy.interpolate import LinearNDInterpolator  # (scipy costs a simulation
+            # without goodput jobs half a second to import)
+
             interpolator = LinearNDInterpolator(points[_XS].values, points[_YS].values)
             # Its barycentric transforms (lazy: thousands of tiny LAPACK solves) on one BLAS
             # thread: multi-threaded they take seconds, or minutes on a busy machine.
@@ -819,6 +823,8 @@ def fit_perf_params(
             initial[i] = upper[i] = lower[i]
     # One BLAS thread: L-BFGS-B's many tiny BLAS calls run ~100x slower handed to threads. An
     # exact fit (zero RMS error) gives a NaN gradient, as in the reference: quietly.
+    import scipy.optimize  # (as in `Application._nd_interpolator`: only where jobs fit)
+
     with _blas().limit(limits=1), np.errstate(divide="ignore", invalid="ignore"):
         result = scipy.optimize.minimize(
             _fit_objective,
@@ -1114,3 +1120,105 @@ class GoodputJob:
         return self.app.iterations(self.target_batch_size, completion_epoch) - self.app.iterations(
             self.target_batch_size, self.epoch
         )
+
+
+# -- a real cluster's adaptive job: fitted by the scheduler from what the job measured -----------
+
+
+def fit_goodput_hints(
+    profile: GoodputProfile, init_batch_size: int
+) -> tuple[GoodputHints | None, list[str]]:
+    """The goodput hints a real adaptive job's measurements give (what Pollux's agent fits):
+    PerfParams fitted to its step times (`fit_perf_params`, from the observations alone: no
+    profile is the prior), its gradient statistics rescaled to `init_batch_size` (AdaptDL's
+    grad_var is the variance at the initial batch; the job measures it at its own). Returns the
+    hints (None when there is not enough: no usable step time, or no gradient statistics) and
+    what was left out, and why (one line each).
+
+    A step time at a configuration without accumulation steps stands in for its accumulation
+    step less its all-reduce wait, as AdaptDL's profile does."""
+    problems: list[str] = []
+    nodes, replicas, bsz, accum, optim = [], [], [], [], []
+    for t in profile.times:
+        where = f"step times at nodes={t.num_nodes} replicas={t.num_replicas} bsz={t.local_bsz}"
+        accum_s = t.accum_s if t.accum_steps else t.optim_s - t.sync_s
+        if t.num_nodes > t.num_replicas:
+            problems.append(f"{where}: more nodes than replicas")
+        elif not (math.isfinite(t.optim_s) and math.isfinite(accum_s) and accum_s > 0):
+            problems.append(f"{where}: no positive accumulation time (sync_s >= optim_s?)")
+        else:
+            nodes.append(t.num_nodes)
+            replicas.append(t.num_replicas)
+            bsz.append(t.local_bsz)
+            accum.append(accum_s)
+            optim.append(t.optim_s)
+    grad = profile_grad_params(profile, init_batch_size, problems)
+    if grad is None or not nodes:
+        return None, problems
+    perf = fit_perf_params(nodes, replicas, bsz, accum, optim)
+    if not all(math.isfinite(v) for v in perf):
+        problems.append(f"the fit gave {tuple(perf)}")
+        return None, problems
+    hints = GoodputHints(
+        tuple(float(v) for v in perf),  # type: ignore[arg-type]
+        grad.sqr, grad.var, max(replicas), profile.batch_size,
+    )  # fmt: skip
+    return hints, problems
+
+
+def profile_grad_params(
+    profile: GoodputProfile, init_batch_size: int, problems: list[str]
+) -> GradParams | None:
+    """A real adaptive job's gradient statistics as GradParams (grad_var rescaled from the
+    batch it was measured at to `init_batch_size`); None when it has none that hold (why:
+    appended to `problems`)."""
+    grad_sqr, grad_var = profile.grad_sqr, profile.grad_var
+    if grad_sqr is None or grad_var is None:
+        return None
+    if not (math.isfinite(grad_sqr) and math.isfinite(grad_var) and grad_sqr > 0 <= grad_var):
+        problems.append(f"gradient statistics grad_sqr={grad_sqr} grad_var={grad_var}: need "
+                        "grad_sqr > 0 and grad_var >= 0")  # fmt: skip
+        return None
+    if profile.batch_size <= 0:
+        problems.append("gradient statistics without the batch size they were measured at")
+        return None
+    return GradParams(float(grad_sqr), float(grad_var) * profile.batch_size / init_batch_size)
+
+
+def split_batch(
+    batch_size: int, num_replicas: int, max_local_bsz: int, max_batch_size: int
+) -> tuple[int, int, int]:
+    """A fixed total batch over `num_replicas` GPUs, as the reference's jobs of a target batch
+    size split it: (total batch, per-GPU batch, accumulation steps), the per-GPU batch at most
+    `max_local_bsz` (the rest in accumulation steps) and the total at most `max_batch_size`."""
+    local_bsz = math.ceil(batch_size / num_replicas - EPS)
+    accum_steps = math.ceil(local_bsz / max_local_bsz - EPS) - 1
+    atomic_bsz = math.ceil(local_bsz / (accum_steps + 1) - EPS)
+    atomic_bsz = max(min(atomic_bsz, max_batch_size // (num_replicas * (accum_steps + 1))), 1)
+    return num_replicas * atomic_bsz * (accum_steps + 1), atomic_bsz, accum_steps
+
+
+def choose_batch(
+    hints: GoodputHints | None,
+    init_batch_size: int,
+    max_batch_size: int,
+    atomic_bsz_range: tuple[int, int],
+    num_nodes: int,
+    num_replicas: int,
+) -> tuple[int, int, int]:
+    """An adaptive job's batch on `num_replicas` GPUs over `num_nodes` nodes: (total batch,
+    per-GPU batch, accumulation steps) that maximise its goodput (`GoodputFunction.optimize`
+    with accumulation, as Pollux's jobs), within its limits. Without hints (it reported nothing
+    yet), or where no batch within the limits fits the GPUs, `init_batch_size` split over them."""
+    low, high = atomic_bsz_range
+    if hints is not None and low * num_replicas <= max_batch_size:
+        fn = GoodputFunction(
+            PerfParams(*hints.perf), GradParams(hints.grad_sqr, hints.grad_var), init_batch_size
+        )
+        with np.errstate(all="ignore"):
+            goodput, atomic_bsz, accum_steps = fn.optimize(
+                num_nodes, num_replicas, max_batch_size, (low, high), accumulation=True
+            )
+        if goodput > 0 and math.isfinite(goodput):
+            return num_replicas * atomic_bsz * (accum_steps + 1), atomic_bsz, accum_steps
+    return split_batch(init_batch_size, num_replicas, high, max_batch_size)

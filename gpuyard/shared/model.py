@@ -100,6 +100,24 @@ NEVER_FITS = "can never run here"
 """GPU type meaning 'no constraint'."""
 
 
+class BatchLimits(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A real cluster's adaptive job (Pollux's co-adaptive jobs): at each (re)start gpuyard tells
+    it the total batch size, per-GPU batch and accumulation steps that maximise its goodput on
+    the GPUs it got, within these limits, from the step times and gradient statistics it reports
+    (`gpuyard.jobclient`). Its `JobSpec.batch_size` is the initial batch (the reference of its
+    statistical efficiency), what it runs with until it has reported any."""
+
+    max_batch_size: Annotated[int, Meta(ge=1)]
+    min_local_bsz: Annotated[int, Meta(ge=1)] = 1
+    """The smallest per-GPU (atomic) batch worth running."""
+    max_local_bsz: Annotated[int, Meta(ge=1)] | None = None
+    """The largest per-GPU batch one step holds (its memory); a larger one is split into
+    accumulation steps. None: `max_batch_size`."""
+
+    def atomic_range(self) -> tuple[int, int]:
+        return self.min_local_bsz, self.max_local_bsz or self.max_batch_size
+
+
 class JobSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
     """What a user submits.
 
@@ -170,6 +188,9 @@ class JobSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     """The total batch size the job trains with (Pollux's workloads: its `batch_size`), for
     models whose progress depends on it (`gpuyard.shared.goodput`); None: the job picks the one
     that maximises its goodput on the GPUs it gets (Pollux's adaptive jobs)."""
+    adaptive_batch: BatchLimits | None = None
+    """Real clusters: the job adapts its batch size within these limits, `batch_size` (required)
+    the initial one (`BatchLimits`); None: it trains at the batch size it chose itself."""
     outcome: Literal["failed", "cancelled"] | None = None
     """How the job ends once its work is done, when a trace recorded that it did not complete
     (a replayed Helios or Acme job that FAILED after an hour fails after an hour); None: it
@@ -188,6 +209,16 @@ class JobSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
         if self.gpu_milli is not None and (self.num_gpus != 1 or self.elastic):
             raise ValueError(f"gpu_milli ({self.gpu_milli}) is a share of one GPU: num_gpus must "
                              "be 1, and the job rigid")  # fmt: skip
+        if (limits := self.adaptive_batch) is not None:
+            if self.batch_size is None:
+                raise ValueError("adaptive_batch needs batch_size (the initial total batch)")
+            if limits.max_batch_size < self.batch_size:
+                raise ValueError(f"adaptive_batch.max_batch_size ({limits.max_batch_size}) must "
+                                 f"be >= batch_size ({self.batch_size})")  # fmt: skip
+            low, high = limits.atomic_range()
+            if low > high:
+                raise ValueError(f"adaptive_batch.min_local_bsz ({low}) must be <= "
+                                 f"max_local_bsz ({high})")  # fmt: skip
         if self.gpu_types and self.gpu_type not in (ANY_GPU, *self.gpu_types):
             raise ValueError(f"gpu_type {self.gpu_type!r} is not among gpu_types "
                              f"{'|'.join(self.gpu_types)}")  # fmt: skip
@@ -254,6 +285,41 @@ class GoodputHints(Struct, array_like=True, frozen=True):
     grad_var: float
     max_profiled_replicas: int
     batch_size: int = 0
+
+
+PROFILE_MAX_CONFIGS = 32
+"""The most configurations a job's goodput profile reports (the most recent ones)."""
+
+
+class StepTimes(Struct, array_like=True, frozen=True):
+    """A job's measured step times at one configuration (AdaptDL's profile): `num_nodes` and
+    `num_replicas` (GPUs) it ran on, `local_bsz` its per-GPU (atomic) batch; `optim_s` the mean
+    seconds of a step that ends with the gradients' all-reduce and the optimizer, `sync_s` the
+    part of it spent waiting for the all-reduce (0: not measured), over `optim_steps` steps;
+    `accum_s` the mean seconds of an accumulation step (no all-reduce) over `accum_steps` (0:
+    none)."""
+
+    num_nodes: Annotated[int, Meta(ge=1)]
+    num_replicas: Annotated[int, Meta(ge=1)]
+    local_bsz: Annotated[int, Meta(ge=1)]
+    optim_s: Annotated[float, Meta(gt=0)]
+    sync_s: Annotated[float, Meta(ge=0)]
+    optim_steps: Annotated[int, Meta(ge=1)]
+    accum_s: Annotated[float, Meta(ge=0)] = 0.0
+    accum_steps: Annotated[int, Meta(ge=0)] = 0
+
+
+class GoodputProfile(Struct, kw_only=True, omit_defaults=True):
+    """What an adaptive job measured for its goodput model (`gpuyard.jobclient`): its step times
+    by configuration and its latest gradient statistics (`grad_sqr` the squared norm of the
+    gradient, `grad_var` the variance of the gradient averaged over `batch_size` samples, the
+    total batch it trains with; None: not measured yet). The scheduler fits `GoodputHints` to
+    it."""
+
+    times: Annotated[list[StepTimes], Meta(max_length=PROFILE_MAX_CONFIGS)] = []
+    grad_sqr: float | None = None
+    grad_var: float | None = None
+    batch_size: Annotated[int, Meta(ge=0)] = 0
 
 
 class JobRecord(Struct, kw_only=True):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import msgspec
+import structlog
 
 from gpuyard.shared.contract import JobProgress, Launch
 from gpuyard.shared.model import Name
@@ -157,6 +158,10 @@ def process_envs(
         }
         if gpu_type:
             env["GPUYARD_GPU_TYPE"] = gpu_type
+        if (batch := launch.batch) is not None:  # an adaptive job's, for this run
+            env["GPUYARD_BATCH_SIZE"] = str(batch.batch_size)
+            env["GPUYARD_LOCAL_BATCH_SIZE"] = str(batch.local_bsz)
+            env["GPUYARD_ACCUM_STEPS"] = str(batch.accum_steps)
         if spec.gpu_milli is not None:  # its share of the GPU, as CUDA MPS takes a limit
             env["GPUYARD_GPU_MILLI"] = str(spec.gpu_milli)
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = f"{spec.gpu_milli / 10:g}"
@@ -199,6 +204,11 @@ class JobPart:
         self.progress_files: list[Path] = []
         self._first: dict[int, JobProgress] = {}
         """Per rank: its first report of this run (the baseline of the run's rate)."""
+        self._bad_goodput: set[int] = set()
+        """Ranks whose goodput measurements were left out (said once)."""
+        self.log = structlog.get_logger().bind(
+            service="nodeagent", node_id=node_id, job_id=self.job_id
+        )
         self.done = asyncio.Event()
         """Set when every process has exited (its GPUs are free again)."""
         self._stopper: asyncio.Task[None] | None = None
@@ -328,16 +338,37 @@ class JobPart:
         out = []
         for rank, path in zip(self.ranks, self.progress_files, strict=True):
             try:
-                p = msgspec.json.decode(_read_progress(path), type=JobProgress)
+                p = self._decode_progress(_read_progress(path), rank)
             except (OSError, msgspec.DecodeError, msgspec.ValidationError):
                 continue
             p.rate = 0.0  # ours to measure, not the job's to claim
+            if p.attempt != self.launch.attempt:
+                p.goodput = None  # (an earlier run's, told while it ran: not this run's batch)
             if p.attempt == self.launch.attempt and p.time > 0:
                 first = self._first.setdefault(rank, p)
                 if p.time > first.time and p.iterations >= first.iterations:
                     p.rate = (p.iterations - first.iterations) / (p.time - first.time)
             out.append(p)
         return out
+
+    def _decode_progress(self, data: bytes, rank: int) -> JobProgress:
+        """A progress file's report. Its goodput measurements, when they do not hold (a value
+        out of range, too many configurations), are left out, said once per rank (this part
+        is one run): the progress itself still counts."""
+        try:
+            return msgspec.json.decode(data, type=JobProgress)
+        except msgspec.ValidationError as exc:
+            if not str(exc).endswith("`$.goodput`") and "`$.goodput." not in str(exc):
+                raise
+            report = msgspec.json.decode(data)
+            if not isinstance(report, dict):
+                raise
+            report.pop("goodput", None)
+            progress = msgspec.convert(report, JobProgress)
+            if rank not in self._bad_goodput:
+                self._bad_goodput.add(rank)
+                self.log.warning("job.goodput_ignored", rank=rank, error=str(exc))
+            return progress
 
 
 def _read_progress(path: Path) -> bytes:

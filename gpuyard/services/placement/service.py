@@ -20,6 +20,7 @@ from gpuyard.shared.contract import (
     Ack,
     ApplyReply,
     ApplyRequest,
+    BatchChoice,
     ClusterInfo,
     DoneReply,
     DrainRequest,
@@ -676,8 +677,9 @@ class Placement(Service):
                 del started[job_id]  # (no room for its CPUs or memory: it stays unplaced)
         shares = {a.job_id: a.share_with for a in sharing if a.share_with is not None}  # (all)
         failed, progress = await self._command(
-            req.now, {**ended, **stopped}, started, self.specs, req.attempts, shares, req.time_left
-        )
+            req.now, {**ended, **stopped}, started, self.specs, req.attempts, shares, req.time_left,
+            req.batches,
+        )  # fmt: skip
         launched = {j: g for j, g in started.items() if j not in failed}
         for job_id, gpus in launched.items():
             self._hold(job_id, gpus)
@@ -721,7 +723,9 @@ class Placement(Service):
                 gpus = self.running.get(p.job_id, ())
                 here = any(g.node_id == beat.node_id for g in gpus)
                 if p.rank == 0 and here and p.iterations:
-                    progress[p.job_id] = StepsReport(float(p.iterations), beat.now, p.rate)
+                    progress[p.job_id] = StepsReport(
+                        float(p.iterations), beat.now, p.rate, profile=p.goodput
+                    )
         return progress
 
     @staticmethod
@@ -730,7 +734,9 @@ class Placement(Service):
     ) -> dict[str, StepsReport]:
         """The steps stopped jobs had done, with the rate their run showed in the heartbeats."""
         return {
-            job_id: StepsReport(r.steps, r.at, seen.rate) if (seen := reported.get(job_id)) else r
+            job_id: StepsReport(r.steps, r.at, seen.rate, profile=seen.profile)
+            if (seen := reported.get(job_id))
+            else r
             for job_id, r in final.items()
         }
 
@@ -954,10 +960,12 @@ class Placement(Service):
         attempts: dict[str, int] | None = None,
         shares: dict[str, str] | None = None,
         time_left: dict[str, float] | None = None,
+        batches: dict[str, BatchChoice] | None = None,
     ) -> tuple[set[str], dict[str, StepsReport]]:
         """Send each affected node one command (preempts, then launches; `shares`: the job each
-        started one shares its GPUs with; `time_left`: how long each may run). Returns the jobs
-        whose launch failed, and the progress the nodes reported of the jobs they stopped."""
+        started one shares its GPUs with; `time_left`: how long each may run; `batches`: the
+        batch each adaptive one trains with). Returns the jobs whose launch failed, and the
+        progress the nodes reported of the jobs they stopped."""
         commands: dict[str, NodeCommand] = {}
 
         def command(node_id: str) -> NodeCommand:
@@ -985,6 +993,7 @@ class Placement(Service):
                         attempt=(attempts or {}).get(job_id, 0),
                         share_with=(shares or {}).get(job_id),
                         time_limit_s=(time_left or {}).get(job_id),
+                        batch=(batches or {}).get(job_id),
                     )
                 )  # fmt: skip
                 offset += len(indices)

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Literal
 
 from gpuyard.shared.contract import CountsChange, StepsReport
-from gpuyard.shared.model import JobRecord, JobSpec, JobState
+from gpuyard.shared.model import GoodputHints, JobRecord, JobSpec, JobState
 from gpuyard.shared.policy import JobView, ViewContext
 from gpuyard.shared.throughput import LinearModel
 
@@ -385,6 +385,20 @@ class JobTable:
             record.rate = rate
         self._touch(record)
         return rate
+
+    def told_goodput(self, record: JobRecord, hints: GoodputHints) -> None:
+        """A real adaptive job's hints, fitted by the scheduler to what it measured
+        (`batches.AdaptiveBatches`). Its batch sizes are those it was launched with
+        (`told_batch`): measurements may come after it was launched again."""
+        record.goodput = hints
+        self._touch(record)
+
+    def told_batch(self, record: JobRecord, at: float, batch_size: int) -> None:
+        """The job trains at `batch_size` from `at` (`JobRecord.batch_sizes`, where it changed)."""
+        told = record.batch_sizes
+        if batch_size and (not told or told[-1][1] != batch_size):
+            record.batch_sizes = [*told, (at, batch_size)]
+            self._touch(record)
 
     def part_exited(self, record: JobRecord, node_id: str) -> bool:
         """One node's part of a running job exited 0; True when no other part is left."""

@@ -31,6 +31,7 @@ from gpuyard.shared.connection import Bus, encode, ensure_event_stream
 from gpuyard.shared.contract import (
     ApplyReply,
     ApplyRequest,
+    BatchChoice,
     CancelReply,
     CancelRequest,
     ClusterChanged,
@@ -76,6 +77,7 @@ from gpuyard.shared.errors import BadRequest, RemoteError
 from gpuyard.shared.identity import ANONYMOUS, Caller
 from gpuyard.shared.leader import LEASE_S, LeaseSeconds
 from gpuyard.shared.model import (
+    ACTIVE_STATES,
     ANY_GPU,
     Allocation,
     GpuRef,
@@ -105,6 +107,7 @@ from gpuyard.shared.throughput import (
     total_steps,
 )
 
+from .batches import AdaptiveBatches
 from .cadence import Cadence
 from .durability import SchedulerStore, StoredMeta
 from .guard import check, hold_leases, made_whole
@@ -184,13 +187,16 @@ class Launches:
     specs: dict[str, JobSpec]
     attempts: dict[str, int]
     time_left: dict[str, float]
+    batches: dict[str, BatchChoice]
+    """The batch of each adaptive job (`batches.AdaptiveBatches.choose`)."""
 
     def of(self, allocations: list[Allocation]) -> dict[str, Any]:
-        """The attempts and time left of these jobs alone (an apply of what changed)."""
+        """The attempts, time left and batches of these jobs alone (an apply of what changed)."""
         ids = [a.job_id for a in allocations]
         return {
             "attempts": {j: self.attempts[j] for j in ids if j in self.attempts},
             "time_left": {j: self.time_left[j] for j in ids if j in self.time_left},
+            "batches": {j: self.batches[j] for j in ids if j in self.batches},
         }
 
 
@@ -224,6 +230,8 @@ class Scheduler(Service):
         self.model: ThroughputModel = LinearModel()  # the configured one is loaded at start
         self.policy: SchedulingPolicy
         self.table = JobTable()
+        self.batches = AdaptiveBatches(self.table, self.log)
+        """Real adaptive jobs' goodput fits and batches (`batches.py`)."""
         self.configured = (config.policy, config.params)
         self.install_policy(config.policy, config.params)
         self.released: list[str] = []  # ended on their own since the last apply
@@ -308,6 +316,7 @@ class Scheduler(Service):
     async def stop(self) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
+        self.batches.close()
         await super().stop()
 
     async def _tick_on_wall_clock(self) -> None:
@@ -1027,6 +1036,8 @@ class Scheduler(Service):
             record = active.get(job_id)
             if record is None:
                 continue
+            if steps.profile is not None:  # (a real adaptive job's measurements)
+                self.batches.observe(record, steps.profile)
             rate = self.table.report(record, steps)
             if rate is not None and isinstance(self.model, LearnedThroughputs):
                 assert record.gpu_type is not None
@@ -1059,8 +1070,12 @@ class Scheduler(Service):
             rate = self._rate(record, gpu_type, len(gpus), partner)
             nodes = (g.node_id for g in gpus)
             was_resized = self.table.start(record, now, nodes, len(gpus), gpu_type, rate, partner)
+            if (batch := self.batches.chosen.get(job_id)) is not None:
+                self.table.told_batch(record, now, batch.batch_size)
             kind = "job.resized" if was_resized else "job.started"
             await self.emit(kind, now, job_id, gpus=gpus)
+        if self.batches.said:  # (what is kept of the jobs that ended goes)
+            self.batches.forget(j for j, r in self.table.jobs.items() if r.state in ACTIVE_STATES)
         self.last_round = now
         if self.cadence.origin is None:  # the first decision starts the grid of rounds
             self.cadence = dataclasses.replace(self.cadence, origin=now)
@@ -1090,7 +1105,7 @@ class Scheduler(Service):
         specs, attempts = launches.specs, launches.attempts
         request = ApplyRequest(
             now=now, allocations=allocations, specs=specs, released=self.released,
-            attempts=attempts, time_left=launches.time_left,
+            attempts=attempts, time_left=launches.time_left, batches=launches.batches,
         )  # fmt: skip
         # (Jobs sharing GPUs, now or before, are placed with their partners: every allocation.
         # A durable simulation's scheduler, restarted, sends the request in hand again: in full.)
@@ -1133,18 +1148,21 @@ class Scheduler(Service):
         self, now: float, cluster: ClusterInfo, allocations: list[Allocation]
     ) -> ApplyReply:
         """Run every allocation (placement is told what changed where it can be)."""
-        launches = self._launches(allocations, now)
+        launches = self._launches(allocations, now, cluster)
         if self._confirms_what_runs(cluster, allocations, launches.specs):
             return _nothing_done(cluster)
         return await self._apply(now, cluster, allocations, launches)
 
-    def _launches(self, allocations: list[Allocation], now: float) -> Launches:
+    def _launches(
+        self, allocations: list[Allocation], now: float, cluster: ClusterInfo
+    ) -> Launches:
         """The specs of the allocated jobs that do not run, and every allocated job's attempt:
         every launch carries its attempt number, a running job's too (placement relaunches it when
-        it resizes or moves it), so that its exit is not taken for an earlier run's; and the time
-        left to those with a time limit, as of `now`."""
+        it resizes or moves it), so that its exit is not taken for an earlier run's; the time
+        left to those with a time limit, as of `now`; and the batch of each adaptive one, on
+        its allocation (as the attempt: a running one is relaunched when resized or moved)."""
         active = self.table.active
-        launches = Launches({}, {}, {})
+        launches = Launches({}, {}, {}, self.batches.choose(allocations, active, cluster))
         for a in allocations:
             record = active[a.job_id]
             if record.state != "running":
@@ -1192,7 +1210,7 @@ class Scheduler(Service):
         if len(named) < len(named_ids):  # left out (it cannot run there): a running one stops
             left_out = named_ids.difference(a.job_id for a in named)
             stop += [j for j in left_out if active[j].state == "running"]
-        launches = self._launches(named, now)
+        launches = self._launches(named, now, cluster)
         specs = launches.specs
         previous = last.allocations
         released = set(self.released)
@@ -1215,7 +1233,9 @@ class Scheduler(Service):
         if (reply := await self._apply_delta(request)) is None:
             kept = msgspec.structs.replace(decision, allocations=named, stop=stop)
             whole = made_whole(kept, last.allocations, self.table.active)
-            return whole, await self._apply(now, cluster, whole, self._launches(whole, now))
+            return whole, await self._apply(
+                now, cluster, whole, self._launches(whole, now, cluster)
+            )
         allocations = last.allocations  # (what runs now, in the order of `made_whole`)
         for job_id in (*stop, *stale, *self.released):
             allocations.pop(job_id, None)
