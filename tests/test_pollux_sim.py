@@ -97,6 +97,16 @@ def test_pollux_preset_names_missing_profiles_in_one_line(tmp_path: Path) -> Non
     assert proc.returncode != 0
     assert "--pollux needs the models' profiles" in proc.stderr
     assert "Traceback" not in proc.stderr
+    # A profiles folder with no model in it: the clock refuses the run, in one line.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = gpuyard("sim", "--pollux", "--trace", str(trace), "--profiles", str(empty),
+                   "--out", str(tmp_path / "o2"))  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"gpuyard sim: gpuyard.sim.clock.run: ValueError: {empty}: no application folder "
+        "(none has a placements.csv)"
+    )
 
 
 def test_pollux_adapts_batch_sizes_and_gpus_and_repeats_itself(

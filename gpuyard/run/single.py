@@ -17,6 +17,7 @@ from gpuyard.plotter import Plotter
 from gpuyard.run.build import build
 from gpuyard.run.process import library_logs_to, stop_on_signals
 from gpuyard.run.spec import RunPlace, RunSpec
+from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.policy import PolicyError
 
 
@@ -92,7 +93,8 @@ def _simulate_one(spec: RunSpec, place: RunPlace, plotter: Plotter) -> int:
         )
     except (KeyboardInterrupt, asyncio.CancelledError):
         return interrupted(place, started)
-    except (RuntimeError, OSError, PolicyError, nats.errors.Error) as exc:
+    except (RuntimeError, OSError, PolicyError, RemoteError, nats.errors.Error) as exc:
+        # (RemoteError: a service refused to start the run, e.g. on profiles it cannot read)
         print(f"gpuyard sim: {exc}", file=sys.stderr)
         return 1
     finally:
