@@ -21,12 +21,11 @@ from gpuyard.policies.sia import (
     solve,
 )
 from gpuyard.policies.sia.ilp import Configurations
-from gpuyard.policies.sia.profiles import TypedProfiles
 from gpuyard.policies.sia.synthetic import write_profiles
-from gpuyard.policies.sia.training import TypedGoodputJob
 from gpuyard.shared.goodput import GoodputFunction
 from gpuyard.shared.model import Allocation, GoodputHints, JobSpec
 from gpuyard.shared.policy import ClusterView, JobView, NodeStatus, SchedulingInput
+from gpuyard.shared.typed_goodput import TypedGoodputJob, TypedProfiles
 
 SPEEDS = {"fast": 1.0, "slow": 0.25}
 

@@ -154,7 +154,7 @@ def add_sim_parser(sub: Subcommands) -> None:
         default=None,
         help="a folder of models' profiles (Pollux's traces/): jobs of those models train at "
         "their goodput, epoch by epoch (default with --pollux: traces/ beside the workload's "
-        "folder)",
+        "folder; with --sia: Sia's per-GPU-type traces/, two folders above the workload's)",
     )
     p.add_argument(
         "--node-events",

@@ -115,7 +115,7 @@ def sim_options(spec: RunSpec, external: frozenset[str] = frozenset()) -> Any:
         default_time_limit_s=spec.default_time_limit_s,
         max_time_limit_s=spec.max_time_limit_s,
     )
-    if spec.profiles is not None and spec.preset != "pollux":  # (the preset's own, with its step)
+    if spec.profiles is not None and spec.preset not in ("pollux", "sia"):  # (the preset's own)
         from gpuyard.services.simclock.config import GoodputSettings
 
         if not Path(spec.profiles).is_dir():

@@ -295,9 +295,131 @@ class Pollux(Semantics):
         return {"arrival_quantum": options.round_s}
 
 
+class Sia(Semantics):
+    name = "sia"
+    title = "Sia"
+    help = (
+        "Sia's simulator (siasosp23/artifacts, sia-simulator/): 6x4:aws,2x8:dgx-ext,3x8:rtx "
+        "unless --cluster-spec, 60 s rounds (360 s for Gavel's policies), jobs training at their "
+        "goodput on each GPU type's profile, with per-model restarts and slowdowns; --profiles "
+        "(the artifact's traces/, not shipped) defaults to traces/ two folders above the workload's"
+    )
+    round_s = 60.0
+    """The artifact's scheduling interval for Sia (`run_experiment.sh`: `--interval=60`)."""
+    GAVEL_ROUND_S = 360.0
+    """... and for Gavel (`--interval=360`)."""
+    CLUSTER = "6x4:aws,2x8:dgx-ext,3x8:rtx"
+    """The artifact's cluster (`simulator_config.cluster_nnodes`), its GPU types in its order
+    (Sia projects a job's goodput from the first type in this order it ran on)."""
+    PROFILED: ClassVar[frozenset[str]] = frozenset({"sia"})
+    """The policies that read the per-type profiles (their `profiles` parameter)."""
+    ADAPTIVE: ClassVar[frozenset[str]] = frozenset({"sia"})
+    """The policies whose jobs choose their batch sizes (the workload's is Sia's bound)."""
+    WHERE = "point --profiles at a copy of siasosp23/artifacts' sia-simulator/traces"
+    """Where the profiles are (the artifact has no licence: gpuyard does not ship them)."""
+
+    def check(self, spec: RunSpec) -> None:
+        if spec.mode not in (None, "rounds"):
+            raise ValueError(f"--mode {spec.mode}: --sia decides every round (rounds)")
+        profiles = self.profiles(spec)
+        if profiles is None:
+            raise ValueError(
+                f"--sia needs the models' per-GPU-type profiles, which gpuyard does not ship: "
+                f"{self.WHERE}"
+            )
+        folder = Path(profiles)
+        if not folder.is_dir():
+            raise ValueError(f"--profiles {profiles}: no such folder ({self.WHERE})")
+        if next(folder.glob("*/placements-*.csv"), None) is None:
+            raise ValueError(
+                f"--profiles {profiles}: no per-GPU-type profiles (<model>/placements-<type>.csv)"
+                f" there ({self.WHERE})"
+            )
+
+    def mode(self, spec: RunSpec) -> Literal["rounds", "events", "slots"]:
+        return "rounds"
+
+    @staticmethod
+    def profiles(spec: RunSpec) -> str | None:
+        """The profiles the run reads: `--profiles`, else the artifact's layout's (`traces/`
+        two folders above the workload's: `workloads/saturn/workload-N.csv`); None: neither."""
+        if spec.profiles is not None:
+            return spec.profiles
+        if spec.trace is None:
+            return None
+        beside = Path(spec.trace).resolve().parent.parent.parent / "traces"
+        return str(beside) if beside.is_dir() else None
+
+    @staticmethod
+    def gavels(policy: str) -> bool:
+        """Whether `policy` is one of Gavel's (the artifact runs Gavel in 360 s rounds)."""
+        made = scheduling_policies.get(policy)
+        return made.__module__.startswith("gpuyard.policies.gavel")
+
+    def fill(self, options: SimOptions, spec: RunSpec) -> SimOptions:
+        from gpuyard.services.simclock.config import GoodputSettings
+        from gpuyard.shared.typed_goodput import SIA_DEFAULT_RESTORE_S, SIA_RESTORE_S, SIA_SLOWDOWNS
+        from gpuyard.workloads import load_cluster
+
+        self.check(spec)  # (a comparison builds every run's options before it checks them)
+        given = self.profiles(spec)
+        assert given is not None
+        profiles = str(Path(given).resolve())
+        gavel = self.gavels(options.policy)
+        round_s = options.round_s
+        if spec.round_s is None and gavel:
+            round_s = self.GAVEL_ROUND_S
+        changes: dict[str, Any] = {
+            "round_s": round_s,
+            "goodput": GoodputSettings(
+                profiles=profiles, step_s=round_s, per_type=True,
+                adaptive=options.policy in self.ADAPTIVE, restart_s=SIA_DEFAULT_RESTORE_S,
+                model_restart_s=dict(SIA_RESTORE_S), slowdowns=dict(SIA_SLOWDOWNS),
+            ),
+        }  # fmt: skip
+        if spec.cluster_spec is None:
+            changes["cluster"] = load_cluster(self.CLUSTER)
+        if spec.placement is None:
+            changes["placement"] = "most-free"
+        if options.policy in self.PROFILED and "profiles" not in options.policy_params:
+            changes["policy_params"] = {**options.policy_params, "profiles": profiles}
+        if gavel and spec.throughputs == "default":
+            # The artifact's Gavel sees each rigid job's rate on each type, predicted from the
+            # profiles at its batch size (`TypedThroughputs`; job types `<model>@<batch>`).
+            changes["throughputs"] = profiles
+        return msgspec.structs.replace(options, **changes)
+
+    def jobs(self, options: SimOptions, jobs: list[JobSpec]) -> list[JobSpec]:
+        """Under Gavel's policies a job is rigid at its batch size: its type names it
+        (`cifar10@4096`), for the throughputs the policy sees."""
+        if not self.gavels(options.policy):
+            return jobs
+        return [
+            msgspec.structs.replace(j, job_type=f"{j.job_type}@{j.batch_size}")
+            if j.batch_size and "@" not in j.job_type
+            else j
+            for j in jobs
+        ]
+
+    def scheduler_settings(self, options: SimOptions) -> dict[str, Any]:
+        if not self.gavels(options.policy):
+            return {}
+        from gpuyard.services.scheduler.mechanism import TimeShareConfig
+
+        # The artifact's Gavel: one queue over all types, the policy asked again whenever jobs
+        # come or go, time received counted from each job's arrival (no reset, no deficits).
+        shares = TimeShareConfig(min_resolve_s=0.0, global_queue=True, reset_on_decision=False)
+        return {"time_shares": shares}
+
+    def clock_settings(self, options: SimOptions) -> dict[str, Any]:
+        return {"arrival_quantum": options.round_s}
+
+
 OWN = Semantics()
 PRESETS: dict[PresetName, Semantics] = {
-    p.name: p for p in (Blox(), Gavel(), BFTrainer(), ElasticFlow(), Pollux()) if p.name is not None
+    p.name: p
+    for p in (Blox(), Gavel(), BFTrainer(), ElasticFlow(), Pollux(), Sia())
+    if p.name is not None
 }
 """Each preset by name, in the order `gpuyard sim --help` lists them."""
 

@@ -16,7 +16,7 @@ from gpuyard.shared.connection import NatsAuth
 ParamValue = str | int | float | bool | list[str | int | float | bool]
 PositiveInt = Annotated[int, Meta(gt=0)]
 NonNegative = Annotated[float, Meta(ge=0)]
-PresetName = Literal["blox", "gavel", "elasticflow", "bftrainer", "pollux"]
+PresetName = Literal["blox", "gavel", "elasticflow", "bftrainer", "pollux", "sia"]
 GeneratorName = Literal["blox", "gavel", "elasticflow", "helios", "seren", "kalos", "pai", "philly"]
 """The reference systems' generators, then those calibrated on published cluster statistics
 (`gpuyard.workloads.calibrated`)."""
@@ -44,7 +44,7 @@ class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     placement_params: dict[str, ParamValue] = {}
     preset: PresetName | None = None
     """A reference's simulator semantics (`--blox`, `--gavel`, `--elasticflow`, `--bftrainer`,
-    `--pollux`)."""
+    `--pollux`, `--sia`)."""
     as_intended: bool = False
     """With a preset: where the reference's code has a bug (docs/fidelity.md), do what it meant
     rather than what it does (`--as-intended`)."""
@@ -56,7 +56,8 @@ class RunSpec(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=Tr
     throughputs: str = "default"
     profiles: str | None = None
     """A folder of models' profiles (Pollux's `traces/`): jobs of those models train at their
-    goodput (`--profiles`; `--pollux`: the `traces/` folder beside the workload's)."""
+    goodput (`--profiles`; `--pollux`: the `traces/` folder beside the workload's; `--sia`:
+    Sia's per-GPU-type `traces/`, by default two folders above the workload's)."""
     generator: GeneratorName | None = None
     jobs: PositiveInt | None = None
     load: Annotated[float, Meta(gt=0)] | None = None

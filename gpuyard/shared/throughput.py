@@ -557,7 +557,9 @@ def load_throughputs(path: str | Path | None = None) -> ThroughputModel:
     - a `.json` with GPU types mapping to "('job', n)" keys: `GavelThroughputs`;
     - a directory (of `throughputs_*/` or of `*.csv`) or a CSV whose header starts with
       `global_batch_size`: `ElasticFlowThroughputs`;
-    - a CSV with columns job,Ns,Ps: `BFTrainerThroughputs`.
+    - a CSV with columns job,Ns,Ps: `BFTrainerThroughputs`;
+    - a directory of per-GPU-type profiles (Sia's `traces/`: `<model>/placements-<type>.csv`):
+      `typed_goodput.TypedThroughputs` (job types `<model>@<batch size>`).
     """
     if path is None or str(path) in ("default", "builtin"):
         return default_model()
@@ -565,6 +567,10 @@ def load_throughputs(path: str | Path | None = None) -> ThroughputModel:
     if not p.exists():
         raise FileNotFoundError(f"throughputs file {str(p)!r} does not exist")
     if p.is_dir():
+        from .typed_goodput import TypedProfiles, TypedThroughputs  # (pandas: only here)
+
+        if TypedThroughputs.is_folder(p):
+            return TypedThroughputs(TypedProfiles(p))
         return ElasticFlowThroughputs.from_path(p)
     found = p.stat()
     return _load_file(str(p), found.st_mtime_ns, found.st_size)

@@ -22,10 +22,10 @@ from msgspec import Struct
 from gpuyard.shared.goodput import Application, GoodputFunction
 from gpuyard.shared.model import Allocation, GoodputHints, JobSpec
 from gpuyard.shared.policy import JobView, Needs, SchedulingInput, SchedulingPolicy
+from gpuyard.shared.typed_goodput import SIA_DEFAULT_RESTORE_S, SIA_RESTORE_S, TypedProfiles
 
 from .costs import costs, docked, normalised_row, restart_factor
 from .ilp import MAX_JOB_GPUS, Configurations, Solution, configurations, solve
-from .profiles import TypedProfiles
 
 RESTART_PENALTY_S = {
     "deepspeech2": 25.0,
@@ -36,16 +36,6 @@ RESTART_PENALTY_S = {
 }
 """The restart penalty per model in the restart factor (the reference's get_restart_penalty,
 measured on its cluster); others: `default_restart_penalty_s`."""
-RESTORE_S = {
-    "cifar10": 50.0,
-    "deepspeech2": 25.0,
-    "bert": 120.0,
-    "yolov3": 80.0,
-    "imagenet": 250.0,
-    "ncf": 15.0,
-}
-"""How long a (re)started job checkpoints and restores (the reference simulator's
-rescale_time): it keeps its configuration until then."""
 
 
 class SiaParams(Struct, forbid_unknown_fields=True):
@@ -61,8 +51,8 @@ class SiaParams(Struct, forbid_unknown_fields=True):
         default_factory=lambda: dict(RESTART_PENALTY_S)
     )
     default_restart_penalty_s: float = 30.0
-    restore_s: dict[str, float] = msgspec.field(default_factory=lambda: dict(RESTORE_S))
-    default_restore_s: float = 30.0
+    restore_s: dict[str, float] = msgspec.field(default_factory=lambda: dict(SIA_RESTORE_S))
+    default_restore_s: float = SIA_DEFAULT_RESTORE_S
     hold_restoring: bool = True
     """A job still restoring after its last (re)start keeps its configuration."""
     project: bool = True

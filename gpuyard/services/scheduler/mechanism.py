@@ -60,6 +60,10 @@ class TimeShareConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     rate, `int(rate * round) / rate` (Gavel's simulator, whose micro-tasks run whole steps and
     credit each job the time its own took), rather than the time since the last round. The
     difference is a fraction of a second a round, and it orders jobs of equal allocations."""
+    reset_on_decision: bool = True
+    """A new allocation resets the time counts, carrying each job's deficit (Gavel); False: each
+    job's time received accumulates from its arrival and deficits stay 0 (the Gavel of Sia's
+    artifact, whose reset is commented out)."""
     new_jobs_wait: bool = True
     """A job that arrived since the last allocation runs once an allocation includes it, as in
     Gavel (whose round walk counts it but then gives it no workers, so the GPUs it was counted
@@ -150,7 +154,10 @@ class TimeShareMechanism:
                 for t in types:
                     state.type_time[t] = state.type_time.get(t, 0.0) + credit
         if decision is not None:
-            self._reset(now, types, credit)
+            if self.config.reset_on_decision:
+                self._reset(now, types, credit)
+            else:
+                state.last_reset = now
             state.shares = {**decision.shares}
             for (a, b), x in decision.pair_shares.items():
                 state.shares[f"{a}{PAIR}{b}"] = x

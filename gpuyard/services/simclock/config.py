@@ -39,7 +39,31 @@ class GoodputSettings(Struct, kw_only=True, forbid_unknown_fields=True):
     """A running job's progress is made every this many seconds of the clock (and when its
     GPUs change): where it may pick a batch size again (Pollux's simulator: its 60 s round)."""
     restart_s: Annotated[float, Meta(ge=0)] = 30.0
-    """Seconds a job makes no progress after each (re)start (Pollux's simulator: 30)."""
+    """Seconds a job makes no progress after each (re)start (Pollux's simulator: 30), unless
+    `model_restart_s` names its model."""
+    per_type: bool = False
+    """The profiles are per GPU type (Sia's layout: `<model>/placements-<type>.csv` and
+    `scalability-<type>.csv`, `validation-*.csv` shared): a job trains on the profile of the
+    type it runs on, with a profile and a fitted model per type (`shared.typed_goodput`)."""
+    adaptive: bool = False
+    """Every job picks its own batch size, up to its model's largest, whatever its spec's
+    `batch_size` (Sia's jobs: that is only its scheduler's bound); False: a job with a
+    `batch_size` trains at it, one without picks its own (Pollux's)."""
+    model_restart_s: dict[str, Annotated[float, Meta(ge=0)]] = {}
+    """Per model (job type): seconds of no progress after each (re)start, instead of
+    `restart_s` (Sia's simulator: cifar10 50, deepspeech2 25, bert 120, yolov3 80, imagenet
+    250, ncf 15)."""
+    slowdowns: dict[str, Annotated[float, Meta(gt=0)]] = {}
+    """Per model: a job progresses at its goodput divided by this (Sia's simulator's
+    calibration to its real cluster: cifar10 1.8, ...); others at their goodput."""
+
+    def __post_init__(self) -> None:
+        if self.slowdowns and not self.per_type:
+            raise ValueError("slowdowns apply to per-type profiles (per_type = true)")
+
+    def restart_of(self, model: str) -> float:
+        """The restart delay of a job of `model`."""
+        return self.model_restart_s.get(model, self.restart_s)
 
 
 class SimClockConfig(Struct, kw_only=True, forbid_unknown_fields=True):

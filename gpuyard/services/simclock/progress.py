@@ -13,6 +13,7 @@ from gpuyard.services.simclock.config import SimClockConfig
 from gpuyard.services.simclock.costs import Restarts
 from gpuyard.shared.contract import JobExit, StepsReport
 from gpuyard.shared.throughput import ThroughputModel
+from gpuyard.shared.typed_goodput import TypedGoodputJob
 
 
 class Completions:
@@ -147,14 +148,17 @@ class Completions:
 
     def retrain(self, job_id: str, job: SimJob, now: float) -> None:
         """A goodput job whose GPUs changed at `now`: its progress on the old ones, then a
-        restart on the new ones (none: it waits). Its placement is its GPUs per node, most
-        first, as Pollux's simulator places a job (the most free node first)."""
+        restart on the new ones (none: it waits), on their type's profile for a typed one. Its
+        placement is its GPUs per node, most first, as Pollux's simulator places a job (the most
+        free node first)."""
         training = job.training
         assert training is not None
         self.train(job_id, job, now)
         if training.finished:
             return
         placement = sorted((len(gpus) for gpus in job.parts.values()), reverse=True)
+        if isinstance(training, TypedGoodputJob) and placement:
+            training.switch(job.gpu_type)  # (its parts are all of one type: placement's rule)
         training.reallocate(tuple(placement))
 
     def stalled(self, now: float) -> dict[str, StepsReport]:

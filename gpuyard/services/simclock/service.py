@@ -61,6 +61,7 @@ from gpuyard.shared.goodput import Application, GoodputJob, load_applications
 from gpuyard.shared.model import JobSpec, NodeSpec
 from gpuyard.shared.service import Handler, Service
 from gpuyard.shared.throughput import ThroughputModel, load_throughputs, total_steps
+from gpuyard.shared.typed_goodput import TypedGoodputJob, TypedProfiles, typed_model
 
 __all__ = [  # (what the simclock's users import from here)
     "PreemptionCost", "RestartCost", "SimClock", "SimClockConfig", "load_workload",
@@ -103,6 +104,9 @@ class SimClock(Service):
         self.commands_in = asyncio.Event()  # set when one is handled
         self.command_error: str | None = None  # a command no simulated node could carry out
         self.applications: dict[str, Application] = {}  # the goodput jobs' models, by type
+        self.typed: TypedProfiles | None = None  # ... or their per-GPU-type profiles
+        self.gpu_types = tuple(dict.fromkeys(g.gpu_type for g in config.cluster.groups))
+        """The cluster's GPU types, in its order (a typed job's first is its reference)."""
 
     def routes(self) -> dict[Endpoint[Any, Any], Handler]:
         # NODE_COMMANDS: an apply's commands to every node at once (placement, `simulated`).
@@ -135,7 +139,10 @@ class SimClock(Service):
                 )
         if self.config.goodput is not None:
             profiles = Path(self.config.goodput.profiles)
-            self.applications = await asyncio.to_thread(load_applications, profiles)
+            if self.config.goodput.per_type:
+                self.typed = await asyncio.to_thread(self._typed_profiles, profiles, workload)
+            else:
+                self.applications = await asyncio.to_thread(load_applications, profiles)
         churn: NodeEvents = []
         if self.config.node_events is not None:
             churn = await asyncio.to_thread(load_node_events, self.config.node_events)
@@ -191,11 +198,33 @@ class SimClock(Service):
             await self._request(STEPS, StepsUpdate(now=msg.now, jobs=self._take_unreported()))
         return await self._request(endpoint, msg)
 
+    def _typed_profiles(self, folder: Path, workload: list[JobSpec]) -> TypedProfiles:
+        """The per-type profiles, every (model, GPU type) the run needs read once up front (a
+        bad or missing file fails the run before it starts, naming the file)."""
+        try:
+            typed = TypedProfiles(folder)
+        except ValueError as exc:
+            raise BadRequest(str(exc), field="$.goodput.profiles") from None
+        for model in sorted({typed_model(spec.job_type)[0] for spec in workload}):
+            if typed.has(model):
+                for gpu_type in self.gpu_types:
+                    typed.app(model, gpu_type)
+        return typed
+
+    def _profiled(self, model: str) -> bool:
+        """Whether jobs of `model` train at their goodput."""
+        if self.typed is not None:
+            return self.typed.has(typed_model(model)[0])
+        return model in self.applications
+
     def arrived(self, batch: list[JobSpec]) -> None:
         """The simulated processes of jobs about to be submitted: made as they arrive (a long
         replay holds those of the jobs that came and have not ended, not every job's)."""
         for spec in batch:
             assert spec.job_id is not None
+            if self.typed is not None and self.typed.has(typed_model(spec.job_type)[0]):
+                self._arrived_typed(spec, self.typed)
+                continue
             app = self.applications.get(spec.job_type)
             if app is not None:  # it trains at its goodput: its work is its model's epochs
                 settings = self.config.goodput
@@ -211,6 +240,23 @@ class SimClock(Service):
             steps = total_steps(spec, self.model)
             assert steps is not None
             self.nodes.jobs[spec.job_id] = SimJob(spec, steps, self.nodes.queue_of(spec.user))
+
+    def _arrived_typed(self, spec: JobSpec, typed: TypedProfiles) -> None:
+        """A job that trains at its goodput on whichever GPU type it runs (Sia's simulator):
+        its work is its model's epochs, the same on every type. Its type names its model
+        (`cifar10`, or `cifar10@4096`: a rigid job's, whose batch is its spec's)."""
+        assert spec.job_id is not None
+        settings = self.config.goodput
+        assert settings is not None
+        model = typed_model(spec.job_type)[0]
+        training = TypedGoodputJob(
+            typed, model, self.gpu_types,
+            target_batch_size=None if settings.adaptive else spec.batch_size,
+            restart_s=settings.restart_of(model), slowdown=settings.slowdowns.get(model, 1.0),
+        )  # fmt: skip
+        app = training.app
+        total = app.progress_at(app.completion_epoch(spec.batch_size or app.init_batch_size) + 1)
+        self.nodes.jobs[spec.job_id] = SimJob(spec, total, self.nodes.queue_of(spec.user), training)
 
     def note(self, now: float, status: SchedulerStatus) -> None:
         """The scheduler's reply at `now`: when it wants its next tick, the node commands to wait
@@ -321,7 +367,7 @@ class SimClock(Service):
                 await self.call(NODES, NodesChanged(now=0.0, up=nodes))
             round_s = self.config.gavel_round_s
             for spec in workload:  # (a job whose work cannot be known fails the run at its start)
-                if spec.job_type in self.applications:
+                if self._profiled(spec.job_type):
                     continue
                 if total_steps(spec, self.model) is None:
                     raise ValueError(
