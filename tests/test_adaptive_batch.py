@@ -91,6 +91,43 @@ def test_measurements_that_do_not_hold_are_left_out_with_the_reason() -> None:
     assert fit_goodput_hints(no_batch, 64)[0] is None
 
 
+def test_the_prior_stands_in_where_the_job_measured_nothing() -> None:
+    """A job that ran on one GPU alone: without a prior nothing tells its all-reduce (its network
+    terms stay at their floor); with its model's profiled step times as the prior, the fit
+    predicts its multi-GPU steps. What it ran on stays its own (Pollux lets it grow to twice
+    that), and its own measurement replaces the prior's at the same configuration."""
+    alone = msgspec.structs.replace(PROFILE, times=[_times(1, 1, 32)])
+    prior = [_times(1, 2, 64), _times(1, 4, 16), _times(2, 8, 32),
+             msgspec.structs.replace(_times(1, 1, 32), optim_s=99.0)]  # fmt: skip
+
+    def predicted(hints: Any, nodes: int, replicas: int, bsz: int) -> float:
+        fn = GoodputFunction(PerfParams(*hints.perf), GradParams(1.0, 1.0), 64)
+        return replicas * bsz / fn.throughput(nodes, replicas, bsz, 0)
+
+    without, _ = fit_goodput_hints(alone, 64)
+    with_prior, problems = fit_goodput_hints(alone, 64, prior)
+    assert without is not None and with_prior is not None and problems == []
+    multi = _times(2, 8, 32)
+    assert predicted(with_prior, 2, 8, 32) == pytest.approx(multi.optim_s, rel=0.1)
+    assert predicted(without, 2, 8, 32) < 0.8 * multi.optim_s  # (no all-reduce known)
+    assert with_prior.max_profiled_replicas == without.max_profiled_replicas == 1
+    # (the prior's 99 s at the job's own configuration gave way to its measurement)
+    assert predicted(with_prior, 1, 1, 32) == pytest.approx(_times(1, 1, 32).optim_s, rel=0.1)
+    assert fit_goodput_hints(msgspec.structs.replace(alone, times=[]), 64, prior)[0] is None
+
+
+def test_a_models_profiled_times_are_its_placements_means(shared_data: Path) -> None:
+    from gpuyard.shared.goodput import load_applications
+
+    app = load_applications(shared_data / "pollux" / "traces")["cifar10"]
+    times = {(t.num_nodes, t.num_replicas, t.local_bsz): t for t in app.profiled_times()}
+    assert len(times) > 10 and all(0 <= t.sync_s < t.optim_s for t in times.values())
+    one = [t for k, t in times.items() if k[:2] == (1, 1)]
+    assert one and all(t.optim_steps == 1 for t in one)
+    step, sync = app.throughput((1,), one[0].local_bsz)
+    assert (one[0].optim_s, one[0].sync_s) == pytest.approx((step, sync))
+
+
 def test_the_batch_chosen_is_the_goodput_optimum_within_the_limits() -> None:
     hints, _ = fit_goodput_hints(PROFILE, 64)
     assert hints is not None
@@ -304,3 +341,27 @@ async def test_the_scheduler_fits_a_jobs_measurements_and_chooses_its_batches() 
 
     batches.forget([])
     assert not batches.times and not batches.fitted
+
+
+async def test_the_scheduler_fits_a_profiled_models_jobs_on_its_prior() -> None:
+    """`SchedulerConfig.goodput_profiles`: a job of a profiled model (its job type) is fitted to
+    its model's step times where it measured none; a job of another model to its own alone."""
+    table = JobTable()
+    limits = BatchLimits(max_batch_size=4096, min_local_bsz=8, max_local_bsz=128)
+    records = [
+        table.admit(JobSpec(num_gpus=1, job_id=model, job_type=model, batch_size=64,
+                            adaptive_batch=limits), 0.0, None)
+        for model in ("profiled", "other")
+    ]  # fmt: skip
+    batches = AdaptiveBatches(table, _Log())
+    batches.priors = {"profiled": [_times(1, 2, 64), _times(1, 4, 16), _times(2, 8, 32)]}
+    for record in records:
+        batches.observe(record, msgspec.structs.replace(PROFILE, times=[_times(1, 1, 32)]))
+    await _fits_done(batches)
+    profiled, other = (r.goodput for r in records)
+    assert profiled is not None and other is not None
+    expected, _ = fit_goodput_hints(
+        msgspec.structs.replace(PROFILE, times=[_times(1, 1, 32)]), 64, batches.priors["profiled"]
+    )
+    assert profiled == expected and other.perf != profiled.perf
+    assert profiled.max_profiled_replicas == other.max_profiled_replicas == 1

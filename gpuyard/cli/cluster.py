@@ -163,6 +163,12 @@ def add_cluster_parsers(sub: Subcommands) -> None:
         "deadline admission and elastic policies plan with; measured progress refines it",
     )  # fmt: skip
     p.add_argument(
+        "--profiles", metavar="FOLDER",
+        help="models' profiles (Pollux's traces/): adaptive jobs of a profiled model (their "
+        "--job-type) fit their goodput to its step times where they measured none, and a policy "
+        "that reads profiles (--policy pollux) reads these",
+    )  # fmt: skip
+    p.add_argument(
         "--round", type=positive_float, default=5.0, help="seconds between scheduling rounds"
     )
     p.add_argument(
@@ -384,6 +390,7 @@ def control_plane_configs(
     throughputs: str = "default", mode: Literal["rounds", "events", "slots"] = "events",
     min_resolve_s: float = 1920.0, new_jobs_wait: bool = True,
     default_time_limit_s: float | None = None, max_time_limit_s: float | None = None,
+    goodput_profiles: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The services of a real cluster's control plane: the scheduler ticks on the wall clock.
 
@@ -392,7 +399,8 @@ def control_plane_configs(
     `throughputs`: the model the scheduler (learning from progress) and admission plan with.
     `mode`: as `SchedulerConfig.mode` (`slots`: at events, at most once a round). `min_resolve_s`: how
     often Gavel's policies may be asked again, `new_jobs_wait`: whether a job newer than their
-    allocation waits for one that includes it (`TimeShareConfig`).
+    allocation waits for one that includes it (`TimeShareConfig`). `goodput_profiles`: the models'
+    profiles adaptive jobs' goodput fits start from (`SchedulerConfig.goodput_profiles`).
     """
     from gpuyard.services.admission.service import AdmissionConfig
     from gpuyard.services.placement.service import PlacementConfig
@@ -414,6 +422,7 @@ def control_plane_configs(
             throughputs=throughputs,
             learn_throughputs=True,
             time_shares=TimeShareConfig(min_resolve_s=min_resolve_s, new_jobs_wait=new_jobs_wait),
+            goodput_profiles=goodput_profiles,
             round_s=round_s,
             min_run_s=min_run_s,
             durable=durable,
@@ -440,7 +449,7 @@ def control_plane_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
     `--elasticflow`: the scheme's policies as `gpuyard sim --elasticflow --as-intended` sets
     them (without the simulated restart costs: on a real cluster restarts cost what they cost)."""
-    from gpuyard.shared.policy import PolicyChoice, PolicySet, parse_params
+    from gpuyard.shared.policy import PolicyChoice, PolicySet, parse_params, scheduling_policies
 
     params = (parse_params(args.param), parse_params(args.admission_param),
               parse_params(args.placement_param))  # fmt: skip
@@ -469,6 +478,18 @@ def control_plane_from_args(args: argparse.Namespace) -> dict[str, Any]:
         chosen = {key: filled[key] for key in chosen}
     if args.throughputs != "default" and not Path(args.throughputs).exists():
         raise ValueError(f"--throughputs {args.throughputs}: no such file or folder")
+    profiles = None
+    if args.profiles is not None:
+        from gpuyard.shared.goodput import load_applications
+
+        profiles = str(Path(args.profiles).resolve())
+        try:
+            load_applications(Path(profiles))  # (read again by the scheduler: checked here)
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"--profiles {args.profiles}: {exc}") from None
+        takes = msgspec.structs.fields(scheduling_policies.get(chosen["policy"]).Params)
+        if any(f.name == "profiles" for f in takes) and "profiles" not in chosen["policy_params"]:
+            chosen["policy_params"] = {**chosen["policy_params"], "profiles": profiles}
     policies = PolicySet(
         scheduling=PolicyChoice(name=chosen["policy"], params=chosen["policy_params"]),
         admission=PolicyChoice(name=chosen["admission"], params=chosen["admission_params"]),
@@ -486,7 +507,7 @@ def control_plane_from_args(args: argparse.Namespace) -> dict[str, Any]:
         min_run_s=args.min_run_s, throughputs=args.throughputs,
         min_resolve_s=args.min_resolve_s, new_jobs_wait=not args.new_jobs_run,
         default_time_limit_s=args.default_time_limit, max_time_limit_s=args.max_time_limit,
-        **chosen,
+        goodput_profiles=profiles, **chosen,
     )  # fmt: skip
 
 

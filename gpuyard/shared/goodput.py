@@ -39,7 +39,7 @@ import numpy.typing as npt
 import pandas as pd
 from threadpoolctl import ThreadpoolController, threadpool_limits
 
-from .model import GoodputHints, GoodputProfile
+from .model import GoodputHints, GoodputProfile, StepTimes
 
 if TYPE_CHECKING:
     from scipy.interpolate import LinearNDInterpolator
@@ -329,6 +329,18 @@ class Application:
                 interpolator.tri.transform  # noqa: B018
             self._interpolator = interpolator
         return self._interpolator
+
+    def profiled_times(self) -> list[StepTimes]:
+        """The profiled step times (`placements.csv`: the mean per nodes, replicas and per-GPU
+        batch) as a job reports its own: the prior of a real job's fit
+        (`fit_goodput_hints`)."""
+        keys = ["num_nodes", "num_replicas", "local_bsz"]
+        means = self._placements.groupby(keys)[_YS].mean()
+        return [
+            StepTimes(int(n), int(r), int(b), float(step), float(sync), 1)
+            for (n, r, b), (step, sync) in zip(means.index, means.to_numpy(), strict=True)
+            if 0 <= sync < step
+        ]
 
     def progress_at(self, epoch: int) -> float:
         """Progress (samples scaled to the initial batch size) at the end of epoch `epoch`."""
@@ -1126,20 +1138,25 @@ class GoodputJob:
 
 
 def fit_goodput_hints(
-    profile: GoodputProfile, init_batch_size: int
+    profile: GoodputProfile, init_batch_size: int, prior: Sequence[StepTimes] = ()
 ) -> tuple[GoodputHints | None, list[str]]:
     """The goodput hints a real adaptive job's measurements give (what Pollux's agent fits):
-    PerfParams fitted to its step times (`fit_perf_params`, from the observations alone: no
-    profile is the prior), its gradient statistics rescaled to `init_batch_size` (AdaptDL's
-    grad_var is the variance at the initial batch; the job measures it at its own). Returns the
-    hints (None when there is not enough: no usable step time, or no gradient statistics) and
-    what was left out, and why (one line each).
+    PerfParams fitted to its step times (`fit_perf_params`) and to the `prior`'s (its model's
+    profiled ones, `Application.profiled_times`) at the configurations it has not measured, its
+    gradient statistics rescaled to `init_batch_size` (AdaptDL's grad_var is the variance at the
+    initial batch; the job measures it at its own). The most replicas it profiled are those it
+    ran on, not the prior's (Pollux lets a job grow to twice that). Returns the hints (None when
+    there is not enough: no usable step time of its own, or no gradient statistics) and what
+    was left out, and why (one line each).
 
     A step time at a configuration without accumulation steps stands in for its accumulation
     step less its all-reduce wait, as AdaptDL's profile does."""
     problems: list[str] = []
     nodes, replicas, bsz, accum, optim = [], [], [], [], []
-    for t in profile.times:
+    own = {(t.num_nodes, t.num_replicas, t.local_bsz) for t in profile.times}
+    assumed = [t for t in prior if (t.num_nodes, t.num_replicas, t.local_bsz) not in own]
+    ran_on: list[int] = []  # (the replicas of its own measurements that hold)
+    for i, t in enumerate((*assumed, *profile.times)):
         where = f"step times at nodes={t.num_nodes} replicas={t.num_replicas} bsz={t.local_bsz}"
         accum_s = t.accum_s if t.accum_steps else t.optim_s - t.sync_s
         if t.num_nodes > t.num_replicas:
@@ -1152,8 +1169,10 @@ def fit_goodput_hints(
             bsz.append(t.local_bsz)
             accum.append(accum_s)
             optim.append(t.optim_s)
+            if i >= len(assumed):
+                ran_on.append(t.num_replicas)
     grad = profile_grad_params(profile, init_batch_size, problems)
-    if grad is None or not nodes:
+    if grad is None or not ran_on:
         return None, problems
     perf = fit_perf_params(nodes, replicas, bsz, accum, optim)
     if not all(math.isfinite(v) for v in perf):
@@ -1161,7 +1180,7 @@ def fit_goodput_hints(
         return None, problems
     hints = GoodputHints(
         tuple(float(v) for v in perf),  # type: ignore[arg-type]
-        grad.sqr, grad.var, max(replicas), profile.batch_size,
+        grad.sqr, grad.var, max(ran_on), profile.batch_size,
     )  # fmt: skip
     return hints, problems
 

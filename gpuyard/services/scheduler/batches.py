@@ -9,9 +9,10 @@ Here they are merged per job (a configuration's latest measurement replaces the 
 each run reports only its own), the step-time model refitted when a configuration is new or its
 times moved (`fit_goodput_hints`, in a worker thread: a fit takes tens of milliseconds), and the
 hints stored in `JobRecord.goodput`, where a goodput-aware policy reads them as in a simulation.
-The fit starts from the observations alone: the scheduler holds no profile of the job's model to
-start from. The merged measurements live in memory: a restarted scheduler keeps the hints it
-stored and refits from what the jobs report from then on.
+Where the scheduler was given its models' profiles (`SchedulerConfig.goodput_profiles`), a job's
+fit takes its model's profiled step times where it has not measured its own (the prior), else
+its observations alone. The merged measurements live in memory: a restarted scheduler keeps the
+hints it stored and refits from what the jobs report from then on.
 
 At each launch of an adaptive job the scheduler gives it the batch (`BatchChoice`) that
 maximises its goodput on its allocation (`choose_batch`), or, before it has hints, its
@@ -24,12 +25,18 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from gpuyard.shared.contract import BatchChoice, ClusterInfo
-from gpuyard.shared.goodput import choose_batch, fit_goodput_hints, profile_grad_params
+from gpuyard.shared.goodput import (
+    choose_batch,
+    fit_goodput_hints,
+    load_applications,
+    profile_grad_params,
+)
 from gpuyard.shared.model import (
     ACTIVE_STATES,
     ANY_GPU,
@@ -67,6 +74,8 @@ class AdaptiveBatches:
         """Per job: the problems last logged of its measurements (each said once)."""
         self.chosen: dict[str, BatchChoice] = {}
         """The batches of the allocations last applied, by job."""
+        self.priors: dict[str, list[StepTimes]] = {}
+        """Per model (job type): its profiled step times, the prior of its jobs' fits."""
 
     # ------------------------------------------------------------------ measurements
 
@@ -144,8 +153,9 @@ class AdaptiveBatches:
                 if record is None or record.spec.batch_size is None:
                     return
                 try:
+                    prior = self.priors.get(record.spec.job_type, ())
                     hints, problems = await asyncio.to_thread(
-                        fit_goodput_hints, profile, record.spec.batch_size
+                        fit_goodput_hints, profile, record.spec.batch_size, prior
                     )
                 except Exception as exc:  # (a numerical failure must not stop the scheduler)
                     hints, problems = None, [f"the fit failed: {type(exc).__name__}: {exc}"]
@@ -210,6 +220,12 @@ class AdaptiveBatches:
             chosen[a.job_id] = BatchChoice(batch, local_bsz, accum_steps)
         self.chosen = chosen
         return chosen
+
+
+def profiled_times(folder: str | Path) -> dict[str, list[StepTimes]]:
+    """Each profiled model's step times (`Application.profiled_times`), from a folder of
+    Pollux's profiles; ValueError naming what is wrong with it."""
+    return {name: app.profiled_times() for name, app in load_applications(Path(folder)).items()}
 
 
 def _apart(before: float, now: float) -> bool:

@@ -107,7 +107,7 @@ from gpuyard.shared.throughput import (
     total_steps,
 )
 
-from .batches import AdaptiveBatches
+from .batches import AdaptiveBatches, profiled_times
 from .cadence import Cadence
 from .durability import SchedulerStore, StoredMeta
 from .guard import check, hold_leases, made_whole
@@ -140,6 +140,10 @@ class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     model being the prior (`shared.throughput.LearnedThroughputs`)."""
     time_shares: TimeShareConfig = msgspec.field(default_factory=TimeShareConfig)
     """The round mechanism of policies that decide time shares (Gavel's)."""
+    goodput_profiles: str | None = None
+    """Real clusters: a folder of models' profiles (Pollux's `traces/`): an adaptive job of a
+    profiled model (its `job_type`) fits its goodput model to its model's profiled step times
+    where it has not measured its own (the prior; `batches.AdaptiveBatches`)."""
     event_retention_s: float = 7 * 24 * 3600.0
     """How long the cluster's event stream keeps events."""
     event_storage: Literal["file", "memory", "none"] = "file"
@@ -297,6 +301,10 @@ class Scheduler(Service):
     async def start(self) -> None:
         if self.config.throughputs != "default":
             self.model = await asyncio.to_thread(load_throughputs, self.config.throughputs)
+        if self.config.goodput_profiles is not None:
+            self.batches.priors = await asyncio.to_thread(
+                profiled_times, self.config.goodput_profiles
+            )
         if self.config.learn_throughputs:
             self.model = LearnedThroughputs(self.model)
         if self.config.event_storage == "none":
