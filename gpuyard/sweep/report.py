@@ -337,7 +337,9 @@ def _grouped_bars(ok: pd.DataFrame, stats: pd.DataFrame, scale: float,
     values = axis.values(ok)
     order = list(ok["series"].drop_duplicates())
     width = 0.8 / len(order)
-    fig, ax = subplots(figsize=(max(7.5, 2.5 + 0.22 * len(values) * len(order)), 5))
+    legend = max(len(series) for series in order) + 8  # (its " (n=1)" too)
+    # Wide enough for the bars and, beside them, the legend's longest name.
+    fig, ax = subplots(figsize=(max(7.5, 2.5 + 0.22 * len(values) * len(order)) + 0.07 * legend, 5))
     for i, series in enumerate(order):
         rows = stats[stats["series"] == series].set_index(axis.field).reindex(values)
         at = np.arange(len(values)) + (i - (len(order) - 1) / 2) * width
@@ -345,8 +347,9 @@ def _grouped_bars(ok: pd.DataFrame, stats: pd.DataFrame, scale: float,
         n = f" ({_n(shown['n'])})" if len(shown) else ""
         ax.bar(at, rows["mean"] * scale, width, label=f"{series}{n}", color=f"C{i}",
                yerr=_error_bars(rows, scale), capsize=2 if len(order) > 4 else 4)  # fmt: skip
+    many = len(values) > 4  # (slanted, each ending under its group)
     ax.set_xticks(np.arange(len(values)), [axis.tick(ok, v) for v in values],
-                  rotation=20 if len(values) > 4 else 0)  # fmt: skip
+                  rotation=30 if many else 0, ha="right" if many else "center")  # fmt: skip
     ax.set_xlabel(axis.label)
     ax.legend(title="scheme", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig, ax
