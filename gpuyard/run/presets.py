@@ -5,6 +5,7 @@ its checks, the policies and parameters it sets, and the settings it gives the s
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -266,7 +267,6 @@ class Pollux(Semantics):
 
     def fill(self, options: SimOptions, spec: RunSpec) -> SimOptions:
         from gpuyard.services.simclock.config import GoodputSettings
-        from gpuyard.workloads import load_cluster
 
         self.check(spec)  # (a comparison builds every run's options before it checks them)
         profiles = self.profiles(spec)
@@ -275,12 +275,7 @@ class Pollux(Semantics):
             "goodput": GoodputSettings(profiles=str(Path(profiles).resolve()),
                                        step_s=options.round_s),
         }  # fmt: skip
-        if spec.cluster_spec is None:
-            changes["cluster"] = load_cluster(self.CLUSTER)
-        if spec.placement is None:
-            changes["placement"] = "most-free"
-        if options.policy in self.PROFILED and "profiles" not in options.policy_params:
-            changes["policy_params"] = {**options.policy_params, "profiles": profiles}
+        changes |= profiled_defaults(options, spec, self.CLUSTER, self.PROFILED, profiles)
         return msgspec.structs.replace(options, **changes)
 
     def jobs(self, options: SimOptions, jobs: list[JobSpec]) -> list[JobSpec]:
@@ -293,6 +288,24 @@ class Pollux(Semantics):
 
     def clock_settings(self, options: SimOptions) -> dict[str, Any]:
         return {"arrival_quantum": options.round_s}
+
+
+def profiled_defaults(
+    options: SimOptions, spec: RunSpec, cluster: str, profiled: Collection[str], profiles: str
+) -> dict[str, Any]:
+    """What the goodput presets (Pollux's, Sia's) fill in alike where the run leaves it: their
+    cluster, the most free node first (their simulators'), and the profiles of a policy that
+    reads them."""
+    from gpuyard.workloads import load_cluster
+
+    changes: dict[str, Any] = {}
+    if spec.cluster_spec is None:
+        changes["cluster"] = load_cluster(cluster)
+    if spec.placement is None:
+        changes["placement"] = "most-free"
+    if options.policy in profiled and "profiles" not in options.policy_params:
+        changes["policy_params"] = {**options.policy_params, "profiles": profiles}
+    return changes
 
 
 class Sia(Semantics):
@@ -359,7 +372,6 @@ class Sia(Semantics):
     def fill(self, options: SimOptions, spec: RunSpec) -> SimOptions:
         from gpuyard.services.simclock.config import GoodputSettings
         from gpuyard.shared.typed_goodput import SIA_DEFAULT_RESTORE_S, SIA_RESTORE_S, SIA_SLOWDOWNS
-        from gpuyard.workloads import load_cluster
 
         self.check(spec)  # (a comparison builds every run's options before it checks them)
         given = self.profiles(spec)
@@ -377,12 +389,7 @@ class Sia(Semantics):
                 model_restart_s=dict(SIA_RESTORE_S), slowdowns=dict(SIA_SLOWDOWNS),
             ),
         }  # fmt: skip
-        if spec.cluster_spec is None:
-            changes["cluster"] = load_cluster(self.CLUSTER)
-        if spec.placement is None:
-            changes["placement"] = "most-free"
-        if options.policy in self.PROFILED and "profiles" not in options.policy_params:
-            changes["policy_params"] = {**options.policy_params, "profiles": profiles}
+        changes |= profiled_defaults(options, spec, self.CLUSTER, self.PROFILED, profiles)
         if gavel and spec.throughputs == "default":
             # The artifact's Gavel sees each rigid job's rate on each type, predicted from the
             # profiles at its batch size (`TypedThroughputs`; job types `<model>@<batch>`).
