@@ -118,6 +118,35 @@ def _read_csv(path: Path, columns: Sequence[str], may_lack: Sequence[str] = ()) 
     return frame
 
 
+def read_validation(folder: Path) -> dict[int, pd.DataFrame]:
+    """A model's validation curves (`validation-<batch size>.csv`), by batch size; ValueError
+    naming a bad file, or the folder without any."""
+    validation: dict[int, pd.DataFrame] = {}
+    for path in sorted(folder.glob("validation-*.csv")):
+        try:
+            batch_size = int(path.stem.split("-")[-1])
+        except ValueError:
+            raise ValueError(f"{path}: expected validation-<batch size>.csv") from None
+        # A missing metric is skipped (pandas' max/min), as in the reference.
+        validation[batch_size] = _read_csv(path, _VALIDATION_COLUMNS, may_lack=["metric"])
+    if not validation:
+        raise ValueError(f"{folder / 'validation-*.csv'}: no such files")
+    return validation
+
+
+def read_placements(path: Path) -> pd.DataFrame:
+    """A model's step times per placement (`placements.csv`: its GPUs per node as digits)."""
+    placements = _read_csv(path, _PLACEMENT_COLUMNS)
+    if not pd.api.types.is_integer_dtype(placements.placement) or (placements.placement <= 0).any():
+        raise ValueError(f"{path}: placement must be positive integers")
+    return placements
+
+
+def read_scalability(path: Path) -> pd.DataFrame:
+    """A model's step times per node and GPU count (`scalability.csv`)."""
+    return _read_csv(path, _SCALABILITY_COLUMNS)
+
+
 class _Curve(NamedTuple):
     """One validation-<batch size>.csv: per-epoch columns (row e = after epoch e + 1)."""
 
@@ -220,24 +249,9 @@ class Application:
     ) -> Application:
         """Read an application folder (named after the model); ValueError naming a bad file."""
         folder = Path(folder)
-        validation: dict[int, pd.DataFrame] = {}
-        for path in sorted(folder.glob("validation-*.csv")):
-            try:
-                batch_size = int(path.stem.split("-")[-1])
-            except ValueError:
-                raise ValueError(f"{path}: expected validation-<batch size>.csv") from None
-            # A missing metric is skipped (pandas' max/min), as in the reference.
-            validation[batch_size] = _read_csv(path, _VALIDATION_COLUMNS, may_lack=["metric"])
-        if not validation:
-            raise ValueError(f"{folder / 'validation-*.csv'}: no such files")
-        placements_path = folder / "placements.csv"
-        placements = _read_csv(placements_path, _PLACEMENT_COLUMNS)
-        if (
-            not pd.api.types.is_integer_dtype(placements.placement)
-            or (placements.placement <= 0).any()
-        ):
-            raise ValueError(f"{placements_path}: placement must be positive integers")
-        scalability = _read_csv(folder / "scalability.csv", _SCALABILITY_COLUMNS)
+        validation = read_validation(folder)
+        placements = read_placements(folder / "placements.csv")
+        scalability = read_scalability(folder / "scalability.csv")
         return cls(
             folder.name,
             validation,

@@ -24,7 +24,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from .goodput import EPS, Application, GoodputJob, PerfParams, _read_csv
+from .goodput import (
+    EPS,
+    Application,
+    GoodputJob,
+    PerfParams,
+    read_placements,
+    read_scalability,
+    read_validation,
+)
 from .model import ANY_GPU, GoodputHints
 
 SIA_APPLICATIONS: dict[str, dict[str, int]] = {
@@ -62,10 +70,6 @@ SIA_SLOWDOWNS: dict[str, float] = {
 }
 """How much slower each model ran on the artifact's real cluster than in its simulator
 (`simulator_config.SLOWDOWNS`): its simulated progress is goodput / slowdown."""
-
-_PLACEMENT_COLUMNS = ["placement", "local_bsz", "step_time", "sync_time"]
-_SCALABILITY_COLUMNS = ["num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"]
-_VALIDATION_COLUMNS = ["progress", "iteration", "metric", "grad_sqr", "grad_var"]
 
 
 class TypedProfiles:
@@ -153,24 +157,10 @@ class TypedProfiles:
 
     def _load(self, model: str, gpu_type: str) -> None:
         if model not in self._validation:
-            curves: dict[int, pd.DataFrame] = {}
-            for path in sorted((self.folder / model).glob("validation-*.csv")):
-                try:
-                    batch_size = int(path.stem.split("-")[-1])
-                except ValueError:
-                    raise ValueError(f"{path}: expected validation-<batch size>.csv") from None
-                curves[batch_size] = _read_csv(path, _VALIDATION_COLUMNS, may_lack=["metric"])
-            if not curves:
-                raise ValueError(f"{self.folder / model}: no validation-<batch size>.csv")
-            self._validation[model] = curves
+            self._validation[model] = read_validation(self.folder / model)
         placements_path = self._file(model, "placements", gpu_type)
-        placements = _read_csv(placements_path, _PLACEMENT_COLUMNS)
-        if (
-            not pd.api.types.is_integer_dtype(placements.placement)
-            or (placements.placement <= 0).any()
-        ):
-            raise ValueError(f"{placements_path}: placement must be positive integers")
-        scalability = _read_csv(self._file(model, "scalability", gpu_type), _SCALABILITY_COLUMNS)
+        placements = read_placements(placements_path)
+        scalability = read_scalability(self._file(model, "scalability", gpu_type))
         self._frames[(model, gpu_type)] = (placements, scalability)
         suffix = self.names.get(gpu_type, gpu_type)
         settings = {**SIA_APPLICATIONS.get(model, {}), **SIA_TYPE_SETTINGS.get((model, suffix), {})}

@@ -77,7 +77,6 @@ from gpuyard.shared.errors import BadRequest, RemoteError
 from gpuyard.shared.identity import ANONYMOUS, Caller
 from gpuyard.shared.leader import LEASE_S, LeaseSeconds
 from gpuyard.shared.model import (
-    ACTIVE_STATES,
     ANY_GPU,
     Allocation,
     GpuRef,
@@ -1083,7 +1082,7 @@ class Scheduler(Service):
             kind = "job.resized" if was_resized else "job.started"
             await self.emit(kind, now, job_id, gpus=gpus)
         if self.batches.said:  # (what is kept of the jobs that ended goes)
-            self.batches.forget(j for j, r in self.table.jobs.items() if r.state in ACTIVE_STATES)
+            self.batches.forget(self.table.active)
         self.last_round = now
         if self.cadence.origin is None:  # the first decision starts the grid of rounds
             self.cadence = dataclasses.replace(self.cadence, origin=now)
