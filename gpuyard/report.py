@@ -10,6 +10,7 @@ throughput(1 GPU), over the cluster's GPUs, at every instant it changes."""
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import textwrap
@@ -540,8 +541,34 @@ def queue_series(
 def draw(made: Figures) -> list[Path]:
     """`jct_cdf.png` and `timeline.png`; `deadlines.png` with deadline outcomes, `idle_nodes.png`
     with node churn."""
+    return [drawing() for drawing in drawings(made)]
+
+
+def drawings(made: Figures) -> list[Callable[[], Path]]:
+    """`draw`'s figures, each drawn (and its path returned) when called: independent of one
+    another, so that they can be drawn in parallel."""
     out, caption = made.out, made.caption
-    paths = []
+    pending: list[Callable[[], Path]] = [
+        functools.partial(draw_jct_cdf, made, out / "jct_cdf.png"),
+        functools.partial(draw_timeline, made, out / "timeline.png"),
+    ]
+    if made.deadlines is not None:
+        pending.append(functools.partial(draw_deadlines, made, out / "deadlines.png"))
+    if made.churn is not None:
+        churn = made.churn
+        pending.append(functools.partial(draw_node_churn, churn, out / "idle_nodes.png", caption))
+    if made.queues is not None:
+        queues = made.queues
+        pending.append(functools.partial(draw_queues, queues, out / "queues.png", caption))
+    if made.allocation is not None:
+        allocation = made.allocation
+        pending.append(
+            functools.partial(draw_allocation, allocation, out / "allocation.png", caption)
+        )
+    return pending
+
+
+def draw_jct_cdf(made: Figures, path: Path) -> Path:
     fig, ax = subplots(figsize=(7, 4.8))
     if made.completed:
         ax.plot(made.jct_hours, made.jct_fraction)
@@ -552,8 +579,10 @@ def draw(made: Figures) -> list[Path]:
     ax.set_ylabel("fraction of completed jobs")
     ax.set_title(f"JCT CDF: {made.completed:,} of {made.total:,} jobs completed")
     ax.grid(True, alpha=0.3)
-    paths.append(save_figure(fig, out / "jct_cdf.png", caption))
+    return save_figure(fig, path, made.caption)
 
+
+def draw_timeline(made: Figures, path: Path) -> Path:
     fig, (top, bottom) = subplots(2, 1, figsize=(8, 5.8), sharex=True)
     top.step(made.hours, made.busy_share, where="post")
     top.set_ylabel("GPU utilisation")
@@ -564,16 +593,7 @@ def draw(made: Figures) -> list[Path]:
     bottom.set_xlabel("simulated time (hours)")
     for ax in (top, bottom):
         ax.grid(True, alpha=0.3)
-    paths.append(save_figure(fig, out / "timeline.png", caption))
-    if made.deadlines is not None:
-        paths.append(draw_deadlines(made, out / "deadlines.png"))
-    if made.churn is not None:
-        paths.append(draw_node_churn(made.churn, out / "idle_nodes.png", caption))
-    if made.queues is not None:
-        paths.append(draw_queues(made.queues, out / "queues.png", caption))
-    if made.allocation is not None:
-        paths.append(draw_allocation(made.allocation, out / "allocation.png", caption))
-    return paths
+    return save_figure(fig, path, made.caption)
 
 
 def draw_queues(series: QueueSeries, path: Path, caption: str) -> Path:

@@ -11,7 +11,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, cast, get_args
+from typing import TYPE_CHECKING, Any, cast, get_args
 
 import msgspec
 
@@ -42,6 +42,9 @@ from gpuyard.run.spec import (
 from gpuyard.shared.connection import NatsAuth, add_nats_arguments
 from gpuyard.shared.policy import own_params, parse_params
 from gpuyard.shared.roster import SERVICES
+
+if TYPE_CHECKING:
+    from gpuyard.plotter import Plotter
 
 
 def add_trace_args(g: Any, *, multi_gpu: bool = True) -> None:
@@ -410,6 +413,16 @@ def check_lists(args: argparse.Namespace) -> None:
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
+    from gpuyard.plotter import Plotter
+
+    # First: a run's plotter imports matplotlib on another core while this process imports the
+    # rest and checks the options (a comparison's runs start their own: this one is stopped).
+    with Plotter.start() as plotter:
+        return simulate_command(args, plotter)
+
+
+def simulate_command(args: argparse.Namespace, plotter: Plotter) -> int:
+    """`gpuyard sim`: one run (drawn by `plotter`) or a comparison."""
     from gpuyard.cli.options import checked_subjects, checked_url, run_command
     from gpuyard.run.build import build, check_policy_name, check_workload, sim_options
     from gpuyard.run.outputs import claim, default_out
@@ -447,7 +460,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
             claim(args.out, overwrite=args.overwrite)
         except ValueError as exc:
             return fail("sim", exc)
-        return simulate_one(specs[0], run_place(args, external))
+        return simulate_one(specs[0], run_place(args, external), plotter)
     if args.node_events is not None:  # (comparisons do not replay node events yet)
         return fail("sim", ValueError("--node-events: one run at a time, not a comparison"))
     try:  # what every run reads (throughputs, trace, cluster): one line now, not one a run

@@ -21,11 +21,14 @@ from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.policy import PolicyError
 
 
-def simulate_one(spec: RunSpec, place: RunPlace) -> int:
-    """Run `spec` where `place` says; the exit status: 0, 1 (the run failed), 2 (it could not
-    start: the one line says why) or 130 (interrupted: what it got to is written)."""
-    with Plotter.start() as plotter:  # (it imports matplotlib while the run goes on)
+def simulate_one(spec: RunSpec, place: RunPlace, plotter: Plotter | None = None) -> int:
+    """Run `spec` where `place` says, its plots drawn by `plotter` (None: one started here);
+    the exit status: 0, 1 (the run failed), 2 (it could not start: the one line says why) or
+    130 (interrupted: what it got to is written)."""
+    if plotter is not None:
         return _simulate_one(spec, place, plotter)
+    with Plotter.start() as started:  # (it imports matplotlib while the run goes on)
+        return _simulate_one(spec, place, started)
 
 
 def _simulate_one(spec: RunSpec, place: RunPlace, plotter: Plotter) -> int:

@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 from threadpoolctl import ThreadpoolController, threadpool_limits
 
 from .model import GoodputHints, GoodputProfile, StepTimes
 
 if TYPE_CHECKING:
+    import pandas as pd
     from scipy.interpolate import LinearNDInterpolator
 
 FloatArray = npt.NDArray[np.float64]
@@ -98,6 +98,8 @@ _VALIDATION_COLUMNS = ["progress", "iteration", "metric", "grad_sqr", "grad_var"
 def _read_csv(path: Path, columns: Sequence[str], may_lack: Sequence[str] = ()) -> pd.DataFrame:
     """The CSV at `path` with numeric `columns` (values present but in `may_lack`); ValueError
     (one line naming the file) otherwise."""
+    import pandas as pd  # (only where profiles are read: a run without them never imports it)
+
     try:
         frame = pd.read_csv(path)
     except FileNotFoundError:
@@ -136,6 +138,8 @@ def read_validation(folder: Path) -> dict[int, pd.DataFrame]:
 
 def read_placements(path: Path) -> pd.DataFrame:
     """A model's step times per placement (`placements.csv`: its GPUs per node as digits)."""
+    import pandas as pd
+
     placements = _read_csv(path, _PLACEMENT_COLUMNS)
     if not pd.api.types.is_integer_dtype(placements.placement) or (placements.placement <= 0).any():
         raise ValueError(f"{path}: placement must be positive integers")
@@ -331,6 +335,8 @@ class Application:
     def _nd_interpolator(self) -> LinearNDInterpolator:
         """Built once: the reference rebuilds the same (deterministic) one on every miss."""
         if self._interpolator is None:
+            import pandas as pd
+
             grouped = self._placements.groupby(_XS)[_XS + _YS].mean()
             points = pd.concat([grouped, self._scalability], ignore_index=True)
             from scipy.interpolate import LinearNDInterpolator  # (scipy costs a simulation

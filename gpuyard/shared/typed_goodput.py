@@ -21,8 +21,7 @@ import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from .goodput import (
     EPS,
@@ -34,6 +33,9 @@ from .goodput import (
     read_validation,
 )
 from .model import ANY_GPU, GoodputHints
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SIA_APPLICATIONS: dict[str, dict[str, int]] = {
     "bert": {"max_epochs": 2},
