@@ -14,6 +14,7 @@ from gpuyard.shared.policy import Decision, JobView, SchedulingInput, Scheduling
 from ..toolkit import (
     BLOX_STARVATION_S,
     StandingOrder,
+    WaitingOrder,
     earliest,
     fill_in_order,
     next_starvation,
@@ -119,16 +120,21 @@ class Srtf(SchedulingPolicy):
 
     Params = SrtfParams
 
-    def schedule(self, inp: SchedulingInput) -> list[Allocation]:
-        p, now = self.params, inp.now
+    def __init__(self, params: Struct | None = None) -> None:
+        super().__init__(params)
+        starvation_s = self.params.starvation_s
 
-        def key(j: JobView) -> tuple[int, float, int]:
+        def key(j: JobView, now: float) -> tuple[int, float, int]:
             rem = j.remaining_time
             if rem is None:
                 rem = INF
-            return (priority_class(j, now, p.starvation_s), rem, j.seq)
+            return (priority_class(j, now, starvation_s), rem, j.seq)
 
-        return fill_in_order(sorted(inp.jobs, key=key), inp.cluster, backfill=p.backfill)
+        # (a waiting job's remaining time stays as it is: only the running jobs are sorted anew)
+        self.order = WaitingOrder(key, starvation_s)
+
+    def schedule(self, inp: SchedulingInput) -> list[Allocation]:
+        return self.order.fill(inp, backfill=self.params.backfill)
 
     def next_decision_time(self, inp: SchedulingInput) -> float | None:
         # Running jobs' remaining time only shrinks, so only starvation changes the order.
@@ -161,16 +167,19 @@ class Las(SchedulingPolicy):
 
     Params = LasParams
 
-    def _service(self, j: JobView) -> float:
-        return float(j.rounds_run) if self.params.key == "rounds" else j.attained_service
+    def __init__(self, params: Struct | None = None) -> None:
+        super().__init__(params)
+        starvation_s, rounds = self.params.starvation_s, self.params.key == "rounds"
+
+        def key(j: JobView, now: float) -> tuple[int, float, int]:
+            service = float(j.rounds_run) if rounds else j.attained_service
+            return (priority_class(j, now, starvation_s), service, j.seq)
+
+        # (a waiting job's service stays as it is: only the running jobs are sorted anew)
+        self.order = WaitingOrder(key, starvation_s)
 
     def schedule(self, inp: SchedulingInput) -> list[Allocation]:
-        p, now = self.params, inp.now
-        order = sorted(
-            inp.jobs,
-            key=lambda j: (priority_class(j, now, p.starvation_s), self._service(j), j.seq),
-        )
-        return fill_in_order(order, inp.cluster, backfill=p.backfill)
+        return self.order.fill(inp, backfill=self.params.backfill)
 
     def next_decision_time(self, inp: SchedulingInput) -> float | None:
         # While jobs wait and others run, the running jobs' service grows past the waiting ones'.

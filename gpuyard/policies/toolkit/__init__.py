@@ -12,9 +12,20 @@ from .ordering import (
 )
 from .standing import StandingOrder
 from .starvation import BLOX_STARVATION_S, earliest, is_starved, next_starvation, priority_class
+from .waiting import WaitingOrder
 
 __all__ = [
-    "BLOX_STARVATION_S", "StandingOrder", "TypeOrder", "agnostic_types", "earliest",
-    "fastest_types", "fill_in_order", "held_or_requested", "is_starved", "next_starvation",
-    "priority_class", "runnable_types",
+    "BLOX_STARVATION_S",
+    "StandingOrder",
+    "TypeOrder",
+    "WaitingOrder",
+    "agnostic_types",
+    "earliest",
+    "fastest_types",
+    "fill_in_order",
+    "held_or_requested",
+    "is_starved",
+    "next_starvation",
+    "priority_class",
+    "runnable_types",
 ]  # fmt: skip

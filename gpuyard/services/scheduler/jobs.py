@@ -371,6 +371,7 @@ class JobTable:
             # with the clock's next request): no run began since.
             record.steps_done = report.steps
             self._touch(record)
+            self._moved(record)  # (a policy's order may read its remaining steps)
             return None
         if record.state != "running" or report.at < record.progress_at:
             return None

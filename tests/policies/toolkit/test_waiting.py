@@ -1,0 +1,105 @@
+"""The waiting order (`toolkit.waiting`): SRTF and LAS kept from what changed decide as a sort
+of every job would.
+
+A small scheduler whose running jobs make progress drives them through hundreds of decisions
+(arrivals of several priorities, preemptions, exits, steps reported for stopped jobs, a short
+starvation guard, a throughput model replaced) and checks each decision against the same policy
+handed no `changed`, which sorts every job.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gpuyard.policies.blox import Las, LasParams, Srtf, SrtfParams
+from gpuyard.shared.model import ANY_GPU, Allocation
+from gpuyard.shared.policy import SchedulingPolicy
+from gpuyard.shared.throughput import LinearModel
+
+from .test_standing import MiniScheduler
+
+
+class Progressing(MiniScheduler):
+    """Running jobs progress at their rate; a stopped job's steps are settled when it stops."""
+
+    def apply(self, allocations: list[Allocation]) -> None:
+        allocated = {a.job_id: a for a in allocations}
+        for view in self.views.values():
+            r = view.record
+            if r.state == "running" and r.job_id not in allocated:
+                self._settle(view.record)
+                r.state, r.gpus, r.gpu_type, r.rate = "queued", 0, None, 0.0
+                r.queued_since = self.now
+                self.changed[r.job_id] = None
+        for a in allocations:
+            view = self.views[a.job_id]
+            r = view.record
+            if r.state == "running":
+                continue
+            r.state, r.gpus, r.gpu_type = "running", a.num_gpus, a.gpu_type
+            r.rate = view.rate(a.gpu_type, a.num_gpus) * self.rng.choice([0.5, 1.0, 1.0])
+            r.run_start = r.progress_at = self.now
+            r.queued_since = None
+            self.changed[r.job_id] = None
+
+    def _settle(self, r) -> None:
+        ran = self.now - r.run_start
+        r.executed_time += ran
+        r.gpu_seconds += ran * r.gpus
+        r.steps_done += r.rate * (self.now - r.progress_at)
+        r.run_start = r.progress_at = self.now
+
+
+POLICIES = [
+    pytest.param(lambda: Srtf(SrtfParams(starvation_s=900.0)), id="srtf-starving"),
+    pytest.param(lambda: Srtf(SrtfParams(backfill=True, starvation_s=None)), id="srtf-backfill"),
+    pytest.param(lambda: Srtf(), id="srtf-blox"),
+    pytest.param(lambda: Las(LasParams(starvation_s=1200.0)), id="las-starving"),
+    pytest.param(lambda: Las(LasParams(key="rounds", backfill=True)), id="las-rounds"),
+]
+
+
+@pytest.mark.parametrize("make", POLICIES)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_kept_from_what_changed_it_decides_as_a_sort_of_every_job(make, seed) -> None:
+    rng = random.Random(seed)
+    sim = Progressing(rng, {"a": 24, "b": 16})
+    fed: SchedulingPolicy = make()
+    whole: SchedulingPolicy = make()
+    keyed = active = 0
+    for step in range(400):
+        sim.now += rng.choice([10.0, 60.0, 300.0])
+        for _ in range(rng.choice([0, 1, 1, 2, 5])):
+            sim.arrive()
+        running = [j for j, v in sim.views.items() if v.record.state == "running"]
+        for j in rng.sample(running, k=min(len(running), rng.choice([0, 0, 1, 2]))):
+            sim.end(j)
+        waiting = [v.record for v in sim.views.values() if v.record.state == "queued"]
+        if waiting and rng.random() < 0.2:  # a stopped job's steps, heard after it stopped
+            record = rng.choice(waiting)
+            record.steps_done += rng.choice([1.0, 50.0])
+            sim.changed[record.job_id] = None
+        if step == 200:  # another model: every waiting job's rate may differ
+            sim.model = LinearModel({"a": 0.5, "b": 2.0, ANY_GPU: 0.7})
+            sim.context.model = sim.model
+        expected = whole.schedule(sim.input(fed=False))
+        got = fed.schedule(sim.input(fed=step > 0))
+        sim.changed.clear()
+        assert got == expected, f"decision {step}"
+        keyed += fed.order.keyed  # type: ignore[attr-defined]
+        active += len(sim.views)
+        assert isinstance(got, list)
+        sim.apply(got)
+    # Most of the waiting jobs' keys were kept, not computed again.
+    assert keyed < 0.5 * active, (keyed, active)
+
+
+def test_without_changes_every_job_is_keyed() -> None:
+    sim = Progressing(random.Random(5), {"a": 8})
+    for _ in range(40):
+        sim.arrive()
+    policy = Srtf()
+    assert policy.schedule(sim.input(fed=False))
+    assert policy.order.keyed == 40
