@@ -470,6 +470,7 @@ def simulate_command(args: argparse.Namespace, plotter: Plotter) -> int:
         claim(args.out, overwrite=args.overwrite)
     except (ValueError, OSError, msgspec.ValidationError, WorkloadError) as exc:
         return fail("sim", exc)
+    plotter.close()  # (each of the comparison's runs draws its own)
     # (--strict is the comparison's to apply: each run, its one line and its results, is whole)
     return cmd_compare(
         args, combos, specs, dataclasses.replace(run_place(args, external), strict=False)

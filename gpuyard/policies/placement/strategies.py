@@ -53,11 +53,17 @@ class Ask(NamedTuple):
 
 class FreeMap:
     """Free GPUs per node while a placement is built (kept jobs' GPUs are taken out first), the
-    shares left on GPUs jobs share, and the CPUs and memory left where nodes count them."""
+    shares left on GPUs jobs share, and the CPUs and memory left where nodes count them.
+
+    A map is taken from, never given back to (`put_back` aside): what a node has free only
+    shrinks while the map lives, which `first_with` builds on."""
 
     def __init__(self, nodes: list[NodeView]) -> None:
         self.order: list[str] = []
         self.gpu_type: dict[str, str] = {}
+        self._passed: dict[tuple[str, int], int] = {}
+        """(type, count) -> how many of the type's nodes `first_with` found without that many
+        free GPUs: they still lack them (a map only shrinks), so the next search starts there."""
         self.of_type: dict[str, list[str]] = {}  # each type's nodes, in node order
         self.free: dict[str, list[int]] = {}
         self.shares: dict[str, dict[int, int]] = {}  # node -> GPU index -> thousandths left
@@ -211,11 +217,24 @@ class FreeMap:
         return [n for n in nodes if free[n]]
 
     def first_with(self, gpu_type: str, count: int) -> str | None:
-        """The first node (in node order) of this concrete type with `count` free GPUs, or None."""
-        free = self.free
-        return next(
-            (n for n in self.of_type.get(gpu_type, ()) if free[n] and len(free[n]) >= count), None
-        )
+        """The first node (in node order) of this concrete type with `count` free GPUs, or None.
+        (A placement asks this for each job it places: the nodes passed before are not searched
+        again, so a decision costs its jobs, not its jobs times the nodes.)"""
+        free, nodes = self.free, self.of_type.get(gpu_type, ())
+        key = (gpu_type, count)
+        for i in range(self._passed.get(key, 0), len(nodes)):
+            left = free[nodes[i]]
+            if left and len(left) >= count:
+                self._passed[key] = i
+                return nodes[i]
+        self._passed[key] = len(nodes)
+        return None
+
+    def put_back(self, gpus: list[GpuRef]) -> None:
+        """Free these GPUs again (an undone take)."""
+        for g in gpus:
+            self.free[g.node_id] = sorted([*self.free[g.node_id], g.index])
+        self._passed.clear()
 
     def types(self) -> list[str]:
         return sorted(self.of_type)
@@ -634,8 +653,7 @@ class Sticky(KeepsMap):
         if len(keep) < count:
             more = consolidate(free, count - len(keep), t)
             if more is None:  # cannot happen (counted above); undo to stay safe
-                for g in keep:
-                    free.free[g.node_id] = sorted([*free.free[g.node_id], g.index])
+                free.put_back(keep)
                 return None
             keep += more
         return keep
