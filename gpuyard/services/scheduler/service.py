@@ -1453,11 +1453,13 @@ class Scheduler(Service):
 
     def next_wake(self, now: float) -> float | None:
         """When the next tick is due, or None when nothing can change until the next event: the
-        next round, the arrival of a job submitted ahead of it, or the earliest begin time of a
-        job waiting for it (`JobSpec.begin_time`), whichever is first."""
+        next round, the decision on a job submitted ahead of its arrival (at its arrival, or at
+        the round it is decided in: it joins the queue at its own time with the tick then), or
+        the earliest begin time of a job waiting for it (`JobSpec.begin_time`), whichever is
+        first."""
         times = [t for t in (self._own_wake(now), self.table.begins.next_time()) if t is not None]
         if self.arriving:
-            times.append(self.arriving[0][0])
+            times.append(self.cadence.decides(self.arriving[0][0], self.last_round))
         return min(times, default=None)
 
     def _own_wake(self, now: float) -> float | None:

@@ -143,6 +143,8 @@ class InstantLoop:
                 self.awaited.discard(ex.job_id)
             arrived = self.arrivals(now)
             progress.submitted += len(arrived)
+            if earlier:  # (those submitted ahead that arrive at this instant told of with it)
+                self.arrive_ahead(now)
             later = await self.quiet_after(now, bool(exits or ended)) if lost is None else None
             if later is None:
                 exits += ended
@@ -164,12 +166,15 @@ class InstantLoop:
             nodes=lost is not None, exits=bool(exits), submit=bool(batch) or retry_held
         )
         # With one request (or a lone tick) the scheduler may go on through the arrivals
-        # submitted ahead, until the next thing only the clock knows of.
-        until = self.horizon() if len(plan) <= 1 and not earlier and self.runs_ahead() else None
-        if until is not None and batch:
+        # submitted ahead, until the next thing only the clock knows of. Where it may, the next
+        # arrivals go with any submission, so that the instants they arrive at need no other.
+        ahead_ok = self.runs_ahead()
+        until = self.horizon() if len(plan) <= 1 and not earlier and ahead_ok else None
+        if ahead_ok and batch:
             ahead = self.submitted_ahead()
-            times = [now] * len(batch) + [self.delivery(spec) for spec in ahead] if ahead else []
-            batch += ahead
+            if ahead:
+                times = (times or [now] * len(batch)) + [self.delivery(spec) for spec in ahead]
+                batch += ahead
         ticked = False
         foreseen: float | None = None  # when the exits told of ahead end
         for step, tick in plan:
