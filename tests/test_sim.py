@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import math
 import os
 from pathlib import Path
 
@@ -15,12 +17,14 @@ from gpuyard.ops import read_events
 from gpuyard.run.embedded import EmbeddedNats
 from gpuyard.run.simulate import SimOptions, simulate
 from gpuyard.services.scheduler.service import Scheduler
+from gpuyard.services.simclock.instants import AHEAD_JOBS
 from gpuyard.shared.connection import connect
 from gpuyard.shared.contract import ServiceStats
 from gpuyard.shared.endpoints import Subjects
 from gpuyard.shared.model import ClusterSpec, JobSpec
 from gpuyard.shared.throughput import load_throughputs
 from gpuyard.workloads import blox, gavel
+from tests.polling import run_gpuyard
 
 
 def poisson_workload(n: int, load: float, seed: int, gpu_demand=None) -> list[JobSpec]:
@@ -602,3 +606,25 @@ async def test_a_default_time_limit_stops_jobs_without_one_and_a_maximum_decline
     assert (
         table.loc["asks", "reason"] == "time limit of 1:10 is over this cluster's maximum of 1:00"
     )
+
+
+def test_a_rounds_replay_is_told_in_few_requests(tmp_path: Path) -> None:
+    """Issue 39's replay at a twentieth of its jobs (`gpuyard sim`, its own process), counted by
+    the services' own counters: arrivals go ahead in batches rather than a submission a round,
+    and every decision costs at most 4 request/replies whatever happens in its round."""
+    jobs = 5000
+    run_gpuyard(
+        "sim", "--jobs", str(jobs), "--load", "360", "--gpu-demand", "1:0.7,2:0.1,4:0.15,8:0.05",
+        "--cluster-spec", "256x8", "--mode", "rounds", "--policy", "fifo", "--seed", "1",
+        "--out", str(tmp_path / "run"), cwd=tmp_path,
+    )  # fmt: skip
+    stats = json.loads((tmp_path / "run" / "stats.json").read_text())
+    made: dict[str, int] = {}
+    for service in stats.values():
+        for subject, request in service["requests"].items():
+            made[subject] = made.get(subject, 0) + request["count"]
+    total = sum(made.values())
+    assert made["adm.submit.{caller}"] <= 2 + math.ceil(jobs / AHEAD_JOBS)
+    assert made["sched.enqueue"] == made["adm.submit.{caller}"]
+    assert total <= 4 * stats["scheduler"]["decisions"]
+    assert total <= 0.3 * jobs, made
