@@ -217,3 +217,15 @@ def test_key_value_options_are_read_one_way() -> None:
     assert parse_params([" k = v "]) == {"k": "v"}  # (a policy's parameters: spaces trimmed)
     with pytest.raises(PolicyError, match=r"^parameter 'k' is not KEY=VALUE$"):
         parse_params(["k"])
+
+
+def test_an_output_folder_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuyard.cli", "sim", "--jobs", "5", "--out", str(blocker / "x")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"gpuyard sim: --out {blocker / 'x'}: ")
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1

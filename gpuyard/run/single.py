@@ -41,7 +41,11 @@ def _simulate_one(spec: RunSpec, place: RunPlace, plotter: Plotter) -> int:
     from gpuyard.workloads import WorkloadError
 
     made = not place.out.exists()
-    place.out.mkdir(parents=True, exist_ok=True)
+    try:
+        place.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"gpuyard sim: --out {place.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     try:
         options, workload, described = written_setup(spec, place)
     except (ValueError, OSError, msgspec.ValidationError, WorkloadError) as exc:
