@@ -96,12 +96,21 @@ def fill_in_order(
     """
     if not isinstance(cluster, ClusterView):
         cluster = ClusterView(capacity=dict(cluster))
+    free, running, after = holdings(enumerate(order), cluster)
+    walked = walk(enumerate(order), cluster, free, running, after, backfill, demand, type_order)
+    return [a for _, a in walked]
+
+
+def holdings(
+    placed: Iterable[tuple[K, JobView]], cluster: ClusterView
+) -> tuple[dict[str, int], dict[str, list[tuple[K, JobView]]], dict[str, int]]:
+    """Where a walk over jobs in this order (each with its place, `K`) starts: the thousandths of
+    GPUs per type no running job holds, the running jobs per type in walk order (entries the walk
+    has not reached may be preempted from the tail), and the thousandths they hold per type."""
     free = {t: 1000 * n for t, n in cluster.capacity.items()}
-    # Running jobs per type in walk order; entries [head:] are still "after" the walk position and
-    # may be preempted from the tail. after[t] = their thousandths of GPUs.
-    running: dict[str, list[tuple[int, JobView]]] = {}
+    running: dict[str, list[tuple[K, JobView]]] = {}
     after: dict[str, int] = {}
-    for pos, job in enumerate(order):
+    for pos, job in placed:
         r = job.record
         t = r.gpu_type
         if r.state == "running" and r.gpus > 0 and t in free:
@@ -109,8 +118,7 @@ def fill_in_order(
             free[t] -= held
             running.setdefault(t, []).append((pos, job))
             after[t] = after.get(t, 0) + held
-    walked = walk(enumerate(order), cluster, free, running, after, backfill, demand, type_order)
-    return [a for _, a in walked]
+    return free, running, after
 
 
 def walk(

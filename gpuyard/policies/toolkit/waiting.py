@@ -21,7 +21,7 @@ from gpuyard.shared.model import Allocation
 from gpuyard.shared.policy import JobView, SchedulingInput
 from gpuyard.shared.throughput import ThroughputModel
 
-from .ordering import fill_in_order, held_milli, walk
+from .ordering import fill_in_order, holdings, walk
 from .starvation import is_starved
 
 Key = Callable[[JobView, float], tuple[Any, ...]]
@@ -29,9 +29,9 @@ Key = Callable[[JobView, float], tuple[Any, ...]]
 
 
 class WaitingOrder:
-    """`fill(inp)`: `fill_in_order` over `inp.jobs` sorted by `key(job, inp.now)`, where a waiting job's key reads
-    only the job's record, the throughput model and whether it starved (`is_starved` with
-    `starvation_s`), and a running job's may read anything."""
+    """`fill(inp)`: `fill_in_order` over `inp.jobs` sorted by `key(job, inp.now)`, where a
+    waiting job's key reads only the job's record, the throughput model and whether it starved
+    (`is_starved` with `starvation_s`), and a running job's may read anything."""
 
     def __init__(self, key: Key, starvation_s: float | None) -> None:
         self.key = key
@@ -65,18 +65,7 @@ class WaitingOrder:
         self.keyed += len(running)
         # `fill_in_order`'s start, on the running jobs alone: each job's place in the order is its
         # entry (the order is theirs), so the waiting jobs need not be counted to be placed.
-        free = {t: 1000 * n for t, n in inp.cluster.capacity.items()}
-        by_type: dict[str, list[tuple[tuple[Any, ...], JobView]]] = {}
-        after: dict[str, int] = {}
-        for e in running:
-            job = views[e[-1]]
-            r = job.record
-            t = r.gpu_type
-            if r.gpus > 0 and t in free:
-                held = held_milli(r)
-                free[t] -= held
-                by_type.setdefault(t, []).append((e, job))
-                after[t] = after.get(t, 0) + held
+        free, by_type, after = holdings(((e, views[e[-1]]) for e in running), inp.cluster)
         sequence = ((e, views[e[-1]]) for e in heapq.merge(running, self._waiting))
         walked = walk(sequence, inp.cluster, free, by_type, after, backfill)
         return [a for _, a in walked]

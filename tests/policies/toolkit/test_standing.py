@@ -54,6 +54,16 @@ class MiniScheduler:
         self.views[record.job_id] = JobView.of(record, self.context)
         self.changed[record.job_id] = None
 
+    def step(self) -> None:
+        """Time passes: jobs arrive, some running ones end."""
+        rng = self.rng
+        self.now += rng.choice([10.0, 60.0, 300.0])
+        for _ in range(rng.choice([0, 1, 1, 2, 5])):
+            self.arrive()
+        running = [j for j, v in self.views.items() if v.record.state == "running"]
+        for j in rng.sample(running, k=min(len(running), rng.choice([0, 0, 1, 2]))):
+            self.end(j)
+
     def end(self, job_id: str) -> None:
         del self.views[job_id]
         self.changed[job_id] = None
@@ -113,12 +123,7 @@ def test_a_decision_of_what_changes_is_the_whole_walks(make, seed) -> None:
     last: list[str] = []
     told_changes = walked = decisions = active = 0
     for step in range(600):
-        sim.now += rng.choice([10.0, 60.0, 300.0])
-        for _ in range(rng.choice([0, 1, 1, 2, 5])):
-            sim.arrive()
-        running = [j for j, v in sim.views.items() if v.record.state == "running"]
-        for j in rng.sample(running, k=min(len(running), rng.choice([0, 0, 1, 2]))):
-            sim.end(j)
+        sim.step()
         if step % 97 == 50:  # a node comes or goes
             sim.capacity["b"] = rng.choice([8, 16, 24])
         expected = whole.schedule(sim.input(fed=False))

@@ -70,12 +70,7 @@ def test_kept_from_what_changed_it_decides_as_a_sort_of_every_job(make, seed) ->
     whole: SchedulingPolicy = make()
     keyed = active = 0
     for step in range(400):
-        sim.now += rng.choice([10.0, 60.0, 300.0])
-        for _ in range(rng.choice([0, 1, 1, 2, 5])):
-            sim.arrive()
-        running = [j for j, v in sim.views.items() if v.record.state == "running"]
-        for j in rng.sample(running, k=min(len(running), rng.choice([0, 0, 1, 2]))):
-            sim.end(j)
+        sim.step()
         waiting = [v.record for v in sim.views.values() if v.record.state == "queued"]
         if waiting and rng.random() < 0.2:  # a stopped job's steps, heard after it stopped
             record = rng.choice(waiting)
