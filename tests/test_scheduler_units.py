@@ -578,3 +578,34 @@ def test_a_decision_of_what_changes_is_made_whole_from_the_last_apply() -> None:
     whole = made_whole(decision, last, {"a": a, "b": b, "c": c, "q": q})
     # b kept as it runs (its record says 2 GPUs), then what the decision names
     assert whole == [Allocation("b", 2, "v100"), Allocation("a", 1, "v100")]
+
+
+# --------------------------------------------------------------------------- where decisions run
+
+
+async def test_a_slow_decision_sends_the_next_to_a_thread_until_enough_are_quick_again() -> None:
+    import threading
+    import time
+
+    from gpuyard.services.scheduler.offload import INLINE_AGAIN_AFTER, Offload
+
+    ran_in: list[bool] = []  # whether each decision ran in the caller's thread
+
+    def decide(slow: bool) -> str:
+        ran_in.append(threading.get_ident() == caller)
+        if slow:
+            time.sleep(0.02)
+        return "decided"
+
+    caller = threading.get_ident()
+    offload = Offload(limit_ms=10.0)
+    assert (await offload.run(decide, False))[0] == "decided"
+    await offload.run(decide, True)  # slow: the next ones go to a thread
+    for _ in range(INLINE_AGAIN_AFTER + 2):
+        await offload.run(decide, False)
+    assert ran_in[:2] == [True, True]
+    assert ran_in[2 : 2 + INLINE_AGAIN_AFTER] == [False] * INLINE_AGAIN_AFTER
+    assert ran_in[2 + INLINE_AGAIN_AFTER :] == [True, True]  # quick again: back in its thread
+    await offload.run(decide, True)  # slow again (inline): the next goes to a thread
+    await offload.run(decide, False)
+    assert ran_in[-2:] == [True, False]

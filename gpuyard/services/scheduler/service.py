@@ -113,6 +113,7 @@ from .guard import check, hold_leases, made_whole
 from .identity import check_exits, may_change, ran_there, shown_to
 from .jobs import CountsLog, Hold, JobTable
 from .mechanism import AllocationsMechanism, TimeShareConfig, make_mechanism
+from .offload import Offload
 
 R = TypeVar("R")
 
@@ -149,7 +150,7 @@ class SchedulerConfig(Struct, kw_only=True, forbid_unknown_fields=True):
     """Where the event stream keeps events; "none": events are published but not stored (a
     sweep's runs: `gpuyard tail --follow` shows them as they come)."""
     max_policy_ms_inline: float = 5.0
-    """A policy that took longer than this once runs in a worker thread from then on."""
+    """A policy that took longer than this decides in a worker thread (`Offload`)."""
     durable: bool = False
     """Keep the jobs in a JetStream key-value bucket: a restarted scheduler goes on where it was."""
     replicas: Replicas = 1
@@ -256,7 +257,7 @@ class Scheduler(Service):
         self.last_round: float | None = None
         self.policy_wake: float | None = None
         self.wake_at: float | None = None
-        self.policy_slow = False
+        self.offload = Offload(self.config.max_policy_ms_inline)
         self.durability = SchedulerStore(self.store)
         self._ticker: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()  # wall clock: tick now (jobs arrived or ended, nodes changed)
@@ -284,7 +285,7 @@ class Scheduler(Service):
 
     def policy_swapped(self) -> None:
         # Decide again with the new policy at the next tick; its own wake-ups start afresh.
-        self.policy_slow = False
+        self.offload = Offload(self.config.max_policy_ms_inline)
         self.policy_wake = None
         self.dirty = self.table.changed = True
         self._poke()
@@ -1370,16 +1371,9 @@ class Scheduler(Service):
         return self.model.throughput(job_type, gpu_type, gpus)
 
     async def _decide(self, inp: SchedulingInput) -> Decision:
-        started = time.perf_counter()
-        if self.policy_slow:
-            decision = await asyncio.to_thread(self.policy.schedule, inp)
-        else:
-            decision = self.policy.schedule(inp)
-        took = time.perf_counter() - started
+        decision, took = await self.offload.run(self.policy.schedule, inp)
         self.policy_s += took
         self.decision_s.append(took)
-        if took * 1000 > self.config.max_policy_ms_inline:
-            self.policy_slow = True
         return decision if isinstance(decision, Decision) else Decision(allocations=decision)
 
     def _runs_there(self, record: JobRecord, a: Allocation, capacity: dict[str, int]) -> bool:
