@@ -118,8 +118,11 @@ class Forked:
 
 def _run(target: Callable[..., int], args: tuple[Any, ...], log: str, append: bool,
          cpu: int | None, starter_lives: Connection) -> None:  # fmt: skip
-    """A forked process's body (`Forked`)."""
+    """A forked process's body (`Forked`): its simulations run the services in it."""
+    from gpuyard.shared.service import collect_cycles_rarely
+
     die_with_parent()  # (its parent: the fork server)
+    collect_cycles_rarely()
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     threading.Thread(target=_stop_with, args=(starter_lives,), daemon=True).start()

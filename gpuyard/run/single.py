@@ -38,6 +38,7 @@ def _simulate_one(spec: RunSpec, place: RunPlace, plotter: Plotter) -> int:
     from gpuyard.report import format_summary, thrashing_line
     from gpuyard.run.simulate import ProgressBar, simulate
     from gpuyard.shared.logs import configure_logging
+    from gpuyard.shared.service import collect_cycles_rarely
     from gpuyard.workloads import WorkloadError
 
     made = not place.out.exists()
@@ -75,6 +76,7 @@ def _simulate_one(spec: RunSpec, place: RunPlace, plotter: Plotter) -> int:
                 file=sys.stderr,
             )
 
+    collect_cycles_rarely()  # (this process runs the services)
     try:
         uvloop.run(
             stop_on_signals(
