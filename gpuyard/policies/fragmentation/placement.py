@@ -213,7 +213,7 @@ class _Fragmentation(KeepsMap):
 
     def _mirrored(self, inp: PlacementInput) -> tuple[FreeMap, Mirror, dict[str, list[GpuRef]]]:
         """The decision's free map with the running jobs it keeps taken out, and its mirror."""
-        free, changed = self.standing.working(inp.nodes)
+        free, changed = self.standing.working(inp.nodes, inp.changed_nodes)
         placed = keep_running(inp, free)
         touched = {g.node_id for gpus in placed.values() for g in gpus}
         changed = sorted(touched.union(changed), key=self.standing.rank.__getitem__)

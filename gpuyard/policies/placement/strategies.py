@@ -15,6 +15,7 @@ GPU the picker chooses.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import random
 from collections.abc import Callable
@@ -63,8 +64,12 @@ class FreeMap:
         self.gpu_type: dict[str, str] = {}
         self._passed: dict[tuple[str, int], int] = {}
         """(type, count) -> how many of the type's nodes `first_with` found without that many
-        free GPUs: they still lack them (a map only shrinks), so the next search starts there."""
+        free GPUs: they still lack them (a map only shrinks; a `StandingMap` lowers it for the
+        nodes that gained), so the next search starts there."""
         self.of_type: dict[str, list[str]] = {}  # each type's nodes, in node order
+        self.type_rank: dict[str, int] = {}  # each node's place in its type's nodes
+        self.taken_from: set[str] | None = None
+        """The nodes GPUs were taken from (None: not counted; `StandingMap.settle`)."""
         self.free: dict[str, list[int]] = {}
         self.shares: dict[str, dict[int, int]] = {}  # node -> GPU index -> thousandths left
         self.cpu: dict[str, int] = {}  # nodes that count their CPUs: thousandths left
@@ -86,9 +91,9 @@ class FreeMap:
         self.gpu_type[node] = gpu_type
         of_type = self.of_type.get(gpu_type)
         if of_type is None:
-            self.of_type[gpu_type] = [node]
-        else:
-            of_type.append(node)
+            of_type = self.of_type[gpu_type] = []
+        self.type_rank[node] = len(of_type)
+        of_type.append(node)
         self.free[node] = free
 
     def subset(self, free: dict[str, list[int]]) -> FreeMap:
@@ -105,6 +110,7 @@ class FreeMap:
         replace a node's lists, never change them)."""
         other = FreeMap([])
         other.order, other.gpu_type, other.of_type = self.order, self.gpu_type, self.of_type
+        other.type_rank, other._passed = self.type_rank, dict(self._passed)
         other.free, other.shares = dict(self.free), dict(self.shares)
         other.cpu, other.memory = dict(self.cpu), dict(self.memory)
         return other
@@ -208,6 +214,8 @@ class FreeMap:
             return False
         for node, idx in wanted.items():
             self.free[node] = [i for i in self.free[node] if i not in idx]
+        if self.taken_from is not None:
+            self.taken_from.update(wanted)
         return True
 
     def nodes_of(self, gpu_type: str) -> list[str]:
@@ -249,7 +257,27 @@ class FreeMap:
     def grab(self, node: str, count: int) -> list[GpuRef]:
         """The `count` lowest free GPUs of `node`."""
         taken, self.free[node] = self.free[node][:count], self.free[node][count:]
+        if self.taken_from is not None:
+            self.taken_from.add(node)
         return [GpuRef(node, i) for i in taken]
+
+    def gained(self, node: str) -> None:
+        """`node` may have more free GPUs than before: `first_with`'s searches pass it again."""
+        gpu_type, at = self.gpu_type[node], self.type_rank[node]
+        passed = self._passed
+        for key, past in passed.items():
+            if key[0] == gpu_type and past > at:
+                passed[key] = at
+
+    def learn(self, passed: dict[tuple[str, int], int], taken_from: set[str]) -> None:
+        """What a copy's `first_with` searches found (`passed`) holds here too, before the first
+        node the copy took GPUs from (this map still has them)."""
+        lowest: dict[str, int] = {}
+        for node in taken_from:
+            gpu_type, at = self.gpu_type[node], self.type_rank[node]
+            lowest[gpu_type] = min(lowest.get(gpu_type, at), at)
+        for key, past in passed.items():
+            self._passed[key] = min(past, lowest.get(key[0], past))
 
 
 class StandingMap:
@@ -265,25 +293,39 @@ class StandingMap:
         self.views: dict[str, NodeView] = {}
         self.known: dict[str, NodeView] = {}
         """Every node of the map by its last view (one that left: with nothing free)."""
+        self.work: FreeMap | None = None  # the last map `working` gave
 
-    def working(self, nodes: list[NodeView]) -> tuple[FreeMap, list[str]]:
+    def working(
+        self, nodes: list[NodeView], changed: list[str] | None = None
+    ) -> tuple[FreeMap, list[str]]:
         """A map of `nodes` for one decision to take from, and the nodes whose views changed
-        since the last call (in node order; every node when the order had to be made again)."""
+        since the last call (in node order; every node when the order had to be made again).
+        `changed`: the nodes whose views may differ from the last call's, as the service knows
+        them (`PlacementInput.changed_nodes`): only those are looked at; None: every node is."""
+        self._settle()
         seen = self.views
-        current = {v.node_id: v for v in nodes}
         rank = self.rank
-        ranks = [rank.get(n, -1) for n in current]
-        if (
-            len(current) != len(nodes)
-            or any(a >= b for a, b in itertools.pairwise(ranks))
-            or (ranks and ranks[0] < 0)
-        ):  # (a new node, or another order: made again, those that left kept at the end)
-            return self._rebuilt(nodes, current), list(self.base.order)
-        changed = [n for n, v in current.items() if seen.get(n) is not v]
-        changed += [n for n in seen.keys() - current.keys()]
+        told = self._told(nodes, changed) if changed is not None else None
+        view_of: Callable[[str], NodeView | None]
+        if told is not None:
+            changed = list(told)
+            view_of = told.get
+        else:
+            current = {v.node_id: v for v in nodes}
+            ranks = [rank.get(n, -1) for n in current]
+            if (
+                len(current) != len(nodes)
+                or any(a >= b for a, b in itertools.pairwise(ranks))
+                or (ranks and ranks[0] < 0)
+            ):  # (a new node, or another order: made again, those that left kept at the end)
+                return self._rebuilt(nodes), list(self.base.order)
+            changed = [n for n, v in current.items() if seen.get(n) is not v]
+            changed += [n for n in seen.keys() - current.keys()]
+            changed.sort(key=rank.__getitem__)
+            view_of = current.get
         base = self.base
         for n in changed:
-            view = current.get(n)
+            view = view_of(n)
             seen.pop(n, None)
             base.shares.pop(n, None)
             base.cpu.pop(n, None)
@@ -293,7 +335,7 @@ class StandingMap:
                 self.known[n] = _emptied(self.known[n])
                 continue
             if view.gpu_type != base.gpu_type[n]:  # (a node that came back as another)
-                return self._rebuilt(nodes, current), list(self.base.order)
+                return self._rebuilt(nodes), list(self.base.order)
             seen[n] = self.known[n] = view
             base.free[n] = list(view.usable)
             if view.shares:
@@ -302,16 +344,60 @@ class StandingMap:
                 base.cpu[n] = view.cpu_milli
             if view.memory_mib is not None:
                 base.memory[n] = view.memory_mib
-        changed.sort(key=rank.__getitem__)
-        return base.copy(), changed
+            base.gained(n)
+        return self._working(), changed
 
-    def _rebuilt(self, nodes: list[NodeView], current: dict[str, NodeView]) -> FreeMap:
+    def _told(self, nodes: list[NodeView], changed: list[str]) -> dict[str, NodeView | None] | None:
+        """The views of the nodes `changed` (None: not listed), in node order, found in `nodes`
+        without looking at the others; None where the search cannot vouch for them: a node new
+        to the map, or one listed out of the map's order (a node that came back is ranked
+        last), which the whole look then puts right."""
+        rank, seen = self.rank, self.views
+        if not rank or any(n not in rank for n in changed):
+            return None
+
+        def place_of(view: NodeView) -> int:
+            return rank.get(view.node_id, -1)
+
+        told: dict[str, NodeView | None] = {}
+        for n in sorted(set(changed), key=rank.__getitem__):
+            at = rank[n]
+            i = bisect.bisect_left(nodes, at, key=place_of)
+            if i < len(nodes) and nodes[i].node_id == n:
+                if (i and place_of(nodes[i - 1]) >= at) or (
+                    i + 1 < len(nodes) and place_of(nodes[i + 1]) <= at
+                ):
+                    return None
+                told[n] = nodes[i]
+            else:
+                told[n] = None
+        stayed = len(seen) - sum(n in seen for n in told)
+        if stayed + sum(v is not None for v in told.values()) != len(nodes):
+            return None  # (a node listed that the search did not find: out of order)
+        return told
+
+    def _working(self) -> FreeMap:
+        self.work = self.base.copy()
+        self.work.taken_from = set()
+        return self.work
+
+    def _settle(self) -> None:
+        """The decision on the last `working` map is over: what its searches found holds for
+        the map kept (`FreeMap.first_with`), as far as it did not take GPUs from a node."""
+        work, base = self.work, self.base
+        if work is None or work.taken_from is None:
+            return
+        base.learn(work._passed, work.taken_from)
+        self.work = None
+
+    def _rebuilt(self, nodes: list[NodeView]) -> FreeMap:
+        current = {v.node_id: v for v in nodes}
         gone = [_emptied(self.known[n]) for n in self.base.order if n not in current]
         self.base = FreeMap([*nodes, *gone])
         self.rank = {n: i for i, n in enumerate(self.base.order)}
         self.views = dict(current)
         self.known = {v.node_id: v for v in gone} | current
-        return self.base.copy()
+        return self._working()
 
 
 def _emptied(view: NodeView) -> NodeView:
@@ -515,7 +601,7 @@ class KeepsMap(PlacementPolicy):
 
     def free_map(self, inp: PlacementInput) -> FreeMap:
         """The free map of `inp.nodes`, as `FreeMap(inp.nodes)`."""
-        return self.standing.working(inp.nodes)[0]
+        return self.standing.working(inp.nodes, inp.changed_nodes)[0]
 
 
 class MayRearrange(KeepsMap):

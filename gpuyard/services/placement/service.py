@@ -5,6 +5,7 @@ that lost their GPUs, launch the ones that gained some."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import hashlib
 import time
@@ -145,6 +146,12 @@ class Placement(Service):
         again for the nodes whose free GPUs changed (`_free_changed`)."""
         self._free_changed: set[str] = set()
         self._node_order: dict[str, int] = {}  # each node's place in `nodes`
+        self._listed: list[NodeView] = []  # `_free_views` in node order ...
+        self._listed_at: list[int] = []  # ... and their places in it
+        self._shown_last: set[str] = set()  # nodes the last `_views` showed with extra GPUs
+        self._told: object | None = None
+        """The policy the last `PlacementInput` went to (None: none, or it raised)."""
+        self._every_told: list[NodeView] | None = None  # the `_every_view` it was shown
         self.running: dict[str, list[GpuRef]] = {}
         self.held_at: dict[str, int] = {}  # when each running job took its GPUs (`running`'s order)
         self._holds = 0
@@ -517,39 +524,61 @@ class Placement(Service):
         """Nodes came, went, or stopped or started answering: their views are made again."""
         self._every_view = self._free_views = None
 
-    def _views(self, extra: dict[str, list[int]] | None = None) -> list[NodeView]:
-        """Nodes with GPUs this decision may give out, in node order: the free ones plus `extra`.
-        Costs the nodes with free GPUs, and those whose free GPUs changed since the last."""
-        views = self._free_views
+    def _views(
+        self, extra: dict[str, list[int]] | None = None
+    ) -> tuple[list[NodeView], set[str] | None]:
+        """Nodes with GPUs this decision may give out, in node order: the free ones plus `extra`;
+        and the nodes whose views differ from the last call's (None: every node's was made
+        again). Costs the nodes whose free GPUs changed since the last call, and `extra`."""
+        views, order = self._free_views, self._node_order
+        rebuilt = views is None
         if views is None:  # (nodes changed: every node's view again)
             views = self._free_views = {}
-            self._node_order = {node_id: i for i, node_id in enumerate(self.nodes)}
+            order = self._node_order = {node_id: i for i, node_id in enumerate(self.nodes)}
             self._free_changed = set(self.nodes)
-        for node_id in self._free_changed:
+            self._listed, self._listed_at = [], []
+        changed, self._free_changed = self._free_changed, set()
+        listed, listed_at = self._listed, self._listed_at
+        for node_id in changed:
             usable = self.free.get(node_id)
+            at = order.get(node_id)
+            if at is None:  # (gone: never listed since the views were made)
+                continue
+            i = bisect.bisect_left(listed_at, at)
+            there = i < len(listed_at) and listed_at[i] == at
             if (
                 (usable or self.shared_milli.get(node_id))
                 and node_id not in self.unresponsive and node_id not in self.draining
             ):  # fmt: skip
-                views[node_id] = self._view(node_id, usable or set())
-            else:
-                views.pop(node_id, None)
-        self._free_changed = set()
-        if not extra:
-            return [views[n] for n in sorted(views, key=self._node_order.__getitem__)]
-        listed = views.keys() | {
-            n
-            for n, more in extra.items()
-            if more and n in self.nodes and n not in self.unresponsive and n not in self.draining
-        }
-        found: list[NodeView] = []
-        for node_id in sorted(listed, key=self._node_order.__getitem__):
-            more = extra.get(node_id)
-            if not more:
-                found.append(views[node_id])
+                view = views[node_id] = self._view(node_id, usable or set())
+                if there:
+                    listed[i] = view
+                else:
+                    listed.insert(i, view)
+                    listed_at.insert(i, at)
+            elif there:
+                del views[node_id], listed[i], listed_at[i]
+        found, found_at = list(listed), listed_at
+        shown: set[str] = set()  # the nodes shown with `extra` GPUs
+        for node_id, more in (extra or {}).items():
+            if not more or node_id not in self.nodes or node_id in self.unresponsive:
                 continue
-            found.append(self._view(node_id, self.free[node_id] | set(more)))
-        return found
+            if node_id in self.draining:
+                continue
+            if not shown:
+                found_at = list(listed_at)
+            shown.add(node_id)
+            at = order[node_id]
+            i = bisect.bisect_left(found_at, at)
+            view = self._view(node_id, self.free[node_id] | set(more))
+            if i < len(found_at) and found_at[i] == at:
+                found[i] = view
+            else:
+                found.insert(i, view)
+                found_at.insert(i, at)
+        differ = None if rebuilt else changed | shown | self._shown_last
+        self._shown_last = shown
+        return found, differ
 
     def _view(self, node_id: str, usable: set[int]) -> NodeView:
         """The node as the policy sees it: `usable` GPUs, the shares left on those jobs share,
@@ -630,6 +659,8 @@ class Placement(Service):
             keep: dict[str, list[GpuRef]] = {}
             to_place = own
             nodes = self._all_views()
+            differ: set[str] | None = set() if self._every_told is self._every_view else None
+            self._every_told = self._every_view
         else:
             keep, to_place, held = self._split(own)
             for a in sharing:  # a job that goes on sharing its kept partner's GPUs
@@ -643,7 +674,7 @@ class Placement(Service):
                 for g in running[job_id]:
                     if g not in held:
                         movable.setdefault(g.node_id, []).append(g.index)
-            nodes = self._views(movable)
+            nodes, differ = self._views(movable)
         self.specs.update(req.specs)  # a running job that is resized is launched again
         specs = {a.job_id: spec for a in to_place if (spec := self.specs.get(a.job_id))}
         deadlines = {j: d for j, spec in specs.items() if (d := spec.deadline) is not None}
@@ -655,9 +686,15 @@ class Placement(Service):
             specs=specs,
             deadlines=deadlines,
             ended=list(req.released),
-        )
+            changed_nodes=(
+                sorted(differ, key=lambda n: self._node_order.get(n, -1)) if differ is not None
+                and self._told is self.policy else None
+            ),
+        )  # fmt: skip
         started_at = time.perf_counter()
+        self._told = None  # (until it answered: one that raised starts afresh)
         moved = self.policy.place(inp)
+        self._told = self.policy
         self.policy_s += time.perf_counter() - started_at
         started = {j: gpus for j, gpus in moved.items() if running.get(j) != gpus}
         placed = {**moved, **keep}

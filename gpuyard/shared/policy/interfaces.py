@@ -104,6 +104,10 @@ class PlacementInput(Struct, kw_only=True):
     """The deadlines of the jobs among `allocations` that have one (absolute, the clock's)."""
     ended: list[str] = []
     """Jobs that ended on their own since the last placement, in the order they ended."""
+    changed_nodes: list[str] | None = None
+    """The nodes whose views may differ from those of the last input this policy was given
+    (the others are the same `NodeView` objects); None: any may. A policy that keeps a map of
+    the nodes from one decision to the next looks at these alone (`StandingMap`)."""
 
 
 class Policy:

@@ -1,11 +1,13 @@
 """Placements that keep their free map (and the openb placements their `ClusterState`) from one
 decision to the next decide exactly as if they built it afresh each time: over a run where jobs
-start and end, nodes fill up, leave the views and come back, and new nodes join."""
+start and end, nodes fill up, leave the views and come back, and new nodes join; told which
+nodes changed (`PlacementInput.changed_nodes`, as the placement service tells) or not."""
 
 from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 
 from gpuyard.policies.placement.strategies import FreeMap, StandingMap
@@ -32,6 +34,7 @@ class Cluster:
         self.running: dict[str, tuple[JobSpec, list[GpuRef]]] = {}
         self.full = 0  # times a node filled up (and left the views)
         self.listed: set[str] = set()
+        self.changed: set[str] = set()  # nodes whose views were made again since `hint`
         for _ in range(nodes):
             self.join()
 
@@ -43,6 +46,7 @@ class Cluster:
         self.free[node], self.shares[node] = set(range(gpus)), {}
         self.cpu[node], self.memory[node] = cpu, memory
         self.views.pop(node, None)
+        self.changed.add(node)
 
     def nodes(self) -> list[NodeView]:
         found = []
@@ -63,10 +67,16 @@ class Cluster:
             self.listed.add(node)
         return found
 
+    def hint(self, told: bool) -> list[str] | None:
+        """The nodes whose views changed since the last hint, in node order (None: not told)."""
+        changed, self.changed = self.changed, set()
+        return sorted(changed) if told else None
+
     def charge(self, spec: JobSpec, gpus: list[GpuRef], sign: int) -> None:
         for g in gpus:
             n = g.node_id
             self.views.pop(n, None)
+            self.changed.add(n)
             if spec.gpu_milli is None:
                 (self.free[n].discard if sign > 0 else self.free[n].add)(g.index)
             else:
@@ -93,6 +103,9 @@ def arrivals(rng: random.Random, step: int) -> list[JobSpec]:
     jobs = []
     for k in range(rng.randint(0, 5)):
         kind = rng.randrange(4)
+        if rng.random() < 0.5:  # whole GPUs alone: placed on the kept map itself
+            jobs.append(JobSpec(job_id=f"j{step}-{k}", num_gpus=[1, 2, 4, 8][kind]))
+            continue
         jobs.append(JobSpec(
             job_id=f"j{step}-{k}", num_gpus=[1, 1, 2, 8][kind],
             gpu_milli=rng.choice([250, 500]) if kind == 0 else None,
@@ -115,8 +128,9 @@ def same_map(kept: FreeMap, fresh: FreeMap) -> None:
             assert kept.free[n] == [] and n not in kept.shares
 
 
+@pytest.mark.parametrize("told", [False, True])
 @pytest.mark.parametrize("seed", range(4))
-def test_a_kept_map_is_the_map_of_the_views(seed: int) -> None:
+def test_a_kept_map_is_the_map_of_the_views(seed: int, told: bool) -> None:
     rng = random.Random(seed)
     cluster = Cluster(rng, 12)
     standing = StandingMap()
@@ -126,7 +140,7 @@ def test_a_kept_map_is_the_map_of_the_views(seed: int) -> None:
             cluster.join()
         nodes = cluster.nodes()
         before = dict(standing.views)
-        kept, changed = standing.working(nodes)
+        kept, changed = standing.working(nodes, cluster.hint(told))
         same_map(kept, FreeMap(nodes))
         assert {v.node_id for v in nodes if before.get(v.node_id) is not v} <= set(changed)
         free = FreeMap(nodes)
@@ -143,9 +157,10 @@ PLACEMENTS = ["consolidated", "first-fit", "scattered", "sticky", "random", "ran
               "best-fit", "dot-product", "gpu-packing", "gpu-clustering", "fgd"]  # fmt: skip
 
 
+@pytest.mark.parametrize("told", [False, True])
 @pytest.mark.parametrize("name", PLACEMENTS)
 @pytest.mark.parametrize("seed", range(3))
-def test_a_policy_decides_as_it_would_afresh(name: str, seed: int) -> None:
+def test_a_policy_decides_as_it_would_afresh(name: str, seed: int, told: bool) -> None:
     """The same policy across a run and a new one at each decision (given the kept one's state)
     place every decision alike; some decisions place jobs, some leave jobs waiting, some
     placements are not carried out (a launch that failed)."""
@@ -169,10 +184,10 @@ def test_a_policy_decides_as_it_would_afresh(name: str, seed: int) -> None:
         state = kept.snapshot()
         if state is not None:
             fresh.restore(state)
-        placed = kept.place(inp)
+        placed = kept.place(msgspec.structs.replace(inp, changed_nodes=cluster.hint(told)))
         assert placed == fresh.place(inp), f"decision {step}"
         for job_id, gpus in list(placed.items()):
-            if rng.random() < 0.1:  # (its launch failed: it waits, the nodes stay as they were)
+            if rng.random() < 0.25:  # (its launch failed: it waits, the nodes stay as they were)
                 del placed[job_id]
                 continue
             spec = specs[job_id]
