@@ -19,12 +19,14 @@ import bisect
 import itertools
 import random
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from msgspec import Struct
 
 from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobSpec
 from gpuyard.shared.policy import NodeView, PlacementInput, PlacementPolicy
+
+_NONE = object()  # (a node a table did not have)
 
 Picker = Callable[["FreeMap", int, str], "list[GpuRef] | None"]
 """(free GPUs, count, GPU type) -> `count` GPUs of one type taken from the map, or None."""
@@ -68,8 +70,9 @@ class FreeMap:
         nodes that gained), so the next search starts there."""
         self.of_type: dict[str, list[str]] = {}  # each type's nodes, in node order
         self.type_rank: dict[str, int] = {}  # each node's place in its type's nodes
-        self.taken_from: set[str] | None = None
-        """The nodes GPUs were taken from (None: not counted; `StandingMap.settle`)."""
+        self.undo: list[tuple[dict[str, Any], str, Any]] | None = None
+        """What each change of the map replaced, (table, node, value), in order (None: not
+        kept; a `StandingMap` takes a decision's changes back before the next)."""
         self.free: dict[str, list[int]] = {}
         self.shares: dict[str, dict[int, int]] = {}  # node -> GPU index -> thousandths left
         self.cpu: dict[str, int] = {}  # nodes that count their CPUs: thousandths left
@@ -187,7 +190,9 @@ class FreeMap:
             elif not self.take(gpus):
                 return False
             left = shared.get(g.index, 1000) - ask.milli
-            self.shares[g.node_id] = {**shared, g.index: left}  # (a copy: maps share them)
+            self._set(
+                self.shares, g.node_id, {**shared, g.index: left}
+            )  # (a copy: maps share them)
         else:
             for n, k in per_node.items():
                 for remaining, amount in ((self.cpu, ask.spec.cpu_milli),
@@ -198,9 +203,9 @@ class FreeMap:
                 return False
         for n, k in per_node.items():
             if n in self.cpu:
-                self.cpu[n] -= ask.spread(ask.spec.cpu_milli, k)
+                self._set(self.cpu, n, self.cpu[n] - ask.spread(ask.spec.cpu_milli, k))
             if n in self.memory:
-                self.memory[n] -= ask.spread(ask.spec.memory_mib, k)
+                self._set(self.memory, n, self.memory[n] - ask.spread(ask.spec.memory_mib, k))
         return True
 
     def take(self, gpus: list[GpuRef]) -> bool:
@@ -213,10 +218,24 @@ class FreeMap:
         if any(not idx <= set(self.free.get(node, ())) for node, idx in wanted.items()):
             return False
         for node, idx in wanted.items():
-            self.free[node] = [i for i in self.free[node] if i not in idx]
-        if self.taken_from is not None:
-            self.taken_from.update(wanted)
+            self._set(self.free, node, [i for i in self.free[node] if i not in idx])
         return True
+
+    def _set(self, table: dict[str, Any], node: str, value: Any) -> None:
+        if self.undo is not None:
+            self.undo.append((table, node, table.get(node, _NONE)))
+        table[node] = value
+
+    def rollback(self) -> None:
+        """Take back every change since `undo` was set (and stop keeping them)."""
+        undo, self.undo = self.undo or [], None
+        for table, node, value in reversed(undo):
+            if value is _NONE:
+                del table[node]
+            else:
+                table[node] = value
+        for node in {node for table, node, _ in undo if table is self.free}:
+            self.gained(node)
 
     def nodes_of(self, gpu_type: str) -> list[str]:
         """Nodes (in node order) of this type (any type for ANY_GPU) with free GPUs."""
@@ -241,7 +260,7 @@ class FreeMap:
     def put_back(self, gpus: list[GpuRef]) -> None:
         """Free these GPUs again (an undone take)."""
         for g in gpus:
-            self.free[g.node_id] = sorted([*self.free[g.node_id], g.index])
+            self._set(self.free, g.node_id, sorted([*self.free[g.node_id], g.index]))
         self._passed.clear()
 
     def types(self) -> list[str]:
@@ -256,9 +275,8 @@ class FreeMap:
 
     def grab(self, node: str, count: int) -> list[GpuRef]:
         """The `count` lowest free GPUs of `node`."""
-        taken, self.free[node] = self.free[node][:count], self.free[node][count:]
-        if self.taken_from is not None:
-            self.taken_from.add(node)
+        taken = self.free[node][:count]
+        self._set(self.free, node, self.free[node][count:])
         return [GpuRef(node, i) for i in taken]
 
     def gained(self, node: str) -> None:
@@ -268,16 +286,6 @@ class FreeMap:
         for key, past in passed.items():
             if key[0] == gpu_type and past > at:
                 passed[key] = at
-
-    def learn(self, passed: dict[tuple[str, int], int], taken_from: set[str]) -> None:
-        """What a copy's `first_with` searches found (`passed`) holds here too, before the first
-        node the copy took GPUs from (this map still has them)."""
-        lowest: dict[str, int] = {}
-        for node in taken_from:
-            gpu_type, at = self.gpu_type[node], self.type_rank[node]
-            lowest[gpu_type] = min(lowest.get(gpu_type, at), at)
-        for key, past in passed.items():
-            self._passed[key] = min(past, lowest.get(key[0], past))
 
 
 class StandingMap:
@@ -293,7 +301,6 @@ class StandingMap:
         self.views: dict[str, NodeView] = {}
         self.known: dict[str, NodeView] = {}
         """Every node of the map by its last view (one that left: with nothing free)."""
-        self.work: FreeMap | None = None  # the last map `working` gave
 
     def working(
         self, nodes: list[NodeView], changed: list[str] | None = None
@@ -302,7 +309,7 @@ class StandingMap:
         since the last call (in node order; every node when the order had to be made again).
         `changed`: the nodes whose views may differ from the last call's, as the service knows
         them (`PlacementInput.changed_nodes`): only those are looked at; None: every node is."""
-        self._settle()
+        self.base.rollback()  # (the last decision's changes)
         seen = self.views
         rank = self.rank
         told = self._told(nodes, changed) if changed is not None else None
@@ -377,18 +384,9 @@ class StandingMap:
         return told
 
     def _working(self) -> FreeMap:
-        self.work = self.base.copy()
-        self.work.taken_from = set()
-        return self.work
-
-    def _settle(self) -> None:
-        """The decision on the last `working` map is over: what its searches found holds for
-        the map kept (`FreeMap.first_with`), as far as it did not take GPUs from a node."""
-        work, base = self.work, self.base
-        if work is None or work.taken_from is None:
-            return
-        base.learn(work._passed, work.taken_from)
-        self.work = None
+        """The map itself, for one decision: it keeps what the decision changes, to take back."""
+        self.base.undo = []
+        return self.base
 
     def _rebuilt(self, nodes: list[NodeView]) -> FreeMap:
         current = {v.node_id: v for v in nodes}
