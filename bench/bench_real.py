@@ -308,13 +308,22 @@ async def serial(args: argparse.Namespace, bus: Bus, started: Started) -> None:
     )
 
 
+JOB_S = 0.2
+"""How long each job of the throughput phase runs (`sleep`)."""
+
+
 async def throughput(args: argparse.Namespace, bus: Bus, started: Started) -> None:
     """Open-loop submissions at `--rate`/s for `--seconds`: achieved rate, submit -> running."""
     count = int(args.rate * args.seconds)
+    gpus, busy = args.secure_agents * args.agent_gpus, args.rate * JOB_S
+    if busy >= gpus:  # (then jobs queue for GPUs whatever the services do: latency grows)
+        print(f"  note: {args.rate:g}/s of {JOB_S:g} s one-GPU jobs keep {busy:g} GPUs busy; the "
+              f"cluster has {gpus} (--agent-gpus {args.agent_gpus}): they queue for GPUs",
+              flush=True)  # fmt: skip
     sent: dict[str, float] = {}
 
     async def one(i: int) -> None:
-        job = {"job_id": f"s{i}", "num_gpus": 1, "command": ["sleep", "0.2"]}
+        job = {"job_id": f"s{i}", "num_gpus": 1, "command": ["sleep", f"{JOB_S:g}"]}
         sent[job["job_id"]] = time.perf_counter()
         reply = await bus.call(SUBMIT, {"jobs": [job]})
         assert reply.results[0].verdict == "admit", reply.results[0].reason

@@ -561,9 +561,10 @@ class Placement(Service):
         found, found_at = list(listed), listed_at
         shown: set[str] = set()  # the nodes shown with `extra` GPUs
         for node_id, more in (extra or {}).items():
-            if not more or node_id not in self.nodes or node_id in self.unresponsive:
-                continue
-            if node_id in self.draining:
+            if (
+                not more or node_id not in self.nodes
+                or node_id in self.unresponsive or node_id in self.draining
+            ):  # fmt: skip
                 continue
             if not shown:
                 found_at = list(listed_at)
