@@ -58,28 +58,30 @@ class FreeMap:
     """Free GPUs per node while a placement is built (kept jobs' GPUs are taken out first), the
     shares left on GPUs jobs share, and the CPUs and memory left where nodes count them.
 
-    A map is taken from, never given back to (`put_back` aside): what a node has free only
-    shrinks while the map lives, which `first_with` builds on."""
+    It keeps each type's nodes by how many GPUs they have free, so that finding the first node
+    with enough (`first_with`) or the emptiest (`most_free`) costs the sizes of nodes, not the
+    nodes."""
 
     def __init__(self, nodes: list[NodeView]) -> None:
         self.order: list[str] = []
         self.gpu_type: dict[str, str] = {}
-        self._passed: dict[tuple[str, int], int] = {}
-        """(type, count) -> how many of the type's nodes `first_with` found without that many
-        free GPUs: they still lack them (a map only shrinks; a `StandingMap` lowers it for the
-        nodes that gained), so the next search starts there."""
         self.of_type: dict[str, list[str]] = {}  # each type's nodes, in node order
         self.type_rank: dict[str, int] = {}  # each node's place in its type's nodes
         self.undo: list[tuple[dict[str, Any], str, Any]] | None = None
         """What each change of the map replaced, (table, node, value), in order (None: not
         kept; a `StandingMap` takes a decision's changes back before the next)."""
         self.free: dict[str, list[int]] = {}
+        """Each node's free GPUs (changed through `set_free`, which keeps the two below)."""
+        self._by_free: dict[str, list[list[int]]] = {}
+        """Each type's nodes by how many GPUs they have free (at k: those with k, k >= 1), as
+        their places among the type's nodes (`type_rank`), in order."""
+        self._total: dict[str, int] = {}  # each type's free GPUs
         self.shares: dict[str, dict[int, int]] = {}  # node -> GPU index -> thousandths left
         self.cpu: dict[str, int] = {}  # nodes that count their CPUs: thousandths left
         self.memory: dict[str, int] = {}
         for n in nodes:
             if n.node_id in self.free:  # a node listed twice: merge (never hand a GPU out twice)
-                self.free[n.node_id] = sorted(set(self.free[n.node_id]) | set(n.usable))
+                self.set_free(n.node_id, sorted(set(self.free[n.node_id]) | set(n.usable)))
                 continue
             self._add(n.node_id, n.gpu_type, list(n.usable))  # (sorted, each once: `NodeView`)
             if n.shares:
@@ -97,7 +99,27 @@ class FreeMap:
             of_type = self.of_type[gpu_type] = []
         self.type_rank[node] = len(of_type)
         of_type.append(node)
+        self.set_free(node, free)
+
+    def set_free(self, node: str, free: list[int]) -> None:
+        """`node`'s free GPUs are now `free` (a change not to take back: `_set` for those)."""
+        old = self.free.get(node)
         self.free[node] = free
+        before, after = len(old) if old is not None else 0, len(free)
+        if before == after:
+            return
+        gpu_type, at = self.gpu_type[node], self.type_rank[node]
+        by_free = self._by_free.get(gpu_type)
+        if by_free is None:
+            by_free = self._by_free[gpu_type] = [[]]
+        if before:
+            nodes = by_free[before]
+            del nodes[bisect.bisect_left(nodes, at)]
+        if after:
+            while len(by_free) <= after:
+                by_free.append([])
+            bisect.insort(by_free[after], at)
+        self._total[gpu_type] = self._total.get(gpu_type, 0) + after - before
 
     def subset(self, free: dict[str, list[int]]) -> FreeMap:
         """A map of only these free GPUs, nodes in the order given, for a picker to take from;
@@ -113,7 +135,8 @@ class FreeMap:
         replace a node's lists, never change them)."""
         other = FreeMap([])
         other.order, other.gpu_type, other.of_type = self.order, self.gpu_type, self.of_type
-        other.type_rank, other._passed = self.type_rank, dict(self._passed)
+        other.type_rank, other._total = self.type_rank, dict(self._total)
+        other._by_free = {t: [list(nodes) for nodes in by] for t, by in self._by_free.items()}
         other.free, other.shares = dict(self.free), dict(self.shares)
         other.cpu, other.memory = dict(self.cpu), dict(self.memory)
         return other
@@ -224,18 +247,21 @@ class FreeMap:
     def _set(self, table: dict[str, Any], node: str, value: Any) -> None:
         if self.undo is not None:
             self.undo.append((table, node, table.get(node, _NONE)))
-        table[node] = value
+        if table is self.free:
+            self.set_free(node, value)
+        else:
+            table[node] = value
 
     def rollback(self) -> None:
         """Take back every change since `undo` was set (and stop keeping them)."""
         undo, self.undo = self.undo or [], None
         for table, node, value in reversed(undo):
-            if value is _NONE:
+            if table is self.free:
+                self.set_free(node, value)  # (a node whose GPUs changed was in the map)
+            elif value is _NONE:
                 del table[node]
             else:
                 table[node] = value
-        for node in {node for table, node, _ in undo if table is self.free}:
-            self.gained(node)
 
     def nodes_of(self, gpu_type: str) -> list[str]:
         """Nodes (in node order) of this type (any type for ANY_GPU) with free GPUs."""
@@ -244,24 +270,29 @@ class FreeMap:
         return [n for n in nodes if free[n]]
 
     def first_with(self, gpu_type: str, count: int) -> str | None:
-        """The first node (in node order) of this concrete type with `count` free GPUs, or None.
-        (A placement asks this for each job it places: the nodes passed before are not searched
-        again, so a decision costs its jobs, not its jobs times the nodes.)"""
-        free, nodes = self.free, self.of_type.get(gpu_type, ())
-        key = (gpu_type, count)
-        for i in range(self._passed.get(key, 0), len(nodes)):
-            left = free[nodes[i]]
-            if left and len(left) >= count:
-                self._passed[key] = i
-                return nodes[i]
-        self._passed[key] = len(nodes)
-        return None
+        """The first node (in node order) of this concrete type with `count` free GPUs, or None."""
+        by_free = self._by_free.get(gpu_type, ())
+        first = min((nodes[0] for nodes in by_free[max(count, 1) :] if nodes), default=None)
+        return None if first is None else self.of_type[gpu_type][first]
+
+    def most_free(self, gpu_type: str, count: int) -> list[str]:
+        """Nodes of this concrete type with free GPUs, those with the most first (node order
+        breaks ties), as far as they hold `count` GPUs (all of them where they do not)."""
+        nodes, by_free = self.of_type.get(gpu_type, []), self._by_free.get(gpu_type, [])
+        found: list[str] = []
+        held = 0
+        for k in range(len(by_free) - 1, 0, -1):
+            for at in by_free[k]:
+                found.append(nodes[at])
+                held += k
+                if held >= count:
+                    return found
+        return found
 
     def put_back(self, gpus: list[GpuRef]) -> None:
         """Free these GPUs again (an undone take)."""
         for g in gpus:
             self._set(self.free, g.node_id, sorted([*self.free[g.node_id], g.index]))
-        self._passed.clear()
 
     def types(self) -> list[str]:
         return sorted(self.of_type)
@@ -271,21 +302,15 @@ class FreeMap:
         return self.types() if gpu_type == ANY_GPU else [gpu_type]
 
     def free_count(self, gpu_type: str) -> int:
-        return sum(len(self.free[n]) for n in self.nodes_of(gpu_type))
+        if gpu_type == ANY_GPU:
+            return sum(self._total.values())
+        return self._total.get(gpu_type, 0)
 
     def grab(self, node: str, count: int) -> list[GpuRef]:
         """The `count` lowest free GPUs of `node`."""
         taken = self.free[node][:count]
         self._set(self.free, node, self.free[node][count:])
         return [GpuRef(node, i) for i in taken]
-
-    def gained(self, node: str) -> None:
-        """`node` may have more free GPUs than before: `first_with`'s searches pass it again."""
-        gpu_type, at = self.gpu_type[node], self.type_rank[node]
-        passed = self._passed
-        for key, past in passed.items():
-            if key[0] == gpu_type and past > at:
-                passed[key] = at
 
 
 class StandingMap:
@@ -338,20 +363,19 @@ class StandingMap:
             base.cpu.pop(n, None)
             base.memory.pop(n, None)
             if view is None:
-                base.free[n] = []
+                base.set_free(n, [])
                 self.known[n] = _emptied(self.known[n])
                 continue
             if view.gpu_type != base.gpu_type[n]:  # (a node that came back as another)
                 return self._rebuilt(nodes), list(self.base.order)
             seen[n] = self.known[n] = view
-            base.free[n] = list(view.usable)
+            base.set_free(n, list(view.usable))
             if view.shares:
                 base.shares[n] = dict(view.shares)
             if view.cpu_milli is not None:
                 base.cpu[n] = view.cpu_milli
             if view.memory_mib is not None:
                 base.memory[n] = view.memory_mib
-            base.gained(n)
         return self._working(), changed
 
     def _told(self, nodes: list[NodeView], changed: list[str]) -> dict[str, NodeView | None] | None:
@@ -444,11 +468,10 @@ def most_free_first(free: FreeMap, count: int, gpu_type: str) -> list[GpuRef] | 
     ties), all of each node's until enough (Pollux's simulator: `most_common` of the free
     GPUs, again and again). None if they do not fit."""
     for t in free.types_for(gpu_type):
-        nodes = free.nodes_of(t)
-        if sum(len(free.free[n]) for n in nodes) < count:
+        if free.free_count(t) < count:
             continue
         gpus: list[GpuRef] = []
-        for n in sorted(nodes, key=lambda n: -len(free.free[n])):  # stable: node order breaks ties
+        for n in free.most_free(t, count):
             gpus += free.grab(n, min(count - len(gpus), len(free.free[n])))
             if len(gpus) == count:
                 return gpus
