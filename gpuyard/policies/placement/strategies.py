@@ -213,9 +213,8 @@ class FreeMap:
             elif not self.take(gpus):
                 return False
             left = shared.get(g.index, 1000) - ask.milli
-            self._set(
-                self.shares, g.node_id, {**shared, g.index: left}
-            )  # (a copy: maps share them)
+            shared = {**shared, g.index: left}  # (a copy: maps share them)
+            self._set(self.shares, g.node_id, shared)
         else:
             for n, k in per_node.items():
                 for remaining, amount in ((self.cpu, ask.spec.cpu_milli),
