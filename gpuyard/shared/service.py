@@ -738,9 +738,9 @@ those of the next (Python's defaults: 700, 10, 10)."""
 
 def collect_cycles_rarely() -> None:
     """For a process that runs services: they keep many long-lived objects (job records, specs,
-    views) and make few reference cycles, so the cyclic collector's default pace (a collection
-    every 700 allocations, the whole heap every 100) mostly walks live objects: 6% of a
-    100,000-job simulation's time, 0.2% at this pace (`COLLECTOR_THRESHOLDS`)."""
+    views) and make few reference cycles, so the cyclic collector's default pace (the young
+    objects every 700 allocations, the whole heap every hundredth time) mostly walks live
+    objects: 6% of a 100,000-job simulation's time, 0.1% at this pace (`COLLECTOR_THRESHOLDS`)."""
     import gc
 
     gc.set_threshold(*COLLECTOR_THRESHOLDS)
