@@ -38,6 +38,9 @@ class StandingOrder:
         self._entries: dict[str, Entry] = {}
         self._views: dict[str, JobView] = {}
         self._queued: list[Entry] = []
+        self._started = 0
+        """Entries at the head of `_queued` whose jobs left it since the last decision (they go
+        at its end: a FIFO queue loses its head, which would move every entry behind it)."""
         self._running: list[Entry] = []
         self._holds: dict[str, tuple[str, int]] = {}
         """Running job -> (GPU type, thousandths of GPUs) as it entered the running list."""
@@ -99,6 +102,7 @@ class StandingOrder:
     def _build(self, inp: SchedulingInput) -> None:
         self._entries, self._views, self._holds, self._used = {}, {}, {}, {}
         self._queued, self._running, self._irregular = [], [], set()
+        self._started = 0
         self._capacity = dict(inp.cluster.capacity)
         self._model = self._model_of(inp.cluster)
         for view in inp.jobs:
@@ -116,6 +120,9 @@ class StandingOrder:
             self._remove(job_id)
             if view is not None:
                 self._add(view, cluster, sort=True)
+        if self._started:
+            del self._queued[: self._started]
+            self._started = 0
         return len(self._entries) == len(inp.jobs)
 
     @staticmethod
@@ -145,10 +152,12 @@ class StandingOrder:
             if r.state == "running":  # (on a type the cluster lacks: the walk sees it waiting)
                 self._irregular.add(r.job_id)
             lst = self._queued
-        if sort:
-            insort(lst, entry)
-        else:
+        if not sort:
             lst.append(entry)
+        elif lst is self._queued:
+            insort(lst, entry, self._started)
+        else:
+            insort(lst, entry)
 
     def _remove(self, job_id: str) -> None:
         entry = self._entries.pop(job_id, None)
@@ -159,6 +168,11 @@ class StandingOrder:
         holds = self._holds.pop(job_id, None)
         if holds is not None:
             self._used[holds[0]] -= holds[1]
-        lst = self._running if holds is not None else self._queued
-        i = bisect_left(lst, entry)
-        del lst[i]
+        if holds is not None:
+            del self._running[bisect_left(self._running, entry)]
+            return
+        i = bisect_left(self._queued, entry, self._started)
+        if i == self._started:
+            self._started += 1
+        else:
+            del self._queued[i]
