@@ -39,8 +39,8 @@ class StandingOrder:
         self._views: dict[str, JobView] = {}
         self._queued: list[Entry] = []
         self._started = 0
-        """Entries at the head of `_queued` whose jobs left it since the last decision (they go
-        at its end: a FIFO queue loses its head, which would move every entry behind it)."""
+        """Entries at the head of `_queued` whose jobs left it during `_update`, dropped together
+        at its end (a FIFO queue loses its head: one at a time would move every entry behind)."""
         self._running: list[Entry] = []
         self._holds: dict[str, tuple[str, int]] = {}
         """Running job -> (GPU type, thousandths of GPUs) as it entered the running list."""
