@@ -130,17 +130,6 @@ class FreeMap:
             sub._add(n, gpu_type[n], usable)
         return sub
 
-    def copy(self) -> FreeMap:
-        """A map to take from without changing this one (the node lists are shared: the maps
-        replace a node's lists, never change them)."""
-        other = FreeMap([])
-        other.order, other.gpu_type, other.of_type = self.order, self.gpu_type, self.of_type
-        other.type_rank, other._total = self.type_rank, dict(self._total)
-        other._by_free = {t: [list(nodes) for nodes in by] for t, by in self._by_free.items()}
-        other.free, other.shares = dict(self.free), dict(self.shares)
-        other.cpu, other.memory = dict(self.cpu), dict(self.memory)
-        return other
-
     def room(self, node: str, ask: Ask) -> int:
         """How many of `ask`'s GPUs `node` could host now: its free GPUs, as far as its CPUs
         and memory go (0 for a type the job does not allow)."""
@@ -481,11 +470,10 @@ def first_fit(free: FreeMap, count: int, gpu_type: str) -> list[GpuRef] | None:
     """`count` GPUs of the first type that has them: nodes in order, lowest indices first,
     spanning nodes as needed."""
     for t in free.types_for(gpu_type):
-        nodes = free.nodes_of(t)
-        if sum(len(free.free[n]) for n in nodes) < count:
+        if free.free_count(t) < count:
             continue
         gpus: list[GpuRef] = []
-        for n in nodes:
+        for n in free.nodes_of(t):
             gpus += free.grab(n, min(count - len(gpus), len(free.free[n])))
             if len(gpus) == count:
                 return gpus
@@ -496,9 +484,9 @@ def scatter(free: FreeMap, count: int, gpu_type: str) -> list[GpuRef] | None:
     """`count` GPUs of one type spread over as many nodes as possible: one GPU per node in turn
     (round-robin), nodes with the most free GPUs first (node order breaks ties)."""
     for t in free.types_for(gpu_type):
-        nodes = sorted(free.nodes_of(t), key=lambda n: -len(free.free[n]))
-        if sum(len(free.free[n]) for n in nodes) < count:
+        if free.free_count(t) < count:
             continue
+        nodes = sorted(free.nodes_of(t), key=lambda n: -len(free.free[n]))
         per_node = dict.fromkeys(nodes, 0)
         left = count
         while left:
@@ -747,7 +735,7 @@ class Sticky(KeepsMap):
                 break
         if len(keep) < count:  # growing: room on its own nodes, then elsewhere
             missing = count - len(keep)
-            extra_free = sum(len(free.free[n]) for n in free.nodes_of(t)) - len(keep)
+            extra_free = free.free_count(t) - len(keep)
             if extra_free < missing:
                 return None
         if not free.take(keep):
