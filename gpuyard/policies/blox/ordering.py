@@ -133,7 +133,7 @@ class Srtf(SchedulingPolicy):
         # (a waiting job's remaining time stays as it is: only the running jobs are sorted anew)
         self.order = WaitingOrder(key, starvation_s)
 
-    def schedule(self, inp: SchedulingInput) -> list[Allocation]:
+    def schedule(self, inp: SchedulingInput) -> Decision | list[Allocation]:
         return self.order.fill(inp, backfill=self.params.backfill)
 
     def next_decision_time(self, inp: SchedulingInput) -> float | None:
@@ -178,7 +178,7 @@ class Las(SchedulingPolicy):
         # (a waiting job's service stays as it is: only the running jobs are sorted anew)
         self.order = WaitingOrder(key, starvation_s)
 
-    def schedule(self, inp: SchedulingInput) -> list[Allocation]:
+    def schedule(self, inp: SchedulingInput) -> Decision | list[Allocation]:
         return self.order.fill(inp, backfill=self.params.backfill)
 
     def next_decision_time(self, inp: SchedulingInput) -> float | None:

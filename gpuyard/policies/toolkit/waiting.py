@@ -6,8 +6,10 @@ when the throughput model does, or when it starves (its class moves up one, `que
 starvation_s`). `WaitingOrder` keeps the waiting jobs sorted across decisions, sorts only the
 running ones at each decision and walks the two merged: the walk's order is
 `sorted(inp.jobs, key=...)`'s, job for job, and its allocations `fill_in_order`'s, at the cost
-of what runs, what changed and what the walk reaches rather than of the whole queue. Without
-`changed` in the input it sorts every job.
+of what runs, what changed and what the walk reaches rather than of the whole queue. The answer
+tells only what changes (`Decision.keep_running`): the jobs it starts, resizes or moves and
+the running jobs it stops, so that the scheduler and placement cost what changed, not what runs.
+Without `changed` in the input it sorts every job and answers with every allocation.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuyard.shared.model import Allocation
-from gpuyard.shared.policy import JobView, SchedulingInput
+from gpuyard.shared.policy import ClusterView, Decision, JobView, SchedulingInput
 from gpuyard.shared.throughput import ThroughputModel
 
-from .ordering import fill_in_order, holdings, walk
+from .ordering import (
+    fill_in_order, held_milli, held_or_requested, holdings, runnable_types, walk,
+)  # fmt: skip
 from .starvation import is_starved
 
 Key = Callable[[JobView, float], tuple[Any, ...]]
@@ -40,6 +44,12 @@ class WaitingOrder:
         """Waiting job -> its entry in `_waiting` (its key, then its id)."""
         self._waiting: list[tuple[Any, ...]] = []
         self._running: dict[str, JobView] = {}
+        self._holds: dict[str, tuple[str, int]] = {}
+        """Running job -> (GPU type, thousandths of GPUs) as it entered the running jobs."""
+        self._used: dict[str, int] = {}
+        self._irregular: set[str] = set()
+        """Running jobs the walk might not keep as they are (so every running job is walked)."""
+        self._capacity: dict[str, int] | None = None
         self._views: dict[str, JobView] = {}
         self._starving: list[tuple[float, int, str]] = []
         """(when it starves, seq, job id) of waiting jobs not starved when last keyed."""
@@ -47,10 +57,11 @@ class WaitingOrder:
         self.keyed = 0
         """Keys the last order computed (a count for tests and benchmarks)."""
 
-    def fill(self, inp: SchedulingInput, *, backfill: bool) -> list[Allocation]:
-        """`fill_in_order` over the jobs in this order. The walk goes only as far as it places
-        jobs: a decision keys the running jobs and walks them and the waiting jobs up to where
-        it stops, not the rest of the queue."""
+    def fill(self, inp: SchedulingInput, *, backfill: bool) -> Decision | list[Allocation]:
+        """`fill_in_order` over the jobs in this order, told as what changes where the input
+        says what changed. A decision keys the running jobs and walks from the first waiting
+        job on (the running jobs before it keep their GPUs) as far as it places jobs, not the
+        rest of the queue."""
         now, key = inp.now, self.key
         if inp.changed is None:
             self._model = None  # (no feed: what is kept would go stale)
@@ -59,24 +70,66 @@ class WaitingOrder:
                                  backfill=backfill)  # fmt: skip
         if not self._update(inp):
             self._build(inp)
-        self._starve(now)
-        views = self._views
+        self._starve(now, inp.cluster)
+        views, cluster = self._views, inp.cluster
+        free = {t: 1000 * n - self._used.get(t, 0) for t, n in cluster.capacity.items()}
+        if not self._irregular and all(n >= 0 for n in free.values()):
+            return self._resume(now, cluster, free, backfill)
         running = sorted((*key(j, now), j.record.job_id) for j in self._running.values())
         self.keyed += len(running)
         # `fill_in_order`'s start, on the running jobs alone: each job's place in the order is its
         # entry (the order is theirs), so the waiting jobs need not be counted to be placed.
-        free, by_type, after = holdings(((e, views[e[-1]]) for e in running), inp.cluster)
+        free, by_type, after = holdings(((e, views[e[-1]]) for e in running), cluster)
         sequence = ((e, views[e[-1]]) for e in heapq.merge(running, self._waiting))
-        walked = walk(sequence, inp.cluster, free, by_type, after, backfill)
-        return [a for _, a in walked]
+        return self._changes(walk(sequence, cluster, free, by_type, after, backfill), running)
+
+    def _resume(
+        self, now: float, cluster: ClusterView, free: dict[str, int], backfill: bool
+    ) -> Decision:
+        """The walk from the first waiting job on: every running job before it keeps its GPUs
+        (none is irregular, and no type's GPUs are overcommitted), so only those after it are
+        walked with the waiting ones."""
+        if not self._waiting:
+            return Decision(keep_running=True)
+        first, views = self._waiting[0], self._views
+        keys = [(*self.key(j, now), job_id) for job_id, j in self._running.items()]
+        self.keyed += len(keys)
+        later = sorted(e for e in keys if e > first)
+        by_type: dict[str, list[tuple[Any, JobView]]] = {}
+        after: dict[str, int] = {}
+        for e in later:
+            t, held = self._holds[e[-1]]
+            by_type.setdefault(t, []).append((e, views[e[-1]]))
+            after[t] = after.get(t, 0) + held
+        sequence = ((e, views[e[-1]]) for e in heapq.merge(later, self._waiting))
+        return self._changes(walk(sequence, cluster, free, by_type, after, backfill), later)
+
+    def _changes(
+        self, walked: list[tuple[Any, Allocation]], walked_running: list[tuple[Any, ...]]
+    ) -> Decision:
+        """The walk's allocations as what changes: those of the jobs it starts, resizes or
+        moves, in its order; the running jobs it walked (`walked_running`, entries) and left
+        out stop; those it keeps as they run go unnamed."""
+        running = self._running
+        named: list[Allocation] = []
+        allocated: set[str] = set()
+        for _, a in walked:
+            allocated.add(a.job_id)
+            view = running.get(a.job_id)
+            if view is None or view.record.gpus != a.num_gpus or view.record.gpu_type != a.gpu_type:
+                named.append(a)
+        stop = [e[-1] for e in walked_running if e[-1] not in allocated]
+        return Decision(allocations=named, keep_running=True, stop=stop)
 
     def _build(self, inp: SchedulingInput) -> None:
         self._entries, self._waiting, self._running, self._views = {}, [], {}, {}
+        self._holds, self._used, self._irregular = {}, {}, set()
+        self._capacity = dict(inp.cluster.capacity)
         self._starving = []
         self._model = self._model_of(inp)
         self.keyed = 0
         for view in inp.jobs:
-            self._add(view, inp.now, sort=False)
+            self._add(view, inp.now, inp.cluster, sort=False)
         self._waiting.sort()
         heapq.heapify(self._starving)
 
@@ -84,15 +137,17 @@ class WaitingOrder:
         """Take in `inp.changed`; False if what is kept cannot be updated (rebuild it)."""
         if self._model is None or self._model != self._model_of(inp):
             return False
+        if self._capacity != inp.cluster.capacity:
+            return False
         assert inp.changed is not None
         self.keyed = 0
         for job_id, view in inp.changed.items():
             self._remove(job_id)
             if view is not None:
-                self._add(view, inp.now, sort=True)
+                self._add(view, inp.now, inp.cluster, sort=True)
         return len(self._views) == len(inp.jobs)
 
-    def _starve(self, now: float) -> None:
+    def _starve(self, now: float, cluster: ClusterView) -> None:
         """Re-key the waiting jobs that starved since they were keyed."""
         starving, again = self._starving, []
         while starving and starving[0][0] <= now:
@@ -105,7 +160,7 @@ class WaitingOrder:
                 again.append(entry)
                 continue
             self._remove(job_id)
-            self._add(view, now, sort=True)
+            self._add(view, now, cluster, sort=True)
         for entry in again:
             heapq.heappush(starving, entry)
 
@@ -115,11 +170,24 @@ class WaitingOrder:
         model = inp.cluster.throughputs
         return model, getattr(model, "version", None)
 
-    def _add(self, view: JobView, now: float, *, sort: bool) -> None:
+    def _add(self, view: JobView, now: float, cluster: ClusterView, *, sort: bool) -> None:
         r = view.record
         self._views[r.job_id] = view
         if r.state == "running":
             self._running[r.job_id] = view
+            t = r.gpu_type
+            if t is None or r.gpus <= 0 or t not in cluster.capacity:
+                self._irregular.add(r.job_id)  # (the walk sees it waiting)
+                return
+            held = held_milli(r)
+            self._holds[r.job_id] = (t, held)
+            self._used[t] = self._used.get(t, 0) + held
+            if not (
+                r.shares_with is None
+                and held_or_requested(view) == r.gpus
+                and t in runnable_types(view, cluster, r.gpus)
+            ):
+                self._irregular.add(r.job_id)
             return
         entry = (*self.key(view, now), r.job_id)
         self.keyed += 1
@@ -146,6 +214,9 @@ class WaitingOrder:
         if self._views.pop(job_id, None) is None:
             return
         if self._running.pop(job_id, None) is not None:
+            self._irregular.discard(job_id)
+            if (holds := self._holds.pop(job_id, None)) is not None:
+                self._used[holds[0]] -= holds[1]
             return
         entry = self._entries.pop(job_id)
         del self._waiting[bisect_left(self._waiting, entry)]

@@ -1,5 +1,5 @@
 """The waiting order (`toolkit.waiting`): SRTF and LAS kept from what changed decide as a sort
-of every job would.
+of every job would, told as what changes.
 
 A small scheduler whose running jobs make progress drives them through hundreds of decisions
 (arrivals of several priorities, preemptions, exits, steps reported for stopped jobs, a short
@@ -15,10 +15,10 @@ import pytest
 
 from gpuyard.policies.blox import Las, LasParams, Srtf, SrtfParams
 from gpuyard.shared.model import ANY_GPU, Allocation
-from gpuyard.shared.policy import SchedulingPolicy
+from gpuyard.shared.policy import Decision, SchedulingPolicy
 from gpuyard.shared.throughput import LinearModel
 
-from .test_standing import MiniScheduler
+from .test_standing import MiniScheduler, in_full
 
 
 class Progressing(MiniScheduler):
@@ -68,7 +68,8 @@ def test_kept_from_what_changed_it_decides_as_a_sort_of_every_job(make, seed) ->
     sim = Progressing(rng, {"a": 24, "b": 16})
     fed: SchedulingPolicy = make()
     whole: SchedulingPolicy = make()
-    keyed = active = 0
+    keyed = active = told_changes = 0
+    last: list[str] = []
     for step in range(400):
         sim.step()
         waiting = [v.record for v in sim.views.values() if v.record.state == "queued"]
@@ -80,13 +81,29 @@ def test_kept_from_what_changed_it_decides_as_a_sort_of_every_job(make, seed) ->
             sim.model = LinearModel({"a": 0.5, "b": 2.0, ANY_GPU: 0.7})
             sim.context.model = sim.model
         expected = whole.schedule(sim.input(fed=False))
-        got = fed.schedule(sim.input(fed=step > 0))
+        assert isinstance(expected, list)
+        decision = fed.schedule(sim.input(fed=step > 0))
         sim.changed.clear()
-        assert got == expected, f"decision {step}"
+        if isinstance(decision, Decision):
+            assert decision.keep_running
+            told_changes += 1
+            got = in_full(decision, last, sim.views)
+            running = {j for j, v in sim.views.items() if v.record.state == "running"}
+            assert set(decision.stop) == running - {a.job_id for a in got}, f"decision {step}"
+            assert sorted(got, key=str) == sorted(expected, key=str), f"decision {step}"
+            # Only what changes is named (placement places those), in the walk's order.
+            kept = {a.job_id for a in got} - {a.job_id for a in decision.allocations}
+            assert kept <= running, f"decision {step}"
+            assert decision.allocations == [a for a in expected if a.job_id not in kept]
+        else:
+            assert step == 0  # (told nothing of what changed: every allocation)
+            got = decision
+            assert got == expected
         keyed += fed.order.keyed  # type: ignore[attr-defined]
         active += len(sim.views)
-        assert isinstance(got, list)
+        last = [a.job_id for a in got]
         sim.apply(got)
+    assert told_changes == 399
     # Most of the waiting jobs' keys were kept, not computed again.
     assert keyed < 0.5 * active, (keyed, active)
 
