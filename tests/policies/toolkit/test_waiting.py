@@ -3,8 +3,8 @@ of every job would, told as what changes.
 
 A small scheduler whose running jobs make progress drives them through hundreds of decisions
 (arrivals of several priorities, preemptions, exits, steps reported for stopped jobs, a short
-starvation guard, a throughput model replaced) and checks each decision against the same policy
-handed no `changed`, which sorts every job.
+starvation guard, a throughput model replaced, a type's GPUs that come and go) and checks each
+decision against the same policy handed no `changed`, which sorts every job.
 """
 
 from __future__ import annotations
@@ -77,6 +77,12 @@ def test_kept_from_what_changed_it_decides_as_a_sort_of_every_job(make, seed) ->
             record = rng.choice(waiting)
             record.steps_done += rng.choice([1.0, 50.0])
             sim.changed[record.job_id] = None
+        if step % 97 == 50:  # nodes come or go (running jobs may hold more than there is)
+            gpus = rng.choice([0, 8, 16, 24])
+            if gpus:
+                sim.capacity["b"] = gpus
+            else:  # (the type's last node went)
+                sim.capacity.pop("b", None)
         if step == 200:  # another model: every waiting job's rate may differ
             sim.model = LinearModel({"a": 0.5, "b": 2.0, ANY_GPU: 0.7})
             sim.context.model = sim.model
