@@ -24,7 +24,12 @@ from gpuyard.shared.policy import ClusterView, Decision, JobView, SchedulingInpu
 from gpuyard.shared.throughput import ThroughputModel
 
 from .ordering import (
-    fill_in_order, held_milli, held_or_requested, holdings, runnable_types, walk,
+    fill_in_order,
+    held_milli,
+    held_or_requested,
+    holdings,
+    runnable_types,
+    walk,
 )  # fmt: skip
 from .starvation import is_starved
 
