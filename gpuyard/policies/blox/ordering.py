@@ -138,7 +138,7 @@ class Srtf(SchedulingPolicy):
 
     def next_decision_time(self, inp: SchedulingInput) -> float | None:
         # Running jobs' remaining time only shrinks, so only starvation changes the order.
-        return next_starvation(inp.jobs, inp.now, self.params.starvation_s)
+        return self.order.next_starvation(inp)
 
 
 # --------------------------------------------------------------------------- LAS
@@ -185,4 +185,4 @@ class Las(SchedulingPolicy):
         # While jobs wait and others run, the running jobs' service grows past the waiting ones'.
         states = {j.state for j in inp.jobs}
         regular = inp.now + inp.cluster.round_s if states == {"queued", "running"} else None
-        return earliest(regular, next_starvation(inp.jobs, inp.now, self.params.starvation_s))
+        return earliest(regular, self.order.next_starvation(inp))

@@ -31,7 +31,7 @@ from .ordering import (
     runnable_types,
     walk,
 )  # fmt: skip
-from .starvation import is_starved
+from .starvation import is_starved, next_starvation
 
 Key = Callable[[JobView, float], tuple[Any, ...]]
 """A job's sort key at a time (unique: it ends with the job's admission order, `seq`)."""
@@ -55,10 +55,16 @@ class WaitingOrder:
         self._irregular: set[str] = set()
         """Running jobs the walk might not keep as they are (so every running job is walked)."""
         self._capacity: dict[str, int] | None = None
+        self._runnable: dict[tuple[str | int, ...], list[str]] = {}
         self._views: dict[str, JobView] = {}
         self._starving: list[tuple[float, int, str]] = []
         """(when it starves, seq, job id) of waiting jobs not starved when last keyed."""
         self._model: tuple[ThroughputModel, Any] | None = None
+        self._stopped: list[str] = []
+        """The running jobs the last decision stopped (waiting now, with no entry in
+        `_starving` until the next decision hears of them)."""
+        self._decided: object = None
+        """The `changed` of the input the last decision took in (None: not kept from one)."""
         self.keyed = 0
         """Keys the last order computed (a count for tests and benchmarks)."""
 
@@ -68,6 +74,7 @@ class WaitingOrder:
         job on (the running jobs before it keep their GPUs) as far as it places jobs, not the
         rest of the queue."""
         now, key = inp.now, self.key
+        self._decided, self._stopped = inp.changed, []
         if inp.changed is None:
             self._model = None  # (no feed: what is kept would go stale)
             self.keyed = len(inp.jobs)
@@ -124,12 +131,49 @@ class WaitingOrder:
             if view is None or view.record.gpus != a.num_gpus or view.record.gpu_type != a.gpu_type:
                 named.append(a)
         stop = [e[-1] for e in walked_running if e[-1] not in allocated]
+        self._stopped = stop
         return Decision(allocations=named, keep_running=True, stop=stop)
+
+    def next_starvation(self, inp: SchedulingInput) -> float | None:
+        """When the next waiting job starves (`next_starvation` over `inp.jobs`), from the jobs
+        kept where `inp` follows the last decision (its `changed`): the earliest entry of
+        `_starving` whose job still waits since then, or a job the decision stopped."""
+        s, now = self.starvation_s, inp.now
+        if s is None:
+            return None
+        if self._model is None or inp.changed is None or inp.changed is not self._decided:
+            return next_starvation(inp.jobs, now, s)  # (not as the last decision left them)
+        starving, views, passed = self._starving, self._views, []
+        soonest: float | None = None
+        while starving:
+            at, _, job_id = starving[0]
+            r = view.record if (view := views.get(job_id)) is not None else None
+            if (
+                r is None
+                or r.state != "queued"
+                or r.queued_since is None
+                or r.queued_since + s != at
+            ):
+                heapq.heappop(starving)  # (gone, started, or waiting since another time)
+            elif at <= now:  # (a rounding away from starving: `_starve` keys it again)
+                passed.append(heapq.heappop(starving))
+            else:
+                soonest = at
+                break
+        for entry in passed:
+            heapq.heappush(starving, entry)
+        for job_id in self._stopped:
+            r = view.record if (view := views.get(job_id)) is not None else None
+            if r is not None and r.state == "queued" and r.queued_since is not None:
+                at = r.queued_since + s
+                if at > now and (soonest is None or at < soonest):
+                    soonest = at
+        return soonest
 
     def _build(self, inp: SchedulingInput) -> None:
         self._entries, self._waiting, self._running, self._views = {}, [], {}, {}
         self._holds, self._used, self._irregular = {}, {}, set()
-        self._capacity = dict(inp.cluster.capacity)
+        self._capacity, self._runnable = dict(inp.cluster.capacity), {}
         self._starving = []
         self._model = self._model_of(inp)
         self.keyed = 0
@@ -190,7 +234,7 @@ class WaitingOrder:
             if not (
                 r.shares_with is None
                 and held_or_requested(view) == r.gpus
-                and t in runnable_types(view, cluster, r.gpus)
+                and t in self._runnable_types(view, cluster, r.gpus)
             ):
                 self._irregular.add(r.job_id)
             return
@@ -207,6 +251,16 @@ class WaitingOrder:
                 heapq.heappush(self._starving, item)
             else:
                 self._starving.append(item)
+
+    def _runnable_types(self, view: JobView, cluster: ClusterView, gpus: int) -> list[str]:
+        """`runnable_types`, kept per kind of job (the cluster and the model are those of the
+        last `_build`: another of either rebuilds)."""
+        spec = view.record.spec
+        kind: tuple[str | int, ...] = (spec.gpu_type, spec.job_type, gpus, *spec.gpu_types)
+        types = self._runnable.get(kind)
+        if types is None:
+            types = self._runnable[kind] = runnable_types(view, cluster, gpus)
+        return types
 
     def _starves(self, view: JobView) -> tuple[float, int, str] | None:
         """When the waiting job starves (its entry in `_starving`; None: never)."""

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 
 from gpuyard.policies.blox import Las, LasParams, Srtf, SrtfParams
-from gpuyard.shared.model import ANY_GPU, Allocation
+from gpuyard.policies.toolkit.starvation import next_starvation
+from gpuyard.shared.model import ANY_GPU, Allocation, JobSpec
 from gpuyard.shared.policy import Decision, SchedulingPolicy
 from gpuyard.shared.throughput import LinearModel
 
@@ -86,9 +88,17 @@ def test_kept_from_what_changed_it_decides_as_a_sort_of_every_job(make, seed) ->
         if step == 200:  # another model: every waiting job's rate may differ
             sim.model = LinearModel({"a": 0.5, "b": 2.0, ANY_GPU: 0.7})
             sim.context.model = sim.model
+        if step > 0 and rng.random() < 0.3:  # asked with no decision taken since the last
+            unheard = sim.input(fed=True)
+            assert fed.order.next_starvation(unheard) == next_starvation(  # type: ignore[attr-defined]
+                unheard.jobs,
+                sim.now,
+                fed.params.starvation_s,  # type: ignore[attr-defined]
+            ), f"before decision {step}"
         expected = whole.schedule(sim.input(fed=False))
         assert isinstance(expected, list)
-        decision = fed.schedule(sim.input(fed=step > 0))
+        inp = sim.input(fed=step > 0)
+        decision = fed.schedule(inp)
         sim.changed.clear()
         if isinstance(decision, Decision):
             assert decision.keep_running
@@ -109,6 +119,12 @@ def test_kept_from_what_changed_it_decides_as_a_sort_of_every_job(make, seed) ->
         active += len(sim.views)
         last = [a.job_id for a in got]
         sim.apply(got)
+        # When to decide again, asked as the scheduler does: the jobs as the decision left them.
+        after = msgspec.structs.replace(inp, jobs=list(sim.views.values()))
+        starvation_s = fed.params.starvation_s  # type: ignore[attr-defined]
+        assert fed.order.next_starvation(after) == next_starvation(  # type: ignore[attr-defined]
+            after.jobs, sim.now, starvation_s
+        ), f"decision {step}"
     assert told_changes == 399
     # Most of the waiting jobs' keys were kept, not computed again.
     assert keyed < 0.5 * active, (keyed, active)
@@ -121,3 +137,32 @@ def test_without_changes_every_job_is_keyed() -> None:
     policy = Srtf()
     assert policy.schedule(sim.input(fed=False))
     assert policy.order.keyed == 40
+
+
+def test_a_job_a_rounding_away_from_starving_starves_at_the_next_decision() -> None:
+    """At `queued_since + starvation_s` a job may not have waited `starvation_s` yet (floating
+    point): asked when to decide again then, the order still keys it again at the next
+    decision, where it moves up and preempts a running job."""
+    since, starvation_s = 13436.424411240123, 3.3
+    assert (since + starvation_s) - since < starvation_s  # (the rounding this is about)
+    sim = Progressing(random.Random(1), {"a": 1})
+    sim.now = since
+    for _ in range(2):  # the first runs, the second (longer) waits
+        sim.arrive()
+    for i, view in enumerate(sim.views.values()):
+        r = view.record
+        r.spec = JobSpec(job_id=r.job_id, num_gpus=1, gpu_type="a", duration=100.0 * (i + 1))
+    fed = Srtf(SrtfParams(starvation_s=starvation_s))
+    decisions = []
+    for now in (since, since + starvation_s, since + starvation_s + 1.0):
+        sim.now = now
+        inp = sim.input(fed=now > since)
+        decision = fed.schedule(inp)
+        expected = Srtf(SrtfParams(starvation_s=starvation_s)).schedule(sim.input(fed=False))
+        sim.changed.clear()
+        got = decision if isinstance(decision, list) else in_full(decision, ["j0"], sim.views)
+        assert sorted(got, key=str) == sorted(expected, key=str), now  # type: ignore[arg-type]
+        decisions.append(got)
+        sim.apply(got)  # type: ignore[arg-type]
+        fed.order.next_starvation(msgspec.structs.replace(inp, jobs=list(sim.views.values())))
+    assert [[a.job_id for a in d] for d in decisions] == [["j0"], ["j0"], ["j1"]]
