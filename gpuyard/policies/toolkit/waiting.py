@@ -30,7 +30,7 @@ from .ordering import (
     holdings,
     runnable_types,
     walk,
-)  # fmt: skip
+)
 from .starvation import is_starved, next_starvation
 
 Key = Callable[[JobView, float], tuple[Any, ...]]
