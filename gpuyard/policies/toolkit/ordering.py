@@ -121,6 +121,64 @@ def holdings(
     return free, running, after
 
 
+class RunningHolds:
+    """What the running jobs hold, kept across decisions by an order that walks from its first
+    waiting job on (`StandingOrder`, `WaitingOrder`): each job's GPU type and thousandths of
+    GPUs as it came in, the thousandths used per type, and the running jobs the walk might not
+    keep as they are (`irregular`: then every job is walked). Made anew with another cluster
+    or throughput model (the jobs' runnable types are kept per kind of job)."""
+
+    def __init__(self) -> None:
+        self.of: dict[str, tuple[str, int]] = {}
+        self.used: dict[str, int] = {}
+        self.irregular: set[str] = set()
+        self._runnable: dict[tuple[str | int, ...], list[str]] = {}
+
+    def add(self, view: JobView, cluster: ClusterView) -> bool:
+        """Count a running job in; False if it holds no GPUs of a type the cluster has (the
+        walk sees it as waiting)."""
+        r = view.record
+        t = r.gpu_type
+        if t is None or r.gpus <= 0 or t not in cluster.capacity:
+            self.irregular.add(r.job_id)
+            return False
+        held = held_milli(r)
+        self.of[r.job_id] = (t, held)
+        self.used[t] = self.used.get(t, 0) + held
+        if not (
+            r.shares_with is None
+            and held_or_requested(view) == r.gpus
+            and t in self._runnable_types(view, cluster, r.gpus)
+        ):
+            self.irregular.add(r.job_id)
+        return True
+
+    def remove(self, job_id: str) -> bool:
+        """Count a job out; False if it held nothing counted."""
+        self.irregular.discard(job_id)
+        holds = self.of.pop(job_id, None)
+        if holds is None:
+            return False
+        self.used[holds[0]] -= holds[1]
+        return True
+
+    def free(self, capacity: Mapping[str, int]) -> dict[str, int] | None:
+        """The thousandths of GPUs per type no running job holds; None where the walk must
+        pass over every job (a running job it might not keep, a type overcommitted)."""
+        free = {t: 1000 * n - self.used.get(t, 0) for t, n in capacity.items()}
+        if self.irregular or any(n < 0 for n in free.values()):
+            return None
+        return free
+
+    def _runnable_types(self, view: JobView, cluster: ClusterView, gpus: int) -> list[str]:
+        spec = view.record.spec
+        kind: tuple[str | int, ...] = (spec.gpu_type, spec.job_type, gpus, *spec.gpu_types)
+        types = self._runnable.get(kind)
+        if types is None:
+            types = self._runnable[kind] = runnable_types(view, cluster, gpus)
+        return types
+
+
 def walk(
     sequence: Iterable[tuple[K, JobView]],
     cluster: ClusterView,

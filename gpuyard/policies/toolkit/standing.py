@@ -23,7 +23,7 @@ from gpuyard.shared.model import Allocation, JobRecord
 from gpuyard.shared.policy import ClusterView, Decision, JobView, SchedulingInput
 from gpuyard.shared.throughput import ThroughputModel
 
-from .ordering import fill_in_order, held_milli, held_or_requested, runnable_types, walk
+from .ordering import RunningHolds, fill_in_order, walk
 
 Entry = tuple[Any, int, str]
 """(the policy's key, admission order, job id): a job's place in the order (unique)."""
@@ -42,11 +42,7 @@ class StandingOrder:
         """Entries at the head of `_queued` whose jobs left it during `_update`, dropped together
         at its end (a FIFO queue loses its head: one at a time would move every entry behind)."""
         self._running: list[Entry] = []
-        self._holds: dict[str, tuple[str, int]] = {}
-        """Running job -> (GPU type, thousandths of GPUs) as it entered the running list."""
-        self._used: dict[str, int] = {}
-        self._irregular: set[str] = set()
-        """Running jobs the walk might not keep as they are (so every job is walked)."""
+        self._holds = RunningHolds()
         self._capacity: dict[str, int] | None = None
         self._model: tuple[ThroughputModel, Any] | None = None
         self.walked = 0
@@ -61,8 +57,8 @@ class StandingOrder:
             return fill_in_order(order, inp.cluster, backfill=backfill)
         if not self._update(inp):
             self._build(inp)
-        free = {t: 1000 * n - self._used.get(t, 0) for t, n in inp.cluster.capacity.items()}
-        if self._irregular or any(n < 0 for n in free.values()):
+        free = self._holds.free(inp.cluster.capacity)
+        if free is None:
             self.walked = len(inp.jobs)
             order = [self._views[e[2]] for e in heapq.merge(self._running, self._queued)]
             return Decision(allocations=fill_in_order(order, inp.cluster, backfill=backfill))
@@ -80,7 +76,7 @@ class StandingOrder:
         running: dict[str, list[tuple[Entry, JobView]]] = {}
         after: dict[str, int] = {}
         for e in later:
-            t, gpus = self._holds[e[2]]
+            t, gpus = self._holds.of[e[2]]
             running.setdefault(t, []).append((e, views[e[2]]))
             after[t] = after.get(t, 0) + gpus
 
@@ -100,8 +96,8 @@ class StandingOrder:
     # ------------------------------------------------------------------ keeping the order
 
     def _build(self, inp: SchedulingInput) -> None:
-        self._entries, self._views, self._holds, self._used = {}, {}, {}, {}
-        self._queued, self._running, self._irregular = [], [], set()
+        self._entries, self._views, self._holds = {}, {}, RunningHolds()
+        self._queued, self._running = [], []
         self._started = 0
         self._capacity = dict(inp.cluster.capacity)
         self._model = self._model_of(inp.cluster)
@@ -136,21 +132,9 @@ class StandingOrder:
         entry = (self.key(r), r.seq, r.job_id)
         self._entries[r.job_id] = entry
         self._views[r.job_id] = view
-        t = r.gpu_type
-        if r.state == "running" and r.gpus > 0 and t in cluster.capacity:
-            held = held_milli(r)
-            self._holds[r.job_id] = (t, held)
-            self._used[t] = self._used.get(t, 0) + held
-            if not (
-                r.shares_with is None
-                and held_or_requested(view) == r.gpus
-                and t in runnable_types(view, cluster, r.gpus)
-            ):
-                self._irregular.add(r.job_id)
+        if r.state == "running" and self._holds.add(view, cluster):
             lst = self._running
-        else:
-            if r.state == "running":  # (on a type the cluster lacks: the walk sees it waiting)
-                self._irregular.add(r.job_id)
+        else:  # (a running job on a type the cluster lacks: the walk sees it waiting)
             lst = self._queued
         if not sort:
             lst.append(entry)
@@ -164,11 +148,7 @@ class StandingOrder:
         if entry is None:
             return
         del self._views[job_id]
-        self._irregular.discard(job_id)
-        holds = self._holds.pop(job_id, None)
-        if holds is not None:
-            self._used[holds[0]] -= holds[1]
-        if holds is not None:
+        if self._holds.remove(job_id):
             del self._running[bisect_left(self._running, entry)]
             return
         i = bisect_left(self._queued, entry, self._started)

@@ -23,14 +23,7 @@ from gpuyard.shared.model import Allocation
 from gpuyard.shared.policy import ClusterView, Decision, JobView, SchedulingInput
 from gpuyard.shared.throughput import ThroughputModel
 
-from .ordering import (
-    fill_in_order,
-    held_milli,
-    held_or_requested,
-    holdings,
-    runnable_types,
-    walk,
-)
+from .ordering import RunningHolds, fill_in_order, holdings, walk
 from .starvation import is_starved, next_starvation
 
 Key = Callable[[JobView, float], tuple[Any, ...]]
@@ -49,13 +42,8 @@ class WaitingOrder:
         """Waiting job -> its entry in `_waiting` (its key, then its id)."""
         self._waiting: list[tuple[Any, ...]] = []
         self._running: dict[str, JobView] = {}
-        self._holds: dict[str, tuple[str, int]] = {}
-        """Running job -> (GPU type, thousandths of GPUs) as it entered the running jobs."""
-        self._used: dict[str, int] = {}
-        self._irregular: set[str] = set()
-        """Running jobs the walk might not keep as they are (so every running job is walked)."""
+        self._holds = RunningHolds()
         self._capacity: dict[str, int] | None = None
-        self._runnable: dict[tuple[str | int, ...], list[str]] = {}
         self._views: dict[str, JobView] = {}
         self._starving: list[tuple[float, int, str]] = []
         """(when it starves, seq, job id) of waiting jobs not starved when last keyed."""
@@ -84,8 +72,7 @@ class WaitingOrder:
             self._build(inp)
         self._starve(now, inp.cluster)
         views, cluster = self._views, inp.cluster
-        free = {t: 1000 * n - self._used.get(t, 0) for t, n in cluster.capacity.items()}
-        if not self._irregular and all(n >= 0 for n in free.values()):
+        if (free := self._holds.free(cluster.capacity)) is not None:
             return self._resume(now, cluster, free, backfill)
         running = sorted((*key(j, now), j.record.job_id) for j in self._running.values())
         self.keyed += len(running)
@@ -110,7 +97,7 @@ class WaitingOrder:
         by_type: dict[str, list[tuple[Any, JobView]]] = {}
         after: dict[str, int] = {}
         for e in later:
-            t, held = self._holds[e[-1]]
+            t, held = self._holds.of[e[-1]]
             by_type.setdefault(t, []).append((e, views[e[-1]]))
             after[t] = after.get(t, 0) + held
         sequence = ((e, views[e[-1]]) for e in heapq.merge(later, self._waiting))
@@ -172,8 +159,7 @@ class WaitingOrder:
 
     def _build(self, inp: SchedulingInput) -> None:
         self._entries, self._waiting, self._running, self._views = {}, [], {}, {}
-        self._holds, self._used, self._irregular = {}, {}, set()
-        self._capacity, self._runnable = dict(inp.cluster.capacity), {}
+        self._holds, self._capacity = RunningHolds(), dict(inp.cluster.capacity)
         self._starving = []
         self._model = self._model_of(inp)
         self.keyed = 0
@@ -224,19 +210,7 @@ class WaitingOrder:
         self._views[r.job_id] = view
         if r.state == "running":
             self._running[r.job_id] = view
-            t = r.gpu_type
-            if t is None or r.gpus <= 0 or t not in cluster.capacity:
-                self._irregular.add(r.job_id)  # (the walk sees it waiting)
-                return
-            held = held_milli(r)
-            self._holds[r.job_id] = (t, held)
-            self._used[t] = self._used.get(t, 0) + held
-            if not (
-                r.shares_with is None
-                and held_or_requested(view) == r.gpus
-                and t in self._runnable_types(view, cluster, r.gpus)
-            ):
-                self._irregular.add(r.job_id)
+            self._holds.add(view, cluster)
             return
         entry = (*self.key(view, now), r.job_id)
         self.keyed += 1
@@ -252,16 +226,6 @@ class WaitingOrder:
             else:
                 self._starving.append(item)
 
-    def _runnable_types(self, view: JobView, cluster: ClusterView, gpus: int) -> list[str]:
-        """`runnable_types`, kept per kind of job (the cluster and the model are those of the
-        last `_build`: another of either rebuilds)."""
-        spec = view.record.spec
-        kind: tuple[str | int, ...] = (spec.gpu_type, spec.job_type, gpus, *spec.gpu_types)
-        types = self._runnable.get(kind)
-        if types is None:
-            types = self._runnable[kind] = runnable_types(view, cluster, gpus)
-        return types
-
     def _starves(self, view: JobView) -> tuple[float, int, str] | None:
         """When the waiting job starves (its entry in `_starving`; None: never)."""
         r, s = view.record, self.starvation_s
@@ -273,9 +237,7 @@ class WaitingOrder:
         if self._views.pop(job_id, None) is None:
             return
         if self._running.pop(job_id, None) is not None:
-            self._irregular.discard(job_id)
-            if (holds := self._holds.pop(job_id, None)) is not None:
-                self._used[holds[0]] -= holds[1]
+            self._holds.remove(job_id)
             return
         entry = self._entries.pop(job_id)
         del self._waiting[bisect_left(self._waiting, entry)]
