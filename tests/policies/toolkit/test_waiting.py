@@ -111,6 +111,9 @@ def test_kept_from_what_changed_it_decides_as_a_sort_of_every_job(make, seed) ->
             kept = {a.job_id for a in got} - {a.job_id for a in decision.allocations}
             assert kept <= running, f"decision {step}"
             assert decision.allocations == [a for a in expected if a.job_id not in kept]
+            for a in decision.allocations:  # none keeps a running job as it runs
+                r = sim.views[a.job_id].record
+                assert r.state != "running" or (a.num_gpus, a.gpu_type) != (r.gpus, r.gpu_type)
         else:
             assert step == 0  # (told nothing of what changed: every allocation)
             got = decision
