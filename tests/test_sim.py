@@ -212,6 +212,43 @@ async def test_events_mode_goes_on_through_arrivals_that_change_nothing(
     }  # fmt: skip
 
 
+@pytest.mark.parametrize("short", [False, True])
+async def test_events_mode_goes_on_through_starts_short_of_their_least_run(
+    tmp_path: Path, nats_url: str, short: bool
+) -> None:
+    """Where a decision only starts jobs, the scheduler goes on through the arrivals after it
+    while no job it started could have ended: the clock says how soon one could at the least
+    (`least_run_s`: the least work left of any job that does not run, at the fastest rate).
+    Five 100 s jobs arriving 10 s apart each start as they arrive, in one tick from 20 on; a
+    5 s job among them (e, arriving at 40) brings that bound to 5 s, and the scheduler stops
+    at each start. The same starts, ends and timeline either way."""
+    duration_e = 5.0 if short else 100.0
+    jobs = [job("a", 1, 100.0, 0.0), job("b", 1, 100.0, 10.0), job("c", 1, 100.0, 20.0),
+            job("d", 1, 100.0, 30.0), job("e", 1, duration_e, 40.0)]  # fmt: skip
+    options = SimOptions(cluster=ClusterSpec.parse("1x5"), mode="events")
+    result = await simulate(options, jobs, tmp_path, nats_url=nats_url)
+    by_id = {r.job_id: r for r in result.jobs}
+    assert [by_id[j].first_start for j in "abcde"] == [0.0, 10.0, 20.0, 30.0, 40.0]
+    assert [by_id[j].end_time for j in "abcde"] == [100.0, 110.0, 120.0, 130.0, 40.0 + duration_e]
+    t = result.timeline
+    points = list(zip(t["time"].tolist(), t["busy_gpus"].tolist(), t["running"].tolist(),
+                      strict=True))  # fmt: skip
+    starts = [(0.0, 1, 1), (10.0, 2, 2), (20.0, 3, 3), (30.0, 4, 4), (40.0, 5, 5)]
+    ends = [(100.0, 4, 4), (110.0, 3, 3), (120.0, 2, 2), (130.0, 1, 1), (140.0, 0, 0)]
+    if short:
+        ends = [(45.0, 4, 4), *((t, n - 1, n - 1) for t, n, _ in ends[:-1])]
+    assert points == starts + ends
+    # a alone at 0, b at 10 with c to e ahead (a submission stops at its start); then one tick
+    # at 20 through c, d and e (a tick each with the short e waiting), and an exit report per
+    # completion after the first (the next one told of ahead).
+    requests = next(s for s in result.stats if s.service == "simclock").requests
+    counts = {subject: int(n) for subject, (n, _) in requests.items()}
+    assert counts == {
+        "place.nodes.{caller}": 1, "adm.submit.{caller}": 2, "sched.tick": 3 if short else 1,
+        "sched.exited.{caller}": 3,
+    }  # fmt: skip
+
+
 async def test_exits_told_ahead_are_told_again_where_the_scheduler_stopped_sooner(
     tmp_path: Path, nats_url: str
 ) -> None:

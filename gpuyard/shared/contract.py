@@ -241,6 +241,11 @@ class TickRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     when nothing runs and nothing more will arrive)."""
     until: float | None = None
     """Go on to the held arrivals before this time (`SubmitRequest.until`)."""
+    least_run_s: float | None = None
+    """With `until`: no job the scheduler could start ends sooner than this after its start (a
+    simulation's clock knows: the least work left of any job not running, at the fastest rate
+    it could get). The scheduler may then go on through decisions that only start jobs, while
+    each start's bound is ahead. None: it stops at the first decision that commands a node."""
     foreseen: list[JobExit] = []
     """With `until`: the exits the clock foresees at `foreseen_at` (after now, before `until`),
     which hold if the scheduler decides nothing that commands a node before then: going on, the
@@ -279,6 +284,8 @@ class ExitReport(Struct, kw_only=True, forbid_unknown_fields=True):
     """After recording the exits, run the scheduling round if one is due."""
     until: float | None = None
     """With the tick: go on to the held arrivals before this time (`SubmitRequest.until`)."""
+    least_run_s: float | None = None
+    """With `until`: go on through starts (`TickRequest.least_run_s`)."""
     foreseen: list[JobExit] = []
     """With `until`: the exits of the next completion, told of ahead (`TickRequest.foreseen`)."""
     foreseen_at: float | None = None

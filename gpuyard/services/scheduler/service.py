@@ -264,6 +264,9 @@ class Scheduler(Service):
         self._ticked = asyncio.Event()  # wall clock: the tick we sent is being handled
         self._tick_sent = -math.inf  # ... sent then (monotonic), not handled yet
         self._round_at = -math.inf  # wall clock: when the last round began (monotonic)
+        self.launched_only = False
+        """The last round's apply only launched jobs: none stopped, moved or left unplaced, none
+        with a time limit (a clock's run of each is its work at its rate: `least_run_s`)."""
 
     # ------------------------------------------------------------------ policy
 
@@ -520,7 +523,9 @@ class Scheduler(Service):
         if self.dirty:  # (a part that stopped as it was told changes nothing: no round for it)
             self._poke()
         foreseen = self._foreseen(req)
-        ran, reached = await self._advance(req.now, req.tick, req.until, changes, foreseen)
+        ran, reached = await self._advance(
+            req.now, req.tick, req.until, changes, foreseen, req.least_run_s
+        )
         return self._status(reached, ran_round=ran, changes=changes)
 
     async def _exit(self, req: ExitReport, ex: JobExit, caller: Caller) -> None:
@@ -630,7 +635,9 @@ class Scheduler(Service):
         self._simulated_progress(req.steps)
         foreseen = self._foreseen(req)
         changes = CountsLog(self.table, req.now)
-        ran, reached = await self._advance(req.now, True, req.until, changes, foreseen)
+        ran, reached = await self._advance(
+            req.now, True, req.until, changes, foreseen, req.least_run_s
+        )
         return self._status(reached, ran_round=ran, changes=changes)
 
     def _foreseen(self, req: TickRequest | ExitReport) -> ExitReport | None:
@@ -658,15 +665,17 @@ class Scheduler(Service):
 
     async def _advance(
         self, now: float, tick: bool, until: float | None, changes: CountsLog,
-        foreseen: ExitReport | None = None,
+        foreseen: ExitReport | None = None, least_run: float | None = None,
     ) -> tuple[bool, float]:  # fmt: skip
         """The tick at `now`: the jobs held for their arrival that it reaches join the queue, and
         the round runs if due. Then, where the clock asked (`until`) and may (`runs_ahead`), on
         to each held arrival before `until` (and to the exits the clock `foreseen`, at their
         instant), one instant after another, as the clock would have told of them, while a
         decision changes nothing the clock must act on (no node command, no job ended) and no
-        round is due sooner. Returns whether a round ran at the instant reached, and that
-        instant; `changes` logs the counts of those before it."""
+        round is due sooner; with `least_run`, also through decisions that only start jobs,
+        short of the soonest such a start could end (`TickRequest.least_run_s`). Returns
+        whether a round ran at the instant reached, and that instant; `changes` logs the
+        counts of those before it."""
         table = self.table
 
         def state() -> tuple[int, int, int, int]:
@@ -676,10 +685,20 @@ class Scheduler(Service):
         before = state()  # (the request's exits came before)
         if tick:
             await self._arrive(now, changes)
-        ran = await self._round_if_due(now, tick)
+        with changes.at(now):
+            ran = await self._round_if_due(now, tick)
         if not (tick and until is not None and self.runs_ahead()):
             return ran, now
-        while state() == before:
+        told = True  # `now` is an instant the clock tells of (its timeline has a point there)
+        while True:
+            if state() != before:
+                finished = before[1]
+                if not (told and least_run is not None and self.launched_only):
+                    break
+                if table.finished != finished:
+                    break
+                until = min(until, now + least_run)  # (what started runs at least that long)
+                before = state()
             times = [foreseen.now] if foreseen is not None else []
             if self.arriving:
                 times.append(self.arriving[0][0])
@@ -692,6 +711,9 @@ class Scheduler(Service):
             if at >= until or (wake is not None and wake < at):
                 break
             now = at
+            told = (foreseen is not None and foreseen.now == at) or bool(
+                self.arriving and self.arriving[0][0] == at
+            )
             if foreseen is not None and foreseen.now == at:
                 for ex in foreseen.exits:
                     with changes.at(at):
@@ -699,7 +721,8 @@ class Scheduler(Service):
                 foreseen = None
                 before = state()
             await self._arrive(now, changes)
-            ran = await self._round_if_due(now, True)
+            with changes.at(now):
+                ran = await self._round_if_due(now, True)
         changes.now = now
         return ran, now
 
@@ -1011,6 +1034,7 @@ class Scheduler(Service):
 
     async def run_round(self, now: float) -> None:
         self._round_at = time.monotonic()
+        self.launched_only = False
         if self.cluster is None:
             self.cluster = await self._placement(CLUSTER, Empty())
         cluster = self.cluster  # (a node event may drop `self.cluster` while we wait below)
@@ -1251,6 +1275,11 @@ class Scheduler(Service):
             allocations.pop(a.job_id, None)
             allocations[a.job_id] = a
         self._applied = LastApply(cluster, allocations, reply.settled, reply.applied, False)
+        self.launched_only = (
+            not stop and not stale and not reply.stopped and not reply.unplaced
+            and not reply.lost and all(a.job_id in specs for a in changed)
+            and not any(job_id in launches.time_left for job_id in specs)
+        )  # fmt: skip
         return named, self._done(reply)
 
     def _confirms_what_runs(

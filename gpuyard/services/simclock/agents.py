@@ -17,8 +17,8 @@ class SimJob:
 
     __slots__ = (
         "attempt", "base", "done", "down_s", "ended_at", "failure", "floor", "gpu_type", "held",
-        "job_type", "limit_at", "min_gpus", "parts", "placed", "queue", "ranks", "rate",
-        "restarting", "restoring", "round_steps", "share", "since", "timed_out", "total",
+        "job_type", "limit_at", "min_gpus", "most_gpus", "parts", "placed", "queue", "ranks",
+        "rate", "restarting", "restoring", "round_steps", "share", "since", "timed_out", "total",
         "training", "until", "up_s", "version",
     )  # fmt: skip
 
@@ -52,7 +52,7 @@ class SimJob:
         # Rescale costs (JobSpec.rescale_up_s/down_s): the GPUs per node it ran on since the last
         # instant, and what it kept after this instant's node losses (None: none lost).
         self.up_s, self.down_s = spec.rescale_up_s, spec.rescale_down_s
-        self.min_gpus = spec.gpu_range[0]
+        self.min_gpus, self.most_gpus = spec.gpu_range
         self.placed: dict[str, int] = {}
         self.held = 0
         self.base: int | None = None

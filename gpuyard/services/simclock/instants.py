@@ -175,6 +175,8 @@ class InstantLoop:
             if ahead:
                 times = (times or [now] * len(batch)) + [self.delivery(spec) for spec in ahead]
                 batch += ahead
+        # (no job it could start ends sooner than this after it: it may go on through starts)
+        least_run = clock.runs.least_run() if until is not None else None
         ticked = False
         foreseen: float | None = None  # when the exits told of ahead end
         for step, tick in plan:
@@ -184,22 +186,27 @@ class InstantLoop:
                 clock.note(now, await clock.call(CLUSTER_CHANGED, msg))
                 ticked = tick
             elif step == "exits":
-                report = ExitReport(now=now, exits=exits, tick=tick, until=until)
+                report = ExitReport(
+                    now=now, exits=exits, tick=tick, until=until, least_run_s=least_run
+                )
                 if until is not None and until == clock.runs.next_completion():
                     report = self.foreseeing(report, until)
                     foreseen = report.foreseen_at
+                clock.foreseen_at = foreseen if least_run is not None else None
                 clock.note(now, await clock.call(EXITED, report))
                 ticked = tick
             else:
                 ticked = await self.submit(now, batch, times, until)
         if not ticked and (self.tick_due(now) or arriving):
-            request = TickRequest(now=now, until=until)
+            request = TickRequest(now=now, until=until, least_run_s=least_run)
             if until is not None and until == clock.runs.next_completion():
                 request = self.foreseeing(request, until)
                 foreseen = request.foreseen_at
+            clock.foreseen_at = foreseen if least_run is not None else None
             clock.note(now, await clock.call(TICK, request))
         if clock.reached is not None and clock.reached > now:
             now = self.went_on(now, clock.reached, earlier, foreseen)
+        clock.foreseen_at, clock.foreseen_ended = None, []
         clock.earlier_points(now, earlier, before)
         await clock.refresh(now)
         progress.finished = clock.finished()
@@ -327,8 +334,10 @@ class InstantLoop:
         the exits `foreseen` then, which leave now if it reached them): the instants on the way
         are told of (`earlier`); returns `reached`."""
         visited = set(self.arrive_ahead(reached))
+        clock = self.clock
         if foreseen is not None and foreseen <= reached:
-            ended = self.clock.runs.exits(foreseen)
+            # (those that left as the scheduler went on through starts, and the others)
+            ended = clock.foreseen_ended + clock.runs.exits(foreseen)
             for ex in ended:
                 self.awaited.discard(ex.job_id)
             visited.add(foreseen)

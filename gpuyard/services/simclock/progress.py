@@ -12,7 +12,7 @@ from gpuyard.services.simclock.agents import SimJob, SimNodes
 from gpuyard.services.simclock.config import SimClockConfig
 from gpuyard.services.simclock.costs import Restarts
 from gpuyard.shared.contract import JobExit, StepsReport
-from gpuyard.shared.throughput import ThroughputModel
+from gpuyard.shared.throughput import LinearModel, ThroughputModel
 from gpuyard.shared.typed_goodput import TypedGoodputJob
 
 
@@ -42,6 +42,14 @@ class Completions:
         self.quantum_origin = 0.0  # where the multiples of `completion_quantum` start
         self.training = config.goodput  # jobs that progress at their goodput (`advance`)
         self.next_step = 0.0  # when their next step ends
+        self.bounds_runs = _runs_are_bounded(model, config)
+        """Whether a job's least run time can be told from its work (`least_run`): each job runs
+        at its GPUs' rate from its launch, nothing else paces it (no pause, no partner, no time
+        limit, no goodput); jobs that arrive may still say otherwise (`waiting`)."""
+        self.types_of: tuple[int, list[str]] = (0, [])  # (nodes known, their GPU types)
+        self.not_running: list[tuple[float, str, float]] = []
+        """(least run, job, its progress then) of the jobs that arrived and do not run, as a
+        heap; those that started since, or ran, are dropped as they come to its top."""
 
     def next_node_event(self, t: float) -> float:
         """The first node-event instant at or after `t` (`t` itself after the last)."""
@@ -100,9 +108,52 @@ class Completions:
                 heapq.heappush(self.heap, (now, self.launches, job_id, job.version))
             elif job.rate > 0 and self.config.gavel_round_s is None:
                 self.schedule_finish(job_id, job, now, pause)
+            if not gpus:
+                self.waiting(job_id, job)
         nodes.changed.clear()
         nodes.launched.clear()
         return behind
+
+    def waiting(self, job_id: str, job: SimJob) -> None:
+        """`job` arrived, or stopped: it may start again, and end no sooner than its least run
+        (its work left at its most GPUs, on the fastest GPUs of the cluster)."""
+        if not self.bounds_runs:
+            return
+        if job.training is not None or job.share is not None or job.up_s or job.down_s:
+            self.bounds_runs = False  # (their runs are paced otherwise)
+            self.not_running.clear()
+            return
+        node_types = self.nodes.node_types
+        if len(node_types) != self.types_of[0]:  # (nodes joined)
+            self.types_of = (len(node_types), sorted(set(node_types.values())))
+        fastest = max(
+            self.model.throughput(job.job_type, gpu_type, job.most_gpus)
+            for gpu_type in self.types_of[1]
+        )
+        if fastest <= 0:  # (it would crash on start)
+            self.bounds_runs = False
+            self.not_running.clear()
+            return
+        heap = self.not_running
+        if len(heap) > 2 * len(self.jobs) + 64:  # (mostly jobs that have started since)
+            heap[:] = [e for e in heap if self._still_waits(e)]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (max(job.total - job.done, 0.0) / fastest, job_id, job.done))
+
+    def least_run(self) -> float | None:
+        """The least time any job that does not run now would run, once started, before its
+        exit: none started before `now + least_run()` ends before it. None: not known (some
+        job's run is paced otherwise, or none waits)."""
+        heap = self.not_running
+        while heap:
+            if self._still_waits(heap[0]):
+                return heap[0][0] if self.bounds_runs else None
+            heapq.heappop(heap)
+        return None
+
+    def _still_waits(self, entry: tuple[float, str, float]) -> bool:
+        job = self.jobs.get(entry[1])
+        return job is not None and not job.parts and job.done == entry[2]
 
     def advance(self, now: float) -> dict[str, StepsReport]:
         """Where a step of the goodput jobs (`SimJob.training`) ends at `now`: each running one
@@ -318,6 +369,21 @@ class Completions:
     def steps_done(self) -> float:
         """Steps trained so far by every job, finished or not (costs deducted)."""
         return self.finished_steps + sum(max(j.done, 0.0) for j in self.jobs.values())
+
+
+def _runs_are_bounded(model: ThroughputModel, config: SimClockConfig) -> bool:
+    """Whether the run's settings leave a job's run time to its work and its GPUs' rate (a
+    linear model, no preemption cost, no cadence of ends)."""
+    cost = config.preemption_cost
+    return (
+        isinstance(model, LinearModel)
+        and cost.checkpoint_s == 0 and cost.restore_s == 0 and not cost.by_job_type
+        and cost.restart is None
+        and config.goodput is None
+        and config.gavel_round_s is None
+        and config.completion_grid_s is None
+        and config.predicted_ends is None
+    )  # fmt: skip
 
 
 def _exit_of(job_id: str, job: SimJob) -> JobExit:

@@ -29,6 +29,7 @@ from gpuyard.shared.connection import Bus
 from gpuyard.shared.contract import (
     Ack,
     CountsChange,
+    JobExit,
     NodeCommand,
     NodeCommandReply,
     NodeCommands,
@@ -102,6 +103,11 @@ class SimClock(Service):
         self.commands_handled = 0  # the number of the last `clock.cmds` handled
         self.commands_due = 0  # ... that the services' replies named
         self.commands_in = asyncio.Event()  # set when one is handled
+        self.commands_at: float | None = None  # the instant of those handled since `refresh`
+        self.foreseen_at: float | None = None
+        """When the exits the current request foresees end, where it may go on through starts:
+        they leave before the commands of that instant or later are carried out."""
+        self.foreseen_ended: list[JobExit] = []  # ... those exits, once they left
         self.command_error: str | None = None  # a command no simulated node could carry out
         self.applications: dict[str, Application] = {}  # the goodput jobs' models, by type
         self.typed: TypedProfiles | None = None  # ... or their per-GPU-type profiles
@@ -169,6 +175,16 @@ class SimClock(Service):
         the loop waits for the commands a reply names before it goes on (`_commands_handled`)."""
         if batch.seq <= self.commands_handled:
             return  # (sent again by a placement that restarted before it stored having sent it)
+        if batch.commands:
+            at = batch.commands[0].now
+            if self.commands_at is not None and at > self.commands_at:
+                # The scheduler went on through starts (`TickRequest.least_run_s`): those of the
+                # earlier instant run from then.
+                self.unreported.update(self.runs.refresh(self.commands_at, self.decided))
+            self.commands_at = at
+            if self.foreseen_at is not None and at >= self.foreseen_at:
+                self.foreseen_ended += self.runs.exits(self.foreseen_at)
+                self.foreseen_at = None
         try:
             for cmd in batch.commands:
                 stopped = self.nodes.command(cmd).progress
@@ -239,7 +255,8 @@ class SimClock(Service):
                 continue
             steps = total_steps(spec, self.model)
             assert steps is not None
-            self.nodes.jobs[spec.job_id] = SimJob(spec, steps, self.nodes.queue_of(spec.user))
+            job = self.nodes.jobs[spec.job_id] = SimJob(spec, steps, self.nodes.queue_of(spec.user))
+            self.runs.waiting(spec.job_id, job)
 
     def _arrived_typed(self, spec: JobSpec, typed: TypedProfiles) -> None:
         """A job that trains at its goodput on whichever GPU type it runs (Sia's simulator):
@@ -308,7 +325,10 @@ class SimClock(Service):
         """Once the node commands of `now` are handled: new rates and completion times for the
         jobs whose parts changed; the progress they lost is told with our next request."""
         await self._commands_handled()
+        if self.commands_at is not None and self.commands_at < now:
+            now = self.commands_at  # (the scheduler went on past its last start: they run since)
         self.unreported.update(self.runs.refresh(now, self.decided))
+        self.commands_at = None
 
     async def change_nodes(self, now: float, events: list[tuple[str, bool]]) -> list[str] | None:
         """Nodes join and leave; jobs on a departed node lose that part (placement stops the rest).
