@@ -192,6 +192,36 @@ def test_no_least_run_is_told_where_a_run_is_paced_otherwise() -> None:
     assert runs.least_run() is None
 
 
+def test_the_exits_of_the_next_completions_are_foreseen_instant_by_instant() -> None:
+    """`foresee`: each completion instant's exits from the first on, as `exits` will report
+    them, before a limit and at most so many instants; the next completion after them; nothing
+    leaves meanwhile. Nothing where a job leaves a GPU it shares."""
+    nodes, runs = cluster_of({"a": 10.0, "b": 20.0, "c": 20.0, "d": 40.0})
+    for node, job_id, gpu in (("v100-0000", "a", 0), ("v100-0000", "b", 1),
+                              ("v100-0001", "c", 0), ("v100-0001", "d", 1)):  # fmt: skip
+        nodes.command(NodeCommand(now=0.0, node_id=node, launch=[launch(job_id, [gpu])]))
+    runs.refresh(0.0, decided=0.0)
+    foreseen = runs.foresee(10.0, before=100.0, most=8)
+    assert foreseen is not None
+    instants, after = foreseen
+    assert [(t, sorted(e.job_id for e in exits)) for t, exits in instants] == [
+        (10.0, ["a"]),
+        (20.0, ["b", "c"]),
+        (40.0, ["d"]),
+    ]
+    assert after is None and runs.next_completion() == 10.0  # (nothing left yet)
+    assert all(e.status == "completed" for _, exits in instants for e in exits)
+    assert runs.foresee(10.0, before=40.0, most=8) == (instants[:2], 40.0)
+    assert runs.foresee(10.0, before=100.0, most=1) == (instants[:1], 20.0)
+    assert [e.job_id for e in runs.exits(10.0)] == ["a"]
+    # e joins d on its GPU (space sharing, which the default model cannot run: both crash as
+    # they start): their leaving changes the other's GPU, and nothing is foreseen
+    nodes.jobs["e"] = SimJob(JobSpec(job_id="e", num_gpus=1, duration=80.0), 80.0)
+    nodes.command(NodeCommand(now=10.0, node_id="v100-0001", launch=[launch("e", [1])]))
+    runs.refresh(10.0, decided=10.0)
+    assert runs.next_completion() == 10.0 and runs.foresee(10.0, 100.0, 8) is None
+
+
 def test_exits_wait_for_the_round_quantum_and_a_gavel_round_ends_with_its_last_task() -> None:
     nodes, runs = cluster_of({"a": 250.0}, completion_quantum=300.0)
     nodes.command(NodeCommand(now=0.0, node_id="v100-0000", launch=[launch("a", [0])]))

@@ -246,12 +246,12 @@ class TickRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     simulation's clock knows: the least work left of any job not running, at the fastest rate
     it could get). The scheduler may then go on through decisions that only start jobs, while
     each start's bound is ahead. None: it stops at the first decision that commands a node."""
-    foreseen: list[JobExit] = []
-    """With `until`: the exits the clock foresees at `foreseen_at` (after now, before `until`),
-    which hold if the scheduler decides nothing that commands a node before then: going on, the
-    scheduler takes them at that instant, before its arrivals; stopping sooner, it drops them
-    (the clock tells of them again). A simulation's only."""
-    foreseen_at: float | None = None
+    foreseen: list[ForeseenExits] = []
+    """With `until`: the exits the clock foresees, instant by instant (in time order, after now,
+    before `until`), which hold if the scheduler decides nothing before them that stops a job
+    or starts one that could end by then (`least_run_s`): going on, the scheduler takes each
+    instant's at that instant, before its arrivals; stopping sooner, it drops those after where
+    it stopped (the clock tells of them again). A simulation's only."""
     steps: dict[str, StepsReport] = {}
     """The simulated nodes' word on jobs' progress since the clock's last request (the steps of
     the jobs their commands stopped, the progress restart pauses took), taken before the round;
@@ -275,6 +275,13 @@ class JobExit(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=Tr
     micro-task ends before the round does, while its GPUs stay held until the round's end)."""
 
 
+class ForeseenExits(Struct, kw_only=True, forbid_unknown_fields=True):
+    """The exits a simulation's clock foresees at one instant (`TickRequest.foreseen`)."""
+
+    at: float
+    exits: list[JobExit]
+
+
 class ExitReport(Struct, kw_only=True, forbid_unknown_fields=True):
     """`sched.exited`: jobs that ended on their own (node agents -> scheduler)."""
 
@@ -286,9 +293,8 @@ class ExitReport(Struct, kw_only=True, forbid_unknown_fields=True):
     """With the tick: go on to the held arrivals before this time (`SubmitRequest.until`)."""
     least_run_s: float | None = None
     """With `until`: go on through starts (`TickRequest.least_run_s`)."""
-    foreseen: list[JobExit] = []
-    """With `until`: the exits of the next completion, told of ahead (`TickRequest.foreseen`)."""
-    foreseen_at: float | None = None
+    foreseen: list[ForeseenExits] = []
+    """With `until`: the exits of the next completions, told of ahead (`TickRequest.foreseen`)."""
     steps: dict[str, StepsReport] = {}
     """The simulation's clock only (`TickRequest.steps`), taken before the exits; a node agent
     reports its jobs' progress in its heartbeats, and may not send this."""
@@ -762,7 +768,7 @@ class Event(Struct, kw_only=True, omit_defaults=True):
 
 MESSAGES: tuple[type[Struct], ...] = (
     ErrorReply, Ack, Ping, Pong, ServiceStats, Empty, PageQuery, SubmitRequest, SubmitResult, SubmitReply,
-    EnqueueRequest, SchedulerStatus, CountsChange, ClusterChanged, TickRequest, JobExit, ExitReport, JobRecord, JobsPage,
+    EnqueueRequest, SchedulerStatus, CountsChange, ClusterChanged, TickRequest, JobExit, ForeseenExits, ExitReport, JobRecord, JobsPage,
     RegisterNode, NodesChanged, NodesChangedReply, ApplyRequest, BatchChoice, StepsReport, StepsUpdate, ApplyReply, ClusterInfo, Launch,
     NodeCommand, NodeCommandReply, NodeCommands, RunRequest, Progress, TimelinePoint, QueueGpus, TimelinePage, Event,
     JobQuery, CancelRequest, CancelReply, HoldRequest, RequeueRequest, DoneReply, DrainRequest, FinishedQuery, FinishedPage, GpuMetrics, JobProgress, Heartbeat, HeartbeatsPage,

@@ -640,19 +640,22 @@ class Scheduler(Service):
         )
         return self._status(reached, ran_round=ran, changes=changes)
 
-    def _foreseen(self, req: TickRequest | ExitReport) -> ExitReport | None:
+    def _foreseen(self, req: TickRequest | ExitReport) -> list[ExitReport]:
         """The exits a simulation's clock told of ahead (`TickRequest.foreseen`), as a report
-        at their instant (None: none)."""
+        at each of their instants, the latest first."""
         if not req.foreseen:
-            return None
-        at, until = req.foreseen_at, req.until
-        if at is None or until is None or not req.now < at < until:
-            raise BadRequest(
-                "exits foreseen need foreseen_at, after now and before until", field="$.foreseen_at"
-            )
+            return []
         if not self.runs_ahead():
             raise BadRequest("exits are foreseen by a simulation's clock only", field="$.foreseen")
-        return ExitReport(now=at, exits=req.foreseen)
+        last = req.now
+        for i, instant in enumerate(req.foreseen):
+            if req.until is None or not last < instant.at < req.until:
+                raise BadRequest(
+                    "exits foreseen go in time order, after now and before until",
+                    field=f"$.foreseen[{i}].at",
+                )
+            last = instant.at
+        return [ExitReport(now=f.at, exits=f.exits) for f in reversed(req.foreseen)]
 
     async def _round_if_due(self, now: float, tick: bool) -> bool:
         """The clock's tick: run the round if one is due at `now` (always, on wall-clock time)."""
@@ -665,12 +668,12 @@ class Scheduler(Service):
 
     async def _advance(
         self, now: float, tick: bool, until: float | None, changes: CountsLog,
-        foreseen: ExitReport | None = None, least_run: float | None = None,
+        foreseen: list[ExitReport] | None = None, least_run: float | None = None,
     ) -> tuple[bool, float]:  # fmt: skip
         """The tick at `now`: the jobs held for their arrival that it reaches join the queue, and
         the round runs if due. Then, where the clock asked (`until`) and may (`runs_ahead`), on
         to each held arrival before `until` (and to the exits the clock `foreseen`, at their
-        instant), one instant after another, as the clock would have told of them, while a
+        instants: a stack, the latest first), one instant after another, as the clock would have told of them, while a
         decision changes nothing the clock must act on (no node command, no job ended) and no
         round is due sooner; with `least_run`, also through decisions that only start jobs,
         short of the soonest such a start could end (`TickRequest.least_run_s`). Returns
@@ -699,7 +702,7 @@ class Scheduler(Service):
                     break
                 until = min(until, now + least_run)  # (what started runs at least that long)
                 before = state()
-            times = [foreseen.now] if foreseen is not None else []
+            times = [foreseen[-1].now] if foreseen else []
             if self.arriving:
                 times.append(self.arriving[0][0])
             if (begins := table.begins.next_time()) is not None:
@@ -711,14 +714,12 @@ class Scheduler(Service):
             if at >= until or (wake is not None and wake < at):
                 break
             now = at
-            told = (foreseen is not None and foreseen.now == at) or bool(
-                self.arriving and self.arriving[0][0] == at
-            )
-            if foreseen is not None and foreseen.now == at:
-                for ex in foreseen.exits:
+            exits = foreseen.pop() if foreseen and foreseen[-1].now == at else None
+            told = exits is not None or bool(self.arriving and self.arriving[0][0] == at)
+            if exits is not None:
+                for ex in exits.exits:
                     with changes.at(at):
-                        await self._exit(foreseen, ex, ANONYMOUS)
-                foreseen = None
+                        await self._exit(exits, ex, ANONYMOUS)
                 before = state()
             await self._arrive(now, changes)
             with changes.at(now):

@@ -17,6 +17,7 @@ import msgspec
 from gpuyard.shared.contract import (
     ClusterChanged,
     ExitReport,
+    ForeseenExits,
     JobExit,
     SubmitRequest,
     TickRequest,
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 MAX_TICKS_PER_INSTANT = 3
 AHEAD_JOBS = 1000
 """Jobs submitted ahead of their arrival at once, where the scheduler goes on through them."""
+FORESEEN_INSTANTS = 64
+"""Completion instants told of ahead at most, where the scheduler goes on through them."""
 
 Step = Literal["nodes", "exits", "submit"]
 Told = TypeVar("Told", TickRequest, ExitReport)
@@ -178,7 +181,7 @@ class InstantLoop:
         # (no job it could start ends sooner than this after it: it may go on through starts)
         least_run = clock.runs.least_run() if until is not None else None
         ticked = False
-        foreseen: float | None = None  # when the exits told of ahead end
+        foreseen: list[float] = []  # when the exits told of ahead end
         for step, tick in plan:
             if step == "nodes":
                 assert lost is not None
@@ -191,8 +194,8 @@ class InstantLoop:
                 )
                 if until is not None and until == clock.runs.next_completion():
                     report = self.foreseeing(report, until)
-                    foreseen = report.foreseen_at
-                clock.foreseen_at = foreseen if least_run is not None else None
+                    foreseen = [f.at for f in report.foreseen]
+                clock.foreseen = list(foreseen) if least_run is not None else []
                 clock.note(now, await clock.call(EXITED, report))
                 ticked = tick
             else:
@@ -201,12 +204,12 @@ class InstantLoop:
             request = TickRequest(now=now, until=until, least_run_s=least_run)
             if until is not None and until == clock.runs.next_completion():
                 request = self.foreseeing(request, until)
-                foreseen = request.foreseen_at
-            clock.foreseen_at = foreseen if least_run is not None else None
+                foreseen = [f.at for f in request.foreseen]
+            clock.foreseen = list(foreseen) if least_run is not None else []
             clock.note(now, await clock.call(TICK, request))
         if clock.reached is not None and clock.reached > now:
             now = self.went_on(now, clock.reached, earlier, foreseen)
-        clock.foreseen_at, clock.foreseen_ended = None, []
+        clock.foreseen, clock.foreseen_ended = [], []
         clock.earlier_points(now, earlier, before)
         await clock.refresh(now)
         progress.finished = clock.finished()
@@ -311,36 +314,45 @@ class InstantLoop:
         return arrived
 
     def foreseeing(self, request: Told, until: float) -> Told:
-        """The request (the instant's tick) with the exits at `until`, the next completion, told
-        of ahead: the scheduler may go on through them to the completion after them (or the
-        next node event)."""
-        if self.waiting and self.delivery(self.waiting[0]) <= until:
-            return request  # (a job not submitted yet arrives first)
-        foreseen = self.clock.runs.foresee(until)
+        """The request (the instant's tick) with the exits at `until`, the next completion, and
+        at the completions after it, told of ahead: the scheduler may go on through them to
+        the completion after them (or the next node event). They stop short of a job not
+        submitted yet (its arrival comes first) and of the next node event."""
+        limits = [math.inf]
+        if self.waiting:
+            limits.append(self.delivery(self.waiting[0]))
+        if self.next_churn < len(self.churn):
+            limits.append(self.churn[self.next_churn][0])
+        foreseen = self.clock.runs.foresee(until, min(limits), FORESEEN_INSTANTS)
         if foreseen is None:
             return request
-        exits, after = foreseen
+        instants, after = foreseen
         if self.next_churn < len(self.churn):
             churn = self.churn[self.next_churn][0]
             after = churn if after is None else min(after, churn)
-        if after is None:  # (nothing known after them: no end to going on)
-            return request
-        return msgspec.structs.replace(request, foreseen=exits, foreseen_at=until, until=after)
+        if after is None:  # (nothing known after them: the last is where going on ends)
+            after = instants.pop()[0]
+            if not instants:
+                return request
+        told = [ForeseenExits(at=at, exits=exits) for at, exits in instants]
+        return msgspec.structs.replace(request, foreseen=told, until=after)
 
     def went_on(
-        self, now: float, reached: float, earlier: list[float], foreseen: float | None
+        self, now: float, reached: float, earlier: list[float], foreseen: list[float]
     ) -> float:
         """The scheduler went on from `now` to `reached` through arrivals submitted ahead (and
-        the exits `foreseen` then, which leave now if it reached them): the instants on the way
-        are told of (`earlier`); returns `reached`."""
+        the exits `foreseen` at those instants, which leave now for those it reached): the
+        instants on the way are told of (`earlier`); returns `reached`."""
         visited = set(self.arrive_ahead(reached))
         clock = self.clock
-        if foreseen is not None and foreseen <= reached:
-            # (those that left as the scheduler went on through starts, and the others)
-            ended = clock.foreseen_ended + clock.runs.exits(foreseen)
-            for ex in ended:
-                self.awaited.discard(ex.job_id)
-            visited.add(foreseen)
+        ended = list(clock.foreseen_ended)  # (those that left as it went on through starts)
+        for at in foreseen:
+            if at > reached:
+                break
+            ended += clock.runs.exits(at)
+            visited.add(at)
+        for ex in ended:
+            self.awaited.discard(ex.job_id)
         self.progress.instants += len(visited)
         earlier += [now, *sorted(t for t in visited if t < reached)]
         self.progress.now = reached

@@ -310,29 +310,39 @@ class Completions:
             self.finished += 1
         return exits
 
-    def foresee(self, at: float) -> tuple[list[JobExit], float | None] | None:
-        """The exits `exits(at)` will report, should nothing change before then, and the next
-        completion after them. None where their leaving would change another job's rate (a
-        space-sharing partner) or ends wait for an instant (`finishes`)."""
+    def foresee(
+        self, at: float, before: float, most: int
+    ) -> tuple[list[tuple[float, list[JobExit]]], float | None] | None:
+        """The exits `exits(t)` will report at each completion instant `t` from `at` on, before
+        `before` (at most `most` instants), should nothing change before then, and the next
+        completion after them. They stop short of an instant where a job's leaving would change
+        another's rate (a space-sharing partner); None where that is the first, or ends wait for
+        an instant (`finishes`)."""
         if self.finishes:
             return None
-        heap, popped = self.heap, []
+        heap, holding = self.heap, self.nodes.holding
+        popped: list[tuple[float, int, str, int]] = []
+        instants: list[tuple[float, list[JobExit]]] = []
+        after: float | None = at
         try:
-            while (finish := self.next_completion()) is not None and finish <= at:
-                popped.append(heapq.heappop(heap))
-            after = self.next_completion()
+            while after is not None and after < before and len(instants) < most:
+                exits: list[JobExit] = []
+                shared = False
+                while (finish := self.next_completion()) is not None and finish <= after:
+                    entry = heapq.heappop(heap)
+                    popped.append(entry)
+                    job = self.jobs[entry[2]]
+                    for node, gpus in job.parts.items() if job.share is None else ():
+                        shared = shared or any(len(holding[(node, g)]) > 1 for g in gpus)
+                    exits.append(_exit_of(entry[2], job))
+                if shared:  # (going on stops short of it)
+                    break
+                instants.append((after, exits))
+                after = self.next_completion()
         finally:
             for entry in popped:
                 heapq.heappush(heap, entry)
-        holding = self.nodes.holding
-        exits: list[JobExit] = []
-        for _, _, job_id, _ in popped:
-            job = self.jobs[job_id]
-            for node, gpus in job.parts.items() if job.share is None else ():
-                if any(len(holding[(node, g)]) > 1 for g in gpus):
-                    return None
-            exits.append(_exit_of(job_id, job))
-        return exits, after
+        return (instants, after) if instants else None
 
     def plan_round(self, now: float, round_s: float) -> tuple[float | None, float]:
         """Gavel's round from `now`: each running job's micro-task, `min(int(rate x round),

@@ -104,9 +104,9 @@ class SimClock(Service):
         self.commands_due = 0  # ... that the services' replies named
         self.commands_in = asyncio.Event()  # set when one is handled
         self.commands_at: float | None = None  # the instant of those handled since `refresh`
-        self.foreseen_at: float | None = None
+        self.foreseen: list[float] = []
         """When the exits the current request foresees end, where it may go on through starts:
-        they leave before the commands of that instant or later are carried out."""
+        each instant's leave before the commands of that instant or later are carried out."""
         self.foreseen_ended: list[JobExit] = []  # ... those exits, once they left
         self.command_error: str | None = None  # a command no simulated node could carry out
         self.applications: dict[str, Application] = {}  # the goodput jobs' models, by type
@@ -182,9 +182,13 @@ class SimClock(Service):
                 # earlier instant run from then.
                 self.unreported.update(self.runs.refresh(self.commands_at, self.decided))
             self.commands_at = at
-            if self.foreseen_at is not None and at >= self.foreseen_at:
-                self.foreseen_ended += self.runs.exits(self.foreseen_at)
-                self.foreseen_at = None
+            taken = 0
+            for foreseen in self.foreseen:
+                if foreseen > at:
+                    break
+                self.foreseen_ended += self.runs.exits(foreseen)
+                taken += 1
+            del self.foreseen[:taken]
         try:
             for cmd in batch.commands:
                 stopped = self.nodes.command(cmd).progress
