@@ -212,41 +212,69 @@ async def test_events_mode_goes_on_through_arrivals_that_change_nothing(
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("short", [False, True])
+@pytest.mark.parametrize(
+    ("e_arrives", "e_runs", "exit_reports"), [(40.0, 100.0, 2), (40.0, 5.0, 2), (25.0, 2.0, 3)]
+)
 async def test_events_mode_goes_on_through_starts_short_of_their_least_run(
-    tmp_path: Path, nats_url: str, short: bool
+    tmp_path: Path, nats_url: str, e_arrives: float, e_runs: float, exit_reports: int
 ) -> None:
     """Where a decision only starts jobs, the scheduler goes on through the arrivals after it
     while no job it started could have ended: the clock says how soon one could at the least
-    (`least_run_s`: the least work left of any job that does not run, at the fastest rate).
-    Five 100 s jobs arriving 10 s apart each start as they arrive, in one tick from 20 on; a
-    5 s job among them (e, arriving at 40) brings that bound to 5 s, and the scheduler stops
-    at each start. The same starts, ends and timeline either way."""
-    duration_e = 5.0 if short else 100.0
-    jobs = [job("a", 1, 100.0, 0.0), job("b", 1, 100.0, 10.0), job("c", 1, 100.0, 20.0),
-            job("d", 1, 100.0, 30.0), job("e", 1, duration_e, 40.0)]  # fmt: skip
+    (the least work left of any job waiting, at the fastest rate, `least_run_s`; the soonest
+    end of any job still to arrive, `least_end`). Five jobs arriving from 0 on each start as
+    they arrive, in one tick from 20 on, e too where it ends after the last start (e arriving
+    at 40: 140 or 45); where it ends before (arriving at 25, ending at 27), the tick stops at
+    its start, and d's start at 30 goes with e's exit report. The same starts, ends and
+    timeline either way."""
+    arrivals = {"a": 0.0, "b": 10.0, "c": 20.0, "d": 30.0, "e": e_arrives}
+    runs = {"a": 100.0, "b": 100.0, "c": 100.0, "d": 100.0, "e": e_runs}
+    jobs = [job(j, 1, runs[j], arrivals[j]) for j in sorted(arrivals, key=arrivals.__getitem__)]
     options = SimOptions(cluster=ClusterSpec.parse("1x5"), mode="events")
     result = await simulate(options, jobs, tmp_path, nats_url=nats_url)
     by_id = {r.job_id: r for r in result.jobs}
-    assert [by_id[j].first_start for j in "abcde"] == [0.0, 10.0, 20.0, 30.0, 40.0]
-    assert [by_id[j].end_time for j in "abcde"] == [100.0, 110.0, 120.0, 130.0, 40.0 + duration_e]
+    assert {j: by_id[j].first_start for j in arrivals} == arrivals
+    assert {j: by_id[j].end_time for j in arrivals} == {j: arrivals[j] + runs[j] for j in runs}
     t = result.timeline
     points = list(zip(t["time"].tolist(), t["busy_gpus"].tolist(), t["running"].tolist(),
                       strict=True))  # fmt: skip
-    starts = [(0.0, 1, 1), (10.0, 2, 2), (20.0, 3, 3), (30.0, 4, 4), (40.0, 5, 5)]
-    ends = [(100.0, 4, 4), (110.0, 3, 3), (120.0, 2, 2), (130.0, 1, 1), (140.0, 0, 0)]
-    if short:
-        ends = [(45.0, 4, 4), *((t, n - 1, n - 1) for t, n, _ in ends[:-1])]
-    assert points == starts + ends
+    events = sorted([(arrivals[j], 1) for j in runs] + [(arrivals[j] + runs[j], -1) for j in runs])
+    expected, running = [], 0
+    for time, change in events:
+        running += change
+        expected.append((time, running, running))
+    assert points == expected
     # a alone at 0, b at 10 with c to e ahead (a submission stops at its start); then one tick
-    # at 20 through c, d and e (a tick each with the short e waiting); then the first exit
-    # report with the completions after it told of ahead but the last (where going on ends),
-    # and one for the last.
+    # at 20; then an exit report at e's end at 27 (going on to d's start), the first
+    # completion's with the completions after it told of ahead but the last (where going on
+    # ends), and one for the last.
     requests = next(s for s in result.stats if s.service == "simclock").requests
     counts = {subject: int(n) for subject, (n, _) in requests.items()}
     assert counts == {
-        "place.nodes.{caller}": 1, "adm.submit.{caller}": 2, "sched.tick": 3 if short else 1,
-        "sched.exited.{caller}": 2,
+        "place.nodes.{caller}": 1, "adm.submit.{caller}": 2, "sched.tick": 1,
+        "sched.exited.{caller}": exit_reports,
+    }  # fmt: skip
+
+
+async def test_a_short_job_waiting_bounds_going_on_through_starts(
+    tmp_path: Path, nats_url: str
+) -> None:
+    """A job that waits (x, 3 GPUs for 10 s, blocked while a runs) could start at any decision
+    and end 10 s later: the tick at 10 that backfills b goes on no further than 20, and c's
+    start at 20 is a tick of its own (with x's bound ignored it would be the same tick)."""
+    jobs = [job("a", 1, 100.0, 0.0), job("x", 3, 10.0, 5.0), job("b", 1, 100.0, 10.0),
+            job("c", 1, 50.0, 20.0), job("d", 1, 30.0, 40.0)]  # fmt: skip
+    options = SimOptions(
+        cluster=ClusterSpec.parse("1x3"), mode="events", policy_params={"backfill": True}
+    )
+    result = await simulate(options, jobs, tmp_path, nats_url=nats_url)
+    by_id = {r.job_id: (r.first_start, r.end_time) for r in result.jobs}
+    assert by_id == {"a": (0.0, 100.0), "x": (110.0, 120.0), "b": (10.0, 110.0),
+                     "c": (20.0, 70.0), "d": (70.0, 100.0)}  # fmt: skip
+    requests = next(s for s in result.stats if s.service == "simclock").requests
+    counts = {subject: int(n) for subject, (n, _) in requests.items()}
+    assert counts == {
+        "place.nodes.{caller}": 1, "adm.submit.{caller}": 2, "sched.tick": 2,
+        "sched.exited.{caller}": 3,
     }  # fmt: skip
 
 

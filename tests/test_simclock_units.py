@@ -157,39 +157,48 @@ def test_a_partner_left_alone_keeps_what_it_made_at_the_pair_rate() -> None:
 
 
 def test_a_job_not_running_ends_no_sooner_than_its_work_left_at_the_fastest_rate() -> None:
-    """`least_run`: the least any job that does not run would run once started (the scheduler
-    goes on through starts short of it); a job that started leaves it, one stopped comes back
-    with the work it has left. The default model's fastest type here is v100 (1 step/s/GPU)."""
-    nodes, runs = cluster_of({"a": 100.0, "b": 300.0})
-    assert runs.least_run() is None  # (none arrived)
+    """`least_runs`: the least any job waiting would run once started, and the soonest any job
+    still to arrive could end (the scheduler goes on through starts short of both); a job that
+    started leaves them, one stopped comes back with the work it has left, one arriving moves
+    from the second to the first. The default model's fastest type here is v100 (1 step/s/GPU)."""
+    nodes, runs = cluster_of({"a": 100.0, "b": 300.0, "c": 20.0, "d": 50.0})
+    assert runs.least_runs(0.0) == (None, None)  # (none arrived)
     for job_id in ("a", "b"):
         runs.waiting(job_id, nodes.jobs[job_id])
-    assert runs.least_run() == 100.0
+    runs.waiting("c", nodes.jobs["c"], arrival=1000.0)  # submitted ahead
+    runs.waiting("d", nodes.jobs["d"], arrival=980.0)
+    assert runs.least_runs(0.0) == (100.0, 1020.0)  # (c: 1000 + 20; d: 980 + 50)
     nodes.command(NodeCommand(now=0.0, node_id="v100-0000", launch=[launch("a", [0])]))
     runs.refresh(0.0, decided=0.0)
-    assert runs.least_run() == 300.0  # a runs: b is the only one that could start
+    assert runs.least_runs(0.0) == (300.0, 1020.0)  # a runs: b is the only one waiting
     nodes.command(NodeCommand(now=40.0, node_id="v100-0000", preempt=["a"]))
     runs.refresh(40.0, decided=40.0)
-    assert runs.least_run() == 60.0  # a waits again with 60 s of work left
+    assert runs.least_runs(40.0) == (60.0, 1020.0)  # a waits again with 60 s of work left
     nodes.command(NodeCommand(now=50.0, node_id="v100-0001", launch=[launch("b", [0, 1])]))
     runs.refresh(50.0, decided=50.0)
-    assert runs.least_run() == 60.0
     assert runs.next_completion() == 50.0 + 150.0  # b on 2 GPUs: its least run was at 1
+    assert runs.least_runs(990.0) == (50.0, 1020.0)  # d arrived: 50 s from its start
+    assert runs.least_runs(1000.0) == (20.0, None)  # c too, and none is to arrive
 
 
 def test_no_least_run_is_told_where_a_run_is_paced_otherwise() -> None:
-    """A preemption cost (a restore pause) or a job sharing a GPU (`gpu_milli`): a started job's
-    run is not its work at its rate, and the clock tells no bound."""
+    """A preemption cost (a restore pause), a job sharing a GPU (`gpu_milli`), or a node of a
+    GPU type not seen before: a started job's run is not known from its work at the rates
+    known, and the clock tells no bound."""
     nodes, runs = cluster_of({"a": 100.0}, PreemptionCost(restore_s=5.0))
     runs.waiting("a", nodes.jobs["a"])
-    assert runs.least_run() is None
+    assert runs.least_runs(0.0) == (None, None)
     nodes, runs = cluster_of({"a": 100.0})
     runs.waiting("a", nodes.jobs["a"])
-    assert runs.least_run() == 100.0
+    assert runs.least_runs(0.0) == (100.0, None)
     share = SimJob(JobSpec(job_id="s", num_gpus=1, duration=50.0, gpu_milli=500), 50.0)
     nodes.jobs["s"] = share
     runs.waiting("s", share)
-    assert runs.least_run() is None
+    assert runs.least_runs(0.0) == (None, None)
+    nodes, runs = cluster_of({"a": 100.0})
+    runs.waiting("a", nodes.jobs["a"])
+    nodes.node_types["h100-0000"] = "h100"  # (a node joined)
+    assert runs.least_runs(0.0) == (None, None)
 
 
 def test_the_exits_of_the_next_completions_are_foreseen_instant_by_instant() -> None:

@@ -242,10 +242,13 @@ class TickRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     until: float | None = None
     """Go on to the held arrivals before this time (`SubmitRequest.until`)."""
     least_run_s: float | None = None
-    """With `until`: no job the scheduler could start ends sooner than this after its start (a
-    simulation's clock knows: the least work left of any job not running, at the fastest rate
-    it could get). The scheduler may then go on through decisions that only start jobs, while
-    each start's bound is ahead. None: it stops at the first decision that commands a node."""
+    """With `until`: no job waiting now (arrived, not running) ends sooner than this after its
+    start (a simulation's clock knows: its work left at its most GPUs on the fastest type).
+    With this or `least_end`, the scheduler may go on through decisions that only start jobs,
+    short of each start's bound; with neither, it stops at the first that commands a node."""
+    least_end: float | None = None
+    """With `until`: no job that arrives after now ends before this time, however soon it
+    starts (None: none is to arrive, or, with `least_run_s` None too, not known)."""
     foreseen: list[ForeseenExits] = []
     """With `until`: the exits the clock foresees, instant by instant (in time order, after now,
     before `until`), which hold if the scheduler decides nothing before them that stops a job
@@ -293,6 +296,8 @@ class ExitReport(Struct, kw_only=True, forbid_unknown_fields=True):
     """With the tick: go on to the held arrivals before this time (`SubmitRequest.until`)."""
     least_run_s: float | None = None
     """With `until`: go on through starts (`TickRequest.least_run_s`)."""
+    least_end: float | None = None
+    """With `until`: `TickRequest.least_end`."""
     foreseen: list[ForeseenExits] = []
     """With `until`: the exits of the next completions, told of ahead (`TickRequest.foreseen`)."""
     steps: dict[str, StepsReport] = {}

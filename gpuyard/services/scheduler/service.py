@@ -524,7 +524,7 @@ class Scheduler(Service):
             self._poke()
         foreseen = self._foreseen(req)
         ran, reached = await self._advance(
-            req.now, req.tick, req.until, changes, foreseen, req.least_run_s
+            req.now, req.tick, req.until, changes, foreseen, (req.least_run_s, req.least_end)
         )
         return self._status(reached, ran_round=ran, changes=changes)
 
@@ -636,7 +636,7 @@ class Scheduler(Service):
         foreseen = self._foreseen(req)
         changes = CountsLog(self.table, req.now)
         ran, reached = await self._advance(
-            req.now, True, req.until, changes, foreseen, req.least_run_s
+            req.now, True, req.until, changes, foreseen, (req.least_run_s, req.least_end)
         )
         return self._status(reached, ran_round=ran, changes=changes)
 
@@ -668,15 +668,16 @@ class Scheduler(Service):
 
     async def _advance(
         self, now: float, tick: bool, until: float | None, changes: CountsLog,
-        foreseen: list[ExitReport] | None = None, least_run: float | None = None,
+        foreseen: list[ExitReport] | None = None,
+        least: tuple[float | None, float | None] = (None, None),
     ) -> tuple[bool, float]:  # fmt: skip
         """The tick at `now`: the jobs held for their arrival that it reaches join the queue, and
         the round runs if due. Then, where the clock asked (`until`) and may (`runs_ahead`), on
         to each held arrival before `until` (and to the exits the clock `foreseen`, at their
         instants: a stack, the latest first), one instant after another, as the clock would have told of them, while a
         decision changes nothing the clock must act on (no node command, no job ended) and no
-        round is due sooner; with `least_run`, also through decisions that only start jobs,
-        short of the soonest such a start could end (`TickRequest.least_run_s`). Returns
+        round is due sooner; with a `least` run or end, also through decisions that only start
+        jobs, short of the soonest such a start could end (`TickRequest.least_run_s`). Returns
         whether a round ran at the instant reached, and that instant; `changes` logs the
         counts of those before it."""
         table = self.table
@@ -693,14 +694,20 @@ class Scheduler(Service):
         if not (tick and until is not None and self.runs_ahead()):
             return ran, now
         told = True  # `now` is an instant the clock tells of (its timeline has a point there)
+        least_run, least_end = least
+        bounded = least_run is not None or least_end is not None
         while True:
             if state() != before:
                 finished = before[1]
-                if not (told and least_run is not None and self.launched_only):
+                if not (told and bounded and self.launched_only):
                     break
                 if table.finished != finished:
                     break
-                until = min(until, now + least_run)  # (what started runs at least that long)
+                # (what started runs at least that long, and what arrives ends no sooner)
+                if least_run is not None:
+                    until = min(until, now + least_run)
+                if least_end is not None:
+                    until = min(until, least_end)
                 before = state()
             times = [foreseen[-1].now] if foreseen else []
             if self.arriving:

@@ -7,6 +7,7 @@ running jobs' rates again."""
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections import deque
@@ -32,7 +33,9 @@ MAX_TICKS_PER_INSTANT = 3
 AHEAD_JOBS = 1000
 """Jobs submitted ahead of their arrival at once, where the scheduler goes on through them."""
 FORESEEN_INSTANTS = 64
-"""Completion instants told of ahead at most, where the scheduler goes on through them."""
+"""Completion instants told of ahead at most, where the scheduler goes on through them: twice
+as many as the last time after it went through them all, half as many (but one more than it
+went through) after it stopped short of them (told of again, those cost their telling twice)."""
 
 Step = Literal["nodes", "exits", "submit"]
 Told = TypeVar("Told", TickRequest, ExitReport)
@@ -88,6 +91,7 @@ class InstantLoop:
         self.ahead: deque[float] = deque()
         """When each job submitted ahead of its arrival arrives, in order (those admission
         declined too: their arrival is an instant all the same)."""
+        self.foresight = FORESEEN_INSTANTS  # completion instants to tell of ahead
         self.declined_ahead: deque[tuple[float, str, str]] = deque()
         """The jobs submitted ahead that admission declined, told of as they arrive (a run
         stopped sooner never heard of them): (arrival, job, reason), in order."""
@@ -178,8 +182,9 @@ class InstantLoop:
             if ahead:
                 times = (times or [now] * len(batch)) + [self.delivery(spec) for spec in ahead]
                 batch += ahead
-        # (no job it could start ends sooner than this after it: it may go on through starts)
-        least_run = clock.runs.least_run() if until is not None else None
+        # (no job it could start ends sooner than these: it may go on through starts)
+        least_run, least_end = clock.runs.least_runs(now) if until is not None else (None, None)
+        bounded = least_run is not None or least_end is not None
         ticked = False
         foreseen: list[float] = []  # when the exits told of ahead end
         for step, tick in plan:
@@ -190,25 +195,30 @@ class InstantLoop:
                 ticked = tick
             elif step == "exits":
                 report = ExitReport(
-                    now=now, exits=exits, tick=tick, until=until, least_run_s=least_run
-                )
+                    now=now, exits=exits, tick=tick, until=until, least_run_s=least_run,
+                    least_end=least_end,
+                )  # fmt: skip
                 if until is not None and until == clock.runs.next_completion():
                     report = self.foreseeing(report, until)
                     foreseen = [f.at for f in report.foreseen]
-                clock.foreseen = list(foreseen) if least_run is not None else []
+                clock.foreseen = list(foreseen) if bounded else []
                 clock.note(now, await clock.call(EXITED, report))
                 ticked = tick
             else:
                 ticked = await self.submit(now, batch, times, until)
         if not ticked and (self.tick_due(now) or arriving):
-            request = TickRequest(now=now, until=until, least_run_s=least_run)
+            request = TickRequest(now=now, until=until, least_run_s=least_run, least_end=least_end)
             if until is not None and until == clock.runs.next_completion():
                 request = self.foreseeing(request, until)
                 foreseen = [f.at for f in request.foreseen]
-            clock.foreseen = list(foreseen) if least_run is not None else []
+            clock.foreseen = list(foreseen) if bounded else []
             clock.note(now, await clock.call(TICK, request))
         if clock.reached is not None and clock.reached > now:
             now = self.went_on(now, clock.reached, earlier, foreseen)
+        if foreseen:  # (as many as it may go through next time: `FORESEEN_INSTANTS`)
+            taken = bisect.bisect_right(foreseen, now)
+            more = 2 * self.foresight if taken == len(foreseen) else self.foresight // 2
+            self.foresight = min(max(more, taken + 1), FORESEEN_INSTANTS)
         clock.foreseen, clock.foreseen_ended = [], []
         clock.earlier_points(now, earlier, before)
         await clock.refresh(now)
@@ -323,7 +333,7 @@ class InstantLoop:
             limits.append(self.delivery(self.waiting[0]))
         if self.next_churn < len(self.churn):
             limits.append(self.churn[self.next_churn][0])
-        foreseen = self.clock.runs.foresee(until, min(limits), FORESEEN_INSTANTS)
+        foreseen = self.clock.runs.foresee(until, min(limits), self.foresight)
         if foreseen is None:
             return request
         instants, after = foreseen

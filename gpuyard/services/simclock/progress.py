@@ -50,6 +50,13 @@ class Completions:
         self.not_running: list[tuple[float, str, float]] = []
         """(least run, job, its progress then) of the jobs that arrived and do not run, as a
         heap; those that started since, or ran, are dropped as they come to its top."""
+        self.to_arrive: list[tuple[float, float, str]] = []
+        """(arrival, least run, job) of the jobs submitted ahead of their arrival, as a heap;
+        they join `not_running` once `least_runs` is asked at or after their arrival."""
+        self.ends_ahead: list[tuple[float, float, str]] = []
+        """(arrival + least run, arrival, job) of the same, as a heap: the soonest any of them
+        could end; those that arrived are dropped as they come to its top."""
+        self.arrived_by = -math.inf  # the last time `least_runs` was asked at
 
     def next_node_event(self, t: float) -> float:
         """The first node-event instant at or after `t` (`t` itself after the last)."""
@@ -114,42 +121,82 @@ class Completions:
         nodes.launched.clear()
         return behind
 
-    def waiting(self, job_id: str, job: SimJob) -> None:
-        """`job` arrived, or stopped: it may start again, and end no sooner than its least run
-        (its work left at its most GPUs, on the fastest GPUs of the cluster)."""
+    def waiting(self, job_id: str, job: SimJob, arrival: float | None = None) -> None:
+        """`job` arrived (at `arrival`, if it is submitted ahead of it), or stopped: it may start
+        again, and end no sooner than its least run (its work left at its most GPUs, on the
+        fastest GPUs of the cluster) after that."""
         if not self.bounds_runs:
             return
         if job.training is not None or job.share is not None or job.up_s or job.down_s:
-            self.bounds_runs = False  # (their runs are paced otherwise)
-            self.not_running.clear()
+            self._unbounded()  # (their runs are paced otherwise)
             return
-        node_types = self.nodes.node_types
-        if len(node_types) != self.types_of[0]:  # (nodes joined)
-            self.types_of = (len(node_types), sorted(set(node_types.values())))
+        if not self._same_types():
+            return
         fastest = max(
             self.model.throughput(job.job_type, gpu_type, job.most_gpus)
             for gpu_type in self.types_of[1]
         )
         if fastest <= 0:  # (it would crash on start)
-            self.bounds_runs = False
-            self.not_running.clear()
+            self._unbounded()
+            return
+        run = max(job.total - job.done, 0.0) / fastest
+        if arrival is not None and arrival > self.arrived_by:
+            heapq.heappush(self.to_arrive, (arrival, run, job_id))
+            ends = self.ends_ahead
+            if len(ends) > 2 * len(self.to_arrive) + 64:  # (mostly jobs that arrived since)
+                ends[:] = [e for e in ends if e[1] > self.arrived_by]
+                heapq.heapify(ends)
+            heapq.heappush(ends, (arrival + run, arrival, job_id))
             return
         heap = self.not_running
         if len(heap) > 2 * len(self.jobs) + 64:  # (mostly jobs that have started since)
             heap[:] = [e for e in heap if self._still_waits(e)]
             heapq.heapify(heap)
-        heapq.heappush(heap, (max(job.total - job.done, 0.0) / fastest, job_id, job.done))
+        heapq.heappush(heap, (run, job_id, job.done))
 
-    def least_run(self) -> float | None:
-        """The least time any job that does not run now would run, once started, before its
-        exit: none started before `now + least_run()` ends before it. None: not known (some
-        job's run is paced otherwise, or none waits)."""
-        heap = self.not_running
-        while heap:
-            if self._still_waits(heap[0]):
-                return heap[0][0] if self.bounds_runs else None
+    def least_runs(self, now: float) -> tuple[float | None, float | None]:
+        """How soon at the least a job that does not run at `now` would end, once started:
+        no job waiting now runs less than the first (`TickRequest.least_run_s`), none arriving
+        later ends before the second (`TickRequest.least_end`). None, None: not known (some
+        job's run is paced otherwise); one None: no such job."""
+        if not self.bounds_runs or not self._same_types():
+            return None, None
+        self.arrived_by = now
+        arriving, heap = self.to_arrive, self.not_running
+        while arriving and arriving[0][0] <= now:
+            _, run, job_id = heapq.heappop(arriving)
+            job = self.jobs.get(job_id)
+            if job is not None:
+                heapq.heappush(heap, (run, job_id, job.done))
+        ends = self.ends_ahead
+        while ends and ends[0][1] <= now:
+            heapq.heappop(ends)
+        while heap and not self._still_waits(heap[0]):
             heapq.heappop(heap)
-        return None
+        return (heap[0][0] if heap else None), (ends[0][0] if ends else None)
+
+    def _same_types(self) -> bool:
+        """Whether the cluster's GPU types are among those the least runs were told on, the
+        first known (a node of another type could run a job faster: then none is told again;
+        none known: nothing is told)."""
+        node_types = self.nodes.node_types
+        if len(node_types) != self.types_of[0]:  # (nodes joined or left)
+            types = set(node_types.values())
+            known = self.types_of[1]
+            if known and not types <= set(known):
+                self._unbounded()
+                return False
+            self.types_of = (len(node_types), known or sorted(types))
+        if not self.types_of[1]:
+            self._unbounded()
+            return False
+        return True
+
+    def _unbounded(self) -> None:
+        self.bounds_runs = False
+        self.not_running.clear()
+        self.to_arrive.clear()
+        self.ends_ahead.clear()
 
     def _still_waits(self, entry: tuple[float, str, float]) -> bool:
         job = self.jobs.get(entry[1])

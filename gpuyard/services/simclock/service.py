@@ -260,7 +260,7 @@ class SimClock(Service):
             steps = total_steps(spec, self.model)
             assert steps is not None
             job = self.nodes.jobs[spec.job_id] = SimJob(spec, steps, self.nodes.queue_of(spec.user))
-            self.runs.waiting(spec.job_id, job)
+            self.runs.waiting(spec.job_id, job, spec.submit_time)
 
     def _arrived_typed(self, spec: JobSpec, typed: TypedProfiles) -> None:
         """A job that trains at its goodput on whichever GPU type it runs (Sia's simulator):
