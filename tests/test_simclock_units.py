@@ -165,8 +165,8 @@ def test_a_job_not_running_ends_no_sooner_than_its_work_left_at_the_fastest_rate
     assert runs.least_runs(0.0) == (None, None)  # (none arrived)
     for job_id in ("a", "b"):
         runs.waiting(job_id, nodes.jobs[job_id])
-    runs.waiting("c", nodes.jobs["c"], arrival=1000.0)  # submitted ahead
-    runs.waiting("d", nodes.jobs["d"], arrival=980.0)
+    runs.waiting("d", nodes.jobs["d"], arrival=980.0)  # submitted ahead, in arrival order
+    runs.waiting("c", nodes.jobs["c"], arrival=1000.0)
     assert runs.least_runs(0.0) == (100.0, 1020.0)  # (c: 1000 + 20; d: 980 + 50)
     nodes.command(NodeCommand(now=0.0, node_id="v100-0000", launch=[launch("a", [0])]))
     runs.refresh(0.0, decided=0.0)

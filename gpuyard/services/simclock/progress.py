@@ -7,6 +7,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from collections import deque
 
 from gpuyard.services.simclock.agents import SimJob, SimNodes
 from gpuyard.services.simclock.config import SimClockConfig
@@ -50,12 +51,12 @@ class Completions:
         self.not_running: list[tuple[float, str, float]] = []
         """(least run, job, its progress then) of the jobs that arrived and do not run, as a
         heap; those that started since, or ran, are dropped as they come to its top."""
-        self.to_arrive: list[tuple[float, float, str]] = []
-        """(arrival, least run, job) of the jobs submitted ahead of their arrival, as a heap;
-        they join `not_running` once `least_runs` is asked at or after their arrival."""
-        self.ends_ahead: list[tuple[float, float, str]] = []
-        """(arrival + least run, arrival, job) of the same, as a heap: the soonest any of them
-        could end; those that arrived are dropped as they come to its top."""
+        self.to_arrive: deque[tuple[float, float, str]] = deque()
+        """(arrival, least run, job) of the jobs submitted ahead of their arrival, in arrival
+        order; they join `not_running` once `least_runs` is asked at or after their arrival."""
+        self.ends_ahead: deque[tuple[float, float, str]] = deque()
+        """The same entries whose arrival + least run is less than every later one's: its first
+        is the soonest any of them could end (a sliding window's minimum)."""
         self.arrived_by = -math.inf  # the last time `least_runs` was asked at
 
     def next_node_event(self, t: float) -> float:
@@ -140,13 +141,17 @@ class Completions:
             self._unbounded()
             return
         run = max(job.total - job.done, 0.0) / fastest
-        if arrival is not None and arrival > self.arrived_by:
-            heapq.heappush(self.to_arrive, (arrival, run, job_id))
+        arriving = self.to_arrive
+        if (
+            arrival is not None and arrival > self.arrived_by
+            and (not arriving or arrival >= arriving[-1][0])
+        ):  # fmt: skip
+            entry = (arrival, run, job_id)
+            arriving.append(entry)
             ends = self.ends_ahead
-            if len(ends) > 2 * len(self.to_arrive) + 64:  # (mostly jobs that arrived since)
-                ends[:] = [e for e in ends if e[1] > self.arrived_by]
-                heapq.heapify(ends)
-            heapq.heappush(ends, (arrival + run, arrival, job_id))
+            while ends and ends[-1][0] + ends[-1][1] >= arrival + run:
+                ends.pop()
+            ends.append(entry)
             return
         heap = self.not_running
         if len(heap) > 2 * len(self.jobs) + 64:  # (mostly jobs that have started since)
@@ -162,18 +167,18 @@ class Completions:
         if not self.bounds_runs or not self._same_types():
             return None, None
         self.arrived_by = now
-        arriving, heap = self.to_arrive, self.not_running
+        arriving, ends, heap = self.to_arrive, self.ends_ahead, self.not_running
         while arriving and arriving[0][0] <= now:
-            _, run, job_id = heapq.heappop(arriving)
+            entry = arriving.popleft()
+            if ends and ends[0] is entry:
+                ends.popleft()
+            _, run, job_id = entry
             job = self.jobs.get(job_id)
             if job is not None:
                 heapq.heappush(heap, (run, job_id, job.done))
-        ends = self.ends_ahead
-        while ends and ends[0][1] <= now:
-            heapq.heappop(ends)
         while heap and not self._still_waits(heap[0]):
             heapq.heappop(heap)
-        return (heap[0][0] if heap else None), (ends[0][0] if ends else None)
+        return (heap[0][0] if heap else None), (ends[0][0] + ends[0][1] if ends else None)
 
     def _same_types(self) -> bool:
         """Whether the cluster's GPU types are among those the least runs were told on, the
