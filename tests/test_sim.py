@@ -15,7 +15,7 @@ import pytest
 
 from gpuyard.ops import read_events
 from gpuyard.run.embedded import EmbeddedNats
-from gpuyard.run.simulate import SimOptions, simulate
+from gpuyard.run.simulate import SimOptions, SimResult, simulate
 from gpuyard.services.scheduler.service import Scheduler
 from gpuyard.services.simclock.instants import AHEAD_JOBS
 from gpuyard.shared.connection import connect
@@ -40,6 +40,12 @@ HAND_MADE = [job("a", 2, 100.0, 0.0), job("b", 1, 50.0, 10.0), job("c", 1, 30.0,
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc")
+def clock_requests(result: SimResult) -> dict[str, int]:
+    """The request/replies the simulation's clock made, by subject."""
+    requests = next(s for s in result.stats if s.service == "simclock").requests
+    return {subject: int(n) for subject, (n, _) in requests.items()}
+
+
 async def test_a_server_private_to_simulations_runs_go_on_one_thread_per_four_runs() -> None:
     """Its Go threads follow the runs it carries; a real cluster's server keeps Go's default."""
     for runs, expected in ((1, "1"), (4, "1"), (6, "2"), (None, os.environ.get("GOMAXPROCS"))):
@@ -171,9 +177,7 @@ async def test_rounds_mode_tells_a_rounds_arrivals_and_exits_together(
     # (the jobs that arrived at 160, 170 and 180 join the queue then, at their own times: the
     # round decides on them); then the exits at 210 and 600. (Submitting only the arrivals of
     # each instant, 180 would be a submission and 200 a tick of their own.)
-    requests = next(s for s in result.stats if s.service == "simclock").requests
-    counts = {subject: int(n) for subject, (n, _) in requests.items()}
-    assert counts == {
+    assert clock_requests(result) == {
         "place.nodes.{caller}": 1, "adm.submit.{caller}": 2, "sched.exited.{caller}": 3,
     }  # fmt: skip
 
@@ -204,9 +208,7 @@ async def test_events_mode_goes_on_through_arrivals_that_change_nothing(
     # the scheduler may go on), b starts at 10; the tick at 20 goes on through 30, 40 and 45
     # (the queue is blocked) to b's end at 60, told of ahead, where c starts; then one exit
     # report per completion.
-    requests = next(s for s in result.stats if s.service == "simclock").requests
-    counts = {subject: int(n) for subject, (n, _) in requests.items()}
-    assert counts == {
+    assert clock_requests(result) == {
         "place.nodes.{caller}": 1, "adm.submit.{caller}": 2, "sched.tick": 1,
         "sched.exited.{caller}": 5,
     }  # fmt: skip
@@ -247,9 +249,7 @@ async def test_events_mode_goes_on_through_starts_short_of_their_least_run(
     # at 20; then an exit report at e's end at 27 (going on to d's start), the first
     # completion's with the completions after it told of ahead but the last (where going on
     # ends), and one for the last.
-    requests = next(s for s in result.stats if s.service == "simclock").requests
-    counts = {subject: int(n) for subject, (n, _) in requests.items()}
-    assert counts == {
+    assert clock_requests(result) == {
         "place.nodes.{caller}": 1, "adm.submit.{caller}": 2, "sched.tick": 1,
         "sched.exited.{caller}": exit_reports,
     }  # fmt: skip
@@ -270,9 +270,7 @@ async def test_a_short_job_waiting_bounds_going_on_through_starts(
     by_id = {r.job_id: (r.first_start, r.end_time) for r in result.jobs}
     assert by_id == {"a": (0.0, 100.0), "x": (110.0, 120.0), "b": (10.0, 110.0),
                      "c": (20.0, 70.0), "d": (70.0, 100.0)}  # fmt: skip
-    requests = next(s for s in result.stats if s.service == "simclock").requests
-    counts = {subject: int(n) for subject, (n, _) in requests.items()}
-    assert counts == {
+    assert clock_requests(result) == {
         "place.nodes.{caller}": 1, "adm.submit.{caller}": 2, "sched.tick": 2,
         "sched.exited.{caller}": 3,
     }  # fmt: skip
@@ -296,9 +294,7 @@ async def test_exits_told_ahead_are_told_again_where_the_scheduler_stopped_soone
     t = result.timeline
     assert t["time"].tolist() == [0.0, 10.0, 20.0, 30.0, 40.0, 45.0, 50.0, 100.0, 110.0, 120.0]
     assert t["busy_gpus"].tolist() == [1, 1, 2, 2, 3, 2, 1, 3, 3, 0]
-    requests = next(s for s in result.stats if s.service == "simclock").requests
-    counts = {subject: int(n) for subject, (n, _) in requests.items()}
-    assert counts == {
+    assert clock_requests(result) == {
         "place.nodes.{caller}": 1, "adm.submit.{caller}": 2, "sched.tick": 1,
         "sched.exited.{caller}": 4,
     }  # fmt: skip
