@@ -674,12 +674,12 @@ class Scheduler(Service):
         """The tick at `now`: the jobs held for their arrival that it reaches join the queue, and
         the round runs if due. Then, where the clock asked (`until`) and may (`runs_ahead`), on
         to each held arrival before `until` (and to the exits the clock `foreseen`, at their
-        instants: a stack, the latest first), one instant after another, as the clock would have told of them, while a
-        decision changes nothing the clock must act on (no node command, no job ended) and no
-        round is due sooner; with a `least` run or end, also through decisions that only start
-        jobs, short of the soonest such a start could end (`TickRequest.least_run_s`). Returns
-        whether a round ran at the instant reached, and that instant; `changes` logs the
-        counts of those before it."""
+        instants: a stack, the latest first), one instant after another, as the clock would
+        have told of them, while a decision changes nothing the clock must act on (no node
+        command, no job ended) and no round is due sooner; with a `least` run or end, also
+        through decisions that only start jobs, short of the soonest such a start could end
+        (`TickRequest.least_run_s`). Returns whether a round ran at the instant reached, and
+        that instant; `changes` logs the counts of those before it."""
         table = self.table
 
         def state() -> tuple[int, int, int, int]:
