@@ -48,6 +48,7 @@ class Completions:
         at its GPUs' rate from its launch, nothing else paces it (no pause, no partner, no time
         limit, no goodput); jobs that arrive may still say otherwise (`waiting`)."""
         self.types_of: tuple[int, list[str]] = (0, [])  # (nodes known, their GPU types)
+        self.fastest: dict[tuple[str, int], float] = {}  # (job type, GPUs) -> its best rate
         self.not_running: list[tuple[float, str, float]] = []
         """(least run, job, its progress then) of the jobs that arrived and do not run, as a
         heap; those that started since, or ran, are dropped as they come to its top."""
@@ -133,10 +134,13 @@ class Completions:
             return
         if not self._same_types():
             return
-        fastest = max(
-            self.model.throughput(job.job_type, gpu_type, job.most_gpus)
-            for gpu_type in self.types_of[1]
-        )
+        key = (job.job_type, job.most_gpus)
+        fastest = self.fastest.get(key)
+        if fastest is None:
+            fastest = self.fastest[key] = max(
+                self.model.throughput(job.job_type, gpu_type, job.most_gpus)
+                for gpu_type in self.types_of[1]
+            )
         if fastest <= 0:  # (it would crash on start)
             self._unbounded()
             return
