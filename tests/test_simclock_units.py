@@ -14,7 +14,7 @@ from gpuyard.services.simclock.timeline import Timeline
 from gpuyard.shared.contract import Launch, NodeCommand, TimelinePoint
 from gpuyard.shared.errors import BadRequest
 from gpuyard.shared.model import ClusterSpec, JobSpec
-from gpuyard.shared.throughput import default_model
+from gpuyard.shared.throughput import LinearModel, default_model
 
 # ------------------------------------------------------------------ cost models
 
@@ -198,6 +198,11 @@ def test_no_least_run_is_told_where_a_run_is_paced_otherwise() -> None:
     nodes, runs = cluster_of({"a": 100.0})
     runs.waiting("a", nodes.jobs["a"])
     nodes.node_types["h100-0000"] = "h100"  # (a node joined)
+    assert runs.least_runs(0.0) == (None, None)
+    nodes, _ = cluster_of({"a": 100.0})  # a GPU type some job crashes on
+    config = SimClockConfig(workload="-", cluster=ClusterSpec.parse("2x2:v100"))
+    runs = Completions(nodes, LinearModel({"k80": 0.0}), config)
+    runs.waiting("a", nodes.jobs["a"])
     assert runs.least_runs(0.0) == (None, None)
 
 

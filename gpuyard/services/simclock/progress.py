@@ -44,7 +44,7 @@ class Completions:
         self.training = config.goodput  # jobs that progress at their goodput (`advance`)
         self.next_step = 0.0  # when their next step ends
         self.bounds_runs = _runs_are_bounded(model, config)
-        """Whether a job's least run time can be told from its work (`least_run`): each job runs
+        """Whether a job's least run time can be told from its work (`least_runs`): each job runs
         at its GPUs' rate from its launch, nothing else paces it (no pause, no partner, no time
         limit, no goodput); jobs that arrive may still say otherwise (`waiting`)."""
         self.types_of: tuple[int, list[str]] = (0, [])  # (nodes known, their GPU types)
@@ -443,6 +443,7 @@ def _runs_are_bounded(model: ThroughputModel, config: SimClockConfig) -> bool:
     cost = config.preemption_cost
     return (
         isinstance(model, LinearModel)
+        and all(factor > 0 for factor in model.factors.values())  # (none crashes on start)
         and cost.checkpoint_s == 0 and cost.restore_s == 0 and not cost.by_job_type
         and cost.restart is None
         and config.goodput is None
