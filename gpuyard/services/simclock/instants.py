@@ -20,10 +20,11 @@ from gpuyard.shared.contract import (
     ExitReport,
     ForeseenExits,
     JobExit,
+    SchedulerStatus,
     SubmitRequest,
     TickRequest,
 )
-from gpuyard.shared.endpoints import CLUSTER_CHANGED, EXITED, SUBMIT, TICK
+from gpuyard.shared.endpoints import CLUSTER_CHANGED, EXITED, SUBMIT, TICK, Endpoint
 from gpuyard.shared.model import JobSpec
 
 if TYPE_CHECKING:
@@ -198,21 +199,13 @@ class InstantLoop:
                     now=now, exits=exits, tick=tick, until=until, least_run_s=least_run,
                     least_end=least_end,
                 )  # fmt: skip
-                if until is not None and until == clock.runs.next_completion():
-                    report = self.foreseeing(report, until)
-                    foreseen = [f.at for f in report.foreseen]
-                clock.foreseen = list(foreseen) if bounded else []
-                clock.note(now, await clock.call(EXITED, report))
+                foreseen = await self.tell(EXITED, report, bounded)
                 ticked = tick
             else:
                 ticked = await self.submit(now, batch, times, until)
         if not ticked and (self.tick_due(now) or arriving):
             request = TickRequest(now=now, until=until, least_run_s=least_run, least_end=least_end)
-            if until is not None and until == clock.runs.next_completion():
-                request = self.foreseeing(request, until)
-                foreseen = [f.at for f in request.foreseen]
-            clock.foreseen = list(foreseen) if bounded else []
-            clock.note(now, await clock.call(TICK, request))
+            foreseen = await self.tell(TICK, request, bounded)
         if clock.reached is not None and clock.reached > now:
             now = self.went_on(now, clock.reached, earlier, foreseen)
         if foreseen:  # (as many as it may go through next time: `FORESEEN_INSTANTS`)
@@ -244,9 +237,7 @@ class InstantLoop:
             or clock.config.goodput is not None
         ):
             return None
-        limits = [quiet]
-        if self.next_churn < len(self.churn):
-            limits.append(self.churn[self.next_churn][0])
+        limits = [quiet, self.node_event_at()]
         if clock.sched_wake is not None:
             limits.append(clock.sched_wake)
         until = min(limits)
@@ -289,17 +280,16 @@ class InstantLoop:
     def horizon(self) -> float | None:
         """The first instant after `now` that only the clock knows of: a completion or a node
         event (None: none is known, as when nothing runs: the scheduler is not asked to go on)."""
-        times = [self.clock.runs.next_completion()]
-        if self.next_churn < len(self.churn):
-            times.append(self.churn[self.next_churn][0])
-        return min((t for t in times if t is not None), default=None)
+        completion = self.clock.runs.next_completion()
+        first = min(math.inf if completion is None else completion, self.node_event_at())
+        return None if first == math.inf else first
 
     def submitted_ahead(self) -> list[JobSpec]:
         """The next jobs to submit ahead of their arrival (up to `AHEAD_JOBS`, with every job
         arriving when the last does, before the next node event: admission decides on the
         cluster as it is)."""
         waiting = self.waiting
-        limit = self.churn[self.next_churn][0] if self.next_churn < len(self.churn) else math.inf
+        limit = self.node_event_at()
         jobs: list[JobSpec] = []
         while waiting and (at := self.delivery(waiting[0])) < limit:
             if len(jobs) >= AHEAD_JOBS and at > self.ahead[-1]:
@@ -323,29 +313,42 @@ class InstantLoop:
             self.clock.declined_count += 1
         return arrived
 
+    async def tell(
+        self, endpoint: Endpoint[Told, SchedulerStatus], request: Told, bounded: bool
+    ) -> list[float]:
+        """The instant's tick (or exit report), with the exits of the completions it may go on
+        through told of ahead (`foreseeing`), where its `until` is the next completion; returns
+        when those end (the clock takes them as commands after them come in, if `bounded`)."""
+        clock = self.clock
+        if request.until is not None and request.until == clock.runs.next_completion():
+            request = self.foreseeing(request, request.until)
+        foreseen = [f.at for f in request.foreseen]
+        clock.foreseen = list(foreseen) if bounded else []
+        clock.note(request.now, await clock.call(endpoint, request))
+        return foreseen
+
     def foreseeing(self, request: Told, until: float) -> Told:
         """The request (the instant's tick) with the exits at `until`, the next completion, and
         at the completions after it, told of ahead: the scheduler may go on through them to
         the completion after them (or the next node event). They stop short of a job not
         submitted yet (its arrival comes first) and of the next node event."""
-        limits = [math.inf]
-        if self.waiting:
-            limits.append(self.delivery(self.waiting[0]))
-        if self.next_churn < len(self.churn):
-            limits.append(self.churn[self.next_churn][0])
-        foreseen = self.clock.runs.foresee(until, min(limits), self.foresight)
+        churn = self.node_event_at()
+        arrival = self.delivery(self.waiting[0]) if self.waiting else math.inf
+        foreseen = self.clock.runs.foresee(until, min(arrival, churn), self.foresight)
         if foreseen is None:
             return request
         instants, after = foreseen
-        if self.next_churn < len(self.churn):
-            churn = self.churn[self.next_churn][0]
-            after = churn if after is None else min(after, churn)
-        if after is None:  # (nothing known after them: the last is where going on ends)
+        after = min(after if after is not None else math.inf, churn)
+        if after == math.inf:  # (nothing known after them: the last is where going on ends)
             after = instants.pop()[0]
             if not instants:
                 return request
         told = [ForeseenExits(at=at, exits=exits) for at, exits in instants]
         return msgspec.structs.replace(request, foreseen=told, until=after)
+
+    def node_event_at(self) -> float:
+        """When the next node event is (infinity: none is to come)."""
+        return self.churn[self.next_churn][0] if self.next_churn < len(self.churn) else math.inf
 
     def went_on(
         self, now: float, reached: float, earlier: list[float], foreseen: list[float]

@@ -13,6 +13,7 @@ or a tick the scheduler asked for. Same inputs, same sequence of messages, same 
 from __future__ import annotations
 
 import asyncio
+import bisect
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -182,12 +183,9 @@ class SimClock(Service):
                 # earlier instant run from then.
                 self.unreported.update(self.runs.refresh(self.commands_at, self.decided))
             self.commands_at = at
-            taken = 0
-            for foreseen in self.foreseen:
-                if foreseen > at:
-                    break
+            taken = bisect.bisect_right(self.foreseen, at)
+            for foreseen in self.foreseen[:taken]:
                 self.foreseen_ended += self.runs.exits(foreseen)
-                taken += 1
             del self.foreseen[:taken]
         try:
             for cmd in batch.commands:
