@@ -7,14 +7,15 @@ snapshot it, so a restarted scheduler decides exactly as the one that died would
 from __future__ import annotations
 
 import bisect
-from typing import Annotated
+import heapq
+from typing import Annotated, Any
 
 from msgspec import Meta, Struct, field
 
 from gpuyard.shared.model import Allocation
-from gpuyard.shared.policy import JobView, SchedulingInput, SchedulingPolicy
+from gpuyard.shared.policy import Decision, JobView, SchedulingInput, SchedulingPolicy
 
-from ..toolkit import fill_in_order
+from ..toolkit import WaitingOrder, fill_in_order
 
 PositiveSeconds = Annotated[float, Meta(gt=0)]
 
@@ -76,6 +77,12 @@ class Tiresias(SchedulingPolicy):
     the only memory this policy keeps: they are what the reference stores in its job records and
     cannot be derived from a `JobView`; `schedule()` updates them, `next_decision_time()` does not.
     Without promotions the policy is a pure function of its input.
+
+    Cost: where the input says what changed, a decision costs what runs and what changed, not
+    what waits. A waiting job's place (its queue, then submit order) moves only when it changes
+    state or is promoted, so the waiting jobs stay sorted across decisions (`WaitingOrder`) and
+    their promotion instants wait in a heap; only the running jobs are keyed anew. The decision,
+    the promotions and the next decision time are those of the walk over every job, bit for bit.
     """
 
     Params = TiresiasParams
@@ -87,12 +94,21 @@ class Tiresias(SchedulingPolicy):
         knob = self.params.promote_knob
         self.knob: float = float(len(self.limits) + 1) if knob is None else knob
         self._epochs: dict[str, Epoch] = {}
+        self.order = WaitingOrder(self._key, None)
+        # Kept from what changed, while `_tracking` (see `_take_in`):
+        self._tracking = False
+        self._views: dict[str, JobView] = {}
+        self._runs: dict[str, JobView] = {}
+        self._promotions: list[tuple[float, int, str]] = []
+        """(when its pending time reaches the knob, seq, job id) of waiting jobs (a heap, with
+        stale entries: a job that ran or was promoted since has another instant or none)."""
 
     def snapshot(self) -> Struct:
         return TiresiasState(epochs=self._epochs)
 
     def restore(self, state: TiresiasState) -> None:
         self._epochs = dict(state.epochs)
+        self.order, self._tracking = WaitingOrder(self._key, None), False  # (keys read epochs)
 
     # -- counters
 
@@ -124,52 +140,194 @@ class Tiresias(SchedulingPolicy):
             and pending >= executed * self.knob
         )
 
+    def _rerun(self, j: JobView, now: float) -> None:
+        """A promoted job that ran since: when it first ran again (pending time counts from it)."""
+        e = self._epochs.get(j.job_id)
+        if e is not None and e.rerun is None and j.executed_time > e.executed:
+            ran = j.executed_time - e.executed
+            end = now if j.state == "running" else (j.queued_since or now)
+            e.rerun = end - ran
+
+    def _promote(self, j: JobView, now: float) -> bool:
+        """Promote the job if it is due at `now` (the reference's rule); whether it was."""
+        service, executed, pending = self._counters(j, now)
+        if not self._promotable(j, bisect.bisect_right(self.limits, service), executed, pending):
+            return False
+        self._epochs[j.job_id] = Epoch(now, j.executed_time, j.attained_service)
+        return True
+
     def _update(self, inp: SchedulingInput) -> dict[str, int]:
         """Record promotions due at `inp.now`; return each job's queue."""
+        return self._sweep(inp)[0]
+
+    def _sweep(self, inp: SchedulingInput) -> tuple[dict[str, int], list[str]]:
+        """Record promotions due at `inp.now` over every job: each job's queue, those promoted."""
         now = inp.now
         live = {j.job_id for j in inp.jobs}
         for gone in [k for k in self._epochs if k not in live]:
             del self._epochs[gone]
         queues: dict[str, int] = {}
+        promoted: list[str] = []
         for j in inp.jobs:
-            e = self._epochs.get(j.job_id)
-            if e is not None and e.rerun is None and j.executed_time > e.executed:
-                ran = j.executed_time - e.executed
-                end = now if j.state == "running" else (j.queued_since or now)
-                e.rerun = end - ran
+            self._rerun(j, now)
             service, executed, pending = self._counters(j, now)
             q = bisect.bisect_right(self.limits, service)
             if self._promotable(j, q, executed, pending):
                 self._epochs[j.job_id] = Epoch(now, j.executed_time, j.attained_service)
+                promoted.append(j.job_id)
                 q = 0
             queues[j.job_id] = q
-        return queues
+        return queues, promoted
+
+    def _key(self, j: JobView, now: float) -> tuple[Any, ...]:
+        """The job's place: its queue, then (inside it) running first, submit time, admission."""
+        first = 0 if (self.params.running_first and j.state == "running") else 1
+        return (self.queue_of(j, now), first, j.submit_time, j.seq)
 
     def _within_queue_key(self, j: JobView) -> tuple[float, ...]:
         first = 0 if (self.params.running_first and j.state == "running") else 1
         return (first, j.submit_time, j.seq)
 
-    def schedule(self, inp: SchedulingInput) -> list[Allocation]:
-        queues = self._update(inp)
-        order = sorted(inp.jobs, key=lambda j: (queues[j.job_id], *self._within_queue_key(j)))
-        return fill_in_order(order, inp.cluster, backfill=self.params.backfill)
+    def schedule(self, inp: SchedulingInput) -> Decision | list[Allocation]:
+        if self._tracking and inp.changed is not None:
+            promoted = self._take_in(inp)
+        else:
+            promoted = self._sweep(inp)[1]
+            self._track(inp)
+        return self.order.fill(inp, backfill=self.params.backfill, moved=promoted)
+
+    # -- kept from what changed
+
+    def _track(self, inp: SchedulingInput) -> None:
+        """Keep the jobs and their promotion instants from here on (where `changed` is told)."""
+        self._tracking = inp.changed is not None
+        if not self._tracking:
+            return
+        self._views = {j.job_id: j for j in inp.jobs}
+        self._runs = {j.job_id: j for j in inp.jobs if j.state == "running"}
+        self._promotions = [
+            (at, j.seq, j.job_id) for j in inp.jobs if (at := self._promotion_at(j)) is not None
+        ]
+        heapq.heapify(self._promotions)
+
+    def _take_in(self, inp: SchedulingInput) -> list[str]:
+        """`_update` from what changed: the jobs that came, went, started or stopped, the
+        running ones, and the waiting ones whose promotion is due. Returns those promoted."""
+        assert inp.changed is not None
+        now, views, runs, epochs = inp.now, self._views, self._runs, self._epochs
+        for job_id, view in inp.changed.items():
+            if view is None:
+                views.pop(job_id, None)
+                runs.pop(job_id, None)
+                epochs.pop(job_id, None)
+                continue
+            views[job_id] = view
+            if view.state == "running":
+                runs[job_id] = view
+            else:
+                runs.pop(job_id, None)
+        if len(views) != len(inp.jobs):  # (not as the last decision left them: every job)
+            promoted = self._sweep(inp)[1]
+            self._track(inp)
+            return promoted
+        for view in runs.values():
+            self._rerun(view, now)
+        for job_id, view in inp.changed.items():
+            if view is not None and view.state != "running":
+                self._rerun(view, now)
+                if (at := self._promotion_at(view)) is not None:
+                    heapq.heappush(self._promotions, (at, view.seq, job_id))
+        promoted = []
+        promotions, later = self._promotions, []
+        # (an instant a rounding later than the reference's test: a little slack, tested exactly)
+        slack = 1e-6 + 1e-9 * abs(now)
+        while promotions and promotions[0][0] <= now + slack:
+            entry = heapq.heappop(promotions)
+            view = views.get(entry[2])
+            if view is None or self._promotion_at(view) != entry[0]:
+                continue  # (gone, running, promoted, or waiting since another time)
+            if self._promote(view, now):
+                promoted.append(entry[2])
+            else:
+                later.append(entry)
+        for entry in later:
+            heapq.heappush(promotions, entry)
+        return promoted
+
+    def _promotion_at(self, j: JobView) -> float | None:
+        """When a waiting job's pending time reaches the knob times its executed time (both
+        since its last promotion): a time that stays while it waits. None: it cannot be."""
+        if self.knob <= 0 or j.state != "queued" or j.executed_time <= 0:
+            return None
+        e = self._epochs.get(j.job_id)
+        if e is None:
+            if j.first_start is None:
+                return None
+            service, executed, since = j.attained_service, j.executed_time, j.first_start
+        else:
+            executed = j.executed_time - e.executed
+            if executed <= 0:
+                return None
+            rerun = e.rerun
+            if rerun is None:
+                if j.queued_since is None:
+                    return None  # (pending stays 0: see `_counters`)
+                rerun = j.queued_since - executed
+            service, since = j.attained_service - e.service, rerun
+        if bisect.bisect_right(self.limits, service) == 0:
+            return None
+        return since + executed + executed * self.knob
+
+    # -- when to decide again
+
+    def _wake(self, j: JobView, now: float) -> float | None:
+        """The job's next demotion (running) or promotion (waiting), None if neither."""
+        service, executed, pending = self._counters(j, now)
+        q = bisect.bisect_right(self.limits, service)
+        if j.state == "running" and q < len(self.limits) and j.gpus > 0:
+            return now + (self.limits[q] - service) / j.gpus
+        if (
+            self.knob > 0 and j.state == "queued" and q > 0 and j.executed_time > 0
+        ) and executed > 0:
+            return now + max(0.0, executed * self.knob - pending)
+        return None
 
     def next_decision_time(self, inp: SchedulingInput) -> float | None:
         """The next demotion (a running job reaching its queue's limit) or promotion."""
         now = inp.now
         best: float | None = None
-        for j in inp.jobs:
-            service, executed, pending = self._counters(j, now)
-            q = bisect.bisect_right(self.limits, service)
-            t: float | None = None
-            if j.state == "running" and q < len(self.limits) and j.gpus > 0:
-                t = now + (self.limits[q] - service) / j.gpus
-            elif (
-                self.knob > 0 and j.state == "queued" and q > 0 and j.executed_time > 0
-            ) and executed > 0:
-                t = now + max(0.0, executed * self.knob - pending)
+        if self._tracking and self.order.follows(inp):
+            jobs: Any = (view for view, _ in self.order.touched())
+            waiting = self._next_promotion(now)
+            if waiting is not None and waiting > now:
+                best = waiting
+        else:
+            jobs = inp.jobs
+        for j in jobs:
+            t = self._wake(j, now)
             if t is not None and t > now and (best is None or t < best):
                 best = t
+        return best
+
+    def _next_promotion(self, now: float) -> float | None:
+        """The soonest promotion (as `_wake` computes it) of a job waiting in the heap: the
+        entries up to a little after the first one due later than `now`."""
+        promotions, views, kept = self._promotions, self._views, []
+        best: float | None = None
+        bound: float | None = None
+        while promotions and (bound is None or promotions[0][0] <= bound):
+            entry = heapq.heappop(promotions)
+            view = views.get(entry[2])
+            if view is None or self._promotion_at(view) != entry[0]:
+                continue  # (stale)
+            kept.append(entry)
+            t = self._wake(view, now)
+            if t is not None and t > now and (best is None or t < best):
+                best = t
+                if bound is None:
+                    bound = entry[0] + 1e-6 + 1e-9 * abs(entry[0])
+        for entry in kept:
+            heapq.heappush(promotions, entry)
         return best
 
 

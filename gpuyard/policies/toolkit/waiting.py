@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from gpuyard.shared.model import Allocation
@@ -51,18 +51,23 @@ class WaitingOrder:
         self._stopped: list[str] = []
         """The running jobs the last decision stopped (waiting now, with no entry in
         `_starving` until the next decision hears of them)."""
+        self._named: list[str] = []
+        """The jobs the last decision started, resized or moved."""
         self._decided: object = None
         """The `changed` of the input the last decision took in (None: not kept from one)."""
         self.keyed = 0
         """Keys the last order computed (a count for tests and benchmarks)."""
 
-    def fill(self, inp: SchedulingInput, *, backfill: bool) -> Decision | list[Allocation]:
+    def fill(
+        self, inp: SchedulingInput, *, backfill: bool, moved: Iterable[str] = ()
+    ) -> Decision | list[Allocation]:
         """`fill_in_order` over the jobs in this order, told as what changes where the input
         says what changed. A decision keys the running jobs and walks from the first waiting
         job on (the running jobs before it keep their GPUs) as far as it places jobs, not the
-        rest of the queue."""
+        rest of the queue. `moved`: waiting jobs whose key the policy's own state changed since
+        they were keyed (Tiresias's promotions), keyed again."""
         now, key = inp.now, self.key
-        self._decided, self._stopped = inp.changed, []
+        self._decided, self._stopped, self._named = inp.changed, [], []
         if inp.changed is None:
             self._model = None  # (no feed: what is kept would go stale)
             self.keyed = len(inp.jobs)
@@ -70,6 +75,11 @@ class WaitingOrder:
                                  backfill=backfill)  # fmt: skip
         if not self._update(inp):
             self._build(inp)
+        for job_id in moved:
+            if job_id in self._entries:
+                view = self._views[job_id]
+                self._remove(job_id)
+                self._add(view, now, inp.cluster, sort=True)
         self._starve(now, inp.cluster)
         views, cluster = self._views, inp.cluster
         if (free := self._holds.free(cluster.capacity)) is not None:
@@ -118,8 +128,24 @@ class WaitingOrder:
             if view is None or view.record.gpus != a.num_gpus or view.record.gpu_type != a.gpu_type:
                 named.append(a)
         stop = [e[-1] for e in walked_running if e[-1] not in allocated]
-        self._stopped = stop
+        self._stopped, self._named = stop, [a.job_id for a in named]
         return Decision(allocations=named, keep_running=True, stop=stop)
+
+    def follows(self, inp: SchedulingInput) -> bool:
+        """`inp` is the input of the last decision, or of its aftermath (the same `changed`),
+        and that decision was kept from what changed."""
+        return self._model is not None and inp.changed is not None and inp.changed is self._decided
+
+    def touched(self) -> Iterator[tuple[JobView, bool]]:
+        """After a decision kept from what changed: the jobs that ran when it was taken and
+        those it started, resized or moved (views, read live), each with whether the decision
+        stopped it. Every job running after the decision is among them."""
+        views, stopped = self._views, set(self._stopped)
+        for job_id in self._running:
+            yield views[job_id], job_id in stopped
+        for job_id in self._named:
+            if job_id not in self._running and (view := views.get(job_id)) is not None:
+                yield view, False
 
     def next_starvation(self, inp: SchedulingInput) -> float | None:
         """When the next waiting job starves (`next_starvation` over `inp.jobs`), from the jobs
@@ -128,7 +154,7 @@ class WaitingOrder:
         s, now = self.starvation_s, inp.now
         if s is None:
             return None
-        if self._model is None or inp.changed is None or inp.changed is not self._decided:
+        if not self.follows(inp):
             return next_starvation(inp.jobs, now, s)  # (not as the last decision left them)
         starving, views, passed = self._starving, self._views, []
         soonest: float | None = None
