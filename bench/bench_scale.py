@@ -14,6 +14,8 @@ alternately on the same machine, the machine otherwise idle):
   rounds1m    1M jobs on 25,600 GPUs (--load 900 --cluster-spec 3200x8), with --million
                                                                              target <= 5 min, 2 GiB
   blox        Blox's README experiment, bench/bench_sim.py's case (a)        target <= 3 s
+  tiresias    a preempting policy: 3,000 jobs at load 30 on 32x8 GPUs under `tiresias` (events
+              mode; thousands of demotions and promotions)                    no target
   sweep       bench/bench_sweep.py's sweep: 100 runs of 1,000 jobs           target <= 60 s
   startup     a 100-job `gpuyard sim`, end to end                            target <= 0.8 s
 
@@ -82,6 +84,9 @@ def rows(scale: float) -> dict[str, Row]:
             "--jobs", str(blox["n_jobs"]), "--load", f"{blox['jobs_per_hour']:g}",
             "--gpu-demand", demand, "--cluster-spec", blox["cluster"], "--blox", "--seed", "1"),
             "<= 3 s (Blox: 218 s)"),
+        "tiresias": Row("tiresias", 3000, (
+            "--jobs", "3000", "--load", "30", "--gpu-demand", MIX, "--cluster-spec", "32x8",
+            "--policy", "tiresias", "--seed", "1"), "none (a preempting policy)"),
         "startup": Row("startup", 100, ("--jobs", "100"), "<= 0.8 s end to end"),
     }  # fmt: skip
 
@@ -157,7 +162,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    names = ["rounds100k", "events100k", "rounds1m", "blox", "sweep", "startup"]
+    names = ["rounds100k", "events100k", "rounds1m", "blox", "tiresias", "sweep", "startup"]
     parser.add_argument("--only", type=lambda s: s.split(","), default=None,
                         help=f"comma-separated rows of {', '.join(names)}")  # fmt: skip
     parser.add_argument("--million", action="store_true", help="also the 1M-job row")

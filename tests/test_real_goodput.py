@@ -40,7 +40,9 @@ told = {name: os.environ.get(name) for name in names}
 told["client"] = [job.batch_size, job.local_batch_size, job.accum_steps, job.num_nodes]
 out = job.checkpoint_dir / f"batch.attempt{job.attempt}.rank{job.rank}.json"
 out.parent.mkdir(parents=True, exist_ok=True)
-out.write_text(json.dumps(told))
+partial = out.with_suffix(".partial")
+partial.write_text(json.dumps(told))
+partial.replace(out)  # (whole when the test reads it)
 measures = sys.argv[1] == "measure"
 local = job.local_batch_size or 32
 step = 0
