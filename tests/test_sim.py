@@ -255,6 +255,47 @@ async def test_events_mode_goes_on_through_starts_short_of_their_least_run(
     }  # fmt: skip
 
 
+async def test_events_mode_goes_on_through_the_policys_own_wakes_that_change_nothing(
+    tmp_path: Path, nats_url: str
+) -> None:
+    """Tiresias wakes at each demotion (a at 50, 100, 150; b at 60, 110, 160: queue limits of
+    50, 100 and 150 GPU-seconds), where nothing waits and nothing changes: the scheduler goes on
+    through them, and the clock visits them all the same (a point each on the timeline). c's
+    arrival at 200 (the top queue) stops b, which resumes at c's end. The same starts, ends and
+    timeline as a durable run, which never goes on and has the clock tick at each wake."""
+    jobs = [job("a", 1, 300.0, 0.0), job("b", 1, 300.0, 10.0), job("c", 1, 20.0, 200.0)]
+    params = {"thresholds": [50.0, 100.0, 150.0], "promote_knob": 0.0}
+    results = []
+    for durable in (False, True):
+        options = SimOptions(
+            cluster=ClusterSpec.parse("1x2"), mode="events", policy="tiresias",
+            policy_params=params, durable=durable,
+        )  # fmt: skip
+        results.append(await simulate(options, jobs, tmp_path / str(durable), nats_url=nats_url))
+    going_on, ticking = results
+    by_id = {r.job_id: r for r in going_on.jobs}
+    assert {j: (by_id[j].first_start, by_id[j].end_time) for j in "abc"} == {
+        "a": (0.0, 300.0), "b": (10.0, 330.0), "c": (200.0, 220.0),
+    }  # fmt: skip
+    assert by_id["b"].preemptions == 1
+    t = going_on.timeline
+    points = list(zip(t["time"].tolist(), t["busy_gpus"].tolist(), t["queued"].tolist(),
+                      strict=True))  # fmt: skip
+    assert points == [
+        (0.0, 1, 0), (10.0, 2, 0), (50.0, 2, 0), (60.0, 2, 0), (100.0, 2, 0), (110.0, 2, 0),
+        (150.0, 2, 0), (160.0, 2, 0), (200.0, 2, 1), (220.0, 2, 0), (300.0, 1, 0),
+        (330.0, 0, 0),
+    ]  # fmt: skip
+    assert going_on.summary["instants"] == ticking.summary["instants"] == len(points)
+    for name in ("jobs.csv", "timeline.csv"):
+        assert (tmp_path / "False" / name).read_bytes() == (tmp_path / "True" / name).read_bytes()
+    # Going on: b's start ends the submission at 10; the tick at a's first wake, 50, goes on
+    # through the five after it to c's arrival at 200 (its decision stops b). The ticking run
+    # asks at each of the six.
+    assert clock_requests(going_on)["sched.tick"] == 1
+    assert clock_requests(ticking)["sched.tick"] == 6
+
+
 async def test_a_short_job_waiting_bounds_going_on_through_starts(
     tmp_path: Path, nats_url: str
 ) -> None:

@@ -206,6 +206,10 @@ class SchedulerStatus(Struct, kw_only=True):
     """The instant the scheduler went on to (`until`), deciding at each held arrival on the way,
     when later than the request's `now`: the counts and the round are of that instant, and
     `changes` has those of the ones before it. None: the request's `now`."""
+    wakes: list[float] = []
+    """With `reached`: the instants of its own (its policy's wakes, no arrival or exit there)
+    the scheduler decided at on the way, up to `reached`, in time order: a clock visits them as
+    it would have to tick there (its timeline has their points)."""
     runs_ahead: bool = False
     """A clock may submit jobs ahead of their arrival and ask the scheduler to go on through them
     (`until`): its decisions at an arrival depend on nothing a clock does between instants

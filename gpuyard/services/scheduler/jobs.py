@@ -542,6 +542,8 @@ class CountsLog:
         """The instant the request reached (`SchedulerStatus.reached`): the reply's counts are
         of it, the log has the changes before it."""
         self.by_time: dict[float, list[int]] = {}
+        self.wakes: list[float] = []
+        """The scheduler's own wakes it went on through (`SchedulerStatus.wakes`)."""
 
     @contextmanager
     def at(self, time: float) -> Iterator[None]:

@@ -696,6 +696,7 @@ class Scheduler(Service):
         told = True  # `now` is an instant the clock tells of (its timeline has a point there)
         least_run, least_end = least
         bounded = least_run is not None or least_end is not None
+        own_wakes = self.goes_through_own_wakes()
         while True:
             if state() != before:
                 finished = before[1]
@@ -714,10 +715,20 @@ class Scheduler(Service):
                 times.append(self.arriving[0][0])
             if (begins := table.begins.next_time()) is not None:
                 times.append(begins)
+            wake = self._own_wake(now)
+            if own_wakes and wake is not None and now < wake < min(times, default=math.inf):
+                # A wake of its own, before anything the clock tells of: the clock would tick
+                # there alone and hear the same decision; one that changes nothing goes on.
+                if wake >= until:
+                    break
+                now, told = wake, False
+                changes.wakes.append(now)
+                with changes.at(now):
+                    ran = await self._round_if_due(now, True)
+                continue
             if not times:
                 break
             at = min(times)
-            wake = self._own_wake(now)
             if at >= until or (wake is not None and wake < at):
                 break
             now = at
@@ -753,6 +764,13 @@ class Scheduler(Service):
             for record in begun:  # (a held one stays held; one cancelled is told of as such)
                 if record.state == "queued" and not record.hold:
                     await self.emit("job.released", now, record.job_id, reason="begin time came")
+
+    def goes_through_own_wakes(self) -> bool:
+        """Whether going on (`runs_ahead`), the scheduler also goes through its own wakes (its
+        policy's: a demotion, a promotion, a starving job) while their decisions change nothing
+        the clock acts on: in events mode, with decisions of allocations (time shares keep
+        rounds of their own; rounds and slots decide at the clock's round instants)."""
+        return self.config.mode == "events" and self.policy.mechanism != "time_shares"
 
     def runs_ahead(self) -> bool:
         """Whether a clock may submit jobs ahead of their arrival and have us go on through them
@@ -1528,6 +1546,7 @@ class Scheduler(Service):
             exit_decides=self.policy.needs.decide_on_exit or table.queued > 0,
             changes=changes.changes() if changes is not None else [],
             reached=now if changes is not None and now > changes.started else None,
+            wakes=changes.wakes if changes is not None else [],
             runs_ahead=self.runs_ahead(),
         )  # fmt: skip
 

@@ -141,7 +141,7 @@ class InstantLoop:
         exits: list[JobExit] = []
         batch: list[JobSpec] = []
         times: list[float] = []
-        clock.reached = None
+        clock.reached, clock.wakes = None, []
         arriving = len(self.arrive_ahead(now))  # jobs submitted ahead that arrive now
         while True:
             progress.now = now
@@ -354,10 +354,10 @@ class InstantLoop:
         self, now: float, reached: float, earlier: list[float], foreseen: list[float]
     ) -> float:
         """The scheduler went on from `now` to `reached` through arrivals submitted ahead (and
-        the exits `foreseen` at those instants, which leave now for those it reached): the
-        instants on the way are told of (`earlier`); returns `reached`."""
-        visited = set(self.arrive_ahead(reached))
+        the exits `foreseen` at those instants, which leave now for those it reached, and its
+        own wakes): the instants on the way are told of (`earlier`); returns `reached`."""
         clock = self.clock
+        visited = {*self.arrive_ahead(reached), *clock.wakes}
         ended = list(clock.foreseen_ended)  # (those that left as it went on through starts)
         for at in foreseen:
             if at > reached:

@@ -89,6 +89,7 @@ class SimClock(Service):
         self.exit_decides = False  # ... and whether an exit would make it decide
         self.runs_ahead = False  # ... and whether it goes on through arrivals submitted ahead
         self.reached: float | None = None  # the instant its last reply went on to, if later
+        self.wakes: list[float] = []  # the scheduler's own wakes it went through, up to then
         self.changes: list[CountsChange] = []  # its replies' changes at earlier instants
         self.timeline = Timeline(queues)
         self.task: asyncio.Task[None] | None = None
@@ -289,6 +290,7 @@ class SimClock(Service):
         self.commands_due = max(self.commands_due, status.commands)
         if status.reached is not None:  # (it went on to a later instant: the point is of that)
             now = self.reached = status.reached
+            self.wakes += status.wakes
         if status.ran_round:
             self.decided = now
         self.timeline.put(
