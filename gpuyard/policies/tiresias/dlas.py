@@ -192,8 +192,14 @@ class Tiresias(SchedulingPolicy):
         if self._tracking and inp.changed is not None:
             promoted = self._take_in(inp)
         else:
-            promoted = self._sweep(inp)[1]
+            queues, promoted = self._sweep(inp)
             self._track(inp)
+            if inp.changed is None:  # (every job, as the queues were just computed)
+                self.order = WaitingOrder(self._key, None)  # (what it kept would go stale)
+                order = sorted(
+                    inp.jobs, key=lambda j: (queues[j.job_id], *self._within_queue_key(j))
+                )
+                return fill_in_order(order, inp.cluster, backfill=self.params.backfill)
         return self.order.fill(inp, backfill=self.params.backfill, moved=promoted)
 
     # -- kept from what changed
