@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from msgspec import Meta, Struct, field
@@ -102,6 +104,11 @@ class Tiresias(SchedulingPolicy):
         self._promotions: list[tuple[float, int, str]] = []
         """(when its pending time reaches the knob, seq, job id) of waiting jobs (a heap, with
         stale entries: a job that ran or was promoted since has another instant or none)."""
+        self._held: dict[str, tuple[int, float]] = {}
+        """A running job's queue, and when its service reaches that queue's limit (it stays in
+        the queue until then: its key need not be computed again)."""
+        self._demotions: list[tuple[float, int, str]] = []
+        """(when, seq, job id) of `_held`'s limits (a heap, with stale entries)."""
 
     def snapshot(self) -> Struct:
         return TiresiasState(epochs=self._epochs)
@@ -181,8 +188,27 @@ class Tiresias(SchedulingPolicy):
 
     def _key(self, j: JobView, now: float) -> tuple[Any, ...]:
         """The job's place: its queue, then (inside it) running first, submit time, admission."""
-        first = 0 if (self.params.running_first and j.state == "running") else 1
-        return (self.queue_of(j, now), first, j.submit_time, j.seq)
+        if j.state != "running":
+            return (self.queue_of(j, now), 1, j.submit_time, j.seq)
+        first = 0 if self.params.running_first else 1
+        return (self._running_queue(j, now), first, j.submit_time, j.seq)
+
+    def _running_queue(self, j: JobView, now: float) -> int:
+        """`queue_of` a running job, kept until a rounding before its service reaches the
+        queue's limit (where tracking: `_take_in` forgets a job that changed)."""
+        if not self._tracking:
+            return self.queue_of(j, now)
+        held = self._held.get(j.job_id)
+        if held is not None and now < held[1] - _rounding(held[1]):
+            return held[0]
+        service = self._counters(j, now)[0]
+        q = bisect.bisect_right(self.limits, service)
+        until = math.inf
+        if q < len(self.limits) and j.gpus > 0:
+            until = now + (self.limits[q] - service) / j.gpus
+            heapq.heappush(self._demotions, (until, j.seq, j.job_id))
+        self._held[j.job_id] = (q, until)
+        return q
 
     def _within_queue_key(self, j: JobView) -> tuple[float, ...]:
         first = 0 if (self.params.running_first and j.state == "running") else 1
@@ -211,6 +237,7 @@ class Tiresias(SchedulingPolicy):
             return
         self._views = {j.job_id: j for j in inp.jobs}
         self._runs = {j.job_id: j for j in inp.jobs if j.state == "running"}
+        self._held, self._demotions = {}, []
         self._promotions = [
             (at, j.seq, j.job_id) for j in inp.jobs if (at := self._promotion_at(j)) is not None
         ]
@@ -222,6 +249,7 @@ class Tiresias(SchedulingPolicy):
         assert inp.changed is not None
         now, views, runs, epochs = inp.now, self._views, self._runs, self._epochs
         for job_id, view in inp.changed.items():
+            self._held.pop(job_id, None)
             if view is None:
                 views.pop(job_id, None)
                 runs.pop(job_id, None)
@@ -246,8 +274,7 @@ class Tiresias(SchedulingPolicy):
         promoted = []
         promotions, later = self._promotions, []
         # (an instant a rounding later than the reference's test: a little slack, tested exactly)
-        slack = 1e-6 + 1e-9 * abs(now)
-        while promotions and promotions[0][0] <= now + slack:
+        while promotions and promotions[0][0] <= now + _rounding(now):
             entry = heapq.heappop(promotions)
             view = views.get(entry[2])
             if view is None or self._promotion_at(view) != entry[0]:
@@ -303,10 +330,17 @@ class Tiresias(SchedulingPolicy):
         now = inp.now
         best: float | None = None
         if self._tracking and self.order.follows(inp):
-            jobs: Any = (view for view, _ in self.order.touched())
-            waiting = self._next_promotion(now)
-            if waiting is not None and waiting > now:
-                best = waiting
+            # The waiting jobs' promotions and the held running jobs' limits from their heaps;
+            # the jobs the decision started or stopped, and any not held, one by one.
+            held = self._held
+            jobs: Any = (
+                view for view, _ in self.order.touched()
+                if not (view.state == "running" and view.job_id in held)
+            )  # fmt: skip
+            best = self._soonest(self._promotions, self._promoting, now)
+            demotion = self._soonest(self._demotions, self._demoting, now)
+            if demotion is not None and (best is None or demotion < best):
+                best = demotion
         else:
             jobs = inp.jobs
         for j in jobs:
@@ -315,26 +349,45 @@ class Tiresias(SchedulingPolicy):
                 best = t
         return best
 
-    def _next_promotion(self, now: float) -> float | None:
-        """The soonest promotion (as `_wake` computes it) of a job waiting in the heap: the
-        entries up to a little after the first one due later than `now`."""
-        promotions, views, kept = self._promotions, self._views, []
+    def _promoting(self, entry: tuple[float, int, str]) -> JobView | None:
+        """The waiting job of a `_promotions` entry, if the entry is its own (not stale)."""
+        view = self._views.get(entry[2])
+        return view if view is not None and self._promotion_at(view) == entry[0] else None
+
+    def _demoting(self, entry: tuple[float, int, str]) -> JobView | None:
+        """The running job of a `_demotions` entry, if the entry is its own (not stale)."""
+        held = self._held.get(entry[2])
+        view = self._runs.get(entry[2])
+        if held is None or held[1] != entry[0] or view is None or view.state != "running":
+            return None
+        return view
+
+    def _soonest(
+        self, heap: list[tuple[float, int, str]],
+        own: Callable[[tuple[float, int, str]], JobView | None], now: float,
+    ) -> float | None:  # fmt: skip
+        """The soonest `_wake` after `now` of the jobs with an entry in `heap`, whose instant is
+        its job's to a rounding: the entries in time order, up to a rounding past the soonest
+        found; the stale ones go."""
+        kept: list[tuple[float, int, str]] = []
         best: float | None = None
-        bound: float | None = None
-        while promotions and (bound is None or promotions[0][0] <= bound):
-            entry = heapq.heappop(promotions)
-            view = views.get(entry[2])
-            if view is None or self._promotion_at(view) != entry[0]:
-                continue  # (stale)
+        while heap and (best is None or heap[0][0] - _rounding(heap[0][0]) <= best):
+            entry = heapq.heappop(heap)
+            view = own(entry)
+            if view is None:
+                continue
             kept.append(entry)
             t = self._wake(view, now)
             if t is not None and t > now and (best is None or t < best):
                 best = t
-                if bound is None:
-                    bound = entry[0] + 1e-6 + 1e-9 * abs(entry[0])
         for entry in kept:
-            heapq.heappush(promotions, entry)
+            heapq.heappush(heap, entry)
         return best
+
+
+def _rounding(t: float) -> float:
+    """More than the rounding of a time computed two ways around `t` (a slack, never a step)."""
+    return 1e-6 + 1e-9 * abs(t)
 
 
 class TiresiasGittinsParams(TiresiasParams, forbid_unknown_fields=True):
