@@ -264,15 +264,7 @@ async def test_events_mode_goes_on_through_the_policys_own_wakes_that_change_not
     arrival at 200 (the top queue) stops b, which resumes at c's end. The same starts, ends and
     timeline as a durable run, which never goes on and has the clock tick at each wake."""
     jobs = [job("a", 1, 300.0, 0.0), job("b", 1, 300.0, 10.0), job("c", 1, 20.0, 200.0)]
-    params = {"thresholds": [50.0, 100.0, 150.0], "promote_knob": 0.0}
-    results = []
-    for durable in (False, True):
-        options = SimOptions(
-            cluster=ClusterSpec.parse("1x2"), mode="events", policy="tiresias",
-            policy_params=params, durable=durable,
-        )  # fmt: skip
-        results.append(await simulate(options, jobs, tmp_path / str(durable), nats_url=nats_url))
-    going_on, ticking = results
+    going_on, ticking = await going_on_and_ticking(jobs, tmp_path, nats_url)
     by_id = {r.job_id: r for r in going_on.jobs}
     assert {j: (by_id[j].first_start, by_id[j].end_time) for j in "abc"} == {
         "a": (0.0, 300.0), "b": (10.0, 330.0), "c": (200.0, 220.0),
@@ -286,14 +278,46 @@ async def test_events_mode_goes_on_through_the_policys_own_wakes_that_change_not
         (150.0, 2, 0), (160.0, 2, 0), (200.0, 2, 1), (220.0, 2, 0), (300.0, 1, 0),
         (330.0, 0, 0),
     ]  # fmt: skip
-    assert going_on.summary["instants"] == ticking.summary["instants"] == len(points)
-    for name in ("jobs.csv", "timeline.csv"):
-        assert (tmp_path / "False" / name).read_bytes() == (tmp_path / "True" / name).read_bytes()
+    assert going_on.summary["instants"] == len(points)
     # Going on: b's start ends the submission at 10; the tick at a's first wake, 50, goes on
     # through the five after it to c's arrival at 200 (its decision stops b). The ticking run
     # asks at each of the six.
     assert clock_requests(going_on)["sched.tick"] == 1
     assert clock_requests(ticking)["sched.tick"] == 6
+
+
+async def test_a_wake_after_an_arrival_not_told_of_yet_is_not_gone_through(
+    tmp_path: Path, nats_url: str
+) -> None:
+    """a's wakes at 50, 100 and 150; b arrives at 120, and the clock has not submitted it ahead
+    (the first submission, at 0, goes alone). The tick at 50 must not go on to 100 and 150,
+    past b's arrival: only the arrivals and exits the clock told of ahead vouch for what comes
+    before them."""
+    jobs = [job("a", 1, 300.0, 0.0), job("b", 1, 30.0, 120.0)]
+    going_on, _ = await going_on_and_ticking(jobs, tmp_path, nats_url)
+    times = going_on.timeline["time"].tolist()
+    assert times == [0.0, 50.0, 100.0, 120.0, 150.0, 300.0]
+
+
+async def going_on_and_ticking(
+    jobs: list[JobSpec], tmp_path: Path, nats_url: str
+) -> tuple[SimResult, SimResult]:
+    """The jobs under Tiresias (queue limits 50, 100 and 150 GPU-seconds, no promotions) on 2
+    GPUs, going on as a simulation does and durable (every instant a request of its own): the
+    same jobs.csv and timeline.csv, byte for byte, and as many instants."""
+    params = {"thresholds": [50.0, 100.0, 150.0], "promote_knob": 0.0}
+    results = []
+    for durable in (False, True):
+        options = SimOptions(
+            cluster=ClusterSpec.parse("1x2"), mode="events", policy="tiresias",
+            policy_params=params, durable=durable,
+        )  # fmt: skip
+        results.append(await simulate(options, jobs, tmp_path / str(durable), nats_url=nats_url))
+    for name in ("jobs.csv", "timeline.csv"):
+        assert (tmp_path / "False" / name).read_bytes() == (tmp_path / "True" / name).read_bytes()
+    going_on, ticking = results
+    assert going_on.summary["instants"] == ticking.summary["instants"]
+    return going_on, ticking
 
 
 async def test_a_short_job_waiting_bounds_going_on_through_starts(

@@ -716,7 +716,10 @@ class Scheduler(Service):
             if (begins := table.begins.next_time()) is not None:
                 times.append(begins)
             wake = self._own_wake(now)
-            if own_wakes and wake is not None and now < wake < min(times, default=math.inf):
+            # (an arrival or exit the clock told of ahead: it vouches that nothing else it
+            # knows of comes before, not even a job it has not submitted yet)
+            vouched = bool(foreseen or self.arriving)
+            if own_wakes and vouched and wake is not None and now < wake < min(times):
                 # A wake of its own, before anything the clock tells of: the clock would tick
                 # there alone and hear the same decision; one that changes nothing goes on.
                 if wake >= until:
