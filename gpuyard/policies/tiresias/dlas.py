@@ -334,7 +334,7 @@ class Tiresias(SchedulingPolicy):
             # the jobs the decision started or stopped, and any not held, one by one.
             held = self._held
             jobs: Any = (
-                view for view, _ in self.order.touched()
+                view for view in self.order.touched()
                 if not (view.state == "running" and view.job_id in held)
             )  # fmt: skip
             best = self._soonest(self._promotions, self._promoting, now)

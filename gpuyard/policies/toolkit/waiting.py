@@ -136,16 +136,16 @@ class WaitingOrder:
         and that decision was kept from what changed."""
         return self._model is not None and inp.changed is not None and inp.changed is self._decided
 
-    def touched(self) -> Iterator[tuple[JobView, bool]]:
+    def touched(self) -> Iterator[JobView]:
         """After a decision kept from what changed: the jobs that ran when it was taken and
-        those it started, resized or moved (views, read live), each with whether the decision
-        stopped it. Every job running after the decision is among them."""
-        views, stopped = self._views, set(self._stopped)
+        those it started, resized or moved (views, read live). Every job running after the
+        decision is among them, and every job it stopped."""
+        views = self._views
         for job_id in self._running:
-            yield views[job_id], job_id in stopped
+            yield views[job_id]
         for job_id in self._named:
             if job_id not in self._running and (view := views.get(job_id)) is not None:
-                yield view, False
+                yield view
 
     def next_starvation(self, inp: SchedulingInput) -> float | None:
         """When the next waiting job starves (`next_starvation` over `inp.jobs`), from the jobs
