@@ -438,6 +438,10 @@ class TiresiasGittins(Tiresias):
         self._sorted: list[float] = []
         self._prefix: list[float] = [0.0]
         self._dirty = True
+        self._sizes = 0
+        """How many times the known sizes changed (a waiting job's index moves with them)."""
+        self._keyed_sizes = -1
+        """`_sizes` when the waiting order was keyed."""
 
     def snapshot(self) -> Struct:
         return GittinsState(
@@ -449,21 +453,51 @@ class TiresiasGittins(Tiresias):
         self._learned, self._last_now = list(state.learned), state.last_now
         self._last = {k: (service, executed, gpus)
                       for k, (service, executed, gpus) in state.last.items()}  # fmt: skip
-        self._dirty = True
+        self._dirty, self._sizes = True, self._sizes + 1
 
     def _learn(self, inp: SchedulingInput) -> None:
         live = {j.job_id for j in inp.jobs}
-        for job_id, (service, _, gpus) in self._last.items():
-            if job_id not in live:
-                extra = gpus * (inp.now - self._last_now) if self._last_now is not None else 0.0
-                self._learned.append(service + max(0.0, extra))
-                self._dirty = True
+        self._learn_sizes([job_id for job_id in self._last if job_id not in live], inp.now)
+        self._last = {j.job_id: self._seen(j) for j in inp.jobs}
+        self._last_now = inp.now
+
+    def _learn_sizes(self, gone: list[str], now: float) -> None:
+        """The sizes of the jobs `gone` since the last decision (in the order of `_last`)."""
+        for job_id in gone:
+            service, _, gpus = self._last[job_id]
+            extra = gpus * (now - self._last_now) if self._last_now is not None else 0.0
+            self._learned.append(service + max(0.0, extra))
+            self._dirty = True
+            self._sizes += 1
         if len(self._learned) > self.params.window:
             del self._learned[: len(self._learned) - self.params.window]
-        self._last = {
-            j.job_id: (j.attained_service, j.executed_time, j.gpus if j.state == "running" else 0)
-            for j in inp.jobs
-        }
+
+    @staticmethod
+    def _seen(j: JobView) -> tuple[float, float, int]:
+        return (j.attained_service, j.executed_time, j.gpus if j.state == "running" else 0)
+
+    def _learn_changes(self, inp: SchedulingInput) -> None:
+        """`_learn` from what changed (`_last` in admission order, as `inp.jobs` is): the jobs
+        gone, those that came or changed, and the running ones (waiting jobs' stay as they are)."""
+        assert inp.changed is not None
+        last, views = self._last, self._views
+        gone = sorted(
+            (views[job_id].seq, job_id)
+            for job_id, view in inp.changed.items()
+            if view is None and job_id in last and job_id in views
+        )
+        self._learn_sizes([job_id for _, job_id in gone], inp.now)
+        for _, job_id in gone:
+            del last[job_id]
+        came = sorted(
+            (view.seq, job_id)
+            for job_id, view in inp.changed.items()
+            if view is not None and job_id not in last
+        )
+        for _, job_id in came:
+            view = inp.changed[job_id]
+            assert view is not None
+            last[job_id] = self._seen(view)
         self._last_now = inp.now
 
     def _distribution(self) -> tuple[list[float], list[float]]:
@@ -493,15 +527,48 @@ class TiresiasGittins(Tiresias):
         expected = (prefix[hi] - prefix[lo] - a * finishing + delta * (n - hi)) / alive
         return (finishing / alive) / expected if expected > 0 else 0.0
 
-    def schedule(self, inp: SchedulingInput) -> list[Allocation]:
-        self._learn(inp)
-        queues = self._update(inp)
-        now = inp.now
-        index = {j.job_id: self.gittins_index(self._counters(j, now)[0]) for j in inp.jobs}
-        order = sorted(
-            inp.jobs, key=lambda j: (queues[j.job_id], -index[j.job_id], j.submit_time, j.seq)
-        )
-        return fill_in_order(order, inp.cluster, backfill=self.params.backfill)
+    def _key(self, j: JobView, now: float) -> tuple[Any, ...]:
+        service = self._counters(j, now)[0]
+        q = bisect.bisect_right(self.limits, service)
+        return (q, -self.gittins_index(service), j.submit_time, j.seq)
+
+    def schedule(self, inp: SchedulingInput) -> Decision | list[Allocation]:
+        if self._tracking and inp.changed is not None and self._follows_jobs(inp):
+            self._learn_changes(inp)
+            promoted = self._take_in(inp)
+            last = self._last
+            for running in self._runs.values():
+                last[running.job_id] = self._seen(running)
+            for job_id, changed in inp.changed.items():
+                if changed is not None:
+                    last[job_id] = self._seen(changed)
+        else:
+            self._learn(inp)
+            queues, promoted = self._sweep(inp)
+            self._track(inp)
+            if inp.changed is None:  # (every job, as the queues were just computed)
+                self.order = WaitingOrder(self._key, None)  # (what it kept would go stale)
+                now = inp.now
+                index = {j.job_id: self.gittins_index(self._counters(j, now)[0]) for j in inp.jobs}
+                order = sorted(
+                    inp.jobs,
+                    key=lambda j: (queues[j.job_id], -index[j.job_id], j.submit_time, j.seq),
+                )
+                return fill_in_order(order, inp.cluster, backfill=self.params.backfill)
+        if self._keyed_sizes != self._sizes:  # (every waiting job's index may have moved)
+            self.order, self._keyed_sizes = WaitingOrder(self._key, None), self._sizes
+        return self.order.fill(inp, backfill=self.params.backfill, moved=promoted)
+
+    def _follows_jobs(self, inp: SchedulingInput) -> bool:
+        """The jobs kept, as `inp.changed` changes them, are `inp.jobs` (as many of them)."""
+        assert inp.changed is not None
+        views, count = self._views, len(self._views)
+        for job_id, view in inp.changed.items():
+            if view is None and job_id in views:
+                count -= 1
+            elif view is not None and job_id not in views:
+                count += 1
+        return count == len(inp.jobs)
 
     def next_decision_time(self, inp: SchedulingInput) -> float | None:
         """Tiresias's events plus the next time a running job's service crosses a known size."""
@@ -509,7 +576,8 @@ class TiresiasGittins(Tiresias):
         data, _ = self._distribution()
         if not data:
             return best
-        for j in inp.jobs:
+        jobs = self.order.touched() if self._tracking and self.order.follows(inp) else inp.jobs
+        for j in jobs:
             if j.state != "running" or j.gpus <= 0:
                 continue
             service = self._counters(j, inp.now)[0]
