@@ -425,6 +425,9 @@ class TiresiasGittins(Tiresias):
     service they still need (S - a) in the expectation; this computes E[min(S - a, Δ) | S > a].
     Its single-queue `gittins` schedule sorts by index ascending (lowest first), which inverts the
     policy; `dlas-gpu-gittins`, reproduced here, sorts highest first.
+
+    Cost: as `tiresias`, kept from what changed, except that a waiting job's index moves with
+    the known sizes: every job is keyed again at the first decision after one ended.
     """
 
     Params = TiresiasGittinsParams
