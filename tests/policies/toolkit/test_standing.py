@@ -106,6 +106,28 @@ def in_full(decision: Decision, last: list[str], views: dict[str, JobView]) -> l
     return kept + decision.allocations
 
 
+def same_as_whole(
+    decision: Decision, expected: list[Allocation], last: list[str], views: dict[str, JobView],
+    step: int,
+) -> list[Allocation]:  # fmt: skip
+    """A decision of what changes, checked against the whole list of a walk over every job
+    (`expected`): the same allocations, the running jobs left out stopped, only what changes
+    named and in the walk's order (placement places those), none that keeps a job as it runs.
+    Returns it as the whole list."""
+    assert decision.keep_running
+    got = in_full(decision, last, views)
+    running = {j for j, v in views.items() if v.record.state == "running"}
+    assert set(decision.stop) == running - {a.job_id for a in got}, f"decision {step}"
+    assert sorted(got, key=str) == sorted(expected, key=str), f"decision {step}"
+    kept = {a.job_id for a in got} - {a.job_id for a in decision.allocations}
+    assert kept <= running, f"decision {step}"
+    assert decision.allocations == [a for a in expected if a.job_id not in kept]
+    for a in decision.allocations:
+        r = views[a.job_id].record
+        assert r.state != "running" or (a.num_gpus, a.gpu_type) != (r.gpus, r.gpu_type)
+    return got
+
+
 POLICIES = [
     pytest.param(lambda: Fifo(), id="fifo"),
     pytest.param(lambda: Fifo(FifoParams(backfill=True)), id="fifo-backfill"),
