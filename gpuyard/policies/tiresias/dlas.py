@@ -480,8 +480,9 @@ class TiresiasGittins(Tiresias):
         return (j.attained_service, j.executed_time, j.gpus if j.state == "running" else 0)
 
     def _learn_changes(self, inp: SchedulingInput) -> None:
-        """`_learn` from what changed (`_last` in admission order, as `inp.jobs` is): the jobs
-        gone, those that came or changed, and the running ones (waiting jobs' stay as they are)."""
+        """`_learn` from what changed: the sizes of the jobs gone, and a place in `_last` for
+        those that came (in admission order, as `inp.jobs` has them). `schedule` then sees again
+        the running jobs and those that changed; a waiting job's entry stays as it is."""
         assert inp.changed is not None
         last, views = self._last, self._views
         gone = sorted(
