@@ -96,7 +96,7 @@ class Tiresias(SchedulingPolicy):
         knob = self.params.promote_knob
         self.knob: float = float(len(self.limits) + 1) if knob is None else knob
         self._epochs: dict[str, Epoch] = {}
-        self.order = WaitingOrder(self._key, None)
+        self.order = self._new_order()
         # Kept from what changed, while `_tracking` (see `_take_in`):
         self._tracking = False
         self._views: dict[str, JobView] = {}
@@ -115,7 +115,7 @@ class Tiresias(SchedulingPolicy):
 
     def restore(self, state: TiresiasState) -> None:
         self._epochs = dict(state.epochs)
-        self.order, self._tracking = WaitingOrder(self._key, None), False  # (keys read epochs)
+        self.order, self._tracking = self._new_order(), False  # (keys read epochs)
 
     # -- counters
 
@@ -214,14 +214,22 @@ class Tiresias(SchedulingPolicy):
         first = 0 if (self.params.running_first and j.state == "running") else 1
         return (first, j.submit_time, j.seq)
 
+    holds_running_keys = True
+    """A running job's place moves only at a demotion (`_running_queue`): the waiting order
+    keeps the running jobs sorted too, and is told of those whose limit came (`_demoted`)."""
+
+    def _new_order(self) -> WaitingOrder:
+        return WaitingOrder(self._key, None, running_keys_hold=self.holds_running_keys)
+
     def schedule(self, inp: SchedulingInput) -> Decision | list[Allocation]:
         if self._tracking and inp.changed is not None:
             promoted = self._take_in(inp)
+            promoted += self._demoted(inp.now)
         else:
             queues, promoted = self._sweep(inp)
             self._track(inp)
             if inp.changed is None:  # (every job, as the queues were just computed)
-                self.order = WaitingOrder(self._key, None)  # (what it kept would go stale)
+                self.order = self._new_order()  # (what it kept would go stale)
                 order = sorted(
                     inp.jobs, key=lambda j: (queues[j.job_id], *self._within_queue_key(j))
                 )
@@ -238,6 +246,7 @@ class Tiresias(SchedulingPolicy):
         self._views = {j.job_id: j for j in inp.jobs}
         self._runs = {j.job_id: j for j in inp.jobs if j.state == "running"}
         self._held, self._demotions = {}, []
+        self.order = self._new_order()  # (its running keys are `_held`'s)
         self._promotions = [
             (at, j.seq, j.job_id) for j in inp.jobs if (at := self._promotion_at(j)) is not None
         ]
@@ -286,6 +295,19 @@ class Tiresias(SchedulingPolicy):
         for entry in later:
             heapq.heappush(promotions, entry)
         return promoted
+
+    def _demoted(self, now: float) -> list[str]:
+        """The running jobs whose kept queue is due (their service nears its limit): forgotten,
+        to be keyed again."""
+        demotions, held, runs = self._demotions, self._held, self._runs
+        due: list[str] = []
+        while demotions and demotions[0][0] - _rounding(demotions[0][0]) <= now:
+            until, _, job_id = heapq.heappop(demotions)
+            kept = held.get(job_id)
+            if kept is not None and kept[1] == until and job_id in runs:
+                del held[job_id]
+                due.append(job_id)
+        return due
 
     def _promotion_at(self, j: JobView) -> float | None:
         """When a waiting job's pending time reaches the knob times its executed time (both
@@ -432,6 +454,7 @@ class TiresiasGittins(Tiresias):
 
     Params = TiresiasGittinsParams
     State = GittinsState
+    holds_running_keys = False  # (a running job's index moves as it crosses known sizes)
 
     def __init__(self, params: Struct | None = None) -> None:
         super().__init__(params)
@@ -551,7 +574,7 @@ class TiresiasGittins(Tiresias):
             queues, promoted = self._sweep(inp)
             self._track(inp)
             if inp.changed is None:  # (every job, as the queues were just computed)
-                self.order = WaitingOrder(self._key, None)  # (what it kept would go stale)
+                self.order = self._new_order()  # (what it kept would go stale)
                 now = inp.now
                 index = {j.job_id: self.gittins_index(self._counters(j, now)[0]) for j in inp.jobs}
                 order = sorted(
@@ -560,7 +583,7 @@ class TiresiasGittins(Tiresias):
                 )
                 return fill_in_order(order, inp.cluster, backfill=self.params.backfill)
         if self._keyed_sizes != self._sizes:  # (every waiting job's index may have moved)
-            self.order, self._keyed_sizes = WaitingOrder(self._key, None), self._sizes
+            self.order, self._keyed_sizes = self._new_order(), self._sizes
         return self.order.fill(inp, backfill=self.params.backfill, moved=promoted)
 
     def _follows_jobs(self, inp: SchedulingInput) -> bool:

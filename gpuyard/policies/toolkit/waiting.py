@@ -15,7 +15,7 @@ Without `changed` in the input it sorts every job and answers with every allocat
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -35,9 +35,17 @@ class WaitingOrder:
     waiting job's key reads only the job's record, the throughput model and whether it starved
     (`is_starved` with `starvation_s`), and a running job's may read anything."""
 
-    def __init__(self, key: Key, starvation_s: float | None) -> None:
+    def __init__(
+        self, key: Key, starvation_s: float | None, *, running_keys_hold: bool = False
+    ) -> None:
         self.key = key
         self.starvation_s = starvation_s
+        self.running_keys_hold = running_keys_hold
+        """A running job's key stays until the policy names it `moved` (Tiresias's: until a
+        demotion): the running jobs stay sorted too, rather than keyed at every decision."""
+        self._ranked: list[tuple[Any, ...]] = []
+        """With `running_keys_hold`: the running jobs' entries, sorted."""
+        self._rank: dict[str, tuple[Any, ...]] = {}
         self._entries: dict[str, tuple[Any, ...]] = {}
         """Waiting job -> its entry in `_waiting` (its key, then its id)."""
         self._waiting: list[tuple[Any, ...]] = []
@@ -76,7 +84,7 @@ class WaitingOrder:
         if not self._update(inp):
             self._build(inp)
         for job_id in moved:
-            if job_id in self._entries:
+            if job_id in self._entries or job_id in self._rank:
                 view = self._views[job_id]
                 self._remove(job_id)
                 self._add(view, now, inp.cluster, sort=True)
@@ -84,8 +92,11 @@ class WaitingOrder:
         views, cluster = self._views, inp.cluster
         if (free := self._holds.free(cluster.capacity)) is not None:
             return self._resume(now, cluster, free, backfill)
-        running = sorted((*key(j, now), j.record.job_id) for j in self._running.values())
-        self.keyed += len(running)
+        if self.running_keys_hold:
+            running = list(self._ranked)
+        else:
+            running = sorted((*key(j, now), j.record.job_id) for j in self._running.values())
+            self.keyed += len(running)
         # `fill_in_order`'s start, on the running jobs alone: each job's place in the order is its
         # entry (the order is theirs), so the waiting jobs need not be counted to be placed.
         free, by_type, after = holdings(((e, views[e[-1]]) for e in running), cluster)
@@ -101,9 +112,12 @@ class WaitingOrder:
         if not self._waiting:
             return Decision(keep_running=True)
         first, views = self._waiting[0], self._views
-        keys = [(*self.key(j, now), job_id) for job_id, j in self._running.items()]
-        self.keyed += len(keys)
-        later = sorted(e for e in keys if e > first)
+        if self.running_keys_hold:
+            later = self._ranked[bisect_right(self._ranked, first) :]
+        else:
+            keys = [(*self.key(j, now), job_id) for job_id, j in self._running.items()]
+            self.keyed += len(keys)
+            later = sorted(e for e in keys if e > first)
         by_type: dict[str, list[tuple[Any, JobView]]] = {}
         after: dict[str, int] = {}
         for e in later:
@@ -189,9 +203,11 @@ class WaitingOrder:
         self._starving = []
         self._model = self._model_of(inp)
         self.keyed = 0
+        self._ranked, self._rank = [], {}
         for view in inp.jobs:
             self._add(view, inp.now, inp.cluster, sort=False)
         self._waiting.sort()
+        self._ranked.sort()
         heapq.heapify(self._starving)
 
     def _update(self, inp: SchedulingInput) -> bool:
@@ -237,6 +253,13 @@ class WaitingOrder:
         if r.state == "running":
             self._running[r.job_id] = view
             self._holds.add(view, cluster)
+            if self.running_keys_hold:
+                ranked = self._rank[r.job_id] = (*self.key(view, now), r.job_id)
+                self.keyed += 1
+                if sort:
+                    insort(self._ranked, ranked)
+                else:
+                    self._ranked.append(ranked)
             return
         entry = (*self.key(view, now), r.job_id)
         self.keyed += 1
@@ -264,6 +287,8 @@ class WaitingOrder:
             return
         if self._running.pop(job_id, None) is not None:
             self._holds.remove(job_id)
+            if (ranked := self._rank.pop(job_id, None)) is not None:
+                del self._ranked[bisect_left(self._ranked, ranked)]
             return
         entry = self._entries.pop(job_id)
         del self._waiting[bisect_left(self._waiting, entry)]
