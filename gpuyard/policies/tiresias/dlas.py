@@ -80,11 +80,12 @@ class Tiresias(SchedulingPolicy):
     cannot be derived from a `JobView`; `schedule()` updates them, `next_decision_time()` does not.
     Without promotions the policy is a pure function of its input.
 
-    Cost: where the input says what changed, a decision costs what runs and what changed, not
-    what waits. A waiting job's place (its queue, then submit order) moves only when it changes
-    state or is promoted, so the waiting jobs stay sorted across decisions (`WaitingOrder`) and
-    their promotion instants wait in a heap; only the running jobs are keyed anew. The decision,
-    the promotions and the next decision time are those of the walk over every job, bit for bit.
+    Cost: where the input says what changed, a decision costs what changed and what its walk
+    reaches, not what waits or runs. A waiting job's place (its queue, then submit order) moves
+    only when it changes state or is promoted, a running job's only at a demotion: the jobs stay
+    sorted across decisions (`WaitingOrder` with `running_keys_hold`), and the promotion and
+    demotion instants wait in heaps. The decision, the promotions and the next decision time are
+    those of the walk over every job, bit for bit.
     """
 
     Params = TiresiasParams
