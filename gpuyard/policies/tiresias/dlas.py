@@ -105,11 +105,11 @@ class Tiresias(SchedulingPolicy):
         self._promotions: list[tuple[float, int, str]] = []
         """(when its pending time reaches the knob, seq, job id) of waiting jobs (a heap, with
         stale entries: a job that ran or was promoted since has another instant or none)."""
-        self._held: dict[str, tuple[int, float]] = {}
-        """A running job's queue, and when its service reaches that queue's limit (it stays in
-        the queue until then: its key need not be computed again)."""
+        self._limits: dict[str, float] = {}
+        """A running job, keyed in the order: when its service reaches its queue's limit (its
+        key holds until then; `_demoted` names it to be keyed again)."""
         self._demotions: list[tuple[float, int, str]] = []
-        """(when, seq, job id) of `_held`'s limits (a heap, with stale entries)."""
+        """(when, seq, job id) of `_limits` (a heap, with stale entries)."""
 
     def snapshot(self) -> Struct:
         return TiresiasState(epochs=self._epochs)
@@ -195,20 +195,16 @@ class Tiresias(SchedulingPolicy):
         return (self._running_queue(j, now), first, j.submit_time, j.seq)
 
     def _running_queue(self, j: JobView, now: float) -> int:
-        """`queue_of` a running job, kept until a rounding before its service reaches the
-        queue's limit (where tracking: `_take_in` forgets a job that changed)."""
-        if not self._tracking:
-            return self.queue_of(j, now)
-        held = self._held.get(j.job_id)
-        if held is not None and now < held[1] - _rounding(held[1]):
-            return held[0]
+        """`queue_of` a running job; where tracking, also when its service reaches the queue's
+        limit (`_limits`: its key in the order holds until then)."""
         service = self._counters(j, now)[0]
         q = bisect.bisect_right(self.limits, service)
-        until = math.inf
-        if q < len(self.limits) and j.gpus > 0:
-            until = now + (self.limits[q] - service) / j.gpus
-            heapq.heappush(self._demotions, (until, j.seq, j.job_id))
-        self._held[j.job_id] = (q, until)
+        if self._tracking:
+            until = math.inf
+            if q < len(self.limits) and j.gpus > 0:
+                until = now + (self.limits[q] - service) / j.gpus
+                heapq.heappush(self._demotions, (until, j.seq, j.job_id))
+            self._limits[j.job_id] = until
         return q
 
     def _within_queue_key(self, j: JobView) -> tuple[float, ...]:
@@ -246,8 +242,8 @@ class Tiresias(SchedulingPolicy):
             return
         self._views = {j.job_id: j for j in inp.jobs}
         self._runs = {j.job_id: j for j in inp.jobs if j.state == "running"}
-        self._held, self._demotions = {}, []
-        self.order = self._new_order()  # (its running keys are `_held`'s)
+        self._limits, self._demotions = {}, []
+        self.order = self._new_order()  # (its running keys hold to `_limits`)
         self._promotions = [
             (at, j.seq, j.job_id) for j in inp.jobs if (at := self._promotion_at(j)) is not None
         ]
@@ -259,7 +255,7 @@ class Tiresias(SchedulingPolicy):
         assert inp.changed is not None
         now, views, runs, epochs = inp.now, self._views, self._runs, self._epochs
         for job_id, view in inp.changed.items():
-            self._held.pop(job_id, None)
+            self._limits.pop(job_id, None)
             if view is None:
                 views.pop(job_id, None)
                 runs.pop(job_id, None)
@@ -300,13 +296,12 @@ class Tiresias(SchedulingPolicy):
     def _demoted(self, now: float) -> list[str]:
         """The running jobs whose kept queue is due (their service nears its limit): forgotten,
         to be keyed again."""
-        demotions, held, runs = self._demotions, self._held, self._runs
+        demotions, limits, runs = self._demotions, self._limits, self._runs
         due: list[str] = []
         while demotions and demotions[0][0] - _rounding(demotions[0][0]) <= now:
             until, _, job_id = heapq.heappop(demotions)
-            kept = held.get(job_id)
-            if kept is not None and kept[1] == until and job_id in runs:
-                del held[job_id]
+            if limits.get(job_id) == until and job_id in runs:
+                del limits[job_id]
                 due.append(job_id)
         return due
 
@@ -353,12 +348,12 @@ class Tiresias(SchedulingPolicy):
         now = inp.now
         best: float | None = None
         if self._tracking and self.order.follows(inp):
-            # The waiting jobs' promotions and the held running jobs' limits from their heaps;
-            # the jobs the decision started or stopped, and any not held, one by one.
-            held = self._held
+            # The waiting jobs' promotions and the keyed running jobs' limits from their heaps;
+            # the jobs the decision started or stopped one by one.
+            limits = self._limits
             jobs: Any = (
                 view for view in self.order.touched()
-                if not (view.state == "running" and view.job_id in held)
+                if not (view.state == "running" and view.job_id in limits)
             )  # fmt: skip
             best = self._soonest(self._promotions, self._promoting, now)
             demotion = self._soonest(self._demotions, self._demoting, now)
@@ -379,9 +374,8 @@ class Tiresias(SchedulingPolicy):
 
     def _demoting(self, entry: tuple[float, int, str]) -> JobView | None:
         """The running job of a `_demotions` entry, if the entry is its own (not stale)."""
-        held = self._held.get(entry[2])
         view = self._runs.get(entry[2])
-        if held is None or held[1] != entry[0] or view is None or view.state != "running":
+        if self._limits.get(entry[2]) != entry[0] or view is None or view.state != "running":
             return None
         return view
 

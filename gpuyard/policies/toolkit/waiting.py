@@ -46,6 +46,7 @@ class WaitingOrder:
         self._ranked: list[tuple[Any, ...]] = []
         """With `running_keys_hold`: the running jobs' entries, sorted."""
         self._rank: dict[str, tuple[Any, ...]] = {}
+        """Running job -> its entry in `_ranked`."""
         self._entries: dict[str, tuple[Any, ...]] = {}
         """Waiting job -> its entry in `_waiting` (its key, then its id)."""
         self._waiting: list[tuple[Any, ...]] = []
@@ -70,10 +71,10 @@ class WaitingOrder:
         self, inp: SchedulingInput, *, backfill: bool, moved: Iterable[str] = ()
     ) -> Decision | list[Allocation]:
         """`fill_in_order` over the jobs in this order, told as what changes where the input
-        says what changed. A decision keys the running jobs and walks from the first waiting
-        job on (the running jobs before it keep their GPUs) as far as it places jobs, not the
-        rest of the queue. `moved`: waiting jobs whose key the policy's own state changed since
-        they were keyed (Tiresias's promotions), keyed again."""
+        says what changed. A decision keys the running jobs (unless their keys hold) and walks
+        from the first waiting job on (the running jobs before it keep their GPUs) as far as it
+        places jobs, not the rest of the queue. `moved`: jobs whose key the policy's own state
+        changed since they were keyed (Tiresias's promotions and demotions), keyed again."""
         now, key = inp.now, self.key
         self._decided, self._stopped, self._named = inp.changed, [], []
         if inp.changed is None:
