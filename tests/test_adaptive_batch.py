@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from gpuyard.jobclient import PROFILE_MAX_CONFIGS, JobClient
-from gpuyard.services.nodeagent.procs import JobPart, Places, process_envs
+from gpuyard.services.nodeagent.procs import JobPart, Places, Starter, process_envs
 from gpuyard.services.scheduler.batches import AdaptiveBatches
 from gpuyard.services.scheduler.jobs import JobTable
 from gpuyard.shared.contract import BatchChoice, ClusterInfo, JobProgress, Launch
@@ -254,7 +254,8 @@ def test_the_agent_leaves_out_measurements_that_do_not_hold_and_keeps_the_progre
         pass
 
     part = JobPart(
-        _launch(attempt=1), "n1", Places(tmp_path / "logs", tmp_path / "ckpt", "t"), no_lines, 5.0
+        _launch(attempt=1), "n1", Places(tmp_path / "logs", tmp_path / "ckpt", "t"), no_lines, 5.0,
+        Starter.find(),
     )
     path = tmp_path / "progress.json"
     part.ranks, part.progress_files = [0], [path]

@@ -20,7 +20,7 @@ from gpuyard.cli.cluster import job_from_args
 from gpuyard.cli.options import gpus_or_share
 from gpuyard.jobclient import JobClient
 from gpuyard.services.nodeagent.nvml import Nvml, gpu_type_name
-from gpuyard.services.nodeagent.procs import JobPart, Places, process_envs
+from gpuyard.services.nodeagent.procs import JobPart, Places, Starter, process_envs
 from gpuyard.services.nodeagent.run import add_agent_args, config_from_args
 from gpuyard.services.nodeagent.sdnotify import SystemdNotifier
 from gpuyard.services.nodeagent.service import NodeAgent, NodeAgentConfig
@@ -118,7 +118,8 @@ def test_the_agent_measures_each_runs_rate_from_the_jobs_reports(tmp_path: Path)
     async def no_lines(job_id: str, rank: int, line: str) -> None:
         pass
 
-    part = JobPart(launch, "n1", Places(tmp_path / "logs", tmp_path / "ckpt", "t"), no_lines, 5.0)
+    places = Places(tmp_path / "logs", tmp_path / "ckpt", "t")
+    part = JobPart(launch, "n1", places, no_lines, 5.0, Starter.find())
     files = [tmp_path / "p2.json", tmp_path / "p3.json"]
     part.ranks, part.progress_files = [2, 3], files
 
@@ -150,7 +151,8 @@ async def test_a_part_stopped_while_its_processes_start_is_stopped(tmp_path: Pat
     async def no_lines(job_id: str, rank: int, line: str) -> None:
         pass
 
-    part = JobPart(launch, "n1", Places(tmp_path / "logs", tmp_path / "ckpt", "t"), no_lines, 5.0)
+    places = Places(tmp_path / "logs", tmp_path / "ckpt", "t")
+    part = JobPart(launch, "n1", places, no_lines, 5.0, Starter.find())
     spawning = asyncio.create_task(part.spawn(dict(os.environ)))
     await asyncio.sleep(0)  # the spawn is under way: no process handed back yet
     assert not part.procs

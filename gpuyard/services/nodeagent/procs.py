@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
+import errno
 import os
+import shutil
 import signal
 import stat
-import sys
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,7 +30,8 @@ NAME_RULE = "1-128 letters, digits, '_', '.', ':' or '-', not starting with '.',
 LineSink = Callable[[str, int, str], Awaitable[None]]
 """(job_id, rank, line) -> publish it."""
 
-_PR_SET_PDEATHSIG = 1
+_LINE_LIMIT = 2**16
+"""The longest line of a job's output the agent reads as one (asyncio's default)."""
 _PROGRESS_MAX_BYTES = 64 * 1024
 
 PASSED_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "LD_LIBRARY_PATH")
@@ -56,26 +58,78 @@ def job_environment(
     return env
 
 
-def _die_with_agent() -> None:
-    """In the child before exec (Linux): SIGKILL it when the agent dies, so a crashed agent leaves
-    no orphans running beside the job's next run elsewhere (systemd's cgroup kill does the same)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+@dataclass(frozen=True)
+class Starter:
+    """How the agent starts a job's process: through util-linux's `setpriv`, which takes the job's
+    account (its groups, group and user, saved ids too: nothing of the agent's stays) and the
+    parent-death signal (SIGKILL when the agent dies, so that a crashed agent leaves no orphan
+    running beside the job's next run elsewhere; systemd's cgroup kill does the same), then
+    executes the job's command. The agent starts `setpriv` by vfork and exec, which copies
+    nothing of its memory: a fork of the agent, with Python run in the child to change account,
+    cost some 7 ms of CPU a process, the most of a job's cost to its node."""
 
+    setpriv: str
 
-def _start_as(account: Account | None) -> Callable[[], None]:
-    """What the child does before exec: become `account` (groups first, the user last, so that
-    nothing of the agent's stays), then `_die_with_agent` (a change of user clears that)."""
+    @classmethod
+    def find(cls, path: str | None = None) -> Starter:
+        """ValueError (one line) where this machine has no `setpriv`."""
+        found = shutil.which("setpriv", path=path) or next(
+            (p for p in ("/usr/bin/setpriv", "/bin/setpriv") if os.access(p, os.X_OK)), None
+        )
+        if found is None:
+            raise ValueError(
+                "setpriv (util-linux) is not on this machine: the agent starts jobs through it"
+            )
+        return cls(found)
 
-    def start() -> None:
+    def argv(self, command: list[str], account: Account | None) -> list[str]:
+        argv = [self.setpriv, "--pdeathsig", "KILL"]
         if account is not None:
-            os.setgroups(list(account.groups))
-            os.setgid(account.gid)
-            os.setuid(account.uid)
-        _die_with_agent()
+            groups = ",".join(map(str, account.groups))
+            argv += ["--reuid", str(account.uid), "--regid", str(account.gid)]
+            argv += ["--groups", groups] if groups else ["--clear-groups"]
+        return [*argv, "--", *command]
 
-    return start
+
+class JobProcess:
+    """One started process of a job: its output as a stream, its exit from a pidfd (the agent
+    reaps its own processes only: the event loop's child watching knows nothing of them)."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], stdout: asyncio.StreamReader) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+        self.stdout = stdout
+        loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[int] = loop.create_future()
+        self._pidfd = os.pidfd_open(self.pid)
+        loop.add_reader(self._pidfd, self._reap)
+
+    @classmethod
+    async def start(cls, argv: list[str], env: dict[str, str], cwd: str | None) -> JobProcess:
+        """OSError where it cannot start. On the loop's thread (the thread a process's
+        parent-death signal watches), which waits for its vfork and exec alone."""
+        popen = subprocess.Popen(  # noqa: ASYNC220
+            argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        assert popen.stdout is not None
+        reader = asyncio.StreamReader(limit=_LINE_LIMIT)
+        await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), popen.stdout
+        )
+        return cls(popen, reader)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    def _reap(self) -> None:
+        asyncio.get_running_loop().remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self._exited.set_result(self.popen.wait())  # (it has exited: no wait)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
 
 
 @dataclass(frozen=True)
@@ -183,9 +237,10 @@ class JobPart:
 
     def __init__(
         self, launch: Launch, node_id: str, places: Places, on_line: LineSink, grace_s: float,
-        gpu_type: str = "", account: Account | None = None,
+        starter: Starter, gpu_type: str = "", account: Account | None = None,
     ) -> None:  # fmt: skip
         self.launch = launch
+        self.starter = starter
         self.account = account
         """Who its processes run as (None: the agent's own account)."""
         self.gpu_type = gpu_type
@@ -199,7 +254,7 @@ class JobPart:
         """Preempted or cancelled: its exit is not the job's end and is not reported."""
         self.timed_out = False
         """Stopped at its time limit (`Launch.time_limit_s`): its exit is the job's end."""
-        self.procs: list[asyncio.subprocess.Process] = []
+        self.procs: list[JobProcess] = []
         self.ranks: list[int] = []
         self.progress_files: list[Path] = []
         self._first: dict[int, JobProgress] = {}
@@ -221,30 +276,41 @@ class JobPart:
         if not command:
             raise ValueError("the job has no command")
         workdir = spec.workdir or None  # None: the agent's own
-        if workdir is not None and not await asyncio.to_thread(os.path.isdir, workdir):
-            raise ValueError(f"working directory {workdir} is not a directory on {self.node_id}")
         account = self.account
         self._spawning = True
         try:
-            home = await asyncio.to_thread(self._prepare_folders)
+            path = spec.env.get("PATH", base_env.get("PATH", os.defpath))  # (the job's)
+            home = await asyncio.to_thread(self._prepare, workdir, path)
             envs = process_envs(
                 self.launch, self.node_id, self.places, job_environment(base_env, account, home),
                 self.grace_s, self.gpu_type,
             )  # fmt: skip
+            argv = self.starter.argv(command, account)
             for env in envs:
                 rank = int(env["RANK"])
-                proc = await asyncio.create_subprocess_exec(
-                    *command, env=env, cwd=workdir, stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                    start_new_session=True, preexec_fn=_start_as(account),
-                )  # fmt: skip
-                self.procs.append(proc)
+                self.procs.append(await JobProcess.start(argv, env, workdir))
                 self.ranks.append(rank)
                 self.progress_files.append(Path(env["GPUYARD_PROGRESS_FILE"]))
         finally:
             self._spawning = False
             if self.stopping:  # stopped while its processes were starting: stop them now
                 self._terminate_soon()
+
+    def _prepare(self, workdir: str | None, path: str) -> str:
+        """What starting the processes needs of the file system (off the event loop): the
+        working directory and the command checked (a launch that cannot start says why, as
+        `setpriv` would only in the job's log), the folders made. Returns the job's home."""
+        if workdir is not None and not os.path.isdir(workdir):
+            raise ValueError(f"working directory {workdir} is not a directory on {self.node_id}")
+        assert self.launch.spec is not None
+        program = self.launch.spec.command[0]
+        if os.sep in program:  # (a path: from the working directory)
+            found = shutil.which(os.path.join(workdir or "", program))
+        else:
+            found = shutil.which(program, path=path)
+        if not found:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+        return self._prepare_folders()
 
     def _prepare_folders(self) -> str:
         """The logs' folder is the agent's (others may only pass through, to the job's `run`);
@@ -286,7 +352,7 @@ class JobPart:
         self.done.set()
         return failure
 
-    async def _run_one(self, proc: asyncio.subprocess.Process, rank: int) -> int:
+    async def _run_one(self, proc: JobProcess, rank: int) -> int:
         assert proc.stdout is not None
         path = self.places.job_logs(self.job_id) / f"rank{rank}.log"
         # The agent's alone: another job (of the same account too) may pass through its folder.

@@ -63,7 +63,7 @@ from gpuyard.shared.service import Handler, Service
 
 from .accounts import JobAccounts
 from .nvml import Nvml, gpu_type_name
-from .procs import JobPart, Places
+from .procs import JobPart, Places, Starter
 from .sdnotify import SystemdNotifier
 
 
@@ -124,6 +124,8 @@ class NodeAgent(Service):
         )
         self.accounts = accounts or job_accounts(config, self.places)
         """Who its jobs run as (checked: ValueError if no one can safely)."""
+        self.starter = Starter.find()
+        """How it starts their processes (ValueError where it cannot)."""
         self.nvml: Nvml | None = None
         self.node = self._discover()
         self.parts: dict[str, JobPart] = {}
@@ -411,7 +413,7 @@ class NodeAgent(Service):
         assert launch.spec is not None  # (`command` refused a launch without one)
         part = JobPart(
             launch, self.node_id, self.places, self._publish_line, self.config.grace_s,
-            self.node.gpu_type, self.accounts.for_user(launch.spec.user),
+            self.starter, self.node.gpu_type, self.accounts.for_user(launch.spec.user),
         )  # fmt: skip
         # It starts once the GPUs' holders have exited (but the running job it is to share them
         # with, and, for a job asking for a share of a GPU, the others that hold shares of it),
