@@ -163,6 +163,85 @@ async def test_a_part_stopped_while_its_processes_start_is_stopped(tmp_path: Pat
     assert (rank, code) == (0, -signal.SIGTERM)
 
 
+def _part(tmp_path: Path, command: list[str], workdir: str = "") -> JobPart:
+    spec = JobSpec(num_gpus=1, command=command, workdir=workdir)
+    launch = Launch(
+        job_id="j1", spec=spec, gpus=[0], world_size=1, rank_offset=0, node_rank=0,
+        num_nodes=1, master_addr="127.0.0.1", master_port=23456,
+    )  # fmt: skip
+
+    async def no_lines(job_id: str, rank: int, line: str) -> None:
+        pass
+
+    places = Places(tmp_path / "logs", tmp_path / "ckpt", "t")
+    return JobPart(launch, "n1", places, no_lines, 5.0, Starter.find())
+
+
+async def test_a_command_that_is_not_there_fails_its_launch_with_one_line(tmp_path: Path) -> None:
+    """The agent says why a launch cannot start (`launch failed: ...`), as a start without
+    `setpriv` between would, not a job that ran and exited 127; a command given as a path is
+    looked for from the job's working directory."""
+    with pytest.raises(FileNotFoundError, match=r"No such file or directory: 'no-such-command'"):
+        await _part(tmp_path, ["no-such-command", "x"]).spawn(dict(os.environ))
+    script = tmp_path / "work" / "run.sh"
+    script.parent.mkdir()
+    script.write_text("#!/bin/sh\necho ran in $(pwd)\n")
+    script.chmod(0o755)
+    with pytest.raises(FileNotFoundError, match=r"'./run.sh'"):  # (not from the agent's folder)
+        await _part(tmp_path, ["./run.sh"]).spawn(dict(os.environ))
+    part = _part(tmp_path, ["./run.sh"], workdir=str(script.parent))
+    await part.spawn(dict(os.environ))
+    assert await part.wait() == (-1, 0)
+    log = tmp_path / "logs" / "t" / "j1" / "rank0.log"
+    assert log.read_text() == f"ran in {script.parent}\n"
+
+
+def test_without_setpriv_the_agent_says_so_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"^setpriv \(util-linux\) is not on this machine's PATH"):
+        Starter.find(path=str(tmp_path))
+
+
+_AGENT_OF_ONE_JOB = """
+import asyncio, os, sys
+from pathlib import Path
+from gpuyard.services.nodeagent.procs import JobProcess, Starter
+
+async def main() -> None:
+    starter = Starter.find()
+    proc = await JobProcess.start(starter.argv(["sleep", "60"], None), dict(os.environ), None)
+    print(proc.pid, flush=True)
+    await proc.wait()
+
+asyncio.run(main())
+"""
+
+
+def test_a_jobs_processes_die_with_their_agent(tmp_path: Path) -> None:
+    """An agent killed -9 leaves no job process running (their parent-death signal, which the
+    agent's start through `setpriv` sets): a job requeued elsewhere never runs twice."""
+    agent = subprocess.Popen(
+        [sys.executable, "-c", _AGENT_OF_ONE_JOB], stdout=subprocess.PIPE, text=True
+    )
+    assert agent.stdout is not None
+    job = int(agent.stdout.readline())
+    os.kill(job, 0)  # it runs
+    agent.kill()
+    agent.wait(10)
+    deadline = time.monotonic() + 10
+    while _alive(job) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _alive(job)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (not a zombie waiting for init to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_systemd_notify_sends_datagrams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = str(tmp_path / "notify")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

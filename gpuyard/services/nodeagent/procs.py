@@ -72,13 +72,12 @@ class Starter:
 
     @classmethod
     def find(cls, path: str | None = None) -> Starter:
-        """ValueError (one line) where this machine has no `setpriv`."""
-        found = shutil.which("setpriv", path=path) or next(
-            (p for p in ("/usr/bin/setpriv", "/bin/setpriv") if os.access(p, os.X_OK)), None
-        )
+        """From `path` (the agent's PATH by default); ValueError (one line) where it is not."""
+        found = shutil.which("setpriv", path=path)
         if found is None:
             raise ValueError(
-                "setpriv (util-linux) is not on this machine: the agent starts jobs through it"
+                "setpriv (util-linux) is not on this machine's PATH: the agent starts jobs "
+                "through it"
             )
         return cls(found)
 

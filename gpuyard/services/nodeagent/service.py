@@ -126,6 +126,8 @@ class NodeAgent(Service):
         """Who its jobs run as (checked: ValueError if no one can safely)."""
         self.starter = Starter.find()
         """How it starts their processes (ValueError where it cannot)."""
+        self.environment = dict(os.environ)
+        """The agent's environment, read once: what its jobs inherit of it (`job_environment`)."""
         self.nvml: Nvml | None = None
         self.node = self._discover()
         self.parts: dict[str, JobPart] = {}
@@ -445,7 +447,7 @@ class NodeAgent(Service):
             if part.stopping:
                 return
             try:
-                await part.spawn(dict(os.environ))
+                await part.spawn(self.environment)
             except (OSError, ValueError) as exc:
                 failure, reason = (part.launch.rank_offset, 127), f"launch failed: {exc}"
                 part.stop()  # whatever did start
