@@ -79,6 +79,12 @@ async def wait_nodes(bus: Bus, n: int, within_s: float = 60) -> None:
         await asyncio.sleep(0.1)
 
 
+LEASE_S, GRACE_S = 2.0, 2.0
+"""The agents' lease and grace period: placement's heartbeat timeout (`HEARTBEAT_TIMEOUT_S` in
+the secured cluster) must exceed their sum (a node declared lost has stopped its jobs)."""
+HEARTBEAT_TIMEOUT_S = 5.0
+
+
 async def start_agent(
     url: str,
     node: str,
@@ -95,7 +101,7 @@ async def start_agent(
         sys.executable, "-m", "gpuyard.services.nodeagent", *identity, "--node-id", node,
         "--gpus", str(gpus), "--gpu-type", gpu_type, "--no-nvml", "--address", "127.0.0.1",
         "--state-dir", str(root / node), "--checkpoint-root", str(root / "ckpt"),
-        "--log-level", "warning",
+        "--log-level", "warning", "--lease", f"{LEASE_S:g}", "--grace", f"{GRACE_S:g}",
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
 
@@ -246,7 +252,7 @@ async def secured(args: argparse.Namespace, root: Path) -> None:
                 return NatsAuth(identity=caller.token)
             return NatsAuth.from_profile(creds.profile(caller))
 
-        configs = control_plane_configs(round_s=5.0)
+        configs = control_plane_configs(round_s=5.0, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
         services = ServiceSet(
             url, CLUSTER, configs, processes=True, log_level="warning", auth=auth(OPERATOR),
             service_auth={n: auth(Caller("svc", n)) for n in configs},
@@ -447,7 +453,7 @@ async def kill_mid_command(
         f"kill -9 mid-command ({args.kills} times): next round {min(rounds):.2f}-{max(rounds):.2f} s "
         f"after the kill (target <= 2 heartbeat intervals, 2 s); node declared lost "
         f"{min(d for _, d in results):.2f}-{max(d for _, d in results):.2f} s after "
-        f"(heartbeat timeout 5 s)",
+        f"(heartbeat timeout {HEARTBEAT_TIMEOUT_S:g} s)",
         flush=True,
     )
 
