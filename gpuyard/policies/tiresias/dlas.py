@@ -414,6 +414,10 @@ class TiresiasGittinsParams(TiresiasParams, forbid_unknown_fields=True):
     """Known job sizes in GPU-seconds (a prior), added to the sizes learned from finished jobs."""
     window: Annotated[int, Meta(ge=1)] = 10_000
     """How many learned sizes to keep (the most recent)."""
+    wake_at_sizes: bool = False
+    """Decide again when a running job's service crosses a known size (its index moves there).
+    False, as the reference: a running job's index is evaluated at the decisions that come anyway
+    (arrivals, exits, demotions, promotions) and goes stale between them."""
 
 
 class GittinsState(TiresiasState, kw_only=True):
@@ -432,6 +436,9 @@ class TiresiasGittins(Tiresias):
     time. The index of a job with attained GPU-time a over the job-size distribution S is
     P(S - a <= Δ | S > a) / E[min(S - a, Δ) | S > a]. Like the reference it is evaluated at the next
     sample point above a (so it only changes when a crosses a sample) and is 0 past the largest.
+    As in the reference, indexes are evaluated at the decisions Tiresias makes anyway (arrivals,
+    exits, demotions, promotions): a running job's index goes stale between them.
+    `wake_at_sizes` decides again each time a running job's service crosses a known size.
 
     The distribution: the reference reads durations from a trace file (`yarn-gput1000.csv`) but
     compares them with GPU-time; here it is `samples` plus the GPU-time of the jobs seen to finish
@@ -593,10 +600,11 @@ class TiresiasGittins(Tiresias):
         return count == len(inp.jobs)
 
     def next_decision_time(self, inp: SchedulingInput) -> float | None:
-        """Tiresias's events plus the next time a running job's service crosses a known size."""
+        """Tiresias's events; with `wake_at_sizes`, the next time a running job's service crosses
+        a known size too."""
         best = super().next_decision_time(inp)
         data, _ = self._distribution()
-        if not data:
+        if not data or not self.params.wake_at_sizes:
             return best
         jobs = self.order.touched() if self._tracking and self.order.follows(inp) else inp.jobs
         for j in jobs:

@@ -51,8 +51,13 @@ VARIANTS = [
         id="gittins",
     ),
     pytest.param(
-        TiresiasGittinsParams(thresholds=[300.0], promote_knob=0.5, samples=[200.0, 900.0, 4000.0]),
-        id="gittins-prior",
+        TiresiasGittinsParams(
+            thresholds=[300.0],
+            promote_knob=0.5,
+            samples=[200.0, 900.0, 4000.0],
+            wake_at_sizes=True,
+        ),
+        id="gittins-prior-waking-at-sizes",
     ),
 ]
 

@@ -157,6 +157,20 @@ def test_tiresias_gittins_exact_value_and_learning():
     assert pol.gittins_index(0.0) == pytest.approx(0.5 / 50.5)
 
 
+def test_tiresias_gittins_decides_at_known_sizes_only_when_asked():
+    """As the reference's `dlas-gpu-gittins`, a running job's index is evaluated at the decisions
+    that come anyway (here its demotion, (10,000 - 400) / 2 s on); `wake_at_sizes` wakes where it
+    moves too."""
+    params: dict[str, Any] = dict(thresholds=[10_000], promote_knob=0, samples=[50, 1000, 5000])
+    running = job("r", 2, running=True, attained_service=400.0, executed_time=200.0)
+    waiting = job("w", 1, submit=5)
+    reference = TiresiasGittins(TiresiasGittinsParams(**params))
+    assert reference.next_decision_time(inp([running, waiting], gpus=2, now=100.0)) == 4900.0
+    woken = TiresiasGittins(TiresiasGittinsParams(**params, wake_at_sizes=True))
+    # (1000 - 400) GPU-s at 2 GPUs: 300 s on
+    assert woken.next_decision_time(inp([running, waiting], gpus=2, now=100.0)) == 400.0
+
+
 def test_state_survives_a_snapshot_and_decides_the_same_afterwards():
     """A restarted scheduler restores the policy's state: the restored policy makes the same
     decisions as the one that never stopped; a fresh one (no state) does not."""
