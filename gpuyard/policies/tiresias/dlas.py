@@ -73,9 +73,10 @@ class Tiresias(SchedulingPolicy):
     a full top-queue allowance again.
 
     Differences from the reference: pending jobs within a queue are in submit order, whereas the
-    reference keeps them in the order they entered the queue; a job crossing several thresholds at
-    once moves down all of them (the reference moves one queue per event, but schedules an event
-    at every crossing, so the outcome is the same). The per-promoted-job counters (`Epoch`) are
+    reference keeps them in the order they entered the queue; a job is demoted when its GPU-time
+    reaches the limit, down every queue it passed (the reference wakes at `(limit - seconds run) /
+    GPUs`, late for a multi-GPU job, moves it one queue per event and counts whole seconds:
+    docs/fidelity.md). The per-promoted-job counters (`Epoch`) are
     the only memory this policy keeps: they are what the reference stores in its job records and
     cannot be derived from a `JobView`; `schedule()` updates them, `next_decision_time()` does not.
     Without promotions the policy is a pure function of its input.
