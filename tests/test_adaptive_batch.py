@@ -254,7 +254,11 @@ def test_the_agent_leaves_out_measurements_that_do_not_hold_and_keeps_the_progre
         pass
 
     part = JobPart(
-        _launch(attempt=1), "n1", Places(tmp_path / "logs", tmp_path / "ckpt", "t"), no_lines, 5.0,
+        _launch(attempt=1),
+        "n1",
+        Places(tmp_path / "logs", tmp_path / "ckpt", "t"),
+        no_lines,
+        5.0,
         Starter.find(),
     )
     path = tmp_path / "progress.json"
