@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ from gpuyard.cli.cluster import job_from_args
 from gpuyard.cli.options import gpus_or_share
 from gpuyard.jobclient import JobClient
 from gpuyard.services.nodeagent.nvml import Nvml, gpu_type_name
-from gpuyard.services.nodeagent.procs import JobPart, Places, Starter, process_envs
+from gpuyard.services.nodeagent.procs import JobPart, JobProcess, Places, Starter, process_envs
 from gpuyard.services.nodeagent.run import add_agent_args, config_from_args
 from gpuyard.services.nodeagent.sdnotify import SystemdNotifier
 from gpuyard.services.nodeagent.service import NodeAgent, NodeAgentConfig
@@ -196,6 +197,39 @@ async def test_a_command_that_is_not_there_fails_its_launch_with_one_line(tmp_pa
     assert log.read_text() == f"ran in {script.parent}\n"
 
 
+async def test_a_process_that_cannot_be_watched_is_not_left_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where its exit cannot be watched (no pidfd: out of file descriptors), the process that
+    started is killed and reaped, and the launch fails with the error."""
+    marker = str(tmp_path / "unwatched")
+
+    def no_pidfd(pid: int, flags: int = 0) -> int:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    command = [*JOB_PYTHON, "-c", "import time; time.sleep(60)", marker]  # (one process)
+    argv = Starter.find().argv(command, None)
+    with pytest.raises(OSError, match="Too many open files"):
+        async with asyncio.timeout(10):  # (killed, it is reaped at once)
+            await JobProcess.start(argv, dict(os.environ), None)
+    assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _runs(pid, marker)]
+
+
+def _runs(pid: str, marker: str) -> bool:
+    """Whether process `pid` has `marker` among its arguments."""
+    return marker.encode() in _arguments(int(pid))
+
+
+def _arguments(pid: int) -> list[bytes]:
+    """The arguments of process `pid` ([] for one that is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")[:-1]
+    except OSError:
+        return []
+
+
 def test_without_setpriv_the_agent_says_so_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^setpriv \(util-linux\) is not on this machine's PATH"):
         Starter.find(path=str(tmp_path))
@@ -224,7 +258,10 @@ def test_a_jobs_processes_die_with_their_agent(tmp_path: Path) -> None:
     )
     assert agent.stdout is not None
     job = int(agent.stdout.readline())
-    os.kill(job, 0)  # it runs
+    deadline = time.monotonic() + 10
+    while _arguments(job) != [b"sleep", b"60"] and time.monotonic() < deadline:
+        time.sleep(0.01)  # (`setpriv` sets the signal as it starts the command)
+    assert _arguments(job) == [b"sleep", b"60"]  # it runs
     agent.kill()
     agent.wait(10)
     deadline = time.monotonic() + 10

@@ -64,7 +64,8 @@ class Starter:
     account (its groups, group and user, saved ids too: nothing of the agent's stays) and the
     parent-death signal (SIGKILL when the agent dies, so that a crashed agent leaves no orphan
     running beside the job's next run elsewhere; systemd's cgroup kill does the same), then
-    executes the job's command. The agent starts `setpriv` by vfork and exec, which copies
+    executes the job's command (an agent killed in the instant between its start of `setpriv`
+    and that, as one killed as it forked before, may leave that one process). The agent starts `setpriv` by vfork and exec, which copies
     nothing of its memory: a fork of the agent, with Python run in the child to change account,
     cost some 7 ms of CPU a process, the most of a job's cost to its node."""
 
@@ -94,29 +95,43 @@ class JobProcess:
     """One started process of a job: its output as a stream, its exit from a pidfd (the agent
     reaps its own processes only: the event loop's child watching knows nothing of them)."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], stdout: asyncio.StreamReader) -> None:
+    def __init__(
+        self, popen: subprocess.Popen[bytes], stdout: asyncio.StreamReader, pidfd: int
+    ) -> None:
         self.popen = popen
         self.pid = popen.pid
         self.stdout = stdout
         loop = asyncio.get_running_loop()
         self._exited: asyncio.Future[int] = loop.create_future()
-        self._pidfd = os.pidfd_open(self.pid)
-        loop.add_reader(self._pidfd, self._reap)
+        self._pidfd = pidfd
+        loop.add_reader(pidfd, self._reap)
 
     @classmethod
     async def start(cls, argv: list[str], env: dict[str, str], cwd: str | None) -> JobProcess:
-        """OSError where it cannot start. On the loop's thread (the thread a process's
-        parent-death signal watches), which waits for its vfork and exec alone."""
+        """OSError where it cannot start (or be watched: then it is killed). On the loop's
+        thread (the thread a process's parent-death signal watches), which waits for its vfork
+        and exec alone."""
         popen = subprocess.Popen(  # noqa: ASYNC220
             argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         assert popen.stdout is not None
-        reader = asyncio.StreamReader(limit=_LINE_LIMIT)
-        await asyncio.get_running_loop().connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), popen.stdout
-        )
-        return cls(popen, reader)
+        pidfd = -1
+        try:
+            pidfd = os.pidfd_open(popen.pid)
+            reader = asyncio.StreamReader(limit=_LINE_LIMIT)
+            await asyncio.get_running_loop().connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(reader), popen.stdout
+            )
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(popen.pid, signal.SIGKILL)
+            if pidfd >= 0:
+                os.close(pidfd)
+            popen.stdout.close()
+            await asyncio.to_thread(popen.wait)
+            raise
+        return cls(popen, reader, pidfd)
 
     @property
     def returncode(self) -> int | None:
