@@ -139,31 +139,6 @@ def test_the_agent_measures_each_runs_rate_from_the_jobs_reports(tmp_path: Path)
     assert [p.rate for p in part.progress()] == [10.0, 10.0]
 
 
-async def test_a_part_stopped_while_its_processes_start_is_stopped(tmp_path: Path) -> None:
-    """A preemption that lands while the agent is still starting a part's processes (a launch and
-    the next round's preempt close together, on a loaded machine) stops them once they have
-    started: they must not run on, to their end, beside the job's next run elsewhere."""
-    spec = JobSpec(num_gpus=1, command=[*JOB_PYTHON, "-c", "import time; time.sleep(60)"])
-    launch = Launch(
-        job_id="j1", spec=spec, gpus=[0], world_size=1, rank_offset=0, node_rank=0,
-        num_nodes=1, master_addr="127.0.0.1", master_port=23456,
-    )  # fmt: skip
-
-    async def no_lines(job_id: str, rank: int, line: str) -> None:
-        pass
-
-    places = Places(tmp_path / "logs", tmp_path / "ckpt", "t")
-    part = JobPart(launch, "n1", places, no_lines, 5.0, Starter.find())
-    spawning = asyncio.create_task(part.spawn(dict(os.environ)))
-    await asyncio.sleep(0)  # the spawn is under way: no process handed back yet
-    assert not part.procs
-    part.stop()
-    await spawning
-    async with asyncio.timeout(10):
-        rank, code = await part.wait()
-    assert (rank, code) == (0, -signal.SIGTERM)
-
-
 def _part(tmp_path: Path, command: list[str], workdir: str = "") -> JobPart:
     spec = JobSpec(num_gpus=1, command=command, workdir=workdir)
     launch = Launch(
@@ -176,6 +151,21 @@ def _part(tmp_path: Path, command: list[str], workdir: str = "") -> JobPart:
 
     places = Places(tmp_path / "logs", tmp_path / "ckpt", "t")
     return JobPart(launch, "n1", places, no_lines, 5.0, Starter.find())
+
+
+async def test_a_part_stopped_while_its_processes_start_is_stopped(tmp_path: Path) -> None:
+    """A preemption that lands while the agent is still starting a part's processes (a launch and
+    the next round's preempt close together, on a loaded machine) stops them once they have
+    started: they must not run on, to their end, beside the job's next run elsewhere."""
+    part = _part(tmp_path, [*JOB_PYTHON, "-c", "import time; time.sleep(60)"])
+    spawning = asyncio.create_task(part.spawn(dict(os.environ)))
+    await asyncio.sleep(0)  # the spawn is under way: no process handed back yet
+    assert not part.procs
+    part.stop()
+    await spawning
+    async with asyncio.timeout(10):
+        rank, code = await part.wait()
+    assert (rank, code) == (0, -signal.SIGTERM)
 
 
 async def test_a_command_that_is_not_there_fails_its_launch_with_one_line(tmp_path: Path) -> None:
