@@ -64,10 +64,11 @@ class Starter:
     account (its groups, group and user, saved ids too: nothing of the agent's stays) and the
     parent-death signal (SIGKILL when the agent dies, so that a crashed agent leaves no orphan
     running beside the job's next run elsewhere; systemd's cgroup kill does the same), then
-    executes the job's command (an agent killed in the instant between its start of `setpriv`
-    and that, as one killed as it forked before, may leave that one process). The agent starts `setpriv` by vfork and exec, which copies
-    nothing of its memory: a fork of the agent, with Python run in the child to change account,
-    cost some 7 ms of CPU a process, the most of a job's cost to its node."""
+    executes the job's command (an agent killed in the instant between starting `setpriv` and
+    that may leave that one process, as one killed while forking could before). The agent starts
+    `setpriv` by vfork and exec, which copies nothing of its memory: a fork of the agent, with
+    Python run in the child to change account, cost some 7 ms of CPU a process, the most of a
+    job's cost to its node."""
 
     setpriv: str
 
