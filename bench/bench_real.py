@@ -9,8 +9,9 @@
    and the submitter with its own NKey) and TLS, 20 real agents; jobs submitted open-loop at
    `--rate` per second for `--seconds` (`secure`), or one at a time as fast as they start
    (`serial`, `--jobs`): the submissions achieved per second and submit -> running (the
-   `job.started` event). Targets: >= 80/s sustained, p99 <= 100 ms. `--insecure`: the same
-   cluster without auth and TLS, to compare.
+   `job.started` event), and for `secure` the machine's CPU per job by part (node agents, the
+   jobs' processes they reaped, each service, the broker, this script). Targets: >= 80/s
+   sustained, p99 <= 100 ms. `--insecure`: the same cluster without auth and TLS, to compare.
 4. one submission of `--bulk` jobs (`--only bulk`, same secured cluster): the time until every
    job has its verdict, and until the first round is running (target: both within 2 s).
 5. kill -9 mid-command (`--only kill`, same secured cluster): an agent is stopped (SIGSTOP), given
