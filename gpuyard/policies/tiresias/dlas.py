@@ -413,8 +413,9 @@ class TiresiasGittinsParams(TiresiasParams, forbid_unknown_fields=True):
     """Service quantum Δ (GPU-seconds) of the Gittins index (the reference's `gittins_delta`)."""
     samples: list[Annotated[float, Meta(gt=0)]] = []
     """Known job sizes in GPU-seconds (a prior), added to the sizes learned from finished jobs."""
-    window: Annotated[int, Meta(ge=1)] = 10_000
-    """How many learned sizes to keep (the most recent)."""
+    window: Annotated[int, Meta(ge=0)] = 10_000
+    """How many learned sizes to keep (the most recent). 0: none, the distribution is `samples`
+    alone, fixed as the reference's (its `yarn-gput1000.csv`)."""
     wake_at_sizes: bool = False
     """Decide again when a running job's service crosses a known size (its index moves there).
     False, as the reference: a running job's index is evaluated at the decisions that come anyway
@@ -492,6 +493,8 @@ class TiresiasGittins(Tiresias):
 
     def _learn_sizes(self, gone: list[str], now: float) -> None:
         """The sizes of the jobs `gone` since the last decision (in the order of `_last`)."""
+        if not self.params.window:
+            return
         for job_id in gone:
             service, _, gpus = self._last[job_id]
             extra = gpus * (now - self._last_now) if self._last_now is not None else 0.0

@@ -157,6 +157,20 @@ def test_tiresias_gittins_exact_value_and_learning():
     assert pol.gittins_index(0.0) == pytest.approx(0.5 / 50.5)
 
 
+def test_tiresias_gittins_with_no_window_keeps_its_samples_alone():
+    """`window=0`: the reference's fixed distribution; nothing learned from the jobs that end."""
+    params: dict[str, Any] = dict(thresholds=[10_000], promote_knob=0, gittins_delta=100)
+    fixed = TiresiasGittins(TiresiasGittinsParams(**params, samples=[200, 350], window=0))
+    learning = TiresiasGittins(TiresiasGittinsParams(**params, samples=[200, 350]))
+    a = job("a", 1, running=True, attained_service=150.0, executed_time=150.0)
+    for pol in (fixed, learning):
+        pol.schedule(inp([a], gpus=2, now=0.0))
+        pol.schedule(inp([], gpus=2, now=50.0))  # a finished: size 200
+    assert fixed.gittins_index(0.0) == pytest.approx(0.5 / 50.5)  # (as the test above)
+    assert learning.gittins_index(0.0) != fixed.gittins_index(0.0)  # ({200, 200, 350})
+    assert fixed._sizes == 0  # (the sizes never moved: no job is keyed again for an exit)
+
+
 def test_tiresias_gittins_decides_at_known_sizes_only_when_asked():
     """As the reference's `dlas-gpu-gittins`, a running job's index is evaluated at the decisions
     that come anyway (here its demotion, (10,000 - 400) / 2 s on); `wake_at_sizes` wakes where it
