@@ -226,8 +226,7 @@ def test_without_setpriv_the_agent_says_so_in_one_line(tmp_path: Path) -> None:
 
 
 _AGENT_OF_ONE_JOB = """
-import asyncio, os, sys
-from pathlib import Path
+import asyncio, os
 from gpuyard.services.nodeagent.procs import JobProcess, Starter
 
 async def main() -> None:
@@ -240,7 +239,7 @@ asyncio.run(main())
 """
 
 
-def test_a_jobs_processes_die_with_their_agent(tmp_path: Path) -> None:
+def test_a_jobs_processes_die_with_their_agent() -> None:
     """An agent killed -9 leaves no job process running (their parent-death signal, which the
     agent's start through `setpriv` sets): a job requeued elsewhere never runs twice."""
     agent = subprocess.Popen(
