@@ -165,10 +165,6 @@ class Tiresias(SchedulingPolicy):
         self._epochs[j.job_id] = Epoch(now, j.executed_time, j.attained_service)
         return True
 
-    def _update(self, inp: SchedulingInput) -> dict[str, int]:
-        """Record promotions due at `inp.now`; return each job's queue."""
-        return self._sweep(inp)[0]
-
     def _sweep(self, inp: SchedulingInput) -> tuple[dict[str, int], list[str]]:
         """Record promotions due at `inp.now` over every job: each job's queue, those promoted."""
         now = inp.now
@@ -251,7 +247,7 @@ class Tiresias(SchedulingPolicy):
         heapq.heapify(self._promotions)
 
     def _take_in(self, inp: SchedulingInput) -> list[str]:
-        """`_update` from what changed: the jobs that came, went, started or stopped, the
+        """`_sweep` from what changed: the jobs that came, went, started or stopped, the
         running ones, and the waiting ones whose promotion is due. Returns those promoted."""
         assert inp.changed is not None
         now, views, runs, epochs = inp.now, self._views, self._runs, self._epochs

@@ -295,7 +295,7 @@ class JobPart:
         self._spawning = True
         try:
             path = spec.env.get("PATH", base_env.get("PATH", os.defpath))  # (the job's)
-            home = await asyncio.to_thread(self._prepare, workdir, path)
+            home = await asyncio.to_thread(self._prepare, command[0], workdir, path)
             envs = process_envs(
                 self.launch, self.node_id, self.places, job_environment(base_env, account, home),
                 self.grace_s, self.gpu_type,
@@ -311,14 +311,12 @@ class JobPart:
             if self.stopping:  # stopped while its processes were starting: stop them now
                 self._terminate_soon()
 
-    def _prepare(self, workdir: str | None, path: str) -> str:
+    def _prepare(self, program: str, workdir: str | None, path: str) -> str:
         """What starting the processes needs of the file system (off the event loop): the
         working directory and the command checked (a launch that cannot start says why, as
         `setpriv` would only in the job's log), the folders made. Returns the job's home."""
         if workdir is not None and not os.path.isdir(workdir):
             raise ValueError(f"working directory {workdir} is not a directory on {self.node_id}")
-        assert self.launch.spec is not None
-        program = self.launch.spec.command[0]
         if os.sep in program:  # (a path: from the working directory)
             found = shutil.which(os.path.join(workdir or "", program))
         else:
