@@ -525,6 +525,27 @@ class ApplyReply(Struct, kw_only=True, omit_defaults=True):
     applied: int = 0
     """This apply's number (counted across placement's restarts, where it is durable): the base
     of the next apply that tells only what changed (`ApplyRequest.base`)."""
+    assures_single: bool = False
+    """Placement places any allocation of one whole GPU of a named type, for a job that asks for
+    nothing more, while the capacity counts a GPU of that type free (its policy's
+    `places_any_free_gpu`, with no node draining and no job lost): a simulation's scheduler may
+    then send its next launches of such jobs at several instants in one request
+    (`place.stages`), knowing where each instant's decision leaves the cluster."""
+
+
+class ApplyStages(Struct, kw_only=True, forbid_unknown_fields=True):
+    """`place.stages`: the applies of successive instants in one request (scheduler ->
+    placement), applied in order as if sent one after another: the first stage's `base` is
+    placement's last apply, each other stage's the one before it. A simulation's scheduler
+    sends them so where it went on through instants whose decisions only launch jobs that
+    placement assured it would place (`ApplyReply.assures_single`)."""
+
+    stages: list[ApplyRequest]
+
+
+class ApplyStagesReply(Struct, kw_only=True):
+    replies: list[ApplyReply]
+    """Each stage's reply, in order."""
 
 
 class ClusterInfo(Struct, kw_only=True):
@@ -779,7 +800,7 @@ MESSAGES: tuple[type[Struct], ...] = (
     ErrorReply, Ack, Ping, Pong, ServiceStats, Empty, PageQuery, SubmitRequest, SubmitResult, SubmitReply,
     EnqueueRequest, SchedulerStatus, CountsChange, ClusterChanged, TickRequest, JobExit, ForeseenExits, ExitReport, JobRecord, JobsPage,
     RegisterNode, NodesChanged, NodesChangedReply, ApplyRequest, BatchChoice, StepsReport, StepsUpdate, ApplyReply, ClusterInfo, Launch,
-    NodeCommand, NodeCommandReply, NodeCommands, RunRequest, Progress, TimelinePoint, QueueGpus, TimelinePage, Event,
+    ApplyStages, ApplyStagesReply, NodeCommand, NodeCommandReply, NodeCommands, RunRequest, Progress, TimelinePoint, QueueGpus, TimelinePage, Event,
     JobQuery, CancelRequest, CancelReply, HoldRequest, RequeueRequest, DoneReply, DrainRequest, FinishedQuery, FinishedPage, GpuMetrics, JobProgress, Heartbeat, HeartbeatsPage,
     LogsRequest, LogsReply, LogLine,
     SetPolicy, PolicyInfo,

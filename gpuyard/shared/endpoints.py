@@ -23,6 +23,8 @@ from .contract import (
     Ack,
     ApplyReply,
     ApplyRequest,
+    ApplyStages,
+    ApplyStagesReply,
     CancelReply,
     CancelRequest,
     ClusterChanged,
@@ -166,6 +168,7 @@ REQUEUE = Endpoint("sched.requeue.{caller}", RequeueRequest, DoneReply, "users -
 REGISTER = Endpoint("place.register.{caller}", RegisterNode, ClusterInfo, "node agents -> placement", ("placement",), "caller", callers=("node",))  # fmt: skip
 NODES = Endpoint("place.nodes.{caller}", NodesChanged, NodesChangedReply, "simclock, node agents, placement -> placement", ("placement",), "caller", callers=("op", "node", "placement", DRIVER))  # fmt: skip
 APPLY = Endpoint("place.apply", ApplyRequest, ApplyReply, "scheduler -> placement", ("placement",), callers=("scheduler",))  # fmt: skip
+APPLY_STAGES = Endpoint("place.stages", ApplyStages, ApplyStagesReply, "scheduler -> placement (a simulation's applies of several instants)", ("placement",), callers=("scheduler",))  # fmt: skip
 CLUSTER = Endpoint("place.cluster", Empty, ClusterInfo, "anyone -> placement", ("placement",), callers=(*PEOPLE, "admission", "scheduler", DRIVER))  # fmt: skip
 HEARTBEATS = Endpoint("place.heartbeats", Empty, HeartbeatsPage, "anyone -> placement", ("placement",), callers=(*PEOPLE, DRIVER))  # fmt: skip
 DRAIN = Endpoint("place.drain.{caller}", DrainRequest, DoneReply, "operators -> placement", ("placement",), "caller", callers=("op",))  # fmt: skip
@@ -194,7 +197,7 @@ EVENT: Endpoint[Event, None] = Endpoint(
 
 ENDPOINTS: tuple[Endpoint[Any, Any], ...] = (
     SUBMIT, ENQUEUE, TICK, EXITED, STEPS, CLUSTER_CHANGED, JOBS, FINISHED, STATUS, QUERY, CANCEL,
-    HOLD, REQUEUE, REGISTER, NODES, APPLY, CLUSTER, HEARTBEATS, DRAIN,
+    HOLD, REQUEUE, REGISTER, NODES, APPLY, APPLY_STAGES, CLUSTER, HEARTBEATS, DRAIN,
     NODE_COMMAND, NODE_LOGS, HEARTBEAT, REREGISTER, LOG_LINE,
     NODE_COMMANDS, RUN, TIMELINE, PROGRESS,
     PING, STATS, POLICY, POLICY_SET, TAKEOVER, EVENT,

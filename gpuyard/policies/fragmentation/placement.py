@@ -202,6 +202,10 @@ class _Fragmentation(KeepsMap):
     def chooses_types(self) -> bool:
         return True  # (as a pod, a job names the GPU types it may use: `task_of`)
 
+    @property
+    def places_any_free_gpu(self) -> bool:
+        return False  # (a policy may decline a node for the fragmentation it would leave)
+
     def choose(self, state: ClusterState, task: Task) -> Placement | None:
         raise NotImplementedError
 

@@ -607,6 +607,10 @@ class KeepsMap(PlacementPolicy):
         super().__init__(params)
         self.standing = StandingMap()
 
+    @property
+    def places_any_free_gpu(self) -> bool:
+        return True  # (every picker takes a free GPU of the type for a job of one)
+
     def free_map(self, inp: PlacementInput) -> FreeMap:
         """The free map of `inp.nodes`, as `FreeMap(inp.nodes)`."""
         return self.standing.working(inp.nodes, inp.changed_nodes)[0]

@@ -21,6 +21,8 @@ from gpuyard.shared.contract import (
     Ack,
     ApplyReply,
     ApplyRequest,
+    ApplyStages,
+    ApplyStagesReply,
     BatchChoice,
     ClusterInfo,
     DoneReply,
@@ -40,6 +42,7 @@ from gpuyard.shared.contract import (
 )
 from gpuyard.shared.endpoints import (
     APPLY,
+    APPLY_STAGES,
     CLUSTER,
     DRAIN,
     HEARTBEAT,
@@ -244,11 +247,27 @@ class Placement(Service):
     def routes(self) -> dict[Endpoint[Any, Any], Handler]:
         return {
             REGISTER: self.register, NODES: self.nodes_request, APPLY: self.apply_request,
+            APPLY_STAGES: self.stages_request,
             CLUSTER: self.cluster, HEARTBEATS: self.heartbeats, DRAIN: self.drain,
         }  # fmt: skip
 
     async def apply_request(self, req: ApplyRequest) -> ApplyReply:
         return await self._once("apply", req, self.apply, ApplyReply)
+
+    async def stages_request(self, req: ApplyStages) -> ApplyStagesReply:
+        return await self._once("stages", req, self.apply_stages, ApplyStagesReply)
+
+    async def apply_stages(self, req: ApplyStages) -> ApplyStagesReply:
+        """Each stage applied in turn, as that many applies (`ApplyStages`). A first base that is
+        not the last apply is refused before anything is applied."""
+        if not req.stages or not req.stages[0].base:
+            raise BadRequest("stages need a first stage with a base", field="$.stages")
+        if req.stages[0].base != self.applied:
+            raise BadRequest(
+                f"apply #{req.stages[0].base} is not the last one applied here "
+                f"(#{self.applied}): send every allocation", field="$.base",
+            )  # fmt: skip
+        return ApplyStagesReply(replies=[await self.apply(stage) for stage in req.stages])
 
     async def nodes_request(self, req: NodesChanged, caller: Caller) -> NodesChangedReply:
         if caller.role == "node" and (req.up or req.gone != [caller.name]):
@@ -741,7 +760,13 @@ class Placement(Service):
             settled=self.policy.rearranges and self.policy.settled and placed_all,
             commands=self.commands_sent,
             applied=self.applied,
-        )
+            assures_single=(
+                self.policy.places_any_free_gpu and not self.policy.rearranges
+                and not self.policy.chooses_types and not self.draining and not self.lost
+                and not self.unresponsive and not self.shared
+                and not any(self.shared_milli.values())
+            ),
+        )  # fmt: skip
 
     def _affected(self, req: ApplyRequest) -> set[str]:
         """The running jobs an apply may stop or move: every one, or, where it tells only what

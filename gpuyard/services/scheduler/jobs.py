@@ -141,6 +141,12 @@ class JobTable:
         self._moved(record)
         return resized
 
+    def placed(self, record: JobRecord, nodes: Iterable[str]) -> None:
+        """Where a job started before placement said (a simulation's stage) runs."""
+        record.nodes = sorted(set(nodes))
+        if any(n not in record.ran_on for n in record.nodes):
+            record.ran_on = sorted({*record.ran_on, *record.nodes})
+
     def requeue(
         self, record: JobRecord, now: float, reason: str, report: StepsReport | None = None
     ) -> bool:

@@ -31,6 +31,7 @@ from gpuyard.shared.connection import Bus, encode, ensure_event_stream
 from gpuyard.shared.contract import (
     ApplyReply,
     ApplyRequest,
+    ApplyStages,
     BatchChoice,
     CancelReply,
     CancelRequest,
@@ -57,6 +58,7 @@ from gpuyard.shared.contract import (
 from gpuyard.shared.durations import slurm_duration
 from gpuyard.shared.endpoints import (
     APPLY,
+    APPLY_STAGES,
     CANCEL,
     CLUSTER,
     CLUSTER_CHANGED,
@@ -114,6 +116,7 @@ from .identity import check_exits, may_change, ran_there, shown_to
 from .jobs import CountsLog, Hold, JobTable
 from .mechanism import AllocationsMechanism, TimeShareConfig, make_mechanism
 from .offload import Offload
+from .stages import UNKNOWN_GPU, Stages
 
 R = TypeVar("R")
 
@@ -246,6 +249,8 @@ class Scheduler(Service):
         self.commands = 0  # placement's last `clock.cmds` for our applies (simulated nodes)
         self.cluster: ClusterInfo | None = None  # placement's, as last heard; None: ask again
         self._applied: LastApply | None = None
+        self.stages = Stages()
+        """A simulation's applies kept back as it goes on through instants (`stages.py`)."""
         self._since_apply: dict[str, None] = {}
         """Jobs that changed since the last apply, and those it left unplaced: of its allocations,
         those that may no longer hold (what a decision of what changes must look at)."""
@@ -444,6 +449,8 @@ class Scheduler(Service):
         await self.persist()
 
     async def _placement(self, endpoint: Endpoint[Any, R], msg: Any) -> R:
+        if self.stages.staged:  # (placement hears of them first)
+            await self._flush_stages()
         return await self.bus.call(
             endpoint, msg, within_s=self.config.call_timeout_s, retry_for_s=self.config.retry_for_s
         )
@@ -670,6 +677,21 @@ class Scheduler(Service):
         self, now: float, tick: bool, until: float | None, changes: CountsLog,
         foreseen: list[ExitReport] | None = None,
         least: tuple[float | None, float | None] = (None, None),
+    ) -> tuple[bool, float]:  # fmt: skip
+        """`_go_on`, keeping back the applies that placement assured it would place as asked
+        (`stages.py`): they are sent, in one request, before the clock hears of the instants."""
+        self.stages.open = self.runs_ahead()
+        try:
+            ran, reached = await self._go_on(now, tick, until, changes, foreseen, least)
+        finally:
+            self.stages.open = False
+        await self._flush_stages()
+        return ran, reached
+
+    async def _go_on(
+        self, now: float, tick: bool, until: float | None, changes: CountsLog,
+        foreseen: list[ExitReport] | None,
+        least: tuple[float | None, float | None],
     ) -> tuple[bool, float]:  # fmt: skip
         """The tick at `now`: the jobs held for their arrival that it reaches join the queue, and
         the round runs if due. Then, where the clock asked (`until`) and may (`runs_ahead`), on
@@ -1129,7 +1151,7 @@ class Scheduler(Service):
             gpus = reply.placed[job_id]
             partner = sharing.get(job_id)
             rate = self._rate(record, gpu_type, len(gpus), partner)
-            nodes = (g.node_id for g in gpus)
+            nodes = [g.node_id for g in gpus if g != UNKNOWN_GPU]  # (a stage's: not yet known)
             was_resized = self.table.start(record, now, nodes, len(gpus), gpu_type, rate, partner)
             if (batch := self.batches.chosen.get(job_id)) is not None:
                 self.table.told_batch(record, now, batch.batch_size)
@@ -1203,7 +1225,45 @@ class Scheduler(Service):
         self.released = []
         self.commands = max(self.commands, reply.commands)
         self._since_apply = dict.fromkeys(reply.unplaced)
+        self.stages.assured = reply.assures_single
         return reply
+
+    async def _flush_stages(self) -> None:
+        """Send the applies kept back (`stages.py`), in one request; then the jobs they started
+        get their nodes, and the events held are published."""
+        staged, events = self.stages.take()
+        if not staged:
+            return
+        last = self._applied
+        assert last is not None  # (a stage is an apply of what changed since the last)
+        try:
+            request = ApplyStages(stages=[s.request for s in staged])
+            replies = (await self._placement(APPLY_STAGES, request)).replies
+        except RemoteError as exc:
+            if exc.reply.field != "$.base":
+                raise
+            self.log.info("apply.in_full", why=exc.reply.error)
+            first = msgspec.structs.replace(
+                staged[0].request, base=0, stop=[],
+                allocations=Stages.whole_first(staged, last.allocations),
+            )  # fmt: skip
+            replies = [await self._placement(APPLY, first)]
+            for stage in staged[1:]:
+                again = msgspec.structs.replace(stage.request, base=replies[-1].applied)
+                replies.append(await self._placement(APPLY, again))
+        placed = Stages.placed(staged, replies)
+        for job_id, gpus in placed.items():
+            if (record := self.table.active.get(job_id)) is not None:
+                self.table.placed(record, (g.node_id for g in gpus))
+        final = replies[-1]
+        if self._applied is last:
+            self._applied = dataclasses.replace(last, number=final.applied)
+        if self.cluster is not None:
+            self.cluster.capacity = final.capacity
+        self.commands = max(self.commands, final.commands)
+        self.stages.assured = final.assures_single  # (the releases since stay to be sent)
+        for event in Stages.with_gpus(events, placed):
+            await self.bus.emit(event)
 
     async def _apply_all(
         self, now: float, cluster: ClusterInfo, allocations: list[Allocation]
@@ -1286,12 +1346,30 @@ class Scheduler(Service):
             and self.config.clock == "external" and last.cluster is cluster
         ):  # fmt: skip
             return named, _nothing_done(cluster)  # (as `_confirms_what_runs`)
+        staging = (
+            last.cluster is cluster and not self.policy.needs.job_nodes
+            and self.stages.can_stage(
+                changed, specs, stops=bool(stop or stale), limited=launches.time_left,
+                adaptive=bool(launches.batches),
+            )
+        )  # fmt: skip
+        if not staging and self.stages.staged:
+            await self._flush_stages()  # (this apply's base is the last of them)
+            assert self._applied is not None
+            last = self._applied
         request = ApplyRequest(
             now=now, allocations=changed, specs=specs, released=self.released,
             base=last.number, stop=stop + stale, **launches.of(changed),
         )  # fmt: skip
-        self._applied = None  # (until placement answered)
-        if (reply := await self._apply_delta(request)) is None:
+        if staging:
+            releasing = {j: a for j in self.released if (a := last.allocations.get(j)) is not None}
+            staged: ApplyReply | None = self.stages.stage(
+                request, releasing, cluster.capacity, self.commands
+            )
+        else:
+            self._applied = None  # (until placement answered)
+            staged = await self._apply_delta(request)
+        if (reply := staged) is None:
             kept = msgspec.structs.replace(decision, allocations=named, stop=stop)
             whole = made_whole(kept, last.allocations, self.table.active)
             return whole, await self._apply(
@@ -1554,7 +1632,9 @@ class Scheduler(Service):
         )  # fmt: skip
 
     async def emit(self, kind: Any, now: float, job_id: str, **fields: Any) -> None:
-        await self.bus.emit(Event(type=kind, now=now, job_id=job_id, service=self.name, **fields))
+        event = Event(type=kind, now=now, job_id=job_id, service=self.name, **fields)
+        if not self.stages.hold(event):  # (while stages wait: after them, in order)
+            await self.bus.emit(event)
 
 
 def _nothing_done(cluster: ClusterInfo) -> ApplyReply:

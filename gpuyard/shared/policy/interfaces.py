@@ -36,6 +36,10 @@ class Needs:
     decide_on_exit: bool = False
     """Scheduling: decide again whenever a job ends, even when none waits (elastic policies,
     which hand the freed GPUs to running jobs)."""
+    job_nodes: bool = False
+    """Scheduling: reads where running jobs run (`JobView.nodes`). Without it, a simulation may go
+    on through several instants before placement says where the jobs started there run (their
+    `nodes` are empty until it has; `ApplyReply.assures_single`)."""
     decide_on_arrival: bool = False
     """Scheduling: decide again whenever a job arrives, even one that admission declined
     (ElasticFlow, whose every arrival is a scheduling event that restarts the running jobs)."""
@@ -197,6 +201,14 @@ class PlacementPolicy(Policy):
         """True if the policy may place a job on any GPU type its spec allows, not only on the
         one its allocation names (for a job that allows several, a type-agnostic scheduler's
         count of free GPUs, not a choice); placement reports the type each job runs on."""
+        return False
+
+    @property
+    def places_any_free_gpu(self) -> bool:
+        """True if the policy places every allocation of one whole GPU of a named type, for a job
+        that asks for nothing more (no layout, no hinted nodes), whenever a GPU of that type is
+        free. A simulation's scheduler then counts on it: it goes on through instants that only
+        start such jobs before placement has said where (`ApplyReply.assures_single`)."""
         return False
 
     @property

@@ -1,0 +1,134 @@
+"""A simulation's launches at several instants, told to placement in one request.
+
+Going on through the instants the clock told of ahead (`Scheduler._advance`), the scheduler
+applies each decision before it makes the next, since the next depends on what placement did.
+Where placement assured that it places any job of one whole GPU while a GPU of its type is free
+(`ApplyReply.assures_single`), a decision that only launches such jobs within the capacity is
+placed for certain, and only where is unknown: the scheduler keeps its apply (a stage) and goes
+on as if it had been answered, the jobs running from that instant on nodes not known yet. The
+stages go to placement in one request (`place.stages`) before the scheduler answers the clock,
+or before it asks placement anything else; then the jobs get their nodes, and the events held
+meanwhile (`job.started` names the GPUs) are published in their order. A run gives the same
+results as with one apply per instant, with one request where there were as many as instants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from gpuyard.shared.contract import ApplyReply, ApplyRequest, Event
+from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobSpec
+
+UNKNOWN_GPU = GpuRef(node_id="", index=-1)
+"""Where a staged job runs until placement has said (never sent, never stored)."""
+
+
+@dataclass
+class Staged:
+    """One instant's apply, kept back."""
+
+    request: ApplyRequest
+    released: dict[str, Allocation]
+    """The allocations of the jobs it releases (those that ended since the stage before)."""
+
+
+@dataclass
+class Stages:
+    """The applies kept back while the scheduler goes on (`open`), and the events held."""
+
+    open: bool = False
+    """The scheduler goes on through instants it answers the clock for at once: it may stage."""
+    assured: bool = False
+    """Placement's last reply assured it places jobs of one whole GPU (`assures_single`)."""
+    staged: list[Staged] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+    def can_stage(
+        self, allocations: list[Allocation], specs: dict[str, JobSpec], *, stops: bool,
+        limited: Iterable[str], adaptive: bool,
+    ) -> bool:  # fmt: skip
+        """Whether an apply of what changed (`allocations`, with `specs` for those not running)
+        may be kept back: it only launches jobs of one whole GPU of a named type that ask for
+        nothing more, none with a time limit (`limited`: their time left goes with the launch)
+        nor an adaptive batch, and stops nothing."""
+        if not (self.open and self.assured) or stops or adaptive or not allocations:
+            return False
+        limits = set(limited)
+        for a in allocations:
+            spec = specs.get(a.job_id)
+            if (
+                spec is None or a.num_gpus != 1 or a.gpu_type == ANY_GPU or a.share_with
+                or a.nodes or a.layout or a.job_id in limits or spec.gpu_milli or spec.cpu_milli
+                or spec.memory_mib or not spec.allows(a.gpu_type)
+            ):  # fmt: skip
+                return False
+        return True
+
+    def stage(
+        self, request: ApplyRequest, released: dict[str, Allocation], capacity: dict[str, int],
+        commands: int,
+    ) -> ApplyReply:  # fmt: skip
+        """Keep `request` back (its base the stage before): the reply placement will give, but
+        for where the jobs run (`UNKNOWN_GPU`)."""
+        self.staged.append(Staged(request, released))
+        return ApplyReply(
+            placed={a.job_id: [UNKNOWN_GPU] for a in request.allocations},
+            started={a.job_id: a.gpu_type for a in request.allocations},
+            stopped=[], unplaced=[], lost=[], capacity=capacity, commands=commands,
+            applied=request.base + 1, assures_single=True,
+        )  # fmt: skip
+
+    def hold(self, event: Event) -> bool:
+        """Hold `event` while stages wait (published once they are placed, in order)."""
+        if not self.staged:
+            return False
+        self.events.append(event)
+        return True
+
+    def take(self) -> tuple[list[Staged], list[Event]]:
+        staged, events = self.staged, self.events
+        self.staged, self.events = [], []
+        return staged, events
+
+    @staticmethod
+    def placed(staged: list[Staged], replies: list[ApplyReply]) -> dict[str, list[GpuRef]]:
+        """Where placement put each staged job. Raises if it did anything but place them all,
+        each at its instant: its policy assured it would (`places_any_free_gpu`)."""
+        if len(replies) != len(staged):
+            raise RuntimeError(f"placement answered {len(replies)} of {len(staged)} stages")
+        placed: dict[str, list[GpuRef]] = {}
+        for stage, reply in zip(staged, replies, strict=True):
+            request = stage.request
+            missing = [a.job_id for a in request.allocations if a.job_id not in reply.placed]
+            if missing or reply.stopped or reply.lost:
+                raise RuntimeError(
+                    f"placement assured it places jobs of one GPU while one is free, and at "
+                    f"t={request.now} it did not place {missing[:5]} (stopped {reply.stopped[:5]}"
+                    f", lost {reply.lost[:5]}): its policy's `places_any_free_gpu` is wrong"
+                )
+            placed.update(reply.placed)
+        return placed
+
+    @staticmethod
+    def whole_first(staged: list[Staged], allocations: dict[str, Allocation]) -> list[Allocation]:
+        """Every allocation as of the first stage, from `allocations` as of the last: those the
+        later stages started leave, those they released come back."""
+        whole = dict(allocations)
+        for stage in reversed(staged[1:]):
+            for a in stage.request.allocations:
+                whole.pop(a.job_id, None)
+            whole.update(stage.released)
+        return list(whole.values())
+
+    @staticmethod
+    def with_gpus(events: list[Event], placed: dict[str, list[GpuRef]]) -> list[Event]:
+        """The held events, each staged job's start naming its GPUs."""
+        return [
+            msgspec.structs.replace(e, gpus=placed[e.job_id])
+            if e.type == "job.started" and e.job_id in placed and e.gpus == [UNKNOWN_GPU]
+            else e
+            for e in events
+        ]

@@ -1,0 +1,165 @@
+"""A simulation's applies of several instants in one request (`place.stages`): where placement
+assures it places any job of one GPU while one is free, the scheduler goes on through the instants
+that only start such jobs and tells placement of them together, with the same results, the same
+events, and fewer round trips; a placement that breaks the assurance fails the run with one line;
+one that restarted without its state gets every allocation, as with a single apply."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuyard.ops import read_events
+from gpuyard.policies.placement.strategies import Consolidated
+from gpuyard.run.embedded import EmbeddedNats
+from gpuyard.run.launcher import ServiceSet
+from gpuyard.run.simulate import SimOptions, SimResult, simulate
+from gpuyard.services.placement.service import PlacementConfig
+from gpuyard.services.scheduler.service import SchedulerConfig
+from gpuyard.services.scheduler.stages import Staged, Stages
+from gpuyard.shared.connection import Bus, connect
+from gpuyard.shared.contract import (
+    ApplyRequest,
+    Empty,
+    EnqueueRequest,
+    ExitReport,
+    JobExit,
+    JobQuery,
+    NodesChanged,
+)
+from gpuyard.shared.endpoints import CLUSTER, ENQUEUE, EXITED, NODES, QUERY, STATS, Subjects
+from gpuyard.shared.model import Allocation, ClusterSpec, GpuRef, JobSpec, NodeSpec
+from gpuyard.shared.policy import PlacementInput, placement_policies
+from gpuyard.workloads import blox
+
+
+class Unassured(Consolidated):
+    """`consolidated` without the assurance: each decision's apply goes alone."""
+
+    @property
+    def places_any_free_gpu(self) -> bool:
+        return False
+
+
+class Overpromising(Consolidated):
+    """Assures it, and places nothing on a node where fewer GPUs are free than half of them."""
+
+    def place(self, inp: PlacementInput) -> dict[str, list[GpuRef]]:
+        placed = super().place(inp)
+        crowded = {n.node_id for n in inp.nodes if 2 * len(n.usable) < n.num_gpus}
+        return {j: g for j, g in placed.items() if j in inp.current or g[0].node_id not in crowded}
+
+
+@pytest.fixture
+def policies(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(placement_policies._classes, "test-unassured", Unassured)
+    monkeypatch.setitem(placement_policies._classes, "test-overpromising", Overpromising)
+
+
+async def run(tmp_path: Path, placement: str, jobs: list[JobSpec]) -> tuple[SimResult, list]:
+    """A run on a server of its own, with its events as stored (`job.*`, in order)."""
+    options = SimOptions(cluster=ClusterSpec.parse("8x4"), mode="events", placement=placement)
+    async with EmbeddedNats() as url:
+        result = await simulate(options, jobs, tmp_path / placement, nats_url=url, plots=False)
+        nc = await connect(url, name="test")
+        events = [
+            (e.event.type, e.event.now, e.event.job_id, e.event.gpus)
+            async for e in read_events(nc, Subjects("sim"), types=["job.>"])
+        ]
+        await nc.drain()
+    return result, events
+
+
+def placement_requests(result: SimResult) -> dict[str, int]:
+    asked = next(s for s in result.stats if s.service == "scheduler").requests
+    return {s: int(n) for s, (n, _) in asked.items() if s in ("place.apply", "place.stages")}
+
+
+async def test_stages_give_the_same_run_with_fewer_round_trips(
+    tmp_path: Path, policies: None
+) -> None:
+    jobs = blox(300, 6.0, seed=4, gpu_demand={1: 0.8, 2: 0.1, 4: 0.1}).jobs
+    alone, alone_events = await run(tmp_path, "test-unassured", jobs)
+    staged, staged_events = await run(tmp_path, "consolidated", jobs)
+    for name in ("jobs.csv", "timeline.csv"):
+        assert (tmp_path / "consolidated" / name).read_bytes() == (
+            tmp_path / "test-unassured" / name
+        ).read_bytes(), name
+    assert staged_events == alone_events  # (`job.started` names the GPUs placement chose)
+    assert any(e[0] == "job.started" and e[3] for e in staged_events)
+    one_by_one, together = placement_requests(alone), placement_requests(staged)
+    assert "place.stages" not in one_by_one
+    assert together["place.stages"] > 0
+    # Every apply of the first run is in the second, a stage of several at a time.
+    assert sum(together.values()) < 0.75 * one_by_one["place.apply"], (together, one_by_one)
+
+
+async def test_a_placement_that_breaks_its_assurance_fails_the_run(
+    tmp_path: Path, policies: None
+) -> None:
+    jobs = [
+        JobSpec(job_id=f"j{i}", num_gpus=1, duration=1000.0, submit_time=10.0 * i) for i in range(6)
+    ]
+    options = SimOptions(cluster=ClusterSpec.parse("1x4"), placement="test-overpromising")
+    with pytest.raises(Exception, match="places_any_free_gpu") as failed:
+        async with EmbeddedNats() as url:
+            await simulate(options, jobs, tmp_path, nats_url=url, plots=False)
+    assert "\n" not in str(failed.value).strip()
+
+
+def test_the_first_stage_in_full_holds_what_ran_then() -> None:
+    """A placement that lost its state gets every allocation as of the first stage: those the
+    later stages started leave, those they released come back."""
+    a, b, c, d = (Allocation(j, 1, "v100") for j in "abcd")
+    first = Staged(ApplyRequest(now=1.0, allocations=[c], base=4), released={})
+    second = Staged(ApplyRequest(now=2.0, allocations=[d], base=5, released=["b"]), {"b": b})
+    assert Stages.whole_first([first, second], {"a": a, "c": c, "d": d}) == [a, c, b]
+
+
+async def test_stages_refused_by_a_placement_that_lost_its_state_go_one_by_one(
+    nats_url: str,
+) -> None:
+    """Placement restarted without its state: the stages' first base is refused, and the
+    scheduler sends the first stage with every allocation, then the others: the jobs run."""
+    node = NodeSpec(node_id="n1", num_gpus=4, gpu_type="v100")
+    placement = {"placement": PlacementConfig(simulated=True, command_timeout_s=None)}
+    scheduler = {"scheduler": SchedulerConfig(event_storage="none")}
+
+    def spec(job_id: str, at: float) -> JobSpec:
+        return JobSpec(job_id=job_id, num_gpus=1, duration=100.0, submit_time=at, gpu_type="v100")
+
+    async with ServiceSet(nats_url, "staged", scheduler, log_level="error"):
+        bus = Bus(await connect(nats_url, name="test"), Subjects("staged"), request_timeout=5)
+        try:
+            async with ServiceSet(nats_url, "staged", placement, log_level="error"):
+                await bus.call(NODES, NodesChanged(now=0.0, up=[node]))
+                status = await bus.call(
+                    ENQUEUE, EnqueueRequest(now=0.0, jobs=[spec("j0", 0.0)], tick=True)
+                )
+                assert status.running == 1
+            async with ServiceSet(nats_url, "staged", placement, log_level="error"):
+                await bus.call(NODES, NodesChanged(now=1.0, up=[node]))
+                arrivals = EnqueueRequest(
+                    now=1.0, jobs=[spec("j1", 2.0), spec("j2", 3.0)], times=[2.0, 3.0]
+                )
+                await bus.call(ENQUEUE, arrivals)
+                exit_j0 = ExitReport(
+                    now=1.0, exits=[JobExit(job_id="j0", node_id="n1", status="completed")],
+                    tick=True, until=50.0, least_run_s=100.0, least_end=100.0,
+                )  # fmt: skip
+                status = await bus.call(EXITED, exit_j0)
+                assert (status.running, status.finished) == (2, 1)
+                page = await bus.call(QUERY, JobQuery(job_ids=["j1", "j2"]))
+                assert [(j.job_id, j.state, j.first_start) for j in page.jobs] == [
+                    ("j1", "running", 2.0), ("j2", "running", 3.0),
+                ]  # fmt: skip
+                assert all(j.nodes == ["n1"] for j in page.jobs)
+                assert sorted((await bus.call(CLUSTER, Empty())).busy) == ["j1", "j2"]
+                asked = (await bus.call(STATS, Empty(), svc="sched")).requests
+                # j0 alone; the stages of j1 and j2, refused; j1 with every allocation; j2.
+                assert {s: int(asked[s][0]) for s in ("place.apply", "place.stages")} == {
+                    "place.apply": 3, "place.stages": 1,
+                }  # fmt: skip
+        finally:
+            await bus.close()
