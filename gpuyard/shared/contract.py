@@ -525,12 +525,12 @@ class ApplyReply(Struct, kw_only=True, omit_defaults=True):
     applied: int = 0
     """This apply's number (counted across placement's restarts, where it is durable): the base
     of the next apply that tells only what changed (`ApplyRequest.base`)."""
-    assures_single: bool = False
-    """Placement places any allocation of one whole GPU of a named type, for a job that asks for
-    nothing more, while the capacity counts a GPU of that type free (its policy's
-    `places_any_free_gpu`, with no node draining and no job lost): a simulation's scheduler may
-    then send its next launches of such jobs at several instants in one request
-    (`place.stages`), knowing where each instant's decision leaves the cluster."""
+    assures_fit: bool = False
+    """Placement places any allocation of whole GPUs of a named type, for a job that asks for
+    nothing more, while the capacity counts that many GPUs of the type free (its policy's
+    `places_what_fits`, with no node draining, no job lost and no GPU shared): a simulation's
+    scheduler may then send its next launches of such jobs at several instants in one request
+    (`place.stages`), knowing what each instant's decision leaves free."""
 
 
 class ApplyStages(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -538,7 +538,7 @@ class ApplyStages(Struct, kw_only=True, forbid_unknown_fields=True):
     placement), applied in order as if sent one after another: the first stage's `base` is
     placement's last apply, each other stage's the one before it. A simulation's scheduler
     sends them so where it went on through instants whose decisions only launch jobs that
-    placement assured it would place (`ApplyReply.assures_single`)."""
+    placement assured it would place (`ApplyReply.assures_fit`)."""
 
     stages: list[ApplyRequest]
 

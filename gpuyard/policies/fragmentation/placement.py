@@ -203,7 +203,7 @@ class _Fragmentation(KeepsMap):
         return True  # (as a pod, a job names the GPU types it may use: `task_of`)
 
     @property
-    def places_any_free_gpu(self) -> bool:
+    def places_what_fits(self) -> bool:
         return False  # (a policy may decline a node for the fragmentation it would leave)
 
     def choose(self, state: ClusterState, task: Task) -> Placement | None:

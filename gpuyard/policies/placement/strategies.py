@@ -608,8 +608,8 @@ class KeepsMap(PlacementPolicy):
         self.standing = StandingMap()
 
     @property
-    def places_any_free_gpu(self) -> bool:
-        return True  # (every picker takes a free GPU of the type for a job of one)
+    def places_what_fits(self) -> bool:
+        return True  # (each picker spans the nodes when no node has the GPUs alone)
 
     def free_map(self, inp: PlacementInput) -> FreeMap:
         """The free map of `inp.nodes`, as `FreeMap(inp.nodes)`."""

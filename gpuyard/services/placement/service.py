@@ -760,8 +760,8 @@ class Placement(Service):
             settled=self.policy.rearranges and self.policy.settled and placed_all,
             commands=self.commands_sent,
             applied=self.applied,
-            assures_single=(
-                self.policy.places_any_free_gpu and not self.policy.rearranges
+            assures_fit=(
+                self.policy.places_what_fits and not self.policy.rearranges
                 and not self.policy.chooses_types and not self.draining and not self.lost
                 and not self.unresponsive and not self.shared
                 and not any(self.shared_milli.values())

@@ -1225,7 +1225,7 @@ class Scheduler(Service):
         self.released = []
         self.commands = max(self.commands, reply.commands)
         self._since_apply = dict.fromkeys(reply.unplaced)
-        self.stages.assured = reply.assures_single
+        self.stages.assured = reply.assures_fit
         return reply
 
     async def _flush_stages(self) -> None:
@@ -1251,7 +1251,7 @@ class Scheduler(Service):
             for stage in staged[1:]:
                 again = msgspec.structs.replace(stage.request, base=replies[-1].applied)
                 replies.append(await self._placement(APPLY, again))
-        placed = Stages.placed(staged, replies)
+        placed, undone = Stages.placed(staged, replies)
         for job_id, gpus in placed.items():
             if (record := self.table.active.get(job_id)) is not None:
                 self.table.placed(record, (g.node_id for g in gpus))
@@ -1261,9 +1261,21 @@ class Scheduler(Service):
         if self.cluster is not None:
             self.cluster.capacity = final.capacity
         self.commands = max(self.commands, final.commands)
-        self.stages.assured = final.assures_single  # (the releases since stay to be sent)
+        self.stages.assured = final.assures_fit  # (the releases since stay to be sent)
         for event in Stages.with_gpus(events, placed):
             await self.bus.emit(event)
+        if undone:  # (they wait again, from their stage's instant)
+            self.log.warning(
+                "stages.not_run", jobs=[j for _, j, _ in undone[:5]], count=len(undone),
+                why="placement did not run jobs as staged although its reply before assured it "
+                "would (`assures_fit`): its policy's `places_what_fits` is wrong, or the "
+                "cluster changed since (a drain, a policy swapped in during a simulation)",
+            )  # fmt: skip
+            for at, job_id, why in undone:
+                if (record := self.table.active.get(job_id)) is not None:
+                    await self._requeue(at, record, why)
+                self._since_apply[job_id] = None
+            self._after(staged[-1].request.now)
 
     async def _apply_all(
         self, now: float, cluster: ClusterInfo, allocations: list[Allocation]

@@ -2,9 +2,9 @@
 
 Going on through the instants the clock told of ahead (`Scheduler._advance`), the scheduler
 applies each decision before it makes the next, since the next depends on what placement did.
-Where placement assured that it places any job of one whole GPU while a GPU of its type is free
-(`ApplyReply.assures_single`), a decision that only launches such jobs within the capacity is
-placed for certain, and only where is unknown: the scheduler keeps its apply (a stage) and goes
+Where placement assured that it places any job of whole GPUs of a type while that many of the
+type are free (`ApplyReply.assures_fit`), a decision that only launches such jobs within the
+capacity is placed for certain, and only where is unknown: the scheduler keeps its apply (a stage) and goes
 on as if it had been answered, the jobs running from that instant on nodes not known yet. The
 stages go to placement in one request (`place.stages`) before the scheduler answers the clock,
 or before it asks placement anything else; then the jobs get their nodes, and the events held
@@ -23,7 +23,7 @@ from gpuyard.shared.contract import ApplyReply, ApplyRequest, Event
 from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobSpec
 
 UNKNOWN_GPU = GpuRef(node_id="", index=-1)
-"""Where a staged job runs until placement has said (never sent, never stored)."""
+"""Each of a staged job's GPUs until placement has said which (never sent, never stored)."""
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Stages:
     open: bool = False
     """The scheduler goes on through instants it answers the clock for at once: it may stage."""
     assured: bool = False
-    """Placement's last reply assured it places jobs of one whole GPU (`assures_single`)."""
+    """Placement's last reply assured it places what fits (`assures_fit`)."""
     staged: list[Staged] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
 
@@ -51,16 +51,16 @@ class Stages:
         limited: Iterable[str], adaptive: bool,
     ) -> bool:  # fmt: skip
         """Whether an apply of what changed (`allocations`, with `specs` for those not running)
-        may be kept back: it only launches jobs of one whole GPU of a named type that ask for
+        may be kept back: it only launches jobs of whole GPUs of a named type that ask for
         nothing more, none with a time limit (`limited`: their time left goes with the launch)
-        nor an adaptive batch, and stops nothing."""
+        nor an adaptive batch, and stops nothing (the guard saw that they fit: `guard.check`)."""
         if not (self.open and self.assured) or stops or adaptive or not allocations:
             return False
         limits = set(limited)
         for a in allocations:
             spec = specs.get(a.job_id)
             if (
-                spec is None or a.num_gpus != 1 or a.gpu_type == ANY_GPU or a.share_with
+                spec is None or a.num_gpus < 1 or a.gpu_type == ANY_GPU or a.share_with
                 or a.nodes or a.layout or a.job_id in limits or spec.gpu_milli or spec.cpu_milli
                 or spec.memory_mib or not spec.allows(a.gpu_type)
             ):  # fmt: skip
@@ -75,10 +75,10 @@ class Stages:
         for where the jobs run (`UNKNOWN_GPU`)."""
         self.staged.append(Staged(request, released))
         return ApplyReply(
-            placed={a.job_id: [UNKNOWN_GPU] for a in request.allocations},
+            placed={a.job_id: [UNKNOWN_GPU] * a.num_gpus for a in request.allocations},
             started={a.job_id: a.gpu_type for a in request.allocations},
             stopped=[], unplaced=[], lost=[], capacity=capacity, commands=commands,
-            applied=request.base + 1, assures_single=True,
+            applied=request.base + 1, assures_fit=True,
         )  # fmt: skip
 
     def hold(self, event: Event) -> bool:
@@ -94,23 +94,28 @@ class Stages:
         return staged, events
 
     @staticmethod
-    def placed(staged: list[Staged], replies: list[ApplyReply]) -> dict[str, list[GpuRef]]:
-        """Where placement put each staged job. Raises if it did anything but place them all,
-        each at its instant: its policy assured it would (`places_any_free_gpu`)."""
+    def placed(
+        staged: list[Staged], replies: list[ApplyReply]
+    ) -> tuple[dict[str, list[GpuRef]], list[tuple[float, str, str]]]:
+        """Where placement put each staged job; and the jobs it did not run as staged, each
+        with its stage's instant and why: left out (which its assurance rules out, unless the
+        cluster changed since: an operator's drain, a policy swapped in during a simulation),
+        stopped, or lost with their node."""
         if len(replies) != len(staged):
             raise RuntimeError(f"placement answered {len(replies)} of {len(staged)} stages")
         placed: dict[str, list[GpuRef]] = {}
+        undone: list[tuple[float, str, str]] = []
         for stage, reply in zip(staged, replies, strict=True):
-            request = stage.request
-            missing = [a.job_id for a in request.allocations if a.job_id not in reply.placed]
-            if missing or reply.stopped or reply.lost:
-                raise RuntimeError(
-                    f"placement assured it places jobs of one GPU while one is free, and at "
-                    f"t={request.now} it did not place {missing[:5]} (stopped {reply.stopped[:5]}"
-                    f", lost {reply.lost[:5]}): its policy's `places_any_free_gpu` is wrong"
-                )
+            now = stage.request.now
             placed.update(reply.placed)
-        return placed
+            undone += [(now, j, "node lost") for j in reply.lost]
+            undone += [(now, j, "stopped by placement") for j in reply.stopped]
+            undone += [
+                (now, a.job_id, "placement did not place it")
+                for a in stage.request.allocations
+                if a.job_id not in reply.placed
+            ]
+        return placed, undone
 
     @staticmethod
     def whole_first(staged: list[Staged], allocations: dict[str, Allocation]) -> list[Allocation]:
@@ -128,7 +133,7 @@ class Stages:
         """The held events, each staged job's start naming its GPUs."""
         return [
             msgspec.structs.replace(e, gpus=placed[e.job_id])
-            if e.type == "job.started" and e.job_id in placed and e.gpus == [UNKNOWN_GPU]
+            if e.type == "job.started" and e.job_id in placed and UNKNOWN_GPU in e.gpus
             else e
             for e in events
         ]

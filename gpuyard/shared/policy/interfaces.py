@@ -39,7 +39,7 @@ class Needs:
     job_nodes: bool = False
     """Scheduling: reads where running jobs run (`JobView.nodes`). Without it, a simulation may go
     on through several instants before placement says where the jobs started there run (their
-    `nodes` are empty until it has; `ApplyReply.assures_single`)."""
+    `nodes` are empty until it has; `ApplyReply.assures_fit`)."""
     decide_on_arrival: bool = False
     """Scheduling: decide again whenever a job arrives, even one that admission declined
     (ElasticFlow, whose every arrival is a scheduling event that restarts the running jobs)."""
@@ -204,11 +204,12 @@ class PlacementPolicy(Policy):
         return False
 
     @property
-    def places_any_free_gpu(self) -> bool:
-        """True if the policy places every allocation of one whole GPU of a named type, for a job
-        that asks for nothing more (no layout, no hinted nodes), whenever a GPU of that type is
-        free. A simulation's scheduler then counts on it: it goes on through instants that only
-        start such jobs before placement has said where (`ApplyReply.assures_single`)."""
+    def places_what_fits(self) -> bool:
+        """True if the policy places every allocation of whole GPUs of a named type, for a job
+        that asks for nothing more (no share of a GPU, no CPUs or memory, no layout, no hinted
+        nodes), whenever that many GPUs of the type are free (spanning nodes as it must). A
+        simulation's scheduler then counts on it: it goes on through instants that only start
+        such jobs before placement has said where (`ApplyReply.assures_fit`)."""
         return False
 
     @property
