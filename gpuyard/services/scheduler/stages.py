@@ -3,13 +3,14 @@
 Going on through the instants the clock told of ahead (`Scheduler._advance`), the scheduler
 applies each decision before it makes the next, since the next depends on what placement did.
 Where placement assured that it places any job of whole GPUs of a type while that many of the
-type are free (`ApplyReply.assures_fit`), a decision that only launches such jobs within the
-capacity is placed for certain, and only where is unknown: the scheduler keeps its apply (a stage) and goes
-on as if it had been answered, the jobs running from that instant on nodes not known yet. The
-stages go to placement in one request (`place.stages`) before the scheduler answers the clock,
-or before it asks placement anything else; then the jobs get their nodes, and the events held
-meanwhile (`job.started` names the GPUs) are published in their order. A run gives the same
-results as with one apply per instant, with one request where there were as many as instants.
+type are free (`ApplyReply.assures_fit`), a decision that only launches such jobs (within the
+capacity: the guard checked) is placed for certain, and only where is unknown: the scheduler
+keeps its apply back (a stage) and goes on as if it had been answered, the jobs running from
+that instant on nodes not known yet. The stages go to placement in one request (`place.stages`)
+before the scheduler answers the clock, or before it asks placement anything else; then the jobs
+get their nodes, and the events held meanwhile (`job.started` names the GPUs) are published in
+their order. A run gives the same results and events as with one apply per instant, with one
+request where there were as many as instants.
 """
 
 from __future__ import annotations
