@@ -27,6 +27,7 @@ import uvloop
 from gpuyard.run.simulate import ProgressBar, SimOptions, SimResult, simulate
 from gpuyard.shared.logs import configure_logging
 from gpuyard.shared.model import ClusterSpec
+from gpuyard.shared.service import collect_cycles_rarely
 from gpuyard.workloads import blox
 
 WORKLOADS = {
@@ -111,6 +112,7 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of the jobs to run")
     args = parser.parse_args()
     configure_logging("warning")
+    collect_cycles_rarely()  # (as `gpuyard sim`'s process)
     for key in args.only or sorted(WORKLOADS):
         run(key, args.scale)
 
