@@ -105,6 +105,9 @@ class JobView:
 
     @property
     def nodes(self) -> list[str]:
+        """The nodes of its current run. A policy that reads them declares `Needs(job_nodes=True)`:
+        otherwise a simulation may decide again before placement said where a job started at an
+        earlier instant of the same request runs (empty until then)."""
         return self.record.nodes
 
     @property
