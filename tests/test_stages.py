@@ -7,10 +7,12 @@ one that restarted without its state gets every allocation, as with a single app
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 from gpuyard.ops import read_events
+from gpuyard.policies.blox.ordering import Fifo
 from gpuyard.policies.placement.strategies import Consolidated
 from gpuyard.run.embedded import EmbeddedNats
 from gpuyard.run.launcher import ServiceSet
@@ -30,7 +32,14 @@ from gpuyard.shared.contract import (
 )
 from gpuyard.shared.endpoints import CLUSTER, ENQUEUE, EXITED, NODES, QUERY, STATS, Subjects
 from gpuyard.shared.model import Allocation, ClusterSpec, GpuRef, JobSpec, NodeSpec
-from gpuyard.shared.policy import PlacementInput, placement_policies
+from gpuyard.shared.policy import (
+    Decision,
+    Needs,
+    PlacementInput,
+    SchedulingInput,
+    placement_policies,
+    scheduling_policies,
+)
 from gpuyard.workloads import blox
 
 
@@ -51,10 +60,29 @@ class Overpromising(Consolidated):
         return {j: g for j, g in placed.items() if j in inp.current or g[0].node_id not in crowded}
 
 
+class NodesSeen(Fifo):
+    """FIFO, noting at each decision the running jobs whose nodes it is not told."""
+
+    unknown: ClassVar[list[str]] = []
+
+    def schedule(self, inp: SchedulingInput) -> Decision | list[Allocation]:
+        self.unknown.extend(j.job_id for j in inp.jobs if j.state == "running" and not j.nodes)
+        return super().schedule(inp)
+
+
+class NodesRead(NodesSeen):
+    """The same, declaring that it reads where jobs run."""
+
+    needs = Needs(job_nodes=True)
+    unknown: ClassVar[list[str]] = []
+
+
 @pytest.fixture
 def policies(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(placement_policies._classes, "test-unassured", Unassured)
     monkeypatch.setitem(placement_policies._classes, "test-overpromising", Overpromising)
+    monkeypatch.setitem(scheduling_policies._classes, "test-nodes-seen", NodesSeen)
+    monkeypatch.setitem(scheduling_policies._classes, "test-nodes-read", NodesRead)
 
 
 async def run(tmp_path: Path, placement: str, jobs: list[JobSpec]) -> tuple[SimResult, list]:
@@ -112,6 +140,25 @@ async def test_jobs_a_placement_did_not_run_as_staged_wait_again(
     assert requeued and all(r.end_time > r.first_start + 100.0 for r in requeued)
     log = capsys.readouterr().out
     assert "stages.not_run" in log and "places_what_fits" in log
+
+
+async def test_a_policy_that_reads_where_jobs_run_is_told_at_every_decision(
+    tmp_path: Path, policies: None
+) -> None:
+    """Staged jobs run on nodes not known until placement answers: a policy that reads them
+    (`Needs.job_nodes`) has every decision applied before the next, and always sees them."""
+    jobs = blox(200, 6.0, seed=2, gpu_demand={1: 0.8, 2: 0.2}).jobs
+    results = {}
+    for policy in ("test-nodes-seen", "test-nodes-read"):
+        options = SimOptions(cluster=ClusterSpec.parse("8x4"), policy=policy)
+        async with EmbeddedNats() as url:
+            result = await simulate(options, jobs, tmp_path / policy, nats_url=url, plots=False)
+        results[policy] = placement_requests(result)
+    assert NodesSeen.unknown and results["test-nodes-seen"].get("place.stages")
+    assert not NodesRead.unknown and "place.stages" not in results["test-nodes-read"]
+    assert (tmp_path / "test-nodes-seen" / "jobs.csv").read_bytes() == (
+        tmp_path / "test-nodes-read" / "jobs.csv"
+    ).read_bytes()
 
 
 def test_the_first_stage_in_full_holds_what_ran_then() -> None:
