@@ -537,7 +537,7 @@ class ApplyStages(Struct, kw_only=True, forbid_unknown_fields=True):
     """`place.stages`: the applies of successive instants in one request (scheduler ->
     placement), applied in order as if sent one after another: the first stage's `base` is
     placement's last apply, each other stage's the one before it. A simulation's scheduler
-    sends them so where it went on through instants whose decisions only launch jobs that
+    sends them where it went on through instants whose decisions only launch jobs that
     placement assured it would place (`ApplyReply.assures_fit`)."""
 
     stages: list[ApplyRequest]
