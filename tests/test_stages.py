@@ -1,8 +1,9 @@
 """A simulation's applies of several instants in one request (`place.stages`): where placement
-assures it places any job of one GPU while one is free, the scheduler goes on through the instants
-that only start such jobs and tells placement of them together, with the same results, the same
-events, and fewer round trips; a placement that breaks the assurance fails the run with one line;
-one that restarted without its state gets every allocation, as with a single apply."""
+assures it places what fits, the scheduler goes on through the instants that only start jobs and
+tells placement of them together, with the same results, the same events, and fewer round trips;
+jobs a placement that breaks the assurance left out wait again; a policy that reads where jobs run
+gets no stages; a placement that restarted without its state gets every allocation, as with a
+single apply."""
 
 from __future__ import annotations
 
@@ -83,6 +84,8 @@ def policies(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(placement_policies._classes, "test-overpromising", Overpromising)
     monkeypatch.setitem(scheduling_policies._classes, "test-nodes-seen", NodesSeen)
     monkeypatch.setitem(scheduling_policies._classes, "test-nodes-read", NodesRead)
+    NodesSeen.unknown.clear()
+    NodesRead.unknown.clear()
 
 
 async def run(tmp_path: Path, placement: str, jobs: list[JobSpec]) -> tuple[SimResult, list]:
