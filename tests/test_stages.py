@@ -19,10 +19,12 @@ from gpuyard.run.embedded import EmbeddedNats
 from gpuyard.run.launcher import ServiceSet
 from gpuyard.run.simulate import SimOptions, SimResult, simulate
 from gpuyard.services.placement.service import PlacementConfig
+from gpuyard.services.scheduler import stages
 from gpuyard.services.scheduler.service import SchedulerConfig
 from gpuyard.services.scheduler.stages import Staged, Stages
 from gpuyard.shared.connection import Bus, connect
 from gpuyard.shared.contract import (
+    ApplyReply,
     ApplyRequest,
     Empty,
     EnqueueRequest,
@@ -126,6 +128,23 @@ async def test_stages_give_the_same_run_with_fewer_round_trips(
     assert sum(together.values()) < 0.75 * one_by_one["place.apply"], (together, one_by_one)
 
 
+async def test_stages_go_in_requests_of_a_bounded_size(
+    tmp_path: Path, policies: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kept-back launches go once there are `MAX_STAGED_LAUNCHES` of them: more requests, the
+    same run."""
+    jobs = blox(300, 6.0, seed=4, gpu_demand={1: 0.8, 2: 0.1, 4: 0.1}).jobs
+    unbounded, _ = await run(tmp_path / "unbounded", "consolidated", jobs)
+    monkeypatch.setattr(stages, "MAX_STAGED_LAUNCHES", 2)
+    bounded, _ = await run(tmp_path / "bounded", "consolidated", jobs)
+    assert (tmp_path / "bounded" / "consolidated" / "jobs.csv").read_bytes() == (
+        tmp_path / "unbounded" / "consolidated" / "jobs.csv"
+    ).read_bytes()
+    assert (
+        placement_requests(bounded)["place.stages"] > placement_requests(unbounded)["place.stages"]
+    )
+
+
 async def test_jobs_a_placement_did_not_run_as_staged_wait_again(
     tmp_path: Path, policies: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -164,13 +183,33 @@ async def test_a_policy_that_reads_where_jobs_run_is_told_at_every_decision(
     ).read_bytes()
 
 
-def test_the_first_stage_in_full_holds_what_ran_then() -> None:
-    """A placement that lost its state gets every allocation as of the first stage: those the
-    later stages started leave, those they released come back."""
+def test_a_stage_in_full_holds_what_ran_then() -> None:
+    """A placement that lost its state gets every allocation as of a stage: those the later
+    stages started leave, those they released come back."""
     a, b, c, d = (Allocation(j, 1, "v100") for j in "abcd")
     first = Staged(ApplyRequest(now=1.0, allocations=[c], base=4), released={})
     second = Staged(ApplyRequest(now=2.0, allocations=[d], base=5, released=["b"]), {"b": b})
-    assert Stages.whole_first([first, second], {"a": a, "c": c, "d": d}) == [a, c, b]
+    final = {"a": a, "c": c, "d": d}
+    assert Stages.whole_as_of([first, second], 0, final) == [a, c, b]
+    assert Stages.whole_as_of([first, second], 1, final) == [a, c, d]
+
+
+def test_a_later_stage_has_the_last_word_on_a_job() -> None:
+    """A job one stage stopped and a later one placed again runs; one left out is not run."""
+    a, b = Allocation("a", 1, "v100"), Allocation("b", 1, "v100")
+    gpu = [GpuRef("n1", 0)]
+    stages = [
+        Staged(ApplyRequest(now=1.0, allocations=[a, b], base=4), released={}),
+        Staged(ApplyRequest(now=2.0, allocations=[a], base=5), released={}),
+    ]
+    replies = [
+        ApplyReply(placed={"b": gpu}, started={"b": "v100"}, stopped=[], unplaced=["a"], lost=[],
+                   capacity={}),
+        ApplyReply(placed={"a": gpu}, started={"a": "v100"}, stopped=["b"], unplaced=[], lost=[],
+                   capacity={}),
+    ]  # fmt: skip
+    placed, undone = Stages.placed(stages, replies)
+    assert placed == {"a": gpu} and undone == {"b": (2.0, "stopped by placement")}
 
 
 async def test_stages_refused_by_a_placement_that_lost_its_state_go_one_by_one(

@@ -67,7 +67,7 @@ class EqualShare(SchedulingPolicy):
 
     Params = EqualShareParams
     State = BFTrainerState
-    needs = Needs(nodes=True, decide_on_exit=True)
+    needs = Needs(nodes=True, decide_on_exit=True, job_nodes=True)
 
     def __init__(self, params: Struct | None = None) -> None:
         super().__init__(params)

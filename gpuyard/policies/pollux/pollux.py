@@ -58,7 +58,7 @@ class Pollux(UsesProfiles):
 
     Params = PolluxParams
     State = PolluxState
-    needs = Needs(nodes=True)
+    needs = Needs(nodes=True, job_nodes=True)
     needs_batch_size = False
 
     def __init__(self, params: Struct | None = None) -> None:

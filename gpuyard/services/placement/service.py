@@ -761,7 +761,7 @@ class Placement(Service):
             commands=self.commands_sent,
             applied=self.applied,
             assures_fit=(
-                self.policy.places_what_fits and not self.policy.rearranges
+                self.config.simulated and self.policy.places_what_fits and not self.policy.rearranges
                 and not self.policy.chooses_types and not self.draining and not self.lost
                 and not self.unresponsive and not self.shared
                 and not any(self.shared_milli.values())

@@ -116,7 +116,7 @@ from .identity import check_exits, may_change, ran_there, shown_to
 from .jobs import CountsLog, Hold, JobTable
 from .mechanism import AllocationsMechanism, TimeShareConfig, make_mechanism
 from .offload import Offload
-from .stages import UNKNOWN_GPU, Stages
+from .stages import UNKNOWN_GPU, Staged, Stages
 
 R = TypeVar("R")
 
@@ -1182,6 +1182,7 @@ class Scheduler(Service):
         """Have placement run `allocations`: told as what changed since the last apply where it
         can be (`ApplyRequest.base`), else in full (and in full again if placement refuses the
         base: it restarted without its state)."""
+        await self._flush_stages()  # (this apply's base is the last of them)
         last, self._applied = self._applied, None
         by_job = {a.job_id: a for a in allocations}
         sharing = any(a.share_with for a in allocations)
@@ -1230,33 +1231,24 @@ class Scheduler(Service):
 
     async def _flush_stages(self) -> None:
         """Send the applies kept back (`stages.py`), in one request; then the jobs they started
-        get their nodes, and the events held are published."""
+        get their nodes, and the events held are published. Not sent (an error): they stay
+        kept back, for the next request to placement."""
         staged, events = self.stages.take()
         if not staged:
             return
-        last = self._applied
-        assert last is not None  # (a stage is an apply of what changed since the last)
         try:
-            request = ApplyStages(stages=[s.request for s in staged])
-            replies = (await self._placement(APPLY_STAGES, request)).replies
-        except RemoteError as exc:
-            if exc.reply.field != "$.base":
-                raise
-            self.log.info("apply.in_full", why=exc.reply.error)
-            first = msgspec.structs.replace(
-                staged[0].request, base=0, stop=[],
-                allocations=Stages.whole_first(staged, last.allocations),
-            )  # fmt: skip
-            replies = [await self._placement(APPLY, first)]
-            for stage in staged[1:]:
-                again = msgspec.structs.replace(stage.request, base=replies[-1].applied)
-                replies.append(await self._placement(APPLY, again))
+            replies = await self._send_stages(staged)
+        except BaseException:
+            self.stages.put_back(staged, events)
+            raise
         placed, undone = Stages.placed(staged, replies)
         for job_id, gpus in placed.items():
             if (record := self.table.active.get(job_id)) is not None:
                 self.table.placed(record, (g.node_id for g in gpus))
         final = replies[-1]
-        if self._applied is last:
+        if (last := self._applied) is not None:
+            for job_id in undone:  # (not running there: no longer allocated)
+                last.allocations.pop(job_id, None)
             self._applied = dataclasses.replace(last, number=final.applied)
         if self.cluster is not None:
             self.cluster.capacity = final.capacity
@@ -1266,16 +1258,55 @@ class Scheduler(Service):
             await self.bus.emit(event)
         if undone:  # (they wait again, from their stage's instant)
             self.log.warning(
-                "stages.not_run", jobs=[j for _, j, _ in undone[:5]], count=len(undone),
+                "stages.not_run", jobs=list(undone)[:5], count=len(undone),
                 why="placement did not run jobs as staged although its reply before assured it "
                 "would (`assures_fit`): its policy's `places_what_fits` is wrong, or the "
                 "cluster changed since (a drain, a policy swapped in during a simulation)",
             )  # fmt: skip
-            for at, job_id, why in undone:
+            for job_id, (at, why) in undone.items():
                 if (record := self.table.active.get(job_id)) is not None:
                     await self._requeue(at, record, why)
-                self._since_apply[job_id] = None
             self._after(staged[-1].request.now)
+
+    async def _send_stages(self, staged: list[Staged]) -> list[ApplyReply]:
+        """Placement's replies to the stages: in one request; where it refuses the first base
+        (it restarted without its state), one by one, each it refuses with every allocation as
+        of that stage (the stages' own launches carry their specs), as a single apply would."""
+        try:
+            request = ApplyStages(stages=[s.request for s in staged])
+            return (await self._placement(APPLY_STAGES, request)).replies
+        except RemoteError as exc:
+            if exc.reply.field != "$.base":
+                raise
+            self.log.info("apply.in_full", why=exc.reply.error)
+        assert self._applied is not None  # (a stage is an apply of what changed since the last)
+        allocations = self._applied.allocations
+        replies: list[ApplyReply] = []
+        for k, stage in enumerate(staged):
+            base = replies[-1].applied if replies else 0
+            if base:
+                try:
+                    again = msgspec.structs.replace(stage.request, base=base)
+                    replies.append(await self._placement(APPLY, again))
+                    continue
+                except RemoteError as exc:
+                    if exc.reply.field != "$.base":
+                        raise
+            whole = Stages.whole_as_of(staged, k, allocations)
+            specs = {a.job_id: spec for a in whole if (spec := self._spec_of(a.job_id, staged))}
+            full = msgspec.structs.replace(
+                stage.request, base=0, stop=[], allocations=whole, specs=specs
+            )
+            replies.append(await self._placement(APPLY, full))
+        return replies
+
+    def _spec_of(self, job_id: str, staged: list[Staged]) -> JobSpec | None:
+        """The spec a full apply carries for `job_id`: a staged launch's, or a waiting job's."""
+        for stage in staged:
+            if (spec := stage.request.specs.get(job_id)) is not None:
+                return spec
+        record = self.table.active.get(job_id)
+        return record.spec if record is not None and record.state != "running" else None
 
     async def _apply_all(
         self, now: float, cluster: ClusterInfo, allocations: list[Allocation]
@@ -1358,6 +1389,10 @@ class Scheduler(Service):
             and self.config.clock == "external" and last.cluster is cluster
         ):  # fmt: skip
             return named, _nothing_done(cluster)  # (as `_confirms_what_runs`)
+        if self.stages.full():  # (those kept back make a request big enough: they go now)
+            await self._flush_stages()
+            assert self._applied is not None
+            last = self._applied
         staging = (
             last.cluster is cluster and not self.policy.needs.job_nodes
             and self.stages.can_stage(

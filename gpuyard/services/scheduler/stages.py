@@ -23,6 +23,8 @@ import msgspec
 from gpuyard.shared.contract import ApplyReply, ApplyRequest, Event
 from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobSpec
 
+MAX_STAGED_LAUNCHES = 2000
+"""Launches kept back at most before they are sent (a request well under NATS's payload limit)."""
 UNKNOWN_GPU = GpuRef(node_id="", index=-1)
 """Each of a staged job's GPUs until placement has said which (never sent, never stored)."""
 
@@ -46,6 +48,8 @@ class Stages:
     """Placement's last reply assured it places what fits (`assures_fit`)."""
     staged: list[Staged] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    launches: int = 0
+    """Allocations in the stages kept back."""
 
     def can_stage(
         self, allocations: list[Allocation], specs: dict[str, JobSpec], *, stops: bool,
@@ -75,12 +79,17 @@ class Stages:
         """Keep `request` back (its base the stage before): the reply placement will give, but
         for where the jobs run (`UNKNOWN_GPU`)."""
         self.staged.append(Staged(request, released))
+        self.launches += len(request.allocations)
         return ApplyReply(
             placed={a.job_id: [UNKNOWN_GPU] * a.num_gpus for a in request.allocations},
             started={a.job_id: a.gpu_type for a in request.allocations},
             stopped=[], unplaced=[], lost=[], capacity=capacity, commands=commands,
             applied=request.base + 1, assures_fit=True,
         )  # fmt: skip
+
+    def full(self) -> bool:
+        """Enough is kept back for one request (`MAX_STAGED_LAUNCHES`): send it."""
+        return self.launches >= MAX_STAGED_LAUNCHES
 
     def hold(self, event: Event) -> bool:
         """Hold `event` while stages wait (published once they are placed, in order)."""
@@ -91,39 +100,51 @@ class Stages:
 
     def take(self) -> tuple[list[Staged], list[Event]]:
         staged, events = self.staged, self.events
-        self.staged, self.events = [], []
+        self.staged, self.events, self.launches = [], [], 0
         return staged, events
+
+    def put_back(self, staged: list[Staged], events: list[Event]) -> None:
+        """What `take` took, not sent after all (to be sent with the next request)."""
+        self.staged, self.events = staged + self.staged, events + self.events
+        self.launches = sum(len(s.request.allocations) for s in self.staged)
 
     @staticmethod
     def placed(
         staged: list[Staged], replies: list[ApplyReply]
-    ) -> tuple[dict[str, list[GpuRef]], list[tuple[float, str, str]]]:
-        """Where placement put each staged job; and the jobs it did not run as staged, each
-        with its stage's instant and why: left out (which its assurance rules out, unless the
-        cluster changed since: an operator's drain, a policy swapped in during a simulation),
-        stopped, or lost with their node."""
+    ) -> tuple[dict[str, list[GpuRef]], dict[str, tuple[float, str]]]:
+        """Where placement put each job it ran, as of the last stage; and the jobs it did not run
+        as staged, each with the instant and why: left out (which its assurance rules out,
+        unless the cluster changed since: an operator's drain, a policy swapped in during a
+        simulation), stopped, or lost with their node. A later stage's word on a job wins."""
         if len(replies) != len(staged):
             raise RuntimeError(f"placement answered {len(replies)} of {len(staged)} stages")
         placed: dict[str, list[GpuRef]] = {}
-        undone: list[tuple[float, str, str]] = []
+        undone: dict[str, tuple[float, str]] = {}
         for stage, reply in zip(staged, replies, strict=True):
             now = stage.request.now
-            placed.update(reply.placed)
-            undone += [(now, j, "node lost") for j in reply.lost]
-            undone += [(now, j, "stopped by placement") for j in reply.stopped]
-            undone += [
-                (now, a.job_id, "placement did not place it")
+            gone = [(j, "node lost") for j in reply.lost]
+            gone += [(j, "stopped by placement") for j in reply.stopped]
+            gone += [
+                (a.job_id, "placement did not place it")
                 for a in stage.request.allocations
                 if a.job_id not in reply.placed
             ]
+            for job_id, why in gone:
+                placed.pop(job_id, None)
+                undone[job_id] = (now, why)
+            for job_id, gpus in reply.placed.items():
+                undone.pop(job_id, None)
+                placed[job_id] = gpus
         return placed, undone
 
     @staticmethod
-    def whole_first(staged: list[Staged], allocations: dict[str, Allocation]) -> list[Allocation]:
-        """Every allocation as of the first stage, from `allocations` as of the last: those the
-        later stages started leave, those they released come back."""
+    def whole_as_of(
+        staged: list[Staged], k: int, allocations: dict[str, Allocation]
+    ) -> list[Allocation]:
+        """Every allocation as of stage `k`, from `allocations` as of the last: those the later
+        stages started leave, those they released come back."""
         whole = dict(allocations)
-        for stage in reversed(staged[1:]):
+        for stage in reversed(staged[k + 1 :]):
             for a in stage.request.allocations:
                 whole.pop(a.job_id, None)
             whole.update(stage.released)
@@ -131,10 +152,11 @@ class Stages:
 
     @staticmethod
     def with_gpus(events: list[Event], placed: dict[str, list[GpuRef]]) -> list[Event]:
-        """The held events, each staged job's start naming its GPUs."""
+        """The held events, each staged job's start naming its GPUs (none where placement did
+        not run it)."""
         return [
-            msgspec.structs.replace(e, gpus=placed[e.job_id])
-            if e.type == "job.started" and e.job_id in placed and UNKNOWN_GPU in e.gpus
+            msgspec.structs.replace(e, gpus=placed.get(e.job_id or "", []))
+            if e.type == "job.started" and UNKNOWN_GPU in e.gpus
             else e
             for e in events
         ]
