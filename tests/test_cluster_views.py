@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -28,6 +29,18 @@ from gpuyard.shared.model import JobSpec
 
 from .jobaccount import AGENT_ARGS, JOB_PYTHON, open_to_jobs
 from .secured import Secured, secured_cluster
+
+SERVICE_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[")
+"""A line the control plane, running in this process, logs to the same stdout meanwhile."""
+
+
+def without_logs(out: str) -> str:
+    """A command's output without the lines the services logged while it ran (a node command
+    that timed out on a loaded machine, say)."""
+    return "".join(
+        line for line in out.splitlines(keepends=True) if not SERVICE_LOG_LINE.match(line)
+    )
+
 
 pytestmark = pytest.mark.slow  # (integration: `pytest -m "not slow"` leaves it out)
 
@@ -89,7 +102,7 @@ class Views:
         async with self.cli:  # one at a time: they share stdout and stderr
             code = await asyncio.to_thread(run)
             captured = self.capsys.readouterr()
-        return code, captured.out, captured.err
+        return code, without_logs(captured.out), captured.err
 
     async def submit(self, identity: str, *args: str, cwd: Path | None = None) -> str:
         code, out, err = await self.gpuyard(identity, "submit", *args, cwd=cwd)
