@@ -1281,6 +1281,7 @@ class Scheduler(Service):
             self.log.info("apply.in_full", why=exc.reply.error)
         assert self._applied is not None  # (a stage is an apply of what changed since the last)
         allocations = self._applied.allocations
+        launched = {j: spec for stage in staged for j, spec in stage.request.specs.items()}
         replies: list[ApplyReply] = []
         for k, stage in enumerate(staged):
             base = replies[-1].applied if replies else 0
@@ -1293,18 +1294,17 @@ class Scheduler(Service):
                     if exc.reply.field != "$.base":
                         raise
             whole = Stages.whole_as_of(staged, k, allocations)
-            specs = {a.job_id: spec for a in whole if (spec := self._spec_of(a.job_id, staged))}
+            specs = {a.job_id: spec for a in whole if (spec := self._spec_of(a.job_id, launched))}
             full = msgspec.structs.replace(
                 stage.request, base=0, stop=[], allocations=whole, specs=specs
             )
             replies.append(await self._placement(APPLY, full))
         return replies
 
-    def _spec_of(self, job_id: str, staged: list[Staged]) -> JobSpec | None:
+    def _spec_of(self, job_id: str, launched: dict[str, JobSpec]) -> JobSpec | None:
         """The spec a full apply carries for `job_id`: a staged launch's, or a waiting job's."""
-        for stage in staged:
-            if (spec := stage.request.specs.get(job_id)) is not None:
-                return spec
+        if (spec := launched.get(job_id)) is not None:
+            return spec
         record = self.table.active.get(job_id)
         return record.spec if record is not None and record.state != "running" else None
 
