@@ -128,6 +128,7 @@ async def test_stages_give_the_same_run_with_fewer_round_trips(
     assert sum(together.values()) < 0.75 * one_by_one["place.apply"], (together, one_by_one)
 
 
+@pytest.mark.slow
 async def test_stages_go_in_requests_of_a_bounded_size(
     tmp_path: Path, policies: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -164,6 +165,7 @@ async def test_jobs_a_placement_did_not_run_as_staged_wait_again(
     assert "stages.not_run" in log and "places_what_fits" in log
 
 
+@pytest.mark.slow
 async def test_a_policy_that_reads_where_jobs_run_is_told_at_every_decision(
     tmp_path: Path, policies: None
 ) -> None:
