@@ -258,15 +258,10 @@ class Placement(Service):
         return await self._once("stages", req, self.apply_stages, ApplyStagesReply)
 
     async def apply_stages(self, req: ApplyStages) -> ApplyStagesReply:
-        """Each stage applied in turn, as that many applies (`ApplyStages`). A first base that is
-        not the last apply is refused before anything is applied."""
+        """Each stage applied in turn, as that many applies (`ApplyStages`): a first base that
+        is not the last apply is refused (`apply`'s check) before anything is applied."""
         if not req.stages or not req.stages[0].base:
             raise BadRequest("stages need a first stage with a base", field="$.stages")
-        if req.stages[0].base != self.applied:
-            raise BadRequest(
-                f"apply #{req.stages[0].base} is not the last one applied here "
-                f"(#{self.applied}): send every allocation", field="$.base",
-            )  # fmt: skip
         return ApplyStagesReply(replies=[await self.apply(stage) for stage in req.stages])
 
     async def nodes_request(self, req: NodesChanged, caller: Caller) -> NodesChangedReply:
