@@ -229,3 +229,39 @@ def test_an_output_folder_that_cannot_be_made_is_one_line(tmp_path: Path) -> Non
     assert result.returncode == 2
     assert result.stderr.startswith(f"gpuyard sim: --out {blocker / 'x'}: ")
     assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_a_submit_admission_does_not_answer_says_the_jobs_may_be_in(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A submission whose answer does not come (a broker failing over for longer than the wait)
+    may have been admitted: the command says so, in one line, rather than a bare time-out."""
+    from gpuyard.cli import cluster, main
+
+    listener = subprocess.Popen(  # someone listens on admission's subject, and never answers
+        [sys.executable, "-c", SILENT_ADMISSION, nats_url], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert listener.stdout is not None and listener.stdout.readline() == "listening\n"
+        monkeypatch.setattr(cluster, "SUBMIT_WAIT_S", 0.5)
+        code = main(["submit", "--nats", nats_url, "--cluster", "quiet", "--", "true"])
+    finally:
+        listener.kill()
+        listener.wait()
+    assert code == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "gpuyard submit: no answer from admission within 0.5 s: the jobs may have been admitted "
+        "all the same (`gpuyard jobs` lists them)"
+    ]
+
+
+SILENT_ADMISSION = """
+import asyncio, sys, nats
+async def listen():
+    nc = await nats.connect(sys.argv[1])
+    await nc.subscribe("gpuyard.quiet.adm.submit.>")
+    await nc.flush()
+    print("listening", flush=True)
+    await asyncio.sleep(60)
+asyncio.run(listen())
+"""

@@ -814,6 +814,11 @@ dependency = checked_text(parse_dependency)
 """`--dependency`'s value, checked (a usage error says what is wrong)."""
 
 
+SUBMIT_WAIT_S = 30.0
+"""How long `gpuyard submit` waits for admission's answer: the answer follows the jobs' durable
+writes, which wait out a broker's failover (a new leader for the services' buckets)."""
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     try:
         jobs = job_from_args(args)
@@ -827,7 +832,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 if isinstance(job, dict):
                     job.setdefault("user", getpass.getuser())
         # (as written: admission refuses a malformed job alone, naming its place and field)
-        reply = await bus.call(SUBMIT, {"jobs": jobs})
+        try:
+            reply = await bus.call(SUBMIT, {"jobs": jobs})
+        except RemoteError as exc:
+            if exc.reply.error != "timed out":
+                raise
+            raise CommandError(
+                f"no answer from admission within {SUBMIT_WAIT_S:g} s: the jobs may have been "
+                "admitted all the same (`gpuyard jobs` lists them)"
+            ) from None
         bad = 0
         for r in reply.results:
             if r.verdict == "admit":
@@ -839,7 +852,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 print(f"rejected {r.job_id or 'a job'}: {r.reason}", file=sys.stderr)
         return 1 if bad else 0
 
-    return run_on_bus("submit", args, body)
+    return run_on_bus("submit", args, body, request_timeout=SUBMIT_WAIT_S)
 
 
 # --------------------------------------------------------------------------- jobs, cancel

@@ -476,15 +476,15 @@ async def unless_refused(work: Awaitable[int], refused: asyncio.Future[str], bus
 
 def run_on_bus(
     command: str, args: argparse.Namespace, body: Callable[[Bus], Awaitable[int]], *,
-    reports_loss: bool = False,
+    reports_loss: bool = False, request_timeout: float = 10.0,
 ) -> int:  # fmt: skip
-    """Connect (see `open_bus`, and its `reports_loss`), run `body(bus)`, close; failures as in
-    `run_command`."""
+    """Connect (see `open_bus`, its `reports_loss` and `request_timeout`), run `body(bus)`,
+    close; failures as in `run_command`."""
 
     async def main() -> int:
         refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         bus = await open_bus(args, f"gpuyard-{command.replace(' ', '-')}", refused=refused,
-                             reports_loss=reports_loss)  # fmt: skip
+                             reports_loss=reports_loss, request_timeout=request_timeout)  # fmt: skip
         try:
             return await unless_stdout_closes(unless_refused(body(bus), refused, bus))
         except BrokenPipeError:
