@@ -29,6 +29,9 @@ from tests.test_cli_sim import gpuyard
 N_JOBS = 200_000
 WITHIN = 0.10
 
+# One process runs them all: each cluster's 200,000 jobs are made once (`jobs_of`), not in each.
+pytestmark = pytest.mark.xdist_group("calibrated")
+
 
 @functools.cache
 def jobs_of(name: str) -> pd.DataFrame:

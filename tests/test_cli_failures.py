@@ -141,6 +141,7 @@ def test_tail_into_head_ends_quietly(tmp_path: Path, nats_url: str) -> None:
         assert len(piped.stdout.splitlines()) == 1 and "node.up" in piped.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_tail_follow_stops_on_a_signal_even_with_sigint_ignored(
     nats_url: str, sig: signal.Signals

@@ -49,6 +49,7 @@ def assert_a_figure(path: Path, *, title_has: list[str]) -> None:
     assert all(part in title for part in title_has), title
 
 
+@pytest.mark.slow
 def test_against_a_published_cluster_gives_the_csv_and_summary_figures(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -114,6 +115,7 @@ def test_against_a_published_cluster_gives_the_csv_and_summary_figures(
     assert any(line.startswith("GPUs per job, max") and "within" not in line for line in lines)
 
 
+@pytest.mark.slow
 def test_against_another_trace_overlays_both_with_their_counts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -154,6 +156,7 @@ def test_an_unknown_cluster_or_missing_trace_is_one_line(
     assert not plots.exists() or not list(plots.glob("*_vs_*.png"))
 
 
+@pytest.mark.slow
 def test_gpus_per_job_of_pai_are_its_fractions(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

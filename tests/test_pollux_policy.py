@@ -151,6 +151,7 @@ def test_more_jobs_than_gpus_running_jobs_keep_theirs(profiles: Path) -> None:
     assert {a.job_id for a in allocations} == {f"r{i}" for i in range(8)}
 
 
+@pytest.mark.slow
 def test_decisions_are_deterministic_and_fill_the_cluster(profiles: Path) -> None:
     models = ["cifar10", "imagenet", "bert", "deepspeech2", "yolov3"]
     jobs = [

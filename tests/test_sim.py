@@ -739,6 +739,7 @@ async def test_a_default_time_limit_stops_jobs_without_one_and_a_maximum_decline
     )
 
 
+@pytest.mark.slow
 def test_a_rounds_replay_is_told_in_few_requests(tmp_path: Path) -> None:
     """Issue 39's replay at a twentieth of its jobs (`gpuyard sim`, its own process), counted by
     the services' own counters: arrivals go ahead in batches rather than a submission a round,
