@@ -513,6 +513,11 @@ if __name__ == "__main__":
     p.add_argument("--kills", type=int, default=3, help="kill: how many times")
     p.add_argument("--bulk", type=int, default=10_000, help="bulk: jobs in the one submission")
     p.add_argument("--insecure", action="store_true", help="secure, kill: without auth and TLS")
+    import logging
+
     import uvloop
 
+    # (asyncio's note at each TLS peer that hangs up, as the gpuyard commands and services leave
+    # it out: "returning true from eof_received() has no effect when using ssl")
+    logging.getLogger("asyncio").setLevel(logging.ERROR)
     uvloop.run(main(p.parse_args()))

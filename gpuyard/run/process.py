@@ -1,11 +1,8 @@
-"""What a process that runs simulations sets up: the signals that stop its work, and the logs of
-the libraries it uses, into its own log."""
+"""What a process that runs simulations sets up: the signals that stop its work."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 import signal
 import threading
 from collections.abc import Coroutine
@@ -24,23 +21,3 @@ async def stop_on_signals(work: Coroutine[Any, Any, T]) -> T:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, task.cancel)
     return await work
-
-
-class JsonLines(logging.Formatter):
-    """Standard-library log records as JSON lines, like structlog's."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {"event": record.getMessage(), "logger": record.name, "level": record.levelname}
-        if record.exc_info and record.exc_info[1] is not None:
-            entry["error"] = repr(record.exc_info[1])
-        return json.dumps(entry)
-
-
-def library_logs_to(stream: Any) -> None:
-    """nats-py reports a connection's trouble (e.g. a drain that timed out while services stop)
-    through `logging`: into the run's log, not onto the terminal."""
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonLines())
-    nats_log = logging.getLogger("nats")
-    nats_log.addHandler(handler)
-    nats_log.propagate = False

@@ -15,7 +15,7 @@ import msgspec
 
 from gpuyard.plotter import Plotter
 from gpuyard.run.build import build
-from gpuyard.run.process import library_logs_to, stop_on_signals
+from gpuyard.run.process import stop_on_signals
 from gpuyard.run.spec import RunPlace, RunSpec
 from gpuyard.shared.errors import RemoteError
 from gpuyard.shared.policy import PolicyError
@@ -58,7 +58,6 @@ def _simulate_one(spec: RunSpec, place: RunPlace, plotter: Plotter) -> int:
         options = msgspec.structs.replace(options, durable=True)
     log = open(place.out / "services.log", "a")  # noqa: SIM115 (open for the whole run)
     configure_logging(place.log_level, log)
-    library_logs_to(log)
     started = time.time()
     never_fits = 0
 

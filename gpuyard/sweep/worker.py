@@ -29,7 +29,7 @@ import nats.js.errors
 import structlog
 
 from gpuyard.run.embedded import EmbeddedNats
-from gpuyard.run.process import library_logs_to, stop_on_signals
+from gpuyard.run.process import stop_on_signals
 from gpuyard.shared.connection import NatsAuth, connect, raise_dropped_cancellation, redact
 from gpuyard.sweep.config import code_digest
 from gpuyard.sweep.queue import (
@@ -221,7 +221,6 @@ def work(worker: Worker, log_level: str = "info") -> int:
     from gpuyard.shared.logs import configure_logging
 
     configure_logging(log_level, sys.stderr)
-    library_logs_to(sys.stderr)
     try:
         return uvloop.run(run_worker(worker))
     except (OSError, RuntimeError, TimeoutError, nats.errors.Error) as exc:
