@@ -158,6 +158,32 @@ def test_many_broken_rows_report_the_first_five_in_file_order_and_a_count(tmp_pa
     assert len(w) == 1000 and w.skipped == 8  # (the id 7 at line 401 is the duplicate)
 
 
+def test_rows_validated_in_batches_give_what_one_batch_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Our CSV's rows become jobs a batch at a time (`CONVERT_ROWS`): rows a job's own checks
+    refuse, in several batches and at their edges, are the same errors and the same jobs."""
+    from gpuyard.workloads import core
+
+    rows = ["job_id,num_gpus,duration,submit_time"]
+    rows += [
+        f"j{i},{0 if i in (3, 4, 9, 22) else 1},{-5 if i == 16 else 10},{i}" for i in range(25)
+    ]
+    f = tmp_path / "jobs.csv"
+    f.write_text("\n".join(rows) + "\n")
+
+    def loaded() -> tuple[list[str], int, list[str], str]:
+        w = load_workload(f, skip_bad=True)
+        with pytest.raises(WorkloadError) as err:
+            load_workload(f)
+        return [j.job_id or "" for j in w], w.skipped, w.skip_reasons, str(err.value)
+
+    whole = loaded()
+    assert whole[1] == 5 and len(whole[0]) == 20 and "j3" not in whole[0]
+    monkeypatch.setattr(core, "CONVERT_ROWS", 4)
+    assert loaded() == whole
+
+
 def test_gavel_bad_fields(tmp_path: Path) -> None:
     f = tmp_path / "bad.trace"
     good = "A3C\tcmd\tdir\t--n\t1\t100\t1\t1\t-1\t0\n"

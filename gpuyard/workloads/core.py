@@ -37,6 +37,8 @@ JOB_FIELDS: tuple[str, ...] = JobSpec.__struct_fields__
 ELASTIC_MAX_GPUS = 64
 """The most GPUs an elastic ElasticFlow job may get, however few it asked for (ElasticFlow
 chooses the GPU counts itself)."""
+CONVERT_ROWS = 20_000
+"""Rows validated into jobs at a time (`build_jobs`)."""
 
 
 class WorkloadError(ValueError):
@@ -316,26 +318,37 @@ def build_jobs(
     else:
         idx = names.index("submit_time")
         cols[idx] = [0.0 if v is None else v for v in cols[idx]]
+    jobs: list[JobSpec] = []
+    keep: list[int] = []
+
+    def convert(records: list[dict[str, Any]], rows: list[int]) -> None:
+        """The rows' jobs onto `jobs` (their rows onto `keep`), a bad one's error into `bad`."""
+        try:
+            jobs.extend(msgspec.convert(records, list[JobSpec]))
+            keep.extend(rows)
+            return
+        except (msgspec.ValidationError, ValueError, TypeError):
+            pass
+        for i, rec in zip(rows, records, strict=True):
+            try:
+                jobs.append(msgspec.convert(rec, JobSpec))
+                keep.append(i)
+            except (msgspec.ValidationError, ValueError, TypeError) as exc:
+                bad[i] = WorkloadError(path, lines[i], _error_field(str(exc)), str(exc))
+
     with gc_paused():
+        # In batches: a million rows' dicts at once would hold some 300 MB beside their jobs.
         records: list[dict[str, Any]] = []
-        keep: list[int] = []
+        rows: list[int] = []
         for i, row in enumerate(zip(*cols, strict=True)):
             if i in bad:
                 continue
             records.append({k: v for k, v in zip(names, row, strict=True) if v is not None})
-            keep.append(i)
-        try:
-            jobs = msgspec.convert(records, list[JobSpec])
-        except (msgspec.ValidationError, ValueError, TypeError):
-            jobs = []
-            good: list[int] = []
-            for i, rec in zip(keep, records, strict=True):
-                try:
-                    jobs.append(msgspec.convert(rec, JobSpec))
-                    good.append(i)
-                except (msgspec.ValidationError, ValueError, TypeError) as exc:
-                    bad[i] = WorkloadError(path, lines[i], _error_field(str(exc)), str(exc))
-            keep = good
+            rows.append(i)
+            if len(records) == CONVERT_ROWS:
+                convert(records, rows)
+                records, rows = [], []
+        convert(records, rows)
     # Unique ids (an array's tasks' too).
     seen: set[str] = set()
     unique_jobs: list[JobSpec] = []
