@@ -197,7 +197,9 @@ def to_frame(jobs: Iterable[JobSpec]) -> pd.DataFrame:
     import pandas as pd
 
     jobs = list(jobs)
-    cols: dict[str, list[Any]] = {name: [getattr(j, name) for j in jobs] for name in JOB_FIELDS}
+    # Column by column, each list gone once it is a Series: a million jobs' lists at once would
+    # hold some 300 MB beside the frame.
+    cols = {name: pd.Series([getattr(j, name) for j in jobs]) for name in JOB_FIELDS}
     return pd.DataFrame(cols, columns=list(JOB_FIELDS))
 
 
