@@ -90,7 +90,7 @@ def test_broken_trace_line_is_named_or_skipped(tmp_path: Path) -> None:
         "--out", str(tmp_path / "b"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert f"skipped 1 broken trace lines:\n  {trace}, line 3, field 'duration_s'" in result.stderr
+    assert f"skipped 1 broken trace line:\n  {trace}, line 3, field 'duration_s'" in result.stderr
     assert "jobs         2 completed, 0 failed of 2" in result.stdout
 
 

@@ -179,7 +179,7 @@ def openb_line(info: dict[str, Any]) -> str | None:
 
 def skipped_lines(workload: Any, shown: int = 5) -> str:
     """`skipped 12 broken trace lines:` and the first few reasons (file, line, why), then a count."""
-    lines = [f"skipped {workload.skipped} broken trace lines:"]
+    lines = [f"skipped {workload.skipped} broken trace line{'s' if workload.skipped != 1 else ''}:"]
     lines += [f"  {reason}" for reason in workload.skip_reasons[:shown]]
     if workload.skipped > shown:
         lines.append(f"  ... and {workload.skipped - shown} more")
