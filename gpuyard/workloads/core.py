@@ -339,7 +339,7 @@ def build_jobs(
                 bad[i] = WorkloadError(path, lines[i], _error_field(str(exc)), str(exc))
 
     with gc_paused():
-        # In batches: a million rows' dicts at once would hold some 300 MB beside their jobs.
+        # In batches: a million rows' dicts at once would hold some 200 MB beside their jobs.
         records: list[dict[str, Any]] = []
         rows: list[int] = []
         for i, row in enumerate(zip(*cols, strict=True)):
