@@ -83,7 +83,7 @@ from gpuyard.shared.endpoints import (
     REQUEUE,
     SUBMIT,
 )
-from gpuyard.shared.errors import RemoteError
+from gpuyard.shared.errors import TIMED_OUT, RemoteError
 from gpuyard.shared.identity import ANONYMOUS
 from gpuyard.shared.model import JobRecord, parse_array, parse_dependency
 from gpuyard.shared.options import key_values
@@ -835,7 +835,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         try:
             reply = await bus.call(SUBMIT, {"jobs": jobs})
         except RemoteError as exc:
-            if exc.reply.error != "timed out":
+            if exc.reply.error != TIMED_OUT:
                 raise
             raise CommandError(
                 f"no answer from admission within {SUBMIT_WAIT_S:g} s: the jobs may have been "

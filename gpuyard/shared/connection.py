@@ -30,7 +30,7 @@ from nats.js.api import Header
 
 from .contract import STATUS_HEADER, ErrorReply, Event
 from .endpoints import EVENT, Endpoint, Subjects
-from .errors import RemoteError
+from .errors import TIMED_OUT, RemoteError
 from .identity import ANONYMOUS, Caller
 
 T = TypeVar("T")
@@ -474,7 +474,7 @@ class Bus:
                 ErrorReply(error="no service is listening", subject=subject)
             ) from None
         except NatsTimeoutError:
-            raise RemoteError(ErrorReply(error="timed out", subject=subject)) from None
+            raise RemoteError(ErrorReply(error=TIMED_OUT, subject=subject)) from None
         finally:
             expiry.cancel()
             self._awaited.pop(token, None)

@@ -22,7 +22,10 @@ from .contract import ErrorReply
 NOT_LEADING = "this instance is standing down: another takes over"
 """The error of a request that a durable service's instance got as it lost its leader lease."""
 
-TRANSIENT_ERRORS = frozenset({"no service is listening", "timed out", NOT_LEADING})
+TIMED_OUT = "timed out"
+"""The error of a request that got no answer in time (the caller's own)."""
+
+TRANSIENT_ERRORS = frozenset({"no service is listening", TIMED_OUT, NOT_LEADING})
 """Errors a caller may retry: the service is restarting or changing leader, or busy beyond the
 timeout."""
 

@@ -1268,6 +1268,12 @@ class Scheduler(Service):
                     await self._requeue(at, record, why)
             self._after(staged[-1].request.now)
 
+    async def _flushed(self) -> LastApply:
+        """The last apply once the stages kept back are sent (`_flush_stages`)."""
+        await self._flush_stages()
+        assert self._applied is not None  # (a stage is an apply of what changed since the last)
+        return self._applied
+
     async def _send_stages(self, staged: list[Staged]) -> list[ApplyReply]:
         """Placement's replies to the stages: in one request; where it refuses the first base
         (it restarted without its state), one by one, each it refuses with every allocation as
@@ -1390,9 +1396,7 @@ class Scheduler(Service):
         ):  # fmt: skip
             return named, _nothing_done(cluster)  # (as `_confirms_what_runs`)
         if self.stages.full():  # (those kept back make a request big enough: they go now)
-            await self._flush_stages()
-            assert self._applied is not None
-            last = self._applied
+            last = await self._flushed()
         staging = (
             last.cluster is cluster and not self.policy.needs.job_nodes
             and self.stages.can_stage(
@@ -1401,9 +1405,7 @@ class Scheduler(Service):
             )
         )  # fmt: skip
         if not staging and self.stages.staged:
-            await self._flush_stages()  # (this apply's base is the last of them)
-            assert self._applied is not None
-            last = self._applied
+            last = await self._flushed()  # (this apply's base is the last of them)
         request = ApplyRequest(
             now=now, allocations=changed, specs=specs, released=self.released,
             base=last.number, stop=stop + stale, **launches.of(changed),
