@@ -1,15 +1,18 @@
 """Every line a service logs is JSON, the libraries' records too (nats-py's, asyncio's), and
-asyncio's notes at each TLS peer that hangs up are left out."""
+asyncio's notes at each TLS peer that hangs up are left out; a clean stop is no warning."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
+from gpuyard.run.embedded import EmbeddedNats
+from gpuyard.shared.connection import connect
 from gpuyard.shared.logs import LIBRARY_LEVELS, configure_logging
 
 
@@ -40,3 +43,32 @@ def test_the_libraries_records_are_json_lines_in_the_services_log() -> None:
         {"event": "nats: encountered error", "logger": "nats", "level": "WARNING"},
     ]
     assert first.getvalue() == ""
+
+
+async def test_a_connection_closed_on_purpose_is_not_told_as_lost() -> None:
+    """`disconnected_cb` (a service's "nats.disconnected" warning) hears of a server gone, not
+    of every clean stop: nats-py calls it at `close` and `drain` too."""
+    lost: list[str] = []
+
+    def counting(name: str) -> Callable[[], Awaitable[None]]:
+        async def disconnected() -> None:
+            lost.append(name)
+
+        return disconnected
+
+    server = EmbeddedNats()
+    url = await server.__aenter__()
+    try:
+        closed = await connect(url, name="closed", disconnected_cb=counting("closed"))
+        drained = await connect(url, name="drained", disconnected_cb=counting("drained"))
+        cut_off = await connect(url, name="cut-off", disconnected_cb=counting("cut-off"))
+        await closed.close()
+        await drained.drain()
+    finally:
+        await server.__aexit__(None, None, None)
+    for _ in range(100):
+        if lost:
+            break
+        await asyncio.sleep(0.05)
+    await cut_off.close()
+    assert lost == ["cut-off"]

@@ -283,7 +283,8 @@ async def connect(url: str, *, name: str, auth: NatsAuth | None = None, **option
     the connection (a server lost) is one log line, unless `error_cb` is given: nats-py's own is a
     traceback each. A TLS failure before the first connection raises TlsFailure at once (after
     `error_cb` has seen it): a certificate that cannot be verified will not become valid by trying
-    again, and nats-py would wait forever closing the failed connection.
+    again, and nats-py would wait forever closing the failed connection. `disconnected_cb` hears
+    of a connection lost, not of one closed (nats-py calls it at every `close` and `drain` too).
     """
 
     async def log_error(exc: Exception) -> None:
@@ -301,6 +302,12 @@ async def connect(url: str, *, name: str, auth: NatsAuth | None = None, **option
             raise tls_failed[-1]
 
     client: Client | None = None
+    given_disconnected_cb = options.pop("disconnected_cb", None)
+
+    async def on_disconnected() -> None:
+        if given_disconnected_cb is not None and not (client is not None and client.is_closed):
+            await given_disconnected_cb()
+
     settings: dict[str, Any] = {
         "name": name,
         "max_reconnect_attempts": -1,
@@ -312,6 +319,7 @@ async def connect(url: str, *, name: str, auth: NatsAuth | None = None, **option
         **(auth.options() if auth is not None else {}),
         **options,
         "error_cb": on_error,
+        "disconnected_cb": on_disconnected,
     }
     wants_tls = settings.get("tls") is not None or "tls://" in url
     if wants_tls:
