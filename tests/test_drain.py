@@ -2,7 +2,8 @@
 update state=drain|resume`): a draining node takes no new jobs while those running there go on;
 `gpuyard nodes` shows it DRAIN, then DRAINED once no job is left; only operators may; placement
 keeps the drain across its restarts and counts a draining node's capacity only for the GPUs its
-jobs hold; events `node.draining`, `node.drained`, `node.resumed`."""
+jobs hold; events `node.draining`, `node.drained`, `node.resumed`. A node that went says why
+(down, and its jobs' reason), across placement's restarts too."""
 
 from __future__ import annotations
 
@@ -227,6 +228,39 @@ async def test_placement_counts_and_keeps_a_drain_across_its_restart(nats_url: s
         await bus.close()
 
 
+async def test_why_a_node_went_outlives_placement_s_restart(nats_url: str) -> None:
+    """A node's going, told why (`NodesChanged.reason`): the node is down with that reason, and
+    its jobs come back lost with it in the next apply, after a placement restart too; the
+    reason goes once the node comes back."""
+    configs = {
+        "placement": PlacementConfig(simulated=True, command_timeout_s=None, durable=True),
+    }
+    bus = Bus(await connect(nats_url, name="test"), Subjects("why"), request_timeout=5)
+    try:
+        async with ServiceSet(nats_url, "why", configs, log_level="error"):
+            nodes = [NodeSpec(node_id=f"n{i}", num_gpus=4, gpu_type="v100") for i in (1, 2)]
+            await bus.call(NODES, NodesChanged(now=0.0, up=nodes))
+            first = await bus.call(APPLY, apply(1.0, {"j1": 4, "j2": 4}))
+            on = {j: gpus[0].node_id for j, gpus in first.placed.items()}
+            reply = await bus.call(
+                NODES, NodesChanged(now=2.0, gone=[on["j1"]], reason="agent stopped")
+            )
+            assert reply.lost_jobs == ["j1"]
+        async with ServiceSet(nats_url, "why", configs, log_level="error"):  # restarted
+            info = await bus.call(CLUSTER, Empty())
+            assert info.down_why == {on["j1"]: "agent stopped"}
+            second = await bus.call(APPLY, apply(3.0, {"j2": 4}))
+            assert second.lost == ["j1"]
+            assert second.lost_why == {"j1": f"node {on['j1']} gone: agent stopped"}
+            again = NodeSpec(node_id=on["j1"], num_gpus=4, gpu_type="v100")
+            await bus.call(NODES, NodesChanged(now=4.0, up=[again]))
+            info = await bus.call(CLUSTER, Empty())
+            assert info.down == {} and info.down_why == {}
+            assert (await bus.call(APPLY, apply(5.0, {"j2": 4}))).lost_why == {}
+    finally:
+        await bus.close()
+
+
 def test_a_draining_node_that_is_down_says_both() -> None:
     import time as clock
 
@@ -235,12 +269,15 @@ def test_a_draining_node_that_is_down_says_both() -> None:
 
     now = clock.time()
     info = ClusterInfo(
-        nodes=[], capacity={}, busy={}, down={"n1": now - 100, "n2": now - 5},
+        nodes=[], capacity={}, busy={}, down={"n1": now - 100, "n2": now - 5, "n3": now - 1},
+        down_why={"n1": "agent stopped", "n2": "no heartbeat for 15 s"},
         draining={"n1": "disk swap"},
     )  # fmt: skip
     rows = {
         line.split()[0]: line
         for line in format_nodes(info, HeartbeatsPage(beats=[], received={}), now).splitlines()
     }
-    assert " DOWN+DRAIN (disk swap) since " in rows["n1"] and "(1:40 ago)" in rows["n1"]
-    assert " DOWN since " in rows["n2"]
+    assert " DOWN+DRAIN (disk swap; agent stopped) since " in rows["n1"]
+    assert "(1:40 ago)" in rows["n1"]
+    assert " DOWN (no heartbeat for 15 s) since " in rows["n2"]
+    assert " DOWN since " in rows["n3"]  # (no reason told)

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
+import structlog
 
 from gpuyard.run.embedded import EmbeddedNats
 from gpuyard.shared.connection import connect
@@ -18,13 +19,16 @@ from gpuyard.shared.logs import LIBRARY_LEVELS, configure_logging
 
 @pytest.fixture(autouse=True)
 def restored() -> Iterator[None]:
-    """The libraries' loggers as they were (logging is the process's)."""
+    """structlog and the libraries' loggers as they were (both are the process's: a later test in
+    this process reads what is logged where it was)."""
     kept = {
         name: (lg.handlers[:], lg.level, lg.propagate)
         for name in LIBRARY_LEVELS
         for lg in [logging.getLogger(name)]
     }
+    kept_structlog = structlog.get_config()
     yield
+    structlog.configure(**kept_structlog)
     for name, (handlers, level, propagate) in kept.items():
         lg = logging.getLogger(name)
         lg.handlers, lg.level, lg.propagate = handlers, level, propagate

@@ -81,7 +81,7 @@ def test_bftrainer_grows_a_job_onto_a_node_that_joins_and_shrinks_it_when_the_no
     assert [(e["type"], e.get("gpus"), e.get("reason")) for e in events] == [
         ("job.started", [["a", 0]], None),
         ("job.resized", [["a", 0], ["b", 0]], None),
-        ("job.preempted", None, "node lost"),
+        ("job.preempted", None, "node b gone: agent stopped"),
         ("job.started", [["a", 0]], None),
         ("job.completed", None, None),
     ], events

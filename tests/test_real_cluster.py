@@ -325,7 +325,11 @@ async def test_a_node_agent_killed_mid_command_stalls_no_round(
         await cluster.until(lost, "the victim declared lost", within_s=lost_within_s)
         assert time.monotonic() - silent < lost_within_s
         record = await cluster.job(big)
-        assert (record.state, record.reason, record.preemptions) == ("queued", "node lost", 1)
+        why = f"no heartbeat for {placement.heartbeat_timeout_s:g} s"
+        assert (record.state, record.reason, record.preemptions) == (
+            "queued", f"node victim gone: {why}", 1,
+        )  # fmt: skip
+        assert (await cluster.call(CLUSTER_INFO, Empty())).down_why == {"victim": why}
         assert (await cluster.job(small)).state == "running"
         # Rounds go on (once the 4-GPU job, which fits nowhere now, is out of FIFO's way).
         await cluster.call(CANCEL, CancelRequest(job_ids=[big]))

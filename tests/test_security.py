@@ -312,7 +312,8 @@ async def test_a_stuck_node_agent_does_not_stall_the_rounds(cluster: Secured) ->
     await cluster.until(lost, "the stuck node declared lost", within_s=5)
     assert time.monotonic() - started < 4.0
     record = await cluster.job(big)
-    assert (record.state, record.reason, record.preemptions) == ("queued", "node lost", 1)
+    assert (record.state, record.preemptions) == ("queued", 1)
+    assert record.reason.startswith("node stuck gone: no answer to a command"), record.reason
     stuck_beat.cancel()
     # Rounds still run: another job starts on the good node (once the 4-GPU job, which no longer
     # fits anywhere, is out of FIFO's way).

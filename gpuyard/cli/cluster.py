@@ -1142,8 +1142,12 @@ def format_nodes(info: ClusterInfo, beats: HeartbeatsPage, now: float) -> str:
             )
         )  # fmt: skip
     for node_id, since in sorted(info.down.items()):
-        down = f"DOWN since {clock(since, now)} ({slurm_duration(max(now - since, 0.0))} ago)"
-        if node_id in info.draining:  # (Slurm's down+drain: it stays drained when it returns)
-            down = f"DOWN+DRAIN ({info.draining[node_id]}) since {down.removeprefix('DOWN since ')}"
+        # (Slurm's down+drain: it stays drained when it returns)
+        state = "DOWN+DRAIN" if node_id in info.draining else "DOWN"
+        reasons = "; ".join(
+            r for r in (info.draining.get(node_id), info.down_why.get(node_id)) if r
+        )
+        down = f"{state} ({reasons})" if reasons else state
+        down += f" since {clock(since, now)} ({slurm_duration(max(now - since, 0.0))} ago)"
         rows.append((node_id, down, "-", "-", "-", "-", heartbeat(node_id), "-", "-", "-"))
     return text_table(rows)

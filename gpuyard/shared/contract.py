@@ -512,6 +512,8 @@ class ApplyReply(Struct, kw_only=True, omit_defaults=True):
     """Jobs stopped since the last apply because a node they ran on went away."""
     capacity: dict[str, int]
     """Usable GPUs per type now."""
+    lost_why: dict[str, str] = {}
+    """Why each of `lost` stopped: its node's going (`node gpu7 gone: agent stopped`)."""
     progress: dict[str, StepsReport] = {}
     """What the node agents last reported of the jobs stopped by this apply (at the stop) and of
     those running (from their heartbeats)."""
@@ -554,6 +556,8 @@ class ClusterInfo(Struct, kw_only=True):
     busy: dict[str, list[GpuRef]]
     down: dict[str, float] = {}
     """Nodes that were up and left, with the time they left (until they come back)."""
+    down_why: dict[str, str] = {}
+    """Why each of `down` left (`agent stopped`, `no heartbeat for 15 s`, ...)."""
     rearranges: bool = False
     """Placement's policy moves running jobs at every apply (`PlacementPolicy.rearranges`): an
     apply of the allocations that run now may still change where they run."""

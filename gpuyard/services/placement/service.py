@@ -105,7 +105,9 @@ class StoredPlacement(Struct, kw_only=True):
     running: dict[str, list[GpuRef]] = {}
     specs: dict[str, JobSpec] = {}
     lost: list[str] = []
+    lost_why: dict[str, str] = {}
     down: dict[str, float] = {}
+    down_why: dict[str, str] = {}
     last_request: str = ""
     """`<route>:<sha256 of the request>` of the last apply or nodes change, and its reply (JSON):
     the same request again is a retry whose first attempt was stored but not answered."""
@@ -170,6 +172,7 @@ class Placement(Service):
         self.shared = 0  # GPUs two jobs hold
         self.specs: dict[str, JobSpec] = {}  # of the jobs placed, for relaunching them
         self.down: dict[str, float] = {}  # nodes that left, and when (until they come back)
+        self.down_why: dict[str, str] = {}  # why each of them left
         self.last_seen: dict[str, float] = {}  # node agents that heartbeat: when last heard of
         self.beats: dict[str, Heartbeat] = {}
         self._checker: asyncio.Task[None] | None = None
@@ -180,6 +183,7 @@ class Placement(Service):
         self._watchers: set[asyncio.Task[None]] = set()  # real agents' answers to commands
         self._last_command: dict[str, asyncio.Task[None]] = {}  # per node: its commands in order
         self.lost: list[str] = []  # stopped by a node's departure, not yet told to the scheduler
+        self.lost_why: dict[str, str] = {}  # (which node went, and why)
         self.unconfirmed: dict[str, set[str]] = {}
         """After a restart, per node agent: the jobs the stored map places there that we have sent
         it no command about since. Its next registration says which it was told to launch: one
@@ -195,9 +199,9 @@ class Placement(Service):
             return
         state = StoredPlacement(
             nodes=list(self.nodes.values()), running=self.running, specs=self.specs, lost=self.lost,
-            down=self.down, last_request=self.last_request, last_reply=self.last_reply,
-            commands_sent=self.commands_sent, applied=self.applied,
-            policy_state=self._policy_state(), draining=self.draining,
+            lost_why=self.lost_why, down=self.down, down_why=self.down_why,
+            last_request=self.last_request, last_reply=self.last_reply,
+            commands_sent=self.commands_sent, applied=self.applied, policy_state=self._policy_state(), draining=self.draining,
         )  # fmt: skip
         await self.store.put_many({STATE_KEY: state})
         self.changed = False  # (left set when the write failed: the next request writes)
@@ -212,6 +216,7 @@ class Placement(Service):
             return
         state = msgspec.json.decode(values[STATE_KEY], type=StoredPlacement)
         self.specs, self.lost, self.down = dict(state.specs), list(state.lost), dict(state.down)
+        self.lost_why, self.down_why = dict(state.lost_why), dict(state.down_why)
         self.draining = dict(state.draining)
         for job_id, gpus in state.running.items():
             self._hold(job_id, gpus)
@@ -291,6 +296,7 @@ class Placement(Service):
         self._totals = self._capacity = None
         self._nodes_changed()
         self.down.pop(node.node_id, None)
+        self.down_why.pop(node.node_id, None)
         busy = {g.index for g in self.holders if g.node_id == node.node_id}
         busy |= self.shared_milli.get(node.node_id, {}).keys()
         self.free[node.node_id] = set(range(node.num_gpus)) - busy
@@ -317,7 +323,8 @@ class Placement(Service):
     async def cluster(self, _: Empty) -> ClusterInfo:
         return ClusterInfo(
             nodes=list(self.nodes.values()), capacity=self.capacity(), busy=dict(self.running),
-            down=dict(self.down), rearranges=self.policy.rearranges, draining=dict(self.draining),
+            down=dict(self.down), down_why=dict(self.down_why),
+            rearranges=self.policy.rearranges, draining=dict(self.draining),
         )  # fmt: skip
 
     async def drain(self, req: DrainRequest, caller: Caller) -> DoneReply:
@@ -408,7 +415,8 @@ class Placement(Service):
         if missing:
             # Stored as launched there by our previous instance, which died before sending it.
             self.log.warning("jobs.not_on_node", node_id=req.node.node_id, jobs=missing)
-            await self._lose(req.now, missing)
+            why = f"not on node {req.node.node_id}: its launch was stored, never sent"
+            await self._lose(req.now, dict.fromkeys(missing, why))
         self._add_node(req.node)
         await self.bus.emit(
             Event(type="node.up", now=req.now, node_id=req.node.node_id, service=self.name)
@@ -445,8 +453,14 @@ class Placement(Service):
             self._nodes_changed()
             del self.free[node_id]
             self.down[node_id] = req.now
-        hit = sorted(j for j, gpus in self.running.items() if any(g.node_id in gone for g in gpus))
-        await self._lose(req.now, hit)
+            if req.reason:
+                self.down_why[node_id] = req.reason
+        why: dict[str, str] = {}  # job -> the first of its nodes that went, and why
+        for job_id, gpus in self.running.items():
+            if (went := next((g.node_id for g in gpus if g.node_id in gone), None)) is not None:
+                why[job_id] = f"node {went} gone" + (f": {req.reason}" if req.reason else "")
+        hit = sorted(why)
+        await self._lose(req.now, {j: why[j] for j in hit})
         for node in req.up:
             self._add_node(node)
         for node_id in req.gone:
@@ -463,15 +477,17 @@ class Placement(Service):
             lost_jobs=hit, capacity=self.capacity(), commands=self.commands_sent
         )
 
-    async def _lose(self, now: float, jobs: list[str]) -> None:
-        """These jobs no longer run where we placed them (their node left, or never got them):
-        free their GPUs and stop their other parts (they cannot go on without their peers); the
-        scheduler hears of them in the next apply's `lost` and requeues them."""
-        stopped = {j: self.running[j] for j in jobs}
-        for job_id in jobs:
+    async def _lose(self, now: float, why: dict[str, str]) -> None:
+        """These jobs no longer run where we placed them (their node left, or never got them; in
+        `why`'s order, with why): free their GPUs and stop their other parts (they cannot go on
+        without their peers); the scheduler hears of them in the next apply's `lost` and
+        requeues them."""
+        stopped = {j: self.running[j] for j in why}
+        for job_id in why:
             self._free(job_id)
         await self._command(now, stopped, {}, {})  # (their progress: reported at relaunch)
-        self.lost += jobs
+        self.lost += why
+        self.lost_why |= why
 
     # ------------------------------------------------------------------ real node agents
 
@@ -736,6 +752,7 @@ class Placement(Service):
         for job_id, gpus in launched.items():
             self._hold(job_id, gpus)
         lost, self.lost = self.lost, []
+        lost_why = {j: why for j in lost if (why := self.lost_why.pop(j, None)) is not None}
         # Jobs the scheduler thinks are not running but run here as allocated: it asked before
         # (a retried apply, or it restarted before storing our reply). Report them started.
         for job_id in req.specs:
@@ -750,6 +767,7 @@ class Placement(Service):
             stopped=sorted(stopped),
             unplaced=unplaced,
             lost=lost,
+            lost_why=lost_why,
             capacity=self.capacity(),
             progress={**reported, **self._with_rates(progress, reported)},
             settled=self.policy.rearranges and self.policy.settled and placed_all,

@@ -116,7 +116,7 @@ from .identity import check_exits, may_change, ran_there, shown_to
 from .jobs import CountsLog, Hold, JobTable
 from .mechanism import AllocationsMechanism, TimeShareConfig, make_mechanism
 from .offload import Offload
-from .stages import UNKNOWN_GPU, Staged, Stages
+from .stages import NODE_LOST, UNKNOWN_GPU, Staged, Stages
 
 R = TypeVar("R")
 
@@ -630,7 +630,7 @@ class Scheduler(Service):
         for job_id in req.lost_jobs:
             record = self.table.get(job_id)
             if record is not None:
-                await self._requeue(req.now, record, "node lost")
+                await self._requeue(req.now, record, NODE_LOST)
         ran = await self._round_if_due(req.now, req.tick)
         return self._status(req.now, ran_round=ran)
 
@@ -1131,7 +1131,7 @@ class Scheduler(Service):
         relost = False
         for job_id in reply.lost:
             if (record := active.get(job_id)) is not None and record.state == "running":
-                await self._requeue(now, record, "node lost")
+                await self._requeue(now, record, reply.lost_why.get(job_id, NODE_LOST))
                 relost = True
         resized = set(reply.stopped) & reply.started.keys()  # stopped and relaunched at once
         for job_id in reply.stopped:

@@ -25,6 +25,8 @@ from gpuyard.shared.model import ANY_GPU, Allocation, GpuRef, JobSpec
 
 MAX_STAGED_LAUNCHES = 2000
 """Launches kept back at most before they are sent (a request well under NATS's payload limit)."""
+NODE_LOST = "node lost"
+"""Why a job waits again whose node went, where placement did not say why (a simulated node)."""
 UNKNOWN_GPU = GpuRef(node_id="", index=-1)
 """Each of a staged job's GPUs until placement has said which (never sent, never stored)."""
 
@@ -122,7 +124,7 @@ class Stages:
         undone: dict[str, tuple[float, str]] = {}
         for stage, reply in zip(staged, replies, strict=True):
             now = stage.request.now
-            gone = [(j, "node lost") for j in reply.lost]
+            gone = [(j, reply.lost_why.get(j, NODE_LOST)) for j in reply.lost]
             gone += [(j, "stopped by placement") for j in reply.stopped]
             gone += [
                 (a.job_id, "placement did not place it")
