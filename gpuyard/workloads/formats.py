@@ -52,7 +52,7 @@ import importlib.util
 import json
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -128,6 +128,17 @@ class Table:
         self.df = df
         self.lines = lines
         self.broken = broken
+
+    def jobs(
+        self, columns: Mapping[str, Sequence[Any]], *, path: str | Path, fmt: str,
+        bad: dict[int, WorkloadError], skip_bad: bool, extras: pd.DataFrame | None = None,
+    ) -> Workload:  # fmt: skip
+        """`build_jobs` of this table's rows (`columns`, and the cells a loader found `bad`), each
+        with its line, and its broken lines."""
+        return build_jobs(
+            columns, len(self.df), path=path, lines=self.lines, skip_bad=skip_bad, extras=extras,
+            fmt=fmt, pre_bad=bad, broken=self.broken,
+        )  # fmt: skip
 
 
 def read_table(
@@ -318,17 +329,7 @@ def load_gavel_trace(
             "SLO": slo,
         }
     )
-    return build_jobs(
-        columns,
-        len(df),
-        path=path,
-        lines=lines,
-        skip_bad=skip_bad,
-        extras=extras,
-        fmt="gavel",
-        pre_bad=bad,
-        broken=t.broken,
-    )
+    return t.jobs(columns, path=path, fmt="gavel", bad=bad, skip_bad=skip_bad, extras=extras)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -402,17 +403,7 @@ def load_elasticflow(
     used = {"job_id", "num_gpu", "duration", "best_effort", *cols.values()}
     extras = df[[c for c in df.columns if c not in used]]
     fmt = "itp" if cols["submit_time"] == "submission_time" else "elasticflow"
-    return build_jobs(
-        columns,
-        len(df),
-        path=path,
-        lines=lines,
-        skip_bad=skip_bad,
-        extras=extras,
-        fmt=fmt,
-        pre_bad=bad,
-        broken=t.broken,
-    )
+    return t.jobs(columns, path=path, fmt=fmt, bad=bad, skip_bad=skip_bad, extras=extras)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -457,17 +448,7 @@ def load_bftrainer(path: str | Path, *, skip_bad: bool = False) -> Workload:
         "rescale_down_s": nan_to_none(num["Tcdw"]),
     }
     extras = pd.DataFrame({"Tcup": num["Tcup"], "Tcdw": num["Tcdw"], "Tsub": df["Tsub"].to_numpy()})
-    return build_jobs(
-        columns,
-        len(df),
-        path=path,
-        lines=lines,
-        skip_bad=skip_bad,
-        extras=extras,
-        fmt="bftrainer",
-        pre_bad=bad,
-        broken=t.broken,
-    )
+    return t.jobs(columns, path=path, fmt="bftrainer", bad=bad, skip_bad=skip_bad, extras=extras)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -491,17 +472,8 @@ def load_blox_jobs(path: str | Path, *, skip_bad: bool = False) -> Workload:
         "submit_time": nan_to_none(arrival),
     }
     extra_cols = [c for c in df.columns if c not in BLOX_FIELDS]
-    return build_jobs(
-        columns,
-        len(df),
-        path=path,
-        lines=lines,
-        skip_bad=skip_bad,
-        extras=df[extra_cols] if extra_cols else None,
-        fmt="blox",
-        pre_bad=bad,
-        broken=t.broken,
-    )
+    extras = df[extra_cols] if extra_cols else None
+    return t.jobs(columns, path=path, fmt="blox", bad=bad, skip_bad=skip_bad, extras=extras)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .core import Workload, WorkloadError, build_jobs, nan_to_none, numeric_column
+from .core import Workload, WorkloadError, nan_to_none, numeric_column
 from .formats import _required_str, read_table
 
 POLLUX_FIELDS = ("name", "time", "application", "num_replicas", "batch_size")
@@ -42,14 +42,5 @@ def load_pollux(path: str | Path, *, skip_bad: bool = False) -> Workload:
         "batch_size": nan_to_none(batch, int),
     }
     extra_cols = [c for c in df.columns if c not in POLLUX_FIELDS]
-    return build_jobs(
-        columns,
-        len(df),
-        path=path,
-        lines=lines,
-        skip_bad=skip_bad,
-        extras=df[extra_cols] if extra_cols else None,
-        fmt="pollux",
-        pre_bad=bad,
-        broken=t.broken,
-    )
+    extras = df[extra_cols] if extra_cols else None
+    return t.jobs(columns, path=path, fmt="pollux", bad=bad, skip_bad=skip_bad, extras=extras)
