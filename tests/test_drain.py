@@ -261,6 +261,32 @@ async def test_why_a_node_went_outlives_placement_s_restart(nats_url: str) -> No
         await bus.close()
 
 
+def test_a_node_whose_heartbeats_are_late_is_marked_not_responding() -> None:
+    """`*` after the state once the agent missed 3 of its heartbeats."""
+    import time as clock
+
+    from gpuyard.cli.cluster import format_nodes
+    from gpuyard.shared.contract import ClusterInfo, HeartbeatsPage
+
+    now = clock.time()
+    nodes = [NodeSpec(node_id=f"n{i}", num_gpus=4, gpu_type="v100") for i in range(1, 6)]
+    info = ClusterInfo(nodes=nodes, capacity={}, busy={}, draining={"n3": "fans"})
+    beats = HeartbeatsPage(
+        beats=[], received={"n1": now - 4, "n2": now - 1, "n3": now - 4, "n4": now - 40},
+        every={"n1": 1.0, "n2": 0.5, "n3": 1.0, "n4": 15.0},
+    )  # fmt: skip
+    header, *lines = format_nodes(info, beats, now).splitlines()
+    column = slice(header.index("STATE"), header.index("TYPE"))
+    states = {line.split()[0]: line[column].strip() for line in lines}
+    assert states == {
+        "n1": "IDLE*",  # 4 s: over 3 beats of 1 s
+        "n2": "IDLE",  # 1 s: 2 beats of 0.5 s
+        "n3": "DRAINED* (fans)",
+        "n4": "IDLE",  # 40 s: under 3 beats of 15 s
+        "n5": "IDLE",  # never heard of (no interval told: the simclock's nodes)
+    }
+
+
 def test_a_draining_node_that_is_down_says_both() -> None:
     import time as clock
 

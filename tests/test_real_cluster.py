@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpuyard.cli.cluster import control_plane_configs
+from gpuyard.cli.cluster import control_plane_configs, format_nodes
 from gpuyard.run.launcher import ServiceSet
 from gpuyard.services.placement.service import PlacementConfig
 from gpuyard.shared.connection import Bus, connect
@@ -317,11 +317,18 @@ async def test_a_node_agent_killed_mid_command_stalls_no_round(
         async def lost() -> bool:
             return "victim" in (await cluster.call(CLUSTER_INFO, Empty())).down
 
+        async def marked() -> bool:  # (`gpuyard nodes`: not responding, 3 beats late)
+            info = await cluster.call(CLUSTER_INFO, Empty())
+            shown = format_nodes(info, await cluster.call(HEARTBEATS, Empty()), time.time())
+            return any(line.split()[:2] == ["victim", "ALLOC*"] for line in shown.splitlines())
+
         lost_within_s = placement.heartbeat_timeout_s + placement.heartbeat_check_s
         small = await cluster.submit(num_gpus=1, command=["sleep", "30"])
         record = await cluster.until_state(small, "running", within_s=lost_within_s)
         assert record.nodes[0] in ("a", "b")
         assert not await lost()  # the next round did not wait for the victim
+        await cluster.until(marked, "the victim marked not responding", within_s=lost_within_s)
+        assert not await lost()
         await cluster.until(lost, "the victim declared lost", within_s=lost_within_s)
         assert time.monotonic() - silent < lost_within_s
         record = await cluster.job(big)

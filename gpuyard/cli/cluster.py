@@ -1109,10 +1109,16 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     return run_on_bus("nodes", args, body)
 
 
+LATE_BEATS = 3
+"""Heartbeats an agent may miss before `gpuyard nodes` marks its node not responding (`*`)."""
+
+
 def format_nodes(info: ClusterInfo, beats: HeartbeatsPage, now: float) -> str:
     """Nodes up (UP; IDLE, MIXED or ALLOC by busy GPUs, as Slurm says; a draining one DRAIN while
-    jobs still hold GPUs there, DRAINED once none does, with the reason) and nodes that left or
-    were lost (DOWN, since when), with their last heartbeat."""
+    jobs still hold GPUs there, DRAINED once none does, with the reason; `*` after the state of
+    one whose agent missed `LATE_BEATS` heartbeats, as Slurm marks a node not responding, until
+    it is declared lost) and nodes that left or were lost (DOWN, why, since when), with their
+    last heartbeat."""
     busy: dict[str, int] = {}
     for gpus in info.busy.values():
         for g in gpus:
@@ -1133,6 +1139,10 @@ def format_nodes(info: ClusterInfo, beats: HeartbeatsPage, now: float) -> str:
         state = "IDLE" if not used else "ALLOC" if used >= n.num_gpus else "MIXED"
         if (reason := info.draining.get(n.node_id)) is not None:
             state = f"{'DRAIN' if used else 'DRAINED'} ({reason})"
+        seen, every = beats.received.get(n.node_id), beats.every.get(n.node_id)
+        if seen is not None and every and now - seen > LATE_BEATS * every:
+            word, space, rest = state.partition(" ")  # ("DRAIN* (reason)")
+            state = f"{word}*{space}{rest}"
         rows.append(
             (
                 n.node_id, state, n.gpu_type, str(n.num_gpus), str(used),

@@ -412,6 +412,9 @@ class RegisterNode(Struct, kw_only=True, forbid_unknown_fields=True):
     grace_s: float | None = None
     """The agent's SIGTERM-to-SIGKILL grace: a fenced node's jobs are gone `lease_s + grace_s`
     after its last contact (placement's `heartbeat_timeout_s` must be longer)."""
+    heartbeat_s: float | None = None
+    """How often the agent heartbeats: one whose heartbeats are late by a few of these is not
+    responding (`gpuyard nodes` marks it), long before it is declared lost."""
 
 
 class NodesChanged(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -673,6 +676,8 @@ class HeartbeatsPage(Struct, kw_only=True):
 
     beats: list[Heartbeat]
     received: dict[str, float]
+    every: dict[str, float] = {}
+    """How often each node's agent said it heartbeats (`RegisterNode.heartbeat_s`)."""
 
 
 LOGS_TAIL_MAX = 1 << 20

@@ -281,6 +281,7 @@ class NodeAgent(Service):
                 request = RegisterNode(
                     now=time.time(), node=self.node, jobs=sorted(told),
                     lease_s=self.config.lease_s, grace_s=self.config.grace_s,
+                    heartbeat_s=self.config.heartbeat_s,
                 )  # fmt: skip
                 try:
                     info = await self.bus.call(REGISTER, request, within_s=5.0)

@@ -174,6 +174,7 @@ class Placement(Service):
         self.down: dict[str, float] = {}  # nodes that left, and when (until they come back)
         self.down_why: dict[str, str] = {}  # why each of them left
         self.last_seen: dict[str, float] = {}  # node agents that heartbeat: when last heard of
+        self.beats_every: dict[str, float] = {}  # how often each said it heartbeats
         self.beats: dict[str, Heartbeat] = {}
         self._checker: asyncio.Task[None] | None = None
         self.unresponsive: set[str] = (
@@ -394,6 +395,8 @@ class Placement(Service):
         self.unresponsive.discard(req.node.node_id)
         self._nodes_changed()
         self._check_lease(req)
+        if req.heartbeat_s is not None:
+            self.beats_every[req.node.node_id] = req.heartbeat_s
         old = self.nodes.get(req.node.node_id)
         # A node agent's own registration: it must heartbeat, or it is declared lost.
         boot = req.node.labels.get("boot") or ("agent" if caller.role == "node" else None)
@@ -504,7 +507,10 @@ class Placement(Service):
         await super().stop()
 
     async def heartbeats(self, _: Empty) -> HeartbeatsPage:
-        return HeartbeatsPage(beats=list(self.beats.values()), received=dict(self.last_seen))
+        return HeartbeatsPage(
+            beats=list(self.beats.values()), received=dict(self.last_seen),
+            every=dict(self.beats_every),
+        )  # fmt: skip
 
     async def _heartbeat(self, hb: Heartbeat, caller: Caller) -> Ack:
         """`node.<id>.hb`, on its own subscription: only records (no await before the record).
