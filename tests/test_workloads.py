@@ -431,6 +431,9 @@ def test_load_cluster_variants(tmp_path: Path) -> None:
         ("c.toml", "[[groups]]\ncount = 0\ngpus_per_node = 8\n",
          "c.toml: not a cluster spec: Expected `int` >= 1 - at `$.groups[0].count`"),
         ("c.toml", 'spec = "lots"\n', "c.toml: cluster spec 'lots': part 'lots' is not NODESxGPUS"),
+        ("c.toml", 'spec = "4x8,2x0:a100"\n',
+         "c.toml: cluster spec '4x8,2x0:a100': part '2x0:a100' has no GPUs"),
+        ("c.toml", 'spec = "0x8"\n', "c.toml: cluster spec '0x8': part '0x8' has no nodes"),
     ],
 )  # fmt: skip
 def test_cluster_file_errors_name_file_and_line(

@@ -461,6 +461,11 @@ class ClusterSpec(Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ValueError(
                     f"cluster spec {text!r}: part {part!r} is not NODESxGPUS[:TYPE] (e.g. 32x4:v100)"
                 )
+            if int(m[1]) < 1 or int(m[2]) < 1:
+                raise ValueError(
+                    f"cluster spec {text!r}: part {part.strip()!r} has no "
+                    f"{'nodes' if int(m[1]) < 1 else 'GPUs'} (NODESxGPUS, each at least 1)"
+                )
             groups.append(
                 {"count": int(m[1]), "gpus_per_node": int(m[2]), "gpu_type": m[3] or "gpu"}
             )
