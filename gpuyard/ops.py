@@ -12,7 +12,7 @@ import datetime as dt
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import msgspec
 from nats.aio.client import Client
@@ -24,6 +24,7 @@ from gpuyard.shared.contract import (
     ClusterInfo,
     Empty,
     Event,
+    EventType,
     Ping,
     PolicyInfo,
     SchedulerStatus,
@@ -96,6 +97,21 @@ def parse_since(text: str, *, now: dt.datetime | None = None) -> dt.datetime:
             f"--since {text!r} is neither a duration (10m, 2h) nor an ISO time"
         ) from None
     return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
+
+
+def unknown_event_types(types: Sequence[str]) -> list[str]:
+    """The patterns among `types` (`job.started`, `job.*`, `node.>`) that match no event type."""
+    known = [t.split(".") for t in get_args(EventType)]
+
+    def matches(pattern: list[str], tokens: list[str]) -> bool:
+        for i, p in enumerate(pattern):
+            if p == ">":  # (the last token only: the rest of the subject)
+                return i == len(pattern) - 1 and len(tokens) > i
+            if i >= len(tokens) or (p != "*" and p != tokens[i]):
+                return False
+        return len(pattern) == len(tokens)
+
+    return [t for t in types if not any(matches(t.split("."), k) for k in known)]
 
 
 def event_filters(subjects: Subjects, types: Sequence[str]) -> list[str]:

@@ -266,3 +266,12 @@ async def listen():
     await asyncio.sleep(60)
 asyncio.run(listen())
 """
+
+
+def test_event_type_patterns_match_as_nats_subjects() -> None:
+    from gpuyard.ops import unknown_event_types
+
+    known = ["job.started", "job.*", "node.>", ">", "*.lost", "policy.changed"]
+    assert unknown_event_types(known) == []
+    unknown = ["job", "job.started.x", "jobs.*", "node.*.*", "*", "node.>.x"]
+    assert unknown_event_types(unknown) == unknown

@@ -249,6 +249,8 @@ async def test_jobs_show_current_states_reasons_users_and_progress(views: Views)
     assert code == 2 and "--state 'preempted' is not a job state" in err and "REQUEUED" in err
     code, _, err = await views.gpuyard("user.alice", "jobs", long, "j999")
     assert code == 1 and err.strip() == "gpuyard jobs: no such job: j999"
+    code, _, err = await views.gpuyard("user.bob", "logs", "j999")
+    assert code == 1 and err.strip() == "gpuyard logs: no such job: j999"
 
     # A cancellation says who cancelled.
     again = await views.submit("user.alice", *counter(100000))

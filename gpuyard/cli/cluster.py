@@ -1019,6 +1019,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
         placed = await _placed(bus, args.job_id)
         # The files only from the nodes the job ran on: any other node's would be made up.
         page = await bus.call(QUERY, JobQuery(job_ids=[args.job_id]))
+        if not page.jobs:  # (as `gpuyard jobs` says)
+            print(f"gpuyard logs: no such job: {args.job_id}", file=sys.stderr)
+            return 1
         ran_on = sorted({*placed, *(node for job in page.jobs for node in job.ran_on)})
         replies = await asyncio.gather(
             *(

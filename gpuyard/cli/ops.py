@@ -17,13 +17,13 @@ import json
 import re
 import sys
 from functools import partial
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 
 from gpuyard.cli.options import Subcommands, add_nats_options, run_on_bus
 from gpuyard.shared.connection import Bus
-from gpuyard.shared.contract import DrainRequest
+from gpuyard.shared.contract import DrainRequest, EventType
 from gpuyard.shared.endpoints import DRAIN
 from gpuyard.shared.policy import parse_params
 from gpuyard.shared.roster import CONTROL_PLANE, SERVICE_TOKENS
@@ -64,11 +64,19 @@ def add_tail_parser(sub: Subcommands) -> None:
 
 def cmd_tail(args: argparse.Namespace) -> int:
     from gpuyard.ops import follow_events, format_event, matches, parse_since, read_events
+    from gpuyard.ops import unknown_event_types as unknown_types
 
     try:
         start: Any = parse_since(args.since) if args.since else ("new" if args.new else "all")
     except ValueError as exc:
         print(f"gpuyard tail: {exc}", file=sys.stderr)
+        return 2
+    if unknown := unknown_types(args.types):
+        print(
+            f"gpuyard tail: --type {unknown[0]!r} matches no event type; types: "
+            f"{', '.join(get_args(EventType))} (wildcards: job.*, node.>)",
+            file=sys.stderr,
+        )
         return 2
 
     async def body(bus: Bus) -> int:

@@ -85,7 +85,12 @@ def read_document(path: str | Path) -> Any:
     """The data of a small TOML (`.toml`) or JSON file (a cluster spec, a job); a syntax error is
     a WorkloadError naming the file, line and column (`c.toml, line 3: ... (column 7)`)."""
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise WorkloadError(path, None, None, exc.strerror or str(exc)) from None
+    except UnicodeDecodeError:
+        raise WorkloadError(path, None, None, "not UTF-8 text (TOML or JSON)") from None
     if path.suffix.lower() == ".toml":
         try:
             return tomllib.loads(text)
