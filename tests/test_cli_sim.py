@@ -107,6 +107,9 @@ def test_bad_sim_option_is_one_line_naming_it(
     [
         (["up", "--round", "0"], "gpuyard up: error: argument --round: must be greater than 0"),
         (["up", "--heartbeat-timeout", "-1"], "argument --heartbeat-timeout: must be greater"),
+        (["up", "--listen", "127.0.0.1:99999"], "'127.0.0.1:99999': the port must be 0 to 65535"),
+        (["up", "--listen", ":4222"], "argument --listen: ':4222' is not HOST:PORT"),
+        (["up", "--listen", "host:x"], "argument --listen: 'host:x': the port 'x' is not a number"),
         (["submit", "--gpus", "0", "--", "x"], "argument --gpus: '0' is neither a whole number"),
         (["submit", "--gpus", "1.5", "--", "x"], "argument --gpus: '1.5' is neither a whole"),
         (["submit", "--deadline", "-5", "--", "x"], "argument --deadline: must be greater"),

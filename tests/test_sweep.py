@@ -821,7 +821,8 @@ def test_the_bftrainer_recipe_replays_the_reference_window(shared_data: Path) ->
 
 def test_a_report_of_a_sweep_not_run_names_the_folder_given(tmp_path: Path) -> None:
     """`gpuyard report sweeps/x` before the sweep ran says that folder is missing (it named
-    `sweeps/results.parquet`), and a folder without results says it holds none."""
+    `sweeps/results.parquet`), a folder without results says it holds none, and a file that is
+    not a sweep's results, or results that are no table, say so."""
     from gpuyard.sweep.report import ReportError, write_report
 
     with pytest.raises(ReportError, match=f"^{tmp_path / 'never-run'} does not exist"):
@@ -829,6 +830,15 @@ def test_a_report_of_a_sweep_not_run_names_the_folder_given(tmp_path: Path) -> N
     (tmp_path / "empty").mkdir()
     with pytest.raises(ReportError, match=f"^{tmp_path / 'empty'} holds no results.parquet"):
         write_report(tmp_path / "empty")
+    # A file that is not the results, and results that are not a table: one line each.
+    (tmp_path / "jobs.csv").write_text("job_id\n1\n")
+    with pytest.raises(ReportError, match=f"^{tmp_path / 'jobs.csv'} is not a sweep's results"):
+        write_report(tmp_path / "jobs.csv")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "results.parquet").write_bytes(b"not parquet at all")
+    broken = tmp_path / "broken" / "results.parquet"
+    with pytest.raises(ReportError, match=f"^{broken}: not a sweep's results table: "):
+        write_report(tmp_path / "broken")
 
 
 # --------------------------------------------------------------------------- the report's axis

@@ -92,6 +92,21 @@ from gpuyard.shared.policy import PolicyError
 ENDED = {"completed", "failed", "cancelled", "timeout"}
 
 
+def listen_address(text: str) -> str:
+    """`HOST:PORT` (`[::1]:4222` for IPv6), PORT 0 to 65535 or -1 (any free one): checked before
+    anything is made for the cluster (credentials, certificates)."""
+    host, colon, port = text.rpartition(":")
+    if not colon or not host.strip("[]"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (e.g. 0.0.0.0:4222)")
+    try:
+        number = int(port)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: the port {port!r} is not a number") from None
+    if not -1 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: the port must be 0 to 65535 (-1: any free)")
+    return text
+
+
 def add_cluster_parsers(sub: Subcommands) -> None:
     """Register the real-cluster subcommands."""
     from gpuyard.services.nodeagent.run import add_agent_args
@@ -109,7 +124,7 @@ def add_cluster_parsers(sub: Subcommands) -> None:
         "$XDG_DATA_HOME/gpuyard/<cluster>, i.e. ~/.local/share/gpuyard/<cluster>)",
     )  # fmt: skip
     p.add_argument(
-        "--listen", default="127.0.0.1:4222",
+        "--listen", default="127.0.0.1:4222", type=listen_address,
         help="the embedded server's address (default 127.0.0.1:4222; port -1: any free one); "
         "beyond loopback it serves TLS, with the cluster's own CA (made once in --state-dir/tls) "
         "unless given --tls-cert",

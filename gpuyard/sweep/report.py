@@ -614,6 +614,11 @@ def write_report(results: Path, out: Path | None = None) -> list[Path]:
         raise ReportError(
             f"{results} does not exist: give the folder `gpuyard sweep` wrote (its --out)"
         )
+    if not results.is_dir() and results.name != "results.parquet":
+        raise ReportError(
+            f"{results} is not a sweep's results: give the folder `gpuyard sweep` wrote (its "
+            "--out), or its results.parquet"
+        )
     folder = results if results.is_dir() else results.parent
     table_path = folder / "results.parquet"
     if not table_path.exists():
@@ -621,7 +626,10 @@ def write_report(results: Path, out: Path | None = None) -> list[Path]:
             f"{folder} holds no results.parquet: give the folder `gpuyard sweep` wrote (a sweep "
             "writes it when its runs are done)"
         )
-    table = pd.read_parquet(table_path)
+    try:
+        table = pd.read_parquet(table_path)
+    except (OSError, ValueError) as exc:  # (pyarrow's ArrowInvalid is a ValueError)
+        raise ReportError(f"{table_path}: not a sweep's results table: {exc}") from None
     if table.empty:
         raise ReportError(f"{table_path}: no runs")
     out = out or folder / "report"
