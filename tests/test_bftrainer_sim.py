@@ -149,6 +149,15 @@ def test_cli_refuses_node_options_it_would_ignore(
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_node_log_that_is_not_text_is_one_error_naming_it(tmp_path: Path) -> None:
+    from gpuyard.workloads.churn import load_node_events
+    from gpuyard.workloads.core import WorkloadError
+
+    (tmp_path / "events.csv").write_bytes(b"\x95\x00\xff" * 10)
+    with pytest.raises(WorkloadError, match=r"events\.csv: not a node log \(not UTF-8 text\)$"):
+        load_node_events(tmp_path / "events.csv")
+
+
 @pytest.mark.parametrize(
     ("log", "message"),
     [

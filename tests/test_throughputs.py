@@ -107,6 +107,10 @@ def test_default_model_and_errors(tmp_path: Path) -> None:
         load_throughputs(bad)
     with pytest.raises(FileNotFoundError):
         load_throughputs(tmp_path / "missing.json")
+    binary = tmp_path / "table.csv"
+    binary.write_bytes(b"\x95\x00\xff" * 10)
+    with pytest.raises(ValueError, match=r"table\.csv: not a throughput table \(not UTF-8 text\)"):
+        load_throughputs(binary)
     truncated = tmp_path / "gavel.json"
     truncated.write_text('{"v100": {"(\'ResNet-18 (batch size 16)\', 1)": {"null": 1.5')
     with pytest.raises(ValueError, match=r"gavel\.json': not valid JSON \(Input data was trunc"):

@@ -585,8 +585,11 @@ def _load_file(path: str, mtime_ns: int, size: int) -> ThroughputModel:
     p = Path(path)
     if p.suffix.lower() == ".json":
         return GavelThroughputs.from_file(p)
-    with open(p, newline="") as f:
-        header = [c.strip() for c in f.readline().split(",")]
+    try:
+        with open(p, newline="") as f:
+            header = [c.strip() for c in f.readline().split(",")]
+    except UnicodeDecodeError:
+        raise ValueError(f"{p}: not a throughput table (not UTF-8 text)") from None
     if header and header[0] == "global_batch_size":
         return ElasticFlowThroughputs.from_path(p)
     if {"job", "Ns", "Ps"} <= set(header):

@@ -42,6 +42,8 @@ def load_node_events(
     except pd.errors.ParserError as exc:
         message = str(exc).strip().removeprefix("Error tokenizing data. C error: ")
         raise WorkloadError(path, None, None, message) from None
+    except UnicodeDecodeError:
+        raise WorkloadError(path, None, None, "not a node log (not UTF-8 text)") from None
     if nodes is not None and "node" in df.columns:
         df = df[df["node"].isin(set(nodes))]
     for column in ("time", "node"):
