@@ -30,7 +30,7 @@ import os
 import secrets
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -45,6 +45,7 @@ OPERATOR = Caller("op", "admin")
 """The operator `gpuyard up` creates."""
 SIMCLOCK = Caller("svc", "simclock")
 """A simulation's clock and driver: no real cluster has it."""
+T = TypeVar("T")
 
 
 def default_state_dir(cluster: str) -> Path:
@@ -57,6 +58,21 @@ SYSTEM_STATE_DIR = Path("/etc/gpuyard/cluster")
 """Where a machine's services keep the credentials under systemd and docker-compose (deploy/)."""
 
 
+def _decoded(path: Path, kind: type[T]) -> T:
+    """`path`'s JSON as a `kind`; ValueError naming the file where it is damaged, and how to mend
+    it."""
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=kind)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        mend = "restore it from a backup"
+        if kind is ConnectionProfile:  # (an identity's: its key can be issued again)
+            mend += (
+                f", or issue it again: `gpuyard auth remove {path.stem}`, then `gpuyard auth "
+                "init` (a service's), `add-node` or `add-user`"
+            )
+        raise ValueError(f"{path}: damaged ({exc}): {mend}") from None
+
+
 def local_profile(cluster: str) -> Path | None:
     """The operator profile of `cluster` on this machine that we may read: `gpuyard up`'s (in
     the default state directory), else the system's (`/etc/gpuyard/cluster`, deploy/)."""
@@ -64,10 +80,13 @@ def local_profile(cluster: str) -> Path | None:
         path = root / "profiles" / f"{OPERATOR.token}.json"
         if os.access(path, os.R_OK):
             try:
-                if json.loads(path.read_text()).get("cluster") == cluster:
-                    return path
-            except (OSError, ValueError):
+                profile = json.loads(path.read_text())
+            except OSError:
                 continue
+            except ValueError:  # (damaged: reading it says so, naming it, rather than going
+                return path  # on to the default server as if there were none)
+            if not isinstance(profile, dict) or profile.get("cluster") == cluster:
+                return path
     return None
 
 
@@ -267,7 +286,7 @@ class Credentials:
             raise ValueError(
                 f"no credentials in {self.root}: run `gpuyard up` (or `gpuyard auth init`) first"
             )
-        index = msgspec.json.decode(self.index_path.read_bytes(), type=Identities)
+        index = _decoded(self.index_path, Identities)
         if index.cluster != self.cluster:
             raise ValueError(
                 f"{self.root} holds the credentials of cluster {index.cluster!r}, not {self.cluster!r}"
@@ -277,13 +296,13 @@ class Credentials:
     def server(self) -> ServerInfo:
         if not self.server_path.exists():
             return ServerInfo()
-        return msgspec.json.decode(self.server_path.read_bytes(), type=ServerInfo)
+        return _decoded(self.server_path, ServerInfo)
 
     def profile_path(self, caller: Caller) -> Path:
         return self.profiles / f"{caller.token}.json"
 
     def profile(self, caller: Caller) -> ConnectionProfile:
-        return msgspec.json.decode(self.profile_path(caller).read_bytes(), type=ConnectionProfile)
+        return _decoded(self.profile_path(caller), ConnectionProfile)
 
     # ------------------------------------------------------------------ changing
 
@@ -298,7 +317,10 @@ class Credentials:
         new = not self.exists
         if new:
             self._save(Identities(cluster=self.cluster))
-        have = {i.identity for i in self.index().identities}
+        index = self.index()
+        # (the server's users, made again from the keys: a damaged file mends itself)
+        _write_private(self.users_conf, self.server_config(index).encode())
+        have = {i.identity for i in index.identities}
         services = [*CONTROL_PLANE, *(["simclock"] if simulation else [])]
         for caller in (OPERATOR, *(Caller("svc", name) for name in services), *(more or [])):
             if caller.token not in have:
@@ -335,7 +357,7 @@ class Credentials:
         info = ServerInfo(url=url, tls_ca=tls_ca)
         _write_private(self.server_path, _pretty(info))
         for path in sorted(self.profiles.glob("*.json")):
-            profile = msgspec.json.decode(path.read_bytes(), type=ConnectionProfile)
+            profile = _decoded(path, ConnectionProfile)
             if (profile.url, profile.tls_ca) != (url, tls_ca):
                 _write_private(
                     path, _pretty(msgspec.structs.replace(profile, url=url, tls_ca=tls_ca))

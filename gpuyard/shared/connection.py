@@ -87,14 +87,14 @@ class ConnectionProfile(Credentials, kw_only=True, frozen=True, forbid_unknown_f
     cluster: str | None = None
 
 
-def read_profile(path: str | Path) -> ConnectionProfile:
-    """A profile file; ValueError naming the file and what is wrong with it."""
+def read_profile(path: str | Path, what: str = "--nats-config") -> ConnectionProfile:
+    """A profile file; ValueError naming it (`what`, the file) and what is wrong with it."""
     try:
         return msgspec.json.decode(Path(path).read_bytes(), type=ConnectionProfile)
     except OSError as exc:
-        raise ValueError(f"--nats-config {path}: {exc.strerror or exc}") from None
+        raise ValueError(f"{what} {path}: {exc.strerror or exc}") from None
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise ValueError(f"--nats-config {path}: not a connection profile (JSON): {exc}") from None
+        raise ValueError(f"{what} {path}: not a connection profile (JSON): {exc}") from None
 
 
 class NatsAuth(Credentials, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -251,7 +251,8 @@ def resolve_connection(args: argparse.Namespace, profile: str | Path | None = No
     """After parsing: read `--nats-config` (or `profile`, when no option was given), and fill
     `args.nats` and `args.cluster` from it, else from their defaults. ValueError for a bad file."""
     path = args.nats_config or profile
-    args.nats_profile = read_profile(path) if path else None
+    what = "--nats-config" if args.nats_config else "the cluster's profile"
+    args.nats_profile = read_profile(path, what) if path else None
     p = args.nats_profile or ConnectionProfile()
     args.nats = args.nats or p.url or args.nats_url_default
     if getattr(args, "nats_cluster_default", None) is not None:
