@@ -956,3 +956,16 @@ def test_traces_of_one_name_in_several_folders_are_told_apart_by_their_folder() 
     assert [axis.tick(table, v) for v in table["trace"]] == [
         "workloads/workload-1", "workloads-2.0/workload-1", "workload-2",
     ]  # fmt: skip
+
+
+def test_one_load_is_no_axis_a_bar_per_scheme(tmp_path: Path) -> None:
+    """A sweep at one load draws its metrics as a bar per scheme, not as points on a load axis
+    that spans nothing; two loads are an axis."""
+    from gpuyard.sweep.report import LOAD, write_report
+
+    one = results({"fifo": [3600.0, 7200.0, 5400.0], "las": [1800.0, 3600.0, 2700.0]})
+    assert not LOAD.present(one)
+    assert LOAD.present(pd.concat([one, one.assign(load=5.0)]))
+    one.to_parquet(tmp_path / "results.parquet")
+    page = write_report(tmp_path)[-1].read_text()
+    assert "mean JCT per scheme" in page and "vs load" not in page

@@ -122,7 +122,8 @@ class Axis:
         return AXIS_LABELS.get(self.field, self.field.replace("_", " "))
 
     def present(self, table: pd.DataFrame) -> bool:
-        return self.field in table and bool(table[self.field].notna().any())
+        """Whether the runs vary along it (one value is no axis: a bar per series instead)."""
+        return self.field in table and table[self.field].dropna().nunique() > 1
 
     def numeric(self, table: pd.DataFrame) -> bool:
         return bool(pd.api.types.is_numeric_dtype(table[self.field]))
