@@ -969,3 +969,5 @@ def test_one_load_is_no_axis_a_bar_per_scheme(tmp_path: Path) -> None:
     one.to_parquet(tmp_path / "results.parquet")
     page = write_report(tmp_path)[-1].read_text()
     assert "mean JCT per scheme" in page and "vs load" not in page
+    summary = pd.read_csv(tmp_path / "report" / "summary.csv")
+    assert summary["load"].tolist() == [10.0, 10.0]  # (the table still says which)

@@ -125,6 +125,10 @@ class Axis:
         """Whether the runs vary along it (one value is no axis: a bar per series instead)."""
         return self.field in table and table[self.field].dropna().nunique() > 1
 
+    def given(self, table: pd.DataFrame) -> bool:
+        """Whether the runs have values of it (the summary table's column, even of one value)."""
+        return self.field in table and bool(table[self.field].notna().any())
+
     def numeric(self, table: pd.DataFrame) -> bool:
         return bool(pd.api.types.is_numeric_dtype(table[self.field]))
 
@@ -588,7 +592,7 @@ def summary_table(ok: pd.DataFrame, axis: Axis = LOAD, baseline: str | None = No
     }  # fmt: skip
     if baseline is not None:
         columns["jct_improvement"] = (f"JCT improvement over {baseline}", 1)
-    keys = ["series", axis.field] if axis.present(ok) else ["series"]
+    keys = ["series", axis.field] if axis.given(ok) else ["series"]
     rows = []
     for key, group in ok.groupby(keys, sort=True, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
@@ -604,7 +608,7 @@ def summary_table(ok: pd.DataFrame, axis: Axis = LOAD, baseline: str | None = No
         rows.append(row)
     # In the sweep file's order (the table's), each series' loads rising.
     order = {series: i for i, series in enumerate(ok["series"].drop_duplicates())}
-    rank = {v: i for i, v in enumerate(axis.values(ok))} if axis.present(ok) else {}
+    rank = {v: i for i, v in enumerate(axis.values(ok))} if axis.given(ok) else {}
     rows.sort(key=lambda r: (order[r["series"]], rank.get(r.get(axis.field), 0)))
     return pd.DataFrame(rows)
 
