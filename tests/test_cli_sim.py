@@ -66,6 +66,9 @@ BAD_OPTIONS = [
     (["--gpu-demand", "2:0"], "argument --gpu-demand: '2:0': every weight is 0"),
     (["--log-level", "loud"], "argument --log-level: invalid choice: 'loud'"),
     (["--policy", "fifo,,las"], "--policy 'fifo,,las' has an empty name"),
+    (["--policy", "fifo,las,fifo"], "--policy 'fifo,las,fifo' names 'fifo' twice"),
+    (["--load", "4,8,4.0"], "argument --load: '4,8,4.0' gives 4 twice"),
+    (["--seed", "0,1,1"], "argument --seed: '0,1,1' gives 1 twice"),
     # An enum parameter's error lists the values it takes.
     (
         ["--policy", "las", "--param", "key=bogus"],

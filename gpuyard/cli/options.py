@@ -151,6 +151,9 @@ def number_list(
                 raise argparse.ArgumentTypeError(
                     f"{exc}" if len(parts) == 1 else f"{exc} (in {text!r})"
                 ) from None
+        if len(set(values)) < len(values):  # (the same run twice, into one folder)
+            twice = next(v for i, v in enumerate(values) if v in values[:i])
+            raise argparse.ArgumentTypeError(f"{text!r} gives {twice:g} twice")
         return values
 
     parse.__name__ = f"{kind.__name__} list"

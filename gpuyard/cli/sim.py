@@ -310,10 +310,14 @@ def fail(command: str, exc: BaseException) -> int:
 
 
 def names_list(option: str, text: str) -> list[str]:
-    """A comma list of names (`--policy fifo,las`); ValueError naming the option when empty."""
+    """A comma list of names (`--policy fifo,las`); ValueError naming the option when one is empty
+    or named twice."""
     names = [part.strip() for part in text.split(",")]
     if not all(names):
         raise ValueError(f"{option} {text!r} has an empty name")
+    if len(set(names)) < len(names):  # (the same run twice, into one folder)
+        twice = next(n for i, n in enumerate(names) if n in names[:i])
+        raise ValueError(f"{option} {text!r} names {twice!r} twice")
     return names
 
 
