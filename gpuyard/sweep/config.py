@@ -152,6 +152,9 @@ def plan(config: SweepFile, source: Path) -> Sweep:
         if not values:
             raise ConfigError(f"{source}: grid.{key}: an empty list")
         for i, value in enumerate(values):
+            if value in values[:i]:  # (10 and 10.0 too: the same run twice)
+                raise ConfigError(f"{source}: grid.{key}: {value!r} is there twice")
+        for i, value in enumerate(values):
             try:
                 msgspec.convert({key: value}, RunSpec)
             except msgspec.ValidationError as exc:
@@ -164,16 +167,25 @@ def plan(config: SweepFile, source: Path) -> Sweep:
     runs: list[Run] = []
     folder = source.parent
     prefixes: set[str] = set()
+    made: dict[str, str] = {}  # run id -> where it was made (each run once: its one folder)
     for v, variant in enumerate(variants):
         for combo in itertools.product(*config.grid.values()):
             fields = {**config.base, **variant, **dict(zip(axes, combo, strict=True))}
             where = f"runs[{v}]" if config.runs else "base"
+            at = ", ".join(f"{k} = {value!r}" for k, value in zip(axes, combo, strict=True))
             prefixes |= _scoped(fields.get("policy_params"))
             fields = _own_params(fields)
             spec = _resolve_paths(_spec(fields, where, source), folder)
             inputs = _inputs(spec, source, where)
             _check(spec, source, where)
-            runs.append(Run(run_id=run_id(spec, inputs), name="", spec=spec, inputs=inputs))
+            run = Run(run_id=run_id(spec, inputs), name="", spec=spec, inputs=inputs)
+            here = f"{where} at {at}" if at else where
+            if run.run_id in made:
+                raise ConfigError(
+                    f"{source}: {here} is the same run as {made[run.run_id]}: each run once"
+                )
+            made[run.run_id] = here
+            runs.append(run)
     if not runs:
         raise ConfigError(f"{source}: no runs")
     stray = sorted(prefixes - {run.spec.policy for run in runs})
