@@ -104,10 +104,14 @@ def test_a_bad_key_is_one_line_naming_file_and_key(tmp_path: Path) -> None:
         # The same run twice (a grid value again, a variant again): one folder, one result.
         ("[grid]\nseed = [0, 1, 0]\n", "grid.seed: 0 is there twice"),
         ("[grid]\nload = [10, 10.0]\n", "grid.load: 10.0 is there twice"),
-        ("[grid]\nseed = [0, 1]\n[[runs]]\npolicy = 'las'\n[[runs]]\npolicy = 'las'\n",
-         "runs[1] at seed = 0 is the same run as runs[0] at seed = 0: each run once"),
-        ("[[runs]]\npolicy = 'fifo'\n[[runs]]\npolicy = 'las'\n[[runs]]\npolicy = 'fifo'\n",
-         "runs[2] is the same run as runs[0]: each run once"),
+        (
+            "[grid]\nseed = [0, 1]\n[[runs]]\npolicy = 'las'\n[[runs]]\npolicy = 'las'\n",
+            "runs[1] at seed = 0 is the same run as runs[0] at seed = 0: each run once",
+        ),
+        (
+            "[[runs]]\npolicy = 'fifo'\n[[runs]]\npolicy = 'las'\n[[runs]]\npolicy = 'fifo'\n",
+            "runs[2] is the same run as runs[0]: each run once",
+        ),
     ):
         path = write(tmp_path, text)
         with pytest.raises(ConfigError) as err:
