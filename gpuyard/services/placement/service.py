@@ -202,7 +202,8 @@ class Placement(Service):
             nodes=list(self.nodes.values()), running=self.running, specs=self.specs, lost=self.lost,
             lost_why=self.lost_why, down=self.down, down_why=self.down_why,
             last_request=self.last_request, last_reply=self.last_reply,
-            commands_sent=self.commands_sent, applied=self.applied, policy_state=self._policy_state(), draining=self.draining,
+            commands_sent=self.commands_sent, applied=self.applied,
+            policy_state=self._policy_state(), draining=self.draining,
         )  # fmt: skip
         await self.store.put_many({STATE_KEY: state})
         self.changed = False  # (left set when the write failed: the next request writes)
