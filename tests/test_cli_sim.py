@@ -129,6 +129,8 @@ def test_bad_sim_option_is_one_line_naming_it(
         (["nodeagent", "--grace", "-1"], "--grace must be >= 0 seconds"),
         (["trace", "generate", "--jobs", "0", "x.csv"], "argument --jobs: must be greater"),
         (["trace", "generate", "--load", "10,20", "x.csv"], "--load: one value here, not a list"),
+        (["trace", "generate", "/nonexistent/x.csv"], "'/nonexistent/x.csv': no folder"),
+        (["trace", "convert", "in.csv", "/"], "argument out: '/' is a folder: name a file"),
     ],
     ids=lambda v: " ".join(v)[:30],
 )

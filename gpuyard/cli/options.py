@@ -23,6 +23,7 @@ import select
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any, NoReturn, TypeAlias, TypeVar
 from urllib.parse import urlsplit
 
@@ -158,6 +159,17 @@ def number_list(
 
     parse.__name__ = f"{kind.__name__} list"
     return parse
+
+
+def output_file(text: str) -> Path:
+    """An argparse `type` for a file to write (a trace): its folder must be there, checked before
+    the work that makes what goes in it."""
+    path = Path(text)
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: no folder {str(path.parent)!r} to write in")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder: name a file")
+    return path
 
 
 def parsed(parse: Callable[[str], T]) -> Callable[[str], T]:

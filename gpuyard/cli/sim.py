@@ -25,6 +25,7 @@ from gpuyard.cli.options import (
     non_negative_float,
     number,
     number_list,
+    output_file,
     positive_float,
     positive_int,
     window_text,
@@ -575,12 +576,12 @@ def add_trace_parser(sub: Subcommands) -> None:
     g = tsub.add_parser("generate", help="write a generated workload")
     add_workload_args(g, trace=False)
     g.add_argument("--throughputs", help="fill in total_steps from this throughput model")
-    g.add_argument("out", type=Path, help="output .csv or .parquet")
+    g.add_argument("out", type=output_file, help="output .csv or .parquet")
     g.set_defaults(run=cmd_trace_generate)
     c = tsub.add_parser("convert", help="convert any supported trace to gpuyard's CSV/Parquet")
     add_trace_args(c)
     c.add_argument("trace", type=Path)
-    c.add_argument("out", type=Path)
+    c.add_argument("out", type=output_file)
     c.set_defaults(run=cmd_trace_convert)
     d = tsub.add_parser("describe", help="print counts and quantiles, write plots")
     add_trace_args(d)
