@@ -98,6 +98,9 @@ class Tiresias(SchedulingPolicy):
         knob = self.params.promote_knob
         self.knob: float = float(len(self.limits) + 1) if knob is None else knob
         self._epochs: dict[str, Epoch] = {}
+        self._unrerun: set[str] = set()
+        """The promoted jobs not known to have run since (`Epoch.rerun` None): those `_take_in`
+        looks at, not every running job."""
         self.order = self._new_order()
         # Kept from what changed, while `_tracking` (see `_take_in`):
         self._tracking = False
@@ -156,6 +159,7 @@ class Tiresias(SchedulingPolicy):
             ran = j.executed_time - e.executed
             end = now if j.state == "running" else (j.queued_since or now)
             e.rerun = end - ran
+            self._unrerun.discard(j.job_id)
 
     def _promote(self, j: JobView, now: float) -> bool:
         """Promote the job if it is due at `now` (the reference's rule); whether it was."""
@@ -163,6 +167,7 @@ class Tiresias(SchedulingPolicy):
         if not self._promotable(j, bisect.bisect_right(self.limits, service), executed, pending):
             return False
         self._epochs[j.job_id] = Epoch(now, j.executed_time, j.attained_service)
+        self._unrerun.add(j.job_id)
         return True
 
     def _sweep(self, inp: SchedulingInput) -> tuple[dict[str, int], list[str]]:
@@ -182,6 +187,7 @@ class Tiresias(SchedulingPolicy):
                 promoted.append(j.job_id)
                 q = 0
             queues[j.job_id] = q
+        self._unrerun = {k for k, e in self._epochs.items() if e.rerun is None}
         return queues, promoted
 
     def _key(self, j: JobView, now: float) -> tuple[Any, ...]:
@@ -257,6 +263,7 @@ class Tiresias(SchedulingPolicy):
                 views.pop(job_id, None)
                 runs.pop(job_id, None)
                 epochs.pop(job_id, None)
+                self._unrerun.discard(job_id)
                 continue
             views[job_id] = view
             if view.state == "running":
@@ -267,8 +274,8 @@ class Tiresias(SchedulingPolicy):
             promoted = self._sweep(inp)[1]
             self._track(inp)
             return promoted
-        for view in runs.values():
-            self._rerun(view, now)
+        for job_id in [k for k in self._unrerun if k in runs]:  # (`_rerun` of every running job)
+            self._rerun(runs[job_id], now)
         for job_id, view in inp.changed.items():
             if view is not None and view.state != "running":
                 self._rerun(view, now)
@@ -346,11 +353,12 @@ class Tiresias(SchedulingPolicy):
         best: float | None = None
         if self._tracking and self.order.follows(inp):
             # The waiting jobs' promotions and the keyed running jobs' limits from their heaps;
-            # the jobs the decision started or stopped one by one.
+            # the jobs the decision started or stopped one by one (where running keys hold, every
+            # running job was keyed and has a limit: those it left running need no look).
             limits = self._limits
+            looked = self.order.decided() if self.holds_running_keys else self.order.touched()
             jobs: Any = (
-                view for view in self.order.touched()
-                if not (view.state == "running" and view.job_id in limits)
+                view for view in looked if not (view.state == "running" and view.job_id in limits)
             )  # fmt: skip
             best = self._soonest(self._promotions, self._promoting, now)
             demotion = self._soonest(self._demotions, self._demoting, now)

@@ -162,6 +162,14 @@ class WaitingOrder:
             if job_id not in self._running and (view := views.get(job_id)) is not None:
                 yield view
 
+    def decided(self) -> Iterator[JobView]:
+        """After a decision kept from what changed: the jobs it started, resized, moved or
+        stopped (views, read live), not those it left running as they ran."""
+        views = self._views
+        for job_id in (*self._named, *self._stopped):
+            if (view := views.get(job_id)) is not None:
+                yield view
+
     def next_starvation(self, inp: SchedulingInput) -> float | None:
         """When the next waiting job starves (`next_starvation` over `inp.jobs`), from the jobs
         kept where `inp` follows the last decision (its `changed`): the earliest entry of
