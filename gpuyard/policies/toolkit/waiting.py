@@ -23,7 +23,15 @@ from gpuyard.shared.model import Allocation
 from gpuyard.shared.policy import ClusterView, Decision, JobView, SchedulingInput
 from gpuyard.shared.throughput import ThroughputModel
 
-from .ordering import RunningHolds, fill_in_order, holdings, walk
+from .ordering import (
+    RunningHolds,
+    agnostic_types,
+    fill_in_order,
+    held_or_requested,
+    holdings,
+    runnable_types,
+    walk,
+)
 from .starvation import is_starved, next_starvation
 
 Key = Callable[[JobView, float], tuple[Any, ...]]
@@ -47,6 +55,8 @@ class WaitingOrder:
         """With `running_keys_hold`: the running jobs' entries, sorted."""
         self._rank: dict[str, tuple[Any, ...]] = {}
         """Running job -> its entry in `_ranked`."""
+        self._ranked_of: dict[str, list[tuple[Any, ...]]] = {}
+        """With `running_keys_hold`: `_ranked` per GPU type (of the jobs whose GPUs are counted)."""
         self._entries: dict[str, tuple[Any, ...]] = {}
         """Waiting job -> its entry in `_waiting` (its key, then its id)."""
         self._waiting: list[tuple[Any, ...]] = []
@@ -112,13 +122,12 @@ class WaitingOrder:
         walked with the waiting ones."""
         if not self._waiting:
             return Decision(keep_running=True)
-        first, views = self._waiting[0], self._views
         if self.running_keys_hold:
-            later = self._ranked[bisect_right(self._ranked, first) :]
-        else:
-            keys = [(*self.key(j, now), job_id) for job_id, j in self._running.items()]
-            self.keyed += len(keys)
-            later = sorted(e for e in keys if e > first)
+            return self._resume_held(cluster, free, backfill)
+        first, views = self._waiting[0], self._views
+        keys = [(*self.key(j, now), job_id) for job_id, j in self._running.items()]
+        self.keyed += len(keys)
+        later = sorted(e for e in keys if e > first)
         by_type: dict[str, list[tuple[Any, JobView]]] = {}
         after: dict[str, int] = {}
         for e in later:
@@ -127,6 +136,82 @@ class WaitingOrder:
             after[t] = after.get(t, 0) + held
         sequence = ((e, views[e[-1]]) for e in heapq.merge(later, self._waiting))
         return self._changes(walk(sequence, cluster, free, by_type, after, backfill), later)
+
+    def _resume_held(self, cluster: ClusterView, free: dict[str, int], backfill: bool) -> Decision:
+        """`_resume` where running keys hold, over the waiting jobs alone: every running job the
+        walk passes keeps its GPUs, so of the running jobs it needs only what those after a
+        waiting job hold (where it may preempt, the last first), summed from the last of each
+        type back as far as the decision asks, not a pass over each of them."""
+        views, of, ranked_of = self._views, self._holds.of, self._ranked_of
+        cut = {t: len(ranked) for t, ranked in ranked_of.items()}  # (the rest: preempted)
+        tails: dict[str, list[int]] = {t: [0] for t in ranked_of}
+        """Per type: the thousandths held by its last k running jobs, at k, as far as asked."""
+
+        def held_after(t: str, entry: tuple[Any, ...]) -> int:
+            """What the running jobs of type `t` after `entry` hold, but those preempted."""
+            ranked = ranked_of.get(t)
+            if not ranked:
+                return 0
+            i, end, n = bisect_right(ranked, entry), cut[t], len(ranked)
+            if i >= end:
+                return 0
+            tail = tails[t]
+            while len(tail) <= n - i:
+                tail.append(tail[-1] + of[ranked[n - len(tail)][-1]][1])
+            return tail[n - i] - tail[n - end]
+
+        known: dict[tuple[str | int, ...], list[str]] = {}
+        named: list[Allocation] = []
+        stopped: list[tuple[Any, ...]] = []
+        preempted: list[tuple[Any, ...]] = []
+        """The running jobs preempted and not walked yet (a heap): each is walked at its place
+        as a waiting job would be (it may run on, elsewhere), or stops."""
+        waiting, w = self._waiting, 0
+        while True:  # (`walk`'s steps, in the order's order)
+            if preempted and (w == len(waiting) or preempted[0] < waiting[w]):
+                entry = heapq.heappop(preempted)
+            elif w < len(waiting):
+                entry, w = waiting[w], w + 1
+            else:
+                break
+            job = views[entry[-1]]
+            r = job.record
+            need = held_or_requested(job)
+            cost = r.spec.milli(need)
+            kind: tuple[str | int, ...] = (
+                r.spec.gpu_type, r.spec.job_type, need, *r.spec.gpu_types,
+            )  # fmt: skip
+            cands = known.get(kind)
+            if cands is None:
+                cands = known[kind] = runnable_types(job, cluster, need)
+            if len(cands) > 1:
+                cands = agnostic_types(job, cands, need)
+            chosen = next((c for c in cands if free.get(c, 0) >= cost), None)
+            if chosen is None:
+                chosen = next(
+                    (c for c in cands if free.get(c, 0) + held_after(c, entry) >= cost), None
+                )
+            if chosen is None:
+                if r.job_id in of:
+                    stopped.append(entry)
+                if not backfill:
+                    break
+                if not any(n > 0 for n in free.values()) and not any(
+                    held_after(t, entry) for t in ranked_of
+                ):
+                    break  # no GPU left to take or to preempt: no later job can be placed
+                continue
+            while free[chosen] < cost:  # preempt the last running job after this one
+                cut[chosen] -= 1
+                victim = ranked_of[chosen][cut[chosen]]
+                free[chosen] += of[victim[-1]][1]
+                heapq.heappush(preempted, victim)
+            free[chosen] -= cost
+            if r.job_id not in of or (need, chosen) != (r.gpus, r.gpu_type):
+                named.append(Allocation(r.job_id, need, chosen))  # (started, or moved)
+        stop = [e[-1] for e in sorted([*stopped, *preempted])]  # (those not walked stop too)
+        self._stopped, self._named = stop, [a.job_id for a in named]
+        return Decision(allocations=named, keep_running=True, stop=stop)
 
     def _changes(
         self, walked: list[tuple[Any, Allocation]], walked_running: list[tuple[Any, ...]]
@@ -212,11 +297,13 @@ class WaitingOrder:
         self._starving = []
         self._model = self._model_of(inp)
         self.keyed = 0
-        self._ranked, self._rank = [], {}
+        self._ranked, self._rank, self._ranked_of = [], {}, {}
         for view in inp.jobs:
             self._add(view, inp.now, inp.cluster, sort=False)
         self._waiting.sort()
         self._ranked.sort()
+        for ranked in self._ranked_of.values():
+            ranked.sort()
         heapq.heapify(self._starving)
 
     def _update(self, inp: SchedulingInput) -> bool:
@@ -261,14 +348,20 @@ class WaitingOrder:
         self._views[r.job_id] = view
         if r.state == "running":
             self._running[r.job_id] = view
-            self._holds.add(view, cluster)
+            counted = self._holds.add(view, cluster)
             if self.running_keys_hold:
                 ranked = self._rank[r.job_id] = (*self.key(view, now), r.job_id)
                 self.keyed += 1
+                held = self._holds.of[r.job_id][0] if counted else None  # (its type)
+                of_type = self._ranked_of.setdefault(held, []) if held is not None else None
                 if sort:
                     insort(self._ranked, ranked)
+                    if of_type is not None:
+                        insort(of_type, ranked)
                 else:
                     self._ranked.append(ranked)
+                    if of_type is not None:
+                        of_type.append(ranked)
             return
         entry = (*self.key(view, now), r.job_id)
         self.keyed += 1
@@ -295,9 +388,13 @@ class WaitingOrder:
         if self._views.pop(job_id, None) is None:
             return
         if self._running.pop(job_id, None) is not None:
+            holds = self._holds.of.get(job_id)
             self._holds.remove(job_id)
             if (ranked := self._rank.pop(job_id, None)) is not None:
                 del self._ranked[bisect_left(self._ranked, ranked)]
+                if holds is not None:
+                    of_type = self._ranked_of[holds[0]]
+                    del of_type[bisect_left(of_type, ranked)]
             return
         entry = self._entries.pop(job_id)
         del self._waiting[bisect_left(self._waiting, entry)]
