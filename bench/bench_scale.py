@@ -16,6 +16,8 @@ alternately on the same machine, the machine otherwise idle):
   blox        Blox's README experiment, bench/bench_sim.py's case (a)        target <= 3 s
   tiresias    a preempting policy: 3,000 jobs at load 30 on 32x8 GPUs under `tiresias` (events
               mode; thousands of demotions and promotions)                    no target
+  tiresias10k the same policy on 10,240 GPUs (5,000 jobs at load 360 on 1280x8: thousands of
+              jobs run at each decision, which should cost what it changes)   no target
   sweep       bench/bench_sweep.py's sweep: 100 runs of 1,000 jobs           target <= 60 s
   startup     a 100-job `gpuyard sim`, end to end                            target <= 0.8 s
 
@@ -87,6 +89,9 @@ def rows(scale: float) -> dict[str, Row]:
         "tiresias": Row("tiresias", 3000, (
             "--jobs", "3000", "--load", "30", "--gpu-demand", MIX, "--cluster-spec", "32x8",
             "--policy", "tiresias", "--seed", "1"), "none (a preempting policy)"),
+        "tiresias10k": Row("tiresias10k", 5000, (
+            "--jobs", "5000", "--load", "360", "--gpu-demand", MIX, "--cluster-spec", "1280x8",
+            "--policy", "tiresias", "--seed", "1"), "none (decisions among thousands running)"),
         "startup": Row("startup", 100, ("--jobs", "100"), "<= 0.8 s end to end"),
     }  # fmt: skip
 
@@ -162,7 +167,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    names = ["rounds100k", "events100k", "rounds1m", "blox", "tiresias", "sweep", "startup"]
+    names = [
+        "rounds100k", "events100k", "rounds1m", "blox", "tiresias", "tiresias10k", "sweep",
+        "startup",
+    ]  # fmt: skip
     parser.add_argument("--only", type=lambda s: s.split(","), default=None,
                         help=f"comma-separated rows of {', '.join(names)}")  # fmt: skip
     parser.add_argument("--million", action="store_true", help="also the 1M-job row")
