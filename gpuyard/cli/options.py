@@ -152,13 +152,17 @@ def number_list(
                 raise argparse.ArgumentTypeError(
                     f"{exc}" if len(parts) == 1 else f"{exc} (in {text!r})"
                 ) from None
-        if len(set(values)) < len(values):  # (the same run twice, into one folder)
-            twice = next(v for i, v in enumerate(values) if v in values[:i])
+        if (twice := repeated(values)) is not None:  # (the same run twice, into one folder)
             raise argparse.ArgumentTypeError(f"{text!r} gives {twice:g} twice")
         return values
 
     parse.__name__ = f"{kind.__name__} list"
     return parse
+
+
+def repeated(values: Sequence[T]) -> T | None:
+    """The first of `values` given again (4 and 4.0 alike), None if none is."""
+    return next((v for i, v in enumerate(values) if v in values[:i]), None)
 
 
 def output_file(text: str) -> Path:

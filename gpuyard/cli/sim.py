@@ -28,6 +28,7 @@ from gpuyard.cli.options import (
     output_file,
     positive_float,
     positive_int,
+    repeated,
     window_text,
 )
 from gpuyard.run.build import GENERATOR_DEFAULTS
@@ -316,8 +317,7 @@ def names_list(option: str, text: str) -> list[str]:
     names = [part.strip() for part in text.split(",")]
     if not all(names):
         raise ValueError(f"{option} {text!r} has an empty name")
-    if len(set(names)) < len(names):  # (the same run twice, into one folder)
-        twice = next(n for i, n in enumerate(names) if n in names[:i])
+    if (twice := repeated(names)) is not None:  # (the same run twice, into one folder)
         raise ValueError(f"{option} {text!r} names {twice!r} twice")
     return names
 
