@@ -183,8 +183,9 @@ class Placement(Service):
         self._lease_warned: set[str] = set()  # nodes warned of a lease longer than our timeout
         self._watchers: set[asyncio.Task[None]] = set()  # real agents' answers to commands
         self._last_command: dict[str, asyncio.Task[None]] = {}  # per node: its commands in order
-        self.lost: list[str] = []  # stopped by a node's departure, not yet told to the scheduler
-        self.lost_why: dict[str, str] = {}  # (which node went, and why)
+        self.lost: dict[str, str] = {}
+        """Jobs stopped by a node's departure, not yet told to the scheduler, with why (which
+        node went, and why; "" for those an earlier placement stored without)."""
         self.unconfirmed: dict[str, set[str]] = {}
         """After a restart, per node agent: the jobs the stored map places there that we have sent
         it no command about since. Its next registration says which it was told to launch: one
@@ -199,8 +200,9 @@ class Placement(Service):
             self.changed = False
             return
         state = StoredPlacement(
-            nodes=list(self.nodes.values()), running=self.running, specs=self.specs, lost=self.lost,
-            lost_why=self.lost_why, down=self.down, down_why=self.down_why,
+            nodes=list(self.nodes.values()), running=self.running, specs=self.specs,
+            lost=list(self.lost), lost_why={j: why for j, why in self.lost.items() if why},
+            down=self.down, down_why=self.down_why,
             last_request=self.last_request, last_reply=self.last_reply,
             commands_sent=self.commands_sent, applied=self.applied,
             policy_state=self._policy_state(), draining=self.draining,
@@ -217,8 +219,9 @@ class Placement(Service):
         if STATE_KEY not in values:
             return
         state = msgspec.json.decode(values[STATE_KEY], type=StoredPlacement)
-        self.specs, self.lost, self.down = dict(state.specs), list(state.lost), dict(state.down)
-        self.lost_why, self.down_why = dict(state.lost_why), dict(state.down_why)
+        self.specs, self.down = dict(state.specs), dict(state.down)
+        self.lost = {job_id: state.lost_why.get(job_id, "") for job_id in state.lost}
+        self.down_why = dict(state.down_why)
         self.draining = dict(state.draining)
         for job_id, gpus in state.running.items():
             self._hold(job_id, gpus)
@@ -463,8 +466,8 @@ class Placement(Service):
         for job_id, gpus in self.running.items():
             if (went := next((g.node_id for g in gpus if g.node_id in gone), None)) is not None:
                 why[job_id] = f"node {went} gone" + (f": {req.reason}" if req.reason else "")
-        hit = sorted(why)
-        await self._lose(req.now, {j: why[j] for j in hit})
+        why = dict(sorted(why.items()))
+        await self._lose(req.now, why)
         for node in req.up:
             self._add_node(node)
         for node_id in req.gone:
@@ -478,7 +481,7 @@ class Placement(Service):
             )
         await self._announce_drained(req.now)
         return NodesChangedReply(
-            lost_jobs=hit, capacity=self.capacity(), commands=self.commands_sent
+            lost_jobs=list(why), capacity=self.capacity(), commands=self.commands_sent
         )
 
     async def _lose(self, now: float, why: dict[str, str]) -> None:
@@ -490,8 +493,7 @@ class Placement(Service):
         for job_id in why:
             self._free(job_id)
         await self._command(now, stopped, {}, {})  # (their progress: reported at relaunch)
-        self.lost += why
-        self.lost_why |= why
+        self.lost |= why
 
     # ------------------------------------------------------------------ real node agents
 
@@ -758,8 +760,7 @@ class Placement(Service):
         launched = {j: g for j, g in started.items() if j not in failed}
         for job_id, gpus in launched.items():
             self._hold(job_id, gpus)
-        lost, self.lost = self.lost, []
-        lost_why = {j: why for j in lost if (why := self.lost_why.pop(j, None)) is not None}
+        lost, self.lost = self.lost, {}
         # Jobs the scheduler thinks are not running but run here as allocated: it asked before
         # (a retried apply, or it restarted before storing our reply). Report them started.
         for job_id in req.specs:
@@ -773,8 +774,8 @@ class Placement(Service):
             started={j: self.nodes[g[0].node_id].gpu_type for j, g in launched.items()},
             stopped=sorted(stopped),
             unplaced=unplaced,
-            lost=lost,
-            lost_why=lost_why,
+            lost=list(lost),
+            lost_why={j: why for j, why in lost.items() if why},
             capacity=self.capacity(),
             progress={**reported, **self._with_rates(progress, reported)},
             settled=self.policy.rearranges and self.policy.settled and placed_all,
